@@ -1,0 +1,424 @@
+"""``feedpipe shard``: convert a small-file dataset into WebDataset shards.
+
+The work is planned completely before any file is read: samples are listed and sorted (and
+shuffled with ``seed`` if asked), then cut into shards by ``max_bytes``/``max_samples`` using the
+exact tar sizes, and each shard into parts of at most :data:`PART_SAMPLES` samples. Parts are
+written by a process pool and joined into shards in order, so the bytes of every shard depend on
+the inputs and options only, never on ``workers`` or timing. A run killed at any moment resumes
+with ``resume=True``: committed shards are kept, everything else is redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import __version__
+from .errors import InputError, OutputError
+from .index import ShardIndex
+from .manifest import NAME as MANIFEST_NAME
+from .manifest import Manifest, ShardRecord, write_manifest, write_wids_index
+from .progress import progress
+from .sources import Listing, SampleSpec, Source, list_manifest, list_tree
+from .storage import is_local, local_path
+from .tarformat import BLOCK, END_OF_ARCHIVE, padded
+from .writer import PartResult, finish_shard, hidden, load_record, output_error, write_part
+
+PART_SAMPLES = 256
+PART_BYTES = 32 << 20
+STATE_NAME = ".feedpipe-shard-state.json"
+DEFAULT_MAX_BYTES = 256 << 20
+
+
+@dataclass
+class ShardOptions:
+    """Options of :func:`shard` that decide the output bytes (recorded in the manifest)."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_samples: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    on_error: str = "raise"
+    prefix: str = "data"
+    labels_from_dirs: bool = False
+    manifest: str | None = None
+
+
+@dataclass
+class ShardSummary:
+    out: str
+    shards: int
+    samples: int
+    files: int
+    bytes: int
+    skipped: int
+    reused_shards: int
+    seconds: float
+    files_per_s: float
+    mb_per_s: float
+    skipped_inputs: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _member_size(name: str, size: int) -> int:
+    """Bytes one member takes in the tar (header, long-name record, padded data)."""
+    n = len(name.encode("utf-8"))
+    if n <= 100:
+        head = BLOCK
+    else:
+        from .tarformat import member_header
+
+        head = len(member_header(name, size))
+    return head + padded(size)
+
+
+def _sample_size(spec: SampleSpec) -> int:
+    return sum(_member_size(f"{spec.key}.{f.ext}", f.size) for f in spec.files) + sum(
+        _member_size(f"{spec.key}.{e}", len(b)) for e, b in spec.extras
+    )
+
+
+def plan_shards(
+    samples: list[SampleSpec], max_bytes: int, max_samples: int | None
+) -> list[list[list[SampleSpec]]]:
+    """Cut samples into shards, and each shard into parts (pure)."""
+    shards: list[list[list[SampleSpec]]] = []
+    cur: list[list[SampleSpec]] = []
+    part: list[SampleSpec] = []
+    shard_bytes = part_bytes = 0
+    shard_count = 0
+    limit = max_bytes - len(END_OF_ARCHIVE)
+    for spec in samples:
+        size = _sample_size(spec)
+        full = shard_count > 0 and (
+            shard_bytes + size > limit or (max_samples is not None and shard_count >= max_samples)
+        )
+        if full:
+            if part:
+                cur.append(part)
+            shards.append(cur)
+            cur, part, shard_bytes, part_bytes, shard_count = [], [], 0, 0, 0
+        if part and (len(part) >= PART_SAMPLES or part_bytes + size > PART_BYTES):
+            cur.append(part)
+            part, part_bytes = [], 0
+        part.append(spec)
+        part_bytes += size
+        shard_bytes += size
+        shard_count += 1
+    if part:
+        cur.append(part)
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def _fingerprint(opts: ShardOptions, plan: list[list[list[SampleSpec]]]) -> str:
+    h = hashlib.sha256(json.dumps(asdict(opts), sort_keys=True).encode())
+    for s, parts in enumerate(plan):
+        for part in parts:
+            for spec in part:
+                h.update(f"{s}\0{spec.key}\0".encode())
+                for f in spec.files:
+                    h.update(f"{f.ext}\0{f.path}\0{f.size}\0".encode())
+                for e, b in spec.extras:
+                    h.update(e.encode() + b"\0" + hashlib.sha256(b).digest())
+    return h.hexdigest()
+
+
+def _shuffled(samples: list[SampleSpec], seed: int) -> list[SampleSpec]:
+    import numpy as np
+
+    perm = np.random.default_rng(np.random.SeedSequence([seed, 0x5A4D])).permutation(len(samples))
+    return [samples[i] for i in perm]
+
+
+def _prepare_out(out: str, resume: bool) -> None:
+    if not is_local(out):
+        raise OutputError(f"{out}: the output of `feedpipe shard` must be a local directory")
+    out = local_path(out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise OutputError(f"{out}: output exists and is not a directory")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise OutputError(e.errno, f"{out}: cannot create output directory: {e.strerror}") from e
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise OutputError(f"{out}: output directory is not writable")
+    if not resume:
+        visible = [n for n in os.listdir(out) if not n.startswith(".")]
+        if visible:
+            raise OutputError(
+                f"{out}: output directory is not empty ({len(visible)} entries, e.g. "
+                f"{sorted(visible)[0]!r}); use --resume to continue an interrupted run, or an "
+                "empty directory"
+            )
+
+
+def _clean_temps(out: str, prefix: str) -> None:
+    for n in os.listdir(out):
+        if n.startswith(f".{prefix}-") and (".tmp-" in n or ".part" in n):
+            try:
+                os.unlink(os.path.join(out, n))
+            except FileNotFoundError:
+                pass
+
+
+def _list(src: str, opts: ShardOptions) -> Listing:
+    if opts.manifest is not None:
+        return list_manifest(src, opts.manifest)
+    return list_tree(src, labels_from_dirs=opts.labels_from_dirs)
+
+
+def _drop_problems(listing: Listing, on_error: str) -> list[SampleSpec]:
+    if listing.problems and on_error == "raise":
+        path, reason = listing.problems[0]
+        more = len(listing.problems) - 1
+        tail = f" (and {more} more bad input(s))" if more else ""
+        raise InputError(f"{path}: {reason}{tail}; use --on-error skip to leave bad inputs out")
+    return listing.samples
+
+
+def shard(
+    src: str,
+    out: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_samples: int | None = None,
+    workers: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    on_error: str = "raise",
+    resume: bool = False,
+    prefix: str = "data",
+    labels_from_dirs: bool = False,
+    manifest: str | None = None,
+    show_progress: bool | None = None,
+    on_shard: Callable[[ShardRecord], None] | None = None,
+) -> ShardSummary:
+    """Convert the small-file dataset at ``src`` into shards in ``out``.
+
+    Args:
+        src: a local directory or fsspec URL.
+        out: a local directory, missing or empty (or holding an interrupted run with ``resume``).
+        max_bytes: target shard size; a shard exceeds it only to hold one sample larger than it.
+        max_samples: at most this many samples per shard.
+        workers: processes writing in parallel (default: all cores); never changes the output.
+        shuffle, seed: mix the sample order at write time, deterministically.
+        on_error: ``"raise"`` stops at the first bad input; ``"skip"`` leaves it out and lists it
+            in the manifest.
+        resume: keep the committed shards of an interrupted run and do the rest.
+        prefix: shard names are ``PREFIX-000000.tar``.
+        labels_from_dirs: image-folder layout: a ``cls`` field from the top-level directory.
+        manifest: a JSONL/CSV file naming the files of each sample (see ``feedpipe shard -h``).
+        show_progress: a progress bar (default: when stderr is a terminal).
+        on_shard: called with each shard's record as it is committed.
+
+    Returns:
+        A :class:`ShardSummary`.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "src").mkdir(), (d / "src" / "a.txt").write_text("hi")
+        >>> shard(str(d / "src"), str(d / "out"), workers=1).samples
+        1
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    if max_bytes <= 2 * BLOCK:
+        raise ValueError(f"max_bytes must be more than {2 * BLOCK} bytes, not {max_bytes}")
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples must be at least 1, not {max_samples}")
+    if "/" in prefix or not prefix:
+        raise ValueError(f"prefix must be a non-empty file name without '/', not {prefix!r}")
+    opts = ShardOptions(max_bytes, max_samples, shuffle, seed, on_error, prefix,
+                        labels_from_dirs, manifest)
+    t0 = time.perf_counter()
+    listing = _list(src, opts)
+    samples = _drop_problems(listing, on_error)
+    _prepare_out(out, resume)
+    out = local_path(out)
+    if shuffle:
+        samples = _shuffled(samples, seed)
+    plan = plan_shards(samples, max_bytes, max_samples)
+    fp = _fingerprint(opts, plan)
+    _check_state(out, fp, resume)
+    _clean_temps(out, prefix)
+    names = [f"{prefix}-{i:06d}.tar" for i in range(len(plan))]
+
+    records: dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]] = {}
+    if resume:
+        for i, name in enumerate(names):
+            got = load_record(out, name)
+            if got is not None:
+                records[i] = got
+    reused = len(records)
+    todo = [i for i in range(len(plan)) if i not in records]
+    total_files = sum(len(s.files) for s in samples)
+    done_files = sum(len(s.files) for i in records for p in plan[i] for s in p)
+    bar = progress(total_files, "shard", "file", show_progress)
+    bar.update(done_files)
+    source = Source(src)
+    written_bytes = 0
+
+    def commit(i: int, parts: list[tuple[str, PartResult]]) -> None:
+        rec, idx, skipped = finish_shard(out, names[i], parts)
+        records[i] = (rec, skipped, idx.fields())
+        if on_shard is not None:
+            on_shard(rec)
+
+    part_paths = {
+        (i, j): hidden(out, names[i], f".part{j:05d}.tmp-{os.getpid()}")
+        for i in todo for j in range(len(plan[i]))
+    }
+    nworkers = workers if workers is not None else (os.cpu_count() or 1)
+    try:
+        if nworkers <= 1 or len(part_paths) <= 1:
+            for i in todo:
+                results = []
+                for j, part in enumerate(plan[i]):
+                    res = write_part(source, part, part_paths[i, j], on_error)
+                    results.append((part_paths[i, j], res))
+                    bar.update(res.files)
+                    written_bytes += res.bytes
+                commit(i, results)
+        else:
+            written_bytes = _run_pool(
+                nworkers, source, plan, todo, part_paths, on_error, bar, commit
+            )
+    except BaseException:
+        _clean_temps(out, prefix)
+        raise
+    finally:
+        bar.close()
+
+    all_skipped = [{"path": p, "reason": r} for p, r in listing.problems] if on_error == "skip" else []
+    fields: set[str] = set()
+    for i in range(len(plan)):
+        all_skipped += [{"path": p, "reason": r} for p, r in records[i][1]]
+        fields |= records[i][2]
+    opts_doc = asdict(opts)
+    opts_doc["src"] = src
+    m = Manifest(
+        shards=[records[i][0] for i in range(len(plan))],
+        fields=sorted(fields),
+        classes=listing.classes,
+        skipped=all_skipped,
+        created_by={
+            "tool": "feedpipe shard",
+            "feedpipe_version": __version__,
+            "options": opts_doc,
+            "plan_fingerprint": fp,
+            "ignored_hidden_files": listing.ignored,
+        },
+    )
+    try:
+        write_wids_index(out, m)
+        write_manifest(out, m)
+    except OSError as e:
+        raise output_error(e, os.path.join(out, MANIFEST_NAME)) from e
+    for name in names:
+        try:
+            os.unlink(os.path.join(out, f".{name}.record.json"))
+        except FileNotFoundError:
+            pass
+    try:
+        os.unlink(os.path.join(out, STATE_NAME))
+    except FileNotFoundError:
+        pass
+    secs = time.perf_counter() - t0
+    nbytes = sum(r.bytes for r in m.shards)
+    files = total_files
+    return ShardSummary(
+        out=out,
+        shards=len(m.shards),
+        samples=m.total_samples,
+        files=files,
+        bytes=nbytes,
+        skipped=len(all_skipped),
+        reused_shards=reused,
+        seconds=secs,
+        files_per_s=files / secs if secs > 0 else 0.0,
+        mb_per_s=nbytes / secs / 1e6 if secs > 0 else 0.0,
+        skipped_inputs=all_skipped,
+    )
+
+
+def _check_state(out: str, fp: str, resume: bool) -> None:
+    path = os.path.join(out, STATE_NAME)
+    if resume and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f).get("plan_fingerprint")
+        if old != fp:
+            raise OutputError(
+                f"{out}: cannot resume: the inputs or options differ from the interrupted run "
+                "(start again in an empty directory, or rerun with the original options)"
+            )
+        return
+    if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)):
+        with open(os.path.join(out, MANIFEST_NAME), encoding="utf-8") as f:
+            old = json.load(f).get("created_by", {}).get("plan_fingerprint")
+        if old != fp:
+            raise OutputError(
+                f"{out}: cannot resume: it holds a finished dataset made from other inputs or "
+                "options"
+            )
+    tmp = path + f".tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"plan_fingerprint": fp, "feedpipe_version": __version__}, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise output_error(e, path) from e
+
+
+def _pool_context() -> Any:
+    import multiprocessing as mp
+
+    return mp.get_context("fork" if os.name == "posix" and "fork" in mp.get_all_start_methods()
+                          else "spawn")
+
+
+def _run_pool(
+    nworkers: int,
+    source: Source,
+    plan: list[list[list[SampleSpec]]],
+    todo: list[int],
+    part_paths: dict[tuple[int, int], str],
+    on_error: str,
+    bar: Any,
+    commit: Callable[[int, list[tuple[str, PartResult]]], None],
+) -> int:
+    written = 0
+    with ProcessPoolExecutor(max_workers=nworkers, mp_context=_pool_context()) as pool:
+        futures: dict[Future[PartResult], tuple[int, int]] = {}
+        results: dict[int, dict[int, PartResult]] = {i: {} for i in todo}
+        for i in todo:
+            for j, part in enumerate(plan[i]):
+                fut = pool.submit(write_part, source, part, part_paths[i, j], on_error)
+                futures[fut] = (i, j)
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for fut in done:
+                    i, j = futures[fut]
+                    res = fut.result()
+                    results[i][j] = res
+                    bar.update(res.files)
+                    written += res.bytes
+                    if len(results[i]) == len(plan[i]):
+                        commit(i, [(part_paths[i, k], results[i][k]) for k in range(len(plan[i]))])
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            raise
+    return written

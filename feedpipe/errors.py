@@ -1,0 +1,48 @@
+"""The error hierarchy.
+
+Every error feedpipe raises derives from :class:`FeedpipeError` and also from the builtin a
+caller would naturally catch, so ``except ValueError`` or ``except FileNotFoundError`` keeps
+working around feedpipe calls.
+"""
+
+from __future__ import annotations
+
+
+class FeedpipeError(Exception):
+    """Base class of every error feedpipe raises."""
+
+
+class ShardFormatError(FeedpipeError, ValueError):
+    """A shard, index or manifest is truncated, corrupted or not in the expected format."""
+
+
+class ManifestError(FeedpipeError, ValueError):
+    """A manifest is missing fields, inconsistent, or from a newer format version."""
+
+
+class KeyClashError(FeedpipeError, ValueError):
+    """Two inputs map to the same sample key and field."""
+
+
+class InputError(FeedpipeError, ValueError):
+    """A source input is unusable (zero bytes, no extension, unreadable, bad manifest row)."""
+
+
+class SourceNotFoundError(FeedpipeError, FileNotFoundError):
+    """A source path or URL does not exist or is not what it must be (e.g. not a directory)."""
+
+
+class OutputError(FeedpipeError, OSError):
+    """The output cannot be written: not writable, not empty, disk full."""
+
+
+class PlanError(FeedpipeError, ValueError):
+    """A sampling plan cannot be made from these arguments (empty dataset, bad world shape)."""
+
+
+class StateError(FeedpipeError, ValueError):
+    """A saved loader state does not fit the dataset it is loaded into."""
+
+
+class MissingDependencyError(FeedpipeError, ImportError):
+    """An optional dependency is not installed; the message carries the exact pip line."""

@@ -1,0 +1,149 @@
+"""The per-shard index: DALI's webdataset index format, version 1.2.
+
+Text, first line ``v1.2 <num_samples>``, then one line per sample made of repeated groups
+``<ext> <offset> <size> <member-name>``, where ``offset`` is where the member's data starts. This
+is byte-for-byte what DALI's ``wds2idx`` writes for the same shard (for member names that GNU tar
+lists verbatim), so ``fn.readers.webdataset`` can use feedpipe's indexes directly.
+
+Parsing and formatting are pure; the only I/O is in :func:`read_index` / :func:`write_index`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .errors import ShardFormatError
+from .keys import split_member
+
+VERSION = "v1.2"
+
+
+@dataclass
+class ShardIndex:
+    """Samples of one shard: for sample ``i``, members ``starts[i]:starts[i+1]``."""
+
+    keys: list[str]
+    starts: list[int]  # len(keys) + 1
+    exts: list[str]  # per member
+    offsets: list[int]  # per member: start of data
+    sizes: list[int]  # per member
+    names: list[str] = field(default_factory=list)  # per member, as stored in the tar
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def end(self) -> int:
+        """Offset one past the last member byte (the shard is truncated if smaller)."""
+        return max((o + s for o, s in zip(self.offsets, self.sizes)), default=0)
+
+    def fields(self) -> set[str]:
+        return set(self.exts)
+
+
+def group_members(members: Iterable[tuple[str, int, int]]) -> ShardIndex:
+    """Group ``(name, data_offset, size)`` members into samples by the WebDataset rule.
+
+    Consecutive members with the same key form one sample; members whose key is empty (hidden
+    files such as ``.DS_Store``) are skipped, as DALI's ``wds2idx`` does.
+    """
+    idx = ShardIndex([], [0], [], [], [], [])
+    last: str | None = None
+    for name, offset, size in members:
+        key, ext = split_member(name)
+        if not key or key.endswith("/"):
+            continue
+        if key != last:
+            if last is not None:
+                idx.starts.append(len(idx.exts))
+            idx.keys.append(key)
+            last = key
+        idx.exts.append(ext)
+        idx.offsets.append(offset)
+        idx.sizes.append(size)
+        idx.names.append(name)
+    if last is not None:
+        idx.starts.append(len(idx.exts))
+    return idx
+
+
+def format_index(idx: ShardIndex) -> str:
+    """The index file text for ``idx``."""
+    lines = [f"{VERSION} {len(idx)}\n"]
+    for i in range(len(idx)):
+        a, b = idx.starts[i], idx.starts[i + 1]
+        lines.append(
+            " ".join(
+                f"{idx.exts[m]} {idx.offsets[m]} {idx.sizes[m]} {idx.names[m]}" for m in range(a, b)
+            )
+            + "\n"
+        )
+    return "".join(lines)
+
+
+def parse_index(text: str, where: str = "<index>") -> ShardIndex:
+    """Parse index text (v1.2; v1.1 lines without names are accepted too)."""
+    lines = text.split("\n")
+    head = lines[0].split()
+    if len(head) != 2 or head[0] not in ("v1.1", "v1.2"):
+        raise ShardFormatError(f"{where}: not a webdataset index (first line {lines[0][:60]!r})")
+    try:
+        n = int(head[1])
+    except ValueError as e:
+        raise ShardFormatError(f"{where}: bad sample count {head[1]!r}") from e
+    group = 4 if head[0] == "v1.2" else 3
+    body = [ln for ln in lines[1:] if ln]
+    if len(body) != n:
+        raise ShardFormatError(
+            f"{where}: index says {n} samples but has {len(body)} lines (truncated index?)"
+        )
+    idx = ShardIndex([], [0], [], [], [], [])
+    for lineno, line in enumerate(body, start=2):
+        parts = line.split(" ")
+        if len(parts) % group:
+            raise ShardFormatError(f"{where}:{lineno}: malformed index line")
+        key = None
+        for g in range(0, len(parts), group):
+            ext = parts[g]
+            try:
+                off, size = int(parts[g + 1]), int(parts[g + 2])
+            except ValueError as e:
+                raise ShardFormatError(f"{where}:{lineno}: bad offset/size") from e
+            name = parts[g + 3] if group == 4 else ""
+            if key is None:
+                key = split_member(name)[0] if name else f"{lineno - 2}"
+            idx.exts.append(ext)
+            idx.offsets.append(off)
+            idx.sizes.append(size)
+            idx.names.append(name or f"{key}.{ext}")
+        idx.keys.append(key or "")
+        idx.starts.append(len(idx.exts))
+    return idx
+
+
+def index_path(shard_path: str) -> str:
+    """The index path beside a shard: ``x.tar`` -> ``x.idx``."""
+    base = shard_path[:-4] if shard_path.endswith(".tar") else shard_path
+    return base + ".idx"
+
+
+def write_index(path: str, idx: ShardIndex) -> None:
+    """Write ``idx`` to ``path`` atomically (temp file + rename)."""
+    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.write(format_index(idx))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def check_names(names: Sequence[str], where: str) -> None:
+    """Refuse member names the space-separated index cannot hold."""
+    for n in names:
+        if any(c.isspace() for c in n):
+            raise ShardFormatError(
+                f"{where}: member name {n!r} contains whitespace, which the DALI index format "
+                "cannot store; re-shard with `feedpipe shard` (which encodes such names)"
+            )

@@ -1,0 +1,200 @@
+"""The shard reader: members sliced by the index, no tar parsing in the hot path.
+
+A local shard is memory-mapped once and each field is a zero-copy ``memoryview`` of the map. A
+remote shard (any fsspec URL) is read by byte ranges, one range per sample (a sample's members
+are contiguous). Without an ``.idx`` file the shard is scanned once (slow path, strict: see
+:mod:`feedpipe.tarformat`).
+
+Every read is checked: a shard smaller than its index or manifest says, a member running past
+the end of the file, a range request that returns the wrong number of bytes, or (with
+``verify=True``) a content hash mismatch raises :class:`ShardFormatError` naming the shard and
+the offset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import ShardFormatError, SourceNotFoundError
+from .index import ShardIndex, group_members, index_path, parse_index
+from .storage import filesystem, is_local, local_path
+from .tarformat import scan
+
+Sample = dict[str, Any]
+
+
+def _load_index(url: str, size: int, open_stream: Any) -> ShardIndex:
+    ipath = index_path(url)
+    try:
+        if is_local(ipath):
+            with open(local_path(ipath), encoding="utf-8") as f:
+                text = f.read()
+        else:
+            fs, p = filesystem(ipath)
+            text = fs.cat_file(p).decode("utf-8")
+    except FileNotFoundError:
+        with open_stream() as f:
+            return group_members((m.name, m.offset, m.size) for m in scan(f, size, url))
+    return parse_index(text, ipath)
+
+
+class ShardReader:
+    """Random access to the samples of one shard.
+
+    Args:
+        url: a local path or fsspec URL of a ``.tar`` shard.
+        name: the shard's name for ``__shard__`` (default: its file name).
+        base: the global sample id of this shard's first sample (for ``__index__``).
+        expected_bytes: the size the manifest records; a different size is an error.
+        sha256: the manifest's content hash; checked when ``verify`` is true.
+        verify: hash the whole shard on open and compare with ``sha256``.
+
+    Example:
+        >>> import feedpipe, glob
+        >>> r = ShardReader(sorted(glob.glob("shards/example/*.tar"))[0])
+        >>> sorted(k for k in r.sample(0) if not k.startswith("__"))
+        ['cls', 'jpg']
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        base: int = 0,
+        expected_bytes: int | None = None,
+        sha256: str | None = None,
+        verify: bool = False,
+    ) -> None:
+        self.url = url
+        self.name = name if name is not None else url.rsplit("/", 1)[-1]
+        self.base = base
+        self._mm: mmap.mmap | None = None
+        self._mv: memoryview | None = None
+        self._fs: Any = None
+        self._path = url
+        if is_local(url):
+            path = local_path(url)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError as e:
+                raise SourceNotFoundError(f"{url}: shard not found") from e
+            try:
+                self.size = os.fstat(fd).st_size
+                if self.size:
+                    self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                    self._mv = memoryview(self._mm)
+            finally:
+                os.close(fd)
+            opener = lambda: open(path, "rb")  # noqa: E731
+        else:
+            self._fs, self._path = filesystem(url)
+            try:
+                self.size = int(self._fs.size(self._path))
+            except FileNotFoundError as e:
+                raise SourceNotFoundError(f"{url}: shard not found") from e
+            opener = lambda: self._fs.open(self._path, "rb")  # noqa: E731
+        if expected_bytes is not None and self.size != expected_bytes:
+            what = "truncated" if self.size < expected_bytes else "larger than expected"
+            raise ShardFormatError(
+                f"{url}: shard is {what}: {self.size} bytes, the manifest says {expected_bytes} "
+                f"(difference at offset {min(self.size, expected_bytes)})"
+            )
+        if verify and sha256 is not None:
+            self._verify_hash(sha256)
+        self.index = _load_index(url, self.size, opener)
+        if self.index.end > self.size:
+            bad = next(
+                o for o, s in zip(self.index.offsets, self.index.sizes) if o + s > self.size
+            )
+            raise ShardFormatError(
+                f"{url}: truncated: a member at offset {bad} runs past the end of the file "
+                f"({self.size} bytes; the index needs {self.index.end})"
+            )
+        self._keys = self.index.keys
+        self._starts = self.index.starts
+        self._exts = self.index.exts
+        self._offs = self.index.offsets
+        self._sizes = self.index.sizes
+
+    def _verify_hash(self, want: str) -> None:
+        h = hashlib.sha256()
+        if self._mv is not None:
+            for i in range(0, self.size, 1 << 24):
+                h.update(self._mv[i : i + (1 << 24)])
+        elif self._fs is not None:
+            with self._fs.open(self._path, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    h.update(chunk)
+        if h.hexdigest() != want:
+            raise ShardFormatError(
+                f"{self.url}: content hash mismatch (sha256 {h.hexdigest()[:16]}..., the manifest "
+                f"says {want[:16]}...): the shard is corrupted"
+            )
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def sample(self, i: int) -> Sample:
+        """Sample ``i`` of this shard as a dict of field -> bytes (``memoryview`` when local)."""
+        a, b = self._starts[i], self._starts[i + 1]
+        d: Sample = {"__key__": self._keys[i], "__shard__": self.name, "__index__": self.base + i}
+        offs, sizes, exts = self._offs, self._sizes, self._exts
+        mv = self._mv
+        if mv is not None:
+            for m in range(a, b):
+                o = offs[m]
+                d[exts[m]] = mv[o : o + sizes[m]]
+            return d
+        if self._fs is None:  # an empty local file has no map; its index is empty too
+            raise IndexError(i)
+        lo = offs[a]
+        hi = offs[b - 1] + sizes[b - 1]
+        blob = self._fs.cat_file(self._path, start=lo, end=hi)
+        if len(blob) != hi - lo:
+            raise ShardFormatError(
+                f"{self.url}: range read at offset {lo} returned {len(blob)} bytes instead of "
+                f"{hi - lo} (truncated object, or a server that ignores Range requests)"
+            )
+        view = memoryview(blob)
+        for m in range(a, b):
+            o = offs[m] - lo
+            d[exts[m]] = view[o : o + sizes[m]]
+        return d
+
+    def __iter__(self) -> Iterator[Sample]:
+        for i in range(len(self._keys)):
+            yield self.sample(i)
+
+    def close(self) -> None:
+        """Release the map (views still held by callers keep it alive until they go)."""
+        if self._mv is not None:
+            try:
+                self._mv.release()
+            except BufferError:
+                pass
+            self._mv = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass
+            self._mm = None
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("ShardReader holds a memory map; pass the URL to worker processes instead")
+
+
+def open_shard(url: str, **kwargs: Any) -> ShardReader:
+    """Open one shard for random access (see :class:`ShardReader`)."""
+    return ShardReader(url, **kwargs)

@@ -1,0 +1,271 @@
+"""Listing the inputs of ``feedpipe shard``: a folder tree, an image-folder layout, or a
+JSONL/CSV manifest, on a local path or any fsspec URL.
+
+Listing produces :class:`SampleSpec` objects in a deterministic order (sorted by key) and a list
+of problems (bad inputs) that the converter's ``on_error`` policy decides about. Nothing is read
+here except directory entries and the manifest file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .errors import InputError, KeyClashError, SourceNotFoundError
+from .keys import encode_key, split_source, valid_extension
+from .storage import filesystem, is_local, local_path
+
+
+@dataclass(frozen=True)
+class FileRef:
+    ext: str
+    path: str  # relative to the source root, or an absolute path / URL (manifest mode)
+    size: int
+
+
+@dataclass
+class SampleSpec:
+    key: str
+    files: list[FileRef] = field(default_factory=list)
+    extras: list[tuple[str, bytes]] = field(default_factory=list)
+
+    @property
+    def fields(self) -> list[str]:
+        return [f.ext for f in self.files] + [e for e, _ in self.extras]
+
+    def describe(self) -> str:
+        return ", ".join(f.path for f in self.files) or self.key
+
+
+@dataclass
+class Listing:
+    samples: list[SampleSpec]
+    problems: list[tuple[str, str]]  # (path, reason), one per bad input
+    classes: list[str] | None = None
+    ignored: int = 0  # hidden files
+
+
+class Source:
+    """Reads input files relative to a root (local path or fsspec URL)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") if "://" in root else root
+        self.local = is_local(root)
+        self._fs = None
+
+    def path(self, rel: str) -> str:
+        if "://" in rel or os.path.isabs(rel):
+            return rel
+        if self.local:
+            return os.path.join(local_path(self.root), rel)
+        return f"{self.root}/{rel}"
+
+    def read(self, rel: str) -> bytes:
+        p = self.path(rel)
+        if is_local(p):
+            with open(local_path(p), "rb") as f:
+                return f.read()
+        if self._fs is None:
+            self._fs = filesystem(p)[0]
+        return self._fs.cat_file(filesystem(p)[1])
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"root": self.root, "local": self.local, "_fs": None}
+
+
+def _walk_local(root: str) -> Iterator[tuple[str, int]]:
+    for dirpath, dirnames, filenames in os.walk(root, onerror=None):
+        dirnames.sort()
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            rel = name if rel_dir == "." else os.path.join(rel_dir, name)
+            try:
+                size = os.stat(full).st_size
+            except OSError:
+                size = -1
+            yield rel.replace(os.sep, "/"), size
+
+
+def _walk_remote(root: str) -> Iterator[tuple[str, int]]:
+    fs, path = filesystem(root)
+    found = fs.find(path, detail=True)
+    base = path.rstrip("/") + "/"
+    for full in sorted(found):
+        info = found[full]
+        if info.get("type", "file") != "file":
+            continue
+        rel = full[len(base) :] if full.startswith(base) else full
+        yield rel, int(info.get("size") or 0)
+
+
+def check_source_dir(src: str) -> None:
+    """Raise a clear error if ``src`` is missing or not a directory."""
+    if is_local(src):
+        p = local_path(src)
+        if not os.path.exists(p):
+            raise SourceNotFoundError(f"{src}: source does not exist")
+        if not os.path.isdir(p):
+            raise SourceNotFoundError(f"{src}: source is not a directory")
+        if not os.access(p, os.R_OK | os.X_OK):
+            raise SourceNotFoundError(f"{src}: source directory is not readable (permission)")
+        return
+    fs, path = filesystem(src)
+    if not fs.exists(path):
+        raise SourceNotFoundError(f"{src}: source does not exist")
+    if not fs.isdir(path):
+        raise SourceNotFoundError(f"{src}: source is not a directory")
+
+
+def list_tree(src: str, *, labels_from_dirs: bool = False) -> Listing:
+    """Group the files of a folder tree into samples by relative directory and stem."""
+    check_source_dir(src)
+    entries = _walk_local(local_path(src)) if is_local(src) else _walk_remote(src)
+    problems: list[tuple[str, str]] = []
+    by_key: dict[str, SampleSpec] = {}
+    ignored = 0
+    for rel, size in entries:
+        name = rel.rsplit("/", 1)[-1]
+        if name.startswith("."):
+            ignored += 1
+            continue
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            problems.append((rel, "file name is not valid UTF-8"))
+            continue
+        stem, ext = split_source(rel)
+        if not ext:
+            problems.append((rel, "file has no extension (a WebDataset field needs one)"))
+            continue
+        if not valid_extension(ext):
+            problems.append((rel, f"extension {ext!r} cannot be a field name"))
+            continue
+        if size < 0:
+            problems.append((rel, "cannot stat file (permission or broken link)"))
+            continue
+        if size == 0:
+            problems.append((rel, "zero-byte file"))
+            continue
+        if labels_from_dirs and "/" not in rel:
+            problems.append((rel, "file is not inside a class directory (--labels-from-dirs)"))
+            continue
+        key = encode_key(stem)
+        spec = by_key.setdefault(key, SampleSpec(key))
+        spec.files.append(FileRef(ext, rel, size))
+    samples = [by_key[k] for k in sorted(by_key)]
+    classes = None
+    if labels_from_dirs:
+        classes = sorted({s.files[0].path.split("/", 1)[0] for s in samples})
+        index = {c: i for i, c in enumerate(classes)}
+        for s in samples:
+            if any(f.ext == "cls" for f in s.files):
+                raise KeyClashError(
+                    f"{s.files[0].path}: sample already has a 'cls' file, which clashes with the "
+                    "class field written by --labels-from-dirs"
+                )
+            s.extras.append(("cls", str(index[s.files[0].path.split("/", 1)[0]]).encode()))
+    return Listing(samples, problems, classes, ignored)
+
+
+def _rows(manifest_file: str) -> Iterator[tuple[int, dict[str, object]]]:
+    from .storage import read_bytes
+
+    text = read_bytes(manifest_file).decode("utf-8")
+    if manifest_file.endswith(".csv"):
+        for i, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+            yield i, dict(row)
+    elif manifest_file.endswith((".jsonl", ".ndjson")):
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{manifest_file}:{i}: not valid JSON ({e})") from e
+            if not isinstance(row, dict):
+                raise InputError(f"{manifest_file}:{i}: a row must be a JSON object")
+            yield i, row
+    else:
+        raise InputError(f"{manifest_file}: manifest must end in .jsonl, .ndjson or .csv")
+
+
+def list_manifest(src: str, manifest_file: str) -> Listing:
+    """Samples named by the rows of a JSONL or CSV manifest.
+
+    Columns: ``key`` (optional; default: the first file's stem); ``path`` (a file whose own
+    extension names its field); ``<ext>_path`` (a file stored as field ``<ext>``); every other
+    non-empty column is a scalar field written as UTF-8 text (JSON for lists and objects).
+    Relative paths are taken from ``src``.
+    """
+    check_source_dir(src)
+    source = Source(src)
+    problems: list[tuple[str, str]] = []
+    samples: dict[str, tuple[SampleSpec, str]] = {}
+    for lineno, row in _rows(manifest_file):
+        where = f"{manifest_file}:{lineno}"
+        files: list[FileRef] = []
+        extras: list[tuple[str, bytes]] = []
+        bad = None
+        for col, value in row.items():
+            if value is None or value == "" or col == "key":
+                continue
+            if col == "path" or col.endswith("_path"):
+                rel = str(value)
+                ext = split_source(rel)[1] if col == "path" else col[: -len("_path")]
+                if not valid_extension(ext):
+                    bad = (rel, f"{where}: field {ext!r} from column {col!r} is not a valid name")
+                    break
+                try:
+                    size = _size(source, rel)
+                except OSError:
+                    bad = (rel, f"{where}: file not found or not readable")
+                    break
+                if size == 0:
+                    bad = (rel, f"{where}: zero-byte file")
+                    break
+                files.append(FileRef(ext, rel, size))
+            else:
+                if not valid_extension(col):
+                    raise InputError(f"{where}: column {col!r} cannot be a field name")
+                text = value if isinstance(value, str) else json.dumps(value)
+                extras.append((col, text.encode("utf-8")))
+        if bad is not None:
+            problems.append(bad)
+            continue
+        if not files and not extras:
+            continue
+        raw_key = row.get("key")
+        if raw_key not in (None, ""):
+            key = encode_key(str(raw_key))
+        elif files:
+            key = encode_key(split_source(files[0].path)[0].lstrip("/"))
+        else:
+            raise InputError(f"{where}: row has no files and no key")
+        exts = [f.ext for f in files] + [e for e, _ in extras]
+        dup = {e for e in exts if exts.count(e) > 1}
+        if dup:
+            raise KeyClashError(f"{where}: field(s) {sorted(dup)} given twice in one row")
+        if key in samples:
+            other = samples[key][1]
+            raise KeyClashError(
+                f"duplicate sample key {key!r}: {where} and {other} both map to it; give rows "
+                "distinct 'key' values"
+            )
+        samples[key] = (SampleSpec(key, files, extras), where)
+    return Listing([samples[k][0] for k in sorted(samples)], problems)
+
+
+def _size(source: Source, rel: str) -> int:
+    p = source.path(rel)
+    if is_local(p):
+        return os.stat(local_path(p)).st_size
+    fs, path = filesystem(p)
+    try:
+        return int(fs.size(path))
+    except FileNotFoundError as e:
+        raise OSError(str(e)) from e

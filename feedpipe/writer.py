@@ -1,0 +1,182 @@
+"""Writing shards: tar parts written in parallel, then joined into a shard atomically.
+
+A shard is written as one or more *parts* (runs of complete tar members, no end-of-archive
+blocks), each by one worker process. When every part of a shard is done, :func:`finish_shard`
+joins them into a hidden temp file, appends the end-of-archive blocks, hashes it, writes the
+index, and renames: the ``.idx`` first, the ``.tar`` last. A shard is committed exactly when its
+``.tar`` exists under its final name, so a reader never sees half a shard, and a run killed at
+any moment can resume by redoing only uncommitted shards.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+from .errors import InputError, OutputError
+from .index import ShardIndex, group_members, write_index
+from .manifest import ShardRecord
+from .sources import SampleSpec, Source
+from .tarformat import BLOCK, END_OF_ARCHIVE, member_header, padded
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_ZEROS = bytes(BLOCK)
+
+
+@dataclass
+class PartResult:
+    members: list[tuple[str, int, int]] = field(default_factory=list)  # name, data offset, size
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+
+
+def output_error(e: OSError, path: str) -> OutputError:
+    if e.errno in _NO_SPACE:
+        return OutputError(e.errno, f"{path}: disk full (or file size limit) while writing: {e}")
+    return OutputError(e.errno, f"{path}: cannot write: {e}")
+
+
+def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: str) -> PartResult:
+    """Write the members of ``samples`` to ``path``; a sample with an unreadable file is skipped
+    whole (``on_error="skip"``) or raises :class:`InputError` naming the file."""
+    result = PartResult()
+    pos = 0
+    try:
+        with open(path, "wb") as out:
+            for spec in samples:
+                blobs: list[tuple[str, bytes]] = []
+                failed = None
+                for ref in spec.files:
+                    try:
+                        data = source.read(ref.path)
+                    except OSError as e:
+                        failed = (ref.path, f"cannot read: {e.strerror or e}")
+                        break
+                    if not data:
+                        failed = (ref.path, "zero-byte file")
+                        break
+                    blobs.append((ref.ext, data))
+                if failed is not None:
+                    if on_error == "raise":
+                        raise InputError(f"{source.path(failed[0])}: {failed[1]}")
+                    result.skipped.append(failed)
+                    continue
+                blobs.extend(spec.extras)
+                for ext, data in blobs:
+                    name = f"{spec.key}.{ext}"
+                    header = member_header(name, len(data))
+                    out.write(header)
+                    result.members.append((name, pos + len(header), len(data)))
+                    out.write(data)
+                    tail = padded(len(data)) - len(data)
+                    if tail:
+                        out.write(_ZEROS[:tail])
+                    pos += len(header) + padded(len(data))
+                    result.bytes += len(data)
+                result.files += len(spec.files)
+    except OSError as e:
+        _unlink(path)
+        if isinstance(e, OutputError):
+            raise
+        raise output_error(e, path) from e
+    except BaseException:
+        _unlink(path)
+        raise
+    return result
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def hidden(out_dir: str, name: str, suffix: str) -> str:
+    """A hidden temp path in ``out_dir`` that no shard glob matches."""
+    return os.path.join(out_dir, f".{name}{suffix}")
+
+
+def finish_shard(
+    out_dir: str, name: str, parts: list[tuple[str, PartResult]]
+) -> tuple[ShardRecord, ShardIndex, list[tuple[str, str]]]:
+    """Join parts into ``out_dir/name`` atomically; write its index; return its record."""
+    final = os.path.join(out_dir, name)
+    tmp = hidden(out_dir, name, f".tmp-{os.getpid()}")
+    h = hashlib.sha256()
+    members: list[tuple[str, int, int]] = []
+    skipped: list[tuple[str, str]] = []
+    base = 0
+    try:
+        with open(tmp, "wb") as out:
+            for part_path, res in parts:
+                with open(part_path, "rb") as f:
+                    while chunk := f.read(1 << 22):
+                        h.update(chunk)
+                        out.write(chunk)
+                members.extend((n, base + o, s) for n, o, s in res.members)
+                skipped.extend(res.skipped)
+                base = out.tell()
+            out.write(END_OF_ARCHIVE)
+            h.update(END_OF_ARCHIVE)
+            out.flush()
+            os.fsync(out.fileno())
+            total = out.tell()
+        idx = group_members(members)
+        record = ShardRecord(name, len(idx), total, h.hexdigest())
+        stem = name[:-4] if name.endswith(".tar") else name
+        write_index(os.path.join(out_dir, stem + ".idx"), idx)
+        save_record(out_dir, record, skipped, idx.fields())
+        os.replace(tmp, final)
+    except OSError as e:
+        _unlink(tmp)
+        raise output_error(e, final) from e
+    except BaseException:
+        _unlink(tmp)
+        raise
+    for part_path, _ in parts:
+        _unlink(part_path)
+    return record, idx, skipped
+
+
+def record_path(out_dir: str, name: str) -> str:
+    return hidden(out_dir, name, ".record.json")
+
+
+def save_record(
+    out_dir: str, record: ShardRecord, skipped: list[tuple[str, str]], fields: set[str]
+) -> None:
+    """Keep what the manifest needs about a committed shard, for ``--resume``."""
+    path = record_path(out_dir, record.name)
+    tmp = path + f".tmp-{os.getpid()}"
+    doc = {
+        "record": record.__dict__,
+        "skipped": [list(s) for s in skipped],
+        "fields": sorted(fields),
+    }
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_record(
+    out_dir: str, name: str
+) -> tuple[ShardRecord, list[tuple[str, str]], set[str]] | None:
+    """The saved record of a committed shard, or None if the shard must be redone."""
+    if not os.path.exists(os.path.join(out_dir, name)):
+        return None
+    try:
+        with open(record_path(out_dir, name), encoding="utf-8") as f:
+            doc = json.load(f)
+        rec = ShardRecord(**doc["record"])
+        if os.path.getsize(os.path.join(out_dir, name)) != rec.bytes:
+            return None
+        return rec, [(a, b) for a, b in doc["skipped"]], set(doc["fields"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
