@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except FeedpipeError as e:
+    except (FeedpipeError, ValueError) as e:  # ValueError: an option value the library refused
         print(f"feedpipe {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
@@ -163,8 +164,9 @@ def _prepare_out(out: str, resume: bool) -> None:
 
 
 def _clean_temps(out: str, prefix: str) -> None:
+    own = (f".{prefix}-", f".{MANIFEST_NAME}.tmp-", ".wids.json.tmp-", f"{STATE_NAME}.tmp-")
     for n in os.listdir(out):
-        if n.startswith(f".{prefix}-") and (".tmp-" in n or ".part" in n):
+        if n.startswith(own) and (".tmp-" in n or ".part" in n):
             try:
                 os.unlink(os.path.join(out, n))
             except FileNotFoundError:
@@ -387,6 +389,21 @@ def _pool_context() -> Any:
                           else "spawn")
 
 
+def _die_with_parent(parent: int) -> None:
+    """Pool initializer: a worker must not outlive a killed parent, or it would go on writing
+    parts into OUT behind the back of a resumed run (and linger forever on its task queue)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _run_pool(
     nworkers: int,
     source: Source,
@@ -398,7 +415,8 @@ def _run_pool(
     commit: Callable[[int, list[tuple[str, PartResult]]], None],
 ) -> int:
     written = 0
-    with ProcessPoolExecutor(max_workers=nworkers, mp_context=_pool_context()) as pool:
+    with ProcessPoolExecutor(max_workers=nworkers, mp_context=_pool_context(),
+                             initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         futures: dict[Future[PartResult], tuple[int, int]] = {}
         results: dict[int, dict[int, PartResult]] = {i: {} for i in todo}
         for i in todo:

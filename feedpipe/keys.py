@@ -4,9 +4,11 @@ WebDataset splits a tar member path into ``key`` (everything up to the first ``.
 path component) and ``extension`` (the rest). Source files such as ``a/cat.v2.jpg`` would be
 split in the wrong place, so feedpipe encodes the stem of a source path into a key that contains
 no ``.`` in its last component and no whitespace (the DALI index is space-separated):
-``%`` -> ``%25``, ``.`` (last component only) -> ``%2E``, whitespace and control characters ->
-``%XX``. The encoding is injective, so two different source stems never clash, and
-:func:`source_path` turns a key and an extension back into the source's relative path.
+``%`` -> ``%25``, ``.`` (last component only) -> ``%2E``, whitespace, control characters and
+``\\`` -> ``%XX`` (a backslash is an ordinary file-name character on POSIX; folding it into
+``/`` would merge ``a\\b.jpg`` with ``a/b.jpg``). The encoding is injective, so two different
+source stems never clash, and :func:`source_path` turns a key and an extension back into the
+source's relative path.
 
 All functions here are pure.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-_NEEDS_ESCAPE = re.compile(r"[%\s\x00-\x1f\x7f]")
+_NEEDS_ESCAPE = re.compile(r"[%\\\s\x00-\x1f\x7f]")
 
 
 def _escape(text: str, *, dots: bool) -> str:
@@ -37,7 +39,6 @@ def encode_key(stem: str) -> str:
         >>> encode_key("my dir/100% done")
         'my%20dir/100%25%20done'
     """
-    stem = stem.replace("\\", "/")
     head, sep, last = stem.rpartition("/")
     return (_escape(head, dots=False) + sep if sep else "") + _escape(last, dots=True)
 

@@ -57,7 +57,7 @@ class ShardReader:
         >>> import feedpipe, glob
         >>> r = ShardReader(sorted(glob.glob("shards/example/*.tar"))[0])
         >>> sorted(k for k in r.sample(0) if not k.startswith("__"))
-        ['cls', 'jpg']
+        ['cls', 'jpg', 'json']
     """
 
     def __init__(

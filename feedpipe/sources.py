@@ -250,13 +250,15 @@ def list_manifest(src: str, manifest_file: str) -> Listing:
         dup = {e for e in exts if exts.count(e) > 1}
         if dup:
             raise KeyClashError(f"{where}: field(s) {sorted(dup)} given twice in one row")
+        spec = SampleSpec(key, files, extras)
+        here = f"{where} ({spec.describe()})"
         if key in samples:
             other = samples[key][1]
             raise KeyClashError(
-                f"duplicate sample key {key!r}: {where} and {other} both map to it; give rows "
+                f"duplicate sample key {key!r}: {here} and {other} both map to it; give rows "
                 "distinct 'key' values"
             )
-        samples[key] = (SampleSpec(key, files, extras), where)
+        samples[key] = (spec, here)
     return Listing([samples[k][0] for k in sorted(samples)], problems)
 
 

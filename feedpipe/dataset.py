@@ -1,0 +1,204 @@
+"""``FeedDataset``: the streaming ``IterableDataset``. A thin facade: the plan decides what each
+rank and worker reads (:mod:`feedpipe.plan`), the reader reads it (:mod:`feedpipe.reader`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .errors import PlanError, StateError
+from .manifest import dataset_root, join, load_manifest
+from .plan import Plan, Split, iter_ids
+from .reader import ShardReader
+from .world import resolve_world
+
+STATE_VERSION = 1
+_EPOCH, _START, _BATCH = 0, 1, 2
+
+
+class FeedDataset(IterableDataset):
+    """Stream a feedpipe (or ``feedpipe index``-ed WebDataset) shard dataset.
+
+    Each epoch every sample is delivered exactly once over all ranks and workers, in an order that
+    depends on ``(dataset, seed, epoch)`` only; every rank gets the same number of samples (see
+    :mod:`feedpipe.plan`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__`` and one
+    raw-bytes entry per field (zero-copy ``memoryview`` of a local shard in the process that reads
+    it; ``bytes`` when a worker process must send a raw sample to the main process).
+
+    Args:
+        url: dataset root (local path or fsspec URL) holding ``manifest.json``.
+        shuffle: permute samples each epoch (``set_epoch``); ``False``: manifest order.
+        seed: the order's seed.
+        drop_last: ``False`` pads ranks to equal length by repeating at most ``world_size - 1``
+            samples per epoch; ``True`` leaves at most ``world_size - 1`` out.
+        transform: a picklable callable applied to each sample dict in the worker.
+        shuffle_window: shards mixed together (``None``: all). See :class:`feedpipe.plan.Plan`.
+        rank, world_size: explicit world; detected from ``torch.distributed`` or the launcher's
+            environment when not given.
+        verify: hash every shard against the manifest when it is first opened.
+        max_open_shards: shard maps a worker keeps open at once.
+
+    Example:
+        >>> ds = FeedDataset("shards/example")
+        >>> len(ds), sorted(next(iter(ds)))[:3]
+        (24, ['__index__', '__key__', '__shard__'])
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        shuffle_window: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        verify: bool = False,
+        max_open_shards: int = 64,
+    ) -> None:
+        super().__init__()
+        self.url = dataset_root(url)
+        self.manifest = load_manifest(url)
+        if self.manifest.total_samples == 0:
+            raise PlanError(f"{url}: the dataset holds no samples")
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.transform = transform
+        self.shuffle_window = shuffle_window
+        self.world = resolve_world(rank, world_size)
+        self.verify = verify
+        self.max_open_shards = max(1, max_open_shards)
+        self._counts = tuple(s.samples for s in self.manifest.shards)
+        if drop_last and self.manifest.total_samples < self.world.world_size:
+            raise PlanError(
+                f"{url}: {self.manifest.total_samples} samples cannot give each of "
+                f"{self.world.world_size} ranks one with drop_last=True; use drop_last=False "
+                "(pads by repeating samples) or fewer ranks"
+            )
+        # Epoch, resume position and batch size live in shared memory so that persistent
+        # workers see set_epoch() and load_state_dict() made after they started.
+        self._shared = torch.zeros(3, dtype=torch.int64).share_memory_()
+        self._shared[_BATCH] = 1
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self._first = Plan(self._counts, self.seed, 0, self.shuffle, self.shuffle_window).first_ids
+
+    # -- the epoch and its plan -------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._shared[_EPOCH])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order from the next iteration on (clears a pending resume point)."""
+        self._shared[_EPOCH] = int(epoch)
+        self._shared[_START] = 0
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._shared[_BATCH])
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Align worker hand-over with a DataLoader of this batch size (FeedLoader does this)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        self._shared[_BATCH] = int(batch_size)
+
+    def plan(self, epoch: int | None = None) -> Plan:
+        return Plan(self._counts, self.seed, self.epoch if epoch is None else epoch,
+                    self.shuffle, self.shuffle_window)
+
+    def split(self) -> Split:
+        return Split(self.manifest.total_samples, self.world.world_size, self.world.rank,
+                     int(self._shared[_START]), self.drop_last)
+
+    def __len__(self) -> int:
+        """Samples this rank delivers in the current (possibly resumed) epoch."""
+        return self.split().length
+
+    # -- resumption (used by FeedLoader, which knows what the loop consumed) ---------------
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The resumable state: epoch and the global position reached (``consumed``)."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "position": int(self._shared[_START]) if consumed is None else int(consumed),
+            "num_samples": self.manifest.total_samples,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "shuffle_window": self.shuffle_window,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue ``state['epoch']`` at ``state['position']`` on the next iteration."""
+        if state.get("version") != STATE_VERSION:
+            raise StateError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        for k, mine in (("num_samples", self.manifest.total_samples), ("seed", self.seed),
+                        ("shuffle", self.shuffle), ("shuffle_window", self.shuffle_window)):
+            if state.get(k) != mine:
+                raise StateError(
+                    f"cannot resume: the saved state has {k}={state.get(k)!r} but this dataset "
+                    f"has {k}={mine!r}; the order would differ and samples would repeat or be lost"
+                )
+        pos = int(state["position"])
+        if not 0 <= pos <= self.manifest.total_samples:
+            raise StateError(f"saved position {pos} is outside the epoch")
+        self._shared[_EPOCH] = int(state["epoch"])
+        self._shared[_START] = pos
+
+    # -- reading -------------------------------------------------------------------------
+    def _reader(self, shard: int) -> ShardReader:
+        r = self._readers.get(shard)
+        if r is not None:
+            self._readers.move_to_end(shard)
+            return r
+        rec = self.manifest.shards[shard]
+        r = ShardReader(join(self.url, rec.name), name=rec.name,
+                        base=int(self._first[shard]), expected_bytes=rec.bytes,
+                        sha256=rec.sha256, verify=self.verify)
+        if len(r) != rec.samples:
+            from .errors import ShardFormatError
+
+            raise ShardFormatError(
+                f"{r.url}: the index lists {len(r)} samples, the manifest {rec.samples}"
+            )
+        self._readers[shard] = r
+        if len(self._readers) > self.max_open_shards:
+            self._readers.popitem(last=False)[1].close()
+        return r
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        plan = self.plan()
+        split = self.split()
+        transform = self.transform
+        to_bytes = info is not None
+        for ids in iter_ids(plan, split, self.batch_size, worker, workers):
+            shards, local = plan.shard_of(ids)
+            for s, i in zip(shards.tolist(), local.tolist()):
+                sample = self._reader(s).sample(i)
+                if transform is not None:
+                    sample = transform(sample)
+                if to_bytes and isinstance(sample, dict):
+                    for k, v in sample.items():
+                        if type(v) is memoryview:
+                            sample[k] = v.tobytes()
+                yield sample
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_readers"] = OrderedDict()  # maps do not cross processes; reopened on demand
+        return state
+
+
+def sample_ids_of(ds: FeedDataset) -> np.ndarray:
+    """The ids this rank delivers this epoch with ``num_workers=0`` (tools and tests)."""
+    plan, split = ds.plan(), ds.split()
+    return plan.sample_ids(split.positions(0, split.length))

@@ -1,0 +1,145 @@
+"""``FeedLoader``: a ``torch.utils.data.DataLoader`` over a :class:`FeedDataset` whose
+``state_dict()`` reflects what the training loop consumed, not what workers prefetched.
+
+The dataset deals batch ``t`` of a rank to worker ``t % num_workers``, which is the order in which
+the DataLoader returns batches, so the batches the loop has received are always a prefix of the
+rank's planned batches. Counting them is the whole bookkeeping: after ``c`` batches on every rank
+(DDP ranks step in lockstep), the consumed samples are the global positions
+``[start, start + c * batch_size * world_size)``, whatever the number of workers. One rank's state
+therefore resumes every rank of a new job, of any size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from .dataset import FeedDataset
+from .errors import StateError
+
+
+def collate_samples(samples: list[Any]) -> Any:
+    """Default collation: tensors and numbers are stacked as by torch's ``default_collate``; raw
+    bytes fields (``bytes``/``memoryview``) become lists of ``bytes``; keys stay lists of str. A
+    field that only some samples have becomes a list with ``None`` where it is missing."""
+    from torch.utils.data import default_collate
+
+    first = samples[0]
+    if isinstance(first, dict):
+        out: dict[str, Any] = {}
+        keys = dict.fromkeys(k for s in samples for k in s)
+        for k in keys:
+            col = [s.get(k) for s in samples]
+            v = col[0]
+            if any(c is None for c in col):
+                out[k] = [bytes(c) if isinstance(c, memoryview) else c for c in col]
+            elif isinstance(v, (bytes, bytearray, memoryview)):
+                out[k] = [bytes(c) for c in col]
+            elif isinstance(v, str):
+                out[k] = col
+            else:
+                out[k] = collate_samples(col) if isinstance(v, dict) else default_collate(col)
+        return out
+    if isinstance(first, (bytes, bytearray, memoryview)):
+        return [bytes(c) for c in samples]
+    return default_collate(samples)
+
+
+class FeedLoader:
+    """Batches from a :class:`FeedDataset`, with exact mid-epoch and elastic resumption.
+
+    Args:
+        dataset: the :class:`FeedDataset`.
+        batch_size: samples per batch (the last batch of a rank's epoch may be smaller).
+        num_workers: worker processes (0: read in this process).
+        collate_fn: default :func:`collate_samples`.
+        **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
+            ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
+
+    Example:
+        >>> ds = FeedDataset("shards/example", shuffle=True)
+        >>> loader = FeedLoader(ds, batch_size=5)
+        >>> loader.set_epoch(0)
+        >>> first = next(iter(loader))
+        >>> state = loader.state_dict()
+        >>> state["position"]
+        5
+    """
+
+    def __init__(
+        self,
+        dataset: FeedDataset,
+        *,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        **loader_kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, FeedDataset):
+            raise TypeError(f"FeedLoader needs a FeedDataset, not {type(dataset).__name__}")
+        for bad in ("shuffle", "sampler", "batch_sampler", "drop_last"):
+            if bad in loader_kwargs:
+                raise TypeError(
+                    f"FeedLoader does not take {bad}=: the FeedDataset's plan decides order and "
+                    "padding (pass shuffle=/drop_last= to FeedDataset)"
+                )
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        dataset.set_batch_size(self.batch_size)
+        self.num_workers = num_workers
+        self._loader = DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            num_workers=num_workers,
+            collate_fn=collate_fn or collate_samples,
+            **loader_kwargs,
+        )
+        self._split = dataset.split()
+        self._batches = 0
+        self._finished = False
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select ``epoch``'s order. Keeps a resume point loaded for this same epoch."""
+        if epoch != self.dataset.epoch or self._finished:
+            self.dataset.set_epoch(epoch)
+        self._split = self.dataset.split()
+        self._batches = 0
+        self._finished = False
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current (possibly resumed) epoch."""
+        return self.dataset.split().batches(self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._finished:  # a new pass over the same epoch without set_epoch: start it over
+            self.dataset.set_epoch(self.dataset.epoch)
+        self._split = self.dataset.split()
+        self._batches = 0
+        self._finished = False
+        for batch in self._loader:
+            self._batches += 1
+            yield batch
+        self._finished = True
+
+    @property
+    def position(self) -> int:
+        """The global position the training loop has reached in this epoch."""
+        if self._finished:
+            return self._split.num_samples
+        return self._split.consumed(self._batches, self.batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the loop consumed: ``{"epoch", "position", ...}`` (standard signature)."""
+        return self.dataset.state_dict(consumed=self.position)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue exactly after what the saved loop consumed, with any number of ranks or
+        workers. Call ``set_epoch(state_dict["epoch"])`` (or nothing) before iterating."""
+        if not isinstance(state_dict, dict) or "position" not in state_dict:
+            raise StateError("not a FeedLoader state (no 'position')")
+        self.dataset.load_state_dict(state_dict)
+        self._split = self.dataset.split()
+        self._batches = 0
+        self._finished = False
