@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .errors import PlanError, StateError
 from .manifest import dataset_root, join, load_manifest
-from .plan import Plan, Split, iter_ids
+from .plan import Plan, Split, iter_id_chunks
 from .reader import ShardReader
 from .world import resolve_world
 
@@ -156,7 +156,6 @@ class FeedDataset(IterableDataset):
     def _reader(self, shard: int) -> ShardReader:
         r = self._readers.get(shard)
         if r is not None:
-            self._readers.move_to_end(shard)
             return r
         rec = self.manifest.shards[shard]
         r = ShardReader(join(self.url, rec.name), name=rec.name,
@@ -170,6 +169,8 @@ class FeedDataset(IterableDataset):
             )
         self._readers[shard] = r
         if len(self._readers) > self.max_open_shards:
+            # first opened, first closed: windows advance monotonically, and under a full
+            # permutation every policy misses alike
             self._readers.popitem(last=False)[1].close()
         return r
 
@@ -180,10 +181,14 @@ class FeedDataset(IterableDataset):
         split = self.split()
         transform = self.transform
         to_bytes = info is not None
-        for ids in iter_ids(plan, split, self.batch_size, worker, workers):
+        open_readers, get_reader = self._readers, self._reader
+        for ids in iter_id_chunks(plan, split, self.batch_size, worker, workers):
             shards, local = plan.shard_of(ids)
             for s, i in zip(shards.tolist(), local.tolist()):
-                sample = self._reader(s).sample(i)
+                reader = open_readers.get(s)
+                if reader is None:
+                    reader = get_reader(s)
+                sample = reader.sample(i)
                 if transform is not None:
                     sample = transform(sample)
                 if to_bytes and isinstance(sample, dict):

@@ -229,25 +229,49 @@ class Split:
         return min(self.start + local * self.world_size, self.num_samples)
 
 
-def iter_ids(
+def _worker_positions(split: Split, batch_size: int, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Global positions of local batches ``ts`` (concatenated) and each batch's length."""
+    starts = ts.astype(np.int64) * batch_size
+    lens = np.minimum(starts + batch_size, split.length) - starts
+    total = int(lens.sum())
+    local = np.arange(total, dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
+    local = local * split.world_size + split.rank
+    if split.remaining:
+        local %= split.remaining  # padding repeats the first remaining positions
+    return local + split.start, lens
+
+
+def iter_id_chunks(
     plan: Plan, split: Split, batch_size: int, worker: int, num_workers: int, chunk: int = 16384
 ) -> Iterator[np.ndarray]:
-    """For one worker, the global sample ids of each of its batches, in order.
+    """For one worker, the global sample ids it delivers, in order, about ``chunk`` at a time.
 
-    Ids are computed for several batches at a time (about ``chunk`` samples), which amortises
-    numpy's per-call overhead over small batches.
+    Vectorised over many batches: numpy's per-call overhead is paid per chunk, not per batch.
     """
     mine = split.worker_batches(batch_size, worker, num_workers)
     group = max(1, chunk // max(batch_size, 1))
     for g in range(0, len(mine), group):
-        ts = mine[g : g + group]
-        bounds = [(t * batch_size, min(t * batch_size + batch_size, split.length)) for t in ts]
-        pos = np.concatenate([split.positions(lo, hi) for lo, hi in bounds])
+        ts = np.arange(mine.start + g * mine.step, min(mine.stop, mine.start + (g + group) * mine.step),
+                       mine.step)
+        pos, _ = _worker_positions(split, batch_size, ts)
+        yield plan.sample_ids(pos)
+
+
+def iter_ids(
+    plan: Plan, split: Split, batch_size: int, worker: int, num_workers: int, chunk: int = 16384
+) -> Iterator[np.ndarray]:
+    """For one worker, the global sample ids of each of its batches, in order."""
+    mine = split.worker_batches(batch_size, worker, num_workers)
+    group = max(1, chunk // max(batch_size, 1))
+    for g in range(0, len(mine), group):
+        ts = np.arange(mine.start + g * mine.step, min(mine.stop, mine.start + (g + group) * mine.step),
+                       mine.step)
+        pos, lens = _worker_positions(split, batch_size, ts)
         ids = plan.sample_ids(pos)
         at = 0
-        for lo, hi in bounds:
-            yield ids[at : at + hi - lo]
-            at += hi - lo
+        for n in lens.tolist():
+            yield ids[at : at + n]
+            at += n
 
 
 def all_ids(plan: Plan, split: Split, batch_size: int, num_workers: int) -> list[int]:

@@ -78,17 +78,29 @@ class Source:
 
 
 def _walk_local(root: str) -> Iterator[tuple[str, int]]:
-    for dirpath, dirnames, filenames in os.walk(root, onerror=None):
-        dirnames.sort()
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            rel = name if rel_dir == "." else os.path.join(rel_dir, name)
+    """``(relative path, size)`` of every file below ``root``, sorted per directory; size -1
+    when it cannot be stat'ed. Symlinks to files are followed, to directories not."""
+    stack = [("", root)]
+    while stack:
+        rel_dir, path = stack.pop()
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            yield (rel_dir.rstrip("/") or path), -1
+            continue
+        subdirs = []
+        for e in entries:
+            rel = rel_dir + e.name
             try:
-                size = os.stat(full).st_size
+                if e.is_dir(follow_symlinks=False):
+                    subdirs.append((rel + "/", e.path))
+                    continue
+                size = e.stat().st_size
             except OSError:
                 size = -1
-            yield rel.replace(os.sep, "/"), size
+            yield rel, size
+        stack.extend(reversed(subdirs))
 
 
 def _walk_remote(root: str) -> Iterator[tuple[str, int]]:
