@@ -26,6 +26,7 @@ _LAZY = {
     "Manifest": "manifest",
     "load_manifest": "manifest",
     "Plan": "plan",
+    "FunctionIndex": "function_index",
     "World": "world",
     "detect_world": "world",
     "FeedpipeError": "errors",
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
         SourceNotFoundError,
         StateError,
     )
+    from .function_index import FunctionIndex
     from .loader import FeedLoader
     from .manifest import Manifest, load_manifest
     from .reader import ShardReader, open_shard
