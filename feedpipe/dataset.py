@@ -26,7 +26,8 @@ class FeedDataset(IterableDataset):
 
     Each epoch every sample is delivered exactly once over all ranks and workers, in an order that
     depends on ``(dataset, seed, epoch)`` only; every rank gets the same number of samples (see
-    :mod:`feedpipe.plan`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__`` and one
+    :mod:`feedpipe.plan`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__`` (global
+    sample id), ``__epoch__`` and ``__seed__`` (for reproducible per-sample augmentation), and one
     raw-bytes entry per field (zero-copy ``memoryview`` of a local shard in the process that reads
     it; ``bytes`` when a worker process must send a raw sample to the main process).
 
@@ -178,6 +179,7 @@ class FeedDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         plan = self.plan()
+        epoch, seed = plan.epoch, self.seed
         split = self.split()
         transform = self.transform
         to_bytes = info is not None
@@ -189,6 +191,8 @@ class FeedDataset(IterableDataset):
                 if reader is None:
                     reader = get_reader(s)
                 sample = reader.sample(i)
+                sample["__epoch__"] = epoch  # with __index__ and __seed__: per-sample
+                sample["__seed__"] = seed  # augmentation seeds, reproducible on resume
                 if transform is not None:
                     sample = transform(sample)
                 if to_bytes and isinstance(sample, dict):
