@@ -46,8 +46,8 @@ class FeedDataset(IterableDataset):
 
     Example:
         >>> ds = FeedDataset("shards/example")
-        >>> len(ds), sorted(next(iter(ds)))[:3]
-        (24, ['__index__', '__key__', '__shard__'])
+        >>> len(ds), sorted(k for k in next(iter(ds)) if not k.startswith('__'))
+        (24, ['cls', 'jpg', 'json'])
     """
 
     def __init__(
