@@ -1,0 +1,282 @@
+"""``feedpipe index`` (adopting shards written by other tools), ``feedpipe verify``, and the
+``.idx`` format against DALI's own ``wds2idx``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+from conftest import run_feedpipe
+
+import feedpipe
+from feedpipe.errors import KeyClashError, ShardFormatError
+from feedpipe.index import parse_index
+from feedpipe.keys import split_member
+from feedpipe.manifest import load_manifest
+from feedpipe.reader import ShardReader
+from feedpipe.tarformat import member_header
+
+
+def _wds_samples(n: int, start: int = 0) -> list[dict[str, object]]:
+    out = []
+    for i in range(start, start + n):
+        s: dict[str, object] = {
+            "__key__": f"part{i % 3}/sample{i:04d}",
+            "txt": f"caption {i}".encode(),
+            "bin": bytes((i * 7 + j) % 256 for j in range(100 + 37 * i)),
+        }
+        if i % 4 == 0:
+            s["json"] = json.dumps({"i": i}).encode()
+        out.append(s)
+    return out
+
+
+@pytest.fixture
+def wds_dir(tmp_path: Path) -> Path:
+    """25 samples written by ``webdataset.ShardWriter`` into 3 shards (PAX headers and all)."""
+    d = tmp_path / "wds"
+    d.mkdir()
+    with wds.ShardWriter(str(d / "shard-%06d.tar"), maxcount=10, verbose=0) as sink:
+        for s in _wds_samples(25):
+            sink.write(s)
+    return d
+
+
+def _wds_read(paths: list[Path]) -> list[tuple[str, dict[str, bytes]]]:
+    ds = wds.WebDataset([str(p) for p in paths], shardshuffle=False, empty_check=False)
+    return [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in ds]
+
+
+def _feedpipe_read(paths: list[Path]) -> list[tuple[str, dict[str, bytes]]]:
+    out = []
+    for p in paths:
+        with ShardReader(str(p)) as r:
+            for s in r:
+                out.append((s["__key__"], {k: bytes(v) for k, v in s.items()
+                                           if not k.startswith("__")}))
+    return out
+
+
+def test_index_adopts_webdataset_shards(wds_dir: Path) -> None:
+    tars = sorted(wds_dir.glob("*.tar"))
+    assert len(tars) == 3
+    oracle = _wds_read(tars)
+    assert len(oracle) == 25
+    # without an index feedpipe scans (PAX 'x' records included) and agrees already
+    assert _feedpipe_read(tars) == oracle
+
+    r = run_feedpipe("index", wds_dir)
+    assert r.returncode == 0, r.stderr
+    assert "3 shards, 25 samples" in r.stdout
+    m = load_manifest(str(wds_dir))
+    assert [s.name for s in m.shards] == [t.name for t in tars]
+    assert [s.samples for s in m.shards] == [10, 10, 5]
+    assert [s.bytes for s in m.shards] == [t.stat().st_size for t in tars]
+    assert m.fields == ["bin", "json", "txt"]
+    assert all(t.with_suffix(".idx").exists() for t in tars)
+    assert _feedpipe_read(tars) == oracle
+    assert feedpipe.verify(str(wds_dir)).ok
+
+
+def test_index_python_api_and_json(wds_dir: Path, tmp_path: Path) -> None:
+    m = feedpipe.index([str(wds_dir / "shard-*.tar")], show_progress=False)
+    assert m.total_samples == 25
+    r = run_feedpipe("index", wds_dir / "shard-000000.tar", wds_dir / "shard-000001.tar", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total_samples"] == 20
+
+
+def test_index_duplicate_keys_across_shards(tmp_path: Path) -> None:
+    d = tmp_path / "dups"
+    d.mkdir()
+    for name, start in (("a.tar", 0), ("b.tar", 3)):
+        with wds.TarWriter(str(d / name)) as sink:
+            for s in _wds_samples(5, start):
+                sink.write(s)
+    # a holds samples 0..4, b holds 3..7: part0/sample0003 is in both
+    with pytest.raises(KeyClashError) as ei:
+        feedpipe.index([str(d)], show_progress=False)
+    msg = str(ei.value)
+    assert "part0/sample0003" in msg and "a.tar" in msg and "b.tar" in msg
+    r = run_feedpipe("index", d)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "a.tar" in r.stderr and "b.tar" in r.stderr
+    assert not (d / "manifest.json").exists()
+
+
+def test_index_refuses_member_names_with_whitespace(tmp_path: Path) -> None:
+    """The DALI index is space-separated: a foreign shard whose names hold spaces is refused with
+    advice rather than indexed wrongly."""
+    with wds.TarWriter(str(tmp_path / "s.tar")) as sink:
+        sink.write({"__key__": "a b", "txt": b"x"})
+    msg = r"s\.tar: member name 'a b\.txt' contains whitespace"
+    with pytest.raises(ShardFormatError, match=msg):
+        feedpipe.index([str(tmp_path / "s.tar")], show_progress=False)
+    assert not (tmp_path / "s.idx").exists()
+
+
+def test_index_refuses_missing_and_empty(tmp_path: Path) -> None:
+    r = run_feedpipe("index", tmp_path / "none.tar")
+    assert r.returncode == 2 and "none.tar" in r.stderr and r.stderr.count("\n") == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run_feedpipe("index", empty)
+    assert r.returncode == 2 and "no .tar shards" in r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# verify
+
+
+def test_verify_sound_dataset(sharded: Path) -> None:
+    r = run_feedpipe("verify", sharded)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "5 shards, 30 samples: OK" in r.stdout
+    r = run_feedpipe("verify", sharded, "--json")
+    assert json.loads(r.stdout) == {"ok": True, "shards": 5, "samples": 30, "problems": []}
+
+
+def test_verify_truncated_shard(sharded_copy: Path) -> None:
+    shard = sharded_copy / "data-000002.tar"
+    size = shard.stat().st_size
+    cut = size // 2 + 100
+    with open(shard, "r+b") as f:
+        f.truncate(cut)
+    r = run_feedpipe("verify", sharded_copy)
+    assert r.returncode == 1
+    assert f"{shard}: size {cut} bytes, the manifest says {size}" in r.stdout
+    assert f"offset {cut}" in r.stdout
+    assert "data-000000.tar" not in r.stdout  # only the damaged shard is named
+    report = feedpipe.verify(str(sharded_copy))
+    assert not report.ok and all("data-000002.tar" in p for p in report.problems)
+
+
+def test_verify_corrupted_header(sharded_copy: Path) -> None:
+    shard = sharded_copy / "data-000001.tar"
+    idx = parse_index(shard.with_suffix(".idx").read_text())
+    header = idx.offsets[idx.starts[4]] - 512
+    raw = bytearray(shard.read_bytes())
+    raw[header + 5] ^= 0x04
+    shard.write_bytes(raw)
+    r = run_feedpipe("verify", sharded_copy)
+    assert r.returncode == 1
+    assert f"{shard}: corrupted tar header at offset {header} " in r.stdout
+    assert f"{shard}: sha256 mismatch" in r.stdout
+
+
+def test_verify_damaged_index(sharded_copy: Path) -> None:
+    idxf = sharded_copy / "data-000000.idx"
+    lines = idxf.read_text().splitlines(keepends=True)
+    parts = lines[2].split(" ")
+    parts[1] = str(int(parts[1]) + 512)  # point an entry at the wrong offset
+    lines[2] = " ".join(parts)
+    idxf.write_text("".join(lines))
+    r = run_feedpipe("verify", sharded_copy)
+    assert r.returncode == 1
+    assert f"index entry {parts[3]!r} at offset {parts[1]}" in r.stdout
+    (sharded_copy / "data-000003.idx").unlink()
+    problems = feedpipe.verify(str(sharded_copy)).problems
+    assert any("data-000003.idx: index is missing" in p for p in problems)
+
+
+def test_verify_missing_shard(sharded_copy: Path) -> None:
+    (sharded_copy / "data-000004.tar").unlink()
+    r = run_feedpipe("verify", sharded_copy)
+    assert r.returncode == 1 and "data-000004.tar: shard is missing" in r.stdout
+
+
+def test_verify_remote_dataset(sharded: Path) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    root = f"/feedpipe-verify-{id(sharded)}"
+    try:
+        for p in sharded.iterdir():
+            fs.pipe_file(f"{root}/{p.name}", p.read_bytes())
+        report = feedpipe.verify(f"memory://{root}")
+        assert report.ok and report.shards == 5 and report.samples == 30
+        raw = (sharded / "data-000001.tar").read_bytes()
+        fs.pipe_file(f"{root}/data-000001.tar", raw[:-2048])
+        report = feedpipe.verify(f"memory://{root}")
+        assert not report.ok
+        assert any(f"memory://{root}/data-000001.tar: size" in p for p in report.problems)
+    finally:
+        fs.rm(root, recursive=True)
+
+
+def test_verify_not_a_dataset(tmp_path: Path) -> None:
+    r = run_feedpipe("verify", tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "manifest.json" in r.stderr
+
+
+def test_index_of_truncated_foreign_shard(wds_dir: Path) -> None:
+    shard = wds_dir / "shard-000001.tar"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2 + 7)
+    with pytest.raises(ShardFormatError, match=r"shard-000001\.tar: truncated"):
+        feedpipe.index([str(wds_dir)], show_progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# byte-identical to DALI's wds2idx
+
+
+def _wds2idx_available() -> bool:
+    return importlib.util.find_spec("wds2idx") is not None and shutil.which("tar") is not None
+
+
+def _wds2idx(tar: Path, out: Path) -> bytes:
+    subprocess.run([sys.executable, "-m", "wds2idx", str(tar), str(out)], check=True,
+                   capture_output=True, timeout=60)
+    return out.read_bytes()
+
+
+def _true_index_line(tar: Path, names: list[str]) -> str:
+    """An index line built from the standard library's own idea of where member data starts."""
+    with tarfile.open(tar) as tf:
+        info = {m.name: m for m in tf.getmembers()}
+    return " ".join(f"{split_member(n)[1]} {info[n].offset_data} {info[n].size} {n}"
+                    for n in names) + "\n"
+
+
+@pytest.mark.dali
+@pytest.mark.skipif(not _wds2idx_available(), reason="DALI's wds2idx (or GNU tar) not installed")
+def test_idx_identical_to_wds2idx_on_feedpipe_shards(
+    sharded: Path, ascii_odd_folder: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    odd = tmp_path / "odd"
+    feedpipe.shard(str(ascii_odd_folder[0]), str(odd), max_samples=4, workers=1)
+    tars = sorted(sharded.glob("*.tar")) + sorted(odd.glob("*.tar"))
+    assert len(tars) >= 8
+    long_named = 0
+    for tar in tars:
+        ours = tar.with_suffix(".idx").read_text().splitlines(keepends=True)
+        dali = _wds2idx(tar, tmp_path / "dali.idx").decode().splitlines(keepends=True)
+        assert len(ours) == len(dali) and ours[0] == dali[0], tar
+        for mine, theirs in zip(ours[1:], dali[1:]):
+            names = mine.split()[3::4]
+            if any(len(member_header(n, 0)) > 512 for n in names):
+                # A member name that needs a GNU long-name record: GNU tar reports the block of
+                # that record, so wds2idx's offset points at the name, not the data. feedpipe's
+                # offset is where the data starts.
+                long_named += 1
+                assert mine == _true_index_line(tar, names), tar
+            else:
+                assert mine == theirs, tar
+    assert long_named == 1  # "long2/xxx...x.bin"; everything else is byte-identical
+
+
+@pytest.mark.dali
+@pytest.mark.skipif(not _wds2idx_available(), reason="DALI's wds2idx (or GNU tar) not installed")
+def test_idx_identical_to_wds2idx_on_webdataset_shards(wds_dir: Path, tmp_path: Path) -> None:
+    feedpipe.index([str(wds_dir)], show_progress=False)
+    for tar in sorted(wds_dir.glob("*.tar")):
+        assert _wds2idx(tar, tmp_path / "dali.idx") == tar.with_suffix(".idx").read_bytes(), tar

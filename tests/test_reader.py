@@ -1,0 +1,251 @@
+"""The shard reader: zero-copy samples by index, the scan path, remote byte ranges, and loud
+failures on truncated or corrupted shards."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from feedpipe.errors import ShardFormatError, SourceNotFoundError
+from feedpipe.index import parse_index
+from feedpipe.keys import source_path
+from feedpipe.manifest import load_manifest
+from feedpipe.reader import ShardReader, open_shard
+
+
+def _as_bytes(sample: dict[str, object]) -> dict[str, object]:
+    return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
+
+
+def _all(r: ShardReader) -> list[dict[str, object]]:
+    return [_as_bytes(s) for s in r]
+
+
+def test_samples_equal_source_files(image_folder: Path, sharded: Path) -> None:
+    m = load_manifest(str(sharded))
+    base = 0
+    seen = set()
+    for rec in m.shards:
+        with ShardReader(str(sharded / rec.name), base=base, expected_bytes=rec.bytes,
+                         sha256=rec.sha256, verify=True) as r:
+            assert len(r) == rec.samples
+            for i, s in enumerate(r):
+                assert s["__shard__"] == rec.name
+                assert s["__index__"] == base + i
+                key = s["__key__"]
+                assert isinstance(key, str) and key not in seen
+                seen.add(key)
+                fields = {k: v for k, v in s.items() if not k.startswith("__")}
+                assert {"jpg", "cls"} <= set(fields)
+                for ext, view in fields.items():
+                    assert isinstance(view, memoryview)  # zero-copy slice of the map
+                    assert view.readonly
+                    if ext != "cls":
+                        assert view == (image_folder / source_path(key, ext)).read_bytes()
+        base += rec.samples
+    assert base == m.total_samples == 30
+
+
+def test_random_access_matches_iteration(sharded: Path) -> None:
+    path = str(next(iter(sorted(sharded.glob("*.tar")))))
+    with open_shard(path, name="custom", base=100) as r:
+        in_order = _all(r)
+        backwards = [_as_bytes(r.sample(i)) for i in reversed(range(len(r)))]
+    assert backwards[::-1] == in_order
+    assert [s["__index__"] for s in in_order] == list(range(100, 100 + len(in_order)))
+    assert {s["__shard__"] for s in in_order} == {"custom"}
+
+
+def test_reader_is_not_pickled(sharded: Path) -> None:
+    with ShardReader(str(sharded / "data-000000.tar")) as r, pytest.raises(TypeError, match="URL"):
+        pickle.dumps(r)
+
+
+def test_missing_shard(tmp_path: Path) -> None:
+    with pytest.raises(SourceNotFoundError, match="nope.tar") as ei:
+        ShardReader(str(tmp_path / "nope.tar"))
+    assert isinstance(ei.value, FileNotFoundError)
+
+
+def test_without_index_scan_gives_same_samples(sharded: Path, tmp_path: Path) -> None:
+    for tar in sorted(sharded.glob("*.tar")):
+        bare = tmp_path / tar.name
+        shutil.copyfile(tar, bare)  # no .idx beside it: the reader scans the tar
+        with ShardReader(str(tar)) as a, ShardReader(str(bare)) as b:
+            assert a.index.offsets == b.index.offsets and a.index.names == b.index.names
+            assert _all(a) == _all(b)
+
+
+# --------------------------------------------------------------------------------------------
+# truncation and corruption
+
+
+def _first_member_past(path: Path, cut: int) -> int:
+    idx = parse_index(path.with_suffix(".idx").read_text())
+    return next(o for o, s in zip(idx.offsets, idx.sizes) if o + s > cut)
+
+
+@pytest.fixture
+def cut_shard(sharded_copy: Path) -> tuple[Path, int, int]:
+    """data-000001.tar of a private copy, cut in the middle of its 4th sample's image."""
+    shard = sharded_copy / "data-000001.tar"
+    idx = parse_index((sharded_copy / "data-000001.idx").read_text())
+    m = idx.starts[3]
+    cut = idx.offsets[m] + idx.sizes[m] // 2
+    full = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(cut)
+    return shard, cut, full
+
+
+def test_truncated_shard_raises_naming_shard_and_offset(cut_shard: tuple[Path, int, int]) -> None:
+    shard, cut, _ = cut_shard
+    bad = _first_member_past(shard, cut)
+    msg = rf"data-000001\.tar: truncated: a member at offset {bad} "
+    with pytest.raises(ShardFormatError, match=msg):
+        ShardReader(str(shard))
+
+
+def test_truncated_shard_against_manifest_size(cut_shard: tuple[Path, int, int]) -> None:
+    shard, cut, full = cut_shard
+    with pytest.raises(ShardFormatError) as ei:
+        ShardReader(str(shard), expected_bytes=full)
+    msg = str(ei.value)
+    assert str(shard) in msg and "truncated" in msg and f"offset {cut}" in msg
+
+
+def test_truncated_shard_without_index(cut_shard: tuple[Path, int, int]) -> None:
+    shard, cut, _ = cut_shard
+    shard.with_suffix(".idx").unlink()
+    header = _first_member_past_header(shard, cut)
+    msg = rf"data-000001\.tar: truncated: member at offset {header} "
+    with pytest.raises(ShardFormatError, match=msg):
+        ShardReader(str(shard))
+
+
+def _first_member_past_header(shard: Path, cut: int) -> int:
+    # the index is gone; find the header of the member holding byte `cut` by walking headers
+    raw = shard.read_bytes()
+    pos = 0
+    while True:
+        size = int(raw[pos + 124 : pos + 136].rstrip(b"\0 ") or b"0", 8)
+        end = pos + 512 + (size + 511) // 512 * 512
+        if pos + 512 + size > cut:
+            return pos
+        pos = end
+
+
+def test_larger_than_manifest_says(sharded_copy: Path) -> None:
+    shard = sharded_copy / "data-000000.tar"
+    size = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(b"\0" * 512)
+    with pytest.raises(ShardFormatError, match="larger than expected"):
+        ShardReader(str(shard), expected_bytes=size)
+
+
+def test_corrupted_bytes_detected_with_verify(sharded_copy: Path) -> None:
+    m = load_manifest(str(sharded_copy))
+    rec = m.shards[2]
+    shard = sharded_copy / rec.name
+    idx = parse_index(shard.with_suffix(".idx").read_text())
+    where = idx.offsets[0] + 10  # inside the first image's data
+    raw = bytearray(shard.read_bytes())
+    raw[where] ^= 0xFF
+    shard.write_bytes(raw)
+    with pytest.raises(ShardFormatError, match=rf"{rec.name}: content hash mismatch"):
+        ShardReader(str(shard), expected_bytes=rec.bytes, sha256=rec.sha256, verify=True)
+    # the damage is in member data, which only the hash can see: without verify it reads
+    with ShardReader(str(shard), expected_bytes=rec.bytes) as r:
+        assert r.sample(0)["jpg"][10] == raw[where]
+
+
+def test_corrupted_header_without_index(sharded_copy: Path) -> None:
+    shard = sharded_copy / "data-000003.tar"
+    idx = parse_index(shard.with_suffix(".idx").read_text())
+    header = idx.offsets[idx.starts[2]] - 512  # the header of the 3rd sample's first member
+    raw = bytearray(shard.read_bytes())
+    raw[header + 1] ^= 0x01
+    shard.write_bytes(raw)
+    shard.with_suffix(".idx").unlink()
+    msg = rf"data-000003\.tar: corrupted tar header at offset {header}\b"
+    with pytest.raises(ShardFormatError, match=msg):
+        ShardReader(str(shard))
+
+
+# --------------------------------------------------------------------------------------------
+# remote shards through fsspec
+
+
+@pytest.fixture
+def memory_root() -> Iterator[str]:
+    fs = fsspec.filesystem("memory")
+    root = f"/feedpipe-test-{uuid.uuid4().hex}"
+    try:
+        yield root
+    finally:
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+def _upload(root: str, files: dict[str, bytes]) -> None:
+    fs = fsspec.filesystem("memory")
+    for name, data in files.items():
+        fs.pipe_file(f"{root}/{name}", data)
+
+
+@pytest.mark.parametrize("with_index", [True, False], ids=["indexed", "scanned"])
+def test_memory_url_gives_same_samples(sharded: Path, memory_root: str, with_index: bool) -> None:
+    for tar in sorted(sharded.glob("*.tar")):
+        files = {tar.name: tar.read_bytes()}
+        if with_index:
+            files[tar.with_suffix(".idx").name] = tar.with_suffix(".idx").read_bytes()
+        _upload(memory_root, files)
+        url = f"memory://{memory_root}/{tar.name}"
+        with ShardReader(str(tar)) as local:
+            expected = _all(local)
+        remote = ShardReader(url, expected_bytes=tar.stat().st_size)
+        got = list(remote)
+        assert all(isinstance(v, memoryview) for s in got for k, v in s.items()
+                   if not k.startswith("__"))
+        assert [_as_bytes(s) for s in got] == expected
+
+
+def test_memory_url_truncated_object(sharded: Path, memory_root: str) -> None:
+    tar = sharded / "data-000000.tar"
+    raw = tar.read_bytes()
+    _upload(memory_root, {tar.name: raw[: len(raw) // 2],
+                          "data-000000.idx": tar.with_suffix(".idx").read_bytes()})
+    url = f"memory://{memory_root}/data-000000.tar"
+    msg = r"data-000000\.tar: truncated: a member at offset \d+"
+    with pytest.raises(ShardFormatError, match=msg):
+        ShardReader(url)
+    with pytest.raises(ShardFormatError, match=rf"offset {len(raw) // 2}"):
+        ShardReader(url, expected_bytes=len(raw))
+
+
+def test_range_read_of_wrong_length_raises(sharded: Path, memory_root: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    tar = sharded / "data-000000.tar"
+    _upload(memory_root, {tar.name: tar.read_bytes(),
+                          "data-000000.idx": tar.with_suffix(".idx").read_bytes()})
+    r = ShardReader(f"memory://{memory_root}/data-000000.tar")
+    assert r.sample(1)["jpg"]  # sound before the server misbehaves
+    real = r._fs.cat_file
+
+    def short(path: str, start: int | None = None, end: int | None = None, **kw: object) -> bytes:
+        return real(path, start=start, end=end, **kw)[:-1]
+
+    monkeypatch.setattr(r._fs, "cat_file", short)
+    ix = r.index
+    lo = ix.offsets[ix.starts[1]]
+    n = ix.offsets[ix.starts[2] - 1] + ix.sizes[ix.starts[2] - 1] - lo
+    msg = rf"data-000000\.tar: .*read at offset {lo} returned {n - 1} bytes instead of {n}\b"
+    with pytest.raises(ShardFormatError, match=msg):
+        r.sample(1)
