@@ -143,8 +143,7 @@ class FunctionIndex:
             self._env, self._pid = shared[1], os.getpid()
             return shared[1]
         try:
-            env = lmdb.open(self.path, map_size=self.map_size, subdir=True, max_dbs=0,
-                            sync=False, metasync=False, readahead=False, lock=True)
+            env = self._open_env(lmdb)
         except lmdb.Error as e:
             if isinstance(e, (lmdb.CorruptedError, lmdb.InvalidError, lmdb.VersionMismatchError)):
                 broken = f"{self.path}.broken-{os.getpid()}"
@@ -160,6 +159,20 @@ class FunctionIndex:
 
         mpu.Finalize(self, FunctionIndex._flush_env, args=(env, self._pending, self), exitpriority=10)
         return env
+
+    def _open_env(self, lmdb: Any) -> Any:
+        # Opening begins a transaction; if another process grows the map at that moment LMDB
+        # answers MDB_MAP_RESIZED. A fresh open reads the new size, so try again a few times.
+        def attempt() -> Any:
+            return lmdb.open(self.path, map_size=self.map_size, subdir=True, max_dbs=0,
+                             sync=False, metasync=False, readahead=False, lock=True)
+
+        for _ in range(7):
+            try:
+                return attempt()
+            except lmdb.MapResizedError:
+                continue
+        return attempt()
 
     # -- lookups and stores --------------------------------------------------------------
     def _lookup(self, key: bytes, origin: str | None) -> tuple[bool, Any]:
