@@ -3,6 +3,7 @@ rank and worker reads (:mod:`feedpipe.plan`), the reader reads it (:mod:`feedpip
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,9 +13,11 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .errors import PlanError, StateError
+from .file_lock import Lease
 from .manifest import dataset_root, join, load_manifest
 from .plan import Plan, Split, iter_id_chunks
 from .reader import ShardReader
+from .shard_cache import ShardCache, make_cache
 from .world import resolve_world
 
 STATE_VERSION = 1
@@ -43,6 +46,13 @@ class FeedDataset(IterableDataset):
             environment when not given.
         verify: hash every shard against the manifest when it is first opened.
         max_open_shards: shard maps a worker keeps open at once.
+        cache_dir: the node-local L1 shard cache (:mod:`feedpipe.shard_cache`): a directory,
+            ``True``/``"auto"`` for ``$XDG_CACHE_HOME/feedpipe/shards``, or a
+            :class:`~feedpipe.shard_cache.ShardCache`. Shards are fetched there once per node
+            (prefetched ahead of use, evicted by the plan) and read with mmap. ``None``: remote
+            shards are read with range requests.
+        cache_size: the cache's byte budget (``"20GB"``, ``"512MiB"`` or an int; ``None``: no
+            limit).
 
     Example:
         >>> ds = FeedDataset("shards/example")
@@ -63,6 +73,8 @@ class FeedDataset(IterableDataset):
         world_size: int | None = None,
         verify: bool = False,
         max_open_shards: int = 64,
+        cache_dir: str | os.PathLike[str] | bool | ShardCache | None = None,
+        cache_size: int | str | None = None,
     ) -> None:
         super().__init__()
         self.url = dataset_root(url)
@@ -89,6 +101,10 @@ class FeedDataset(IterableDataset):
         self._shared = torch.zeros(3, dtype=torch.int64).share_memory_()
         self._shared[_BATCH] = 1
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self.cache = make_cache(cache_dir, cache_size)
+        self._leases: dict[int, Lease] = {}  # cached shards held in use by open readers
+        self._clock: Any = None  # the running iterator's Prefetcher: eviction's view of the plan
+        self._pid = os.getpid()
         self._first = Plan(self._counts, self.seed, 0, self.shuffle, self.shuffle_window).first_ids
 
     # -- the epoch and its plan -------------------------------------------------------------
@@ -158,22 +174,75 @@ class FeedDataset(IterableDataset):
         r = self._readers.get(shard)
         if r is not None:
             return r
-        rec = self.manifest.shards[shard]
-        r = ShardReader(join(self.url, rec.name), name=rec.name,
-                        base=int(self._first[shard]), expected_bytes=rec.bytes,
-                        sha256=rec.sha256, verify=self.verify)
-        if len(r) != rec.samples:
-            from .errors import ShardFormatError
-
-            raise ShardFormatError(
-                f"{r.url}: the index lists {len(r)} samples, the manifest {rec.samples}"
-            )
-        self._readers[shard] = r
-        if len(self._readers) > self.max_open_shards:
+        if len(self._readers) >= self.max_open_shards:
             # first opened, first closed: windows advance monotonically, and under a full
-            # permutation every policy misses alike
-            self._readers.popitem(last=False)[1].close()
+            # permutation every policy misses alike. Closed before the next opens, so that a
+            # cached shard leaves use before another is fetched.
+            old, reader = self._readers.popitem(last=False)
+            reader.close()
+            if old in self._leases:
+                self._leases.pop(old).release()
+        rec = self.manifest.shards[shard]
+        path = url = join(self.url, rec.name)
+        lease = None
+        if self.cache is not None:
+            clock = self._clock
+            if clock is not None:
+                clock.advance(shard)
+                for done in clock.done_with(list(self._leases)):  # out of use: evictable
+                    self._readers.pop(done).close()
+                    self._leases.pop(done).release()
+            lease = self.cache.acquire(url, rec, clock.rank if clock is not None else None)
+            path = url if lease is None else lease.path  # None: cache full, read uncached
+        try:
+            r = ShardReader(path, name=rec.name, base=int(self._first[shard]),
+                            expected_bytes=rec.bytes, sha256=rec.sha256, verify=self.verify)
+            if len(r) != rec.samples:
+                from .errors import ShardFormatError
+
+                raise ShardFormatError(
+                    f"{r.url}: the index lists {len(r)} samples, the manifest {rec.samples}"
+                )
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        self._readers[shard] = r
+        if lease is not None:
+            self._leases[shard] = lease
         return r
+
+    def _start_prefetch(self, plan: Plan, split: Split, worker: int, workers: int) -> Any:
+        """The Prefetcher of one iterator (None without a cache); starts its threads."""
+        if self.cache is None:
+            return None
+        if self._pid != os.getpid():  # forked: the inherited leases are the parent's
+            for lease in self._leases.values():
+                lease.release()
+            self._leases.clear()
+            self._readers.clear()
+            self._pid = os.getpid()
+        from .prefetch import Prefetcher
+
+        shards = self.manifest.shards
+        p = Prefetcher.for_reader(self.cache, [join(self.url, r.name) for r in shards], shards,
+                                  plan, self.plan(plan.epoch + 1), split, self.world,
+                                  self.batch_size, worker, workers)
+        self._clock = p
+        p.start()
+        return p
+
+    def _stop_prefetch(self, p: Any) -> None:
+        if p is None:
+            return
+        p.close()
+        if self._clock is p:
+            self._clock = None
+        for shard, lease in list(self._leases.items()):  # release what this epoch held in use
+            self._readers.pop(shard).close()
+            lease.release()
+        self._leases.clear()
+        self.cache.trim(p.rank)
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -183,27 +252,33 @@ class FeedDataset(IterableDataset):
         split = self.split()
         transform = self.transform
         to_bytes = info is not None
+        prefetcher = self._start_prefetch(plan, split, worker, workers)
         open_readers, get_reader = self._readers, self._reader
-        for ids in iter_id_chunks(plan, split, self.batch_size, worker, workers):
-            shards, local = plan.shard_of(ids)
-            for s, i in zip(shards.tolist(), local.tolist()):
-                reader = open_readers.get(s)
-                if reader is None:
-                    reader = get_reader(s)
-                sample = reader.sample(i)
-                sample["__epoch__"] = epoch  # with __index__ and __seed__: per-sample
-                sample["__seed__"] = seed  # augmentation seeds, reproducible on resume
-                if transform is not None:
-                    sample = transform(sample)
-                if to_bytes and isinstance(sample, dict):
-                    for k, v in sample.items():
-                        if type(v) is memoryview:
-                            sample[k] = v.tobytes()
-                yield sample
+        try:
+            for ids in iter_id_chunks(plan, split, self.batch_size, worker, workers):
+                shards, local = plan.shard_of(ids)
+                for s, i in zip(shards.tolist(), local.tolist()):
+                    reader = open_readers.get(s)
+                    if reader is None:
+                        reader = get_reader(s)
+                    sample = reader.sample(i)
+                    sample["__epoch__"] = epoch  # with __index__ and __seed__: per-sample
+                    sample["__seed__"] = seed  # augmentation seeds, reproducible on resume
+                    if transform is not None:
+                        sample = transform(sample)
+                    if to_bytes and isinstance(sample, dict):
+                        for k, v in sample.items():
+                            if type(v) is memoryview:
+                                sample[k] = v.tobytes()
+                    yield sample
+        finally:
+            self._stop_prefetch(prefetcher)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = OrderedDict()  # maps do not cross processes; reopened on demand
+        state["_leases"] = {}  # nor do locks
+        state["_clock"] = None
         return state
 
 

@@ -44,5 +44,23 @@ class StateError(FeedpipeError, ValueError):
     """A saved loader state does not fit the dataset it is loaded into."""
 
 
+class DecodeError(FeedpipeError, ValueError):
+    """A sample's bytes cannot be decoded or transformed (corrupt or unsupported image, a label
+    that is not an integer); the message names the sample's key and shard."""
+
+
+class DeviceCacheError(FeedpipeError, ValueError):
+    """A sample does not fit a DeviceCache's field layout, or the cache cannot serve a request
+    (not warmed up, an id outside the dataset, no fallback for samples that are not resident)."""
+
+
+class AccessDeniedError(FeedpipeError, PermissionError):
+    """A remote source refused the request (wrong or missing credentials, no permission)."""
+
+
+class RemoteError(FeedpipeError, OSError):
+    """A remote source kept failing (connection reset, timeout, 5xx) after bounded retries."""
+
+
 class MissingDependencyError(FeedpipeError, ImportError):
     """An optional dependency is not installed; the message carries the exact pip line."""

@@ -2,8 +2,8 @@
 
 A local shard is memory-mapped once and each field is a zero-copy ``memoryview`` of the map. A
 remote shard (any fsspec URL) is read by byte ranges, one range per sample (a sample's members
-are contiguous). Without an ``.idx`` file the shard is scanned once (slow path, strict: see
-:mod:`feedpipe.tarformat`).
+are contiguous); transient failures are retried (:mod:`feedpipe.retry`). Without an ``.idx``
+file the shard is scanned once (slow path, strict: see :mod:`feedpipe.tarformat`).
 
 Every read is checked: a shard smaller than its index or manifest says, a member running past
 the end of the file, a range request that returns the wrong number of bytes, or (with
@@ -21,7 +21,8 @@ from typing import Any
 
 from .errors import ShardFormatError, SourceNotFoundError
 from .index import ShardIndex, group_members, index_path, parse_index
-from .storage import filesystem, is_local, local_path
+from .retry import call as retrying
+from .storage import filesystem, is_local, local_path, read_range
 from .tarformat import scan
 
 Sample = dict[str, Any]
@@ -35,7 +36,7 @@ def _load_index(url: str, size: int, open_stream: Any) -> ShardIndex:
                 text = f.read()
         else:
             fs, p = filesystem(ipath)
-            text = fs.cat_file(p).decode("utf-8")
+            text = retrying(ipath, lambda: fs.cat_file(p)).decode("utf-8")
     except FileNotFoundError:
         with open_stream() as f:
             return group_members((m.name, m.offset, m.size) for m in scan(f, size, url))
@@ -94,9 +95,9 @@ class ShardReader:
         else:
             self._fs, self._path = filesystem(url)
             try:
-                self.size = int(self._fs.size(self._path))
-            except FileNotFoundError as e:
-                raise SourceNotFoundError(f"{url}: shard not found") from e
+                self.size = retrying(url, lambda: int(self._fs.size(self._path)))
+            except SourceNotFoundError as e:
+                raise SourceNotFoundError(f"{url}: shard not found ({e})") from e
             opener = lambda: self._fs.open(self._path, "rb")  # noqa: E731
         if expected_bytes is not None and self.size != expected_bytes:
             what = "truncated" if self.size < expected_bytes else "larger than expected"
@@ -154,12 +155,7 @@ class ShardReader:
             raise IndexError(i)
         lo = offs[a]
         hi = offs[b - 1] + sizes[b - 1]
-        blob = self._fs.cat_file(self._path, start=lo, end=hi)
-        if len(blob) != hi - lo:
-            raise ShardFormatError(
-                f"{self.url}: range read at offset {lo} returned {len(blob)} bytes instead of "
-                f"{hi - lo} (truncated object, or a server that ignores Range requests)"
-            )
+        blob = read_range(self._fs, self._path, self.url, lo, hi)
         view = memoryview(blob)
         for m in range(a, b):
             o = offs[m] - lo

@@ -69,9 +69,12 @@ class Source:
         if is_local(p):
             with open(local_path(p), "rb") as f:
                 return f.read()
+        from .retry import call
+
         if self._fs is None:
             self._fs = filesystem(p)[0]
-        return self._fs.cat_file(filesystem(p)[1])
+        fs, path = self._fs, filesystem(p)[1]
+        return call(p, lambda: fs.cat_file(path))
 
     def __getstate__(self) -> dict[str, object]:
         return {"root": self.root, "local": self.local, "_fs": None}
@@ -112,7 +115,12 @@ def _walk_remote(root: str) -> Iterator[tuple[str, int]]:
         if info.get("type", "file") != "file":
             continue
         rel = full[len(base) :] if full.startswith(base) else full
-        yield rel, int(info.get("size") or 0)
+        size = info.get("size")
+        if size is None:  # HTTP directory listings carry no sizes: ask (a HEAD per file)
+            from .retry import call
+
+            size = call(f"{root.rstrip('/')}/{rel}", lambda: fs.size(full))
+        yield rel, int(size if size is not None else -1)
 
 
 def check_source_dir(src: str) -> None:
@@ -141,8 +149,8 @@ def list_tree(src: str, *, labels_from_dirs: bool = False) -> Listing:
     by_key: dict[str, SampleSpec] = {}
     ignored = 0
     for rel, size in entries:
-        name = rel.rsplit("/", 1)[-1]
-        if name.startswith("."):
+        # hidden files and everything inside hidden directories (.git, .ipynb_checkpoints)
+        if rel.startswith(".") or "/." in rel:
             ignored += 1
             continue
         try:
@@ -150,15 +158,15 @@ def list_tree(src: str, *, labels_from_dirs: bool = False) -> Listing:
         except UnicodeEncodeError:
             problems.append((rel, "file name is not valid UTF-8"))
             continue
+        if size < 0:  # before the extension checks: it may be an unreadable directory
+            problems.append((rel, "cannot stat or list it (permission or broken link)"))
+            continue
         stem, ext = split_source(rel)
         if not ext:
             problems.append((rel, "file has no extension (a WebDataset field needs one)"))
             continue
         if not valid_extension(ext):
             problems.append((rel, f"extension {ext!r} cannot be a field name"))
-            continue
-        if size < 0:
-            problems.append((rel, "cannot stat file (permission or broken link)"))
             continue
         if size == 0:
             problems.append((rel, "zero-byte file"))
@@ -187,7 +195,7 @@ def list_tree(src: str, *, labels_from_dirs: bool = False) -> Listing:
 def _rows(manifest_file: str) -> Iterator[tuple[int, dict[str, object]]]:
     from .storage import read_bytes
 
-    text = read_bytes(manifest_file).decode("utf-8")
+    text = read_bytes(manifest_file).decode("utf-8-sig")  # -sig: spreadsheets write a BOM
     if manifest_file.endswith(".csv"):
         for i, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
             yield i, dict(row)

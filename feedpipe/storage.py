@@ -1,7 +1,11 @@
 """Where bytes come from: local paths directly, everything else through fsspec.
 
 The one place that decides whether a URL is local. fsspec is imported lazily so that
-``import feedpipe`` stays light.
+``import feedpipe`` stays light. feedpipe passes no storage options: each backend reads its usual
+configuration (for ``s3://``: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` or ``~/.aws``, and
+``AWS_ENDPOINT_URL_S3`` for an S3-compatible server; fsspec's own config files and
+``FSSPEC_<PROTOCOL>_<OPTION>`` variables work too). Remote reads are retried on transient
+failures (:mod:`feedpipe.retry`).
 """
 
 from __future__ import annotations
@@ -21,11 +25,45 @@ def local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
 
 
+_fork_hook = False
+_INHERITED: list[Any] = []  # in a forked child: the parent's HTTP connection pools, never closed
+
+
+def _leave_parent_connections_alone() -> None:
+    """After a fork, in the child: never close the parent's HTTP connections.
+
+    A fork shares the parent's epoll set. fsspec's async filesystems (HTTP, s3) close their
+    aiohttp session when collected (a ``weakref.finalize``), fsspec drops its cached instances
+    in a process with a new pid, and an aiohttp connector closes its pooled connections when
+    collected; each of these, run in a forked DataLoader worker, unregisters the parent's sockets
+    from that shared epoll set, and the parent's next request on a pooled connection waits
+    forever. So: disarm those finalizers, and keep the inherited connectors and sessions
+    referenced for the child's lifetime (worker processes end with ``os._exit``).
+    """
+    import gc
+    import sys
+    import weakref
+
+    registry = getattr(weakref.finalize, "_registry", {})
+    for f, info in list(registry.items()):
+        if getattr(info.func, "__name__", "") == "close_session":
+            f.detach()
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None:
+        kinds = (aiohttp.BaseConnector, aiohttp.ClientSession)
+        _INHERITED.extend(o for o in gc.get_objects() if issubclass(type(o), kinds))
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """``(fsspec filesystem, path)`` for ``url``; a missing backend names its pip line."""
     import fsspec
 
     from .dependency import install_hint
+
+    global _fork_hook
+    if not _fork_hook:  # registered on first use, not at import
+        _fork_hook = True
+        os.register_at_fork(after_in_child=_leave_parent_connections_alone)
 
     try:
         fs, path = fsspec.core.url_to_fs(url)
@@ -42,22 +80,46 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 
 def read_bytes(url: str) -> bytes:
-    """The whole content of ``url``."""
+    """The whole content of ``url`` (remote reads retried, see :mod:`feedpipe.retry`)."""
     if is_local(url):
         try:
             with open(local_path(url), "rb") as f:
                 return f.read()
         except FileNotFoundError as e:
             raise SourceNotFoundError(f"{url}: no such file") from e
+    from . import retry
+
     fs, path = filesystem(url)
-    try:
-        return fs.cat_file(path)
-    except FileNotFoundError as e:
-        raise SourceNotFoundError(f"{url}: no such object") from e
+    return retry.call(url, lambda: fs.cat_file(path))
 
 
 def size_of(url: str) -> int:
     if is_local(url):
         return os.path.getsize(local_path(url))
+    from . import retry
+
     fs, path = filesystem(url)
-    return int(fs.size(path))
+    return retry.call(url, lambda: int(fs.size(path)))
+
+
+def read_range(fs: Any, path: str, url: str, start: int, end: int, *, whole: bool = False,
+               stop: Any = None) -> bytes:
+    """Bytes ``[start, end)`` of a remote object, retried; a short or long answer is an error.
+
+    A server that ignores ``Range`` answers with the whole object: that must never pass for the
+    requested bytes. ``whole=True`` (the range is the entire object) asks with a plain request,
+    which such a server serves correctly.
+    """
+    from . import retry
+    from .errors import ShardFormatError
+
+    if whole:
+        blob = retry.call(url, lambda: fs.cat_file(path), stop=stop)
+    else:
+        blob = retry.call(url, lambda: fs.cat_file(path, start=start, end=end), stop=stop)
+    if len(blob) != end - start:
+        raise ShardFormatError(
+            f"{url}: read at offset {start} returned {len(blob)} bytes instead of "
+            f"{end - start} (truncated object, or a server that ignores Range requests)"
+        )
+    return blob

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,9 @@ from feedpipe.reader import ShardReader
 from feedpipe.synth import make_image_folder, make_records
 
 
-def run_feedpipe(*args: str, timeout: float = 120, **kw: object) -> subprocess.CompletedProcess[str]:
+def run_feedpipe(
+    *args: object, timeout: float = 120, **kw: object
+) -> subprocess.CompletedProcess[str]:
     """``python -m feedpipe ARGS`` in a subprocess (stdout/stderr captured as text)."""
     return subprocess.run(
         [sys.executable, "-m", "feedpipe", *map(str, args)],
@@ -84,10 +85,51 @@ def records_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture
-def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run ``python -m feedpipe ...`` in a subprocess."""
-    return run_feedpipe
+# Source files whose names break naive key rules: dots in the stem, spaces, '%', a literal
+# '%2E', unicode, a backslash next to a real directory of the same spelling, a tab, and member
+# names longer than the 100-byte ustar name field (one fits the ustar prefix, one needs a GNU
+# long-name record).
+ODD_NAMES = [
+    "a/cat.v2.jpg",
+    "a/cat.v2.json",
+    "a/cat.jpg",
+    "my dir/100% done.txt",
+    "my dir/%2E.txt",
+    "multi.dot.name.tar.gz",
+    "dir.with.dots/file.txt",
+    "back\\slash.txt",
+    "back/slash.txt",
+    "tabs/x\ty.txt",
+    "long/" + "d" * 60 + "/" + "n" * 70 + ".bin",
+    "long2/" + "x" * 150 + ".bin",
+]
+UNICODE_NAMES = ["ünïcødé/猫 🙂.png", "ünïcødé/猫 🙂.json"]
+
+
+def write_tree(root: Path, names: list[str]) -> dict[str, bytes]:
+    """Write one small file per relative name (content derived from the name); return them."""
+    files = {}
+    for i, rel in enumerate(names):
+        data = (f"{i}:{rel}\n" * (1 + i % 5)).encode("utf-8")
+        p = root.joinpath(*rel.split("/"))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        files[rel] = data
+    return files
+
+
+@pytest.fixture(scope="session")
+def odd_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    """A tree of oddly named files (ASCII and unicode) and their contents by relative path."""
+    root = tmp_path_factory.mktemp("odd")
+    return root, write_tree(root, ODD_NAMES + UNICODE_NAMES)
+
+
+@pytest.fixture(scope="session")
+def ascii_odd_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    """Like ``odd_folder`` without non-ASCII names (GNU tar, hence ``wds2idx``, quotes them)."""
+    root = tmp_path_factory.mktemp("ascii_odd")
+    return root, write_tree(root, ODD_NAMES)
 
 
 def is_root() -> bool:

@@ -1,0 +1,149 @@
+"""A small HTTP file server for the remote and cache tests, run as its own process.
+
+    python tests/_http_server.py ROOT [--ignore-range] [--fail-first N] [--rate BYTES_PER_S]
+                                      [--deny]
+
+Serves ``ROOT`` with ``HEAD`` and ``GET`` (single ``Range: bytes=a-b`` requests answered with
+206, unless ``--ignore-range``: then the whole file with 200, as some servers do). Misbehaviour
+on demand: ``--fail-first N`` answers the first N requests with 503; ``--rate`` streams bodies
+slowly (to kill a client mid-download); ``--deny`` answers every file request with 403. Prints ``PORT <n>`` once it listens on 127.0.0.1.
+
+``GET /__stats__`` returns JSON ``{path: {"requests": n, "bytes": body bytes sent, "errors": n}}``
+counting requests as they arrive; ``POST /__reset__`` clears the counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import threading
+import time
+from collections import defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
+
+_lock = threading.Lock()
+_stats: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "bytes": 0, "errors": 0})
+_served = [0]
+
+
+class Handler(BaseHTTPRequestHandler):
+    root = "."
+    ignore_range = False
+    fail_first = 0
+    rate = 0.0
+    deny = False
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _count(self, path: str, key: str, n: int = 1) -> None:
+        with _lock:
+            _stats[path][key] += n
+
+    def _fail(self) -> bool:
+        with _lock:
+            _served[0] += 1
+            failing = _served[0] <= self.fail_first
+        if failing:
+            self._count(urlsplit(self.path).path, "errors")
+            self.send_error(503, "flaky on purpose")
+        return failing
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self.path == "/__reset__":
+            with _lock:
+                _stats.clear()
+            self._reply(200, b"{}", "application/json")
+        else:
+            self.send_error(405)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._serve(body=False)
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/__stats__":
+            with _lock:
+                body = json.dumps(_stats).encode()
+            self._reply(200, body, "application/json")
+            return
+        self._serve(body=True)
+
+    def _reply(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _serve(self, body: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        if body:
+            self._count(path, "requests")
+        if self._fail():
+            return
+        if self.deny:
+            self.send_error(403, "access denied on purpose")
+            return
+        full = os.path.join(self.root, path.lstrip("/"))
+        if not os.path.isfile(full):
+            self.send_error(404)
+            return
+        with open(full, "rb") as f:
+            data = f.read()
+        code, lo, hi = 200, 0, len(data)
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if m and not self.ignore_range:
+            lo = int(m.group(1))
+            hi = min(len(data), int(m.group(2)) + 1) if m.group(2) else len(data)
+            code = 206
+        chunk = data[lo:hi]
+        self.send_response(code)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(chunk)))
+        if code == 206:
+            self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{len(data)}")
+        if not self.ignore_range:
+            self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        if not body:
+            return
+        if self.rate:
+            step = max(1, int(self.rate / 50))
+            for i in range(0, len(chunk), step):  # a slow link, not a test waiting
+                self._count(path, "bytes", len(chunk[i : i + step]))  # before the client has it
+                self.wfile.write(chunk[i : i + step])
+                self.wfile.flush()
+                time.sleep(step / self.rate)
+        else:
+            self._count(path, "bytes", len(chunk))
+            self.wfile.write(chunk)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--ignore-range", action="store_true")
+    ap.add_argument("--fail-first", type=int, default=0)
+    ap.add_argument("--rate", type=float, default=0.0)
+    ap.add_argument("--deny", action="store_true")
+    a = ap.parse_args()
+    Handler.root = a.root
+    Handler.ignore_range = a.ignore_range
+    Handler.fail_first = a.fail_first
+    Handler.rate = a.rate
+    Handler.deny = a.deny
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    print(f"PORT {server.server_address[1]}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
