@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from .dataset import FeedDataset
+from .device_loader import DeviceLoader
 from .errors import StateError
 
 
@@ -55,6 +57,10 @@ class FeedLoader:
         batch_size: samples per batch (the last batch of a rank's epoch may be smaller).
         num_workers: worker processes (0: read in this process).
         collate_fn: default :func:`collate_samples`.
+        device: deliver batches on this device through a :class:`DeviceLoader` (background
+            prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only). ``None``:
+            batches as the DataLoader makes them.
+        depth: batches the DeviceLoader prefetches ahead of the loop.
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
@@ -75,6 +81,8 @@ class FeedLoader:
         batch_size: int = 1,
         num_workers: int = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        device: str | torch.device | None = None,
+        depth: int = 2,
         **loader_kwargs: Any,
     ) -> None:
         if not isinstance(dataset, FeedDataset):
@@ -96,6 +104,7 @@ class FeedLoader:
             collate_fn=collate_fn or collate_samples,
             **loader_kwargs,
         )
+        self._device_loader = None if device is None else DeviceLoader(self._loader, device, depth)
         self._split = dataset.split()
         self._batches = 0
         self._finished = False
@@ -118,10 +127,17 @@ class FeedLoader:
         self._split = self.dataset.split()
         self._batches = 0
         self._finished = False
-        for batch in self._loader:
+        # Counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
+        # over, never for the batches its thread prefetched.
+        for batch in self._loader if self._device_loader is None else self._device_loader:
             self._batches += 1
             yield batch
         self._finished = True
+
+    def stats(self) -> dict[str, Any] | None:
+        """The DeviceLoader's figures for this pass (wait, starvation; see
+        :meth:`DeviceLoader.stats`), or None without ``device=``."""
+        return None if self._device_loader is None else self._device_loader.stats()
 
     @property
     def position(self) -> int:

@@ -1,0 +1,270 @@
+"""The optional DALI stage (``pip install 'feedpipe[dali]'``): decode, crop, resize and normalise
+feedpipe's own planned batches with NVIDIA DALI, on the GPU or (``device_id=None``) the CPU.
+
+feedpipe stays in charge of *what* is read: the stage is fed through ``fn.external_source`` with
+the batches of encoded bytes a :class:`~feedpipe.FeedLoader` yields (plan order, resumption,
+caches unchanged), and DALI only does the pixel work::
+
+    FeedLoader batches of JPEG bytes
+      ──► host: crop window + flip per sample (ImageSpec, seeded as in the CPU ImagePipeline)
+      ──► DALI: decoders.image_slice (nvJPEG "mixed" on GPU, ROI decode) ─► resize
+                ─► crop_mirror_normalize
+      ──► torch tensors
+
+The crop windows are computed on the host from the JPEG header with the same
+:meth:`ImageSpec.geometry` and :func:`~feedpipe.transforms.sample_rng` as the CPU pipeline, so a
+sample gets the same crop and flip on either path, in any worker or rank, and after a resume.
+DALI's own random operators are not used: their draws follow DALI's batch order, not the plan.
+
+Output: on the GPU, DALI's buffers are copied into torch tensors with ``feed_ndarray`` on torch's
+current stream (a device-to-device copy ordered before the consumer's kernels, no host sync, no
+host round trip). The copy is needed: DALI recycles its output buffers at the next ``run()``. With
+``device_id=None`` everything is on the CPU and the tensors are CPU tensors.
+
+DALI is imported when the stage first builds its pipeline, never at ``import feedpipe``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .dependency import require
+from .errors import DecodeError
+from .image_ops import jpeg_size
+from .transforms import ImageSpec, parse_label, sample_rng
+
+
+class DaliBatch(NamedTuple):
+    """One batch out of the DALI stage."""
+
+    images: torch.Tensor
+    """``(B, 3, size, size)``: ``float32`` normalised, or ``uint8`` with ``spec.mean=None``; on
+    ``cuda:<device_id>``, or the CPU with ``device_id=None``."""
+    labels: torch.Tensor
+    """``(B,)`` ``int64``, on the same device as ``images``."""
+    indices: torch.Tensor
+    """``(B,)`` ``int64`` global sample ids (``__index__``) on the CPU; ``-1`` where unknown."""
+
+
+def _column(batch: Any, key: str, n: int, default: int) -> np.ndarray:
+    v = batch.get(key) if isinstance(batch, dict) else None
+    if v is None:
+        return np.full(n, default, dtype=np.int64)
+    if isinstance(v, torch.Tensor):
+        return v.reshape(-1).numpy().astype(np.int64, copy=False)
+    return np.asarray(v, dtype=np.int64).reshape(-1)
+
+
+class DaliStage:
+    """Iterate :class:`DaliBatch` es made by DALI from an iterable of encoded batches.
+
+    Args:
+        batches: an iterable of batches, each a dict with a list of JPEG bytes under
+            ``image_field``, labels under ``label_field`` and optionally ``__index__``,
+            ``__seed__``, ``__epoch__`` (what :class:`~feedpipe.FeedLoader` yields), or a
+            ``(jpegs, labels)`` pair. Iterated once per pass over the stage.
+        batch_size: the largest batch (default: ``batches.batch_size``).
+        spec: what to do to each image (:class:`~feedpipe.transforms.ImageSpec`).
+        device_id: the CUDA device (nvJPEG "mixed" decoding); ``None``: DALI on the CPU only.
+        num_threads: DALI's CPU threads.
+        prefetch: batches DALI works ahead (its ``prefetch_queue_depth``).
+        image_field, label_field: the batch fields to use.
+
+    ``state_dict()`` / ``load_state_dict()`` pass through to ``batches`` (a FeedLoader), but
+    report the position after the last batch *this stage handed out*, not after the ones DALI
+    prefetched, so a checkpoint resumes exactly.
+
+    Example:
+        >>> from feedpipe import FeedDataset, FeedLoader
+        >>> loader = FeedLoader(FeedDataset("shards/example"), batch_size=8)
+        >>> stage = DaliStage(loader, spec=ImageSpec(size=32, train=False), device_id=None)
+        >>> b = next(iter(stage))                                  # doctest: +SKIP
+        >>> tuple(b.images.shape), b.labels.tolist()[:3]           # doctest: +SKIP
+        ((8, 3, 32, 32), [0, 0, 0])
+    """
+
+    def __init__(
+        self,
+        batches: Iterable[Any],
+        *,
+        batch_size: int | None = None,
+        spec: ImageSpec | None = None,
+        device_id: int | None = 0,
+        num_threads: int = 2,
+        prefetch: int = 2,
+        image_field: str = "jpg",
+        label_field: str = "cls",
+    ) -> None:
+        if batch_size is None:
+            batch_size = getattr(batches, "batch_size", None)
+            if batch_size is None:
+                raise TypeError("DaliStage needs batch_size= (the iterable has no .batch_size)")
+        if batch_size < 1 or num_threads < 1 or prefetch < 1:
+            raise ValueError("batch_size, num_threads and prefetch must be at least 1")
+        self.batches = batches
+        self.batch_size = int(batch_size)
+        self.spec = spec if spec is not None else ImageSpec()
+        self.device_id = device_id
+        self.num_threads = num_threads
+        self.prefetch = prefetch
+        self.image_field = image_field
+        self.label_field = label_field
+        self._pipe: Any = None
+        self._it: Iterator[Any] | None = None
+        self._fed: deque[dict[str, Any] | None] = deque()
+        self._state: dict[str, Any] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        if self.device_id is None:
+            return torch.device("cpu")
+        return torch.device("cuda", self.device_id)
+
+    # -- the host side: what DALI is fed --------------------------------------------------
+    def _split(self, batch: Any) -> tuple[list[Any], list[Any], Any]:
+        if isinstance(batch, dict):
+            for field in (self.image_field, self.label_field):
+                if field not in batch:
+                    raise DecodeError(f"a batch fed to the DALI stage has no {field!r} field "
+                                      f"(it has {sorted(batch)})")
+            return list(batch[self.image_field]), list(batch[self.label_field]), batch
+        jpegs, labels = batch
+        return list(jpegs), list(labels), None
+
+    def encode_batch(self, batch: Any) -> tuple[Any, ...]:
+        """The arrays one batch feeds to DALI: JPEGs, crop anchors ``(x, y)``, crop shapes
+        ``(w, h)``, mirror flags, labels, sample ids. Pure host work, no DALI needed."""
+        jpegs, labels, meta = self._split(batch)
+        n = len(jpegs)
+        if not 0 < n <= self.batch_size:
+            raise ValueError(f"a batch of {n} samples for a DaliStage of batch_size "
+                             f"{self.batch_size}")
+        index = _column(meta, "__index__", n, -1)
+        seed = _column(meta, "__seed__", n, 0)
+        epoch = _column(meta, "__epoch__", n, 0)
+        spec = self.spec
+        data = [np.frombuffer(j, dtype=np.uint8) for j in jpegs]
+        anchors = np.empty((n, 2), dtype=np.int32)
+        shapes = np.empty((n, 2), dtype=np.int32)
+        mirror = np.zeros(n, dtype=np.int32)
+        for i, j in enumerate(jpegs):
+            try:
+                h, w = jpeg_size(j)
+            except DecodeError as e:
+                key = meta.get("__key__", [None] * n)[i] if meta is not None else None
+                raise DecodeError(f"sample {key!r} (id {index[i]}) in a batch fed to the DALI "
+                                  f"stage (which crops from JPEG headers): {e}") from e
+            rng = sample_rng(seed[i], epoch[i], index[i]) if spec.train else None
+            box, flip = spec.geometry(h, w, rng)
+            anchors[i] = box.left, box.top
+            shapes[i] = box.width, box.height
+            mirror[i] = flip
+        try:
+            label = np.array([parse_label(v) for v in labels], dtype=np.int64)
+        except ValueError as e:
+            raise DecodeError(f"a label in a batch fed to the DALI stage is not an integer: "
+                              f"{e}") from e
+        return data, anchors, shapes, mirror, label, index
+
+    def _source(self) -> tuple[Any, ...]:
+        if self._it is None:
+            raise StopIteration
+        batch = next(self._it)  # StopIteration ends DALI's epoch
+        state = getattr(self.batches, "state_dict", None)
+        self._fed.append(state() if state is not None else None)
+        return self.encode_batch(batch)
+
+    # -- the DALI side -------------------------------------------------------------------
+    def _build(self) -> Any:
+        dali = require("nvidia.dali", purpose="the DALI stage (feedpipe.dali)")
+        from nvidia.dali import fn, types
+
+        spec = self.spec
+        gpu = self.device_id is not None
+        pipe = dali.Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
+                             device_id=self.device_id, prefetch_queue_depth=self.prefetch)
+        with pipe:
+            jpegs, anchor, shape, mirror, labels, index = fn.external_source(
+                source=self._source, num_outputs=6, batch=True,
+                dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.INT64,
+                       types.INT64])
+            images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="WH",
+                                             device="mixed" if gpu else "cpu",
+                                             output_type=types.RGB)
+            images = fn.resize(images, size=[spec.size, spec.size], antialias=True)
+            if spec.mean is None:
+                images = fn.crop_mirror_normalize(images, mirror=mirror, dtype=types.UINT8,
+                                                  output_layout="CHW")
+            else:
+                images = fn.crop_mirror_normalize(
+                    images, mirror=mirror, dtype=types.FLOAT, output_layout="CHW",
+                    mean=[255.0 * m for m in spec.mean],
+                    std=[255.0 * s for s in spec.std])  # type: ignore[union-attr]
+            if gpu:
+                labels = labels.gpu()
+            pipe.set_outputs(images, labels, index)
+        pipe.build()
+        return pipe
+
+    def _to_torch(self, out: Any, device: torch.device) -> torch.Tensor:
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        t = out.as_tensor()
+        arr = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=device)
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        # enqueued on torch's stream after DALI's work: ordered before the consumer's kernels
+        feed_ndarray(t, arr, cuda_stream=stream)
+        return arr
+
+    def __iter__(self) -> Iterator[DaliBatch]:
+        if self._pipe is None:
+            self._pipe = self._build()
+        pipe = self._pipe
+        self._fed.clear()
+        state = getattr(self.batches, "state_dict", None)
+        self._state = state() if state is not None else None
+        self._it = iter(self.batches)
+        done = False
+        try:
+            while True:
+                try:
+                    images, labels, index = pipe.run()
+                except StopIteration:
+                    break
+                out = DaliBatch(self._to_torch(images, self.device),
+                                self._to_torch(labels, self.device),
+                                self._to_torch(index, torch.device("cpu")))
+                self._state = self._fed.popleft()
+                yield out
+            done = True
+        finally:
+            self._it = None
+            if done:
+                pipe.reset()
+            else:
+                # left early (break, error): DALI still holds prefetched batches of this pass;
+                # a new pipeline is simpler and safer than draining them
+                self._pipe = None
+
+    # -- the loader protocol -------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batches.set_epoch(epoch)  # type: ignore[attr-defined]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped loader's state after the last batch this stage handed out."""
+        if self._state is not None:
+            return self._state
+        return self.batches.state_dict()  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.batches.load_state_dict(state_dict)  # type: ignore[attr-defined]
+        self._state = None
+        self._pipe = None

@@ -1,0 +1,238 @@
+"""Per-sample transforms: deterministic augmentation seeded from the plan, and the ready
+:class:`ImagePipeline` (sample dict -> ``(CHW tensor, label)``).
+
+**Seeding.** Every random draw for a sample comes from its own generator,
+:func:`sample_rng`\\ ``(seed, epoch, index)``: ``PCG64(SeedSequence(k))`` where ``k`` is the 128-bit
+``blake2b("feedpipe-augment", seed, epoch, index)`` digest, ``index`` being the sample's global id
+(``__index__``). A sample therefore gets the same crop and flip in a given epoch whichever rank or
+worker reads it, however many there are, and after a resume; another epoch or another sample gets
+independent draws (hashing the three integers avoids the ``seed + epoch`` aliasing, as the plan
+does). The dataset puts ``__seed__`` and ``__epoch__`` in each sample; a sample without them is
+treated as seed 0, epoch 0.
+
+The op classes (:class:`DecodeJPEG`, :class:`RandomResizedCrop`, ...) live in
+:mod:`feedpipe.image_ops` and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import DecodeError
+from .image_ops import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Box,
+    CenterCrop,
+    Compose,
+    DecodeJPEG,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    ToTensor,
+    as_size,
+    decode_jpeg,
+    jpeg_size,
+    normalize_tensor,
+    random_resized_crop_box,
+    resize_to_tensor,
+    scale_box,
+)
+
+__all__ = [
+    "IMAGENET_MEAN", "IMAGENET_STD", "Box", "CenterCrop", "Compose", "DecodeJPEG", "ImagePipeline",
+    "ImageSpec", "Normalize", "RandomHorizontalFlip", "RandomResizedCrop", "Resize", "ToTensor",
+    "parse_label", "sample_rng", "rng_of",
+]
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator of sample ``index``'s augmentation in ``epoch`` of a run seeded ``seed``.
+
+    Example:
+        >>> a = sample_rng(0, 1, 42).random()
+        >>> a == sample_rng(0, 1, 42).random(), a == sample_rng(0, 2, 42).random()
+        (True, False)
+    """
+    h = hashlib.blake2b(f"feedpipe-augment\0{int(seed)}\0{int(epoch)}\0{int(index)}".encode(),
+                        digest_size=16)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int.from_bytes(h.digest(),
+                                                                                       "little"))))
+
+
+def rng_of(sample: Mapping[str, Any]) -> np.random.Generator:
+    """:func:`sample_rng` of a sample dict (``__seed__``, ``__epoch__``, ``__index__``)."""
+    if "__index__" not in sample:
+        raise KeyError("a random transform needs the sample's '__index__' (its global id) to seed "
+                       "its augmentation; samples from FeedDataset carry it")
+    return sample_rng(sample.get("__seed__", 0), sample.get("__epoch__", 0), sample["__index__"])
+
+
+def parse_label(value: Any) -> int:
+    """A class label field (``b"3"``, ``"3"``, ``3``) as an int."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, memoryview):
+        value = value.tobytes()
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What an image pipeline does, shared by the CPU :class:`ImagePipeline` and the DALI stage
+    (:mod:`feedpipe.dali`), so both take the same crops and flips for the same sample.
+
+    Training: a random-resized crop (``scale`` of the area, aspect in ``ratio``) to ``size`` and a
+    left-right flip with probability ``flip``. Evaluation: the centred square of
+    ``crop_fraction`` of the shorter side (a resize to ``size / crop_fraction`` then a centre crop
+    of ``size``, in one step). ``mean``/``std`` (``[0, 1]`` scale) give normalised ``float32``
+    output; ``mean=None`` gives ``uint8`` (normalise on the device, 4x fewer bytes to move) and
+    ignores ``std``.
+    """
+
+    size: int = 224
+    train: bool = True
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.5
+    crop_fraction: float = 0.875
+    mean: tuple[float, ...] | None = IMAGENET_MEAN
+    std: tuple[float, ...] | None = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        as_size(self.size)
+        RandomResizedCrop(self.size, self.scale, self.ratio)  # validates scale and ratio
+        RandomHorizontalFlip(self.flip)
+        if not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction must be in (0, 1], not {self.crop_fraction!r}")
+        if self.mean is None:
+            object.__setattr__(self, "std", None)  # uint8 output: nothing to divide by
+        elif self.std is None:
+            raise ValueError("normalising needs std as well as mean (mean=None: uint8 output)")
+        else:
+            Normalize(self.mean, self.std)  # type: ignore[arg-type]
+
+    def geometry(self, height: int, width: int,
+                 rng: np.random.Generator | None) -> tuple[Box, bool]:
+        """The crop window (in the ``height`` x ``width`` image) and whether to flip it.
+
+        Draws, in order: the crop (:func:`~feedpipe.image_ops.random_resized_crop_box`), then
+        one number for the flip (:class:`RandomHorizontalFlip`); nothing when not training.
+        """
+        if not self.train:
+            side = max(1, int(round(min(height, width) * self.crop_fraction)))
+            return Box((height - side) // 2, (width - side) // 2, side, side), False
+        if rng is None:
+            raise TypeError("a training ImageSpec needs the sample's rng (see sample_rng)")
+        box = random_resized_crop_box(height, width, rng, self.scale, self.ratio)
+        return box, bool(rng.random() < self.flip)
+
+
+class ImagePipeline:
+    """Sample dict -> ``(image, label)``: decode, crop, flip, resize, normalise, in one pass.
+
+    The JPEG header gives the image size; the crop is chosen there (:meth:`ImageSpec.geometry`),
+    then the JPEG is decoded at the smallest scale (1/2, 1/4, 1/8) that still leaves the crop at
+    least ``size`` pixels, the crop resized to ``size`` (antialiased bilinear, ``uint8``) and
+    flipped in the same copy, and normalised straight into a contiguous CHW ``float32`` tensor
+    (``uint8`` CHW with ``mean=None``). Same geometry as
+    ``Compose([DecodeJPEG(), RandomResizedCrop(size), RandomHorizontalFlip(), ToTensor(),
+    Normalize()])`` with the same rng; pixels differ only where the reduced decode kicks in.
+
+    Picklable (plain attributes): give it to ``FeedDataset(transform=...)`` and it runs in the
+    workers. Randomness: :func:`rng_of` the sample (see the module docstring).
+
+    Args:
+        size: output side (square).
+        train: random-resized crop and flip; ``False``: centre crop.
+        scale, ratio, flip: the training augmentation (see :class:`ImageSpec`).
+        mean, std: normalisation on the ``[0, 1]`` scale; ``None``: ``uint8`` output.
+        image_field: the sample field holding the JPEG bytes.
+        label_field: the field holding an integer label; ``None``: return the image only.
+
+    Example:
+        >>> from feedpipe import FeedDataset
+        >>> ds = FeedDataset("shards/example", transform=ImagePipeline(32))
+        >>> image, label = next(iter(ds))
+        >>> tuple(image.shape), image.dtype, label
+        ((3, 32, 32), torch.float32, 0)
+    """
+
+    def __init__(
+        self,
+        size: int = 224,
+        train: bool = True,
+        *,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: float = 0.5,
+        mean: Sequence[float] | None = IMAGENET_MEAN,
+        std: Sequence[float] | None = IMAGENET_STD,
+        image_field: str = "jpg",
+        label_field: str | None = "cls",
+    ) -> None:
+        spec = ImageSpec(size=size, train=train, scale=(scale[0], scale[1]),
+                         ratio=(ratio[0], ratio[1]), flip=flip,
+                         mean=None if mean is None else tuple(mean),
+                         std=None if std is None else tuple(std))
+        self._init(spec, image_field, label_field)
+
+    @classmethod
+    def from_spec(cls, spec: ImageSpec, *, image_field: str = "jpg",
+                  label_field: str | None = "cls") -> ImagePipeline:
+        """An ImagePipeline doing exactly ``spec`` (e.g. a DALI stage's)."""
+        self = cls.__new__(cls)
+        self._init(spec, image_field, label_field)
+        return self
+
+    def _init(self, spec: ImageSpec, image_field: str, label_field: str | None) -> None:
+        self.spec = spec
+        self.image_field = image_field
+        self.label_field = label_field
+        self._norm = None if spec.std is None else Normalize(spec.mean or (), spec.std)
+
+    def image(self, data: Any, rng: np.random.Generator | None) -> torch.Tensor:
+        """The transformed CHW image of JPEG bytes ``data`` (``rng`` needed when training)."""
+        spec = self.spec
+        size = as_size(spec.size)
+        h, w = jpeg_size(data)
+        box, flip = spec.geometry(h, w, rng)
+        # decode just large enough that the crop keeps >= size pixels on both axes
+        min_h = math.ceil(h * size[0] / box.height) if box.height > size[0] else h
+        min_w = math.ceil(w * size[1] / box.width) if box.width > size[1] else w
+        img = decode_jpeg(data, min_height=min(min_h, h), min_width=min(min_w, w))
+        dh, dw = img.shape[:2]
+        if (dh, dw) != (h, w):
+            box = scale_box(box, dh / h, dw / w, dh, dw)
+        x = resize_to_tensor(img[box.top:box.top + box.height, box.left:box.left + box.width],
+                             size, flip=flip)
+        if self._norm is None:
+            return x.contiguous()
+        return normalize_tensor(x, self._norm._mean, self._norm._std)
+
+    def __call__(self, sample: Mapping[str, Any]) -> Any:
+        where = f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}"
+        for field in (self.image_field, self.label_field):
+            if field is not None and field not in sample:
+                fields = sorted(k for k in sample if not k.startswith("__"))
+                raise DecodeError(f"{where} has no {field!r} field (it has {fields})")
+        rng = rng_of(sample) if self.spec.train else None
+        try:
+            image = self.image(sample[self.image_field], rng)
+            if self.label_field is None:
+                return image
+            return image, parse_label(sample[self.label_field])
+        except ValueError as e:  # DecodeError included: add which sample it was
+            raise DecodeError(f"{where}: {e}") from e
+
+    def __repr__(self) -> str:
+        return (f"ImagePipeline.from_spec({self.spec!r}, image_field={self.image_field!r}, "
+                f"label_field={self.label_field!r})")

@@ -1,0 +1,186 @@
+"""The DALI stage: CPU mode (``device_id=None``) here, fed by FeedLoader's planned batches; and
+what happens without DALI installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from feedpipe import FeedDataset, FeedLoader
+from feedpipe.dali import DaliStage
+from feedpipe.dataset import sample_ids_of
+from feedpipe.errors import DecodeError, MissingDependencyError
+from feedpipe.image_ops import jpeg_size
+from feedpipe.transforms import ImagePipeline, ImageSpec, rng_of
+
+
+def _dali_importable() -> bool:
+    # checked without importing at collection time; the `dali` fixture imports (or skips)
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except ImportError:
+        return False
+
+
+@pytest.fixture
+def dali() -> object:
+    return pytest.importorskip("nvidia.dali", reason="nvidia.dali cannot be imported")
+
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shards",
+                       "example")
+
+
+def loader(batch_size: int = 5, workers: int = 0, epoch: int = 0, **ds_kw: object) -> FeedLoader:
+    ds = FeedDataset(EXAMPLE, shuffle=True, seed=11, **ds_kw)  # type: ignore[arg-type]
+    fl = FeedLoader(ds, batch_size=batch_size, num_workers=workers)
+    fl.set_epoch(epoch)
+    return fl
+
+
+def labels_by_index() -> dict[int, int]:
+    return {s["__index__"]: int(bytes(s["cls"])) for s in FeedDataset(EXAMPLE)}
+
+
+# -- without DALI ----------------------------------------------------------------------------
+def test_missing_dali_raises_with_the_pip_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "nvidia.dali" or m.startswith("nvidia.dali.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # import nvidia.dali -> ImportError
+    stage = DaliStage(loader(), device_id=None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'feedpipe\[dali\]'") as e:
+        next(iter(stage))
+    assert isinstance(e.value, ImportError)
+
+
+def test_host_side_crops_are_the_cpu_pipelines_without_dali() -> None:
+    """What the stage feeds DALI (crop windows, flips) is the CPU pipeline's geometry."""
+    spec = ImageSpec(size=32)
+    stage = DaliStage(loader(), spec=spec, device_id=None)
+    batch = next(iter(loader()))
+    jpegs, anchors, shapes, mirror, labels, index = stage.encode_batch(batch)
+    assert len(jpegs) == 5 and index.tolist() == batch["__index__"].tolist()
+    assert labels.tolist() == [int(c) for c in batch["cls"]]
+    for i, idx in enumerate(index.tolist()):
+        sample = {"__index__": idx, "__seed__": 11, "__epoch__": 0}
+        assert np.array_equal(jpegs[i], np.frombuffer(batch["jpg"][i], np.uint8))
+        box, flip = spec.geometry(*jpeg_size(batch["jpg"][i]), rng_of(sample))
+        assert anchors[i].tolist() == [box.left, box.top]
+        assert shapes[i].tolist() == [box.width, box.height]
+        assert bool(mirror[i]) == flip
+
+
+def test_bad_batches_are_decode_errors_naming_the_sample() -> None:
+    stage = DaliStage([], batch_size=4, device_id=None)
+    batch = {"jpg": [b"junk"], "cls": [b"1"], "__key__": ["cls_000/00007"],
+             "__index__": torch.tensor([7])}
+    with pytest.raises(DecodeError, match=r"'cls_000/00007' \(id 7\)"):
+        stage.encode_batch(batch)
+    with pytest.raises(DecodeError, match="no 'cls' field"):
+        stage.encode_batch({"jpg": [b"junk"]})
+
+
+def test_stage_needs_a_batch_size() -> None:
+    with pytest.raises(TypeError, match="batch_size"):
+        DaliStage([], device_id=None)
+    with pytest.raises(ValueError):
+        DaliStage([], batch_size=0, device_id=None)
+
+
+# -- DALI on the CPU -------------------------------------------------------------------------
+@pytest.mark.dali
+@pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("mean", [(0.485, 0.456, 0.406), None])
+def test_cpu_stage_shapes_labels_and_plan_order(dali: object, train: bool,
+                                                mean: tuple | None) -> None:
+    fl = loader(batch_size=5, epoch=2)
+    stage = DaliStage(fl, spec=ImageSpec(size=40, train=train, mean=mean), device_id=None)
+    batches = list(stage)
+    assert [len(b.labels) for b in batches] == [5, 5, 5, 5, 4]
+    for b in batches:
+        assert b.images.shape[1:] == (3, 40, 40) and b.images.device.type == "cpu"
+        assert b.images.dtype == (torch.float32 if mean else torch.uint8)
+        assert b.labels.dtype == torch.int64 and b.indices.dtype == torch.int64
+    order = torch.cat([b.indices for b in batches]).tolist()
+    assert order == sample_ids_of(fl.dataset).tolist()  # the plan's order, every sample once
+    truth = labels_by_index()
+    assert torch.cat([b.labels for b in batches]).tolist() == [truth[i] for i in order]
+
+
+@pytest.mark.dali
+@pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
+@pytest.mark.parametrize("train", [True, False])
+def test_cpu_stage_matches_the_cpu_pipeline(dali: object, train: bool) -> None:
+    """Same spec, same per-sample seeds: DALI and the CPU ImagePipeline make the same images
+    (to within resampling rounding)."""
+    spec = ImageSpec(size=32, train=train)
+    dali_images = torch.cat([b.images for b in DaliStage(loader(epoch=1), spec=spec,
+                                                           device_id=None)])
+    cpu = loader(epoch=1, transform=ImagePipeline.from_spec(spec))
+    cpu_images = torch.cat([x for x, _ in cpu])
+    diff = (dali_images - cpu_images).abs()
+    assert float(diff.mean()) < 0.02 and float(diff.max()) < 0.2  # ~1 and ~10 grey levels
+
+
+@pytest.mark.dali
+@pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
+def test_epochs_reset_and_early_exit(dali: object) -> None:
+    fl = loader(batch_size=6)
+    stage = DaliStage(fl, spec=ImageSpec(size=16), device_id=None)
+    orders, images = [], []
+    for epoch in (0, 1, 0):
+        stage.set_epoch(epoch)
+        bs = list(stage)
+        orders.append(torch.cat([b.indices for b in bs]).tolist())
+        images.append(torch.cat([b.images for b in bs]))
+        assert sorted(orders[-1]) == list(range(24))
+    assert orders[0] != orders[1] and orders[0] == orders[2]
+    assert torch.equal(images[0], images[2]) and not torch.equal(images[0], images[1])
+    # leave a pass early (DALI holds prefetched batches): the next pass starts clean
+    stage.set_epoch(1)
+    for b in stage:
+        break
+    stage.set_epoch(1)
+    assert torch.cat([b.indices for b in stage]).tolist() == orders[1]
+
+
+@pytest.mark.dali
+@pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
+def test_resume_counts_what_the_stage_handed_out_not_what_dali_prefetched(dali: object) -> None:
+    stage = DaliStage(loader(batch_size=4, epoch=3), spec=ImageSpec(size=16), device_id=None,
+                      prefetch=3)
+    seen = []
+    for k, b in enumerate(stage):
+        seen += b.indices.tolist()
+        if k == 1:
+            state = stage.state_dict()
+            break
+    assert state["position"] == 8 and state["epoch"] == 3
+    again = DaliStage(loader(batch_size=4), spec=ImageSpec(size=16), device_id=None)
+    again.load_state_dict(state)
+    rest = [i for b in again for i in b.indices.tolist()]
+    assert len(seen) == 8 and sorted(seen + rest) == list(range(24))
+    full = loader(batch_size=4, epoch=3)
+    assert seen + rest == sample_ids_of(full.dataset).tolist()
+
+
+@pytest.mark.dali
+@pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
+def test_fed_by_feedloader_workers_and_by_plain_pairs(dali: object) -> None:
+    stage = DaliStage(loader(batch_size=5, workers=2), spec=ImageSpec(size=16, train=False),
+                      device_id=None)
+    order = torch.cat([b.indices for b in stage]).tolist()
+    assert order == sample_ids_of(loader().dataset).tolist()
+    samples = list(FeedDataset(EXAMPLE))
+    pairs = [([bytes(s["jpg"]) for s in samples[i:i + 8]],
+              [bytes(s["cls"]) for s in samples[i:i + 8]]) for i in range(0, 24, 8)]
+    out = list(DaliStage(pairs, batch_size=8, spec=ImageSpec(size=16, mean=None), device_id=None))
+    assert [b.images.shape for b in out] == [(8, 3, 16, 16)] * 3
+    assert all((b.indices == -1).all() for b in out)
+    assert torch.cat([b.labels for b in out]).tolist() == [int(bytes(s["cls"])) for s in samples]
