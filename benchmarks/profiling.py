@@ -44,42 +44,46 @@ def _short(frame: str) -> str:
     return f"{m.group('func')} ({f})"
 
 
-def py_spy_summary(raw_path: str, top: int = 25) -> str:
+def py_spy_summary(raw_path: str, top: int = 20, rate: int | None = None) -> str:
     """Reduce py-spy ``--format raw`` output (``frame;frame;... count`` per line, outermost
-    frame first) to self and inclusive sample shares per function, per process."""
-    self_c: Counter[str] = Counter()
-    incl_c: Counter[str] = Counter()
-    per_proc: Counter[str] = Counter()
-    total = 0
+    frame first; with ``--subprocesses`` each stack starts with ``process PID:"cmdline"``
+    frames, parent first) to self and inclusive sample shares per function, per process."""
+    procs: dict[str, dict[str, Counter[str]]] = {}
+    totals: Counter[str] = Counter()
     with open(raw_path, encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.rstrip("\n")
-            if not line:
-                continue
             stack, _, count = line.rpartition(" ")
             try:
                 n = int(count)
             except ValueError:
                 continue
             frames = stack.split(";")
-            proc = frames[0] if frames[0].startswith("process ") else ""
-            if proc:
-                frames = frames[1:]
-                per_proc[proc.split(":")[0]] += n
-            total += n
+            proc = "process ?"
+            depth = 0
+            while frames and frames[0].startswith("process "):
+                proc = frames.pop(0).split(":", 1)[0]
+                depth += 1
+            role = f"{proc} ({'parent' if depth <= 1 else 'pool worker'})"
+            c = procs.setdefault(role, {"self": Counter(), "incl": Counter()})
+            totals[role] += n
             if frames:
-                self_c[_short(frames[-1])] += n
-            for fr in set(_short(x) for x in frames):
-                incl_c[fr] += n
+                c["self"][_short(frames[-1])] += n
+            for fr in {_short(x) for x in frames}:
+                c["incl"][fr] += n
     buf = io.StringIO()
-    buf.write(f"== py-spy {os.path.basename(raw_path)}: {total} samples\n")
-    if per_proc:
-        buf.write("samples per process: " + ", ".join(f"{p}: {c}" for p, c in
-                                                      per_proc.most_common()) + "\n")
-    buf.write("-- self (leaf) time\n")
-    for fr, c in self_c.most_common(top):
-        buf.write(f"{100 * c / max(total, 1):6.1f}%  {fr}\n")
-    buf.write("-- inclusive time\n")
-    for fr, c in incl_c.most_common(top):
-        buf.write(f"{100 * c / max(total, 1):6.1f}%  {fr}\n")
+    grand = sum(totals.values())
+    buf.write(f"== py-spy {os.path.basename(raw_path)}: {grand} samples")
+    buf.write(f" at {rate}/s (= {grand / rate:.2f} CPU-seconds)\n" if rate else "\n")
+    for role, n in totals.most_common():
+        c = procs[role]
+        secs = f", {n / rate:.2f}s" if rate else ""
+        buf.write(f"-- {role}: {n} samples ({100 * n / max(grand, 1):.0f}% of all{secs})\n")
+        buf.write("   self (leaf) time:\n")
+        for fr, k in c["self"].most_common(top):
+            buf.write(f"   {100 * k / n:6.1f}%  {fr}\n")
+        buf.write("   inclusive time (feedpipe functions):\n")
+        incl = [(fr, k) for fr, k in c["incl"].most_common() if "(feedpipe/" in fr]
+        for fr, k in incl[:top]:
+            buf.write(f"   {100 * k / n:6.1f}%  {fr}\n")
     return buf.getvalue()

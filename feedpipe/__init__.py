@@ -9,6 +9,8 @@ CUDA context and no thread, and reads no environment variable.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -16,6 +18,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "FeedDataset": "dataset",
     "FeedLoader": "loader",
+    "DeviceLoader": "device_loader",
+    "DeviceCache": "device_cache",
     "ShardReader": "reader",
     "open_shard": "reader",
     "shard": "convert",
@@ -23,6 +27,8 @@ _LAZY = {
     "index": "indexer",
     "verify": "verify",
     "demo": "demo",
+    "probe": "probe",
+    "ProbeReport": "probe",
     "Manifest": "manifest",
     "load_manifest": "manifest",
     "Plan": "plan",
@@ -38,7 +44,11 @@ _LAZY = {
     "OutputError": "errors",
     "PlanError": "errors",
     "StateError": "errors",
+    "DeviceCacheError": "errors",
     "MissingDependencyError": "errors",
+    "AccessDeniedError": "errors",
+    "RemoteError": "errors",
+    "ShardCache": "shard_cache",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -59,10 +69,29 @@ def __dir__() -> list[str]:
     return __all__
 
 
+class _Package(types.ModuleType):
+    """Some public names are also submodule names (``index``, ``verify``, ``demo``, ``probe``).
+    The import system binds a submodule on its package when it is first imported (``from .index
+    import ...`` in half the package does that), which would hide the public function; keep every
+    name of ``_LAZY`` for what ``__getattr__`` resolves. The submodules stay in ``sys.modules``."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
 if TYPE_CHECKING:
     from .convert import ShardSummary, shard
     from .dataset import FeedDataset
+    from .device_cache import DeviceCache
+    from .device_loader import DeviceLoader
     from .errors import (
+        AccessDeniedError,
+        DeviceCacheError,
         FeedpipeError,
         InputError,
         KeyClashError,
@@ -70,6 +99,7 @@ if TYPE_CHECKING:
         MissingDependencyError,
         OutputError,
         PlanError,
+        RemoteError,
         ShardFormatError,
         SourceNotFoundError,
         StateError,
@@ -77,4 +107,6 @@ if TYPE_CHECKING:
     from .function_index import FunctionIndex
     from .loader import FeedLoader
     from .manifest import Manifest, load_manifest
+    from .probe import ProbeReport, probe
     from .reader import ShardReader, open_shard
+    from .shard_cache import ShardCache
