@@ -55,7 +55,9 @@ class FeedLoader:
     Args:
         dataset: the :class:`FeedDataset`.
         batch_size: samples per batch (the last batch of a rank's epoch may be smaller).
-        num_workers: worker processes (0: read in this process).
+        num_workers: worker processes (0: read in this process). Once this process has
+            initialised CUDA, workers start from a ``forkserver`` rather than by ``fork`` (unsafe
+            after CUDA) unless ``multiprocessing_context=`` says otherwise.
         collate_fn: default :func:`collate_samples`.
         device: deliver batches on this device through a :class:`DeviceLoader` (background
             prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only). ``None``:
@@ -105,6 +107,7 @@ class FeedLoader:
             **loader_kwargs,
         )
         self._device_loader = None if device is None else DeviceLoader(self._loader, device, depth)
+        self._context_given = "multiprocessing_context" in loader_kwargs
         self._split = dataset.split()
         self._batches = 0
         self._finished = False
@@ -127,12 +130,24 @@ class FeedLoader:
         self._split = self.dataset.split()
         self._batches = 0
         self._finished = False
+        self._guard_fork_after_cuda()
         # Counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
         # over, never for the batches its thread prefetched.
         for batch in self._loader if self._device_loader is None else self._device_loader:
             self._batches += 1
             yield batch
         self._finished = True
+
+    def _guard_fork_after_cuda(self) -> None:
+        # Forking workers from a process that holds a CUDA context is unsafe: a child inherits
+        # objects whose destructors call CUDA (a DALI pipeline, the caching allocator's state) and
+        # aborts or deadlocks. Workers never need CUDA, so once the parent has initialised it,
+        # start them from a clean forkserver instead, unless the caller chose a context.
+        loader = self._loader
+        if (self.num_workers > 0 and not self._context_given
+                and loader.multiprocessing_context is None and torch.cuda.is_initialized()
+                and torch.multiprocessing.get_start_method(allow_none=True) in (None, "fork")):
+            loader.multiprocessing_context = "forkserver"
 
     def stats(self) -> dict[str, Any] | None:
         """The DeviceLoader's figures for this pass (wait, starvation; see

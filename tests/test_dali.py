@@ -184,3 +184,27 @@ def test_fed_by_feedloader_workers_and_by_plain_pairs(dali: object) -> None:
     assert [b.images.shape for b in out] == [(8, 3, 16, 16)] * 3
     assert all((b.indices == -1).all() for b in out)
     assert torch.cat([b.labels for b in out]).tolist() == [int(bytes(s["cls"])) for s in samples]
+
+
+# -- DALI on the GPU (runs where CUDA and DALI exist, skips elsewhere) ------------------------
+@pytest.mark.dali
+@pytest.mark.cuda
+@pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("train", [True, False])
+def test_gpu_stage_decodes_on_the_device_and_matches_the_cpu_pipeline(dali: object,
+                                                                      train: bool) -> None:
+    """nvJPEG ("mixed") decoding: the images come out as CUDA tensors, in the plan's order,
+    and equal the CPU ImagePipeline's to within decoder and resampling rounding."""
+    spec = ImageSpec(size=32, train=train)
+    fl = loader(epoch=1)
+    batches = list(DaliStage(fl, spec=spec, device_id=0))
+    assert all(b.images.device.type == "cuda" for b in batches)
+    order = torch.cat([b.indices for b in batches]).tolist()
+    assert order == sample_ids_of(fl.dataset).tolist()
+    gpu_images = torch.cat([b.images for b in batches]).cpu()
+    cpu = loader(epoch=1, transform=ImagePipeline.from_spec(spec))
+    cpu_images = torch.cat([x for x, _ in cpu])
+    diff = (gpu_images - cpu_images).abs()
+    # nvJPEG's IDCT differs from libjpeg-turbo's by a grey level or two on top of resampling
+    assert float(diff.mean()) < 0.03 and float(diff.max()) < 0.3

@@ -78,6 +78,25 @@ def test_feedloader_order_does_not_depend_on_workers(ds_path: str, workers: int)
     assert len(loader) == 9
 
 
+
+def test_workers_start_from_a_forkserver_once_cuda_is_initialised(ds_path: str,
+                                                                   monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Forking after CUDA is unsafe (inherited CUDA objects abort the worker); FeedLoader starts
+    its workers from a forkserver then, unless the caller chose a context."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    ref = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=9), batch_size=3)
+    loader = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=9), batch_size=3, num_workers=2)
+    assert ids_of(loader) == ids_of(ref)  # real workers, same order
+    assert loader._loader.multiprocessing_context.get_start_method() == "forkserver"
+    chosen = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2,
+                        multiprocessing_context="spawn")
+    chosen._guard_fork_after_cuda()
+    assert chosen._loader.multiprocessing_context.get_start_method() == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    plain = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2)
+    assert sorted(ids_of(plain)) == list(range(25))
+    assert plain._loader.multiprocessing_context is None
+
 def test_len_and_balance_over_ranks(ds_path: str) -> None:
     for drop_last, per_rank in ((False, 9), (True, 8)):
         lens = [len(FeedDataset(ds_path, rank=r, world_size=3, drop_last=drop_last))
