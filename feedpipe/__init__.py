@@ -49,6 +49,10 @@ _LAZY = {
     "AccessDeniedError": "errors",
     "RemoteError": "errors",
     "ShardCache": "shard_cache",
+    "DecodedStore": "decoded_store",
+    "DecodedStoreError": "errors",
+    "cache_stats": "cache_tiers",
+    "cache_clear": "cache_tiers",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -110,3 +114,6 @@ if TYPE_CHECKING:
     from .probe import ProbeReport, probe
     from .reader import ShardReader, open_shard
     from .shard_cache import ShardCache
+    from .decoded_store import DecodedStore
+    from .errors import DecodedStoreError
+    from .cache_tiers import cache_clear, cache_stats

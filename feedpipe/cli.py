@@ -206,6 +206,12 @@ def _cmd_probe(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache(a: argparse.Namespace) -> int:
+    from .cli_cache import run
+
+    return run(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -241,11 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None, help="where to work (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     _add_probe(sub)
+    from .cli_cache import add_parser as _add_cache
+
+    _add_cache(sub)
     return parser
 
 
 _COMMANDS = {"shard": _cmd_shard, "index": _cmd_index, "verify": _cmd_verify, "demo": _cmd_demo,
-             "probe": _cmd_probe}
+             "probe": _cmd_probe, "cache": _cmd_cache}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .errors import PlanError, StateError
+from .decoded_store import open_decoded_store
 from .file_lock import Lease
 from .manifest import dataset_root, join, load_manifest
 from .plan import Plan, Split, iter_id_chunks
@@ -53,6 +54,11 @@ class FeedDataset(IterableDataset):
             shards are read with range requests.
         cache_size: the cache's byte budget (``"20GB"``, ``"512MiB"`` or an int; ``None``: no
             limit).
+        decoded_cache: keep ``transform``'s outputs in a node-local memmap store under this
+            directory (``True``/``"auto"``: ``$XDG_CACHE_HOME/feedpipe/decoded``): the first epoch
+            fills it, later ones read it without reading a shard or calling the transform. The
+            transform must be deterministic with fixed-shape outputs (e.g. decode and resize);
+            see :mod:`feedpipe.decoded_store`. Counters: ``ds.decoded.stats``.
 
     Example:
         >>> ds = FeedDataset("shards/example")
@@ -75,6 +81,7 @@ class FeedDataset(IterableDataset):
         max_open_shards: int = 64,
         cache_dir: str | os.PathLike[str] | bool | ShardCache | None = None,
         cache_size: int | str | None = None,
+        decoded_cache: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         super().__init__()
         self.url = dataset_root(url)
@@ -102,9 +109,11 @@ class FeedDataset(IterableDataset):
         self._shared[_BATCH] = 1
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self.cache = make_cache(cache_dir, cache_size)
+        self.decoded = open_decoded_store(decoded_cache, transform, self.manifest)
         self._leases: dict[int, Lease] = {}  # cached shards held in use by open readers
         self._clock: Any = None  # the running iterator's Prefetcher: eviction's view of the plan
         self._pid = os.getpid()
+        self._names = tuple(s.name for s in self.manifest.shards)
         self._first = Plan(self._counts, self.seed, 0, self.shuffle, self.shuffle_window).first_ids
 
     # -- the epoch and its plan -------------------------------------------------------------
@@ -250,14 +259,21 @@ class FeedDataset(IterableDataset):
         plan = self.plan()
         epoch, seed = plan.epoch, self.seed
         split = self.split()
-        transform = self.transform
+        transform, decoded, names = self.transform, self.decoded, self._names
         to_bytes = info is not None
-        prefetcher = self._start_prefetch(plan, split, worker, workers)
+        # a complete decoded store needs no shard this epoch: nothing to prefetch
+        complete = decoded is not None and decoded.complete()
+        prefetcher = None if complete else self._start_prefetch(plan, split, worker, workers)
         open_readers, get_reader = self._readers, self._reader
         try:
             for ids in iter_id_chunks(plan, split, self.batch_size, worker, workers):
                 shards, local = plan.shard_of(ids)
-                for s, i in zip(shards.tolist(), local.tolist()):
+                for g, s, i in zip(ids.tolist(), shards.tolist(), local.tolist()):
+                    if decoded is not None:
+                        out = decoded.get(g)
+                        if out is not None:
+                            yield out
+                            continue
                     reader = open_readers.get(s)
                     if reader is None:
                         reader = get_reader(s)
@@ -265,7 +281,10 @@ class FeedDataset(IterableDataset):
                     sample["__epoch__"] = epoch  # with __index__ and __seed__: per-sample
                     sample["__seed__"] = seed  # augmentation seeds, reproducible on resume
                     if transform is not None:
+                        key = sample["__key__"]
                         sample = transform(sample)
+                        if decoded is not None:
+                            sample = decoded.put(g, sample, key=key, shard=names[s])
                     if to_bytes and isinstance(sample, dict):
                         for k, v in sample.items():
                             if type(v) is memoryview:
@@ -273,6 +292,8 @@ class FeedDataset(IterableDataset):
                     yield sample
         finally:
             self._stop_prefetch(prefetcher)
+            if decoded is not None:
+                decoded.record()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

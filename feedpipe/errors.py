@@ -54,6 +54,11 @@ class DeviceCacheError(FeedpipeError, ValueError):
     (not warmed up, an id outside the dataset, no fallback for samples that are not resident)."""
 
 
+class DecodedStoreError(FeedpipeError, ValueError):
+    """A transform's output does not fit the decoded store (not fixed-shape, another shape or
+    dtype than the samples stored before it); the message names the sample's key and shard."""
+
+
 class AccessDeniedError(FeedpipeError, PermissionError):
     """A remote source refused the request (wrong or missing credentials, no permission)."""
 

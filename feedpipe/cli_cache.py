@@ -1,0 +1,101 @@
+"""``feedpipe cache stats|clear [PATH]``: a thin shell over :func:`feedpipe.cache_tiers.cache_stats`
+and :func:`feedpipe.cache_tiers.cache_clear`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+DESCRIPTION = """\
+Show or clear every feedpipe cache tier found under PATH (searched recursively):
+
+  L1 shards          node-local shard cache (FeedDataset cache_dir=): shard entries
+  L2 function index  FunctionIndex LMDB directories: memoised entries
+  decoded store      memmap stores of transform outputs (FeedDataset decoded_cache=):
+                     samples filled of the dataset's samples
+
+stats prints, per tier directory: entries, bytes on disk, and hits/misses where the
+tier records them across processes (decoded stores; L1 and L2 count per process only,
+see ds.cache.stats and FunctionIndex.stats()).
+
+clear never pulls data from under a running job: L1 evicts every shard no process
+holds; an L2 index or a decoded store is deleted when no process has it open, else
+emptied in place (LMDB entries dropped; decoded records marked unfilled)."""
+
+EPILOG = """\
+Examples:
+  feedpipe cache stats                      # the default cache root, ~/.cache/feedpipe
+  feedpipe cache stats /dev/shm/fp --json
+  feedpipe cache clear /scratch/feedpipe-cache
+
+Exit status: 0, or 2 when PATH is not a directory."""
+
+
+def default_root() -> str:
+    """``$XDG_CACHE_HOME/feedpipe`` (or ``~/.cache/feedpipe``): where ``cache_dir=True`` and
+    ``decoded_cache=True`` put their tiers."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "feedpipe")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("cache", help="show or clear the cache tiers (L1 shards, L2 function "
+                                     "index, decoded stores) under a directory",
+                       description=DESCRIPTION, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=("stats", "clear"),
+                   help="stats: describe each tier; clear: empty each tier (see above)")
+    p.add_argument("path", metavar="PATH", nargs="?", default=None,
+                   help="directory to search (default: $XDG_CACHE_HOME/feedpipe, else "
+                        "~/.cache/feedpipe)")
+    p.add_argument("--json", action="store_true",
+                   help="print {\"path\": ..., \"tiers\": [...]} as JSON instead of a table")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return str(n)
+
+
+def _row(r: Any, root: str) -> list[str]:
+    rel = os.path.relpath(r.path, root)
+    entries = str(r.entries)
+    if "samples" in r.details:
+        entries = f"{r.entries}/{r.details['samples']}"
+    count = lambda v: "-" if v is None else str(v)  # noqa: E731
+    note = ""
+    if r.details.get("leaves"):
+        note = ", ".join(r.details["leaves"])
+    elif r.details.get("part_bytes"):
+        note = f"{_human(r.details['part_bytes'])} downloading"
+    elif r.details.get("in_use"):
+        note = "in use"
+    return [r.tier, "." if rel == "." else rel, entries, _human(r.bytes), count(r.hits),
+            count(r.misses), r.action or "", note]
+
+
+def run(a: argparse.Namespace) -> int:
+    from .cache_tiers import cache_clear, cache_stats
+
+    root = os.path.abspath(a.path or default_root())
+    reports = (cache_stats if a.action == "stats" else cache_clear)(root)
+    if a.json:
+        print(json.dumps({"path": root, "tiers": [r.as_dict() for r in reports]}, indent=1))
+        return 0
+    print(f"feedpipe cache {a.action}: {root}")
+    if not reports:
+        print("  no feedpipe cache found")
+        return 0
+    header = ["tier", "directory", "entries", "on disk", "hits", "misses", "action", "layout/notes"]
+    rows = [_row(r, root) for r in reports]
+    if a.action == "stats":
+        header, rows = header[:6] + header[7:], [r[:6] + r[7:] for r in rows]
+    widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
+    for line in [header, *rows]:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+    return 0

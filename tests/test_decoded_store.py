@@ -1,0 +1,266 @@
+"""The decoded store (memmap of a deterministic transform's outputs) with real DataLoader workers:
+later epochs equal the first byte for byte without reading a shard or calling the transform;
+invalidation by the transform's parameters; a clear error for a sample of another shape;
+concurrent fillers; SIGKILL mid-fill; damage; a full disk."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from feedpipe import FeedDataset
+from feedpipe.decoded_store import DecodedStore, read_recorded
+from feedpipe.errors import DecodedStoreError
+from feedpipe.transforms import ImagePipeline
+
+from _data import make_dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CTX = mp.get_context("fork")
+N = 25  # samples of make_dataset
+
+
+class Decode:
+    """JPEG decode + deterministic resize to ``size``; appends each sample key it decodes to the
+    file ``calls`` (counts calls across worker processes)."""
+
+    def __init__(self, calls: str, size: int = 8) -> None:
+        self.calls = calls
+        self.pipeline = ImagePipeline(size, train=False, mean=None)
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        with open(self.calls, "a") as f:
+            f.write(sample["__key__"] + "\n")
+        image, label = self.pipeline(sample)
+        return {"image": image, "label": label, "index": np.int64(sample["__index__"])}
+
+
+def calls(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def epoch(ds: FeedDataset, e: int, workers: int = 2) -> dict[int, tuple[bytes, int]]:
+    """Sample id -> (image bytes, label) of one epoch, read through a DataLoader."""
+    ds.set_epoch(e)
+    src = ds if workers == 0 else DataLoader(ds, batch_size=None, num_workers=workers)
+    out = {}
+    for s in src:
+        assert isinstance(s["image"], torch.Tensor) and s["image"].dtype == torch.uint8
+        out[int(s["index"])] = (s["image"].numpy().tobytes(), s["label"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def ds_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_dataset(str(tmp_path_factory.mktemp("ds")))  # 25 samples, shards of 7
+
+
+@pytest.fixture(scope="module")
+def truth(ds_path: str, tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[bytes, int]]:
+    calls_file = str(tmp_path_factory.mktemp("truth") / "calls")
+    return epoch(FeedDataset(ds_path, transform=Decode(calls_file)), 0, workers=0)
+
+
+def test_later_epochs_equal_the_first_without_shards_or_decoding(
+        ds_path: str, truth: dict, tmp_path: Path) -> None:
+    data = Path(shutil.copytree(ds_path, tmp_path / "ds"))
+    log = tmp_path / "calls"
+    ds = FeedDataset(str(data), shuffle=True, seed=1, transform=Decode(str(log)),
+                     decoded_cache=tmp_path / "dec")
+    first = epoch(ds, 0)
+    assert first == truth
+    assert sorted(calls(log)) == sorted(set(calls(log))) and len(calls(log)) == N
+    for tar in data.glob("*.tar"):  # later epochs must not read a shard at all
+        tar.unlink()
+    for e in (1, 2):
+        assert epoch(ds, e) == first
+    assert len(calls(log)) == N  # not one more decode, in any worker
+    rec = read_recorded(ds.decoded.path)  # counters recorded by the worker processes
+    assert (rec["misses"], rec["fills"], rec["hits"], rec["damaged"]) == (N, N, 2 * N, 0)
+    assert ds.decoded.filled() == N and ds.decoded.complete()
+
+
+def test_changing_the_transform_parameters_invalidates(ds_path: str, truth: dict,
+                                                       tmp_path: Path) -> None:
+    log, dec = tmp_path / "calls", tmp_path / "dec"
+    a = FeedDataset(ds_path, transform=Decode(str(log), size=8), decoded_cache=dec)
+    assert epoch(a, 0, workers=0) == truth
+    b = FeedDataset(ds_path, transform=Decode(str(log), size=6), decoded_cache=dec)
+    assert b.decoded.path != a.decoded.path
+    got = epoch(b, 0, workers=0)
+    assert len(calls(log)) == 2 * N  # recomputed, not served from the size-8 store
+    assert {len(v[0]) for v in got.values()} == {3 * 6 * 6}
+    same = FeedDataset(ds_path, transform=Decode(str(log), size=8), decoded_cache=dec)
+    assert same.decoded.path == a.decoded.path  # equal parameters: the same store again
+    assert epoch(same, 1, workers=0) == truth and len(calls(log)) == 2 * N
+    assert len(os.listdir(dec)) == 2
+
+
+class Ragged:
+    """A fixed (3, 4, 4) array, except for sample ``odd`` whose width is 5."""
+
+    def __init__(self, odd: str) -> None:
+        self.odd = odd
+
+    def __call__(self, sample: dict[str, Any]) -> np.ndarray:
+        return np.zeros((3, 4, 5 if sample["__key__"] == self.odd else 4), np.uint8)
+
+
+def test_a_sample_of_another_shape_is_an_error_naming_its_key(ds_path: str,
+                                                              tmp_path: Path) -> None:
+    keys = [s["__key__"] for s in FeedDataset(ds_path)]
+    ds = FeedDataset(ds_path, transform=Ragged(keys[9]), decoded_cache=tmp_path / "dec")
+    with pytest.raises(DecodedStoreError, match=keys[9]) as e:
+        list(ds)
+    assert "ndarray uint8[3, 4, 5]" in str(e.value) and "uint8[3, 4, 4]" in str(e.value)
+    assert "data-000001.tar" in str(e.value)  # the shard that holds sample 9
+    text = FeedDataset(ds_path, transform=lambda s: s["__key__"], decoded_cache=tmp_path / "t")
+    with pytest.raises(DecodedStoreError, match=r"output is a str.*fixed-shape"):
+        next(iter(text))
+
+
+def test_refuses_what_it_cannot_cache(ds_path: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="transform="):
+        FeedDataset(ds_path, decoded_cache=tmp_path)
+    with pytest.raises(ValueError, match="train=True"):
+        FeedDataset(ds_path, transform=ImagePipeline(8), decoded_cache=tmp_path)
+
+
+def _filler(q: Any, path: str, dec: str, log: str) -> None:
+    try:
+        ds = FeedDataset(path, shuffle=True, seed=os.getpid(), transform=Decode(log),
+                         decoded_cache=dec)
+        q.put(epoch(ds, 0))
+    except BaseException as e:  # report, never hang the parent
+        q.put({"error": repr(e)})
+
+
+def test_concurrent_fillers_share_one_store(ds_path: str, truth: dict, tmp_path: Path) -> None:
+    """Two processes with two workers each fill the same store at once (different orders)."""
+    dec, log = str(tmp_path / "dec"), str(tmp_path / "calls")
+    q = CTX.Queue()
+    procs = [CTX.Process(target=_filler, args=(q, ds_path, dec, log)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert results == [truth, truth]
+    ds = FeedDataset(ds_path, transform=Decode(log), decoded_cache=dec)
+    assert ds.decoded.complete()
+    assert epoch(ds, 1) == truth and len(calls(Path(log))) <= 2 * N
+    assert read_recorded(ds.decoded.path).get("damaged", 0) == 0
+
+
+# A run whose workers die by SIGKILL in the middle of writing a record: the patched pack writes
+# the first half of the record, then the worker kills itself, on its 4th record.
+KILLED_FILL = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+    from feedpipe import record_layout
+    from test_decoded_store import Decode, epoch
+    from feedpipe import FeedDataset
+    pack, n = record_layout.Layout.pack, [0]
+    def torn(self, rec, leaves):
+        n[0] += 1
+        if n[0] == 4:
+            rec[: self.record // 2] = 0x5A
+            os.kill(os.getpid(), signal.SIGKILL)
+        pack(self, rec, leaves)
+    record_layout.Layout.pack = torn
+    ds = FeedDataset(sys.argv[2], transform=Decode(sys.argv[4]), decoded_cache=sys.argv[3])
+    epoch(ds, 0)
+""")
+
+
+def test_sigkill_mid_fill_then_a_rerun_serves_correct_data(ds_path: str, truth: dict,
+                                                           tmp_path: Path) -> None:
+    dec, log = tmp_path / "dec", tmp_path / "calls"
+    run = subprocess.run([sys.executable, "-c", KILLED_FILL, ROOT, ds_path, str(dec), str(log)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode != 0 and "killed by signal" in run.stderr  # a worker died mid-fill
+    ds = FeedDataset(ds_path, transform=Decode(str(log)), decoded_cache=dec)
+    filled = ds.decoded.filled()
+    assert 0 < filled < N
+    # the torn records (written half, never committed) are on disk but not marked filled
+    store = ds.decoded
+    store.filled()
+    torn = [i for i in range(N) if store._state[i] == 0 and (store._records[i] == 0x5A).any()]
+    assert torn
+    before = len(calls(log))
+    assert epoch(ds, 1) == truth
+    assert len(calls(log)) - before == N - filled  # only what was missing is decoded again
+
+
+def test_a_damaged_record_is_recomputed_not_served(ds_path: str, truth: dict,
+                                                   tmp_path: Path) -> None:
+    log = tmp_path / "calls"
+    ds = FeedDataset(ds_path, transform=Decode(str(log)), decoded_cache=tmp_path / "dec")
+    assert epoch(ds, 0, workers=0) == truth
+    data = next(Path(ds.decoded.path).glob("data-*.bin"))
+    record = data.stat().st_size // N
+    with open(data, "r+b") as f:  # flip a pixel of sample 3 behind the store's back
+        f.seek(3 * record + 5)
+        byte = f.read(1)
+        f.seek(3 * record + 5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    again = FeedDataset(ds_path, transform=Decode(str(log)), decoded_cache=tmp_path / "dec")
+    assert epoch(again, 1, workers=0) == truth
+    assert again.decoded.stats.damaged == 1 and len(calls(log)) == N + 1
+
+
+DISK_FULL = textwrap.dedent("""
+    import os, resource, signal, sys, warnings
+    sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+    from test_decoded_store import Decode, epoch
+    from feedpipe import FeedDataset
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a dead process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))  # smaller than the store's files
+    ds = FeedDataset(sys.argv[2], transform=Decode(sys.argv[4]), decoded_cache=sys.argv[3])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = epoch(ds, 0, workers=0)
+    print(sorted(got) == list(range(25)), any("no room for the decoded store" in str(x.message)
+                                               for x in w))
+""")
+
+
+def test_disk_full_degrades_to_computing_with_a_warning(ds_path: str, truth: dict,
+                                                        tmp_path: Path) -> None:
+    dec, log = tmp_path / "dec", tmp_path / "calls"
+    out = subprocess.run([sys.executable, "-c", DISK_FULL, ROOT, ds_path, str(dec), str(log)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+    assert len(calls(log)) == N
+    leftovers = [p.name for p in dec.rglob("*") if p.suffix in (".bin", ".json")]
+    assert leftovers == []  # no half-allocated store, nothing marked filled
+    ds = FeedDataset(ds_path, transform=Decode(str(log)), decoded_cache=dec)
+    assert epoch(ds, 0, workers=0) == truth and ds.decoded.complete()  # with room: it fills
+
+
+def test_store_api_round_trips_every_leaf_type(tmp_path: Path) -> None:
+    st = DecodedStore(tmp_path / "s", samples=3)
+    out = {"t": torch.arange(6, dtype=torch.int16).reshape(2, 3), "a": np.ones(2, np.float32),
+           "s": np.float32(2.5), "i": 7, "f": 0.5, "b": True, "l": [1, (2, 3)], "__key__": "x"}
+    first = st.put(1, out, key="x", shard="s.tar")
+    again = st.get(1)
+    for got in (first, again):
+        assert "__key__" not in got  # metadata is not part of a record
+        assert torch.equal(got["t"], out["t"]) and got["t"].dtype == torch.int16
+        assert got["a"].tolist() == [1.0, 1.0] and type(got["s"]) is np.float32
+        assert (got["i"], got["f"], got["b"], got["l"]) == (7, 0.5, True, [1, (2, 3)])
+    assert st.get(0) is None and st.filled() == 1 and not st.complete()
+    st.close()
