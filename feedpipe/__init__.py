@@ -49,6 +49,8 @@ _LAZY = {
     "AccessDeniedError": "errors",
     "RemoteError": "errors",
     "ShardCache": "shard_cache",
+    "merge": "merge",
+    "PartsError": "errors",
     "DecodedStore": "decoded_store",
     "DecodedStoreError": "errors",
     "cache_stats": "cache_tiers",
@@ -114,6 +116,8 @@ if TYPE_CHECKING:
     from .probe import ProbeReport, probe
     from .reader import ShardReader, open_shard
     from .shard_cache import ShardCache
+    from .merge import merge
+    from .errors import PartsError
     from .decoded_store import DecodedStore
     from .errors import DecodedStoreError
     from .cache_tiers import cache_clear, cache_stats

@@ -47,7 +47,16 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "UTF-8 text. Relative paths are taken from SRC.\n\nExamples:\n"
             "  feedpipe shard ./images ./shards --labels-from-dirs --max-bytes 256MB\n"
             "  feedpipe shard s3://bucket/raw ./shards --manifest rows.jsonl --shuffle --seed 1\n"
-            "  feedpipe shard ./images ./shards --resume     # after an interrupted run"
+            "  feedpipe shard ./images ./shards --resume     # after an interrupted run\n\n"
+            "Past one machine:\n"
+            "  feedpipe shard SRC OUT --part 2/8 --merge     # part 2 of 0..7, e.g. a Slurm array\n"
+            "  feedpipe merge OUT                            # or let the last part --merge\n"
+            "  feedpipe shard SRC OUT --dask tcp://sched:8786   # tasks on a Dask cluster\n"
+            "--part: N runs (any machines, at once or not) each convert a deterministic share of\n"
+            "the inputs into their own shards (PREFIX-pIIIIIofNNNNN-*.tar) in the shared OUT; the\n"
+            "merged dataset has the same samples in the same order whatever N is. --dask: SRC\n"
+            "and OUT must be at the same paths on every worker; the output is byte-identical to\n"
+            "a local run."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -57,7 +66,8 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="target shard size (default: 256MiB)")
     p.add_argument("--max-samples", type=int, default=None, help="at most N samples per shard")
     p.add_argument("--workers", type=int, default=None,
-                   help="writer processes (default: all cores); never changes the output")
+                   help="writer (and directory listing) processes (default: all cores); never "
+                        "changes the output")
     p.add_argument("--shuffle", action="store_true", help="mix the sample order at write time")
     p.add_argument("--seed", type=int, default=0, help="seed for --shuffle (default: 0)")
     p.add_argument("--on-error", choices=("raise", "skip"), default="raise",
@@ -71,6 +81,16 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "directory) and the class list in the manifest")
     p.add_argument("--manifest", metavar="FILE", default=None,
                    help="a .jsonl or .csv file naming the files of each sample (see below)")
+    p.add_argument("--part", metavar="I/N", default=None,
+                   help="convert only part I (0..N-1) of N: a deterministic share of the inputs "
+                        "written as its own shards; then `feedpipe merge OUT` (or --merge)")
+    p.add_argument("--merge", action="store_true",
+                   help="with --part: if every part has finished, write the manifest")
+    p.add_argument("--dask", metavar="ADDRESS", default=None,
+                   help="run the writing as tasks on this dask.distributed scheduler (e.g. "
+                        "tcp://host:8786; needs feedpipe[dask]; SRC and OUT shared by workers)")
+    p.add_argument("--retries", type=int, default=2,
+                   help="with --dask: retries of a failed task (default: 2)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -81,11 +101,15 @@ def _cmd_shard(a: argparse.Namespace) -> int:
     s = shard(a.src, a.out, max_bytes=a.max_bytes, max_samples=a.max_samples, workers=a.workers,
               shuffle=a.shuffle, seed=a.seed, on_error=a.on_error, resume=a.resume,
               prefix=a.prefix, labels_from_dirs=a.labels_from_dirs, manifest=a.manifest,
-              show_progress=False if a.no_progress else None)
+              show_progress=False if a.no_progress else None, part=a.part, merge=a.merge,
+              dask=a.dask, retries=a.retries)
     if a.json:
         print(json.dumps(s.to_dict(), indent=1))
         return 0
-    print(f"feedpipe shard: {a.src} -> {s.out}")
+    print(f"feedpipe shard: {a.src} -> {s.out}" + (f"   (part {s.part})" if s.part else ""))
+    if s.part:
+        print("  merged   all parts -> manifest.json" if s.merged else
+              f"  part     {s.part} done; `feedpipe merge {s.out}` once every part is")
     print(f"  shards   {s.shards:>10}" + (f"   ({s.reused_shards} kept from the interrupted run)"
                                          if s.reused_shards else ""))
     print(f"  samples  {s.samples:>10}")
@@ -95,6 +119,18 @@ def _cmd_shard(a: argparse.Namespace) -> int:
     print(f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} files/s   {s.mb_per_s:,.1f} MB/s")
     for sk in s.skipped_inputs[:5]:
         print(f"  skipped: {sk['path']}: {sk['reason']}")
+    return 0
+
+
+def _cmd_merge(a: argparse.Namespace) -> int:
+    from .merge import merge
+
+    m = merge(a.out, parts=a.parts)
+    if a.json:
+        print(m.to_json(), end="")
+    else:
+        print(f"feedpipe merge: {m.created_by.get('parts')} parts -> {len(m.shards)} shards, "
+              f"{m.total_samples} samples, {len(m.skipped)} skipped; wrote manifest.json")
     return 0
 
 
@@ -224,6 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_shard(sub)
 
+    p = sub.add_parser("merge", help="write one manifest for the parts of `shard --part I/N`",
+                       description="Join the parts written by `feedpipe shard SRC OUT --part I/N` "
+                                   "(I = 0..N-1) under one manifest.json and wids.json. Refuses, "
+                                   "naming the part, when a part is missing, unfinished, made "
+                                   "from other inputs or options, or has lost a shard.")
+    p.add_argument("out", metavar="OUT", help="the directory the parts wrote into")
+    p.add_argument("--parts", type=int, default=None, metavar="N",
+                   help="the expected number of parts (default: read from the part records)")
+    p.add_argument("--json", action="store_true", help="print the merged manifest")
+
     p = sub.add_parser("index", help="write .idx files and a manifest for existing shards",
                        description="Adopt WebDataset shards made by other tools: scan each shard "
                                    "once, write its DALI v1.2 .idx beside it and a manifest.json.")
@@ -253,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMANDS = {"shard": _cmd_shard, "index": _cmd_index, "verify": _cmd_verify, "demo": _cmd_demo,
+_COMMANDS = {"shard": _cmd_shard, "merge": _cmd_merge, "index": _cmd_index, "verify": _cmd_verify,
+             "demo": _cmd_demo,
              "probe": _cmd_probe, "cache": _cmd_cache}
 
 

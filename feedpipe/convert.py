@@ -25,8 +25,10 @@ from .errors import InputError, OutputError
 from .index import ShardIndex
 from .manifest import NAME as MANIFEST_NAME
 from .manifest import Manifest, ShardRecord, write_manifest, write_wids_index
+from .merge import state_name as part_state_name
+from .partition import PartInfo, parse_part, part_prefix
 from .progress import progress
-from .sources import Listing, SampleSpec, Source, list_manifest, list_tree
+from .sources import Listing, SampleSpec, Source, list_manifest
 from .storage import is_local, local_path
 from .tarformat import BLOCK, END_OF_ARCHIVE, padded
 from .writer import PartResult, finish_shard, hidden, load_record, output_error, write_part
@@ -64,6 +66,8 @@ class ShardSummary:
     files_per_s: float
     mb_per_s: float
     skipped_inputs: list[dict[str, str]] = field(default_factory=list)
+    part: str | None = None  # "I/N" of a --part run
+    merged: bool = False  # this part found all parts finished and wrote the manifest
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,14 +138,19 @@ def _fingerprint(opts: ShardOptions, plan: list[list[list[SampleSpec]]]) -> str:
     return h.hexdigest()
 
 
-def _shuffled(samples: list[SampleSpec], seed: int) -> list[SampleSpec]:
+def shuffle_permutation(n: int, seed: int) -> Any:
+    """The ``--shuffle`` order: position ``k`` holds sorted sample ``perm[k]`` (a numpy array)."""
     import numpy as np
 
-    perm = np.random.default_rng(np.random.SeedSequence([seed, 0x5A4D])).permutation(len(samples))
-    return [samples[i] for i in perm]
+    return np.random.default_rng(np.random.SeedSequence([seed, 0x5A4D])).permutation(n)
 
 
-def _prepare_out(out: str, resume: bool) -> None:
+def _shuffled(samples: list[SampleSpec], seed: int) -> list[SampleSpec]:
+    return [samples[i] for i in shuffle_permutation(len(samples), seed)]
+
+
+def _prepare_out(out: str, resume: bool, own: str | None = None) -> None:
+    """``own``: a part's shard prefix; files of other parts in ``out`` are then allowed."""
     if not is_local(out):
         raise OutputError(f"{out}: the output of `feedpipe shard` must be a local directory")
     out = local_path(out)
@@ -154,7 +163,8 @@ def _prepare_out(out: str, resume: bool) -> None:
     if not os.access(out, os.W_OK | os.X_OK):
         raise OutputError(f"{out}: output directory is not writable")
     if not resume:
-        visible = [n for n in os.listdir(out) if not n.startswith(".")]
+        visible = [n for n in os.listdir(out) if not n.startswith(".")
+                   and (own is None or n.startswith(own + "-"))]
         if visible:
             raise OutputError(
                 f"{out}: output directory is not empty ({len(visible)} entries, e.g. "
@@ -163,8 +173,10 @@ def _prepare_out(out: str, resume: bool) -> None:
             )
 
 
-def _clean_temps(out: str, prefix: str) -> None:
-    own = (f".{prefix}-", f".{MANIFEST_NAME}.tmp-", ".wids.json.tmp-", f"{STATE_NAME}.tmp-")
+def _clean_temps(out: str, prefix: str, state_name: str = STATE_NAME) -> None:
+    own: tuple[str, ...] = (f".{prefix}-", f"{state_name}.tmp-")
+    if state_name == STATE_NAME:  # a part leaves the shared names to a merge that may be running
+        own += (f".{MANIFEST_NAME}.tmp-", ".wids.json.tmp-")
     for n in os.listdir(out):
         if n.startswith(own) and (".tmp-" in n or ".part" in n):
             try:
@@ -173,10 +185,25 @@ def _clean_temps(out: str, prefix: str) -> None:
                 pass
 
 
-def _list(src: str, opts: ShardOptions) -> Listing:
+def _list(src: str, opts: ShardOptions, workers: int | None, show_progress: bool | None,
+          part: tuple[int, int] | None) -> tuple[Listing, PartInfo | None]:
+    """The samples to convert (a part's share in its final order) and, for a part, what it is."""
+    from .listing import list_tree_parallel
+    from .partition import list_part
+
     if opts.manifest is not None:
-        return list_manifest(src, opts.manifest)
-    return list_tree(src, labels_from_dirs=opts.labels_from_dirs)
+        listing: Any = list_manifest(src, opts.manifest)
+    else:
+        listing = list_tree_parallel(src, labels_from_dirs=opts.labels_from_dirs,
+                                     workers=workers, show_progress=show_progress)
+    try:
+        if part is None:
+            return (listing if isinstance(listing, Listing) else listing.to_listing()), None
+        return list_part(listing, *part, shuffle=opts.shuffle, seed=opts.seed,
+                         options=asdict(opts))
+    finally:
+        if not isinstance(listing, Listing):
+            listing.close()
 
 
 def _drop_problems(listing: Listing, on_error: str) -> list[SampleSpec]:
@@ -204,6 +231,10 @@ def shard(
     manifest: str | None = None,
     show_progress: bool | None = None,
     on_shard: Callable[[ShardRecord], None] | None = None,
+    part: str | tuple[int, int] | None = None,
+    merge: bool = False,
+    dask: Any = None,
+    retries: int = 2,
 ) -> ShardSummary:
     """Convert the small-file dataset at ``src`` into shards in ``out``.
 
@@ -222,6 +253,14 @@ def shard(
         manifest: a JSONL/CSV file naming the files of each sample (see ``feedpipe shard -h``).
         show_progress: a progress bar (default: when stderr is a terminal).
         on_shard: called with each shard's record as it is committed.
+        part: ``"I/N"`` or ``(I, N)``: convert only part I (0-based) of a deterministic partition
+            into N (see :mod:`feedpipe.partition`); N such runs, anywhere, may write into one
+            ``out`` at once; :func:`feedpipe.merge.merge` then writes the manifest.
+        merge: with ``part``: the part that finds all N parts finished writes the manifest.
+        dask: a ``dask.distributed`` scheduler address or ``Client``: write the shards as tasks on
+            that cluster (see :mod:`feedpipe.dask_convert`; ``src`` and ``out`` must be visible
+            at the same paths on every worker). The output is the same bytes.
+        retries: with ``dask``: times a failed task is retried before the run fails.
 
     Returns:
         A :class:`ShardSummary`.
@@ -243,18 +282,25 @@ def shard(
         raise ValueError(f"prefix must be a non-empty file name without '/', not {prefix!r}")
     opts = ShardOptions(max_bytes, max_samples, shuffle, seed, on_error, prefix,
                         labels_from_dirs, manifest)
+    part_of = None if part is None else parse_part(part)
+    if dask is not None:
+        from .dask_convert import check_dask
+
+        check_dask()  # a missing extra fails before the listing, with its pip line
     t0 = time.perf_counter()
-    listing = _list(src, opts)
+    listing, part_info = _list(src, opts, workers, show_progress, part_of)
     samples = _drop_problems(listing, on_error)
-    _prepare_out(out, resume)
+    name_prefix = prefix if part_of is None else part_prefix(prefix, *part_of)
+    state = STATE_NAME if part_of is None else part_state_name(*part_of)
+    _prepare_out(out, resume, None if part_of is None else name_prefix)
     out = local_path(out)
-    if shuffle:
+    if shuffle and part_of is None:  # a part's samples come in their final order
         samples = _shuffled(samples, seed)
     plan = plan_shards(samples, max_bytes, max_samples)
     fp = _fingerprint(opts, plan)
-    _check_state(out, fp, resume)
-    _clean_temps(out, prefix)
-    names = [f"{prefix}-{i:06d}.tar" for i in range(len(plan))]
+    _check_state(out, fp, resume, state)
+    _clean_temps(out, name_prefix, state)
+    names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
 
     records: dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]] = {}
     if resume:
@@ -271,11 +317,14 @@ def shard(
     source = Source(src)
     written_bytes = 0
 
-    def commit(i: int, parts: list[tuple[str, PartResult]]) -> None:
-        rec, idx, skipped = finish_shard(out, names[i], parts)
-        records[i] = (rec, skipped, idx.fields())
+    def record(i: int, rec: ShardRecord, skipped: list[tuple[str, str]], fields: set[str]) -> None:
+        records[i] = (rec, skipped, fields)
         if on_shard is not None:
             on_shard(rec)
+
+    def commit(i: int, parts: list[tuple[str, PartResult]]) -> None:
+        rec, idx, skipped = finish_shard(out, names[i], parts)
+        record(i, rec, skipped, idx.fields())
 
     part_paths = {
         (i, j): hidden(out, names[i], f".part{j:05d}.tmp-{os.getpid()}")
@@ -283,11 +332,16 @@ def shard(
     }
     nworkers = workers if workers is not None else (os.cpu_count() or 1)
     try:
-        if nworkers <= 1 or len(part_paths) <= 1:
+        if dask is not None:
+            from .dask_convert import run_on_dask
+
+            written_bytes = run_on_dask(dask, source, plan, todo, names, part_paths, out,
+                                        on_error, bar, record, retries=retries)
+        elif nworkers <= 1 or len(part_paths) <= 1:
             for i in todo:
                 results = []
-                for j, part in enumerate(plan[i]):
-                    res = write_part(source, part, part_paths[i, j], on_error)
+                for j, specs in enumerate(plan[i]):
+                    res = write_part(source, specs, part_paths[i, j], on_error)
                     results.append((part_paths[i, j], res))
                     bar.update(res.files)
                     written_bytes += res.bytes
@@ -297,7 +351,7 @@ def shard(
                 nworkers, source, plan, todo, part_paths, on_error, bar, commit
             )
     except BaseException:
-        _clean_temps(out, prefix)
+        _clean_temps(out, name_prefix, state)
         raise
     finally:
         bar.close()
@@ -322,20 +376,27 @@ def shard(
             "ignored_hidden_files": listing.ignored,
         },
     )
-    try:
-        write_wids_index(out, m)
-        write_manifest(out, m)
-    except OSError as e:
-        raise output_error(e, os.path.join(out, MANIFEST_NAME)) from e
-    for name in names:
+    merged = False
+    if part_info is not None:
+        from .merge import merge_if_complete, write_part_record
+
+        m.created_by["part"] = part_info.label
+        listing_skipped = len(listing.problems) if on_error == "skip" else 0
         try:
-            os.unlink(os.path.join(out, f".{name}.record.json"))
-        except FileNotFoundError:
-            pass
-    try:
-        os.unlink(os.path.join(out, STATE_NAME))
-    except FileNotFoundError:
-        pass
+            write_part_record(out, part_info, m, listing_skipped)
+        except OSError as e:
+            raise output_error(e, out) from e
+        _unlink_quiet(os.path.join(out, state))  # shard records stay: --resume reuses them
+        merged = merge and merge_if_complete(out, part_info.count) is not None
+    else:
+        try:
+            write_wids_index(out, m)
+            write_manifest(out, m)
+        except OSError as e:
+            raise output_error(e, os.path.join(out, MANIFEST_NAME)) from e
+        for name in names:
+            _unlink_quiet(os.path.join(out, f".{name}.record.json"))
+        _unlink_quiet(os.path.join(out, STATE_NAME))
     secs = time.perf_counter() - t0
     nbytes = sum(r.bytes for r in m.shards)
     files = total_files
@@ -351,11 +412,20 @@ def shard(
         files_per_s=files / secs if secs > 0 else 0.0,
         mb_per_s=nbytes / secs / 1e6 if secs > 0 else 0.0,
         skipped_inputs=all_skipped,
+        part=None if part_info is None else part_info.label,
+        merged=merged,
     )
 
 
-def _check_state(out: str, fp: str, resume: bool) -> None:
-    path = os.path.join(out, STATE_NAME)
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME) -> None:
+    path = os.path.join(out, state_name)
     if resume and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             old = json.load(f).get("plan_fingerprint")
@@ -365,7 +435,7 @@ def _check_state(out: str, fp: str, resume: bool) -> None:
                 "(start again in an empty directory, or rerun with the original options)"
             )
         return
-    if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)):
+    if resume and state_name == STATE_NAME and os.path.exists(os.path.join(out, MANIFEST_NAME)):
         with open(os.path.join(out, MANIFEST_NAME), encoding="utf-8") as f:
             old = json.load(f).get("created_by", {}).get("plan_fingerprint")
         if old != fp:

@@ -36,6 +36,11 @@ class OutputError(FeedpipeError, OSError):
     """The output cannot be written: not writable, not empty, disk full."""
 
 
+class PartsError(FeedpipeError, ValueError):
+    """The parts of a ``feedpipe shard --part I/N`` conversion cannot be merged: one is missing or
+    unfinished, or they were made from different inputs or options (the message names the part)."""
+
+
 class PlanError(FeedpipeError, ValueError):
     """A sampling plan cannot be made from these arguments (empty dataset, bad world shape)."""
 

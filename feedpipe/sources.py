@@ -141,54 +141,71 @@ def check_source_dir(src: str) -> None:
         raise SourceNotFoundError(f"{src}: source is not a directory")
 
 
+def classify(rel: str, size: int, *, labels_from_dirs: bool = False) -> tuple[str, FileRef] | str | None:
+    """What one listed file is (pure): ``None`` for a hidden file (ignored), a reason string for a
+    bad input, else its sample key and :class:`FileRef`.
+
+    Example:
+        >>> classify("a/cat.v2.jpg", 3)
+        ('a/cat%2Ev2', FileRef(ext='jpg', path='a/cat.v2.jpg', size=3))
+        >>> classify("a/empty.txt", 0)
+        'zero-byte file'
+    """
+    # hidden files and everything inside hidden directories (.git, .ipynb_checkpoints)
+    if rel.startswith(".") or "/." in rel:
+        return None
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return "file name is not valid UTF-8"
+    if size < 0:  # before the extension checks: it may be an unreadable directory
+        return "cannot stat or list it (permission or broken link)"
+    stem, ext = split_source(rel)
+    if not ext:
+        return "file has no extension (a WebDataset field needs one)"
+    if not valid_extension(ext):
+        return f"extension {ext!r} cannot be a field name"
+    if size == 0:
+        return "zero-byte file"
+    if labels_from_dirs and "/" not in rel:
+        return "file is not inside a class directory (--labels-from-dirs)"
+    return encode_key(stem), FileRef(ext, rel, size)
+
+
+def add_class_field(spec: SampleSpec, index: dict[str, int]) -> None:
+    """Append the ``cls`` field of ``--labels-from-dirs`` (the index of the sample's top-level
+    directory in ``index``); refuse a sample that already has a ``cls`` file."""
+    if any(f.ext == "cls" for f in spec.files):
+        raise KeyClashError(
+            f"{spec.files[0].path}: sample already has a 'cls' file, which clashes with the "
+            "class field written by --labels-from-dirs"
+        )
+    spec.extras.append(("cls", str(index[spec.files[0].path.split("/", 1)[0]]).encode()))
+
+
 def list_tree(src: str, *, labels_from_dirs: bool = False) -> Listing:
-    """Group the files of a folder tree into samples by relative directory and stem."""
+    """Group the files of a folder tree into samples by relative directory and stem (in one
+    process; :mod:`feedpipe.listing` lists big trees in parallel with the same result)."""
     check_source_dir(src)
     entries = _walk_local(local_path(src)) if is_local(src) else _walk_remote(src)
     problems: list[tuple[str, str]] = []
     by_key: dict[str, SampleSpec] = {}
     ignored = 0
     for rel, size in entries:
-        # hidden files and everything inside hidden directories (.git, .ipynb_checkpoints)
-        if rel.startswith(".") or "/." in rel:
+        got = classify(rel, size, labels_from_dirs=labels_from_dirs)
+        if got is None:
             ignored += 1
-            continue
-        try:
-            rel.encode("utf-8")
-        except UnicodeEncodeError:
-            problems.append((rel, "file name is not valid UTF-8"))
-            continue
-        if size < 0:  # before the extension checks: it may be an unreadable directory
-            problems.append((rel, "cannot stat or list it (permission or broken link)"))
-            continue
-        stem, ext = split_source(rel)
-        if not ext:
-            problems.append((rel, "file has no extension (a WebDataset field needs one)"))
-            continue
-        if not valid_extension(ext):
-            problems.append((rel, f"extension {ext!r} cannot be a field name"))
-            continue
-        if size == 0:
-            problems.append((rel, "zero-byte file"))
-            continue
-        if labels_from_dirs and "/" not in rel:
-            problems.append((rel, "file is not inside a class directory (--labels-from-dirs)"))
-            continue
-        key = encode_key(stem)
-        spec = by_key.setdefault(key, SampleSpec(key))
-        spec.files.append(FileRef(ext, rel, size))
+        elif isinstance(got, str):
+            problems.append((rel, got))
+        else:
+            by_key.setdefault(got[0], SampleSpec(got[0])).files.append(got[1])
     samples = [by_key[k] for k in sorted(by_key)]
     classes = None
     if labels_from_dirs:
         classes = sorted({s.files[0].path.split("/", 1)[0] for s in samples})
         index = {c: i for i, c in enumerate(classes)}
         for s in samples:
-            if any(f.ext == "cls" for f in s.files):
-                raise KeyClashError(
-                    f"{s.files[0].path}: sample already has a 'cls' file, which clashes with the "
-                    "class field written by --labels-from-dirs"
-                )
-            s.extras.append(("cls", str(index[s.files[0].path.split("/", 1)[0]]).encode()))
+            add_class_field(s, index)
     return Listing(samples, problems, classes, ignored)
 
 
