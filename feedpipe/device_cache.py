@@ -43,6 +43,18 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(len(t), int(np.prod(t.shape[1:], dtype=np.int64)))
 
 
+def _wide_rows(t: torch.Tensor) -> torch.Tensor:
+    """The rows of contiguous ``t`` reinterpreted as the widest integer type that divides a row:
+    a gather moves the same bytes as 8-byte elements instead of, for uint8 images, 1-byte ones
+    (far fewer elements for the indexing kernel; several times faster on a GPU)."""
+    rows = _rows(t)
+    row_bytes = rows.shape[1] * t.element_size()
+    for wide in (torch.int64, torch.int32, torch.int16):
+        if wide.itemsize > t.element_size() and row_bytes % wide.itemsize == 0:
+            return rows.view(wide)
+    return rows
+
+
 class _WithId:
     """Picklable wrapper: a FeedDataset transform whose output keeps the sample's global id."""
 
@@ -105,7 +117,7 @@ class DeviceCache:
         self._shapes: list[tuple[int, ...]] = []
         self._dtypes: list[torch.dtype] = []
         self._buffers: list[torch.Tensor] = []
-        self._rows: list[torch.Tensor] = []  # 2-D views of the buffers, for the gather
+        self._rows: list[torch.Tensor] = []  # 2-D (widened) views of the buffers, for the gather
         self._slot_of = np.zeros(0, dtype=np.int64)
         self.num_samples = 0
         self.resident = 0
@@ -153,8 +165,8 @@ class DeviceCache:
     def _gather(self, index: torch.Tensor) -> list[torch.Tensor]:
         # on 2-D views: index_select copies whole rows then (on the CPU, 4-D uint8 images gather
         # about 80 times slower than the same bytes as rows)
-        return [rows.index_select(0, index).view(len(index), *shape)
-                for rows, shape in zip(self._rows, self._shapes)]
+        return [rows.index_select(0, index).view(dtype).view(len(index), *shape)
+                for rows, shape, dtype in zip(self._rows, self._shapes, self._dtypes)]
 
     def _structure(self, tensors: list[torch.Tensor]) -> Any:
         return dict(zip(self._names, tensors)) if self._names is not None else tuple(tensors)
@@ -262,7 +274,7 @@ class DeviceCache:
             return False
         self._buffers = [torch.empty((slots, *s), dtype=d, device=self.device)
                          for s, d in zip(self._shapes, self._dtypes)]
-        self._rows = [_rows(b) for b in self._buffers]
+        self._rows = [_wide_rows(b) for b in self._buffers]
         bar.total = slots
         return True
 
