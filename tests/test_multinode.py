@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,16 @@ def test_each_node_fetches_only_its_ranks_shards_once_and_the_union_is_exact(
         got = stats.get(f"/ds/{s.name}", {"bytes": 0})
         nodes = sum(s.name in needed[n] for n in range(NODES))
         assert got["bytes"] == s.bytes * nodes, s.name
+
+
+def test_launch_scripts_are_valid_shell() -> None:
+    import subprocess
+
+    launch = Path(__file__).resolve().parent.parent / "tools" / "launch"
+    scripts = sorted(launch.iterdir())
+    assert {p.name for p in scripts} >= {"torchrun_single_node.sh", "torchrun_multi_node.sh",
+                                         "slurm_train.sbatch", "slurm_shard_array.sbatch"}
+    for p in scripts:
+        r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{p.name}: {r.stderr}"
+        assert os.access(p, os.X_OK), p.name

@@ -42,11 +42,16 @@ def main() -> None:
     ap.add_argument("--stop-after", type=int, default=None,
                     help="save a checkpoint and exit after this many steps of epoch 1")
     ap.add_argument("--ids-log", dest="log", default=None, help="append the trained sample ids here")
+    ap.add_argument("--cache-dir", default=None,
+                    help="node-local L1 shard cache for a remote dataset (s3://, gs://, http://): "
+                         "each node fetches the shards its ranks read once, shared by its ranks")
+    ap.add_argument("--cache-size", default=None, help="the cache's byte budget, e.g. 200GB")
     a = ap.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    ds = feedpipe.FeedDataset(a.dataset, shuffle=True, seed=0, transform=features)
+    ds = feedpipe.FeedDataset(a.dataset, shuffle=True, seed=0, transform=features,
+                              cache_dir=a.cache_dir, cache_size=a.cache_size)
     loader = feedpipe.FeedLoader(ds, batch_size=a.batch_size, num_workers=a.workers)
     model = nn.parallel.DistributedDataParallel(nn.Linear(3, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
