@@ -44,7 +44,7 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -126,10 +126,8 @@ class DecodedStore:
         self._recorded = DecodedStats()
         self._pid = -1
         self._use: int | None = None
-        self._layout: Layout | None = None
         self._maps: list[Any] = []
-        self._records: np.ndarray | None = None
-        self._state: np.ndarray | None = None
+        self._m: _Mapped | None = None
         self._disabled = False
 
     def __getstate__(self) -> dict[str, Any]:  # maps and locks do not cross processes
@@ -157,7 +155,7 @@ class DecodedStore:
             self._reset()
             self.stats, self._disabled = stats, disabled
             self._pid = os.getpid()
-        if self._records is not None:
+        if self._m is not None:
             return True
         if self._disabled or not os.path.exists(self._p("meta.json")):
             return False
@@ -200,10 +198,8 @@ class DecodedStore:
         except FileNotFoundError:
             return False
         self._maps = maps
-        self._records = np.frombuffer(maps[0], dtype=np.uint8).reshape(self.samples,
-                                                                         layout.record)
-        self._state = np.frombuffer(maps[1], dtype=np.uint64)
-        self._layout = layout
+        self._m = _Mapped(layout, np.frombuffer(maps[0], dtype=np.uint8).reshape(
+            self.samples, layout.record), np.frombuffer(maps[1], dtype=np.uint64))
         return True
 
     def _create(self, layout: Layout) -> None:
@@ -266,22 +262,23 @@ class DecodedStore:
     # -- samples -------------------------------------------------------------------------------
     def get(self, index: int) -> Any:
         """The stored output of sample ``index``, or ``None`` (not stored yet, or damaged)."""
-        if self._records is None or self._pid != os.getpid():
-            if not self._attach():
+        m = self._m if self._pid == os.getpid() else None
+        if m is None:
+            m = self._m if self._attach() else None
+            if m is None:
                 self.stats.misses += 1
                 return None
-        assert self._state is not None and self._records is not None and self._layout
-        check = int(self._state[index])
+        check = int(m.state[index])
         if check == 0:
             self.stats.misses += 1
             return None
-        rec = self._records[index].copy()  # served from the copy the checksum is taken of
+        rec = m.records[index].copy()  # served from the copy the checksum is taken of
         if _checksum(rec) != check:
             self.stats.damaged += 1
             self.stats.misses += 1
             return None
         self.stats.hits += 1
-        return self._layout.unpack(rec)
+        return m.layout.unpack(rec)
 
     def put(self, index: int, out: Any, *, key: str, shard: str) -> Any:
         """Store the output of sample ``index`` (key and shard name errors); returns the output
@@ -292,30 +289,31 @@ class DecodedStore:
         except LayoutError as e:
             raise DecodedStoreError(f"{where}: the transform's {e}; decoded_cache= cannot keep "
                                     "it (drop decoded_cache=, or return arrays)") from e
-        if self._layout is None or self._pid != os.getpid():
+        m = self._m if self._pid == os.getpid() else None
+        if m is None:
             if not self._attach() and not self._disabled:
                 self._create(Layout.of(tree, leaves))
-            if self._disabled:
+            m = self._m
+            if m is None:  # no room: disabled
                 return out
-        assert self._layout is not None and self._records is not None and self._state is not None
-        problem = self._layout.mismatch(tree, leaves)
+        problem = m.layout.mismatch(tree, leaves)
         if problem is not None:
             raise DecodedStoreError(
                 f"{where}: the transform returned {problem} (fixed by the first sample stored in "
                 f"{self.path}). The decoded store needs one fixed shape and dtype for every "
                 "sample: resize or crop to a fixed size in the transform. If the transform "
                 f"itself changed, clear the store: feedpipe cache clear {self.path}")
-        rec = self._records[index]
-        self._layout.pack(rec, leaves)
-        self._state[index] = _checksum(rec)  # the commit point: after the whole record
+        rec = m.records[index]
+        m.layout.pack(rec, leaves)
+        m.state[index] = _checksum(rec)  # the commit point: after the whole record
         self.stats.fills += 1
-        return self._layout.unpack(rec.copy())
+        return m.layout.unpack(rec.copy())
 
     def filled(self) -> int:
         """Samples stored (checksums present; damage shows only when a record is read)."""
         if not self._attach():
             return 0
-        return int(np.count_nonzero(self._state))
+        return int(np.count_nonzero(self._m.state)) if self._m is not None else 0
 
     def complete(self) -> bool:
         """Every sample is stored: an epoch needs no shard."""
@@ -349,7 +347,7 @@ class DecodedStore:
     def close(self) -> None:
         """Record the counters and release this process's maps and in-use lock."""
         self.record()
-        self._records = self._state = None
+        self._m = None
         for m in self._maps:
             try:
                 m.close()
@@ -358,7 +356,15 @@ class DecodedStore:
         self._maps = []
         if self._use is not None and self._pid == os.getpid():
             os.close(self._use)
-        self._use, self._layout = None, None
+        self._use = None
+
+
+class _Mapped(NamedTuple):
+    """A store open in this process: its layout, records and state words (shared mappings)."""
+
+    layout: Layout
+    records: np.ndarray  # samples x record bytes
+    state: np.ndarray  # samples x uint64
 
 
 def _checksum(rec: np.ndarray) -> int:

@@ -25,6 +25,7 @@ from feedpipe.errors import DecodedStoreError
 from feedpipe.transforms import ImagePipeline
 
 from _data import make_dataset
+from _servers import python_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CTX = mp.get_context("fork")
@@ -89,6 +90,19 @@ def test_later_epochs_equal_the_first_without_shards_or_decoding(
     rec = read_recorded(ds.decoded.path)  # counters recorded by the worker processes
     assert (rec["misses"], rec["fills"], rec["hits"], rec["damaged"]) == (N, N, 2 * N, 0)
     assert ds.decoded.filled() == N and ds.decoded.complete()
+
+
+def test_over_http_a_complete_store_makes_no_request(ds_path: str, truth: dict,
+                                                     tmp_path: Path) -> None:
+    """With the L1 cache too: once the store is complete, an epoch fetches and prefetches nothing."""
+    with python_server(Path(ds_path).parent) as server:
+        ds = FeedDataset(f"{server.url}/shards", shuffle=True, transform=Decode(str(tmp_path / "c")),
+                         cache_dir=tmp_path / "l1", decoded_cache=tmp_path / "dec")
+        assert epoch(ds, 0) == truth
+        assert any(v["requests"] for v in server.stats().values())
+        server.reset()
+        assert epoch(ds, 1) == truth
+        assert server.stats() == {}
 
 
 def test_changing_the_transform_parameters_invalidates(ds_path: str, truth: dict,
@@ -190,14 +204,16 @@ def test_sigkill_mid_fill_then_a_rerun_serves_correct_data(ds_path: str, truth: 
     dec, log = tmp_path / "dec", tmp_path / "calls"
     run = subprocess.run([sys.executable, "-c", KILLED_FILL, ROOT, ds_path, str(dec), str(log)],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert run.returncode != 0 and "killed by signal" in run.stderr  # a worker died mid-fill
+    # a worker died mid-fill; the loader fails (how it words it varies: a lost worker, a reset
+    # connection to it), and what the store shows is what counts
+    assert run.returncode != 0, run.stdout
     ds = FeedDataset(ds_path, transform=Decode(str(log)), decoded_cache=dec)
     filled = ds.decoded.filled()
     assert 0 < filled < N
     # the torn records (written half, never committed) are on disk but not marked filled
-    store = ds.decoded
-    store.filled()
-    torn = [i for i in range(N) if store._state[i] == 0 and (store._records[i] == 0x5A).any()]
+    m = ds.decoded._m  # mapped by filled()
+    assert m is not None
+    torn = [i for i in range(N) if m.state[i] == 0 and (m.records[i] == 0x5A).any()]
     assert torn
     before = len(calls(log))
     assert epoch(ds, 1) == truth
