@@ -7,8 +7,9 @@ decoding."
 Data: ``--images`` synthetic JPEGs (``feedpipe.synth.make_image_folder``, 256-448 px a side,
 quality 85; noisy, so about 4 bits per pixel), sharded by ``feedpipe shard`` (8 MB shards),
 served by nginx (Debian's nginx-light; ``tests/_http_server.py`` when nginx is missing) from a
-warm page cache. Every shard read is a ranged GET: the access log's status codes of the ``.tar``
-requests are in the JSON (``206`` vs ``200``).
+warm page cache. Uncached sample reads are ranged GETs: the access log's counts of the ``.tar``
+requests are in the JSON (``GET 206`` vs ``GET 200``; ``HEAD 200`` is fsspec asking a size). An
+L1 fill fetches a shard of at most 16 MiB with one plain GET, larger ones in 16 MiB ranges.
 
 Transform: ``ImagePipeline(224, train=False, mean=None)``: JPEG decode (reduced-scale where it
 applies), centre crop, antialiased resize to a 3x224x224 ``uint8`` tensor, and the label.
@@ -140,7 +141,7 @@ class Server:
         return os.path.getsize(self.log) if self.log and os.path.exists(self.log) else 0
 
     def tar_requests(self, since: int) -> dict[str, int]:
-        """Status code -> count of ``.tar`` GETs logged after ``since`` (nginx only)."""
+        """``"METHOD status"`` -> count of ``.tar`` requests logged after ``since`` (nginx only)."""
         if self.log is None:
             return {}
         counts: dict[str, int] = {}
@@ -149,7 +150,7 @@ class Server:
             for line in f:
                 parts = line.split('"')
                 if len(parts) > 2 and ".tar " in parts[1]:
-                    code = parts[2].split()[0]
+                    code = f"{parts[1].split()[0]} {parts[2].split()[0]}"  # "GET 206"
                     counts[code] = counts.get(code, 0) + 1
         return counts
 
@@ -244,11 +245,11 @@ def print_table(summary: dict[str, Any], server: str, a: argparse.Namespace) -> 
         rows.append([system, common.fmt(s["epoch1"]), common.fmt(s["epoch2"]),
                      common.fmt(s["epoch2_over_epoch1"], 1) + "x",
                      common.fmt(s["epoch2_over_none_epoch1"], 1) + "x",
-                     " ".join(f"{k}:{v}" for k, v in sorted(req.items()))])
+                     ", ".join(f"{k}: {v}" for k, v in sorted(req.items()))])
     print(f"\n{a.images} JPEGs -> uint8 3x{SIZE}x{SIZE}, {a.workers} workers, batch {BATCH}, "
           f"median of {a.passes} passes, over {server} on 127.0.0.1")
     print(common.table(rows, ["system", "epoch 1 /s", "epoch 2 /s", "e2/e1", "e2/none-e1",
-                              ".tar GETs by status (last pass)"]))
+                              ".tar requests (last pass)"]))
     print(f"checksums agree across systems and epochs: {summary['_checksums_agree']}")
 
 
