@@ -18,4 +18,7 @@ def test_demo_runs_end_to_end_and_reports_what_it_checked(tmp_path) -> None:  # 
     assert m, out
     assert re.search(r"waited for data \d+\.\d% of the time", out)
     assert re.search(r"DeviceCache on (cpu|cuda): warm-up put 160 of 320 .* hit ratio 0\.50", out)
+    assert re.search(r"L1 shard cache .*: 2 epochs, \d+ downloads .* \d+ reads from the cache", out)
+    assert re.search(r"decoded store .* epoch 1 decoded 320 images .* epoch 2 served 320 from", out)
+    assert re.search(r"L2 function index .*: 320 computed, 320 hits", out)
     assert (tmp_path / "w" / "shards" / "manifest.json").exists()  # --workdir is kept
