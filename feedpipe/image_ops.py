@@ -15,8 +15,9 @@ shrinking), torch's vectorised path, which beats float interpolation and Pillow 
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -126,6 +127,26 @@ def scale_box(box: Box, sy: float, sx: float, height: int, width: int) -> Box:
     return Box(top, left, bottom - top, right - left)
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch ops on the calling thread only, for the duration.
+
+    One image is too little work to split over torch's intra-op threads: with ``num_workers=0``
+    they only add fork-join overhead, and on a busy machine (more runnable threads than cores)
+    their barriers made the image pipeline 5-10x slower (``benchmarks/bench_peers.py``).
+    DataLoader workers already run with one thread; this is a no-op there.
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False) -> torch.Tensor:
     """Resize an HWC ``uint8`` array (any strides) to a ``(3, H, W)`` ``uint8`` tensor in
     channels-last memory, flipping left-right on the way.
@@ -133,12 +154,13 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False) -> torc
     The one copy torch needs anyway (a dense channels-last input) also does the flip, and
     ``uint8`` channels-last is torch's vectorised interpolation path (no float round trip).
     """
-    x = torch.from_numpy(img)
-    x = x.flip(1) if flip else x.contiguous()
-    x = x.unsqueeze(0).permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels-last
-    if (x.shape[2], x.shape[3]) != size:
-        x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
-    return x[0]
+    with one_thread():
+        x = torch.from_numpy(img)
+        x = x.flip(1) if flip else x.contiguous()
+        x = x.unsqueeze(0).permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels-last
+        if (x.shape[2], x.shape[3]) != size:
+            x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+        return x[0]
 
 
 def resize_hwc(img: np.ndarray, size: Size) -> np.ndarray:

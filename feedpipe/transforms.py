@@ -42,6 +42,7 @@ from .image_ops import (
     decode_jpeg,
     jpeg_size,
     normalize_tensor,
+    one_thread,
     random_resized_crop_box,
     resize_to_tensor,
     scale_box,
@@ -201,6 +202,10 @@ class ImagePipeline:
 
     def image(self, data: Any, rng: np.random.Generator | None) -> torch.Tensor:
         """The transformed CHW image of JPEG bytes ``data`` (``rng`` needed when training)."""
+        with one_thread():
+            return self._image(data, rng)
+
+    def _image(self, data: Any, rng: np.random.Generator | None) -> torch.Tensor:
         spec = self.spec
         size = as_size(spec.size)
         h, w = jpeg_size(data)
