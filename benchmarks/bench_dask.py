@@ -12,11 +12,25 @@ Systems:
     noop-1, -2, -4       the same submission pattern (``client.submit`` + ``as_completed``) with
                          tasks that do nothing: the pure coordination cost per task
 
-Per dask run the task stream gives every task's compute time; ``busy`` = sum of compute /
-(wall x workers) (worker utilisation), ``overhead per task`` = (wall x workers - sum of
-compute) / tasks (worker time not spent computing), and ``wall per task`` = wall / tasks (for the
-no-op tasks: the coordination cost of one task end to end). With 2 cores the conversion cannot scale past 2 workers; the figures show
-whether the time goes into the work (CPU) or into coordination.
+Per dask run the task stream gives every task's compute time, and the workers' and the client's
+process CPU time is read before and after:
+
+    span               first task start to last task stop; ``client s`` = wall - span is the
+                       listing, planning and manifest on the client (the same work as local-w*)
+    busy               sum of task compute / (span x workers): worker utilisation while tasks run
+    idle/task          (span x workers - sum of compute) / tasks: worker time not spent computing
+                       (coordination plus the tail where some workers have no task left)
+    coord share        the same run count's no-op cost per task (noop-N wall/task) / the median
+                       task time: the fraction of a task that coordination adds
+    worker CPU         the workers' CPU seconds / (span x min(workers, cores)): how full the cores
+                       are (1.0 = every core the workers can use is busy)
+                       (a worker's process CPU includes its own share of coordination: the
+                       no-op runs show how much)
+
+``feedpipe.dask_convert`` groups parts into tasks of ~4,096 files / 64 MiB (whole shards where
+they fit), so tasks take hundreds of milliseconds against ~10-20 ms of coordination each. With
+2 cores the conversion cannot scale past 2 workers; the figures show whether the time goes into
+the work (CPU) or into coordination.
 
 Usage::
 
@@ -50,6 +64,10 @@ def _noop(i: int) -> int:
     return i
 
 
+def _cpu_s() -> float:
+    return time.process_time()
+
+
 def _dask_run(n: int, fn: Any) -> dict[str, Any]:
     from distributed import Client, LocalCluster
 
@@ -57,18 +75,29 @@ def _dask_run(n: int, fn: Any) -> dict[str, Any]:
                       dashboard_address=None) as cluster, Client(cluster) as client:
         client.run(lambda: None)  # every worker up
         client.get_task_stream()  # start recording
+        cpu0 = client.run(_cpu_s)
         t0 = time.perf_counter()
         res = fn(client)
         wall = time.perf_counter() - t0
+        cpu1 = client.run(_cpu_s)
         stream = client.get_task_stream(start=0)
     compute = [sum(s["stop"] - s["start"] for s in t["startstops"] if s["action"] == "compute")
                for t in stream]
+    stops = [s for t in stream for s in t["startstops"]]
+    span = (max(s["stop"] for s in stops) - min(s["start"] for s in stops)) if stops else wall
     busy = sum(compute)
-    res.update({"wall_s": wall, "tasks": len(compute), "task_compute_s_sum": busy,
-                "busy_fraction": busy / (wall * n),
-                "overhead_per_task_ms": (wall * n - busy) / max(1, len(compute)) * 1e3,
-                "wall_per_task_ms": wall / max(1, len(compute)) * 1e3,
-                "task_compute_ms_median": common.median(compute) * 1e3 if compute else None})
+    worker_cpu = sum(cpu1[w] - cpu0[w] for w in cpu1 if w in cpu0)
+    tasks = max(1, len(compute))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    res.update({"wall_s": wall, "span_s": span, "client_s": wall - span, "tasks": len(compute),
+                "task_compute_s_sum": busy,
+                "busy_fraction_wall": busy / (wall * n),
+                "busy_fraction": busy / (span * n),
+                "overhead_per_task_ms": (span * n - busy) / tasks * 1e3,
+                "wall_per_task_ms": wall / tasks * 1e3,
+                "task_compute_ms_median": common.median(compute) * 1e3 if compute else None,
+                "worker_cpu_s": worker_cpu,
+                "worker_cpu_util": worker_cpu / (span * min(n, cores or 1))})
     return res
 
 
@@ -142,27 +171,37 @@ def main(argv: list[str] | None = None) -> int:
     def med(system: str, key: str) -> float | None:
         return common.median(r.get(key) for r in runs[system] if r.get(key) is not None)
 
-    stats = {s: {k: med(s, k) for k in ("wall_s", "files_per_s", "busy_fraction",
-                                        "overhead_per_task_ms", "task_compute_ms_median",
-                                        "wall_per_task_ms", "tasks")} for s in systems}
+    keys = ("wall_s", "files_per_s", "span_s", "client_s", "busy_fraction", "busy_fraction_wall",
+            "overhead_per_task_ms", "task_compute_ms_median", "wall_per_task_ms", "tasks",
+            "worker_cpu_s", "worker_cpu_util")
+    stats: dict[str, dict[str, Any]] = {s: {k: med(s, k) for k in keys} for s in systems}
     base = stats["local-w2"]["files_per_s"]
     for s in SYSTEMS:
         fps = stats[s]["files_per_s"]
         stats[s]["ratio_to_local_w2"] = fps / base if fps and base else None
+        if s.startswith("dask-"):
+            noop = stats[f"noop-{s[5:]}"]["wall_per_task_ms"]
+            task = stats[s]["task_compute_ms_median"]
+            stats[s]["coord_ms_per_task"] = noop
+            stats[s]["coord_share"] = noop / (noop + task) if noop and task else None
     doc = {"benchmark": "bench_dask", "environment": common.environment(src),
            "params": {"files": a.files, "size": a.size, "passes": a.passes,
                       "max_bytes": MAX_BYTES, "noop_tasks": NOOP_TASKS},
            "stats": stats, "runs": runs}
     path = common.write_results("bench_dask-quick" if a.quick else "bench_dask", doc)
     rows = [[s, common.fmt(stats[s]["files_per_s"]), common.fmt(stats[s]["wall_s"], 2),
-             common.fmt(stats[s].get("ratio_to_local_w2"), 2),
+             common.fmt(stats[s]["client_s"], 2),
+             common.fmt(stats[s].get("ratio_to_local_w2"), 2), common.fmt(stats[s]["tasks"]),
+             common.fmt(stats[s]["task_compute_ms_median"], 1),
+             common.fmt(stats[s].get("coord_ms_per_task"), 1),
+             common.fmt(stats[s].get("coord_share"), 3),
+             common.fmt(stats[s]["overhead_per_task_ms"], 1),
              common.fmt(stats[s]["busy_fraction"], 2),
-             common.fmt(stats[s]["overhead_per_task_ms"], 2),
-             common.fmt(stats[s]["task_compute_ms_median"], 2),
-             common.fmt(stats[s]["wall_per_task_ms"], 2), common.fmt(stats[s]["tasks"])]
+             common.fmt(stats[s]["worker_cpu_util"], 2)]
             for s in systems]
-    print(common.table(rows, ["system", "files/s", "wall s", "x local-w2", "busy",
-                              "overhead/task ms", "task ms (median)", "wall/task ms", "tasks"]))
+    print(common.table(rows, ["system", "files/s", "wall s", "client s", "x local-w2", "tasks",
+                              "task ms", "coord ms/task", "coord share", "idle/task ms",
+                              "busy", "worker CPU"]))
     print(f"wrote {path}")
     return 1 if failed else 0
 
