@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import FeedpipeError
+from .sizes import format_size
 
 
 def parse_size(text: str) -> int:
@@ -18,14 +19,6 @@ def parse_size(text: str) -> int:
         return parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return str(n)
 
 
 def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -114,7 +107,7 @@ def _cmd_shard(a: argparse.Namespace) -> int:
                                          if s.reused_shards else ""))
     print(f"  samples  {s.samples:>10}")
     print(f"  files    {s.files:>10}")
-    print(f"  bytes    {_human(s.bytes):>10}")
+    print(f"  bytes    {format_size(s.bytes):>10}")
     print(f"  skipped  {s.skipped:>10}" + ("   (listed in manifest.json)" if s.skipped else ""))
     print(f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} files/s   {s.mb_per_s:,.1f} MB/s")
     for sk in s.skipped_inputs[:5]:

@@ -8,6 +8,8 @@ import json
 import os
 from typing import Any
 
+from .sizes import format_size
+
 DESCRIPTION = """\
 Show or clear every feedpipe cache tier found under PATH (searched recursively):
 
@@ -54,14 +56,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="print {\"path\": ..., \"tiers\": [...]} as JSON instead of a table")
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return str(n)
-
-
 def _row(r: Any, root: str) -> list[str]:
     rel = os.path.relpath(r.path, root)
     entries = str(r.entries)
@@ -72,10 +66,10 @@ def _row(r: Any, root: str) -> list[str]:
     if r.details.get("leaves"):
         note = ", ".join(r.details["leaves"])
     elif r.details.get("part_bytes"):
-        note = f"{_human(r.details['part_bytes'])} downloading"
+        note = f"{format_size(r.details['part_bytes'])} downloading"
     elif r.details.get("in_use"):
         note = "in use"
-    return [r.tier, "." if rel == "." else rel, entries, _human(r.bytes), count(r.hits),
+    return [r.tier, "." if rel == "." else rel, entries, format_size(r.bytes), count(r.hits),
             count(r.misses), r.action or "", note]
 
 

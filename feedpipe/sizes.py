@@ -26,3 +26,17 @@ def parse_size(text: str | int) -> int:
     if not m or m.group(2).upper() not in _UNITS:
         raise InputError(f"not a size: {text!r} (e.g. 256MB, 1GiB, 4096)")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def format_size(n: float) -> str:
+    """Bytes for people, in decimal units.
+
+    Example:
+        >>> format_size(512), format_size(1_234_567), format_size(3e12)
+        ('512 B', '1.2 MB', '3.0 TB')
+    """
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return str(n)
