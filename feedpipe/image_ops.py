@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -127,6 +128,11 @@ def scale_box(box: Box, sy: float, sx: float, height: int, width: int) -> Box:
     return Box(top, left, bottom - top, right - left)
 
 
+_ONE_THREAD_LOCK = threading.Lock()
+_one_thread_users = 0
+_saved_threads = 0
+
+
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
     """Run torch ops on the calling thread only, for the duration.
@@ -134,17 +140,26 @@ def one_thread() -> Iterator[None]:
     One image is too little work to split over torch's intra-op threads: with ``num_workers=0``
     they only add fork-join overhead, and on a busy machine (more runnable threads than cores)
     their barriers made the image pipeline 5-10x slower (``benchmarks/bench_peers.py``).
-    DataLoader workers already run with one thread; this is a no-op there.
+    DataLoader workers already run with one thread; this is a no-op there. The setting is
+    process-wide, so nested and concurrent users (a DeviceLoader thread, probe threads) are
+    counted: the first sets one thread, the last restores the count it found.
     """
-    threads = torch.get_num_threads()
-    if threads == 1:
+    global _one_thread_users, _saved_threads
+    if torch.get_num_threads() == 1 and _one_thread_users == 0:
         yield
         return
-    torch.set_num_threads(1)
+    with _ONE_THREAD_LOCK:
+        if _one_thread_users == 0:
+            _saved_threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _one_thread_users += 1
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        with _ONE_THREAD_LOCK:
+            _one_thread_users -= 1
+            if _one_thread_users == 0:
+                torch.set_num_threads(_saved_threads)
 
 
 def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False) -> torch.Tensor:

@@ -396,3 +396,36 @@ def test_transform_modules_import_no_dali_or_torchvision() -> None:
             "assert not __import__('torch').cuda.is_initialized()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_one_thread_restores_the_thread_count_under_concurrent_use() -> None:
+    """The single-thread section is process-wide: overlapping users (threads) must leave torch
+    with the thread count it had, whatever order they leave in."""
+    import threading
+
+    from feedpipe.image_ops import one_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        inside = threading.Barrier(4)
+        seen = []
+
+        def user() -> None:
+            with one_thread():
+                inside.wait()
+                seen.append(torch.get_num_threads())
+                inside.wait()
+
+        threads = [threading.Thread(target=user) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert seen == [1, 1, 1, 1]
+        assert torch.get_num_threads() == 2
+        with one_thread(), one_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
