@@ -32,7 +32,11 @@ Ceilings in the same run: ``cat`` of the feedpipe shards, a Python ``readinto`` 
 4 KiB-aligned 1 MiB buffer over the same shards, and single-core JPEG decode (simplejpeg and
 Pillow, full-size, one CPU pinned).
 
-Usage (from the bench venv, see benchmarks/README.md)::
+Usage, from a separate venv holding the peers (the README's "Performance" section)::
+
+    python3 -m venv /work/bench-venv && . /work/bench-venv/bin/activate
+    pip install torch==2.13.0 && pip install -e '.[test,bench]' torch==2.13.0
+
 
     python benchmarks/bench_peers.py [--quick] [--passes 3] [--phases convert,read,decode,ceil]
                                      [--systems feedpipe,files,...] [--root /work/bench-data]
@@ -219,6 +223,34 @@ def _run(spec: dict[str, Any], log: list[str]) -> dict[str, Any]:
     return r
 
 
+def profile(a: argparse.Namespace, cases: list[str]) -> str:
+    """feedpipe's runs of ``cases`` (``phase:dataset:workers``) under py-spy (all processes),
+    reduced by profiling.py_spy_summary: where its time goes."""
+    from profiling import have_py_spy, py_spy_summary
+
+    spy = have_py_spy()
+    if not spy:
+        return "py-spy is not installed (pip install py-spy)\n"
+    parts = []
+    for case in cases:
+        phase, ds, nw = case.split(":")
+        info = datasets.ensure(ds, root=a.root, quick=a.quick)
+        base = os.path.dirname(info["src"])
+        raw = os.path.join(base, f"profile-{phase}-{ds}-{nw}.txt")
+        spec = {"task": "epochs", "phase": phase, "system": "feedpipe", "kind": ds, "nw": int(nw),
+                "root": os.path.join(base, "peers", "feedpipe"), "src": info["src"],
+                "samples": info["samples"], "expected": _expected(info), "scratch": base,
+                "epochs": 1}
+        r = common.run_worker(SCRIPT, spec, wrap=[spy, "record", "--nonblocking", "--subprocesses", "--format",
+                                                  "raw", "-r", "200", "-o", raw, "--"])
+        ep = (r.get("epochs") or [{}])[0]
+        parts.append(f"##### feedpipe {phase} {ds}, {nw} workers, one epoch under py-spy "
+                     f"({ep.get('samples', '?')} samples in {ep.get('seconds', 0):.2f}s with "
+                     f"sampling overhead; {r.get('error', 'ok')})\n")
+        parts.append(py_spy_summary(raw, top=18, rate=200) if os.path.exists(raw) else json.dumps(r))
+    return "\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -230,9 +262,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", default="images,tiny")
     ap.add_argument("--read-epochs", type=int, default=3,
                     help="raw-read epochs per process; the run's figure is their median")
+    ap.add_argument("--profile", default=None, metavar="PHASE:DATASET:WORKERS,...",
+                    help="only profile feedpipe in these cases (e.g. read:images:0,"
+                    "decode:images:0) under py-spy; writes results/bench_peers-profile.txt")
     a = ap.parse_args(argv)
     if a.worker:
         return worker(json.loads(a.worker))
+    if a.profile:
+        txt = profile(a, a.profile.split(","))
+        path = os.path.join(common.RESULTS, "bench_peers-profile" + ("-quick" if a.quick else "")
+                            + ".txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(txt)
+        print(txt)
+        return 0
     phases = a.phases.split(",")
     systems = a.systems.split(",")
     shard_bytes = (8 if a.quick else 64) << 20

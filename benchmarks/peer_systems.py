@@ -4,7 +4,7 @@ small-file dataset and how it delivers batches of raw bytes or of decoded 224x22
 Every loader yields batches of 256 and runs shuffled, like a training loop would:
 
     feedpipe   feedpipe.shard -> FeedDataset(shuffle=True) + FeedLoader; decode: ImagePipeline
-               (simplejpeg, reduced-scale decode, uint8 out)
+               (simplejpeg, reduced-scale decode, uint8 out) and BatchCollator
     feedpipe-store  the same with FeedDataset(decoded_cache=...) and the deterministic
                ImagePipeline(train=False) (decode, centre crop, resize): epoch 2 reads the store
     files      the original small files: a map-style Dataset (open + read per sample) +
@@ -290,7 +290,8 @@ def loader(system: str, phase: str, root: str, kind: str, nw: int, meta: dict[st
 
         tf = ImagePipeline(SIZE, train=True, mean=None) if decode else None
         ds = feedpipe.FeedDataset(root, shuffle=True, seed=0, transform=tf)
-        fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=nw)
+        fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=nw,
+                                 collate_fn=_fp_collate() if decode else None)
         return _Epochs(lambda e: (fl.set_epoch(e), iter(fl))[1])
     if system == "feedpipe-store":
         # the decoded store keeps a deterministic transform's output (decode + centre crop +
@@ -301,7 +302,7 @@ def loader(system: str, phase: str, root: str, kind: str, nw: int, meta: dict[st
 
         ds = feedpipe.FeedDataset(root, shuffle=True, seed=0, decoded_cache=meta["store_dir"],
                                   transform=ImagePipeline(SIZE, train=False, mean=None))
-        fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=nw)
+        fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=nw, collate_fn=_fp_collate())
         return _Epochs(lambda e: (fl.set_epoch(e), iter(fl))[1])
     if system == "files":
         import torch.utils.data as tud
@@ -384,6 +385,14 @@ def loader(system: str, phase: str, root: str, kind: str, nw: int, meta: dict[st
     if system == "dali":
         return _dali(root, kind, field, decode, nw, meta["samples"])
     raise SystemExit(f"unknown system {system!r}")
+
+
+def _fp_collate() -> Any:
+    """feedpipe's image batch collation: preallocated, reused batch buffers (BatchCollator; in a
+    worker process it falls back to torch's default_collate)."""
+    from feedpipe.collator import BatchCollator
+
+    return BatchCollator(BATCH, (3, SIZE, SIZE))
 
 
 class _Epochs:
