@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{env['cpu_affinity']} cores {env['cpu_model']}; ratio = to the fastest peer",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(out, dpi=72)
+    fig.savefig(out, dpi=60)
     print(f"wrote {out} ({os.path.getsize(out) / 1024:.0f} KiB)")
     return 0
 
