@@ -11,6 +11,7 @@ therefore resumes every rank of a new job, of any size.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,7 +58,10 @@ class FeedLoader:
         batch_size: samples per batch (the last batch of a rank's epoch may be smaller).
         num_workers: worker processes (0: read in this process). Once this process has
             initialised CUDA, workers start from a ``forkserver`` rather than by ``fork`` (unsafe
-            after CUDA) unless ``multiprocessing_context=`` says otherwise.
+            after CUDA) unless ``multiprocessing_context=`` says otherwise. An epoch whose
+            every sample is in the dataset's complete decoded store (``decoded_cache=``) is
+            read in this process instead: the same batches, without a pickle and a pipe per
+            sample.
         collate_fn: default :func:`collate_samples`.
         device: deliver batches on this device through a :class:`DeviceLoader` (background
             prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only). ``None``:
@@ -106,7 +110,10 @@ class FeedLoader:
             collate_fn=collate_fn or collate_samples,
             **loader_kwargs,
         )
+        self._device, self._depth = device, depth
         self._device_loader = None if device is None else DeviceLoader(self._loader, device, depth)
+        self._store_device_loader: DeviceLoader | None = None  # for epochs served in process
+        self._active_device_loader = self._device_loader
         self._context_given = "multiprocessing_context" in loader_kwargs
         self._split = dataset.split()
         self._batches = 0
@@ -130,13 +137,32 @@ class FeedLoader:
         self._split = self.dataset.split()
         self._batches = 0
         self._finished = False
-        self._guard_fork_after_cuda()
+        source: Any = self._loader
+        if self.num_workers > 0 and self._store_is_complete():
+            # Every sample's output is in the decoded store: reading it here costs one record
+            # copy per sample; a worker would add a pickle, a pipe and an unpickle of it.
+            source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn)
+        else:
+            self._guard_fork_after_cuda()
+        if self._device is not None:
+            if source is self._loader:
+                self._active_device_loader = self._device_loader
+            else:
+                if self._store_device_loader is None:
+                    self._store_device_loader = DeviceLoader(source, self._device, self._depth)
+                self._store_device_loader.iterable = source
+                self._active_device_loader = self._store_device_loader
+            source = self._active_device_loader
         # Counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
         # over, never for the batches its thread prefetched.
-        for batch in self._loader if self._device_loader is None else self._device_loader:
+        for batch in source:
             self._batches += 1
             yield batch
         self._finished = True
+
+    def _store_is_complete(self) -> bool:
+        store = self.dataset.decoded
+        return store is not None and store.complete()
 
     def _guard_fork_after_cuda(self) -> None:
         # Forking workers from a process that holds a CUDA context is unsafe: a child inherits
@@ -152,7 +178,7 @@ class FeedLoader:
     def stats(self) -> dict[str, Any] | None:
         """The DeviceLoader's figures for this pass (wait, starvation; see
         :meth:`DeviceLoader.stats`), or None without ``device=``."""
-        return None if self._device_loader is None else self._device_loader.stats()
+        return None if self._active_device_loader is None else self._active_device_loader.stats()
 
     @property
     def position(self) -> int:
@@ -174,3 +200,20 @@ class FeedLoader:
         self._split = self.dataset.split()
         self._batches = 0
         self._finished = False
+
+
+class _InProcessBatches:
+    """A FeedDataset's stream for this rank, iterated in this process and collated into batches
+    of ``batch_size``: the same batches, in the same order, as the DataLoader's workers make."""
+
+    def __init__(self, dataset: FeedDataset, batch_size: int,
+                 collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.dataset, self.batch_size, self.collate_fn = dataset, batch_size, collate_fn
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.dataset)
+        while True:
+            chunk = list(itertools.islice(it, self.batch_size))
+            if not chunk:
+                return
+            yield self.collate_fn(chunk)

@@ -280,3 +280,48 @@ def test_store_api_round_trips_every_leaf_type(tmp_path: Path) -> None:
         assert (got["i"], got["f"], got["b"], got["l"]) == (7, 0.5, True, [1, (2, 3)])
     assert st.get(0) is None and st.filled() == 1 and not st.complete()
     st.close()
+
+
+def test_feedloader_serves_a_complete_store_in_process_with_the_same_batches(
+        ds_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once every output is stored, FeedLoader(num_workers=2) reads the store in its own process
+    (no worker would add anything but a pickle and a pipe): same batches, same order, the same
+    resume positions, and no worker started."""
+    from feedpipe import FeedLoader
+
+    log = tmp_path / "calls"
+
+    def loader() -> FeedLoader:
+        ds = FeedDataset(ds_path, shuffle=True, seed=4, transform=Decode(str(log)),
+                         decoded_cache=str(tmp_path / "store"))
+        return FeedLoader(ds, batch_size=4, num_workers=2)
+
+    def ids(batches: list[Any]) -> list[list[int]]:
+        return [b["index"].tolist() for b in batches]
+
+    first = loader()
+    first.set_epoch(3)
+    filled = list(first)  # through the workers: fills the store
+    assert len(calls(log)) == N and first.dataset.decoded.complete()
+
+    import torch.utils.data.dataloader as dl
+
+    def no_workers(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a worker process was started for a complete store")
+    monkeypatch.setattr(dl, "_MultiProcessingDataLoaderIter", no_workers)
+    again = loader()
+    again.set_epoch(3)
+    served = list(again)
+    assert ids(served) == ids(filled) and len(calls(log)) == N
+    for a, b in zip(served, filled):
+        assert torch.equal(a["image"], b["image"]) and a["label"].tolist() == b["label"].tolist()
+
+    part = loader()
+    part.set_epoch(3)
+    it = iter(part)
+    head = [next(it), next(it)]
+    state = part.state_dict()
+    it.close()
+    rest = loader()
+    rest.load_state_dict(state)
+    assert ids(head) + ids(list(rest)) == ids(filled)
