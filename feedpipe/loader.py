@@ -15,8 +15,9 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 from .dataset import FeedDataset
 from .device_loader import DeviceLoader
@@ -26,17 +27,25 @@ from .errors import StateError
 def collate_samples(samples: list[Any]) -> Any:
     """Default collation: tensors and numbers are stacked as by torch's ``default_collate``; raw
     bytes fields (``bytes``/``memoryview``) become lists of ``bytes``; keys stay lists of str. A
-    field that only some samples have becomes a list with ``None`` where it is missing."""
+    field that only some samples have becomes a list with ``None`` where it is missing.
+
+    In a DataLoader worker, integer fields of sample dicts (``__index__``, ``__epoch__``,
+    ``__seed__``, labels) become ``int64`` numpy arrays instead: a tensor leaves a worker as a
+    shared-memory file descriptor with a socket handshake each, which for a few bytes costs more
+    than pickling them. :class:`FeedLoader` turns them into tensors in the training process."""
     from torch.utils.data import default_collate
 
     first = samples[0]
     if isinstance(first, dict):
         out: dict[str, Any] = {}
         keys = dict.fromkeys(k for s in samples for k in s)
+        in_worker = get_worker_info() is not None
         for k in keys:
             col = [s.get(k) for s in samples]
             v = col[0]
-            if any(c is None for c in col):
+            if in_worker and type(v) is int and all(type(c) is int for c in col):
+                out[k] = np.array(col, dtype=np.int64)
+            elif any(c is None for c in col):
                 out[k] = [bytes(c) if isinstance(c, memoryview) else c for c in col]
             elif isinstance(v, (bytes, bytearray, memoryview)):
                 out[k] = [bytes(c) for c in col]
@@ -110,10 +119,7 @@ class FeedLoader:
             collate_fn=collate_fn or collate_samples,
             **loader_kwargs,
         )
-        self._device, self._depth = device, depth
         self._device_loader = None if device is None else DeviceLoader(self._loader, device, depth)
-        self._store_device_loader: DeviceLoader | None = None  # for epochs served in process
-        self._active_device_loader = self._device_loader
         self._context_given = "multiprocessing_context" in loader_kwargs
         self._split = dataset.split()
         self._batches = 0
@@ -144,15 +150,11 @@ class FeedLoader:
             source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn)
         else:
             self._guard_fork_after_cuda()
-        if self._device is not None:
-            if source is self._loader:
-                self._active_device_loader = self._device_loader
-            else:
-                if self._store_device_loader is None:
-                    self._store_device_loader = DeviceLoader(source, self._device, self._depth)
-                self._store_device_loader.iterable = source
-                self._active_device_loader = self._store_device_loader
-            source = self._active_device_loader
+            if self.num_workers > 0 and self._loader.collate_fn is collate_samples:
+                source = _WorkerBatches(self._loader)
+        if self._device_loader is not None:
+            self._device_loader.iterable = source
+            source = self._device_loader
         # Counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
         # over, never for the batches its thread prefetched.
         for batch in source:
@@ -178,7 +180,7 @@ class FeedLoader:
     def stats(self) -> dict[str, Any] | None:
         """The DeviceLoader's figures for this pass (wait, starvation; see
         :meth:`DeviceLoader.stats`), or None without ``device=``."""
-        return None if self._active_device_loader is None else self._active_device_loader.stats()
+        return None if self._device_loader is None else self._device_loader.stats()
 
     @property
     def position(self) -> int:
@@ -217,3 +219,28 @@ class _InProcessBatches:
             if not chunk:
                 return
             yield self.collate_fn(chunk)
+
+
+class _WorkerBatches:
+    """The DataLoader's batches with the integer arrays :func:`collate_samples` made in the
+    workers turned into tensors (zero-copy), as ``num_workers=0`` gives them."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            yield _arrays_to_tensors(batch)
+
+
+def _arrays_to_tensors(batch: Any) -> Any:
+    if type(batch) is dict:
+        for k, v in batch.items():
+            if type(v) is np.ndarray:
+                batch[k] = torch.from_numpy(v)
+            elif type(v) is dict:
+                _arrays_to_tensors(v)
+    return batch

@@ -219,3 +219,23 @@ def test_transform_runs_in_workers(ds_path: str) -> None:
 
 def _cls_tensor(sample):  # type: ignore[no-untyped-def]
     return torch.tensor(int(bytes(sample["cls"])))
+
+
+def test_worker_batches_equal_in_process_batches_field_by_field(ds_path: str) -> None:
+    """Workers send integer fields as numpy (cheap to pickle); FeedLoader hands out the same
+    tensors as with num_workers=0, dtype included."""
+    def batches(workers: int) -> list[dict]:
+        fl = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=2), batch_size=4,
+                        num_workers=workers)
+        return list(fl)
+
+    here, there = batches(0), batches(2)
+    assert len(here) == len(there)
+    for a, b in zip(here, there):
+        assert a.keys() == b.keys()
+        for k in a:
+            if isinstance(a[k], torch.Tensor):
+                assert isinstance(b[k], torch.Tensor) and b[k].dtype == a[k].dtype == torch.int64
+                assert torch.equal(a[k], b[k]), k
+            else:
+                assert a[k] == b[k], k

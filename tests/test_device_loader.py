@@ -142,12 +142,23 @@ def test_depth_must_be_positive() -> None:
 
 # -- FeedLoader(device=) -------------------------------------------------------------------------
 class CountingIterable:
-    """Wraps an iterable; sets ``reached`` once ``target`` items were pulled from it."""
+    """Wraps an iterable; sets ``reached`` once ``target`` items were pulled from it. Other
+    attributes are the inner object's (it can stand in for a FeedLoader's DataLoader)."""
 
     def __init__(self, inner: Any, target: int) -> None:
-        self.inner, self.target = inner, target
-        self.pulled = 0
-        self.reached = threading.Event()
+        self.__dict__.update(inner=inner, target=target, pulled=0, reached=threading.Event())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:
+            self.__dict__[name] = value
+        else:
+            setattr(self.inner, name, value)
+
+    def __len__(self) -> int:
+        return len(self.inner)
 
     def __iter__(self) -> Iterator[Any]:
         for item in self.inner:
@@ -178,7 +189,7 @@ def test_feedloader_state_counts_consumed_batches_not_prefetched_ones() -> None:
     first = make()
     assert first._device_loader is not None
     counting = CountingIterable(first._loader, target=k + 2)
-    first._device_loader.iterable = counting
+    first._loader = counting  # what the DeviceLoader's thread pulls from
     got = []
     for b in first:
         got.append(b)
