@@ -23,8 +23,7 @@ def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> d
     from .synth import make_image_folder
 
     own = workdir is None
-    root = tempfile.mkdtemp(prefix="feedpipe-demo-") if own else workdir
-    assert root is not None
+    root: str = tempfile.mkdtemp(prefix="feedpipe-demo-") if workdir is None else workdir
     src, out = os.path.join(root, "images"), os.path.join(root, "shards")
     p = print_fn
     try:
