@@ -610,21 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         text_out.append(block)
         if a.profile:
             profiles.append(_profile(ds, sh, dl, work))
-    doc["elapsed_seconds"] = time.perf_counter() - t_start
-    doc["summary_text"] = "".join(text_out)
-    if profiles:
-        ppath = os.path.join(common.RESULTS, f"{name}-profile.txt")
-        os.makedirs(common.RESULTS, exist_ok=True)
-        with open(ppath, "w", encoding="utf-8") as f:
-            f.write("\n\n".join(profiles))
-        doc["profile_file"] = os.path.relpath(ppath, common.REPO)
-        print(f"profile written to {ppath}")
-    path = common.write_results(name, doc)
-    print(f"results written to {path} ({doc['elapsed_seconds']:.0f}s)")
-    if failed:
-        print("SOME RUNS FAILED (see above and the JSON 'errors')", file=sys.stderr)
-        return 1
-    return 0
+    return common.finish(name, doc, text_out, profiles, bool(failed), t_start)
 
 
 if __name__ == "__main__":

@@ -206,6 +206,29 @@ def write_results(name: str, doc: dict[str, Any]) -> str:
     return path
 
 
+def finish(name: str, doc: dict[str, Any], text_out: list[str], profiles: list[str],
+           failed: bool, t_start: float) -> int:
+    """The end of a benchmark run: the summary text, profiles beside the results, the JSON, and
+    the exit status (1 when a run failed)."""
+    import time
+
+    doc["elapsed_seconds"] = time.perf_counter() - t_start
+    doc["summary_text"] = "".join(text_out)
+    if profiles:
+        ppath = os.path.join(RESULTS, f"{name}-profile.txt")
+        os.makedirs(RESULTS, exist_ok=True)
+        with open(ppath, "w", encoding="utf-8") as f:
+            f.write("\n\n".join(profiles))
+        doc["profile_file"] = os.path.relpath(ppath, REPO)
+        print(f"profile written to {ppath}")
+    path = write_results(name, doc)
+    print(f"results written to {path} ({doc['elapsed_seconds']:.0f}s)")
+    if failed:
+        print("SOME RUNS FAILED (see above and the JSON 'errors')", file=sys.stderr)
+        return 1
+    return 0
+
+
 def fmt(x: float | None, digits: int = 0) -> str:
     if x is None:
         return "-"
