@@ -142,12 +142,7 @@ def nginx_server(root: str | Path, work: str | Path) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        _stop(proc)
 
 
 def moto_binary() -> str | None:
@@ -203,12 +198,7 @@ def moto_s3(upload: dict[str, Path]) -> Iterator[dict[str, str]]:
             "NO_PROXY": "127.0.0.1,localhost",
         }
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        _stop(proc)
 
 
 def forget_s3_clients() -> None:
@@ -218,3 +208,13 @@ def forget_s3_clients() -> None:
     except ImportError:
         return
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+def _stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """Terminate a server process, killing it if it does not exit within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
