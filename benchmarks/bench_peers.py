@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", default="images,tiny")
     ap.add_argument("--read-epochs", type=int, default=3,
                     help="raw-read epochs per process; the run's figure is their median")
+    ap.add_argument("--name", default=None,
+                    help="results name (default bench_peers, bench_peers-quick with --quick)")
     ap.add_argument("--profile", default=None, metavar="PHASE:DATASET:WORKERS,...",
                     help="only profile feedpipe in these cases (e.g. read:images:0,"
                     "decode:images:0) under py-spy; writes results/bench_peers-profile.txt")
@@ -344,10 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     doc["wall_seconds"] = time.perf_counter() - t_start
     doc["environment"]["loadavg_at_end"] = list(os.getloadavg())
     doc["summary"] = peer_report.summarize(doc)
-    suffix = "-quick" if a.quick else ""
-    path = common.write_results(f"bench_peers{suffix}", doc)
+    name = a.name or "bench_peers" + ("-quick" if a.quick else "")
+    path = common.write_results(name, doc)
     md = peer_report.markdown(doc)
-    with open(os.path.join(common.RESULTS, f"bench_peers{suffix}.md"), "w",
+    with open(os.path.join(common.RESULTS, f"{name}.md"), "w",
               encoding="utf-8") as f:
         f.write(md)
     print(md)

@@ -18,9 +18,13 @@ Systems:
     fp-reader-dl2       DataLoader over a benchmark-side IterableDataset: worker w of n reads
                         shards w::n with ShardReader and turns each memoryview into bytes (a
                         memoryview cannot be pickled back to the main process)
+    fp-loader           FeedLoader(FeedDataset(root), batch_size=256), one process (batches built
+                        from the shard index: see feedpipe/raw_batches.py)
     fp-loader-dl2       FeedLoader(FeedDataset(root), batch_size=256, num_workers=2): the
-                        recommended way; workers collate raw bytes into batches, one pickle per
-                        batch (the consumer loop takes the batches apart into sample dicts)
+                        recommended way; workers plan each batch and send where its members
+                        are (a few kB), the training process copies the bytes out of its own
+                        maps of the shards (feedpipe/raw_batches.py; the consumer loop takes
+                        the batches apart into sample dicts)
     wds                 webdataset.WebDataset(urls, shardshuffle=False), one process
     wds-loader-dl2      WebLoader(WebDataset(urls, shardshuffle=False).batched(256,
                         collation_fn=None), batch_size=None, num_workers=2): webdataset's
@@ -77,7 +81,7 @@ import datasets  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 SYSTEMS = ("cat", "fp-reader", "fp-reader-nocopy", "fp-dataset", "fp-dataset-dl2",
-           "fp-reader-dl2", "fp-loader-dl2", "wds", "wds-dl2", "wds-loader-dl2")
+           "fp-reader-dl2", "fp-loader", "fp-loader-dl2", "wds", "wds-dl2", "wds-loader-dl2")
 OPTIONAL_SYSTEMS = ("dl2-null",)
 BIG_FIELD = 1 << 16
 
@@ -211,6 +215,10 @@ def _make_iter(system: str, root: str, urls: list[str], extra: Any = None) -> An
         from torch.utils.data import DataLoader
 
         return iter(DataLoader(_null_dataset(*extra), batch_size=None, num_workers=2))
+    if system == "fp-loader":
+        import feedpipe
+
+        return _fp_rows(feedpipe.FeedLoader(feedpipe.FeedDataset(root), batch_size=BATCH))
     if system == "fp-loader-dl2":
         import feedpipe
 
@@ -245,9 +253,10 @@ def _preimport(system: str) -> str | None:
         import feedpipe
         import feedpipe.reader  # noqa: F401
 
-        if system.startswith("fp-dataset"):
+        if system.startswith(("fp-dataset", "fp-loader")):
             try:
                 feedpipe.FeedDataset  # noqa: B018
+                feedpipe.FeedLoader  # noqa: B018
             except (AttributeError, ImportError) as e:
                 return f"feedpipe.FeedDataset is not available: {type(e).__name__}: {e}"
     if system.startswith("wds"):
@@ -473,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="DataLoader systems read only the first shards (at least 2) holding at "
                     "least this many samples (default 50000; 0: everything). Only the tiny "
                     "dataset is cut (to 2 of 5 shards, ~87,000 samples)")
+    ap.add_argument("--name", default=None,
+                    help="results file name (default bench_read, bench_read-quick with --quick)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile fp-reader, fp-dataset and wds under cProfile and "
                     "fp-dataset-dl2 under py-spy (when installed), one epoch each")
@@ -480,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker:
         return worker(json.loads(a.worker))
 
-    name = "bench_read" + ("-quick" if a.quick else "")
+    name = a.name or "bench_read" + ("-quick" if a.quick else "")
     if a.shard_mb is None:
         a.shard_mb = 8 if a.quick else 64
     if a.dl_max_samples is None:
@@ -547,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             per_pass.append(this)
         stats = {s: _stats(runs[s], sizes[s]) for s in systems}
         ratios: dict[str, Any] = {}
-        for num, den in (("fp-reader", "wds"), ("fp-reader-nocopy", "wds"),
+        for num, den in (("fp-reader", "wds"), ("fp-reader-nocopy", "wds"), ("fp-loader", "wds"),
                          ("fp-dataset", "wds"), ("fp-dataset-dl2", "wds-dl2"),
                          ("fp-reader-dl2", "wds-dl2"), ("fp-loader-dl2", "wds-loader-dl2"),
                          ("fp-loader-dl2", "wds-dl2"), ("fp-dataset-dl2", "dl2-null"),
@@ -561,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
             if r is not None:
                 ratios[f"{num}/{den}"] = r
         targets = {}
-        for k in ("fp-reader/wds", "fp-dataset/wds", "fp-reader-dl2/wds-dl2",
+        for k in ("fp-reader/wds", "fp-dataset/wds", "fp-loader/wds", "fp-reader-dl2/wds-dl2",
                   "fp-dataset-dl2/wds-dl2", "fp-loader-dl2/wds-loader-dl2",
                   "fp-loader-dl2/wds-dl2"):
             if k in ratios:

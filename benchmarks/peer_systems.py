@@ -42,7 +42,8 @@ SIZE = 224
 SYSTEMS = ("feedpipe", "files", "wds", "wids", "mosaic", "litdata", "dali")
 # which conversion produces each system's input ("files" reads the source as it is)
 CONVERTER = {"feedpipe": "feedpipe", "files": None, "wds": "wds", "wids": "wds",
-             "dali": "wds", "mosaic": "mosaic", "litdata": "litdata"}
+             "dali": "wds", "mosaic": "mosaic", "litdata": "litdata",
+             "feedpipe-store": "feedpipe"}
 CONVERTERS = ("feedpipe", "wds", "mosaic", "litdata")
 
 

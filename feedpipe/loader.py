@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from . import raw_batches
 from .dataset import FeedDataset
 from .device_loader import DeviceLoader
 from .errors import StateError
@@ -71,7 +72,10 @@ class FeedLoader:
             every sample is in the dataset's complete decoded store (``decoded_cache=``) is
             read in this process instead: the same batches, without a pickle and a pipe per
             sample.
-        collate_fn: default :func:`collate_samples`.
+        collate_fn: default :func:`collate_samples`. With it, a local dataset read without a
+            transform or shard cache gets its batches built from the shard index
+            (:mod:`feedpipe.raw_batches`): workers send where each batch's members lie, this
+            process copies them out of its own maps; the same batches as the general path.
         device: deliver batches on this device through a :class:`DeviceLoader` (background
             prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only). ``None``:
             batches as the DataLoader makes them.
@@ -112,13 +116,22 @@ class FeedLoader:
         self.batch_size = int(batch_size)
         dataset.set_batch_size(self.batch_size)
         self.num_workers = num_workers
-        self._loader = DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            num_workers=num_workers,
-            collate_fn=collate_fn or collate_samples,
-            **loader_kwargs,
-        )
+        # Raw samples with the default collation: batches are built from the shard index by
+        # reference (raw_batches), workers plan and send where the bytes are, not the bytes.
+        self._by_reference = (collate_fn in (None, collate_samples)
+                              and raw_batches.eligible(dataset))
+        self._pin = bool(loader_kwargs.get("pin_memory", False))
+        if self._by_reference:
+            self._loader = DataLoader(raw_batches.RefSource(dataset), batch_size=None,
+                                      num_workers=num_workers, **loader_kwargs)
+        else:
+            self._loader = DataLoader(
+                dataset,
+                batch_size=self.batch_size,
+                num_workers=num_workers,
+                collate_fn=collate_fn or collate_samples,
+                **loader_kwargs,
+            )
         self._device_loader = None if device is None else DeviceLoader(self._loader, device, depth)
         self._context_given = "multiprocessing_context" in loader_kwargs
         self._split = dataset.split()
@@ -144,7 +157,11 @@ class FeedLoader:
         self._batches = 0
         self._finished = False
         source: Any = self._loader
-        if self.num_workers > 0 and self._store_is_complete():
+        if self._by_reference:
+            self._guard_fork_after_cuda()
+            source = raw_batches.RefBatches(
+                self.dataset, self._loader if self.num_workers > 0 else None, pin_memory=self._pin)
+        elif self.num_workers > 0 and self._store_is_complete():
             # Every sample's output is in the decoded store: reading it here costs one record
             # copy per sample; a worker would add a pickle, a pipe and an unpickle of it.
             source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn)

@@ -114,9 +114,9 @@ def test_pinned_staging_is_allocated_once_and_reused(device: str) -> None:
 
 
 def test_cuda_request_without_cuda_falls_back_to_cpu_and_constructor_touches_nothing() -> None:
-    threads = threading.active_count()
+    threads = set(threading.enumerate())
     loader = DeviceLoader([torch.ones(1)], device="cuda")
-    assert threading.active_count() == threads  # no thread until iteration
+    assert not set(threading.enumerate()) - threads  # no thread until iteration
     if not torch.cuda.is_available():
         assert [b.device.type for b in loader] == ["cpu"]
         assert loader.stats()["device"] == "cpu"
@@ -231,7 +231,7 @@ class Endless:
 
 
 def test_breaking_out_stops_the_producer_and_closes_the_source() -> None:
-    before = threading.active_count()
+    before = set(threading.enumerate())  # threads other tests left may end meanwhile
     src = Endless()
     loader = DeviceLoader(src, device="cpu", depth=2)
     for i, b in enumerate(loader):
@@ -240,13 +240,13 @@ def test_breaking_out_stops_the_producer_and_closes_the_source() -> None:
             break
     # the loop's iterator was released at the break: its close() joined the producer
     assert not producers()
-    assert threading.active_count() == before
+    assert not set(threading.enumerate()) - before
     assert src.closed.is_set()
     assert loader.stats()["steps"] == 4
 
 
 def test_an_abandoned_iterator_is_cleaned_up_by_garbage_collection() -> None:
-    before = threading.active_count()
+    before = set(threading.enumerate())  # threads other tests left may end meanwhile
     loader = DeviceLoader(Endless(), device="cpu", depth=2)
     it = iter(loader)
     next(it)
@@ -255,7 +255,7 @@ def test_an_abandoned_iterator_is_cleaned_up_by_garbage_collection() -> None:
     del it, loader
     gc.collect()
     assert ref() is None
-    assert not producers() and threading.active_count() == before
+    assert not producers() and not set(threading.enumerate()) - before
 
 
 def test_loader_is_freed_after_del_and_releases_its_batches() -> None:
@@ -302,7 +302,7 @@ def failing_source(n: int, exc: BaseException) -> Iterator[torch.Tensor]:
                                  ShardFormatError("data-000001.tar: truncated at offset 512")])
 def test_a_producer_exception_reaches_the_loop_with_its_traceback(device: str,
                                                                   exc: Exception) -> None:
-    before = threading.active_count()
+    before = set(threading.enumerate())  # threads other tests left may end meanwhile
     loader = DeviceLoader(failing_source(3, exc), device=device)
     got = []
     with pytest.raises(type(exc)) as info:
@@ -312,7 +312,7 @@ def test_a_producer_exception_reaches_the_loop_with_its_traceback(device: str,
     assert info.value is exc and str(info.value) == str(exc)
     text = "".join(traceback.format_exception(info.value))
     assert "failing_source" in text and "_produce" in text  # the producer thread's frames
-    assert not producers() and threading.active_count() == before
+    assert not producers() and not set(threading.enumerate()) - before
 
 
 def test_an_empty_source_ends_at_once() -> None:
