@@ -29,7 +29,6 @@ offset, never a short sample.
 from __future__ import annotations
 
 import mmap
-import os
 from operator import getitem
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -39,10 +38,11 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .errors import ShardFormatError, SourceNotFoundError
+from .errors import ShardFormatError
 from .manifest import join
 from .plan import iter_ids
-from .storage import is_local, local_path
+from .reader import check_size, map_local
+from .storage import is_local
 
 if TYPE_CHECKING:
     from .dataset import FeedDataset
@@ -191,20 +191,8 @@ class BatchResolver:
             return mm
         rec = self.shards[s]
         url = join(self.root, rec.name)
-        try:
-            fd = os.open(local_path(url), os.O_RDONLY)
-        except FileNotFoundError as e:
-            raise SourceNotFoundError(f"{url}: shard not found") from e
-        try:
-            size = os.fstat(fd).st_size
-            if size != rec.bytes:
-                what = "truncated" if size < rec.bytes else "larger than expected"
-                raise ShardFormatError(
-                    f"{url}: shard is {what}: {size} bytes, the manifest says {rec.bytes} "
-                    f"(difference at offset {min(size, rec.bytes)})")
-            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
-        finally:
-            os.close(fd)
+        mm, size = map_local(url)
+        check_size(url, size, rec.bytes)
         if mm is None:
             raise ShardFormatError(f"{url}: the shard is empty but its index lists samples")
         self._maps[s] = mm

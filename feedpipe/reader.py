@@ -43,6 +43,29 @@ def _load_index(url: str, size: int, open_stream: Any) -> ShardIndex:
     return parse_index(text, ipath)
 
 
+def map_local(url: str) -> tuple[mmap.mmap | None, int]:
+    """A local shard mapped read-only, and its size (no map for an empty file)."""
+    try:
+        fd = os.open(local_path(url), os.O_RDONLY)
+    except FileNotFoundError as e:
+        raise SourceNotFoundError(f"{url}: shard not found") from e
+    try:
+        size = os.fstat(fd).st_size
+        return (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None), size
+    finally:
+        os.close(fd)
+
+
+def check_size(url: str, size: int, expected: int) -> None:
+    """Raise :class:`ShardFormatError` naming the shard unless it has the manifest's size."""
+    if size != expected:
+        what = "truncated" if size < expected else "larger than expected"
+        raise ShardFormatError(
+            f"{url}: shard is {what}: {size} bytes, the manifest says {expected} "
+            f"(difference at offset {min(size, expected)})"
+        )
+
+
 class ShardReader:
     """Random access to the samples of one shard.
 
@@ -80,17 +103,9 @@ class ShardReader:
         self._path = url
         if is_local(url):
             path = local_path(url)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError as e:
-                raise SourceNotFoundError(f"{url}: shard not found") from e
-            try:
-                self.size = os.fstat(fd).st_size
-                if self.size:
-                    self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                    self._mv = memoryview(self._mm)
-            finally:
-                os.close(fd)
+            self._mm, self.size = map_local(url)
+            if self._mm is not None:
+                self._mv = memoryview(self._mm)
             opener = lambda: open(path, "rb")  # noqa: E731
         else:
             self._fs, self._path = filesystem(url)
@@ -99,12 +114,8 @@ class ShardReader:
             except SourceNotFoundError as e:
                 raise SourceNotFoundError(f"{url}: shard not found ({e})") from e
             opener = lambda: self._fs.open(self._path, "rb")  # noqa: E731
-        if expected_bytes is not None and self.size != expected_bytes:
-            what = "truncated" if self.size < expected_bytes else "larger than expected"
-            raise ShardFormatError(
-                f"{url}: shard is {what}: {self.size} bytes, the manifest says {expected_bytes} "
-                f"(difference at offset {min(self.size, expected_bytes)})"
-            )
+        if expected_bytes is not None:
+            check_size(url, self.size, expected_bytes)
         if verify and sha256 is not None:
             self._verify_hash(sha256)
         self.index = _load_index(url, self.size, opener)
