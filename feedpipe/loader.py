@@ -67,8 +67,9 @@ class FeedLoader:
         dataset: the :class:`FeedDataset`.
         batch_size: samples per batch (the last batch of a rank's epoch may be smaller).
         num_workers: worker processes (0: read in this process). Once this process has
-            initialised CUDA, workers start from a ``forkserver`` rather than by ``fork`` (unsafe
-            after CUDA) unless ``multiprocessing_context=`` says otherwise. An epoch whose
+            initialised CUDA, or once a :class:`~feedpipe.dali.DaliStage` it feeds has started
+            DALI's threads, workers start from a ``forkserver`` rather than by ``fork`` (unsafe
+            after either) unless ``multiprocessing_context=`` says otherwise. An epoch whose
             every sample is in the dataset's complete decoded store (``decoded_cache=``) is
             read in this process instead: the same batches, without a pickle and a pipe per
             sample.
@@ -134,6 +135,8 @@ class FeedLoader:
             )
         self._device_loader = None if device is None else DeviceLoader(self._loader, device, depth)
         self._context_given = "multiprocessing_context" in loader_kwargs
+        # Set by a consumer (the DALI stage) whose threads make fork unsafe in this process.
+        self._fork_unsafe: str | None = None
         self._split = dataset.split()
         self._batches = 0
         self._finished = False
@@ -158,7 +161,7 @@ class FeedLoader:
         self._finished = False
         source: Any = self._loader
         if self._by_reference:
-            self._guard_fork_after_cuda()
+            self._guard_fork()
             source = raw_batches.RefBatches(
                 self.dataset, self._loader if self.num_workers > 0 else None, pin_memory=self._pin)
         elif self.num_workers > 0 and self._store_is_complete():
@@ -166,7 +169,7 @@ class FeedLoader:
             # copy per sample; a worker would add a pickle, a pipe and an unpickle of it.
             source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn)
         else:
-            self._guard_fork_after_cuda()
+            self._guard_fork()
             if self.num_workers > 0 and self._loader.collate_fn is collate_samples:
                 source = _WorkerBatches(self._loader)
         if self._device_loader is not None:
@@ -183,14 +186,16 @@ class FeedLoader:
         store = self.dataset.decoded
         return store is not None and store.complete()
 
-    def _guard_fork_after_cuda(self) -> None:
-        # Forking workers from a process that holds a CUDA context is unsafe: a child inherits
-        # objects whose destructors call CUDA (a DALI pipeline, the caching allocator's state) and
-        # aborts or deadlocks. Workers never need CUDA, so once the parent has initialised it,
-        # start them from a clean forkserver instead, unless the caller chose a context.
+    def _guard_fork(self) -> None:
+        # Forking workers from a process that holds a CUDA context, or whose other threads (a
+        # DALI pipeline's) may hold locks, is unsafe: a child inherits objects whose destructors
+        # call CUDA or DALI (a pipeline, the caching allocator's state) and aborts or deadlocks.
+        # Workers need neither, so start them from a clean forkserver instead, unless the
+        # caller chose a context.
         loader = self._loader
         if (self.num_workers > 0 and not self._context_given
-                and loader.multiprocessing_context is None and torch.cuda.is_initialized()
+                and loader.multiprocessing_context is None
+                and (self._fork_unsafe is not None or torch.cuda.is_initialized())
                 and torch.multiprocessing.get_start_method(allow_none=True) in (None, "fork")):
             loader.multiprocessing_context = "forkserver"
 

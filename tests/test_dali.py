@@ -177,6 +177,8 @@ def test_fed_by_feedloader_workers_and_by_plain_pairs(dali: object) -> None:
                       device_id=None)
     order = torch.cat([b.indices for b in stage]).tolist()
     assert order == sample_ids_of(loader().dataset).tolist()
+    # forked beside DALI's threads, a worker can inherit a lock one of them held and die
+    assert stage.batches._loader.multiprocessing_context.get_start_method() == "forkserver"
     samples = list(FeedDataset(EXAMPLE))
     pairs = [([bytes(s["jpg"]) for s in samples[i:i + 8]],
               [bytes(s["cls"]) for s in samples[i:i + 8]]) for i in range(0, 24, 8)]

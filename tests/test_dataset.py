@@ -90,7 +90,7 @@ def test_workers_start_from_a_forkserver_once_cuda_is_initialised(ds_path: str,
     assert loader._loader.multiprocessing_context.get_start_method() == "forkserver"
     chosen = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2,
                         multiprocessing_context="spawn")
-    chosen._guard_fork_after_cuda()
+    chosen._guard_fork()
     assert chosen._loader.multiprocessing_context.get_start_method() == "spawn"
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     plain = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2)
