@@ -49,7 +49,11 @@ their rates are compared with each other on that same subset.
 Timing starts after imports (it includes reading the manifest and indexes, opening shards,
 starting DataLoader workers) and stops after the last sample; a run repeats whole epochs (a new
 iterator, new DataLoader workers) until ``--min-seconds`` (1 s) have passed and reports seconds
-per epoch, so that 0.1 s epochs (``cat``, 1 MB samples) are not all timer noise. Reported: median samples/s, payload
+per epoch, so that 0.1 s epochs (``cat``, 1 MB samples) are not all timer noise. With ``--steady``
+a run is a training loop's steady state instead: each system's dataset/loader object is built once
+per process, one untimed warm-up epoch runs, and the timed epochs iterate the same object again
+(new DataLoader workers each epoch, as without ``persistent_workers``; what the object parsed,
+opened or mapped in earlier epochs stays). Reported: median samples/s, payload
 MB/s (field bytes) and file MB/s (shard bytes, what ``cat`` reads), and ratios feedpipe/webdataset
 (samples/s) and feedpipe/cat (file MB/s).
 
@@ -195,18 +199,32 @@ def _fp_rows(loader: Any) -> Any:
             yield {k: v for k, v in zip(fields, vals) if v is not None}
 
 
+_BUILT: dict[str, Any] = {}
+_STEADY = False  # --steady: build each system's object once per process (see the docstring)
+
+
+def _once(system: str, build: Any) -> Any:
+    """``build()``, or with ``--steady`` the object built for ``system`` earlier in this process."""
+    if not _STEADY:
+        return build()
+    if system not in _BUILT:
+        _BUILT[system] = build()
+    return _BUILT[system]
+
+
 def _make_iter(system: str, root: str, urls: list[str], extra: Any = None) -> Any:
     if system in ("fp-reader", "fp-reader-nocopy"):
         return _fp_reader_iter(root)
     if system == "fp-dataset":
         import feedpipe
 
-        return iter(feedpipe.FeedDataset(root))
+        return iter(_once(system, lambda: feedpipe.FeedDataset(root)))
     if system == "fp-dataset-dl2":
         import feedpipe
         from torch.utils.data import DataLoader
 
-        return iter(DataLoader(feedpipe.FeedDataset(root), batch_size=None, num_workers=2))
+        return iter(_once(system, lambda: DataLoader(feedpipe.FeedDataset(root), batch_size=None,
+                                                     num_workers=2)))
     if system == "fp-reader-dl2":
         from torch.utils.data import DataLoader
 
@@ -218,11 +236,13 @@ def _make_iter(system: str, root: str, urls: list[str], extra: Any = None) -> An
     if system == "fp-loader":
         import feedpipe
 
-        return _fp_rows(feedpipe.FeedLoader(feedpipe.FeedDataset(root), batch_size=BATCH))
+        return _fp_rows(_once(system, lambda: feedpipe.FeedLoader(feedpipe.FeedDataset(root),
+                                                                  batch_size=BATCH)))
     if system == "fp-loader-dl2":
         import feedpipe
 
-        ld = feedpipe.FeedLoader(feedpipe.FeedDataset(root), batch_size=BATCH, num_workers=2)
+        ld = _once(system, lambda: feedpipe.FeedLoader(feedpipe.FeedDataset(root),
+                                                       batch_size=BATCH, num_workers=2))
         return _fp_rows(ld)
     if system == "wds-loader-dl2":
         import webdataset as wds
@@ -230,18 +250,20 @@ def _make_iter(system: str, root: str, urls: list[str], extra: Any = None) -> An
         # webdataset's own recipe: batch in the workers, WebLoader(batch_size=None). Its default
         # collation needs the same keys in every sample (a sidecar on some breaks it), so the
         # batch is the list of sample dicts.
-        ds = wds.WebDataset(urls, shardshuffle=False).batched(BATCH, collation_fn=None)
-        return (s for b in wds.WebLoader(ds, batch_size=None, num_workers=2) for s in b)
+        wl = _once(system, lambda: wds.WebLoader(
+            wds.WebDataset(urls, shardshuffle=False).batched(BATCH, collation_fn=None),
+            batch_size=None, num_workers=2))
+        return (s for b in wl for s in b)
     if system == "wds":
         import webdataset as wds
 
-        return iter(wds.WebDataset(urls, shardshuffle=False))
+        return iter(_once(system, lambda: wds.WebDataset(urls, shardshuffle=False)))
     if system == "wds-dl2":
         import webdataset as wds
         from torch.utils.data import DataLoader
 
-        return iter(DataLoader(wds.WebDataset(urls, shardshuffle=False), batch_size=None,
-                               num_workers=2))
+        return iter(_once(system, lambda: DataLoader(wds.WebDataset(urls, shardshuffle=False),
+                                                     batch_size=None, num_workers=2)))
     raise SystemExit(f"unknown system {system!r}")
 
 
@@ -280,7 +302,9 @@ def _epochs(run: Any, min_seconds: float, max_epochs: int = 50) -> tuple[float, 
 
 
 def worker(spec: dict[str, Any]) -> int:
+    global _STEADY
     system, root = spec["system"], spec["root"]
+    _STEADY = bool(spec.get("steady"))
     min_seconds = float(spec.get("min_seconds", 0))
     urls = [p for p, _, _, _ in _manifest_shards(root)]
     if system == "cat":
@@ -312,6 +336,8 @@ def worker(spec: dict[str, Any]) -> int:
     def one_epoch() -> None:
         counts.append(_consume(_make_iter(system, root, urls, extra), touch))
 
+    if _STEADY:
+        one_epoch()  # warm-up, untimed (its delivery is checked with the others)
     secs, k, _ = _epochs(one_epoch, min_seconds)
     if prof is not None:
         prof.disable()
@@ -482,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="DataLoader systems read only the first shards (at least 2) holding at "
                     "least this many samples (default 50000; 0: everything). Only the tiny "
                     "dataset is cut (to 2 of 5 shards, ~87,000 samples)")
+    ap.add_argument("--steady", action="store_true",
+                    help="a training loop's steady state: each system's dataset/loader built "
+                    "once per process, one untimed warm-up epoch, then the timed epochs over the "
+                    "same object (default: a new object and a cold start every epoch)")
     ap.add_argument("--name", default=None,
                     help="results file name (default bench_read, bench_read-quick with --quick)")
     ap.add_argument("--profile", action="store_true",
@@ -504,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {
         "benchmark": "read",
         "environment": common.environment(a.root),
-        "settings": {"quick": a.quick, "passes": a.passes, "systems": systems,
+        "settings": {"quick": a.quick, "passes": a.passes, "systems": systems, "steady": a.steady,
                      "shard_mb": a.shard_mb, "min_seconds_per_run": a.min_seconds,
                      "dl_max_samples": a.dl_max_samples,
                      "touch": f"zlib.crc32 below {BIG_FIELD} bytes, "
@@ -538,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 z = sizes[system]
                 spec = {"system": system, "root": z["root"], "expected_samples": z["samples"],
-                        "expected_payload": z["payload_bytes"], "min_seconds": a.min_seconds}
+                        "expected_payload": z["payload_bytes"], "min_seconds": a.min_seconds,
+                        "steady": a.steady}
                 r = common.run_worker(SCRIPT, spec)
                 r["pass"] = p
                 r["loadavg_1min_after"] = os.getloadavg()[0]

@@ -221,6 +221,20 @@ class FeedDataset(IterableDataset):
             self._leases[shard] = lease
         return r
 
+    def _open_all(self) -> bool:
+        """Open every shard here (map it, parse its index) when they all fit in
+        ``max_open_shards`` and nothing is cached, and keep them open: workers forked from this
+        process inherit the parsed indexes instead of each parsing every index every epoch,
+        later epochs reuse them, and no reader is closed under a borrower of its map. True when
+        all are open."""
+        n = len(self.manifest.shards)
+        if n > self.max_open_shards or self.cache is not None:
+            return False
+        for s in range(n):
+            if s not in self._readers:
+                self._reader(s)
+        return True
+
     def _start_prefetch(self, plan: Plan, split: Split, worker: int, workers: int) -> Any:
         """The Prefetcher of one iterator (None without a cache); starts its threads."""
         if self.cache is None:

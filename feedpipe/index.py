@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import add
 
 from .errors import ShardFormatError
 from .keys import split_member
@@ -37,7 +39,7 @@ class ShardIndex:
     @property
     def end(self) -> int:
         """Offset one past the last member byte (the shard is truncated if smaller)."""
-        return max((o + s for o, s in zip(self.offsets, self.sizes)), default=0)
+        return max(map(add, self.offsets, self.sizes), default=0)
 
     def fields(self) -> set[str]:
         return set(self.exts)
@@ -99,6 +101,10 @@ def parse_index(text: str, where: str = "<index>") -> ShardIndex:
         raise ShardFormatError(
             f"{where}: index says {n} samples but has {len(body)} lines (truncated index?)"
         )
+    if group == 4:
+        fast = _parse_columns(body)
+        if fast is not None:
+            return fast
     idx = ShardIndex([], [0], [], [], [], [])
     for lineno, line in enumerate(body, start=2):
         parts = line.split(" ")
@@ -121,6 +127,29 @@ def parse_index(text: str, where: str = "<index>") -> ShardIndex:
         idx.keys.append(key or "")
         idx.starts.append(len(idx.exts))
     return idx
+
+
+def _parse_columns(body: list[str]) -> ShardIndex | None:
+    """v1.2 lines parsed column-wise (C-level splits and int conversions, one pass per column):
+    the same :class:`ShardIndex` as the line loop in :func:`parse_index`, or None when a line is
+    malformed, so that the loop finds and names it."""
+    groups = [c + 1 for c in map(str.count, body, [" "] * len(body))]
+    if not body or any(g & 3 for g in groups):
+        return None
+    tokens = " ".join(body).split(" ")
+    try:
+        offsets = list(map(int, tokens[1::4]))
+        sizes = list(map(int, tokens[2::4]))
+    except ValueError:
+        return None
+    names = tokens[3::4]
+    if "" in names:  # the loop names those members after their line
+        return None
+    starts = [0, *accumulate(g >> 2 for g in groups)]
+    # split_member(name)[0] of each sample's first member, inline
+    keys = [n[:d] if (d := n.find(".", n.rfind("/") + 1)) >= 0 else n
+            for n in map(names.__getitem__, starts[:-1])]
+    return ShardIndex(keys, starts, tokens[0::4], offsets, sizes, names)
 
 
 def index_path(shard_path: str) -> str:

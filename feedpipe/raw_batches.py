@@ -29,6 +29,7 @@ offset, never a short sample.
 from __future__ import annotations
 
 import mmap
+import multiprocessing
 from operator import getitem
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -172,9 +173,12 @@ class BatchResolver:
         dataset: the dataset the references point into (its manifest names and sizes the shards).
         pin_memory: pin the batch's tensors (when CUDA is available), as the DataLoader's
             ``pin_memory=True`` would.
+        readers: open readers (shard -> ShardReader) whose maps to copy from instead of
+            mapping the shard again; they must stay open while this resolver is used.
     """
 
-    def __init__(self, dataset: FeedDataset, *, pin_memory: bool = False) -> None:
+    def __init__(self, dataset: FeedDataset, *, pin_memory: bool = False,
+                 readers: dict[int, Any] | None = None) -> None:
         self.root = dataset.url
         self.shards = dataset.manifest.shards
         self.names = [r.name for r in self.shards]
@@ -182,6 +186,7 @@ class BatchResolver:
         self.pin = bool(pin_memory and torch.cuda.is_available())
         self._bytes = np.array([r.bytes for r in self.shards], dtype=np.int64)
         self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
+        self._readers = readers if readers is not None else {}
         self._populate = hasattr(mmap.mmap, "madvise")
 
     def _map(self, s: int) -> mmap.mmap:
@@ -189,6 +194,9 @@ class BatchResolver:
         if mm is not None:
             self._maps.move_to_end(s)
             return mm
+        r = self._readers.get(s)
+        if r is not None and r._mm is not None:  # opened and size-checked by the reader
+            return r._mm
         rec = self.shards[s]
         url = join(self.root, rec.name)
         mm, size = map_local(url)
@@ -289,6 +297,16 @@ class BatchResolver:
         return out
 
 
+def _forks(loader: Any) -> bool:
+    """Whether ``loader``'s workers start by fork (and so inherit this process's memory)."""
+    ctx = loader.multiprocessing_context
+    if ctx is not None:
+        return ctx.get_start_method() == "fork"
+    # unset: the platform's default, the first of the methods it offers
+    method = multiprocessing.get_start_method(allow_none=True)
+    return (method or multiprocessing.get_all_start_methods()[0]) == "fork"
+
+
 class RefBatches:
     """Batches by reference, planned by ``loader``'s workers (a DataLoader over a
     :class:`RefSource`) or, with ``loader=None``, in this process."""
@@ -298,7 +316,11 @@ class RefBatches:
         self.dataset, self.loader, self.pin_memory = dataset, loader, pin_memory
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        resolve = BatchResolver(self.dataset, pin_memory=self.pin_memory)
+        # Forked workers (or this process) plan from readers opened once here; the resolver
+        # copies from those readers' maps, which stay mapped from one epoch to the next.
+        shared = ((self.loader is None or _forks(self.loader)) and self.dataset._open_all())
+        resolve = BatchResolver(self.dataset, pin_memory=self.pin_memory,
+                                readers=self.dataset._readers if shared else None)
         source = self.loader if self.loader is not None else batch_refs(
             self.dataset, 0, 1, advise=False)
         try:

@@ -133,3 +133,51 @@ def test_member_past_the_end_is_an_error(ds_path: str) -> None:
     sizes[2] = ds.manifest.shards[0].bytes  # an index entry that runs off the file
     with pytest.raises(ShardFormatError, match=rf"{refs.keys[2]}\.jpg at offset {offs[2]}"):
         BatchResolver(ds)(refs)
+
+
+def test_forked_workers_inherit_the_indexes_the_parent_parsed(ds_path: str, tmp_path,  # type: ignore[no-untyped-def]
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import feedpipe.reader as reader_mod
+    from torch.utils.data import DataLoader
+
+    from feedpipe.raw_batches import RefSource, _forks
+
+    def oracle(epoch: int, **kw) -> list[dict]:  # type: ignore[no-untyped-def]
+        ds = FeedDataset(ds_path, **kw)
+        ds.set_epoch(epoch)
+        ds.set_batch_size(4)
+        return list(_InProcessBatches(ds, 4, collate_samples))
+
+    want = [oracle(e, shuffle=True, seed=3) for e in (0, 1)]
+    plain = oracle(0)
+    log = tmp_path / "parses"
+    log.write_text("")
+    real = reader_mod.parse_index
+
+    def counted(text: str, where: str = "<index>"):  # type: ignore[no-untyped-def]
+        with open(log, "a") as f:  # O_APPEND: one line per parse, from any process
+            f.write(f"{os.getpid()}\n")
+        return real(text, where)
+
+    monkeypatch.setattr(reader_mod, "parse_index", counted)  # forked workers inherit it
+    fl = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=3), batch_size=4, num_workers=2)
+    shards = len(fl.dataset.manifest.shards)
+    for epoch in (0, 1):
+        fl.set_epoch(epoch)
+        assert_same_batches(list(fl), want[epoch])
+    # each index parsed once, in this process, for both epochs; the workers parsed none
+    assert log.read_text().split() == [str(os.getpid())] * shards
+    readers = fl.dataset._readers
+    assert sorted(readers) == list(range(shards))
+    assert all(not r._mm.closed for r in readers.values())  # the resolver borrowed, kept open
+    # more shards than open maps: nothing is opened ahead; the workers parse what they need
+    log.write_text("")
+    few = FeedLoader(FeedDataset(ds_path, max_open_shards=2), batch_size=4, num_workers=2)
+    assert_same_batches(list(few), plain)
+    assert len(few.dataset._readers) == 0
+    assert str(os.getpid()) not in log.read_text().split() and log.read_text()
+    # workers that do not fork inherit nothing: the parent opens nothing for them
+    assert not _forks(DataLoader(RefSource(few.dataset), batch_size=None, num_workers=2,
+                                 multiprocessing_context="forkserver"))
+    assert _forks(DataLoader(RefSource(few.dataset), batch_size=None, num_workers=2,
+                             multiprocessing_context="fork"))

@@ -249,3 +249,69 @@ def test_range_read_of_wrong_length_raises(sharded: Path, memory_root: str,
     msg = rf"data-000000\.tar: .*read at offset {lo} returned {n - 1} bytes instead of {n}\b"
     with pytest.raises(ShardFormatError, match=msg):
         r.sample(1)
+
+
+# -- the index parser: column-wise fast path and the line loop agree ------------------------
+def _loop_only(text: str) -> object:
+    import importlib
+
+    index_mod = importlib.import_module("feedpipe.index")  # feedpipe.index is also a function
+    saved = index_mod._parse_columns
+    index_mod._parse_columns = lambda body: None  # type: ignore[assignment]
+    try:
+        return parse_index(text, "x.idx")
+    finally:
+        index_mod._parse_columns = saved
+
+
+def test_column_parse_equals_the_line_loop() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from feedpipe.index import ShardIndex, format_index
+
+    stem = st.text(st.characters(blacklist_characters=" \n\r\t\x0b\x0c./", codec="utf-8"),
+                   min_size=1, max_size=8)
+    ext = st.text("abcdejpgsonx.", min_size=1, max_size=7).filter(lambda e: e[0] != ".")
+
+    @st.composite
+    def indexes(draw: st.DrawFn) -> ShardIndex:
+        idx = ShardIndex([], [0], [], [], [], [])
+        pos = 512
+        for i in range(draw(st.integers(0, 12))):
+            folder = draw(st.sampled_from(["", "a/", "d.ir/x/", "é/"]))
+            key = f"{folder}{draw(stem)}{i}"
+            idx.keys.append(key)
+            for e in draw(st.lists(ext, min_size=1, max_size=3, unique=True)):
+                size = draw(st.integers(0, 5000))
+                idx.exts.append(e)
+                idx.offsets.append(pos)
+                idx.sizes.append(size)
+                idx.names.append(f"{key}.{e}")
+                pos += 512 + size
+            idx.starts.append(len(idx.exts))
+        return idx
+
+    @settings(max_examples=200, deadline=None)
+    @given(indexes(), st.booleans())
+    def check(idx: ShardIndex, trailing_blank: bool) -> None:
+        text = format_index(idx) + ("\n" if trailing_blank else "")
+        assert parse_index(text) == _loop_only(text) == idx
+
+    check()
+
+
+@pytest.mark.parametrize("line,error", [
+    ("jpg 512 10 a.jpg cls", r"x\.idx:3: malformed index line"),
+    ("jpg 512 ten a.jpg", r"x\.idx:3: bad offset/size"),
+    ("jpg  512 10 a.jpg", r"x\.idx:3: (malformed index line|bad offset/size)"),
+    ("jpg 512 10 ", None),  # no member name: the sample is named after its line
+])
+def test_a_bad_line_is_named_by_number(line: str, error: str | None) -> None:
+    text = f"v1.2 2\njpg 0 5 z.jpg\n{line}\n"
+    if error is None:
+        idx = parse_index(text, "x.idx")
+        assert idx == _loop_only(text) and idx.keys == ["z", "1"] and idx.names[1] == "1.jpg"
+        return
+    with pytest.raises(ShardFormatError, match=error):
+        parse_index(text, "x.idx")
