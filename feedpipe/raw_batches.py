@@ -133,7 +133,7 @@ def batch_refs(dataset: FeedDataset, worker: int, workers: int, *,
 def _advise(reader: Any, ranges: list[tuple[int, int]]) -> None:
     """Ask the kernel to read these byte ranges of a mapped shard ahead (merged when close)."""
     mm = getattr(reader, "_mm", None)
-    if mm is None:
+    if mm is None or getattr(reader, "_populated", False):  # mapped whole by the parent
         return
     ranges.sort()
     lo, hi = ranges[0]
@@ -187,6 +187,8 @@ class BatchResolver:
         self._bytes = np.array([r.bytes for r in self.shards], dtype=np.int64)
         self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
         self._readers = readers if readers is not None else {}
+        # one rank reads every sample of every shard each epoch: whole shards are worth mapping
+        self._whole = dataset.world.world_size == 1
         self._populate = hasattr(mmap.mmap, "madvise")
 
     def _map(self, s: int) -> mmap.mmap:
@@ -196,6 +198,15 @@ class BatchResolver:
             return mm
         r = self._readers.get(s)
         if r is not None and r._mm is not None:  # opened and size-checked by the reader
+            if self._whole and self._populate and not getattr(r, "_populated", False):
+                # this process copies every member of the shard this epoch: map all its pages
+                # in one call, once; the map outlives the epoch, so later epochs fault nothing
+                # (and the workers forked from here skip their read-ahead advice)
+                try:
+                    r._mm.madvise(_MADV_POPULATE_READ, 0, len(r._mm))
+                    r._populated = True
+                except (OSError, ValueError):
+                    self._populate = False
             return r._mm
         rec = self.shards[s]
         url = join(self.root, rec.name)
@@ -248,7 +259,8 @@ class BatchResolver:
         fields = list(refs.fields.items())
         order = ([*_HEAD, *(e for e, _ in fields[: refs.first]), *_TAIL,
                   *(e for e, _ in fields[refs.first:])])
-        if self._populate:
+        if self._populate and not all(
+                getattr(self._readers.get(s), "_populated", False) for s in maps):
             self._prefault(refs, fields, maps)
         one = maps[shards[0]] if len(maps) == 1 else None
         per_sample = None if one is not None else [maps[s] for s in shards]

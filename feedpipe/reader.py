@@ -99,6 +99,7 @@ class ShardReader:
         self.base = base
         self._mm: mmap.mmap | None = None
         self._mv: memoryview | None = None
+        self._populated = False  # every page of the map faulted in (see raw_batches)
         self._fs: Any = None
         self._path = url
         if is_local(url):
