@@ -312,6 +312,7 @@ class FeedDataset(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = OrderedDict()  # maps do not cross processes; reopened on demand
+        state.pop("_columns", None)  # raw batches' index columns: rebuilt where needed
         state["_leases"] = {}  # nor do locks
         state["_clock"] = None
         return state

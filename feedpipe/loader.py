@@ -75,8 +75,11 @@ class FeedLoader:
             sample.
         collate_fn: default :func:`collate_samples`. With it, a local dataset read without a
             transform or shard cache gets its batches built from the shard index
-            (:mod:`feedpipe.raw_batches`): workers send where each batch's members lie, this
-            process copies them out of its own maps; the same batches as the general path.
+            (:mod:`feedpipe.raw_batches`) and copied out of this process's maps of the shards;
+            the same batches as the general path. When the shards fit in the dataset's
+            ``max_open_shards``, this process opens them once and plans every batch itself (a
+            few array gathers per batch), whatever ``num_workers`` is: workers would add only
+            their start-up and a pipe. Otherwise workers send where each batch's members lie.
         device: deliver batches on this device through a :class:`DeviceLoader` (background
             prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only). ``None``:
             batches as the DataLoader makes them.

@@ -17,6 +17,12 @@ in the training process (measured: ``benchmarks/bench_read.py``, ``fp-loader-dl2
   <feedpipe.loader.collate_samples>` makes from the same samples at ``num_workers=0`` (same keys
   in the same order, same types).
 
+When every shard fits in ``max_open_shards``, :class:`RefBatches` opens them all in the training
+process once and plans there from :class:`Columns`, the index as arrays over global sample ids,
+whatever ``num_workers`` is: a batch's plan is then a few array gathers, and worker processes
+would add only their start-up and a pipe. The per-sample planner serves datasets with more
+shards, in the workers or in-process.
+
 Only local shards qualify (both processes must map the same file) and only uncached datasets (a
 cached shard may be evicted once the worker lets go of it); :func:`eligible` decides, and
 :class:`~feedpipe.loader.FeedLoader` uses this path by itself when it applies. Integrity holds as
@@ -29,9 +35,8 @@ offset, never a short sample.
 from __future__ import annotations
 
 import mmap
-import multiprocessing
 from operator import getitem
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -88,12 +93,109 @@ class BatchRefs:
             setattr(self, k, v)
 
 
+class Columns:
+    """The whole dataset's index as columns over global sample ids, for planning a batch with a
+    few array gathers instead of a Python step per sample and member.
+
+    Per field: the member's offset (``-1`` where the sample lacks it) and size; per sample: its
+    key, the byte span of its members, and its fields in member order (to order a batch's
+    fields as :func:`~feedpipe.loader.collate_samples` does). Built from open readers in the
+    training process; forked workers inherit it.
+    """
+
+    def __init__(self, readers: list[Any]) -> None:
+        n = sum(len(r) for r in readers)
+        self.keys: list[str] = []
+        self.exts: list[str] = []  # every field, in order of first appearance
+        self.offsets: dict[str, np.ndarray] = {}
+        self.sizes: dict[str, np.ndarray] = {}
+        self.lo = np.zeros(n, dtype=np.int64)  # per sample: where its first member starts
+        self.hi = np.zeros(n, dtype=np.int64)  # and where its last ends
+        self._starts: list[Any] = []  # per shard: (first id, member starts, member exts)
+        base = 0
+        for r in readers:
+            k = len(r)
+            self.keys.extend(r._keys)
+            starts = np.asarray(r._starts, dtype=np.int64)
+            offs = np.asarray(r._offs, dtype=np.int64)
+            sizes = np.asarray(r._sizes, dtype=np.int64)
+            counts = np.diff(starts)
+            sample = np.repeat(np.arange(base, base + k, dtype=np.int64), counts)
+            exts = r._exts
+            for e in dict.fromkeys(exts):
+                if e not in self.offsets:
+                    self.exts.append(e)
+                    self.offsets[e] = np.full(n, -1, dtype=np.int64)
+                    self.sizes[e] = np.zeros(n, dtype=np.int64)
+                mask = np.fromiter((x == e for x in exts), dtype=bool, count=len(exts))
+                self.offsets[e][sample[mask]] = offs[mask]
+                self.sizes[e][sample[mask]] = sizes[mask]
+            has = counts > 0
+            if len(offs):
+                self.lo[base:base + k][has] = offs[starts[:-1][has]]
+                last = starts[1:][has] - 1
+                self.hi[base:base + k][has] = offs[last] + sizes[last]
+            self._starts.append((base, r._starts, exts))
+            base += k
+
+    def fields_of(self, g: int) -> list[str]:
+        """Sample ``g``'s fields, in member order."""
+        for base, starts, exts in reversed(self._starts):
+            if g >= base:
+                i = g - base
+                return list(dict.fromkeys(exts[starts[i]:starts[i + 1]]))
+        raise IndexError(g)
+
+
+def columns(dataset: FeedDataset) -> Columns | None:
+    """The dataset's :class:`Columns`, built (once) when all its shards are open here."""
+    cols = dataset.__dict__.get("_columns")
+    if cols is None and len(dataset._readers) == len(dataset.manifest.shards):
+        cols = dataset._columns = Columns([dataset._readers[s]
+                                           for s in range(len(dataset.manifest.shards))])
+    return cols
+
+
+def _refs_from_columns(cols: Columns, ids: np.ndarray, shards: np.ndarray, epoch: int,
+                       seed: int) -> BatchRefs:
+    keys = list(map(cols.keys.__getitem__, ids.tolist()))
+    present: list[tuple[int, int, str]] = []  # (first sample with it, rank in that sample, ext)
+    got: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    firsts = cols.fields_of(int(ids[0])) if len(ids) else []
+    for e in cols.exts:
+        o = cols.offsets[e][ids]
+        have = o >= 0
+        if not have.any():
+            continue
+        got[e] = (o, cols.sizes[e][ids])
+        if e not in firsts:
+            j = int(have.argmax())
+            present.append((j, cols.fields_of(int(ids[j])).index(e), e))
+    order = [*firsts, *(e for _, _, e in sorted(present))]
+    return BatchRefs(shards.astype(np.int32), ids, keys, {e: got[e] for e in order},
+                     len(firsts), epoch, seed)
+
+
 def batch_refs(dataset: FeedDataset, worker: int, workers: int, *,
                advise: bool = True) -> Iterator[BatchRefs]:
     """The :class:`BatchRefs` of ``worker``'s batches (of ``workers``) in the current epoch,
     in the order the DataLoader deals them; the same batches as iterating the dataset itself."""
     plan, split = dataset.plan(), dataset.split()
     epoch, seed = plan.epoch, dataset.seed
+    cols = dataset.__dict__.get("_columns")  # built by RefBatches before the workers start
+    if cols is not None:  # gathers from the columns
+        open_readers = dataset._readers
+        for ids in iter_ids(plan, split, dataset.batch_size, worker, workers):
+            shards, _ = plan.shard_of(ids)
+            refs = _refs_from_columns(cols, ids, shards, epoch, seed)
+            if advise:
+                lo, hi = cols.lo[ids], cols.hi[ids]
+                for s in np.unique(shards).tolist():
+                    sel = shards == s
+                    _advise(open_readers.get(s),
+                            list(zip(lo[sel].tolist(), hi[sel].tolist())))
+            yield refs
+        return
     open_readers, get_reader = dataset._readers, dataset._reader
     for ids in iter_ids(plan, split, dataset.batch_size, worker, workers):
         shards, local = plan.shard_of(ids)
@@ -309,32 +411,43 @@ class BatchResolver:
         return out
 
 
-def _forks(loader: Any) -> bool:
-    """Whether ``loader``'s workers start by fork (and so inherit this process's memory)."""
-    ctx = loader.multiprocessing_context
-    if ctx is not None:
-        return ctx.get_start_method() == "fork"
-    # unset: the platform's default, the first of the methods it offers
-    method = multiprocessing.get_start_method(allow_none=True)
-    return (method or multiprocessing.get_all_start_methods()[0]) == "fork"
+def _ahead(refs: Iterator[BatchRefs], n: int) -> Iterator[BatchRefs]:
+    """``refs`` planned (and their read-ahead advised) ``n`` batches before they are used."""
+    queue: deque[BatchRefs] = deque()
+    for r in refs:
+        queue.append(r)
+        if len(queue) > n:
+            yield queue.popleft()
+    while queue:
+        yield queue.popleft()
 
 
 class RefBatches:
-    """Batches by reference, planned by ``loader``'s workers (a DataLoader over a
-    :class:`RefSource`) or, with ``loader=None``, in this process."""
+    """Batches by reference. When the dataset's shards all fit in ``max_open_shards`` they are
+    opened here once and every batch is planned here from :class:`Columns` (a few array gathers
+    per batch: worker processes would add only their start-up and a pipe), read-ahead advised
+    ``ahead`` batches in advance. Otherwise ``loader``'s workers plan (a DataLoader over a
+    :class:`RefSource`) or, with ``loader=None``, this process does, sample by sample."""
 
     def __init__(self, dataset: FeedDataset, loader: Any = None, *,
                  pin_memory: bool = False) -> None:
         self.dataset, self.loader, self.pin_memory = dataset, loader, pin_memory
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        # Forked workers (or this process) plan from readers opened once here; the resolver
-        # copies from those readers' maps, which stay mapped from one epoch to the next.
-        shared = ((self.loader is None or _forks(self.loader)) and self.dataset._open_all())
-        resolve = BatchResolver(self.dataset, pin_memory=self.pin_memory,
-                                readers=self.dataset._readers if shared else None)
-        source = self.loader if self.loader is not None else batch_refs(
-            self.dataset, 0, 1, advise=False)
+        ds = self.dataset
+        opened = ds._open_all()  # the resolver copies from these readers' maps, which stay
+        resolve = BatchResolver(ds, pin_memory=self.pin_memory,  # mapped between epochs
+                                readers=ds._readers if opened else None)
+        source: Any
+        if opened and columns(ds) is not None:
+            ld = self.loader
+            ahead = (max(1, (ld.prefetch_factor or 2) * ld.num_workers)
+                     if ld is not None and ld.num_workers > 0 else 2)
+            source = _ahead(batch_refs(ds, 0, 1, advise=True), ahead)
+        elif self.loader is not None:
+            source = self.loader
+        else:
+            source = batch_refs(ds, 0, 1, advise=False)
         try:
             for refs in source:
                 yield resolve(refs)

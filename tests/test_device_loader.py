@@ -173,9 +173,11 @@ def ids(batches: list[dict[str, Any]]) -> list[int]:
 
 
 def test_feedloader_state_counts_consumed_batches_not_prefetched_ones() -> None:
+    # max_open_shards=2 < 3 shards: the workers plan (the DataLoader this test counts pulls
+    # from); with all shards open, FeedLoader plans raw batches in this process instead
     def make() -> FeedLoader:
-        fl = FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=7), batch_size=4, num_workers=2,
-                        device="cpu")
+        fl = FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=7, max_open_shards=2),
+                        batch_size=4, num_workers=2, device="cpu")
         fl.set_epoch(2)
         return fl
 

@@ -45,12 +45,15 @@ def assert_same_batches(got: list[dict], want: list[dict]) -> None:
                 assert all(v is None or type(v) is bytes for v in a[k] if k[:2] != "__"), k
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers,max_open", [(0, 64), (2, 64), (0, 2), (2, 2)])
 @pytest.mark.parametrize("shuffle,batch_size", [(False, 4), (True, 5), (True, 1)])
-def test_batches_equal_the_general_path(workers: int, shuffle: bool, batch_size: int) -> None:
-    # the example dataset has a JSON sidecar on some samples only: lists with None where absent
-    fl = FeedLoader(FeedDataset(EXAMPLE, shuffle=shuffle, seed=7), batch_size=batch_size,
-                    num_workers=workers)
+def test_batches_equal_the_general_path(workers: int, max_open: int, shuffle: bool,
+                                        batch_size: int) -> None:
+    # the example dataset has a JSON sidecar on some samples only: lists with None where absent.
+    # Its 3 shards fit in 64 open maps (planned here from index columns), not in 2 (planned by
+    # the workers, or here sample by sample)
+    fl = FeedLoader(FeedDataset(EXAMPLE, shuffle=shuffle, seed=7, max_open_shards=max_open),
+                    batch_size=batch_size, num_workers=workers)
     assert fl._by_reference
     got = list(fl)
     assert_same_batches(got, general_path(EXAMPLE, batch_size, shuffle=shuffle, seed=7))
@@ -150,12 +153,9 @@ def _can_populate() -> bool:
         m.close()
 
 
-def test_forked_workers_inherit_the_indexes_the_parent_parsed(ds_path: str, tmp_path,  # type: ignore[no-untyped-def]
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_indexes_are_parsed_once_and_batches_planned_here(ds_path: str, tmp_path,  # type: ignore[no-untyped-def]
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import feedpipe.reader as reader_mod
-    from torch.utils.data import DataLoader
-
-    from feedpipe.raw_batches import RefSource, _forks
 
     def oracle(epoch: int, **kw) -> list[dict]:  # type: ignore[no-untyped-def]
         ds = FeedDataset(ds_path, **kw)
@@ -163,11 +163,6 @@ def test_forked_workers_inherit_the_indexes_the_parent_parsed(ds_path: str, tmp_
         ds.set_batch_size(4)
         return list(_InProcessBatches(ds, 4, collate_samples))
 
-    ds = FeedDataset(ds_path)
-    assert not _forks(DataLoader(RefSource(ds), batch_size=None, num_workers=2,
-                                 multiprocessing_context="forkserver"))
-    assert _forks(DataLoader(RefSource(ds), batch_size=None, num_workers=2,
-                             multiprocessing_context="fork"))
     want = [oracle(e, shuffle=True, seed=3) for e in (0, 1)]
     plain = oracle(0)
     log = tmp_path / "parses"
@@ -180,24 +175,62 @@ def test_forked_workers_inherit_the_indexes_the_parent_parsed(ds_path: str, tmp_
         return real(text, where)
 
     monkeypatch.setattr(reader_mod, "parse_index", counted)  # forked workers inherit it
-    fl = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=3), batch_size=4, num_workers=2)
-    shards = len(fl.dataset.manifest.shards)
-    for epoch in (0, 1):
-        fl.set_epoch(epoch)
-        assert_same_batches(list(fl), want[epoch])
-    readers = fl.dataset._readers
-    if not _forks(fl._loader):  # CUDA is initialised here: workers start from a forkserver,
-        assert len(readers) == 0  # inherit nothing, and so nothing is opened for them
-        return
-    # each index parsed once, in this process, for both epochs; the workers parsed none
-    assert log.read_text().split() == [str(os.getpid())] * shards
-    assert sorted(readers) == list(range(shards))
-    assert all(not r._mm.closed for r in readers.values())  # the resolver borrowed, kept open
-    # one rank reads every member: each map was faulted in whole, once (kernels >= 5.14)
-    assert all(r._populated for r in readers.values()) or not _can_populate()
-    # more shards than open maps: nothing is opened ahead; the workers parse what they need
+    for context in (None, "forkserver"):  # how workers would start does not matter
+        log.write_text("")
+        fl = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=3), batch_size=4, num_workers=2,
+                        **({"multiprocessing_context": context} if context else {}))
+        shards = len(fl.dataset.manifest.shards)
+        for epoch in (0, 1):
+            fl.set_epoch(epoch)
+            assert_same_batches(list(fl), want[epoch])
+        # each index parsed once, here, for both epochs: the batches were planned here from the
+        # dataset's index columns, with no worker process started
+        assert log.read_text().split() == [str(os.getpid())] * shards
+        readers = fl.dataset._readers
+        assert sorted(readers) == list(range(shards)) and "_columns" in fl.dataset.__dict__
+        assert all(not r._mm.closed for r in readers.values())  # the resolver borrowed them
+        # one rank reads every member: each map was faulted in whole, once (kernels >= 5.14)
+        assert all(r._populated for r in readers.values()) or not _can_populate()
+    # more shards than open maps: nothing is opened ahead; the workers plan and parse
     log.write_text("")
     few = FeedLoader(FeedDataset(ds_path, max_open_shards=2), batch_size=4, num_workers=2)
     assert_same_batches(list(few), plain)
-    assert len(few.dataset._readers) == 0
-    assert str(os.getpid()) not in log.read_text().split() and log.read_text()
+    assert len(few.dataset._readers) == 0 and "_columns" not in few.dataset.__dict__
+    if not torch.cuda.is_initialized():  # else the workers start from a forkserver, unpatched
+        assert str(os.getpid()) not in log.read_text().split() and log.read_text()
+
+
+@pytest.mark.parametrize("url", ["example", "made"])
+@pytest.mark.parametrize("shuffle,batch_size,world", [(False, 4, 1), (True, 5, 1), (True, 1, 1),
+                                                      (True, 3, 3), (True, 32, 1)])
+def test_column_plans_equal_the_per_sample_plans(ds_path: str, url: str, shuffle: bool,
+                                                 batch_size: int, world: int) -> None:
+    from feedpipe.raw_batches import columns
+
+    root = EXAMPLE if url == "example" else ds_path
+    for rank in range(world):
+        for workers in (1, 2):
+            loop = FeedDataset(root, shuffle=shuffle, seed=5, rank=rank, world_size=world)
+            col = FeedDataset(root, shuffle=shuffle, seed=5, rank=rank, world_size=world)
+            for ds in (loop, col):
+                ds.set_epoch(1)
+                ds.set_batch_size(batch_size)
+            assert col._open_all() and columns(col) is not None
+            for w in range(workers):
+                a = list(batch_refs(loop, w, workers))
+                b = list(batch_refs(col, w, workers))
+                assert len(a) == len(b) and (a or w > 0)  # a worker may get no batch
+                for x, y in zip(a, b):
+                    assert x.keys == y.keys and x.first == y.first
+                    assert list(x.fields) == list(y.fields)  # the same fields, same order
+                    assert (x.shards == y.shards).all() and (x.ids == y.ids).all()
+                    for e in x.fields:
+                        assert (x.fields[e][0] == y.fields[e][0]).all(), e
+                        assert (x.fields[e][1] == y.fields[e][1]).all(), e
+    # the example has a sidecar on some samples only: some batch meets it after its first sample
+    ds = FeedDataset(EXAMPLE, shuffle=True, seed=5)
+    ds.set_batch_size(5)
+    ds._open_all()
+    columns(ds)
+    assert any("json" in r.fields and list(r.fields).index("json") >= r.first
+               for r in batch_refs(ds, 0, 1))
