@@ -21,10 +21,12 @@ Systems:
     fp-loader           FeedLoader(FeedDataset(root), batch_size=256), one process (batches built
                         from the shard index: see feedpipe/raw_batches.py)
     fp-loader-dl2       FeedLoader(FeedDataset(root), batch_size=256, num_workers=2): the
-                        recommended way; workers plan each batch and send where its members
-                        are (a few kB), the training process copies the bytes out of its own
-                        maps of the shards (feedpipe/raw_batches.py; the consumer loop takes
-                        the batches apart into sample dicts)
+                        recommended way. With every shard fitting in max_open_shards (as
+                        here) the training process plans each batch from the index columns
+                        and starts no worker; otherwise workers plan each batch and send where
+                        its members are (a few kB). The training process copies the bytes out
+                        of its maps of the shards (feedpipe/raw_batches.py; the consumer loop
+                        takes the batches apart into sample dicts)
     wds                 webdataset.WebDataset(urls, shardshuffle=False), one process
     wds-loader-dl2      WebLoader(WebDataset(urls, shardshuffle=False).batched(256,
                         collation_fn=None), batch_size=None, num_workers=2): webdataset's
