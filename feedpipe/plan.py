@@ -84,6 +84,22 @@ def feistel(x: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
     return y
 
 
+def distinct(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct values of a 1-D integer array and where each first occurs: what
+    ``np.unique(a, return_index=True)`` gives, without the ``numpy.ma`` import it makes on
+    first use (0.02-0.12 s, paid inside whichever epoch first calls it).
+
+    Example:
+        >>> [x.tolist() for x in distinct(np.array([5, 2, 5, 7, 2]))]
+        [[2, 5, 7], [1, 0, 3]]
+    """
+    order = np.argsort(a, kind="stable")
+    s = a[order]
+    keep = np.ones(len(s), dtype=bool)
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep], order[keep]
+
+
 @dataclass(frozen=True)
 class Plan:
     """The global order of one epoch.
@@ -152,7 +168,7 @@ class Plan:
         out = np.empty(len(pos), dtype=np.int64)
         win = np.searchsorted(self._wstart, pos, side="right") - 1
         order, counts, first = self._order, np.asarray(self.counts, np.int64), self._first
-        for g in np.unique(win):
+        for g in distinct(win)[0]:
             sel = win == g
             lo, hi = int(self._wstart[g]), int(self._wstart[g + 1])
             perm = feistel((pos[sel] - lo).astype(np.uint64), hi - lo, round_keys(self.seed, self.epoch, int(g)))

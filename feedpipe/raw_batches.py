@@ -46,7 +46,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .errors import ShardFormatError
 from .manifest import join
-from .plan import iter_ids
+from .plan import distinct, iter_ids
 from .reader import check_size, map_local
 from .storage import is_local
 
@@ -190,7 +190,7 @@ def batch_refs(dataset: FeedDataset, worker: int, workers: int, *,
             refs = _refs_from_columns(cols, ids, shards, epoch, seed)
             if advise:
                 lo, hi = cols.lo[ids], cols.hi[ids]
-                for s in np.unique(shards).tolist():
+                for s in distinct(shards)[0].tolist():
                     sel = shards == s
                     _advise(open_readers.get(s),
                             list(zip(lo[sel].tolist(), hi[sel].tolist())))

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .plan import Plan, Split, _worker_positions
+from .plan import Plan, Split, _worker_positions, distinct
 
 INF = float("inf")
 
@@ -43,8 +43,8 @@ def worker_uses(
         within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
         local = np.repeat(ts.astype(np.int64) * batch_size, lens) + within
         shards, _ = plan.shard_of(plan.sample_ids(pos))
-        uniq, at = np.unique(shards, return_index=True)
-        _, rat = np.unique(shards[::-1], return_index=True)
+        uniq, at = distinct(shards)
+        _, rat = distinct(shards[::-1])
         order = np.argsort(at, kind="stable")
         yield uniq[order], local[at[order]], local[len(shards) - 1 - rat[order]]
 

@@ -164,3 +164,20 @@ def test_bad_arguments() -> None:
     with pytest.raises(PlanError):
         Plan((1, -2))
     assert isinstance(PlanError("x"), ValueError)
+
+
+def test_distinct_is_np_unique_with_first_indices() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from feedpipe.plan import distinct
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.integers(-3, 40), max_size=60))
+    def check(values: list[int]) -> None:
+        a = np.array(values, dtype=np.int64)
+        got, at = distinct(a)
+        want, wat = np.unique(a, return_index=True)
+        assert got.tolist() == want.tolist() and at.tolist() == wat.tolist()
+
+    check()
