@@ -325,3 +325,25 @@ def test_feedloader_serves_a_complete_store_in_process_with_the_same_batches(
     rest = loader()
     rest.load_state_dict(state)
     assert ids(head) + ids(list(rest)) == ids(filled)
+
+
+def test_hits_reuse_a_record_buffer_only_once_nothing_refers_to_it(tmp_path: Path) -> None:
+    st = DecodedStore(tmp_path / "s", samples=40)
+    for i in range(40):
+        st.put(i, {"x": np.full((16, 16), i, np.uint8), "t": torch.full((3,), i)}, key=str(i),
+               shard="s.tar")
+    kept = st.get(5)  # a sample the caller keeps: its buffer must never be reused
+    kept_t = kept["t"]  # a tensor sharing the record's memory
+    del kept
+    seen = set()
+    for rnd in range(3):
+        for i in range(40):
+            got = st.get(i)
+            assert (got["x"] == i).all() and got["t"].tolist() == [i] * 3, (rnd, i)
+            seen.add(got["x"].__array_interface__["data"][0])  # where its bytes lie
+            del got  # dropped: its buffer may serve a later hit
+        assert kept_t.tolist() == [5] * 3  # untouched by 120 later hits
+    held = [st.get(i) for i in range(40)]  # all alive at once: each its own buffer
+    assert [int(h["x"][0, 0]) for h in held] == list(range(40))
+    assert len(seen) < 40  # buffers were recycled
+    st.close()
