@@ -108,7 +108,7 @@ class DaliStage:
             raise ValueError("batch_size, num_threads and prefetch must be at least 1")
         self.batches = batches
         if hasattr(batches, "_fork_unsafe"):  # a FeedLoader: never fork its workers after
-            setattr(batches, "_fork_unsafe", "a DALI pipeline")  # DALI started its threads
+            setattr(batches, "_fork_unsafe", True)  # DALI has started its threads
         self.batch_size = int(batch_size)
         self.spec = spec if spec is not None else ImageSpec()
         self.device_id = device_id

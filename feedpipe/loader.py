@@ -139,7 +139,7 @@ class FeedLoader:
         self._device_loader = None if device is None else DeviceLoader(self._loader, device, depth)
         self._context_given = "multiprocessing_context" in loader_kwargs
         # Set by a consumer (the DALI stage) whose threads make fork unsafe in this process.
-        self._fork_unsafe: str | None = None
+        self._fork_unsafe = False
         self._split = dataset.split()
         self._batches = 0
         self._finished = False
@@ -198,7 +198,7 @@ class FeedLoader:
         loader = self._loader
         if (self.num_workers > 0 and not self._context_given
                 and loader.multiprocessing_context is None
-                and (self._fork_unsafe is not None or torch.cuda.is_initialized())
+                and (self._fork_unsafe or torch.cuda.is_initialized())
                 and torch.multiprocessing.get_start_method(allow_none=True) in (None, "fork")):
             loader.multiprocessing_context = "forkserver"
 

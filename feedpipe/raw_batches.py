@@ -111,9 +111,9 @@ class Columns:
         self.sizes: dict[str, np.ndarray] = {}
         self.lo = np.zeros(n, dtype=np.int64)  # per sample: where its first member starts
         self.hi = np.zeros(n, dtype=np.int64)  # and where its last ends
-        self._starts: list[Any] = []  # per shard: (first id, member starts, member exts)
-        base = 0
-        for r in readers:
+        self._readers = readers
+        self._base = np.cumsum([0] + [len(r) for r in readers])[:-1]  # per shard: first id
+        for r, base in zip(readers, self._base.tolist()):
             k = len(r)
             self.keys.extend(r._keys)
             starts = np.asarray(r._starts, dtype=np.int64)
@@ -121,13 +121,13 @@ class Columns:
             sizes = np.asarray(r._sizes, dtype=np.int64)
             counts = np.diff(starts)
             sample = np.repeat(np.arange(base, base + k, dtype=np.int64), counts)
-            exts = r._exts
-            for e in dict.fromkeys(exts):
+            exts = np.asarray(r._exts, dtype=str)
+            for e in dict.fromkeys(r._exts):
                 if e not in self.offsets:
                     self.exts.append(e)
                     self.offsets[e] = np.full(n, -1, dtype=np.int64)
                     self.sizes[e] = np.zeros(n, dtype=np.int64)
-                mask = np.fromiter((x == e for x in exts), dtype=bool, count=len(exts))
+                mask = exts == e
                 self.offsets[e][sample[mask]] = offs[mask]
                 self.sizes[e][sample[mask]] = sizes[mask]
             has = counts > 0
@@ -135,16 +135,12 @@ class Columns:
                 self.lo[base:base + k][has] = offs[starts[:-1][has]]
                 last = starts[1:][has] - 1
                 self.hi[base:base + k][has] = offs[last] + sizes[last]
-            self._starts.append((base, r._starts, exts))
-            base += k
 
     def fields_of(self, g: int) -> list[str]:
         """Sample ``g``'s fields, in member order."""
-        for base, starts, exts in reversed(self._starts):
-            if g >= base:
-                i = g - base
-                return list(dict.fromkeys(exts[starts[i]:starts[i + 1]]))
-        raise IndexError(g)
+        s = int(np.searchsorted(self._base, g, side="right")) - 1
+        r, i = self._readers[s], g - int(self._base[s])
+        return list(dict.fromkeys(r._exts[r._starts[i]:r._starts[i + 1]]))
 
 
 def columns(dataset: FeedDataset) -> Columns | None:
@@ -300,7 +296,7 @@ class BatchResolver:
             return mm
         r = self._readers.get(s)
         if r is not None and r._mm is not None:  # opened and size-checked by the reader
-            if self._whole and self._populate and not getattr(r, "_populated", False):
+            if self._whole and self._populate and not r._populated:
                 # this process copies every member of the shard this epoch: map all its pages
                 # in one call, once; the map outlives the epoch, so later epochs fault nothing
                 # (and the workers forked from here skip their read-ahead advice)
