@@ -26,6 +26,8 @@ DALI is imported when the stage first builds its pipeline, never at ``import fee
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
@@ -58,6 +60,34 @@ def _column(batch: Any, key: str, n: int, default: int) -> np.ndarray:
     if isinstance(v, torch.Tensor):
         return v.reshape(-1).numpy().astype(np.int64, copy=False)
     return np.asarray(v, dtype=np.int64).reshape(-1)
+
+
+_BUILT: weakref.WeakSet[Any] = weakref.WeakSet()  # the pipelines this module has built
+_KEPT: list[Any] = []  # in a forked child: every pipeline alive at the fork, never finalised
+_HOOKED = False
+
+
+def _keep_pipelines_in_forked_children() -> None:
+    """Make every process forked from here keep the DALI pipelines it inherits alive.
+
+    A forked child has none of DALI's threads, so a pipeline finalised there (by the garbage
+    collector, ``Pipeline.__del__`` -> ``Shutdown``) crashes it. It happened in a worker of a
+    process pool started well after the pipeline was dropped, not only in DataLoader workers,
+    so the guard is on fork itself: the child holds a reference to each pipeline (those built
+    here and those DALI tracks) and exits without finalising them.
+    """
+    global _HOOKED
+    if _HOOKED or not hasattr(os, "register_at_fork"):
+        return
+
+    def in_child() -> None:
+        from nvidia.dali import Pipeline
+
+        tracked = (ref() for ref in list(getattr(Pipeline, "_pipes", ())))
+        _KEPT.extend({id(p): p for p in (*_BUILT, *tracked) if p is not None}.values())
+
+    os.register_at_fork(after_in_child=in_child)
+    _HOOKED = True
 
 
 class DaliStage:
@@ -188,8 +218,10 @@ class DaliStage:
 
         spec = self.spec
         gpu = self.device_id is not None
+        _keep_pipelines_in_forked_children()
         pipe = dali.Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                              device_id=self.device_id, prefetch_queue_depth=self.prefetch)
+        _BUILT.add(pipe)
         with pipe:
             jpegs, anchor, shape, mirror, labels, index = fn.external_source(
                 source=self._source, num_outputs=6, batch=True,

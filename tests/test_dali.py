@@ -210,3 +210,40 @@ def test_gpu_stage_decodes_on_the_device_and_matches_the_cpu_pipeline(dali: obje
     diff = (gpu_images - cpu_images).abs()
     # nvJPEG's IDCT differs from libjpeg-turbo's by a grey level or two on top of resampling
     assert float(diff.mean()) < 0.03 and float(diff.max()) < 0.3
+
+
+@pytest.mark.dali
+@pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_never_finalises_an_inherited_pipeline(dali: object) -> None:
+    """Any process forked after a pipeline exists (a process pool's worker, not only a
+    DataLoader's) must not run its Shutdown: the child has none of DALI's threads. Seen in CI:
+    a worker of feedpipe.shard's listing pool segfaulted in Pipeline.__del__ during a GC."""
+    import gc
+
+    stage = DaliStage(loader(batch_size=6), spec=ImageSpec(size=16), device_id=None)
+    assert sum(b.images.shape[0] for b in stage) == 24  # a whole pass: the pipeline stays
+    assert stage._pipe is not None  # built, its threads running
+    pid = os.fork()
+    if pid == 0:  # the child drops every reference it has, then collects
+        try:
+            stage._pipe = None
+            gc.collect()
+        finally:
+            os._exit(0)
+    import signal
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:  # a child finalising the pipeline crashes or hangs in Shutdown
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung finalising the inherited DALI pipeline")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    stage._pipe = None  # the parent can still finalise its own
+    gc.collect()
