@@ -243,7 +243,11 @@ class _InProcessBatches:
             chunk = list(itertools.islice(it, self.batch_size))
             if not chunk:
                 return
-            yield self.collate_fn(chunk)
+            batch = self.collate_fn(chunk)
+            # let the samples go before the next batch is read: the decoded store recycles a
+            # record buffer once nothing holds it, so the next batch reuses these
+            del chunk
+            yield batch
 
 
 class _WorkerBatches:

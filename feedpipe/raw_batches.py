@@ -47,7 +47,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .errors import ShardFormatError
 from .manifest import join
 from .plan import distinct, iter_ids
-from .reader import check_size, map_local
+from .reader import MADV_POPULATE_READ, check_size, map_local
 from .storage import is_local
 
 if TYPE_CHECKING:
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
 _PAGE = mmap.PAGESIZE
 _GAP = 1 << 16  # byte ranges closer than this are advised as one
-_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; not in Python 3.11
 _HEAD = ("__key__", "__shard__", "__index__")
 _TAIL = ("__epoch__", "__seed__")
 
@@ -301,7 +300,7 @@ class BatchResolver:
                 # in one call, once; the map outlives the epoch, so later epochs fault nothing
                 # (and the workers forked from here skip their read-ahead advice)
                 try:
-                    r._mm.madvise(_MADV_POPULATE_READ, 0, len(r._mm))
+                    r._mm.madvise(MADV_POPULATE_READ, 0, len(r._mm))
                     r._populated = True
                 except (OSError, ValueError):
                     self._populate = False
@@ -336,7 +335,7 @@ class BatchResolver:
                 continue
             lo -= lo % _PAGE
             try:
-                mm.madvise(_MADV_POPULATE_READ, lo, hi - lo)
+                mm.madvise(MADV_POPULATE_READ, lo, hi - lo)
             except (OSError, ValueError):  # kernels before 5.14: page faults do it, slower
                 self._populate = False
                 return

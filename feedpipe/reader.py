@@ -25,6 +25,9 @@ from .retry import call as retrying
 from .storage import filesystem, is_local, local_path, read_range
 from .tarformat import scan
 
+# madvise(2): fault a range of a map in, in one call (Linux 5.14+; Python 3.11's mmap lacks the name)
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+
 Sample = dict[str, Any]
 
 

@@ -141,6 +141,39 @@ def test_resize_identity_and_constant_images() -> None:
         assert out.shape == (*size, 3) and (out == 77).all()
 
 
+@pytest.mark.parametrize("view", ["packed", "channels-reversed", "one-channel", "four-channel"])
+@pytest.mark.parametrize("flip", [False, True])
+def test_opencv_enlargement_matches_the_torch_path(monkeypatch: pytest.MonkeyPatch, view: str,
+                                                   flip: bool) -> None:
+    """Enlargements go through OpenCV; the torch path (taken without OpenCV, and for every
+    reduction) gives the same image within one grey level, in the same CHW layout."""
+    from feedpipe import image_ops
+
+    if image_ops._opencv() is None:
+        pytest.skip("opencv-python-headless is not installed")
+    base = simplejpeg.decode_jpeg(jpeg(90, 70, seed=3), colorspace="RGB")[5:80, 3:60]
+    img = {"packed": base, "channels-reversed": base[:, :, ::-1], "one-channel": base[:, :, :1],
+           "four-channel": np.concatenate([base, base[:, :, :1]], axis=2)}[view]
+    fast = image_ops.resize_to_tensor(img, (224, 200), flip=flip)
+    hwc = image_ops.resize_hwc(img, (224, 200))
+    monkeypatch.setattr(image_ops, "_CV2", False)  # as if cv2 did not import
+    slow = image_ops.resize_to_tensor(img, (224, 200), flip=flip)
+    assert fast.shape == slow.shape == (img.shape[2], 224, 200) and fast.is_contiguous()
+    assert (fast.int() - slow.int()).abs().max() <= 1
+    assert (torch.from_numpy(hwc).permute(2, 0, 1).int() - (slow.flip(2) if flip else slow).int()
+            ).abs().max() <= 1
+    # a reduction stays on the antialiased torch path, with or without OpenCV
+    monkeypatch.setattr(image_ops, "_CV2", None)
+    assert torch.equal(image_ops.resize_to_tensor(img, (40, 30)).contiguous(),
+                       _torch_resize(img, (40, 30)))
+
+
+def _torch_resize(img: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
+    x = torch.from_numpy(np.ascontiguousarray(img)).unsqueeze(0).permute(0, 3, 1, 2)
+    return torch.nn.functional.interpolate(x, size=size, mode="bilinear", antialias=True,
+                                           align_corners=False)[0].contiguous()
+
+
 def test_normalize_values() -> None:
     img = np.empty((2, 3, 3), dtype=np.uint8)
     img[..., 0], img[..., 1], img[..., 2] = 0, 128, 255
@@ -322,8 +355,22 @@ def test_collator_fills_and_reuses_the_ring() -> None:
         x, y = c(_samples(3, 10 * k))
         assert x.shape == (3, 3, 4, 4) and y.tolist() == [10 * k, 10 * k + 1, 10 * k + 2]
         assert (x[1] == 10 * k + 1).all()
-        del x, y  # the loop lets go of each batch: the ring cycles without allocating
-    assert c.stats() == {"batches": 6, "allocated": 2, "reused": 4, "replaced": 0, "fresh": 0}
+        del x, y  # the loop lets go of each batch: one buffer serves them all
+    assert c.stats() == {"batches": 6, "allocated": 1, "reused": 5, "replaced": 0, "fresh": 0}
+
+
+def test_collator_allocates_only_as_far_as_batches_are_held() -> None:
+    """A loop that keeps the previous batch while the next is collated (``for x in loader``)
+    runs on two buffers of a ring of four; the memory of the other two is never allocated."""
+    c = BatchCollator(3, (3, 4, 4), depth=4)
+    prev = None
+    for k in range(8):
+        batch = c(_samples(3, 10 * k))
+        if prev is not None:
+            assert (prev[0][0] == 10 * (k - 1)).all()  # the held batch was never overwritten
+        prev = batch
+    assert c.stats() == {"batches": 8, "allocated": 2, "reused": 6, "replaced": 0, "fresh": 0}
+    assert sum(slot is not None for slot in c._ring) == 2
 
 
 def test_collator_never_overwrites_a_batch_still_held() -> None:
