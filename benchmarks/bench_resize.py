@@ -1,0 +1,126 @@
+"""Crop + resize to 224 + flip into a CHW ``uint8`` image, on one core: the torch path against the
+OpenCV path that :func:`feedpipe.image_ops.resize_to_tensor` takes for enlargements.
+
+The images are decoded once (untimed) from the ``--quick`` peer dataset's JPEGs (160-320 px, made
+by ``datasets.py``) or from ``feedpipe.synth`` images when that folder is absent; every image gets
+the random-resized crop box and flip that ``ImagePipeline`` would draw (torchvision's algorithm,
+scale 0.08-1). Only crops that fit inside 224x224 (enlargements, the OpenCV case) are timed;
+``--all`` times reductions too, which both paths send through torch.
+
+Systems:
+    torch   ``resize_to_tensor`` with OpenCV hidden: contiguous HWC copy (with the flip),
+            ``F.interpolate(bilinear, antialias=True)`` on ``uint8`` channels-last, then the CHW
+            copy the pipeline makes (``.contiguous()``)
+    opencv  ``resize_to_tensor`` as shipped: ``cv2.resize(INTER_LINEAR)``, ``cv2.flip``,
+            ``cv2.split`` into the planes of a CHW tensor
+
+Rounds alternate the order of the systems; reported: the median ms per image over rounds, the
+median per-round ratio, and the mean / max absolute difference between the two outputs (grey
+levels).
+
+Usage::
+
+    python benchmarks/bench_resize.py [--seconds 10] [--images 500] [--all]
+
+Writes ``benchmarks/results/resize.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+
+
+def _images(n: int) -> list[Any]:
+    import numpy as np
+
+    from feedpipe.image_ops import decode_jpeg
+
+    files = sorted(glob.glob("/work/bench-data/quick/images/src/*/*.jpg"))[:n]
+    if files:
+        out = []
+        for f in files:
+            with open(f, "rb") as fh:
+                out.append(decode_jpeg(fh.read()))
+        return out
+    from feedpipe.synth import _image
+
+    rng = np.random.default_rng(0)
+    return [_image(rng, int(rng.integers(160, 321)), int(rng.integers(160, 321)), i % 7)
+            for i in range(n)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--images", type=int, default=500)
+    ap.add_argument("--all", action="store_true", help="time reductions too")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    import torch
+
+    from feedpipe import image_ops
+    from feedpipe.image_ops import random_resized_crop_box, resize_to_tensor
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    torch.set_num_threads(1)
+    if image_ops._opencv() is None:
+        raise SystemExit("opencv-python-headless is not installed")
+    rng = np.random.default_rng(0)
+    work = []
+    for img in _images(args.images):
+        b = random_resized_crop_box(img.shape[0], img.shape[1], rng)
+        crop = img[b.top:b.top + b.height, b.left:b.left + b.width]
+        if args.all or (b.height <= 224 and b.width <= 224):
+            work.append((crop, bool(rng.random() < 0.5)))
+
+    def run(system: str) -> list[Any]:
+        image_ops._CV2 = False if system == "torch" else None
+        return [resize_to_tensor(c, (224, 224), flip=f).contiguous() for c, f in work]
+
+    outs = {s: run(s) for s in ("torch", "opencv")}  # warm-up, and the outputs to compare
+    diffs = [(a.int() - b.int()).abs() for a, b in zip(outs["torch"], outs["opencv"])]
+    times: dict[str, list[float]] = {"torch": [], "opencv": []}
+    ratios = []
+    t_end = time.perf_counter() + args.seconds
+    r = 0
+    while r < 3 or time.perf_counter() < t_end:
+        per = {}
+        for s in common.alternating(["torch", "opencv"], r):
+            t0 = time.perf_counter()
+            run(s)
+            per[s] = (time.perf_counter() - t0) / len(work) * 1e3
+            times[s].append(per[s])
+        ratios.append(per["torch"] / per["opencv"])
+        r += 1
+    image_ops._CV2 = None
+    doc = {
+        "environment": common.environment(),
+        "task": "random-resized crop of a decoded 160-320 px image -> 224x224 CHW uint8, flip "
+                f"with p=0.5; {'all crops' if args.all else 'enlargements only'}",
+        "images": len(work), "rounds": r,
+        "ms_per_image": {s: common.median(v) for s, v in times.items()},
+        "torch_over_opencv": common.median(ratios),
+        "grey_levels": {"mean": float(sum(float(d.float().mean()) for d in diffs) / len(diffs)),
+                        "max": int(max(int(d.max()) for d in diffs))},
+    }
+    path = common.write_results("resize", doc)
+    print(f"{len(work)} crops, {r} rounds: torch {doc['ms_per_image']['torch']:.3f} ms, opencv "
+          f"{doc['ms_per_image']['opencv']:.3f} ms per image ({doc['torch_over_opencv']:.2f}x); "
+          f"difference mean {doc['grey_levels']['mean']:.3f}, max {doc['grey_levels']['max']} "
+          f"grey levels -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
