@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also profile feedpipe (cProfile for workers=1, py-spy for workers=2)")
     a = ap.parse_args(argv)
     if a.worker:
-        return worker(json.loads(a.worker))
+        return worker(common.load_spec(a.worker))
 
     name = "bench_convert" + ("-quick" if a.quick else "")
     systems = a.systems.split(",")

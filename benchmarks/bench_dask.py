@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker is not None:
-        return worker(json.loads(a.worker))
+        return worker(common.load_spec(a.worker))
     if a.quick:
         a.files, a.passes = 2000, 1
     from feedpipe.synth import make_records

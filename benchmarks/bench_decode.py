@@ -346,6 +346,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        worker(json.loads(sys.argv[2]))
+        worker(common.load_spec(sys.argv[2]))
     else:
         sys.exit(main())

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker is not None:
-        return worker(json.loads(a.worker))
+        return worker(common.load_spec(a.worker))
     if a.quick:
         a.files, a.passes = 20_000, 1
     src = os.path.join(a.root, f"tree-{a.files}x{a.dirs}")

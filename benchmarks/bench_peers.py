@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                     "decode:images:0) under py-spy; writes results/bench_peers-profile.txt")
     a = ap.parse_args(argv)
     if a.worker:
-        return worker(json.loads(a.worker))
+        return worker(common.load_spec(a.worker))
     if a.profile:
         txt = profile(a, a.profile.split(","))
         path = os.path.join(common.RESULTS, "bench_peers-profile" + ("-quick" if a.quick else "")

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        common.emit(work(json.loads(a.worker)))
+        common.emit(work(common.load_spec(a.worker)))
         return 0
     shards, per_shard = (10_000, 1_000) if a.quick else (100_000, 1_000)
     positions = a.positions or (200_000 if a.quick else 1_000_000)

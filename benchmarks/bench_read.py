@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
                     "fp-dataset-dl2 under py-spy (when installed), one epoch each")
     a = ap.parse_args(argv)
     if a.worker:
-        return worker(json.loads(a.worker))
+        return worker(common.load_spec(a.worker))
 
     name = a.name or "bench_read" + ("-quick" if a.quick else "")
     if a.shard_mb is None:

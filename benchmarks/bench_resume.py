@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        common.emit(work(json.loads(a.worker)))
+        common.emit(work(common.load_spec(a.worker)))
         return 0
     count = 100_000 if a.quick else 1_000_000
     passes = a.passes or (1 if a.quick else 2)

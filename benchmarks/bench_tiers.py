@@ -168,7 +168,7 @@ def main() -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     a = ap.parse_args()
     if a.worker is not None:
-        common.emit(worker(json.loads(a.worker)))
+        common.emit(worker(common.load_spec(a.worker)))
         return 0
     if a.quick:
         a.images, a.passes = 256, 2

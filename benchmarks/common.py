@@ -15,6 +15,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -121,12 +122,22 @@ def run_worker(script: str, spec: dict[str, Any], timeout: float = 600,
     comes back as ``{"error": ...}`` with the tail of stderr, so one broken system does not hide
     the others; callers print it loudly and exit non-zero at the end.
     """
-    cmd = [*wrap, sys.executable, script, "--worker", json.dumps(spec)]
+    text = json.dumps(spec)
+    spec_file = None
+    if len(text) > 64 << 10:  # one argv string may not pass 128 KiB (Linux MAX_ARG_STRLEN)
+        fd, spec_file = tempfile.mkstemp(prefix="bench-spec-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        text = "@" + spec_file
+    cmd = [*wrap, sys.executable, script, "--worker", text]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                            cwd=HERE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     except subprocess.TimeoutExpired as e:
         return {"error": f"timeout after {timeout:.0f}s", "stderr_tail": _tail(e.stderr)}
+    finally:
+        if spec_file is not None:
+            os.unlink(spec_file)
     for line in reversed(r.stdout.splitlines()):
         if line.startswith(RESULT_TAG):
             res = json.loads(line[len(RESULT_TAG):])
@@ -136,6 +147,15 @@ def run_worker(script: str, spec: dict[str, Any], timeout: float = 600,
             return res
     return {"error": f"exit status {r.returncode}, no result", "stderr_tail": _tail(r.stderr),
             "command": " ".join(cmd)}
+
+
+def load_spec(arg: str) -> dict[str, Any]:
+    """A worker's spec from its ``--worker`` argument: the JSON itself, or ``@file`` holding it
+    (what :func:`run_worker` passes when the JSON is too long for one argument)."""
+    if arg.startswith("@"):
+        with open(arg[1:], encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(arg)
 
 
 def _tail(text: str | bytes | None, n: int = 3000) -> str:
