@@ -211,7 +211,23 @@ def _expected(info: dict[str, Any]) -> dict[str, Any]:
     return {"samples": info["samples"], "bytes": nbytes, "crc_xor": crc}
 
 
+_PARTIAL: list[Any] = []  # [path, doc] once main() has a doc: saved before every run
+
+
+def _save_partial() -> None:
+    """Write what the run has so far to ``<name>.partial.json`` (removed at the end), so a crash
+    late in a long run loses only the run in flight: ``peer_report.summarize``/``markdown`` turn
+    it into tables."""
+    if _PARTIAL:
+        path, doc = _PARTIAL
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+
+
 def _run(spec: dict[str, Any], log: list[str]) -> dict[str, Any]:
+    _save_partial()
     t0 = time.perf_counter()
     r = common.run_worker(SCRIPT, spec, timeout=spec.get("timeout", 600))
     tag = "/".join(str(spec.get(k)) for k in ("task", "phase", "kind", "system", "nw", "which")
@@ -291,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         "mosaicml-streaming", "litdata", "nvidia-dali-cuda130", "wids", "torchvision", "pillow",
         "psutil", "matplotlib")})
     log = doc["log"]
+    name = a.name or "bench_peers" + ("-quick" if a.quick else "")
+    os.makedirs(common.RESULTS, exist_ok=True)
+    _PARTIAL[:] = [os.path.join(common.RESULTS, f"{name}.partial.json"), doc]
     t_start = time.perf_counter()
     for ds in a.datasets.split(","):
         info = datasets.ensure(ds, root=a.root, quick=a.quick)
@@ -346,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     doc["wall_seconds"] = time.perf_counter() - t_start
     doc["environment"]["loadavg_at_end"] = list(os.getloadavg())
     doc["summary"] = peer_report.summarize(doc)
-    name = a.name or "bench_peers" + ("-quick" if a.quick else "")
     path = common.write_results(name, doc)
+    if os.path.exists(_PARTIAL[0]):
+        os.unlink(_PARTIAL[0])
     md = peer_report.markdown(doc)
     with open(os.path.join(common.RESULTS, f"{name}.md"), "w",
               encoding="utf-8") as f:
