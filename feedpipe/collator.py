@@ -149,6 +149,21 @@ class BatchCollator:
         slot = ring[i] = self._alloc()
         return slot
 
+    def buffer(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(images, labels)`` views of the first ``n`` rows of a free buffer, for a caller that
+        fills a batch in place (:mod:`feedpipe.store_batches`); counted as a batch. The caller
+        returns them (or the images alone) as the batch, as :meth:`__call__` would."""
+        if not 0 < n <= self.batch_size:
+            raise ValueError(f"a buffer of {n} rows from a BatchCollator of batch_size "
+                             f"{self.batch_size}")
+        self._counts["batches"] += 1
+        if get_worker_info() is not None or _use_count is None:
+            self._counts["fresh"] += 1
+            slot = self._alloc()
+        else:
+            slot = self._slot()
+        return slot.images[:n], slot.labels[:n]
+
     def __call__(self, samples: Sequence[Any]) -> Any:
         n = len(samples)
         if not 0 < n <= self.batch_size:

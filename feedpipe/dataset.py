@@ -178,6 +178,21 @@ class FeedDataset(IterableDataset):
         self._shared[_EPOCH] = int(state["epoch"])
         self._shared[_START] = pos
 
+    def compute(self, plan: Plan, index: int) -> Any:
+        """Sample ``index``'s transform output in ``plan``'s epoch, read from its shard and
+        stored in the decoded store: the store's miss path for :mod:`feedpipe.store_batches`,
+        the same steps as a miss in :meth:`__iter__`."""
+        shards, local = plan.shard_of(np.asarray([index], dtype=np.int64))
+        s, i = int(shards[0]), int(local[0])
+        sample = self._reader(s).sample(i)
+        sample["__epoch__"] = plan.epoch
+        sample["__seed__"] = self.seed
+        key = sample["__key__"]
+        out = self.transform(sample)  # type: ignore[misc]
+        if self.decoded is None:
+            return out
+        return self.decoded.put(index, out, key=key, shard=self._names[s])
+
     # -- reading -------------------------------------------------------------------------
     def _reader(self, shard: int) -> ShardReader:
         r = self._readers.get(shard)

@@ -23,6 +23,7 @@ from . import raw_batches
 from .dataset import FeedDataset
 from .device_loader import DeviceLoader
 from .errors import StateError
+from .store_batches import store_batches
 
 
 def collate_samples(samples: list[Any]) -> Any:
@@ -167,10 +168,12 @@ class FeedLoader:
             self._guard_fork()
             source = raw_batches.RefBatches(
                 self.dataset, self._loader if self.num_workers > 0 else None, pin_memory=self._pin)
-        elif self.num_workers > 0 and self._store_is_complete():
+        elif self._store_is_complete():
             # Every sample's output is in the decoded store: reading it here costs one record
-            # copy per sample; a worker would add a pickle, a pipe and an unpickle of it.
-            source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn)
+            # copy per sample; a worker would add a pickle, a pipe and an unpickle of it. With
+            # a BatchCollator and image records, whole batches are gathered (store_batches).
+            source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn,
+                                       pin=self._pin)
         else:
             self._guard_fork()
             if self.num_workers > 0 and self._loader.collate_fn is collate_samples:
@@ -234,10 +237,25 @@ class _InProcessBatches:
     of ``batch_size``: the same batches, in the same order, as the DataLoader's workers make."""
 
     def __init__(self, dataset: FeedDataset, batch_size: int,
-                 collate_fn: Callable[[list[Any]], Any]) -> None:
+                 collate_fn: Callable[[list[Any]], Any], *, pin: bool = False) -> None:
         self.dataset, self.batch_size, self.collate_fn = dataset, batch_size, collate_fn
+        self.pin = pin  # pin_memory=True: pinned as the DataLoader would pin them
 
     def __iter__(self) -> Iterator[Any]:
+        batches = self._batches()
+        if not (self.pin and torch.cuda.is_available()):
+            yield from batches
+            return
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        for batch in batches:
+            yield pin_memory(batch)
+
+    def _batches(self) -> Iterator[Any]:
+        gathered = store_batches(self.dataset, self.batch_size, self.collate_fn)
+        if gathered is not None:  # whole batches of image records: see feedpipe.store_batches
+            yield from gathered
+            return
         it = iter(self.dataset)
         while True:
             chunk = list(itertools.islice(it, self.batch_size))
