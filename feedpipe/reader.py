@@ -28,14 +28,17 @@ from .tarformat import scan
 # madvise(2): fault a range of a map in, in one call (Linux 5.14+; Python 3.11's mmap lacks the name)
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
-# Bytes served sample by sample from a shard's map between two MADV_DONTNEED of the whole map.
-# Every page touched through a map counts in the process's RSS until unmapped: a shuffled epoch
-# over 20,000 JPEGs (330 MB of shards) left the image pipeline at 776 MB peak RSS, where a loader
-# that read()s its files into buffers showed the same page cache as no RSS at all. Dropping the
-# map's pages (the page cache keeps them; the next touch is a minor fault, about 0.5 us per
-# 64 KiB) bounds what each open shard adds to RSS. Safe for views already handed out: the map is
-# of a file opened read-only, so a dropped page reads back the same bytes.
-DROP_EVERY = 16 << 20
+# Bytes a shard's map may have mapped, sample by sample, between two MADV_DONTNEED of the whole
+# map. Every page touched through a map counts in the process's RSS until unmapped: a shuffled
+# epoch over 20,000 JPEGs (330 MB of shards) left the image pipeline at 776 MB peak RSS, where a
+# loader that read()s its files into buffers showed the same page cache as no RSS at all.
+# Dropping the map's pages (the page cache keeps them; the next touch is a minor fault) bounds
+# what each open shard adds to RSS. A touch maps more than the sample: the kernel maps the
+# cached pages around a fault too (fault-around, 64 KiB), so each sample is charged its span
+# plus that. Safe for views already handed out: the map is of a file opened read-only, so a
+# dropped page reads back the same bytes.
+DROP_EVERY = 4 << 20
+_FAULT_AROUND = 64 << 10
 
 Sample = dict[str, Any]
 
@@ -176,7 +179,7 @@ class ShardReader:
                 o = offs[m]
                 d[exts[m]] = mv[o : o + sizes[m]]
             if not self._populated:  # a populated map is kept whole on purpose (raw_batches)
-                self._served += offs[b - 1] + sizes[b - 1] - offs[a] if b > a else 0
+                self._served += offs[b - 1] + sizes[b - 1] - offs[a] + _FAULT_AROUND
                 if self._served >= DROP_EVERY:
                     self._served = 0
                     self._mm.madvise(mmap.MADV_DONTNEED)  # type: ignore[union-attr]
