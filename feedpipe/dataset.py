@@ -187,11 +187,16 @@ class FeedDataset(IterableDataset):
         sample = self._reader(s).sample(i)
         sample["__epoch__"] = plan.epoch
         sample["__seed__"] = self.seed
+        return self._transformed(sample, index, s)
+
+    def _transformed(self, sample: dict[str, Any], index: int, shard: int) -> Any:
+        """The transform's output for ``sample`` (global id ``index``, in shard ``shard``),
+        stored in the decoded store when there is one."""
         key = sample["__key__"]
         out = self.transform(sample)  # type: ignore[misc]
         if self.decoded is None:
             return out
-        return self.decoded.put(index, out, key=key, shard=self._names[s])
+        return self.decoded.put(index, out, key=key, shard=self._names[shard])
 
     # -- reading -------------------------------------------------------------------------
     def _reader(self, shard: int) -> ShardReader:
@@ -288,7 +293,7 @@ class FeedDataset(IterableDataset):
         plan = self.plan()
         epoch, seed = plan.epoch, self.seed
         split = self.split()
-        transform, decoded, names = self.transform, self.decoded, self._names
+        transform, decoded = self.transform, self.decoded
         to_bytes = info is not None
         # a complete decoded store needs no shard this epoch: nothing to prefetch
         complete = decoded is not None and decoded.complete()
@@ -310,10 +315,7 @@ class FeedDataset(IterableDataset):
                     sample["__epoch__"] = epoch  # with __index__ and __seed__: per-sample
                     sample["__seed__"] = seed  # augmentation seeds, reproducible on resume
                     if transform is not None:
-                        key = sample["__key__"]
-                        sample = transform(sample)
-                        if decoded is not None:
-                            sample = decoded.put(g, sample, key=key, shard=names[s])
+                        sample = self._transformed(sample, g, s)
                     if to_bytes and isinstance(sample, dict):
                         for k, v in sample.items():
                             if type(v) is memoryview:

@@ -13,9 +13,10 @@ at 1/2, 1/4 or 1/8 scale when the target is small, which saves IDCT and resize w
 Resizing: an enlargement (the usual case for a random-resized crop) goes through OpenCV's
 ``cv2.resize`` (bilinear, fixed-point SIMD) and ``cv2.split`` straight into CHW planes: half
 the time of the torch path below (0.23 against 0.46 ms per 224 px image on one core of a busy
-2-core VM), within one grey level of it (``benchmarks/bench_resize.py``). A reduction keeps ``torch.nn.functional.interpolate`` on
-``uint8`` channels-last tensors with ``antialias=True``: OpenCV's bilinear does not antialias and
-its area filter is slower than torch here. Without OpenCV every resize takes the torch path.
+2-core VM), within one grey level of it (``benchmarks/bench_resize.py``). A reduction keeps
+``torch.nn.functional.interpolate`` on ``uint8`` channels-last tensors with ``antialias=True``:
+OpenCV's bilinear does not antialias and its area filter is slower than torch here. Without
+OpenCV every resize takes the torch path.
 """
 
 from __future__ import annotations

@@ -15,3 +15,17 @@ def make_dataset(root: str, *, classes: int = 5, per_class: int = 5, max_samples
     feedpipe.shard(src, out, max_samples=max_samples, labels_from_dirs=True, workers=1,
                    show_progress=False)
     return out
+
+
+def damage_record(store_path: str, index: int, samples: int) -> None:
+    """Flip one pixel byte of record ``index`` of the decoded store under ``store_path`` (of
+    ``samples`` records) behind the store's back."""
+    from pathlib import Path
+
+    data = next(Path(store_path).glob("data-*.bin"))
+    at = index * (data.stat().st_size // samples) + 5
+    with open(data, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))

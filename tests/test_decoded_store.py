@@ -24,7 +24,7 @@ from feedpipe.decoded_store import DecodedStore, read_recorded
 from feedpipe.errors import DecodedStoreError
 from feedpipe.transforms import ImagePipeline
 
-from _data import make_dataset
+from _data import damage_record, make_dataset
 from _servers import python_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,13 +225,7 @@ def test_a_damaged_record_is_recomputed_not_served(ds_path: str, truth: dict,
     log = tmp_path / "calls"
     ds = FeedDataset(ds_path, transform=Decode(str(log)), decoded_cache=tmp_path / "dec")
     assert epoch(ds, 0, workers=0) == truth
-    data = next(Path(ds.decoded.path).glob("data-*.bin"))
-    record = data.stat().st_size // N
-    with open(data, "r+b") as f:  # flip a pixel of sample 3 behind the store's back
-        f.seek(3 * record + 5)
-        byte = f.read(1)
-        f.seek(3 * record + 5)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    damage_record(ds.decoded.path, 3, N)
     again = FeedDataset(ds_path, transform=Decode(str(log)), decoded_cache=tmp_path / "dec")
     assert epoch(again, 1, workers=0) == truth
     assert again.decoded.stats.damaged == 1 and len(calls(log)) == N + 1

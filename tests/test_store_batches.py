@@ -17,7 +17,7 @@ from feedpipe.collator import BatchCollator
 from feedpipe.decoded_store import DecodedStore
 from feedpipe.transforms import ImagePipeline
 
-from _data import make_dataset
+from _data import damage_record, make_dataset
 
 N = 25  # samples of make_dataset
 SIZE = 8
@@ -114,14 +114,7 @@ def test_a_damaged_or_missing_record_is_recomputed_and_stored_again(
     calls = tmp_path / "calls"
     fill = loader(ds_path, tmp_path / "store", calls)
     truth = copies(fill)
-    store = fill.dataset.decoded
-    data = next(Path(store.path).glob("data-*.bin"))
-    record = data.stat().st_size // N
-    with open(data, "r+b") as f:  # flip a pixel of sample 3 behind the store's back
-        f.seek(3 * record + 5)
-        byte = f.read(1)
-        f.seek(3 * record + 5)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    damage_record(fill.dataset.decoded.path, 3, N)
 
     spy = Spy(monkeypatch)
     again = loader(ds_path, tmp_path / "store", calls)
