@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--phases", default=",".join(PHASES))
-    ap.add_argument("--systems", default=",".join(ps.SYSTEMS + ("feedpipe-store",)))
+    ap.add_argument("--systems", default=",".join(ps.SYSTEMS + ("feedpipe-store",
+                                                                 "feedpipe-threads")))
     ap.add_argument("--datasets", default="images,tiny")
     ap.add_argument("--read-epochs", type=int, default=3,
                     help="raw-read epochs per process; the run's figure is their median")
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         base = os.path.dirname(info["src"])
         roots = {s: os.path.join(base, "peers", ps.CONVERTER[s]) if ps.CONVERTER[s]
                  else info["src"] for s in ps.SYSTEMS}
-        roots["feedpipe-store"] = roots["feedpipe"]
+        roots["feedpipe-store"] = roots["feedpipe-threads"] = roots["feedpipe"]
         exp = _expected(info)
         doc["datasets"][ds] = {**info, "expected": exp}
         common.warm_files(common.walk_files(info["src"]))
@@ -344,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
             for nw in WORKERS:
                 for p in range(a.passes):
                     for s in common.alternating(systems, p):
-                        if phase == "read" and s == "feedpipe-store":
+                        if phase == "read" and s in ("feedpipe-store", "feedpipe-threads"):
+                            continue
+                        if s == "feedpipe-threads" and nw == 0:  # 0 threads: feedpipe itself
                             continue
                         r = _run({"task": "epochs", "phase": phase, "system": s, "kind": ds,
                                   "nw": nw, "root": roots[s], "src": info["src"],

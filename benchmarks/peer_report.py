@@ -7,8 +7,9 @@ from typing import Any
 
 import common
 
-FP = ("feedpipe", "feedpipe-store")
+FP = ("feedpipe", "feedpipe-store", "feedpipe-threads")
 LABEL = {"feedpipe": "feedpipe", "feedpipe-store": "feedpipe + decoded store",
+         "feedpipe-threads": "feedpipe, transform threads",
          "files": "PyTorch DataLoader, files", "wds": "webdataset", "wids": "wids",
          "mosaic": "MosaicML Streaming", "litdata": "LitData", "dali": "DALI (CPU)"}
 
@@ -158,6 +159,13 @@ def bars(summ: dict[str, Any]) -> list[dict[str, Any]]:
                 bar(f"memory {ds}, {nw} workers: peak RSS <= lowest peer + 20%", col,
                     "peak_rss_bytes", "feedpipe", s.get(f"memory-nw{nw}_lowest_peer"), 1.2,
                     lowest=True)
+                if col.get("feedpipe-threads"):  # the same bars with N threads for N workers
+                    bar(f"decode {ds}, {nw} transform threads: >= 2x fastest peer", col,
+                        "samples_per_s", "feedpipe-threads",
+                        s.get(f"decode-nw{nw}_fastest_peer"), 2)
+                    bar(f"memory {ds}, {nw} transform threads: peak RSS <= lowest peer + 20%",
+                        col, "peak_rss_bytes", "feedpipe-threads",
+                        s.get(f"memory-nw{nw}_lowest_peer"), 1.2, lowest=True)
     return out
 
 
@@ -177,8 +185,8 @@ def _cell(v: dict[str, Any] | None, key: str, scale: float = 1, digits: int = 0,
 def markdown(doc: dict[str, Any]) -> str:
     summ = doc["summary"]
     env = doc["environment"]
-    systems = [s for s in ("feedpipe", "feedpipe-store", "files", "wds", "wids", "mosaic",
-                           "litdata", "dali")]
+    systems = ["feedpipe", "feedpipe-store", "feedpipe-threads", "files", "wds", "wids", "mosaic",
+               "litdata", "dali"]
     lines = [f"Measured {env['date_utc']} on {env['cpu_model']} ({env['cpu_affinity']} cores), "
              f"{env['memory'].get('MemTotal_bytes', 0) / 2**30:.0f} GiB RAM, {env['platform']}, "
              f"Python {env['python']}, torch {env['versions'].get('torch')}; load average "
@@ -196,7 +204,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{ds}: {doc['datasets'][ds]['files']:,} files" for ds in ds_names) + ")", "",
                   head + "".join(f" {ds} |" for ds in ds_names), "|---|" + "---:|" * len(ds_names)]
         for s in systems:
-            if s == "feedpipe-store":
+            if s in ("feedpipe-store", "feedpipe-threads"):
                 continue
             lines.append(f"| {LABEL[s]} |" + "".join(
                 f" {_cell(summ[d].get('convert', {}).get(s), 'files_per_s')} |"
@@ -209,7 +217,7 @@ def markdown(doc: dict[str, Any]) -> str:
                   head + "".join(f" {d} ({n[d]:,}), {nw} workers |" for d, nw in cols),
                   "|---|" + "---:|" * len(cols)]
         for s in systems:
-            if s == "feedpipe-store":
+            if s in ("feedpipe-store", "feedpipe-threads"):
                 continue
             lines.append(f"| {LABEL[s]} |" + "".join(
                 f" {_cell(summ[d][f'read-nw{nw}'].get(s), 'samples_per_s')} |"

@@ -7,6 +7,8 @@ Every loader yields batches of 256 and runs shuffled, like a training loop would
                (simplejpeg, reduced-scale decode, uint8 out) and BatchCollator
     feedpipe-store  the same with FeedDataset(decoded_cache=...) and the deterministic
                ImagePipeline(train=False) (decode, centre crop, resize): epoch 2 reads the store
+    feedpipe-threads  feedpipe's decode with FeedLoader(num_workers=0, transform_threads=N) in
+               place of N worker processes (decode phase, N = 2 only)
     files      the original small files: a map-style Dataset (open + read per sample) +
                torch DataLoader(shuffle=True); decode: PIL + torchvision's transform (PILTrainTransform)
     wds        webdataset.ShardWriter -> WebDataset(shardshuffle=True).shuffle(1000).batched(256)
@@ -18,8 +20,9 @@ Every loader yields batches of 256 and runs shuffled, like a training loop would
     litdata    litdata.optimize(num_workers=2) -> litdata.StreamingDataset(shuffle=True) +
                StreamingDataLoader; decode: PIL + torchvision in __getitem__
     dali       the wds shards + wds2idx indexes -> fn.readers.webdataset(random_shuffle=True) on
-               the CPU backend (num_threads = max(1, workers)); decode: fn.decoders.image,
-               fn.random_resized_crop, fn.crop_mirror_normalize (uint8, CHW, random mirror)
+               the CPU backend (num_threads = max(1, workers)); decode as DALI's own ResNet
+               training examples do: fn.decoders.image_random_crop (decodes only the crop's
+               window), fn.resize to 224, fn.crop_mirror_normalize (uint8, CHW, random mirror)
 
 The same labels and fields are stored in every format; MDS and LitData need a value in every
 column, so the optional JSON sidecar is stored as empty bytes where a sample has none.
@@ -43,7 +46,7 @@ SYSTEMS = ("feedpipe", "files", "wds", "wids", "mosaic", "litdata", "dali")
 # which conversion produces each system's input ("files" reads the source as it is)
 CONVERTER = {"feedpipe": "feedpipe", "files": None, "wds": "wds", "wids": "wds",
              "dali": "wds", "mosaic": "mosaic", "litdata": "litdata",
-             "feedpipe-store": "feedpipe"}
+             "feedpipe-store": "feedpipe", "feedpipe-threads": "feedpipe"}
 CONVERTERS = ("feedpipe", "wds", "mosaic", "litdata")
 
 
@@ -294,6 +297,17 @@ def loader(system: str, phase: str, root: str, kind: str, nw: int, meta: dict[st
         fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=nw,
                                  collate_fn=_fp_collate() if decode else None)
         return _Epochs(lambda e: (fl.set_epoch(e), iter(fl))[1])
+    if system == "feedpipe-threads":
+        import feedpipe
+        from feedpipe.transforms import ImagePipeline
+
+        if not decode:
+            raise SystemExit("feedpipe-threads runs the decode phase only")
+        ds = feedpipe.FeedDataset(root, shuffle=True, seed=0,
+                                  transform=ImagePipeline(SIZE, train=True, mean=None))
+        fl = feedpipe.FeedLoader(ds, batch_size=BATCH, transform_threads=nw,
+                                 collate_fn=_fp_collate())
+        return _Epochs(lambda e: (fl.set_epoch(e), iter(fl))[1])
     if system == "feedpipe-store":
         # the decoded store keeps a deterministic transform's output (decode + centre crop +
         # resize to 224, uint8): epoch 1 fills it, epoch 2 reads records. Random augmentation
@@ -424,8 +438,10 @@ def _dali(root: str, kind: str, field: str, decode: bool, nw: int, total: int) -
             outs = [outs]
         if not decode:
             return tuple(outs)
-        img = fn.decoders.image(outs[0], device="cpu", output_type=types.RGB)
-        img = fn.random_resized_crop(img, size=(SIZE, SIZE))
+        img = fn.decoders.image_random_crop(outs[0], device="cpu", output_type=types.RGB,
+                                            random_area=[0.08, 1.0],
+                                            random_aspect_ratio=[3 / 4, 4 / 3])
+        img = fn.resize(img, resize_x=SIZE, resize_y=SIZE)
         return fn.crop_mirror_normalize(img, dtype=types.UINT8, output_layout="CHW",
                                         mirror=fn.random.coin_flip())
 

@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from peer_report import FP, LABEL  # noqa: E402
 
-ORDER = ("feedpipe", "feedpipe-store", "files", "wds", "wids", "mosaic", "litdata", "dali")
+ORDER = ("feedpipe", "feedpipe-store", "feedpipe-threads", "files", "wds", "wids", "mosaic",
+         "litdata", "dali")
 
 
 def panels(summ: dict) -> list[tuple[str, dict, str, bool]]:

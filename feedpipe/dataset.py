@@ -290,11 +290,31 @@ class FeedDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        transform, decoded = self.transform, self.decoded
+        to_bytes = info is not None
+        for g, s, sample in self._read(worker, workers, stored=decoded is not None):
+            if s < 0:  # the decoded store's output
+                yield sample
+                continue
+            if transform is not None:
+                sample = self._transformed(sample, g, s)
+            if to_bytes and isinstance(sample, dict):
+                for k, v in sample.items():
+                    if type(v) is memoryview:
+                        sample[k] = v.tobytes()
+            yield sample
+
+    def _read(self, worker: int = 0, workers: int = 1, *,
+             stored: bool = True) -> Iterator[tuple[int, int, Any]]:
+        """One worker's samples of this epoch before the transform: ``(global id, shard,
+        sample dict)`` in delivery order, or ``(global id, -1, output)`` for a sample whose
+        transform output the decoded store holds (with ``stored=True``). Prefetches shards
+        into the cache while it runs; :meth:`__iter__` and the threaded loader
+        (:mod:`feedpipe.thread_batches`) share it."""
         plan = self.plan()
         epoch, seed = plan.epoch, self.seed
         split = self.split()
-        transform, decoded = self.transform, self.decoded
-        to_bytes = info is not None
+        decoded = self.decoded if stored else None
         # a complete decoded store needs no shard this epoch: nothing to prefetch
         complete = decoded is not None and decoded.complete()
         prefetcher = None if complete else self._start_prefetch(plan, split, worker, workers)
@@ -306,7 +326,7 @@ class FeedDataset(IterableDataset):
                     if decoded is not None:
                         out = decoded.get(g)
                         if out is not None:
-                            yield out
+                            yield g, -1, out
                             continue
                     reader = open_readers.get(s)
                     if reader is None:
@@ -314,13 +334,7 @@ class FeedDataset(IterableDataset):
                     sample = reader.sample(i)
                     sample["__epoch__"] = epoch  # with __index__ and __seed__: per-sample
                     sample["__seed__"] = seed  # augmentation seeds, reproducible on resume
-                    if transform is not None:
-                        sample = self._transformed(sample, g, s)
-                    if to_bytes and isinstance(sample, dict):
-                        for k, v in sample.items():
-                            if type(v) is memoryview:
-                                sample[k] = v.tobytes()
-                    yield sample
+                    yield g, s, sample
         finally:
             self._stop_prefetch(prefetcher)
             if decoded is not None:

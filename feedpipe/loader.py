@@ -24,6 +24,7 @@ from .dataset import FeedDataset
 from .device_loader import DeviceLoader
 from .errors import StateError
 from .store_batches import store_batches
+from .thread_batches import thread_batches
 
 
 def collate_samples(samples: list[Any]) -> Any:
@@ -85,6 +86,11 @@ class FeedLoader:
             prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only). ``None``:
             batches as the DataLoader makes them.
         depth: batches the DeviceLoader prefetches ahead of the loop.
+        transform_threads: run the dataset's transform on this many threads in this process
+            (:mod:`feedpipe.thread_batches`) instead of in worker processes (so ``num_workers``
+            must be 0). For transforms that release the GIL while they work, as
+            :class:`~feedpipe.transforms.ImagePipeline`'s JPEG decoding and resizing do: the
+            same batches, on one process's memory, with no pickling between processes.
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
@@ -107,6 +113,7 @@ class FeedLoader:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         device: str | torch.device | None = None,
         depth: int = 2,
+        transform_threads: int = 0,
         **loader_kwargs: Any,
     ) -> None:
         if not isinstance(dataset, FeedDataset):
@@ -117,6 +124,18 @@ class FeedLoader:
                     f"FeedLoader does not take {bad}=: the FeedDataset's plan decides order and "
                     "padding (pass shuffle=/drop_last= to FeedDataset)"
                 )
+        if isinstance(transform_threads, bool) or int(transform_threads) < 0:
+            raise ValueError(f"transform_threads must be 0 or more, not {transform_threads!r}")
+        self.transform_threads = int(transform_threads)
+        if self.transform_threads and num_workers:
+            raise ValueError(
+                f"transform_threads={transform_threads} runs the transform on threads in this "
+                f"process; it does not combine with num_workers={num_workers} worker processes "
+                "(pass one or the other)")
+        if self.transform_threads and dataset.transform is None:
+            raise ValueError("transform_threads= runs the dataset's transform on threads, and "
+                             "this FeedDataset has none (pass transform=, or drop "
+                             "transform_threads=)")
         self.dataset = dataset
         self.batch_size = int(batch_size)
         dataset.set_batch_size(self.batch_size)
@@ -173,7 +192,10 @@ class FeedLoader:
             # copy per sample; a worker would add a pickle, a pipe and an unpickle of it. With
             # a BatchCollator and image records, whole batches are gathered (store_batches).
             source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn,
-                                       pin=self._pin)
+                                       pin=self._pin, threads=self.transform_threads)
+        elif self.transform_threads:
+            source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn,
+                                       pin=self._pin, threads=self.transform_threads)
         else:
             self._guard_fork()
             if self.num_workers > 0 and self._loader.collate_fn is collate_samples:
@@ -237,9 +259,11 @@ class _InProcessBatches:
     of ``batch_size``: the same batches, in the same order, as the DataLoader's workers make."""
 
     def __init__(self, dataset: FeedDataset, batch_size: int,
-                 collate_fn: Callable[[list[Any]], Any], *, pin: bool = False) -> None:
+                 collate_fn: Callable[[list[Any]], Any], *, pin: bool = False,
+                 threads: int = 0) -> None:
         self.dataset, self.batch_size, self.collate_fn = dataset, batch_size, collate_fn
         self.pin = pin  # pin_memory=True: pinned as the DataLoader would pin them
+        self.threads = threads  # transform threads (thread_batches); 0: this thread
 
     def __iter__(self) -> Iterator[Any]:
         batches = self._batches()
@@ -255,6 +279,10 @@ class _InProcessBatches:
         gathered = store_batches(self.dataset, self.batch_size, self.collate_fn)
         if gathered is not None:  # whole batches of image records: see feedpipe.store_batches
             yield from gathered
+            return
+        if self.threads:
+            yield from thread_batches(self.dataset, self.batch_size, self.collate_fn,
+                                      self.threads)
             return
         it = iter(self.dataset)
         while True:
