@@ -130,14 +130,26 @@ def run_worker(script: str, spec: dict[str, Any], timeout: float = 600,
             f.write(text)
         text = "@" + spec_file
     cmd = [*wrap, sys.executable, script, "--worker", text]
+    # In a session of its own, so that a timeout or an interrupt of this harness also ends what
+    # the worker started (LitData's optimize() leaves worker processes that otherwise go on
+    # writing into the next run's output directory).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=HERE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            start_new_session=True)
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           cwd=HERE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired as e:
-        return {"error": f"timeout after {timeout:.0f}s", "stderr_tail": _tail(e.stderr)}
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        return {"error": f"timeout after {timeout:.0f}s", "stderr_tail": _tail(err)}
+    except BaseException:
+        _kill_group(proc)
+        raise
     finally:
         if spec_file is not None:
             os.unlink(spec_file)
+    _kill_group(proc)  # anything the worker left running
+    r = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     for line in reversed(r.stdout.splitlines()):
         if line.startswith(RESULT_TAG):
             res = json.loads(line[len(RESULT_TAG):])
@@ -147,6 +159,18 @@ def run_worker(script: str, spec: dict[str, Any], timeout: float = 600,
             return res
     return {"error": f"exit status {r.returncode}, no result", "stderr_tail": _tail(r.stderr),
             "command": " ".join(cmd)}
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the worker's whole process group (it leads its own session)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.returncode is None:
+        proc.wait()
 
 
 def load_spec(arg: str) -> dict[str, Any]:
