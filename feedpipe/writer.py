@@ -52,7 +52,7 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
                 failed = None
                 for ref in spec.files:
                     try:
-                        data = source.read(ref.path)
+                        data = source.read(ref.path, ref.size)
                     except OSError as e:
                         failed = (ref.path, f"cannot read: {e.strerror or e}")
                         break

@@ -553,10 +553,10 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         # root reads through chmod 000: make the read itself fail the way it would for a user
         real_read = Source.read
 
-        def read(self: Source, rel: str) -> bytes:
+        def read(self: Source, rel: str, size: int = -1) -> bytes:
             if rel == "a/locked.jpg":
                 raise PermissionError(13, "Permission denied", self.path(rel))
-            return real_read(self, rel)
+            return real_read(self, rel, size)
 
         monkeypatch.setattr(Source, "read", read)
     else:
@@ -594,10 +594,10 @@ def test_file_vanishing_after_listing_is_named(
     src = _tree_with_bad(tmp_path, "x", None)
     real_read = Source.read
 
-    def read(self: Source, rel: str) -> bytes:
+    def read(self: Source, rel: str, size: int = -1) -> bytes:
         if rel == "b/3.jpg":
             os.unlink(self.path(rel))
-        return real_read(self, rel)
+        return real_read(self, rel, size)
 
     monkeypatch.setattr(Source, "read", read)
     with pytest.raises(InputError, match=r"b/3\.jpg: cannot read"):
@@ -789,3 +789,19 @@ def test_sigkill_then_resume_is_identical(records_folder: Path, tmp_path: Path) 
             assert json.loads(r.stdout)["reused_shards"] == len(committed), (name, points)
         assert dir_bytes(out) == expected, (name, points)  # same bytes, no hidden file left over
     assert mid_run_kills >= 4
+
+
+@pytest.mark.parametrize("actual", [0, 1, 1023, 1024, 1025, 70_000, 3_000_000])
+@pytest.mark.parametrize("hint", ["exact", "smaller", "larger", "unknown"])
+def test_read_local_returns_the_whole_file_whatever_the_size_hint(
+        tmp_path: Path, actual: int, hint: str) -> None:
+    from feedpipe.sources import read_local
+
+    data = bytes((i * 7 + 3) % 256 for i in range(actual))
+    p = tmp_path / "f.bin"
+    p.write_bytes(data)
+    size = {"exact": actual, "smaller": max(0, actual - 5), "larger": actual + 5,
+            "unknown": -1}[hint]
+    assert read_local(str(p), size) == data
+    with pytest.raises(FileNotFoundError):
+        read_local(str(tmp_path / "missing.bin"), 10)
