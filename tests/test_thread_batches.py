@@ -193,3 +193,14 @@ def test_a_wrong_image_shape_names_the_sample(ds_path: str) -> None:
                     collate_fn=BatchCollator(4, (3, SIZE, SIZE)))
     with pytest.raises(ValueError, match=r"shape \(3, 9, 9\), the collator takes \(3, 8, 8\)"):
         next(iter(fl))
+
+
+def test_threads_behind_a_device_loader(ds_path: str) -> None:
+    want = batches(ds_path, threads=0)
+    ds = FeedDataset(ds_path, shuffle=True, seed=3, transform=OnThreads())
+    fl = FeedLoader(ds, batch_size=4, transform_threads=2, device="cpu",
+                    collate_fn=BatchCollator(4, (3, SIZE, SIZE)))
+    fl.set_epoch(1)
+    got = [tuple(t.clone() for t in b) for b in fl]
+    assert same(got, want)
+    assert fl.state_dict()["position"] == N
