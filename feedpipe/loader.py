@@ -90,7 +90,9 @@ class FeedLoader:
             (:mod:`feedpipe.thread_batches`) instead of in worker processes (so ``num_workers``
             must be 0). For transforms that release the GIL while they work, as
             :class:`~feedpipe.transforms.ImagePipeline`'s JPEG decoding and resizing do: the
-            same batches, on one process's memory, with no pickling between processes.
+            same batches, on one process's memory, with no pickling between processes. The
+            transform is called from several threads at once, so it must keep no state that
+            calls share unguarded (``ImagePipeline`` keeps none).
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
