@@ -193,7 +193,13 @@ class FeedDataset(IterableDataset):
         """The transform's output for ``sample`` (global id ``index``, in shard ``shard``),
         stored in the decoded store when there is one."""
         key = sample["__key__"]
-        out = self.transform(sample)  # type: ignore[misc]
+        return self._stored(self.transform(sample), index, shard, key)  # type: ignore[misc]
+
+    def _stored(self, out: Any, index: int, shard: int, key: str) -> Any:
+        """``out`` stored in the decoded store as sample ``index`` (key ``key`` of shard
+        ``shard``) and returned as a hit returns it; ``out`` itself without a store. Called from
+        one thread: the threaded loader (:mod:`feedpipe.thread_batches`) stores here what its
+        pool computed."""
         if self.decoded is None:
             return out
         return self.decoded.put(index, out, key=key, shard=self._names[shard])

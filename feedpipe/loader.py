@@ -189,13 +189,11 @@ class FeedLoader:
             self._guard_fork()
             source = raw_batches.RefBatches(
                 self.dataset, self._loader if self.num_workers > 0 else None, pin_memory=self._pin)
-        elif self._store_is_complete():
-            # Every sample's output is in the decoded store: reading it here costs one record
-            # copy per sample; a worker would add a pickle, a pipe and an unpickle of it. With
-            # a BatchCollator and image records, whole batches are gathered (store_batches).
-            source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn,
-                                       pin=self._pin, threads=self.transform_threads)
-        elif self.transform_threads:
+        elif self.transform_threads or self._store_is_complete():
+            # Transform threads run in this process (thread_batches). And when every sample's
+            # output is in the decoded store, reading it here costs one record copy per sample;
+            # a worker would add a pickle, a pipe and an unpickle of it. With a BatchCollator
+            # and image records, whole batches are gathered (store_batches).
             source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn,
                                        pin=self._pin, threads=self.transform_threads)
         else:

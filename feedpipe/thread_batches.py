@@ -44,7 +44,6 @@ from .image_ops import one_thread
 
 if TYPE_CHECKING:
     from .dataset import FeedDataset
-    from .decoded_store import DecodedStore
 
 
 def thread_batches(dataset: FeedDataset, batch_size: int, collate_fn: Callable[[list[Any]], Any],
@@ -62,7 +61,7 @@ def thread_batches(dataset: FeedDataset, batch_size: int, collate_fn: Callable[[
             yield from _in_place(stream, pool, transform, batch_size, collate_fn, ahead)
         else:
             yield from _collated(stream, pool, transform, batch_size, collate_fn, ahead,
-                                 store, dataset._names)
+                                 dataset)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         stream.close()
@@ -70,8 +69,8 @@ def thread_batches(dataset: FeedDataset, batch_size: int, collate_fn: Callable[[
 
 def _collated(stream: Iterator[tuple[int, int, Any]], pool: ThreadPoolExecutor,
               transform: Callable[[Any], Any], batch_size: int,
-              collate_fn: Callable[[list[Any]], Any], ahead: int, store: DecodedStore | None,
-              names: tuple[str, ...]) -> Iterator[Any]:
+              collate_fn: Callable[[list[Any]], Any], ahead: int,
+              dataset: FeedDataset) -> Iterator[Any]:
     """Any collation, and the decoded store: outputs come back to this thread, which stores
     them (the store is written from one thread) and collates the batch."""
     # each entry: (global id, shard, sample or stored output, future of the output or None)
@@ -90,10 +89,7 @@ def _collated(stream: Iterator[tuple[int, int, Any]], pool: ThreadPoolExecutor,
             if future is None:
                 outs.append(x)
                 continue
-            out = future.result()
-            if store is not None:
-                out = store.put(g, out, key=x["__key__"], shard=names[s])
-            outs.append(out)
+            outs.append(dataset._stored(future.result(), g, s, x["__key__"]))
         batch = collate_fn(outs)
         del outs  # the store's record buffers recycle once nothing holds them
         yield batch
@@ -105,7 +101,6 @@ def _in_place(stream: Iterator[tuple[int, int, Any]], pool: ThreadPoolExecutor,
     """A BatchCollator and no store: each thread copies its output into its row of the batch
     buffer (:meth:`BatchCollator.buffer`) and drops it, so the copies run in parallel and no
     batch of per-sample tensors waits in memory."""
-    shape = collator.shape
     pending: deque[tuple[torch.Tensor, torch.Tensor, list[Future[bool]]]] = deque()
     while True:
         while len(pending) <= ahead:
@@ -114,7 +109,7 @@ def _in_place(stream: Iterator[tuple[int, int, Any]], pool: ThreadPoolExecutor,
                 break
             images, labels = collator.buffer(len(chunk))
             pending.append((images, labels, [
-                pool.submit(_into_row, transform, x, images, labels, j, shape)
+                pool.submit(_into_row, transform, x, collator, images, labels, j)
                 for j, (_, _, x) in enumerate(chunk)]))
         if not pending:
             return
@@ -126,18 +121,15 @@ def _in_place(stream: Iterator[tuple[int, int, Any]], pool: ThreadPoolExecutor,
         yield (images, labels) if paired.pop() else images
 
 
-def _into_row(transform: Callable[[Any], Any], sample: Any, images: torch.Tensor,
-              labels: torch.Tensor, j: int, shape: tuple[int, ...]) -> bool:
+def _into_row(transform: Callable[[Any], Any], sample: Any, collator: BatchCollator,
+              images: torch.Tensor, labels: torch.Tensor, j: int) -> bool:
     """Transform ``sample`` into row ``j`` of the batch (and its label); True for a pair."""
     out = transform(sample)
     paired = isinstance(out, (tuple, list))
-    img = out[0] if paired else out
-    if tuple(img.shape) != shape:
+    try:
+        with one_thread():
+            collator.fill(images, labels, j, out, paired)
+    except ValueError as e:
         raise ValueError(f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}: "
-                         f"the transform returned shape {tuple(img.shape)}, the collator "
-                         f"takes {shape}")
-    with one_thread():
-        images[j].copy_(img if isinstance(img, torch.Tensor) else torch.as_tensor(img))
-    if paired:
-        labels[j] = out[1]
+                         f"{e}") from e
     return paired
