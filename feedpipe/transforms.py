@@ -40,6 +40,7 @@ from .image_ops import (
     ToTensor,
     as_size,
     decode_jpeg,
+    decode_window,
     jpeg_size,
     normalize_tensor,
     one_thread,
@@ -141,8 +142,9 @@ class ImagePipeline:
     """Sample dict -> ``(image, label)``: decode, crop, flip, resize, normalise, in one pass.
 
     The JPEG header gives the image size; the crop is chosen there (:meth:`ImageSpec.geometry`),
-    then the JPEG is decoded at the smallest scale (1/2, 1/4, 1/8) that still leaves the crop at
-    least ``size`` pixels, the crop resized to ``size`` (antialiased bilinear, ``uint8``) and
+    then the JPEG is decoded at the smallest scale (1/8 to 1/2) that still leaves the crop at
+    least ``size`` pixels, only the crop's rows and columns where the C extension is built
+    (:func:`~feedpipe.image_ops.decode_window`), the crop resized to ``size`` (antialiased bilinear, ``uint8``) and
     flipped in the same copy, and normalised straight into a contiguous CHW ``float32`` tensor
     (``uint8`` CHW with ``mean=None``). Same geometry as
     ``Compose([DecodeJPEG(), RandomResizedCrop(size), RandomHorizontalFlip(), ToTensor(),
@@ -213,12 +215,9 @@ class ImagePipeline:
         # decode just large enough that the crop keeps >= size pixels on both axes
         min_h = math.ceil(h * size[0] / box.height) if box.height > size[0] else h
         min_w = math.ceil(w * size[1] / box.width) if box.width > size[1] else w
-        img = decode_jpeg(data, min_height=min(min_h, h), min_width=min(min_w, w))
-        dh, dw = img.shape[:2]
-        if (dh, dw) != (h, w):
-            box = scale_box(box, dh / h, dw / w, dh, dw)
-        x = resize_to_tensor(img[box.top:box.top + box.height, box.left:box.left + box.width],
-                             size, flip=flip)
+        window = decode_window(data, h, w, box, min_height=min(min_h, h),
+                               min_width=min(min_w, w))
+        x = resize_to_tensor(window, size, flip=flip)
         if self._norm is None:
             return x.contiguous()
         return normalize_tensor(x, self._norm._mean, self._norm._std)

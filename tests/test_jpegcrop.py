@@ -1,0 +1,207 @@
+"""Window-only JPEG decoding (the optional C extension ``feedpipe._jpegcrop``, behind
+``feedpipe.image_ops.decode_window``): the same pixels as a whole decode sliced to the window, at
+every DCT scale, for every chroma subsampling, progressive and restart-marker JPEGs; errors and
+hostile bytes are ValueErrors or DecodeErrors, never a crash; the GIL is released while decoding."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import cv2
+import numpy as np
+import pytest
+import simplejpeg
+
+from feedpipe import image_ops
+from feedpipe.errors import DecodeError
+from feedpipe.image_ops import Box, decode_jpeg, decode_window, jpeg_scale_num, jpeg_size
+from feedpipe.synth import _image
+from feedpipe.transforms import ImagePipeline
+
+HAVE_HEADERS = os.path.exists("/usr/include/jpeglib.h")
+needs_ext = pytest.mark.skipif(image_ops._jpegcrop is None,
+                               reason="feedpipe._jpegcrop did not build (no libjpeg headers)")
+
+
+def picture(h: int, w: int, seed: int = 0) -> np.ndarray:
+    return _image(np.random.default_rng(seed), h, w, seed % 7)
+
+
+def encodings(h: int, w: int, seed: int = 0) -> dict[str, bytes]:
+    img = picture(h, w, seed)
+    out = {sub: simplejpeg.encode_jpeg(img, quality=90, colorspace="RGB", colorsubsampling=sub)
+           for sub in ("444", "422", "420", "440", "411")}
+    out["gray"] = simplejpeg.encode_jpeg(img[:, :, :1].copy(), quality=90, colorspace="GRAY")
+    bgr = np.ascontiguousarray(img[:, :, ::-1])
+    out["progressive"] = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    out["restarts"] = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_RST_INTERVAL, 3])[1].tobytes()
+    return out
+
+
+def test_the_extension_builds_where_libjpeg_headers_are() -> None:
+    """CI's machine has libjpeg-turbo's headers: a silent build failure there would put every
+    user of it back on whole-image decoding."""
+    if not HAVE_HEADERS:
+        pytest.skip("no /usr/include/jpeglib.h: the extension is optional here")
+    assert image_ops._jpegcrop is not None
+    assert image_ops._jpegcrop.LIBJPEG_TURBO_VERSION_NUMBER >= 1005000  # skip/crop scanlines
+
+
+def random_boxes(h: int, w: int, rng: np.random.Generator, n: int) -> list[Box]:
+    boxes = [Box(0, 0, h, w), Box(h - 1, w - 1, 1, 1), Box(0, w - 1, h, 1), Box(h - 1, 0, 1, w)]
+    # windows 1-3 columns wide at every offset of the first iMCUs: where the region's edges are
+    boxes += [Box(int(rng.integers(0, h)), left, 2, width) for left in range(min(w, 34))
+              for width in (1, 2, 3) if left + width <= w]
+    for _ in range(n):
+        bh, bw = int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))
+        boxes.append(Box(int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1)),
+                         bh, bw))
+    return boxes
+
+
+@needs_ext
+@pytest.mark.parametrize("h,w", [(173, 251), (64, 48), (17, 9), (333, 129)])
+def test_window_equals_whole_decode_sliced(h: int, w: int) -> None:
+    rng = np.random.default_rng(h * w)
+    for name, data in encodings(h, w, seed=h).items():
+        whole = decode_jpeg(data)
+        if name == "gray":
+            assert whole.shape == (h, w, 3)
+        for box in random_boxes(h, w, rng, 25):
+            got = decode_window(data, h, w, box)
+            want = whole[box.top:box.top + box.height, box.left:box.left + box.width]
+            assert got.shape == want.shape, (name, box)
+            assert np.array_equal(got, want), (name, box)
+
+
+@needs_ext
+@pytest.mark.parametrize("mins", [(40, 0), (0, 70), (100, 90), (20, 20), (250, 10)])
+def test_window_at_reduced_scale_equals_the_scaled_decode_sliced(mins: tuple[int, int]) -> None:
+    h, w = 480, 400
+    rng = np.random.default_rng(sum(mins))
+    for name, data in encodings(h, w, seed=5).items():
+        scaled = decode_jpeg(data, min_height=mins[0], min_width=mins[1])
+        k = jpeg_scale_num(h, w, *mins)
+        assert scaled.shape[:2] == (-(-h * k // 8), -(-w * k // 8))
+        for box in random_boxes(h, w, rng, 10):
+            got = decode_window(data, h, w, box, min_height=mins[0], min_width=mins[1])
+            sb = image_ops.scale_box(box, scaled.shape[0] / h, scaled.shape[1] / w,
+                                     *scaled.shape[:2])
+            want = scaled[sb.top:sb.top + sb.height, sb.left:sb.left + sb.width]
+            assert np.array_equal(got, want), (name, k, box)
+
+
+@needs_ext
+def test_pipeline_gives_the_same_tensors_without_the_extension(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe = ImagePipeline(96, mean=None, label_field=None)
+    data = [jpeg for h, w in [(300, 200), (160, 320), (900, 700)]
+            for jpeg in encodings(h, w, seed=w).values()]
+    samples = [{"jpg": d, "__index__": i, "__epoch__": 3} for i, d in enumerate(data)]
+    with_ext = [pipe(s) for s in samples]
+    monkeypatch.setattr(image_ops, "_jpegcrop", None)
+    without = [pipe(s) for s in samples]
+    for s, a, b in zip(samples, with_ext, without):
+        assert a.equal(b), s["__index__"]
+
+
+@needs_ext
+def test_window_outside_the_image_or_empty_is_a_value_error() -> None:
+    data = encodings(50, 40)["420"]
+    ext = image_ops._jpegcrop
+    with pytest.raises(ValueError, match="outside"):
+        ext.decode_crop(data, 40, 0, 11, 40)
+    with pytest.raises(ValueError, match="outside"):
+        ext.decode_crop(data, 0, 1, 50, 40)
+    with pytest.raises(ValueError, match="empty"):
+        ext.decode_crop(data, 0, 0, 0, 40)
+    with pytest.raises(ValueError, match="scale_num"):
+        ext.decode_crop(data, 0, 0, 5, 5, 0)
+    pixels, row_width, x = ext.decode_crop(data, 10, 20, 5, 7)
+    assert len(pixels) == 5 * row_width * 3 and 0 <= x and x + 7 <= row_width <= 40
+
+
+@needs_ext
+@pytest.mark.parametrize("cut", [0.3, 0.6, 0.95])
+def test_truncated_jpeg_is_an_error_not_grey_rows(cut: float) -> None:
+    """libjpeg fills the missing rows with grey and warns; like simplejpeg's strict mode, the
+    extension makes the warning an error, and decode_window a DecodeError."""
+    data = encodings(200, 160)["420"]
+    short = data[:int(len(data) * cut)]
+    with pytest.raises(ValueError, match="libjpeg"):
+        image_ops._jpegcrop.decode_crop(short, 150, 0, 50, 160)
+    with pytest.raises(DecodeError):
+        decode_window(short, 200, 160, Box(150, 0, 50, 160))
+
+
+@needs_ext
+def test_mangled_bytes_never_crash_the_process() -> None:
+    """Fatal libjpeg errors longjmp out of its error handler; random damage to a JPEG must give
+    either pixels of the right shape or an error, a thousand times over."""
+    data = bytearray(encodings(120, 90)["420"])
+    h, w = jpeg_size(bytes(data))
+    rng = np.random.default_rng(7)
+    ok = errors = 0
+    for _ in range(1000):
+        bad = bytearray(data)
+        for pos in rng.integers(0, len(bad), size=int(rng.integers(1, 6))):
+            bad[pos] = int(rng.integers(0, 256))
+        if rng.random() < 0.2:
+            bad = bad[:int(rng.integers(2, len(bad)))]
+        try:
+            pixels, row_width, x = image_ops._jpegcrop.decode_crop(bytes(bad), 30, 20, 60, 50)
+        except ValueError:
+            errors += 1
+        else:
+            assert len(pixels) == 60 * row_width * 3
+            ok += 1
+    assert ok and errors  # both paths ran
+
+
+@needs_ext
+def test_cmyk_or_other_refusals_fall_back_to_simplejpeg(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the extension refuses, simplejpeg decodes (or raises its own error)."""
+    data = encodings(64, 64)["444"]
+
+    class Refusing:
+        @staticmethod
+        def decode_crop(*args: object) -> None:
+            raise ValueError("libjpeg: Unsupported color conversion request")
+
+    monkeypatch.setattr(image_ops, "_jpegcrop", Refusing)
+    got = decode_window(data, 64, 64, Box(3, 5, 20, 30))
+    assert np.array_equal(got, decode_jpeg(data)[3:23, 5:35])
+    with pytest.raises(DecodeError):
+        decode_window(b"\xff\xd8 not a jpeg", 64, 64, Box(0, 0, 8, 8))
+
+
+@needs_ext
+def test_decoding_releases_the_gil() -> None:
+    """Transform threads (FeedLoader(transform_threads=N)) rely on it: a Python thread keeps
+    running in the middle half of a decode_crop call on the main thread (holding the GIL, the
+    call would let no Python code run at all until it returns)."""
+    h, w = 3000, 2400
+    data = simplejpeg.encode_jpeg(picture(h, w, 3), quality=95)
+    stop = threading.Event()
+    stamps: list[float] = []
+
+    def tick() -> None:
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    t = threading.Thread(target=tick)
+    t.start()
+    try:
+        inside = 0
+        for _ in range(5):
+            n, t0 = len(stamps), time.perf_counter()
+            image_ops._jpegcrop.decode_crop(data, 0, 0, h, w)
+            t1 = time.perf_counter()
+            lo, hi = t0 + (t1 - t0) / 4, t1 - (t1 - t0) / 4
+            inside += any(lo < s < hi for s in stamps[n:])
+    finally:
+        stop.set()
+        t.join()
+    assert inside >= 3
