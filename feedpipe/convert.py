@@ -11,6 +11,7 @@ with ``resume=True``: committed shards are kept, everything else is redone.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -474,6 +475,22 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+# Plans handed to forked pool workers by inheritance, by token: a worker forked while its plan is
+# here reads its parts from its copy of the parent's memory instead of unpickling them (11.6 us a
+# sample, more than writing it: 16.4 us for a 1 KiB file).
+_FORK_PLANS: dict[int, list[list[list[SampleSpec]]]] = {}
+_fork_tokens = itertools.count()
+
+
+def _write_inherited(token: int, i: int, j: int, source: Source, path: str,
+                     on_error: str) -> PartResult:
+    plan = _FORK_PLANS.get(token)
+    if plan is None:  # not forked from the run that planned it: cannot happen; fail loudly
+        raise RuntimeError(f"conversion worker {os.getpid()} has no plan {token}: it was not "
+                           "forked from the process that planned the run")
+    return write_part(source, plan[i][j], path, on_error)
+
+
 def _run_pool(
     nworkers: int,
     source: Source,
@@ -484,29 +501,51 @@ def _run_pool(
     bar: Any,
     commit: Callable[[int, list[tuple[str, PartResult]]], None],
 ) -> int:
+    ctx = _pool_context()
+    token = next(_fork_tokens)
+    inherit = ctx.get_start_method() == "fork"
+    if inherit:  # before the pool exists: its workers are forked with the plan in memory
+        _FORK_PLANS[token] = plan
+    try:
+        with ProcessPoolExecutor(max_workers=nworkers, mp_context=ctx,
+                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+            return _drive_pool(pool, token if inherit else None, source, plan, todo,
+                               part_paths, on_error, bar, commit)
+    finally:
+        _FORK_PLANS.pop(token, None)
+
+
+def _drive_pool(pool: ProcessPoolExecutor, token: int | None, source: Source,
+                plan: list[list[list[SampleSpec]]], todo: list[int],
+                part_paths: dict[tuple[int, int], str], on_error: str, bar: Any,
+                commit: Callable[[int, list[tuple[str, PartResult]]], None]) -> int:
+    """Submit every part (by reference to the inherited plan ``token``, or pickled), commit each
+    shard once all its parts are written; the bytes written."""
     written = 0
-    with ProcessPoolExecutor(max_workers=nworkers, mp_context=_pool_context(),
-                             initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-        futures: dict[Future[PartResult], tuple[int, int]] = {}
-        results: dict[int, dict[int, PartResult]] = {i: {} for i in todo}
-        for i in todo:
-            for j, part in enumerate(plan[i]):
+    futures: dict[Future[PartResult], tuple[int, int]] = {}
+    results: dict[int, dict[int, PartResult]] = {i: {} for i in todo}
+    for i in todo:
+        for j, part in enumerate(plan[i]):
+            if token is not None:
+                fut = pool.submit(_write_inherited, token, i, j, source, part_paths[i, j],
+                                  on_error)
+            else:
                 fut = pool.submit(write_part, source, part, part_paths[i, j], on_error)
-                futures[fut] = (i, j)
-        pending = set(futures)
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for fut in done:
-                    i, j = futures[fut]
-                    res = fut.result()
-                    results[i][j] = res
-                    bar.update(res.files)
-                    written += res.bytes
-                    if len(results[i]) == len(plan[i]):
-                        commit(i, [(part_paths[i, k], results[i][k]) for k in range(len(plan[i]))])
-        except BaseException:
-            for fut in pending:
-                fut.cancel()
-            raise
+            futures[fut] = (i, j)
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for fut in done:
+                i, j = futures[fut]
+                res = fut.result()
+                results[i][j] = res
+                bar.update(res.files)
+                written += res.bytes
+                if len(results[i]) == len(plan[i]):
+                    commit(i, [(part_paths[i, k], results[i][k]) for k in range(len(plan[i]))])
+    except BaseException:
+        for fut in pending:
+            fut.cancel()
+        raise
     return written

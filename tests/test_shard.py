@@ -385,6 +385,41 @@ def test_same_bytes_whatever_workers(
     )
 
 
+def test_pool_workers_inherit_the_plan_or_get_it_pickled(
+    records_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forked workers read their parts from the inherited plan (nothing pickled per sample);
+    where processes are spawned, parts travel pickled. Same bytes either way, and the plan is
+    dropped from the parent once the run ends."""
+    import multiprocessing as mp
+    import pickle
+
+    monkeypatch.setattr(convert, "PART_SAMPLES", 16)
+    pickled_specs = []
+    real_reduce = convert.SampleSpec.__reduce_ex__
+
+    def counting_reduce(self: object, proto: int) -> object:
+        pickled_specs.append(1)
+        return real_reduce(self, proto)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(convert.SampleSpec, "__reduce_ex__", counting_reduce, raising=False)
+    assert pickle.loads(pickle.dumps(convert.SampleSpec("k"))).key == "k" and pickled_specs
+    outs = {}
+    for method in ("fork", "spawn"):
+        pickled_specs.clear()
+        monkeypatch.setattr(convert, "_pool_context", lambda m=method: mp.get_context(m))
+        out = tmp_path / method
+        s = feedpipe.shard(str(records_folder), str(out), max_samples=60, workers=2)
+        assert s.samples == 400
+        outs[method] = dir_bytes(out)
+        assert (len(pickled_specs) == 0) == (method == "fork"), method
+    assert outs["fork"] == outs["spawn"]
+    assert convert._FORK_PLANS == {}
+    with pytest.raises(RuntimeError, match="not forked from"):
+        convert._write_inherited(10**9, 0, 0, Source(str(records_folder)), str(tmp_path / "x"),
+                                 "raise")
+
+
 def test_shuffle_mixes_order_deterministically(records_folder: Path, tmp_path: Path) -> None:
     def keys(**kw: object) -> list[str]:
         out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"
