@@ -80,6 +80,14 @@ def _git() -> dict[str, Any]:
             else None, "dirty_files": status.splitlines() if status else []}
 
 
+def _jpeg_window_decoder() -> str | None:
+    try:
+        from feedpipe.probe_env import jpeg_window_decoder
+    except ImportError:  # a feedpipe from before the C extension
+        return None
+    return jpeg_window_decoder()
+
+
 def environment(data_dir: str | None = None) -> dict[str, Any]:
     """What the figures were measured on."""
     env: dict[str, Any] = {
@@ -94,6 +102,7 @@ def environment(data_dir: str | None = None) -> dict[str, Any]:
         "python_executable": sys.executable,
         "versions": {m: _version(m) for m in ("feedpipe", "torch", "webdataset", "numpy",
                                                "simplejpeg", "fsspec")},
+        "jpeg_window_decoder": _jpeg_window_decoder(),
         "tar": _cmd_first_line(["tar", "--version"]),
         "cat": _cmd_first_line(["cat", "--version"]),
         "git": _git(),

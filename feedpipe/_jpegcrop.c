@@ -144,7 +144,10 @@ static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
             n = ROWS_AT_ONCE;
         for (i = 0; i < n; i++)
             rows[i] = pixels + (size_t)(first + i) * stride;
-        jpeg_read_scanlines(&cinfo, rows, n);
+        if (jpeg_read_scanlines(&cinfo, rows, n) == 0) { /* no progress: never loop forever */
+            strcpy(err.message, "no scanline could be read");
+            longjmp(err.jump, 1);
+        }
     }
     /* the rows below the window are never decoded: abort rather than finish */
     jpeg_abort_decompress(&cinfo);

@@ -71,6 +71,18 @@ def filesystem_of(path: str) -> dict[str, Any]:
     return out
 
 
+def jpeg_window_decoder() -> str | None:
+    """The libjpeg-turbo behind feedpipe's window-only JPEG decoding (the optional C extension
+    ``feedpipe._jpegcrop``), e.g. ``"libjpeg-turbo 2.1.5"``; ``None`` where it did not build and
+    simplejpeg decodes whole images."""
+    try:
+        from . import _jpegcrop
+    except ImportError:
+        return None
+    v = int(_jpegcrop.LIBJPEG_TURBO_VERSION_NUMBER)
+    return f"libjpeg-turbo {v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+
+
 def environment(target_path: str | None, local: bool) -> dict[str, Any]:
     """Everything a reader of the figures needs to know about where they were measured."""
     env: dict[str, Any] = {
@@ -81,6 +93,7 @@ def environment(target_path: str | None, local: bool) -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "versions": {lib: _version(lib) for lib in _LIBS},
+        "jpeg_window_decoder": jpeg_window_decoder(),
     }
     if target_path is not None and local:
         env["filesystem"] = filesystem_of(target_path)

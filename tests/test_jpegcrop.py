@@ -6,6 +6,7 @@ hostile bytes are ValueErrors or DecodeErrors, never a crash; the GIL is release
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from feedpipe import image_ops
+from feedpipe import image_ops, probe_env
 from feedpipe.errors import DecodeError
 from feedpipe.image_ops import Box, decode_jpeg, decode_window, jpeg_scale_num, jpeg_size
 from feedpipe.synth import _image
@@ -47,6 +48,8 @@ def test_the_extension_builds_where_libjpeg_headers_are() -> None:
         pytest.skip("no /usr/include/jpeglib.h: the extension is optional here")
     assert image_ops._jpegcrop is not None
     assert image_ops._jpegcrop.LIBJPEG_TURBO_VERSION_NUMBER >= 1005000  # skip/crop scanlines
+    # the probe's environment (and the benchmarks') say which decoder the figures came from
+    assert re.fullmatch(r"libjpeg-turbo \d+\.\d+\.\d+", probe_env.jpeg_window_decoder() or "")
 
 
 def random_boxes(h: int, w: int, rng: np.random.Generator, n: int) -> list[Box]:
