@@ -502,17 +502,17 @@ def _run_pool(
     commit: Callable[[int, list[tuple[str, PartResult]]], None],
 ) -> int:
     ctx = _pool_context()
-    token = next(_fork_tokens)
-    inherit = ctx.get_start_method() == "fork"
-    if inherit:  # before the pool exists: its workers are forked with the plan in memory
+    token = next(_fork_tokens) if ctx.get_start_method() == "fork" else None
+    if token is not None:  # before the pool exists: its workers are forked with the plan
         _FORK_PLANS[token] = plan
     try:
         with ProcessPoolExecutor(max_workers=nworkers, mp_context=ctx,
                                  initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-            return _drive_pool(pool, token if inherit else None, source, plan, todo,
-                               part_paths, on_error, bar, commit)
+            return _drive_pool(pool, token, source, plan, todo, part_paths, on_error, bar,
+                               commit)
     finally:
-        _FORK_PLANS.pop(token, None)
+        if token is not None:
+            _FORK_PLANS.pop(token, None)
 
 
 def _drive_pool(pool: ProcessPoolExecutor, token: int | None, source: Source,

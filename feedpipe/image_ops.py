@@ -11,8 +11,8 @@ the fastest JPEG decoder that installs from the registry without a system librar
 at 1/2, 1/4 or 1/8 scale when the target is small, which saves IDCT and resize work. Where
 feedpipe's optional C extension ``feedpipe._jpegcrop`` is built (it links the system's
 libjpeg-turbo), :func:`decode_window` decodes only a crop's rows and iMCU columns, with the
-same pixels: 1.43x faster than a whole decode on random-resized crops of 160-320 px images
-(``benchmarks/bench_decode.py``); simplejpeg does the whole decode where it is not built.
+same pixels: 1.46x faster than a whole decode on random-resized crops of 160-320 px images
+(``benchmarks/bench_window_decode.py``); simplejpeg does the whole decode where it is not built.
 
 Resizing: an enlargement (the usual case for a random-resized crop) goes through OpenCV's
 ``cv2.resize`` (bilinear, fixed-point SIMD) and ``cv2.split`` straight into CHW planes: half
@@ -97,6 +97,11 @@ def decode_jpeg(data: Any, *, min_height: int = 0, min_width: int = 0, fastdct: 
         raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
 
 
+def scaled_size(height: int, width: int, k: int) -> Size:
+    """The size libjpeg decodes a ``height`` x ``width`` JPEG to at scale ``k/8`` (rounded up)."""
+    return -(-height * k // 8), -(-width * k // 8)
+
+
 def jpeg_scale_num(height: int, width: int, min_height: int = 0, min_width: int = 0) -> int:
     """The DCT scale ``k/8`` (returns ``k``) a decode at ``min_height``/``min_width`` uses: the
     smallest ``k`` in 1..4 that keeps the image at least that large (libjpeg rounds sizes up),
@@ -105,7 +110,8 @@ def jpeg_scale_num(height: int, width: int, min_height: int = 0, min_width: int 
     if min_height <= 0 and min_width <= 0:
         return 8
     for k in (1, 2, 3, 4):
-        if -(-height * k // 8) >= min_height and -(-width * k // 8) >= min_width:
+        dh, dw = scaled_size(height, width, k)
+        if dh >= min_height and dw >= min_width:
             return k
     return 8
 
@@ -128,8 +134,8 @@ def decode_window(data: Any, height: int, width: int, box: Box, *, min_height: i
         (20, 30, 3)
     """
     k = jpeg_scale_num(height, width, min_height, min_width)
+    dh, dw = scaled_size(height, width, k)
     if k != 8:
-        dh, dw = -(-height * k // 8), -(-width * k // 8)
         box = scale_box(box, dh / height, dw / width, dh, dw)
     if _jpegcrop is not None:
         try:
@@ -141,7 +147,7 @@ def decode_window(data: Any, height: int, width: int, box: Box, *, min_height: i
             rows = np.frombuffer(pixels, np.uint8).reshape(box.height, row_width, 3)
             return rows[:, x:x + box.width]
     img = decode_jpeg(data, min_height=min_height, min_width=min_width)
-    if img.shape[:2] != (-(-height * k // 8), -(-width * k // 8)):
+    if img.shape[:2] != (dh, dw):
         raise DecodeError(f"the JPEG decoded to {img.shape[:2]}, not the {height}x{width} (at "
                           f"{k}/8) its header gave")
     return img[box.top:box.top + box.height, box.left:box.left + box.width]

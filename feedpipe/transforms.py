@@ -39,14 +39,12 @@ from .image_ops import (
     Resize,
     ToTensor,
     as_size,
-    decode_jpeg,
     decode_window,
     jpeg_size,
     normalize_tensor,
     one_thread,
     random_resized_crop_box,
     resize_to_tensor,
-    scale_box,
 )
 
 __all__ = [
@@ -143,9 +141,9 @@ class ImagePipeline:
 
     The JPEG header gives the image size; the crop is chosen there (:meth:`ImageSpec.geometry`),
     then the JPEG is decoded at the smallest scale (1/8 to 1/2) that still leaves the crop at
-    least ``size`` pixels, only the crop's rows and columns where the C extension is built
-    (:func:`~feedpipe.image_ops.decode_window`), the crop resized to ``size`` (antialiased bilinear, ``uint8``) and
-    flipped in the same copy, and normalised straight into a contiguous CHW ``float32`` tensor
+    least ``size`` pixels (only the crop's rows and columns where the C extension is built:
+    :func:`~feedpipe.image_ops.decode_window`), the crop resized to ``size`` (antialiased
+    bilinear, ``uint8``) and flipped in the same copy, and normalised straight into a contiguous CHW ``float32`` tensor
     (``uint8`` CHW with ``mean=None``). Same geometry as
     ``Compose([DecodeJPEG(), RandomResizedCrop(size), RandomHorizontalFlip(), ToTensor(),
     Normalize()])`` with the same rng; pixels differ only where the reduced decode kicks in.
