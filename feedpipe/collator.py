@@ -46,6 +46,19 @@ def _storage_refs(t: torch.Tensor) -> int | None:
     return int(_use_count(t.untyped_storage()._cdata))
 
 
+def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in shared memory (no copy: ``share_memory_()`` of an empty
+    tensor would allocate twice and copy)."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    try:
+        storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
+    except (AttributeError, RuntimeError):  # no private constructor: the public way
+        return torch.empty(shape, dtype=dtype).share_memory_()
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
 class _Slot:
     __slots__ = ("images", "labels", "base")
 
@@ -122,6 +135,12 @@ class BatchCollator:
         labels = torch.empty((self.batch_size,), dtype=self.label_dtype, pin_memory=self._pin)
         return _Slot(images, labels)
 
+    def _alloc_shared(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # In a DataLoader worker: allocated in shared memory, as default_collate allocates its
+        # batches there, so that sending the batch to the training process moves a handle; a
+        # private buffer would be copied into shared memory on the way (share_memory_()).
+        return _shared_empty((n, *self.shape), self.dtype), _shared_empty((n,), self.label_dtype)
+
     def _slot(self) -> _Slot:
         # A free buffer first (from the one after the last used), then an empty slot, and only
         # then a replacement: a loop that drops each batch before the next runs on two buffers,
@@ -157,7 +176,10 @@ class BatchCollator:
             raise ValueError(f"a buffer of {n} rows from a BatchCollator of batch_size "
                              f"{self.batch_size}")
         self._counts["batches"] += 1
-        if get_worker_info() is not None or _use_count is None:
+        if get_worker_info() is not None:
+            self._counts["fresh"] += 1
+            return self._alloc_shared(n)
+        if _use_count is None:
             self._counts["fresh"] += 1
             slot = self._alloc()
         else:

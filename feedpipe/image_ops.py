@@ -273,24 +273,34 @@ def _enlarge_hwc(img: np.ndarray, size: Size, flip: bool) -> np.ndarray | None:
     return out.reshape(size[0], size[1], c)  # cv2 drops a single channel's axis
 
 
-def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False) -> torch.Tensor:
+def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Resize an HWC ``uint8`` array (any strides) to a ``(C, H, W)`` ``uint8`` tensor, flipping
-    left-right on the way.
+    left-right on the way; into ``out`` (a ``(C, H, W)`` ``uint8`` tensor, e.g. a row of a batch
+    buffer) when given, which is returned.
 
     An enlargement is done by OpenCV and split into a contiguous CHW tensor (see the module
-    docstring). Otherwise torch: the one copy it needs anyway (a dense channels-last input) also
-    does the flip, and ``uint8`` channels-last is torch's vectorised interpolation path (no float
-    round trip); the result is then in channels-last memory.
+    docstring), straight into ``out`` when it is contiguous. Otherwise torch: the one copy it
+    needs anyway (a dense channels-last input) also does the flip, and ``uint8`` channels-last is
+    torch's vectorised interpolation path (no float round trip); the result is then in
+    channels-last memory, or copied into ``out``.
     """
+    if out is not None and (out.dtype != torch.uint8 or tuple(out.shape) != (
+            img.shape[2] if img.ndim == 3 else 1, size[0], size[1])):
+        raise ValueError(f"out= must be a uint8 tensor of shape {(img.shape[2], *size)}, not "
+                         f"{out.dtype} {tuple(out.shape)}")
     up = _enlarge_hwc(img, size, flip)
     if up is not None:
-        chw = torch.empty((up.shape[2], size[0], size[1]), dtype=torch.uint8)
+        chw = out if out is not None and out.is_contiguous() else torch.empty(
+            (up.shape[2], size[0], size[1]), dtype=torch.uint8)
         planes = chw.numpy()
         if up.shape[2] == 1:
             planes[0] = up[:, :, 0]
         else:
             _opencv().split(up, list(planes))
-        return chw
+        if out is not None and chw is not out:
+            out.copy_(chw)
+        return chw if out is None else out
     if min(img.strides) < 0:  # torch takes no negative strides (a channel-reversed view)
         img = np.ascontiguousarray(img)
     with one_thread():
@@ -299,6 +309,8 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False) -> torc
         x = x.unsqueeze(0).permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels-last
         if (x.shape[2], x.shape[3]) != size:
             x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+        if out is not None:
+            return out.copy_(x[0])
         return x[0]
 
 
@@ -312,10 +324,16 @@ def resize_hwc(img: np.ndarray, size: Size) -> np.ndarray:
     return resize_to_tensor(img, size).permute(1, 2, 0).numpy()
 
 
-def normalize_tensor(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+def normalize_tensor(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, *,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``(x / 255 - mean) / std`` for a ``uint8`` CHW tensor, ``(x - mean) / std`` for a float one;
-    a new contiguous ``float32`` tensor. ``mean``/``std`` are ``(C, 1, 1)`` float tensors."""
-    out = torch.empty(x.shape, dtype=torch.float32)
+    a new contiguous ``float32`` tensor, or ``out`` (a ``float32`` tensor of ``x``'s shape).
+    ``mean``/``std`` are ``(C, 1, 1)`` float tensors."""
+    if out is None:
+        out = torch.empty(x.shape, dtype=torch.float32)
+    elif out.dtype != torch.float32 or out.shape != x.shape:
+        raise ValueError(f"out= must be a float32 tensor of shape {tuple(x.shape)}, not "
+                         f"{out.dtype} {tuple(out.shape)}")
     out.copy_(x)
     scale = 1.0 / std
     if x.dtype == torch.uint8:

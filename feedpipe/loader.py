@@ -19,11 +19,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from . import raw_batches
+from . import raw_batches, row_batches
 from .dataset import FeedDataset
 from .device_loader import DeviceLoader
 from .errors import StateError
 from .store_batches import store_batches
+from .row_batches import RowSource, serial_batches, writes_into
 from .thread_batches import thread_batches
 
 
@@ -147,9 +148,16 @@ class FeedLoader:
         self._by_reference = (collate_fn in (None, collate_samples)
                               and raw_batches.eligible(dataset))
         self._pin = bool(loader_kwargs.get("pin_memory", False))
+        self._collate = collate_fn or collate_samples
         if self._by_reference:
             self._loader = DataLoader(raw_batches.RefSource(dataset), batch_size=None,
                                       num_workers=num_workers, **loader_kwargs)
+        elif (num_workers > 0 and dataset.decoded is None
+              and writes_into(dataset.transform, collate_fn)):
+            # the workers write each image into its batch row, in shared memory (row_batches)
+            self._loader = DataLoader(RowSource(dataset, self.batch_size, collate_fn),
+                                      batch_size=None, num_workers=num_workers,
+                                      collate_fn=row_batches.as_is, **loader_kwargs)
         else:
             self._loader = DataLoader(
                 dataset,
@@ -189,16 +197,17 @@ class FeedLoader:
             self._guard_fork()
             source = raw_batches.RefBatches(
                 self.dataset, self._loader if self.num_workers > 0 else None, pin_memory=self._pin)
-        elif self.transform_threads or self._store_is_complete():
+        elif self.transform_threads or self._store_is_complete() or self._writes_rows():
             # Transform threads run in this process (thread_batches). And when every sample's
             # output is in the decoded store, reading it here costs one record copy per sample;
             # a worker would add a pickle, a pipe and an unpickle of it. With a BatchCollator
-            # and image records, whole batches are gathered (store_batches).
-            source = _InProcessBatches(self.dataset, self.batch_size, self._loader.collate_fn,
+            # and image records, whole batches are gathered (store_batches). And with no
+            # workers, a transform that writes into a BatchCollator's rows does so here.
+            source = _InProcessBatches(self.dataset, self.batch_size, self._collate,
                                        pin=self._pin, threads=self.transform_threads)
         else:
             self._guard_fork()
-            if self.num_workers > 0 and self._loader.collate_fn is collate_samples:
+            if self.num_workers > 0 and self._collate is collate_samples:
                 source = _WorkerBatches(self._loader)
         if self._device_loader is not None:
             self._device_loader.iterable = source
@@ -209,6 +218,12 @@ class FeedLoader:
             self._batches += 1
             yield batch
         self._finished = True
+
+    def _writes_rows(self) -> bool:
+        # num_workers=0, no store: the transform writes each image into its batch row
+        # (ImagePipeline.into), no per-sample tensor and no collation copy
+        return (self.num_workers == 0 and self.dataset.decoded is None
+                and writes_into(self.dataset.transform, self._collate))
 
     def _store_is_complete(self) -> bool:
         store = self.dataset.decoded
@@ -283,6 +298,14 @@ class _InProcessBatches:
         if self.threads:
             yield from thread_batches(self.dataset, self.batch_size, self.collate_fn,
                                       self.threads)
+            return
+        if writes_into(self.dataset.transform, self.collate_fn) and self.dataset.decoded is None:
+            stream = self.dataset._read(0, 1, stored=False)
+            try:
+                yield from serial_batches(stream, self.dataset.transform, self.batch_size,
+                                          self.collate_fn)
+            finally:
+                stream.close()
             return
         it = iter(self.dataset)
         while True:

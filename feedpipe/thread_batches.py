@@ -41,6 +41,7 @@ import torch
 
 from .collator import BatchCollator
 from .image_ops import one_thread
+from .row_batches import writes_into
 
 if TYPE_CHECKING:
     from .dataset import FeedDataset
@@ -124,6 +125,11 @@ def _in_place(stream: Iterator[tuple[int, int, Any]], pool: ThreadPoolExecutor,
 def _into_row(transform: Callable[[Any], Any], sample: Any, collator: BatchCollator,
               images: torch.Tensor, labels: torch.Tensor, j: int) -> bool:
     """Transform ``sample`` into row ``j`` of the batch (and its label); True for a pair."""
+    if writes_into(transform, collator):
+        label = transform.into(sample, images[j])  # type: ignore[attr-defined]
+        if label is not None:
+            labels[j] = label
+        return label is not None
     out = transform(sample)
     paired = isinstance(out, (tuple, list))
     try:

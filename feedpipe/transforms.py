@@ -205,7 +205,8 @@ class ImagePipeline:
         with one_thread():
             return self._image(data, rng)
 
-    def _image(self, data: Any, rng: np.random.Generator | None) -> torch.Tensor:
+    def _image(self, data: Any, rng: np.random.Generator | None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         spec = self.spec
         size = as_size(spec.size)
         h, w = jpeg_size(data)
@@ -215,17 +216,14 @@ class ImagePipeline:
         min_w = math.ceil(w * size[1] / box.width) if box.width > size[1] else w
         window = decode_window(data, h, w, box, min_height=min(min_h, h),
                                min_width=min(min_w, w))
-        x = resize_to_tensor(window, size, flip=flip)
         if self._norm is None:
-            return x.contiguous()
-        return normalize_tensor(x, self._norm._mean, self._norm._std)
+            x = resize_to_tensor(window, size, flip=flip, out=out)
+            return x if out is not None else x.contiguous()
+        x = resize_to_tensor(window, size, flip=flip)
+        return normalize_tensor(x, self._norm._mean, self._norm._std, out=out)
 
     def __call__(self, sample: Mapping[str, Any]) -> Any:
-        where = f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}"
-        for field in (self.image_field, self.label_field):
-            if field is not None and field not in sample:
-                fields = sorted(k for k in sample if not k.startswith("__"))
-                raise DecodeError(f"{where} has no {field!r} field (it has {fields})")
+        where = self._check(sample)
         rng = rng_of(sample) if self.spec.train else None
         try:
             image = self.image(sample[self.image_field], rng)
@@ -234,6 +232,55 @@ class ImagePipeline:
             return image, parse_label(sample[self.label_field])
         except ValueError as e:  # DecodeError included: add which sample it was
             raise DecodeError(f"{where}: {e}") from e
+
+    @property
+    def out_shape(self) -> tuple[int, int, int]:
+        """The shape of an output image: ``(3, H, W)``."""
+        return (3, *as_size(self.spec.size))
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """The dtype of an output image: ``uint8`` without ``mean``, else ``float32``."""
+        return torch.uint8 if self._norm is None else torch.float32
+
+    def into(self, sample: Mapping[str, Any], out: torch.Tensor) -> int | None:
+        """Like :meth:`__call__`, but the image is written into ``out`` (a tensor of
+        :attr:`out_shape` and :attr:`out_dtype`, e.g. a row of a batch buffer) instead of a new
+        tensor, saving an allocation and a copy per sample; returns the label (``None`` without
+        a ``label_field``). :class:`~feedpipe.FeedLoader` calls it when its ``collate_fn`` is a
+        :class:`~feedpipe.collator.BatchCollator`. Same pixels as :meth:`__call__`.
+
+        Example:
+            >>> from feedpipe import FeedDataset
+            >>> p = ImagePipeline(32, mean=None)
+            >>> sample = next(iter(FeedDataset("shards/example")))
+            >>> row = torch.empty(p.out_shape, dtype=p.out_dtype)
+            >>> label = p.into(sample, row)
+            >>> bool(torch.equal(row, p(sample)[0])), label
+            (True, 0)
+        """
+        if out.dtype != self.out_dtype or tuple(out.shape) != self.out_shape:
+            raise ValueError(f"out= must be a {self.out_dtype} tensor of shape {self.out_shape}, "
+                             f"not {out.dtype} {tuple(out.shape)}")
+        where = self._check(sample)
+        rng = rng_of(sample) if self.spec.train else None
+        try:
+            with one_thread():
+                self._image(sample[self.image_field], rng, out)
+            if self.label_field is None:
+                return None
+            return parse_label(sample[self.label_field])
+        except ValueError as e:  # DecodeError included: add which sample it was
+            raise DecodeError(f"{where}: {e}") from e
+
+    def _check(self, sample: Mapping[str, Any]) -> str:
+        """Where ``sample`` is (for messages); a DecodeError when a field is missing."""
+        where = f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}"
+        for field in (self.image_field, self.label_field):
+            if field is not None and field not in sample:
+                fields = sorted(k for k in sample if not k.startswith("__"))
+                raise DecodeError(f"{where} has no {field!r} field (it has {fields})")
+        return where
 
     def __repr__(self) -> str:
         return (f"ImagePipeline.from_spec({self.spec!r}, image_field={self.image_field!r}, "

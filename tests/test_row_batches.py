@@ -1,0 +1,228 @@
+"""Batches written in place (feedpipe.row_batches): ImagePipeline.into gives __call__'s pixels;
+FeedLoader with a matching BatchCollator takes the in-place path at num_workers=0, with
+transform threads and with worker processes, and its batches equal the per-sample path's, in
+order; errors name the sample; resumption continues exactly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import simplejpeg
+import torch
+
+from feedpipe import FeedDataset, FeedLoader
+from feedpipe.collator import BatchCollator, _shared_empty
+from feedpipe.errors import DecodeError
+from feedpipe.row_batches import writes_into
+from feedpipe.transforms import ImagePipeline
+
+from _data import make_dataset
+
+N = 25  # samples of make_dataset
+SIZE = 8
+
+
+@pytest.fixture(scope="module")
+def ds_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_dataset(str(tmp_path_factory.mktemp("ds")))  # 25 samples, shards of 7
+
+
+class PerSample:
+    """An ImagePipeline without ``into``: the per-sample path (tensor per sample, then the
+    collator's copy), the reference."""
+
+    def __init__(self, pipeline: ImagePipeline) -> None:
+        self.pipeline = pipeline
+
+    def __call__(self, sample: dict[str, Any]) -> Any:
+        return self.pipeline(sample)
+
+
+class OnlyInto(ImagePipeline):
+    """An ImagePipeline whose per-sample call fails: a loader that gives batches with it took
+    the in-place path for every sample (in worker processes too, where nothing can be counted)."""
+
+    def __call__(self, sample: Any) -> Any:
+        raise AssertionError("the per-sample path ran")
+
+
+def pipeline(cls: type = ImagePipeline, **kw: Any) -> Any:
+    kw.setdefault("mean", None)
+    return cls(SIZE, **kw)
+
+
+def run(ds_path: str, transform: Any, *, epoch: int = 1, dtype: torch.dtype = torch.uint8,
+        **loader_kw: Any) -> list[Any]:
+    ds = FeedDataset(ds_path, shuffle=True, seed=3, transform=transform)
+    fl = FeedLoader(ds, batch_size=4, collate_fn=BatchCollator(4, (3, SIZE, SIZE), dtype),
+                    **loader_kw)
+    fl.set_epoch(epoch)
+    out = []
+    for b in fl:
+        out.append(tuple(t.clone() for t in b) if isinstance(b, tuple) else b.clone())
+    return out
+
+
+def same(a: list[Any], b: list[Any]) -> bool:
+    def eq(x: Any, y: Any) -> bool:
+        if isinstance(x, tuple):
+            return len(x) == len(y) and all(torch.equal(u, v) for u, v in zip(x, y))
+        return torch.equal(x, y)
+    return len(a) == len(b) and all(eq(x, y) for x, y in zip(a, b))
+
+
+def test_into_writes_the_pixels_and_returns_the_label_of_call(ds_path: str) -> None:
+    samples = list(FeedDataset(ds_path, shuffle=True, seed=1))
+    for kw in ({"train": True, "mean": None}, {"train": False, "mean": None}, {"train": True}):
+        p = ImagePipeline(SIZE, **kw)  # type: ignore[arg-type]
+        for s in samples[:10]:
+            image, label = p(s)
+            out = torch.full(p.out_shape, 7, dtype=p.out_dtype)
+            assert p.into(s, out) == label
+            assert torch.equal(out, image), kw
+    bare = ImagePipeline(SIZE, mean=None, label_field=None)
+    out = torch.empty(bare.out_shape, dtype=torch.uint8)
+    assert bare.into(samples[0], out) is None
+    assert torch.equal(out, bare(samples[0]))
+
+
+def test_into_writes_a_strided_row_and_the_torch_resize_path(ds_path: str) -> None:
+    s = next(iter(FeedDataset(ds_path)))
+    # a shrinking resize (torch's antialiased path), into a non-contiguous view
+    p = ImagePipeline(4, train=False, mean=None)
+    big = torch.zeros(3, 4, 8, dtype=torch.uint8)
+    view = big[:, :, ::2]
+    p.into(s, view)
+    assert torch.equal(view, p(s)[0]) and big[:, :, 1::2].eq(0).all()
+
+
+def test_into_refuses_a_wrong_buffer_and_names_bad_samples(ds_path: str) -> None:
+    p = pipeline()
+    s = next(iter(FeedDataset(ds_path)))
+    with pytest.raises(ValueError, match=r"torch.uint8 tensor of shape \(3, 8, 8\)"):
+        p.into(s, torch.empty(3, 9, 8, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        p.into(s, torch.empty(3, SIZE, SIZE, dtype=torch.float32))
+    bad = dict(s, jpg=b"\xff\xd8 not a jpeg")
+    with pytest.raises(DecodeError, match=repr(s["__key__"])):
+        p.into(bad, torch.empty(p.out_shape, dtype=torch.uint8))
+    with pytest.raises(DecodeError, match="no 'cls' field"):
+        p.into({k: v for k, v in s.items() if k != "cls"}, torch.empty(p.out_shape,
+                                                                       dtype=torch.uint8))
+
+
+def test_writes_into_needs_a_matching_collator() -> None:
+    p = pipeline()
+    assert writes_into(p, BatchCollator(4, (3, SIZE, SIZE)))
+    assert not writes_into(p, BatchCollator(4, (3, SIZE + 1, SIZE)))
+    assert not writes_into(p, BatchCollator(4, (3, SIZE, SIZE), torch.float32))
+    assert writes_into(ImagePipeline(SIZE), BatchCollator(4, (3, SIZE, SIZE), torch.float32))
+    assert not writes_into(PerSample(p), BatchCollator(4, (3, SIZE, SIZE)))
+    assert not writes_into(p, None)
+
+
+@pytest.mark.parametrize("how", [{"num_workers": 0}, {"transform_threads": 2},
+                                 {"num_workers": 2}])
+def test_in_place_batches_equal_the_per_sample_path(ds_path: str, how: dict[str, int]) -> None:
+    want = run(ds_path, PerSample(pipeline()))
+    assert len(want) == 7 and sum(len(b[1]) for b in want) == N
+    assert same(run(ds_path, pipeline(OnlyInto), **how), want)
+    assert not same(run(ds_path, pipeline(OnlyInto), epoch=2, **how), want)
+    assert same(run(ds_path, pipeline(OnlyInto), epoch=2, **how),
+                run(ds_path, PerSample(pipeline()), epoch=2))
+
+
+@pytest.mark.parametrize("how", [{"num_workers": 0}, {"num_workers": 2}])
+def test_normalised_and_bare_images_in_place(ds_path: str, how: dict[str, int]) -> None:
+    want = run(ds_path, PerSample(pipeline(mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2))),
+               dtype=torch.float32)
+    got = run(ds_path, pipeline(OnlyInto, mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2)),
+              dtype=torch.float32, **how)
+    assert same(got, want) and want[0][0].dtype == torch.float32
+    bare = run(ds_path, pipeline(OnlyInto, label_field=None), **how)
+    assert len(bare) == 7 and all(isinstance(b, torch.Tensor) for b in bare)
+    assert same(bare, [b[0] for b in run(ds_path, PerSample(pipeline()))])
+
+
+def test_a_mismatched_collator_takes_the_per_sample_path(ds_path: str) -> None:
+    # a float32 collator for uint8 images: the collator's copy converts, as before
+    got = run(ds_path, pipeline(), dtype=torch.float32, num_workers=0)
+    want = run(ds_path, PerSample(pipeline()))
+    assert same([(x.to(torch.uint8), y) for x, y in got], want)
+
+
+def _broken(ds_path: str) -> tuple[FeedDataset, str]:
+    keys = [k for b in FeedLoader(FeedDataset(ds_path, shuffle=True, seed=3), batch_size=4)
+            for k in b["__key__"]]
+    bad = keys[9]  # in the third batch
+
+    class Broken(ImagePipeline):
+        def into(self, sample: Any, out: torch.Tensor) -> Any:
+            if sample["__key__"] == bad:
+                sample = dict(sample, jpg=b"\xff\xd8 truncated")
+            return super().into(sample, out)
+
+    return FeedDataset(ds_path, shuffle=True, seed=3, transform=Broken(SIZE, mean=None)), bad
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_sample_stops_the_epoch_naming_it(ds_path: str, workers: int) -> None:
+    ds, bad = _broken(ds_path)
+    fl = FeedLoader(ds, batch_size=4, num_workers=workers,
+                    collate_fn=BatchCollator(4, (3, SIZE, SIZE)))
+    with pytest.raises(DecodeError, match=repr(bad)):
+        for _ in fl:
+            pass
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resume_in_place_continues_exactly(ds_path: str, workers: int) -> None:
+    want = run(ds_path, PerSample(pipeline()))
+
+    def loader() -> FeedLoader:
+        ds = FeedDataset(ds_path, shuffle=True, seed=3, transform=pipeline(OnlyInto))
+        return FeedLoader(ds, batch_size=4, num_workers=workers,
+                          collate_fn=BatchCollator(4, (3, SIZE, SIZE)))
+
+    fl = loader()
+    fl.set_epoch(1)
+    it = iter(fl)
+    first = [tuple(t.clone() for t in next(it)) for _ in range(3)]
+    state = fl.state_dict()
+    del it
+    assert state["position"] == 12
+    fl2 = loader()
+    fl2.load_state_dict(state)
+    fl2.set_epoch(1)
+    rest = [tuple(t.clone() for t in b) for b in fl2]
+    assert same(first + rest, want)
+
+
+def test_in_place_batches_reuse_the_collators_ring(ds_path: str) -> None:
+    c = BatchCollator(4, (3, SIZE, SIZE))
+    fl = FeedLoader(FeedDataset(ds_path, transform=pipeline(OnlyInto)), batch_size=4,
+                    collate_fn=c)
+    for _ in fl:
+        pass  # each batch dropped before the next: the ring's buffers come round again
+    assert c.stats()["batches"] == 7 and c.stats()["reused"] >= 5
+
+
+def test_worker_buffers_are_allocated_in_shared_memory() -> None:
+    x = _shared_empty((2, 3, 4), torch.uint8)
+    assert x.is_shared() and tuple(x.shape) == (2, 3, 4) and x.is_contiguous()
+    x.fill_(5)
+    assert int(x.sum()) == 5 * 24
+    y = _shared_empty((3,), torch.int64)
+    assert y.is_shared() and y.dtype == torch.int64
+
+
+def test_labels_of_a_dtype_numpy_lacks(ds_path: str) -> None:
+    ds = FeedDataset(ds_path, shuffle=True, seed=3, transform=pipeline(OnlyInto))
+    fl = FeedLoader(ds, batch_size=4, collate_fn=BatchCollator(4, (3, SIZE, SIZE),
+                                                               label_dtype=torch.bfloat16))
+    fl.set_epoch(1)
+    got = [b[1].clone() for b in fl]
+    want = [b[1] for b in run(ds_path, PerSample(pipeline()))]
+    assert all(torch.equal(g, w.to(torch.bfloat16)) for g, w in zip(got, want))
