@@ -13,9 +13,9 @@ the systems (common.alternating); figures are medians over ``--passes`` (>= 3) p
               shards after one more index step each (a wids.json, DALI's wds2idx), timed and
               added to webdataset's time. "files" needs none.
     read      shuffled epochs of raw bytes in batches of 256 with num_workers 0 and 2 (3 epochs
-              per process, their median): the main field of every sample is CRC-32'd (the same
-              cost for all) and every epoch must deliver exactly the source's samples, bytes and
-              XOR of CRCs.
+              per process, their median): the main field of every sample is hashed (XXH3-64,
+              or CRC-32 without xxhash: peer_systems.content_hash; the same cost for all) and
+              every epoch must deliver exactly the source's samples, bytes and XOR of hashes.
     decode    images only: two shuffled epochs of JPEG decode + random-resized crop to 224 +
               flip + batch 256 (uint8 CHW), num_workers 0 and 2; every batch's shape is checked
               and the epoch's sample count too. Epoch 1 is the "decode" figure, epoch 2 the
@@ -93,7 +93,7 @@ def _run_epochs(spec: dict[str, Any]) -> dict[str, Any]:
         L = ps.loader(system, phase, spec["root"], kind, spec["nw"], spec)
         out["setup_seconds"] = time.perf_counter() - t_setup
         for _ in range(spec["epochs"]):
-            n = nbytes = crc = 0
+            n = nbytes = h = 0
             t0 = time.perf_counter()
             t_first = None
             n_first = 0
@@ -101,7 +101,7 @@ def _run_epochs(spec: dict[str, Any]) -> dict[str, Any]:
                 if phase == "read":
                     k, b, c = ps.count_raw(system, batch, field)
                     nbytes += b
-                    crc ^= c
+                    h ^= c
                 else:
                     k = ps.count_decoded(batch)
                 n += k
@@ -109,7 +109,7 @@ def _run_epochs(spec: dict[str, Any]) -> dict[str, Any]:
                     t_first, n_first = time.perf_counter(), k
             t1 = time.perf_counter()
             got = {"samples": n} if phase == "decode" else {"samples": n, "bytes": nbytes,
-                                                            "crc_xor": crc}
+                                                            "hash_xor": h}
             ep = {"seconds": t1 - t0, "first_batch_seconds": (t_first or t1) - t0,
                   "steady_samples": n - n_first, "steady_seconds": t1 - (t_first or t1), **got}
             out["epochs"].append(ep)
@@ -199,16 +199,15 @@ def _files_of(root: str, ext: str) -> list[str]:
 
 
 def _expected(info: dict[str, Any]) -> dict[str, Any]:
-    import zlib
-
     field = ps.main_field(info["name"])
-    crc = nbytes = 0
+    name, digest = ps.content_hash()
+    h = nbytes = 0
     for p in _files_of(info["src"], "." + field):
         with open(p, "rb") as f:
             b = f.read()
-        crc ^= zlib.crc32(b)
+        h ^= digest(b)
         nbytes += len(b)
-    return {"samples": info["samples"], "bytes": nbytes, "crc_xor": crc}
+    return {"samples": info["samples"], "bytes": nbytes, "hash_xor": h, "check": name}
 
 
 _PARTIAL: list[Any] = []  # [path, doc] once main() has a doc: saved before every run
@@ -304,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                            "environment": common.environment(a.root),
                            "shard_bytes": shard_bytes, "batch_size": ps.BATCH,
                            "datasets": {}, "runs": {}, "log": []}
+    doc["environment"]["read_check"] = ps.content_hash()[0]
     doc["environment"]["versions"].update({m: common._version(m) for m in (
         "mosaicml-streaming", "litdata", "nvidia-dali-cuda130", "wids", "torchvision", "pillow",
         "psutil", "matplotlib")})

@@ -468,12 +468,28 @@ def _dali(root: str, kind: str, field: str, decode: bool, nw: int, total: int) -
 # ----------------------------------------------------------------------------- counting
 
 
-def count_raw(system: str, batch: Any, field: str) -> tuple[int, int, int]:
-    """(samples, main-field bytes, XOR of the main fields' CRC-32s) of one raw batch: every
-    system's bytes are touched the same way, and the epoch's XOR must equal the source's."""
-    import zlib
+def content_hash() -> tuple[str, Any]:
+    """The per-field content hash every pass is checked with: (name, bytes-like -> int).
 
-    crc = 0
+    xxHash's XXH3-64 (0.7 us for a 16 KB field here) where it is installed, else zlib's CRC-32
+    (4.7 us): the check touches every byte of every sample of every system alike, and a slow
+    check is a fixed cost per sample that hides differences between the loaders it checks (with
+    CRC-32 it was 4.9 of feedpipe's 8.3 us a sample in the raw read phase)."""
+    try:
+        import xxhash
+    except ImportError:
+        import zlib
+
+        return "zlib.crc32", zlib.crc32
+    return f"xxhash.xxh3_64 {xxhash.VERSION}", xxhash.xxh3_64_intdigest
+
+
+def count_raw(system: str, batch: Any, field: str) -> tuple[int, int, int]:
+    """(samples, main-field bytes, XOR of the main fields' content hashes) of one raw batch:
+    every system's bytes are touched the same way, and the epoch's XOR must equal the
+    source's."""
+    digest = _HASH[1]
+    h = 0
     nbytes = 0
     if system == "feedpipe":
         col = batch[field]
@@ -487,8 +503,11 @@ def count_raw(system: str, batch: Any, field: str) -> tuple[int, int, int]:
         raise SystemExit(system)
     for v in col:
         nbytes += len(v) if not hasattr(v, "nbytes") else int(v.nbytes)
-        crc ^= zlib.crc32(v)  # order-free: XOR of per-field CRCs, whatever the shuffle
-    return len(col), nbytes, crc
+        h ^= digest(v)  # order-free: XOR of per-field hashes, whatever the shuffle
+    return len(col), nbytes, h
+
+
+_HASH = content_hash()
 
 
 def count_decoded(batch: Any) -> int:
