@@ -212,8 +212,9 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append("")
     cols = [(d, nw) for d in ds_names for nw in (0, 2) if f"read-nw{nw}" in summ[d]]
     if cols:
+        check = doc.get("environment", {}).get("read_check", "zlib.crc32")
         lines += ["**Raw read, samples/s** (shuffled epoch, batches of 256, every byte "
-                  "CRC-checked; MB/s of payload below)", "",
+                  f"hash-checked with {check}; MB/s of payload below)", "",
                   head + "".join(f" {d} ({n[d]:,}), {nw} workers |" for d, nw in cols),
                   "|---|" + "---:|" * len(cols)]
         for s in systems:

@@ -38,7 +38,7 @@ import torch
 from .dependency import require
 from .errors import DecodeError
 from .image_ops import jpeg_size
-from .transforms import ImageSpec, parse_label, sample_rng
+from .transforms import ImageSpec, parse_label, scratch_rng
 
 
 class DaliBatch(NamedTuple):
@@ -191,7 +191,7 @@ class DaliStage:
                 key = meta.get("__key__", [None] * n)[i] if meta is not None else None
                 raise DecodeError(f"sample {key!r} (id {index[i]}) in a batch fed to the DALI "
                                   f"stage (which crops from JPEG headers): {e}") from e
-            rng = sample_rng(seed[i], epoch[i], index[i]) if spec.train else None
+            rng = scratch_rng(seed[i], epoch[i], index[i]) if spec.train else None
             box, flip = spec.geometry(h, w, rng)
             anchors[i] = box.left, box.top
             shapes[i] = box.width, box.height

@@ -255,6 +255,35 @@ def test_sample_rng_is_a_function_of_seed_epoch_index() -> None:
     assert draw(-1, 0, 0) != draw(1, 0, 0)
 
 
+def test_scratch_rng_draws_what_sample_rng_draws_on_every_thread() -> None:
+    import threading
+
+    from feedpipe.transforms import scratch_rng
+
+    want = {i: sample_rng(7, 1, i).random(6).tolist() for i in range(50)}
+    assert [scratch_rng(7, 1, i).random(6).tolist() for i in range(50)] == list(want.values())
+    # a partly used scratch generator is fully re-seeded by the next call
+    scratch_rng(7, 1, 3).random(3)
+    assert scratch_rng(7, 1, 3).random(6).tolist() == want[3]
+    # threads interleaving draws each have their own
+    got: dict[int, list[float]] = {}
+    barrier = threading.Barrier(2)
+
+    def draw(ids: range) -> None:
+        for i in ids:
+            rng = scratch_rng(7, 1, i)
+            first = rng.random(3).tolist()
+            barrier.wait()  # the other thread re-seeds its generator in between
+            got[i] = first + rng.random(3).tolist()
+
+    ts = [threading.Thread(target=draw, args=(range(k, 50, 2),)) for k in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got == want
+
+
 def test_same_sample_same_epoch_same_tensor(big: bytes) -> None:
     pipe = ImagePipeline(64)
     s = {"jpg": big, "cls": b"2", "__index__": 17, "__epoch__": 4, "__seed__": 9}
