@@ -103,14 +103,16 @@ def _in_place(stream: Iterator[tuple[int, int, Any]], pool: ThreadPoolExecutor,
     buffer (:meth:`BatchCollator.buffer`) and drops it, so the copies run in parallel and no
     batch of per-sample tensors waits in memory."""
     pending: deque[tuple[torch.Tensor, torch.Tensor, list[Future[bool]]]] = deque()
+    into = writes_into(transform, collator)  # decided once, not per sample
     while True:
         while len(pending) <= ahead:
             chunk = list(itertools.islice(stream, batch_size))
             if not chunk:
                 break
             images, labels = collator.buffer(len(chunk))
+            rows = images.unbind(0) if into else None
             pending.append((images, labels, [
-                pool.submit(_into_row, transform, x, collator, images, labels, j)
+                pool.submit(_into_row, transform, x, collator, images, labels, j, rows)
                 for j, (_, _, x) in enumerate(chunk)]))
         if not pending:
             return
@@ -123,10 +125,11 @@ def _in_place(stream: Iterator[tuple[int, int, Any]], pool: ThreadPoolExecutor,
 
 
 def _into_row(transform: Callable[[Any], Any], sample: Any, collator: BatchCollator,
-              images: torch.Tensor, labels: torch.Tensor, j: int) -> bool:
-    """Transform ``sample`` into row ``j`` of the batch (and its label); True for a pair."""
-    if writes_into(transform, collator):
-        label = transform.into(sample, images[j])  # type: ignore[attr-defined]
+              images: torch.Tensor, labels: torch.Tensor, j: int, rows: Any) -> bool:
+    """Transform ``sample`` into row ``j`` of the batch (and its label); True for a pair.
+    ``rows``: the batch's rows when the transform writes into them (:func:`writes_into`)."""
+    if rows is not None:
+        label = transform.into(sample, rows[j])  # type: ignore[attr-defined]
         if label is not None:
             labels[j] = label
         return label is not None
