@@ -23,7 +23,9 @@ as :class:`feedpipe.DeviceLoader` does.
 memory that the worker would overwrite on reuse, and the worker cannot see the main process's
 references; so there the collator falls back to ``default_collate`` (a fresh shared-memory batch
 each time, no pinning: workers never touch CUDA), and the DataLoader's own ``pin_memory=True``
-path pins in the main process. The ring, and pinning, apply with ``num_workers=0``.
+path pins in the main process. The ring, and pinning, apply with ``num_workers=0``. (A transform
+that writes in place, behind :class:`~feedpipe.FeedLoader`, gets a worker-side ring whose buffers
+the main process hands back: :class:`feedpipe.row_batches.WorkerRing`.)
 """
 
 from __future__ import annotations

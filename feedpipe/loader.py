@@ -24,7 +24,7 @@ from .dataset import FeedDataset
 from .device_loader import DeviceLoader
 from .errors import StateError
 from .store_batches import store_batches
-from .row_batches import RowSource, serial_batches, writes_into
+from .row_batches import RowBatches, RowSource, serial_batches, writes_into
 from .thread_batches import thread_batches
 
 
@@ -149,15 +149,20 @@ class FeedLoader:
                               and raw_batches.eligible(dataset))
         self._pin = bool(loader_kwargs.get("pin_memory", False))
         self._collate = collate_fn or collate_samples
+        self._rows: RowBatches | None = None  # the in-place worker path's batches (row_batches)
         if self._by_reference:
             self._loader = DataLoader(raw_batches.RefSource(dataset), batch_size=None,
                                       num_workers=num_workers, **loader_kwargs)
         elif (num_workers > 0 and dataset.decoded is None
               and writes_into(dataset.transform, collate_fn)):
-            # the workers write each image into its batch row, in shared memory (row_batches)
-            self._loader = DataLoader(RowSource(dataset, self.batch_size, collate_fn),
+            # the workers write each image into its batch row, in shared memory, reusing a
+            # buffer once this process lets go of its batch (row_batches)
+            in_flight = loader_kwargs.get("prefetch_factor") or 2
+            self._loader = DataLoader(RowSource(dataset, self.batch_size, collate_fn,
+                                                depth=in_flight + 3),
                                       batch_size=None, num_workers=num_workers,
                                       collate_fn=row_batches.as_is, **loader_kwargs)
+            self._rows = RowBatches(self._loader)
         else:
             self._loader = DataLoader(
                 dataset,
@@ -207,7 +212,9 @@ class FeedLoader:
                                        pin=self._pin, threads=self.transform_threads)
         else:
             self._guard_fork()
-            if self.num_workers > 0 and self._collate is collate_samples:
+            if self._rows is not None:
+                source = self._rows
+            elif self.num_workers > 0 and self._collate is collate_samples:
                 source = _WorkerBatches(self._loader)
         if self._device_loader is not None:
             self._device_loader.iterable = source

@@ -124,7 +124,7 @@ def test_writes_into_needs_a_matching_collator() -> None:
 
 
 @pytest.mark.parametrize("how", [{"num_workers": 0}, {"transform_threads": 2},
-                                 {"num_workers": 2}])
+                                 {"num_workers": 2}, {"num_workers": 2, "device": "cpu"}])
 def test_in_place_batches_equal_the_per_sample_path(ds_path: str, how: dict[str, int]) -> None:
     want = run(ds_path, PerSample(pipeline()))
     assert len(want) == 7 and sum(len(b[1]) for b in want) == N
@@ -226,3 +226,105 @@ def test_labels_of_a_dtype_numpy_lacks(ds_path: str) -> None:
     got = [b[1].clone() for b in fl]
     want = [b[1] for b in run(ds_path, PerSample(pipeline()))]
     assert all(torch.equal(g, w.to(torch.bfloat16)) for g, w in zip(got, want))
+
+
+def _rows(batch: Any) -> Any:
+    return tuple(t.clone() for t in batch)
+
+
+def test_worker_buffers_come_back_and_held_batches_stay_intact(ds_path: str) -> None:
+    # Worker processes reuse their shared-memory buffers once this process lets go of a batch
+    # (row_batches.WorkerRing / RowBatches): batches the loop keeps, whole or as views, are never
+    # overwritten, an epoch stopped early leaves nothing wrong behind, and dropped ones come back.
+    want = {e: run(ds_path, PerSample(pipeline()), epoch=e) for e in (1, 2, 3, 4, 5)}
+    ds = FeedDataset(ds_path, shuffle=True, seed=3, transform=pipeline(OnlyInto))
+    fl = FeedLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, prefetch_factor=1,
+                    collate_fn=BatchCollator(4, (3, SIZE, SIZE)))
+    rows = fl._rows
+    assert rows is not None
+
+    def epoch(e: int) -> Any:
+        fl.set_epoch(e)
+        return iter(fl)
+
+    assert same([_rows(b) for b in epoch(1)], want[1])  # each batch dropped: buffers return
+    first = rows.stats()
+    assert first["batches"] == 7 and first["released"] >= 5
+    kept = list(epoch(2))  # every batch kept as it came, no copy
+    assert same(kept, want[2])
+    assert rows.stats()["released"] - first["released"] <= 1  # only epoch 1's last batch
+    views = [(x[1:3], y[:2]) for x, y in epoch(3)]  # only views kept
+    want_views = [(x[1:3], y[:2]) for x, y in want[3]]
+    assert same(kept, want[2]) and same(views, want_views)
+    del kept, views
+    it = epoch(4)
+    next(it)  # an epoch stopped after one batch
+    del it
+    before = rows.stats()
+    assert same([_rows(b) for b in epoch(5)], want[5])
+    after = rows.stats()
+    assert after["batches"] - before["batches"] == 7 and after["reused"] > before["reused"]
+
+
+def test_a_worker_ring_reuses_only_buffers_handed_back() -> None:
+    from feedpipe.row_batches import WorkerRing
+
+    ring = WorkerRing(BatchCollator(2, (3, 2, 2)), depth=2)
+    released = ring.table[1].numpy()
+
+    holders = []  # the batches' holders, so that no freed buffer's address comes back
+
+    def take() -> tuple[int, Any]:
+        images, _ = ring.buffer(2)
+        holders.append(images)
+        return images.data_ptr(), ring.ticket()
+
+    a, ta = take()
+    b, tb = take()
+    assert ta.table is ring.table and tb.table is None  # the table goes with the first batch
+    assert a != b and not ta.reused and not tb.reused
+    c, tc = take()  # none handed back: a new buffer in slot 0, a's left to its holder
+    assert c not in (a, b) and tc.slot == ta.slot == 0 and tc.token != ta.token
+    released[ta.slot] = ta.token  # a late release of a's batch frees nothing of c's
+    d, td = take()
+    assert d not in (a, b, c) and td.slot == 1
+    released[tc.slot] = tc.token
+    e, te = take()
+    assert e == c and te.reused and te.slot == tc.slot
+    with pytest.raises(ValueError, match="3 rows"):
+        ring.buffer(3)
+
+
+def test_the_training_side_hands_back_only_batches_nothing_holds() -> None:
+    from feedpipe.row_batches import RowBatches, Ticket
+
+    table = _shared_empty((2, 4), torch.int64).zero_()  # a worker ring's: issued, released
+    released = table[1].numpy()
+
+    def received() -> Any:
+        # as the DataLoader hands batches over: each rebuilt from shared memory, the last one
+        # copied out of it on the way (pin_memory), so not held in shared memory here
+        for slot in range(4):
+            token = 10 + slot
+            table[0, slot] = token
+            if slot < 3:
+                batch = (_shared_empty((2, 3, 2, 2), torch.uint8),
+                         _shared_empty((2,), torch.int64))
+            else:
+                batch = (torch.zeros(2, 3, 2, 2, dtype=torch.uint8), torch.zeros(2))
+            yield batch, Ticket(7, slot, token, slot == 1, table if slot == 0 else None)
+            del batch
+
+    rb = RowBatches(received())
+    it = iter(rb)
+    x0 = next(it)
+    assert released.tolist() == [0, 0, 0, 0]
+    del x0  # the loop lets go of batch 0
+    held = next(it)  # keeps batch 1 whole
+    assert released.tolist() == [10, 0, 0, 0]
+    x2 = next(it)[0][1:]  # and a view of batch 2
+    x3 = next(it)
+    assert released.tolist() == [10, 0, 0, 13]  # the copy at once; 1 and 2 still held
+    del held, x2, x3
+    assert list(it) == [] and released.tolist() == [10, 11, 12, 13]
+    assert rb.stats() == {"batches": 4, "reused": 1, "released": 4}
