@@ -21,8 +21,8 @@ the systems (common.alternating); figures are medians over ``--passes`` (>= 3) p
               and the epoch's sample count too. Epoch 1 is the "decode" figure, epoch 2 the
               "second epoch" with whatever cache the system has (feedpipe: its decoded store
               once it exists; reported as pending otherwise).
-    memory    peak RSS and PSS summed over the process and its workers (peer_memory.py) during
-              the decode phase, per num_workers.
+    memory    peak RSS and PSS summed over the process and the workers alive with it
+              (peer_memory.py) during the decode phase, per num_workers.
 
 Warm-up: the page cache is warmed by one untimed read of every input before a phase, and every
 rate is the steady rate after the first batch (its samples are counted for the check, not the

@@ -1,9 +1,15 @@
 """Peak memory of a process tree: RSS and PSS summed over the process and all its descendants
-(DataLoader workers, DALI has none), sampled on a background thread. Peak RSS is each process's
-own high-water mark (``VmHWM`` in ``/proc/PID/status``, exact and cheap; the sum of per-process
-peaks, which may not have coincided); PSS comes from ``/proc/PID/smaps_rollup`` once a second
-only: reading it walks the page tables under the process's mmap lock, which stalls page faults of
-an mmap reader (sampling it at 10 Hz made feedpipe's raw read 3x slower, LitData's 1.4x). PSS splits shared pages (the forked workers' copy-on-write torch, mmapped shards) between
+(DataLoader workers, DALI has none), sampled on a background thread. Peak RSS: at each sample,
+the sum over the processes alive then of each one's high-water mark so far (``VmHWM`` in
+``/proc/PID/status``, exact and cheap), and the largest such sum; an upper bound on what the
+tree held at once (each process's own peak counts even if they did not coincide), but a process
+no longer counts once it has exited: a DataLoader without ``persistent_workers`` starts new
+workers every epoch, and adding the peaks of every epoch's workers (``rss_hwm_all_bytes``, kept
+for comparison) would count processes that never lived at the same time. A process that lives
+and dies between two samples (0.25 s) is missed. PSS comes from ``/proc/PID/smaps_rollup`` once
+a second only: reading it walks the page tables under the process's mmap lock, which stalls page
+faults of an mmap reader (sampling it at 10 Hz made feedpipe's raw read 3x slower, LitData's
+1.4x). PSS splits shared pages (the forked workers' copy-on-write torch, mmapped shards) between
 the processes that map them, so its sum is what the tree really costs; the RSS sum counts shared
 pages once per process."""
 
@@ -68,9 +74,12 @@ class PeakMemory:
     def sample(self, pss: bool = True) -> None:
         me = os.getpid()
         pids = [me, *_descendants(me)]
+        live = 0
         for p in pids:
-            self._hwms[p] = max(self._hwms.get(p, 0), _hwm(p))
-        self.peak_rss = sum(self._hwms.values())
+            h = _hwm(p)  # 0 once the process has gone (between the listing and now)
+            self._hwms[p] = max(self._hwms.get(p, 0), h)
+            live += self._hwms[p] if h else 0
+        self.peak_rss = max(self.peak_rss, live)
         self.peak_procs = max(self.peak_procs, len(pids))
         if pss:
             self.peak_pss = max(self.peak_pss, sum(_rollup(p)[1] for p in pids))
@@ -92,4 +101,5 @@ class PeakMemory:
 
     def result(self) -> dict[str, Any]:
         return {"peak_rss_bytes": self.peak_rss, "peak_pss_bytes": self.peak_pss,
-                "peak_processes": self.peak_procs}
+                "peak_processes": self.peak_procs,
+                "rss_hwm_all_bytes": sum(self._hwms.values()), "processes_seen": len(self._hwms)}

@@ -242,7 +242,8 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append("")
         mcols = [(d, nw) for d in ds_names for nw in (0, 2) if f"decode-nw{nw}" in summ[d]]
         lines += ["**Peak memory during the decode epochs, MB** (RSS summed over the process and "
-                  "its workers, ratio to the lowest peer; PSS sum after the slash)", "",
+                  "the workers alive with it, ratio to the lowest peer; PSS sum after the slash)",
+                  "",
                   head + "".join(f" {nw} workers |" for d, nw in mcols),
                   "|---|" + "---:|" * len(mcols)]
         for s in systems:
