@@ -3,7 +3,9 @@
 A tree of millions of files is listed by one task per top-level directory (processes for a local
 tree, threads for an fsspec URL, whose listing waits on the network). Each task groups its files
 into samples (:func:`feedpipe.sources.classify`), sorts them by key and writes them to a *chunk*
-file (one JSON line per sample) in a temporary directory; the parent keeps per-chunk counts only.
+file in a private temporary directory (length-prefixed ``marshal`` records of up to
+:data:`CHUNK_ROWS` samples each: plain tuples of str and int, which load without running code and
+several times faster than JSON lines); the parent keeps per-chunk counts only.
 Iterating a :class:`TreeListing` streams the samples from the chunks in global key order, so no
 process holds a Python object per file of the whole tree: a task holds one top-level directory,
 the parent one sample at a time.
@@ -17,9 +19,10 @@ only the root directory's own files in between.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
-import json
+import marshal
 import os
 import shutil
 import tempfile
@@ -40,6 +43,9 @@ from .sources import (
     classify,
 )
 from .storage import filesystem, is_local, local_path
+
+
+CHUNK_ROWS = 4096  # samples per marshal record of a chunk file: what the parent holds at once
 
 
 @dataclass
@@ -117,11 +123,12 @@ def write_chunk(entries: Iterable[tuple[str, int]], top: str, path: str,
             by_key.setdefault(got[0], []).append(got[1])
             chunk.files += 1
     keys = sorted(by_key)
-    with open(path, "w", encoding="utf-8") as f:
-        for k in keys:
-            f.write(json.dumps([k, [[r.ext, r.path, r.size] for r in by_key[k]]],
-                               ensure_ascii=False))
-            f.write("\n")
+    with open(path, "wb") as f:
+        for i in range(0, len(keys), CHUNK_ROWS):
+            record = marshal.dumps([(k, [tuple(r) for r in by_key[k]])
+                                    for k in keys[i:i + CHUNK_ROWS]])
+            f.write(len(record).to_bytes(8, "little"))
+            f.write(record)
     chunk.samples = len(keys)
     if keys:
         chunk.first, chunk.last = keys[0], keys[-1]
@@ -133,10 +140,13 @@ def _list_dir(src: str, top: str, path: str, labels_from_dirs: bool) -> Chunk:
 
 
 def _rows(path: str) -> Iterator[tuple[str, list[FileRef]]]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            key, files = json.loads(line)
-            yield key, [FileRef(e, p, s) for e, p, s in files]
+    # length-prefixed records: marshal.load from a file object reads it a few bytes at a time
+    make = FileRef._make
+    with open(path, "rb") as f:
+        while head := f.read(8):
+            rows = marshal.loads(f.read(int.from_bytes(head, "little")))
+            for key, files in rows:
+                yield key, [make(r) for r in files]
 
 
 class TreeListing:
@@ -179,8 +189,18 @@ class TreeListing:
             yield spec
 
     def to_listing(self) -> Listing:
-        """Everything in memory, as :func:`feedpipe.sources.list_tree` returns it."""
-        return Listing(list(self), self.problems, self.classes, self.ignored)
+        """Everything in memory, as :func:`feedpipe.sources.list_tree` returns it.
+
+        The cyclic garbage collector is paused while the list is built: it holds three objects
+        per sample, none garbage, and the full collections that a growing heap triggers would
+        walk them again and again (1.15 of 1.48 s for 200,000 samples)."""
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return Listing(list(self), self.problems, self.classes, self.ignored)
+        finally:
+            if paused:
+                gc.enable()
 
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
@@ -233,8 +253,8 @@ def list_tree_parallel(
     tmp = tempfile.mkdtemp(prefix="feedpipe-listing-", dir=tmp_dir)
     try:
         root_files, dirs = _root_entries(src)
-        chunks = [write_chunk(root_files, "", os.path.join(tmp, "root.jsonl"), labels_from_dirs)]
-        paths = [os.path.join(tmp, f"{i:08d}.jsonl") for i in range(len(dirs))]
+        chunks = [write_chunk(root_files, "", os.path.join(tmp, "root.chunk"), labels_from_dirs)]
+        paths = [os.path.join(tmp, f"{i:08d}.chunk") for i in range(len(dirs))]
         nworkers = min(workers if workers is not None else (os.cpu_count() or 1), len(dirs))
         bar = progress(len(dirs), "list", "dir", show_progress)
         files = chunks[0].files

@@ -14,14 +14,18 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .errors import InputError, KeyClashError, SourceNotFoundError
 from .keys import encode_key, split_source, valid_extension
 from .storage import filesystem, is_local, local_path
 
 
-@dataclass(frozen=True)
-class FileRef:
+class FileRef(NamedTuple):
+    """One input file of a sample: its field (extension), path and listed size. A named tuple
+    (not a frozen dataclass, whose ``__init__`` cost 4.6 us against 1 here: a conversion of
+    200,000 files makes 400,000 of them)."""
+
     ext: str
     path: str  # relative to the source root, or an absolute path / URL (manifest mode)
     size: int
@@ -81,7 +85,8 @@ class Source:
 
 
 def read_local(path: str, size: int = -1) -> bytes:
-    """A local file's bytes, in one ``read`` when ``size`` is right (one more confirms the end).
+    """A local file's bytes, in one ``read`` when ``size`` is right (asking one byte more: a
+    regular file's read comes back short only at its end), else until a read finds nothing.
 
     Without Python's buffered file object: for the many small files of a conversion this is
     about half the time of ``open(path, "rb").read()`` (5.8 against 10.7 us per 1 KiB file,
@@ -91,6 +96,8 @@ def read_local(path: str, size: int = -1) -> bytes:
     try:
         want = size + 1 if size >= 0 else 1 << 16
         data = os.read(fd, want)
+        if len(data) == size:  # short by the byte asked beyond the listed size: at the end
+            return data
         parts = [data]
         if len(data) < want:  # short: the end, unless a second read still finds bytes
             more = os.read(fd, 1 << 16)

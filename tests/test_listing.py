@@ -84,3 +84,21 @@ def test_progress_bar_counts_directories(tree: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     n = sum(1 for p in tree.iterdir() if p.is_dir())
     assert "list: 100%" in err and f"{n}.0/{n}.0" in err and "files" in err
+
+
+def test_chunks_of_several_records_and_the_collector_left_as_it_was(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from feedpipe import listing
+
+    monkeypatch.setattr(listing, "CHUNK_ROWS", 2)  # every chunk file holds several records
+    want = list_tree(str(tree))
+    with list_tree_parallel(str(tree), workers=1) as got:
+        assert got.to_listing() == want and gc.isenabled()
+        gc.disable()
+        try:
+            assert got.to_listing() == want and not gc.isenabled()
+        finally:
+            gc.enable()
