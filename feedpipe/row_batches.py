@@ -202,21 +202,23 @@ class RowBatches:
 
     def __iter__(self) -> Iterator[Any]:
         tables: dict[int, Any] = {}  # each worker sends its table with its first batch
-        for batch, ticket in self.loader:
-            if type(batch) is list:  # pin_memory turned the (images, labels) tuple into a list
-                batch = tuple(batch)
+        try:
+            for batch, ticket in self.loader:
+                if type(batch) is list:  # pin_memory made the (images, labels) tuple a list
+                    batch = tuple(batch)
+                self._poll()
+                if ticket is not None:
+                    self._counts["batches"] += 1
+                    self._counts["reused"] += bool(ticket.reused)
+                    if ticket.table is not None:
+                        tables[ticket.key] = ticket.table[1].numpy()
+                    released = tables.get(ticket.key)
+                    if released is not None:
+                        self._hold(batch, released, ticket.slot, ticket.token)
+                yield batch
+                del batch
+        finally:  # also when the loop stops early: let go of what it no longer holds
             self._poll()
-            if ticket is not None:
-                self._counts["batches"] += 1
-                self._counts["reused"] += bool(ticket.reused)
-                if ticket.table is not None:
-                    tables[ticket.key] = ticket.table[1].numpy()
-                released = tables.get(ticket.key)
-                if released is not None:
-                    self._hold(batch, released, ticket.slot, ticket.token)
-            yield batch
-            del batch
-        self._poll()
 
     def _hold(self, batch: Any, released: Any, slot: int, token: int) -> None:
         images, labels = batch if isinstance(batch, tuple) else (batch, None)

@@ -328,3 +328,15 @@ def test_the_training_side_hands_back_only_batches_nothing_holds() -> None:
     del held, x2, x3
     assert list(it) == [] and released.tolist() == [10, 11, 12, 13]
     assert rb.stats() == {"batches": 4, "reused": 1, "released": 4}
+
+
+def test_worker_buffers_come_back_to_spawned_workers(ds_path: str) -> None:
+    # with workers started by spawn (as after CUDA: forkserver), the dataset and each worker's
+    # table travel pickled; the batches are the same and buffers still come back
+    ds = FeedDataset(ds_path, shuffle=True, seed=3, transform=pipeline(OnlyInto))
+    fl = FeedLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn",
+                    persistent_workers=True, collate_fn=BatchCollator(4, (3, SIZE, SIZE)))
+    for e in (1, 2):
+        fl.set_epoch(e)
+        assert same([_rows(b) for b in fl], run(ds_path, PerSample(pipeline()), epoch=e))
+    assert fl._rows is not None and fl._rows.stats()["reused"] > 0
