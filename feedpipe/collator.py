@@ -9,8 +9,10 @@ another only while every buffer it has is still held (a loop that drops each bat
 training loop still holds (the loop variable still references batch ``i`` while batch ``i + 1`` is
 collated; a prefetcher may hold several). So every batch handed out is a *view* of its buffer, and
 before a buffer is refilled the collator checks that no tensor outside the ring still shares its
-storage (torch's storage use count). A buffer still in use is never overwritten: that slot gets a
-fresh allocation instead (counted in :meth:`stats` as ``replaced``; raise ``depth`` if it grows).
+storage (torch's storage use count), nor a Python storage object of it (``x.untyped_storage()``
+kept after its tensors are gone: its reference count). A buffer still in use is never
+overwritten: that slot gets a fresh allocation instead (counted in :meth:`stats` as
+``replaced``; raise ``depth`` if it grows).
 ``depth`` is a speed knob, not a correctness condition. Where torch lacks the use count, every
 batch is a fresh allocation (correct, just slower).
 
@@ -30,6 +32,7 @@ the main process hands back: :class:`feedpipe.row_batches.WorkerRing`.)
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,13 +42,20 @@ from torch.utils.data import default_collate, get_worker_info
 from .image_ops import one_thread
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+_PY_BASE = 2  # sys.getrefcount of a storage object held only by a local: the local and the call
 
 
 def _storage_refs(t: torch.Tensor) -> int | None:
-    """How many tensors share ``t``'s storage (``None`` where torch does not say)."""
+    """How many tensors share ``t``'s storage (``None`` where torch does not say), with one
+    more for every Python storage object of it that someone keeps (``x.untyped_storage()``
+    held without any tensor): those are counted by Python, not in the storage's use count, so
+    they are added here from the storage object's reference count."""
     if _use_count is None:
         return None
-    return int(_use_count(t.untyped_storage()._cdata))
+    storage = t.untyped_storage()
+    # references to the storage object beyond this local and getrefcount's argument
+    kept = sys.getrefcount(storage) - _PY_BASE
+    return int(_use_count(storage._cdata)) + max(kept, 0)
 
 
 def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -183,9 +183,9 @@ _LONE = _storage_refs(torch.empty(1))
 class RowBatches:
     """The training process's side of :class:`RowSource`: yields the workers' batches, and hands
     each worker buffer back (its ring's ``released`` word) once nothing in this process still
-    shares the batch's storage: not the loop, not a view of it, not a prefetcher. Checked as
-    each later batch arrives, with torch's storage use count, against a hold taken here (so the
-    count of a batch nobody else holds is known exactly). A batch that the DataLoader's
+    shares the batch's storage: not the loop, not a view or storage object of it, not a
+    prefetcher. Checked as each later batch arrives, with torch's storage use count, against a
+    hold taken here (so the count of a batch nobody else holds is known exactly). A batch that the DataLoader's
     ``pin_memory`` copied out of shared memory is handed back at once. Where torch does not
     give the use count, the workers allocate every batch afresh instead (``reuse=False``).
 

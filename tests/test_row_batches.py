@@ -257,6 +257,12 @@ def test_worker_buffers_come_back_and_held_batches_stay_intact(ds_path: str) -> 
     want_views = [(x[1:3], y[:2]) for x, y in want[3]]
     assert same(kept, want[2]) and same(views, want_views)
     del kept, views
+    # only Python storage objects kept (no tensor of them): still never overwritten
+    storages = [x.untyped_storage() for x, _ in epoch(6)]
+    assert same([_rows(b) for b in epoch(7)], run(ds_path, PerSample(pipeline()), epoch=7))
+    want6 = [x.numpy().tobytes() for x, _ in run(ds_path, PerSample(pipeline()), epoch=6)]
+    assert [bytes(st)[:len(w)] for st, w in zip(storages, want6)] == want6
+    del storages
     it = epoch(4)
     next(it)  # an epoch stopped after one batch
     del it

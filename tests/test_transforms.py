@@ -425,6 +425,22 @@ def test_collator_sees_views_and_single_tensors_kept() -> None:
     assert c.stats()["reused"] == 1
 
 
+def test_collator_sees_a_storage_object_kept_without_its_tensors() -> None:
+    # a Python storage object counts in Python's references, not the storage's use count
+    c = BatchCollator(2, (3, 2, 2), depth=1)
+    x, y = c(_samples(2, 0, (3, 2, 2)))
+    storage = x.untyped_storage()
+    del x, y
+    gc.collect()
+    c(_samples(2, 50, (3, 2, 2)))  # the buffer is still held: a fresh one
+    assert bytes(storage)[:12] == bytes([0] * 12) and bytes(storage)[12:24] == bytes([1] * 12)
+    assert c.stats()["replaced"] == 1 and c.stats()["reused"] == 0
+    del storage
+    gc.collect()
+    c(_samples(2, 90, (3, 2, 2)))
+    assert c.stats()["reused"] == 1
+
+
 def test_collator_partial_batch_bare_images_and_checks() -> None:
     c = BatchCollator(4, (3, 2, 2))
     x = c([torch.ones(3, 2, 2, dtype=torch.uint8)] * 3)
