@@ -139,14 +139,20 @@ def plan_shards(
 
 def _fingerprint(opts: ShardOptions, plan: list[list[list[SampleSpec]]]) -> str:
     h = hashlib.sha256(json.dumps(asdict(opts), sort_keys=True).encode())
+    # the same bytes as one update per field, gathered into few updates (a shard's text at once)
     for s, parts in enumerate(plan):
+        text: list[str] = []
         for part in parts:
             for spec in part:
-                h.update(f"{s}\0{spec.key}\0".encode())
+                text.append(f"{s}\0{spec.key}\0")
                 for f in spec.files:
-                    h.update(f"{f.ext}\0{f.path}\0{f.size}\0".encode())
-                for e, b in spec.extras:
-                    h.update(e.encode() + b"\0" + hashlib.sha256(b).digest())
+                    text.append(f"{f.ext}\0{f.path}\0{f.size}\0")
+                if spec.extras:
+                    h.update("".join(text).encode())
+                    text.clear()
+                    for e, b in spec.extras:
+                        h.update(e.encode() + b"\0" + hashlib.sha256(b).digest())
+        h.update("".join(text).encode())
     return h.hexdigest()
 
 

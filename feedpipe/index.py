@@ -53,21 +53,25 @@ def group_members(members: Iterable[tuple[str, int, int]]) -> ShardIndex:
     """
     idx = ShardIndex([], [0], [], [], [], [])
     last: str | None = None
+    keys, starts, exts, offsets, sizes, names = (idx.keys, idx.starts, idx.exts, idx.offsets,
+                                                 idx.sizes, idx.names)
     for name, offset, size in members:
-        key, ext = split_member(name)
+        # split_member, inline: this loop runs once per member of every shard written
+        dot = name.find(".", name.rfind("/") + 1)
+        key, ext = (name, "") if dot < 0 else (name[:dot], name[dot + 1:])
         if not key or key.endswith("/"):
             continue
         if key != last:
             if last is not None:
-                idx.starts.append(len(idx.exts))
-            idx.keys.append(key)
+                starts.append(len(exts))
+            keys.append(key)
             last = key
-        idx.exts.append(ext)
-        idx.offsets.append(offset)
-        idx.sizes.append(size)
-        idx.names.append(name)
+        exts.append(ext)
+        offsets.append(offset)
+        sizes.append(size)
+        names.append(name)
     if last is not None:
-        idx.starts.append(len(idx.exts))
+        starts.append(len(exts))
     return idx
 
 

