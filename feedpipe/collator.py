@@ -42,7 +42,6 @@ from torch.utils.data import default_collate, get_worker_info
 from .image_ops import one_thread
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
-_PY_BASE = 2  # sys.getrefcount of a storage object held only by a local: the local and the call
 
 
 def _storage_refs(t: torch.Tensor) -> int | None:
@@ -53,9 +52,25 @@ def _storage_refs(t: torch.Tensor) -> int | None:
     if _use_count is None:
         return None
     storage = t.untyped_storage()
-    # references to the storage object beyond this local and getrefcount's argument
+    before = int(_use_count(storage._cdata))
+    # references to the storage object beyond those this very code takes (measured at import:
+    # Python 3.14 passes a local to a call without a new reference)
     kept = sys.getrefcount(storage) - _PY_BASE
-    return int(_use_count(storage._cdata)) + max(kept, 0)
+    after = int(_use_count(storage._cdata))
+    # a count that moved between the two reads (another thread making or dropping a tensor or
+    # storage object of it) is read as one more holder: never free on a moving count
+    return max(before, after) + kept + (before != after)
+
+
+def _py_base() -> int:
+    # sys.getrefcount of a storage object that nothing but _storage_refs's own local holds,
+    # taken with the same code
+    t = torch.empty(1)
+    storage = t.untyped_storage()
+    return sys.getrefcount(storage)
+
+
+_PY_BASE = _py_base()
 
 
 def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -443,7 +443,9 @@ def _gc_frozen() -> Iterator[None]:
     none garbage, and every full collection that the parent's later allocations trigger would
     walk them again (measured on 200,000 files: 1.15 s of collections while the listing was
     built, and as much again while the shards were written). Left alone when the caller has
-    frozen objects itself (this would unfreeze them) or has turned the collector off."""
+    frozen objects itself (this would unfreeze them) or has turned the collector off. The
+    collector is process-wide: objects another thread freezes during a conversion are unfrozen
+    with the listing at its end (they stay alive either way; only collection is deferred)."""
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return

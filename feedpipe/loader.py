@@ -94,6 +94,12 @@ class FeedLoader:
             same batches, on one process's memory, with no pickling between processes. The
             transform is called from several threads at once, so it must keep no state that
             calls share unguarded (``ImagePipeline`` keeps none).
+        reuse_buffers: with worker processes writing batches in place (an ``ImagePipeline``
+            and a matching ``BatchCollator``), each worker reuses its shared-memory batch
+            buffers once this process no longer holds the batch (:mod:`feedpipe.row_batches`;
+            2 workers on 2 cores: 3,100 -> 4,000 images/s). This process sees its own
+            references only: pass ``False`` if batches are handed on to another process (a
+            multiprocessing queue) without a copy, so that every batch is a fresh buffer.
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
@@ -117,6 +123,7 @@ class FeedLoader:
         device: str | torch.device | None = None,
         depth: int = 2,
         transform_threads: int = 0,
+        reuse_buffers: bool = True,
         **loader_kwargs: Any,
     ) -> None:
         if not isinstance(dataset, FeedDataset):
@@ -159,7 +166,7 @@ class FeedLoader:
             # buffer once this process lets go of its batch (row_batches)
             in_flight = loader_kwargs.get("prefetch_factor") or 2
             self._loader = DataLoader(RowSource(dataset, self.batch_size, collate_fn,
-                                                depth=in_flight + 3),
+                                                depth=in_flight + 3, reuse=reuse_buffers),
                                       batch_size=None, num_workers=num_workers,
                                       collate_fn=row_batches.as_is, **loader_kwargs)
             self._rows = RowBatches(self._loader)

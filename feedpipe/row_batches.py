@@ -219,6 +219,11 @@ class RowBatches:
                 del batch
         finally:  # also when the loop stops early: let go of what it no longer holds
             self._poll()
+            if not getattr(self.loader, "persistent_workers", False):
+                # these workers are gone with the epoch: nothing to hand back to, and the holds
+                # would keep the batches' shared memory mapped here (dropping one never frees
+                # a buffer for reuse, so it is always safe)
+                self._pending.clear()
 
     def _hold(self, batch: Any, released: Any, slot: int, token: int) -> None:
         images, labels = batch if isinstance(batch, tuple) else (batch, None)

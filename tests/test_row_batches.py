@@ -346,3 +346,19 @@ def test_worker_buffers_come_back_to_spawned_workers(ds_path: str) -> None:
         fl.set_epoch(e)
         assert same([_rows(b) for b in fl], run(ds_path, PerSample(pipeline()), epoch=e))
     assert fl._rows is not None and fl._rows.stats()["reused"] > 0
+
+
+def test_buffer_reuse_can_be_turned_off(ds_path: str) -> None:
+    # reuse_buffers=False (batches handed on to another process): every batch a fresh buffer
+    ds = FeedDataset(ds_path, shuffle=True, seed=3, transform=pipeline(OnlyInto))
+    fl = FeedLoader(ds, batch_size=4, num_workers=2, persistent_workers=True,
+                    reuse_buffers=False, collate_fn=BatchCollator(4, (3, SIZE, SIZE)))
+    for e in (1, 2):
+        fl.set_epoch(e)
+        batches = list(fl)  # kept whole: with reuse on, these would be the same buffers
+        assert same(batches, run(ds_path, PerSample(pipeline()), epoch=e))
+        ptrs = {b[0].untyped_storage().data_ptr() for b in batches}
+        assert len(ptrs) == len(batches)
+        del batches
+    assert fl._rows is not None and fl._rows.stats() == {"batches": 0, "reused": 0,
+                                                         "released": 0}
