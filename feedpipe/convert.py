@@ -336,7 +336,8 @@ def shard(
         source = Source(src)
         written_bytes = 0
 
-        def record(i: int, rec: ShardRecord, skipped: list[tuple[str, str]], fields: set[str]) -> None:
+        def record(i: int, rec: ShardRecord, skipped: list[tuple[str, str]],
+                   fields: set[str]) -> None:
             records[i] = (rec, skipped, fields)
             if on_shard is not None:
                 on_shard(rec)
@@ -375,7 +376,8 @@ def shard(
         finally:
             bar.close()
 
-        all_skipped = [{"path": p, "reason": r} for p, r in listing.problems] if on_error == "skip" else []
+        all_skipped = ([{"path": p, "reason": r} for p, r in listing.problems]
+                       if on_error == "skip" else [])
         fields: set[str] = set()
         for i in range(len(plan)):
             all_skipped += [{"path": p, "reason": r} for p, r in records[i][1]]

@@ -24,7 +24,7 @@ from .dataset import FeedDataset
 from .device_loader import DeviceLoader
 from .errors import StateError
 from .store_batches import store_batches
-from .row_batches import RowBatches, RowSource, serial_batches, writes_into
+from .row_batches import RowBatches, RowSource
 from .thread_batches import thread_batches
 
 
@@ -160,8 +160,7 @@ class FeedLoader:
         if self._by_reference:
             self._loader = DataLoader(raw_batches.RefSource(dataset), batch_size=None,
                                       num_workers=num_workers, **loader_kwargs)
-        elif (num_workers > 0 and dataset.decoded is None
-              and writes_into(dataset.transform, collate_fn)):
+        elif num_workers > 0 and row_batches.in_place(dataset, collate_fn):
             # the workers write each image into its batch row, in shared memory, reusing a
             # buffer once this process lets go of its batch (row_batches)
             in_flight = loader_kwargs.get("prefetch_factor") or 2
@@ -236,8 +235,7 @@ class FeedLoader:
     def _writes_rows(self) -> bool:
         # num_workers=0, no store: the transform writes each image into its batch row
         # (ImagePipeline.into), no per-sample tensor and no collation copy
-        return (self.num_workers == 0 and self.dataset.decoded is None
-                and writes_into(self.dataset.transform, self._collate))
+        return self.num_workers == 0 and row_batches.in_place(self.dataset, self._collate)
 
     def _store_is_complete(self) -> bool:
         store = self.dataset.decoded
@@ -313,13 +311,9 @@ class _InProcessBatches:
             yield from thread_batches(self.dataset, self.batch_size, self.collate_fn,
                                       self.threads)
             return
-        if writes_into(self.dataset.transform, self.collate_fn) and self.dataset.decoded is None:
-            stream = self.dataset._read(0, 1, stored=False)
-            try:
-                yield from serial_batches(stream, self.dataset.transform, self.batch_size,
-                                          self.collate_fn)
-            finally:
-                stream.close()
+        if row_batches.in_place(self.dataset, self.collate_fn):
+            yield from row_batches.dataset_batches(self.dataset, self.batch_size,
+                                                   self.collate_fn)  # type: ignore[arg-type]
             return
         it = iter(self.dataset)
         while True:

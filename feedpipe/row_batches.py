@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -80,6 +81,24 @@ def serial_batches(stream: Iterator[tuple[int, int, Any]], transform: Callable[[
                     ys[j] = label
         del chunk, rows
         yield (images, labels) if paired else images
+
+
+def in_place(dataset: FeedDataset, collator: Any) -> bool:
+    """Whether ``dataset``'s batches are written in place into ``collator``'s rows: its transform
+    :func:`writes_into` them, and no decoded store keeps each sample's output."""
+    return dataset.decoded is None and writes_into(dataset.transform, collator)
+
+
+def dataset_batches(dataset: FeedDataset, batch_size: int,
+                    buffers: BatchCollator | WorkerRing, worker: int = 0,
+                    workers: int = 1) -> Iterator[Any]:
+    """:func:`serial_batches` of the samples ``worker`` of ``workers`` reads from ``dataset``."""
+    stream = dataset._read(worker, workers, stored=False)
+    try:
+        yield from serial_batches(stream, dataset.transform,  # type: ignore[arg-type]
+                                  batch_size, buffers)
+    finally:
+        stream.close()
 
 
 def as_is(batch: Any) -> Any:
@@ -270,18 +289,14 @@ class RowSource(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        stream = self.dataset._read(worker, workers, stored=False)
-        transform: Any = self.dataset.transform
-        try:
-            if not (self.reuse and info is not None):
-                for batch in serial_batches(stream, transform, self.batch_size, self.collator):
-                    yield batch, None
-                return
+        ring = None
+        if self.reuse and info is not None:
             if self._ring is None or self._ring_pid != os.getpid():
                 self._ring, self._ring_pid = WorkerRing(self.collator, self.depth), os.getpid()
             ring = self._ring
             ring.send_table = True  # a new epoch: the training process may have dropped it
-            for batch in serial_batches(stream, transform, self.batch_size, ring):
-                yield batch, ring.ticket()
-        finally:
-            stream.close()
+        buffers = self.collator if ring is None else ring
+        with closing(dataset_batches(self.dataset, self.batch_size, buffers, worker,
+                                     workers)) as batches:
+            for batch in batches:
+                yield batch, None if ring is None else ring.ticket()

@@ -3,8 +3,8 @@
 
 **Seeding.** Every random draw for a sample comes from its own generator,
 :func:`sample_rng`\\ ``(seed, epoch, index)``: a ``PCG64`` whose 128-bit state and increment
-are the two halves of the 256-bit ``blake2b("feedpipe-augment", seed, epoch, index)`` digest, ``index`` being the sample's global id
-(``__index__``). A sample therefore gets the same crop and flip in a given epoch whichever rank or
+are the two halves of the 256-bit ``blake2b("feedpipe-augment", seed, epoch, index)`` digest,
+``index`` being the sample's global id (``__index__``). A sample therefore gets the same crop and flip in a given epoch whichever rank or
 worker reads it, however many there are, and after a resume; another epoch or another sample gets
 independent draws (hashing the three integers avoids the ``seed + epoch`` aliasing, as the plan
 does). The dataset puts ``__seed__`` and ``__epoch__`` in each sample; a sample without them is
@@ -173,8 +173,8 @@ class ImagePipeline:
     then the JPEG is decoded at the smallest scale (1/8 to 1/2) that still leaves the crop at
     least ``size`` pixels (only the crop's rows and columns where the C extension is built:
     :func:`~feedpipe.image_ops.decode_window`), the crop resized to ``size`` (antialiased
-    bilinear, ``uint8``) and flipped in the same copy, and normalised straight into a contiguous CHW ``float32`` tensor
-    (``uint8`` CHW with ``mean=None``). Same geometry as
+    bilinear, ``uint8``) and flipped in the same copy, and normalised straight into a
+    contiguous CHW ``float32`` tensor (``uint8`` CHW with ``mean=None``). Same geometry as
     ``Compose([DecodeJPEG(), RandomResizedCrop(size), RandomHorizontalFlip(), ToTensor(),
     Normalize()])`` with the same rng; pixels differ only where the reduced decode kicks in.
 
@@ -253,15 +253,8 @@ class ImagePipeline:
         return normalize_tensor(x, self._norm._mean, self._norm._std, out=out)
 
     def __call__(self, sample: Mapping[str, Any]) -> Any:
-        where = self._check(sample)
-        rng = scratch_rng(*_seed_of(sample)) if self.spec.train else None
-        try:
-            image = self.image(sample[self.image_field], rng)
-            if self.label_field is None:
-                return image
-            return image, parse_label(sample[self.label_field])
-        except ValueError as e:  # DecodeError included: add which sample it was
-            raise DecodeError(f"{where}: {e}") from e
+        image, label = self._apply(sample, None)
+        return image if self.label_field is None else (image, label)
 
     @property
     def out_shape(self) -> tuple[int, int, int]:
@@ -292,25 +285,25 @@ class ImagePipeline:
         if out.dtype != self.out_dtype or tuple(out.shape) != self.out_shape:
             raise ValueError(f"out= must be a {self.out_dtype} tensor of shape {self.out_shape}, "
                              f"not {out.dtype} {tuple(out.shape)}")
-        where = self._check(sample)
-        rng = scratch_rng(*_seed_of(sample)) if self.spec.train else None
-        try:
-            with one_thread():
-                self._image(sample[self.image_field], rng, out)
-            if self.label_field is None:
-                return None
-            return parse_label(sample[self.label_field])
-        except ValueError as e:  # DecodeError included: add which sample it was
-            raise DecodeError(f"{where}: {e}") from e
+        return self._apply(sample, out)[1]
 
-    def _check(self, sample: Mapping[str, Any]) -> str:
-        """Where ``sample`` is (for messages); a DecodeError when a field is missing."""
+    def _apply(self, sample: Mapping[str, Any],
+               out: torch.Tensor | None) -> tuple[torch.Tensor, int | None]:
+        """``sample``'s image (into ``out`` when given) and label (``None`` without a
+        ``label_field``); a DecodeError naming the sample when a field is missing or bad."""
         where = f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}"
         for field in (self.image_field, self.label_field):
             if field is not None and field not in sample:
                 fields = sorted(k for k in sample if not k.startswith("__"))
                 raise DecodeError(f"{where} has no {field!r} field (it has {fields})")
-        return where
+        rng = scratch_rng(*_seed_of(sample)) if self.spec.train else None
+        try:
+            with one_thread():
+                image = self._image(sample[self.image_field], rng, out)
+            label = None if self.label_field is None else parse_label(sample[self.label_field])
+        except ValueError as e:  # DecodeError included: add which sample it was
+            raise DecodeError(f"{where}: {e}") from e
+        return image, label
 
     def __repr__(self) -> str:
         return (f"ImagePipeline.from_spec({self.spec!r}, image_field={self.image_field!r}, "

@@ -51,6 +51,17 @@ def read_dataset(root: Path) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="session")
+def ds_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Shards of ``_data.make_dataset``'s defaults: 25 images in 5 classes, shards of 7.
+
+    Session-scoped and shared: read it only. Modules that need another dataset (or to write
+    into it) define their own ``ds_path``, which takes precedence."""
+    from _data import make_dataset
+
+    return make_dataset(str(tmp_path_factory.mktemp("ds")))
+
+
+@pytest.fixture(scope="session")
 def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An image-folder tree: ``cls_00c/000ii.jpg`` with a ``.json`` sidecar on every 3rd image.
 

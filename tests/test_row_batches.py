@@ -18,15 +18,8 @@ from feedpipe.errors import DecodeError
 from feedpipe.row_batches import writes_into
 from feedpipe.transforms import ImagePipeline
 
-from _data import make_dataset
-
-N = 25  # samples of make_dataset
+N = 25  # samples of the ds_path fixture (conftest)
 SIZE = 8
-
-
-@pytest.fixture(scope="module")
-def ds_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_dataset(str(tmp_path_factory.mktemp("ds")))  # 25 samples, shards of 7
 
 
 class PerSample:
