@@ -203,7 +203,8 @@ class RowBatches:
     """The training process's side of :class:`RowSource`: yields the workers' batches, and hands
     each worker buffer back (its ring's ``released`` word) once nothing in this process still
     shares the batch's storage: not the loop, not a view or storage object of it, not a
-    prefetcher. Checked as each later batch arrives, with torch's storage use count, against a
+    prefetcher. Checked when the loop asks for the next batch and as it arrives, with torch's
+    storage use count, against a
     hold taken here (so the count of a batch nobody else holds is known exactly). A batch that the DataLoader's
     ``pin_memory`` copied out of shared memory is handed back at once. Where torch does not
     give the use count, the workers allocate every batch afresh instead (``reuse=False``).
@@ -236,6 +237,11 @@ class RowBatches:
                         self._hold(batch, released, ticket.slot, ticket.token)
                 yield batch
                 del batch
+                # The loop has moved on from the batch before this one: hand it back now,
+                # before the DataLoader gives its worker another task (on receiving the next
+                # batch) and the worker looks for a free buffer. Polling only on receipt raced
+                # the worker and lost often enough to keep a third buffer per worker.
+                self._poll()
         finally:  # also when the loop stops early: let go of what it no longer holds
             self._poll()
             if not getattr(self.loader, "persistent_workers", False):

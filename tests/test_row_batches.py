@@ -329,6 +329,40 @@ def test_the_training_side_hands_back_only_batches_nothing_holds() -> None:
     assert rb.stats() == {"batches": 4, "reused": 1, "released": 4}
 
 
+def test_a_dropped_batch_is_handed_back_before_the_next_is_fetched() -> None:
+    # The DataLoader gives a worker its next task as it receives that worker's last batch; the
+    # buffer of a batch the loop has moved on from must be back before then (when the loop asks
+    # for the next batch), else the worker finds it busy and takes another buffer.
+    from feedpipe.row_batches import RowBatches, Ticket
+
+    table = _shared_empty((2, 4), torch.int64).zero_()
+    released = table[1].numpy()
+    seen = []
+
+    def received() -> Any:
+        for slot in range(4):
+            seen.append(released.tolist())  # what a worker given a task now would find
+            table[0, slot] = 10 + slot
+            batch = (_shared_empty((2, 3, 2, 2), torch.uint8), _shared_empty((2,), torch.int64))
+            yield batch, Ticket(7, slot, 10 + slot, False, table if slot == 0 else None)
+            del batch
+
+    for _ in RowBatches(received()):  # the loop holds each batch until it asks for the next
+        pass
+    assert seen == [[0, 0, 0, 0], [0, 0, 0, 0], [10, 0, 0, 0], [10, 11, 0, 0]]
+    assert released.tolist() == [10, 11, 12, 0]  # the last one is still the loop's variable
+
+
+def test_in_place_workers_keep_one_batch_in_flight_unless_told(ds_path: str) -> None:
+    ds = FeedDataset(ds_path, shuffle=True, seed=3, transform=pipeline(OnlyInto))
+    for kw, want in (({}, 1), ({"prefetch_factor": 3}, 3)):
+        fl = FeedLoader(ds, batch_size=4, num_workers=2,
+                        collate_fn=BatchCollator(4, (3, SIZE, SIZE)), **kw)
+        assert fl._rows is not None and fl._loader.prefetch_factor == want
+    # the per-sample path keeps the DataLoader's default
+    assert FeedLoader(ds, batch_size=4, num_workers=2)._loader.prefetch_factor == 2
+
+
 def test_worker_buffers_come_back_to_spawned_workers(ds_path: str) -> None:
     # with workers started by spawn (as after CUDA: forkserver), the dataset and each worker's
     # table travel pickled; the batches are the same and buffers still come back
