@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager, nullcontext
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -31,7 +31,8 @@ from .manifest import Manifest, ShardRecord, write_manifest, write_wids_index
 from .merge import state_name as part_state_name
 from .partition import PartInfo, parse_part, part_prefix
 from .progress import progress
-from .sources import Listing, SampleSpec, Source, list_manifest
+from .onepass import stage_tree
+from .sources import Listing, SampleSpec, Source, check_source_dir, list_manifest
 from .storage import is_local, local_path
 from .tarformat import BLOCK, END_OF_ARCHIVE, padded
 from .writer import PartResult, finish_shard, hidden, load_record, output_error, write_part
@@ -40,6 +41,7 @@ PART_SAMPLES = 1024
 PART_BYTES = 32 << 20
 STATE_NAME = ".feedpipe-shard-state.json"
 DEFAULT_MAX_BYTES = 256 << 20
+ONE_PASS = True  # local trees of top-level directories: feedpipe.onepass (tests compare paths)
 
 
 @dataclass
@@ -306,8 +308,27 @@ def shard(
 
         check_dask()  # a missing extra fails before the listing, with its pip line
     t0 = time.perf_counter()
-    listing, part_info = _list(src, opts, workers, show_progress, part_of)
-    with _gc_frozen():  # the listing's objects: one per file, alive to the end
+    nworkers = workers if workers is not None else (os.cpu_count() or 1)
+    staged = None
+    if (ONE_PASS and dask is None and part_of is None and manifest is None and not resume
+            and not shuffle and is_local(src)):
+        # a local tree of top-level directories: listed, read and staged in one pass
+        # (feedpipe.onepass); None when anything in it needs the general path
+        check_source_dir(src)
+        _prepare_out(out, resume)
+        _clean_temps(local_path(out), prefix)
+        staged = stage_tree(local_path(src), local_path(out), prefix,
+                            labels_from_dirs=labels_from_dirs, workers=nworkers,
+                            show_progress=show_progress)
+    try:
+        listing, part_info = ((staged.listing.to_listing(), None) if staged is not None
+                              else _list(src, opts, workers, show_progress, part_of))
+    except BaseException:
+        if staged is not None:
+            staged.close()
+        raise
+    # the listing's objects (one per file, alive to the end) out of full collections
+    with _gc_frozen(), (closing(staged) if staged is not None else nullcontext()):
         samples = _drop_problems(listing, on_error)
         name_prefix = prefix if part_of is None else part_prefix(prefix, *part_of)
         state = STATE_NAME if part_of is None else part_state_name(*part_of)
@@ -318,7 +339,8 @@ def shard(
         plan = plan_shards(samples, max_bytes, max_samples)
         fp = _fingerprint(opts, plan)
         _check_state(out, fp, resume, state)
-        _clean_temps(out, name_prefix, state)
+        if staged is None:  # (the staging files are this run's)
+            _clean_temps(out, name_prefix, state)
         names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
 
         records: dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]] = {}
@@ -350,9 +372,14 @@ def shard(
             (i, j): hidden(out, names[i], f".part{j:05d}.tmp-{os.getpid()}")
             for i in todo for j in range(len(plan[i]))
         }
-        nworkers = workers if workers is not None else (os.cpu_count() or 1)
         try:
-            if dask is not None:
+            if staged is not None:
+                def staged_record(i: int, rec: ShardRecord, fields: set[str]) -> None:
+                    record(i, rec, [], fields)
+                    bar.update(sum(len(s.files) for part in plan[i] for s in part))
+
+                staged.join(plan, names, out, staged_record)
+            elif dask is not None:
                 from .dask_convert import run_on_dask
 
                 written_bytes = run_on_dask(dask, source, plan, todo, names, part_paths, out,

@@ -77,16 +77,14 @@ def group_members(members: Iterable[tuple[str, int, int]]) -> ShardIndex:
 
 def format_index(idx: ShardIndex) -> str:
     """The index file text for ``idx``."""
-    lines = [f"{VERSION} {len(idx)}\n"]
-    for i in range(len(idx)):
-        a, b = idx.starts[i], idx.starts[i + 1]
-        lines.append(
-            " ".join(
-                f"{idx.exts[m]} {idx.offsets[m]} {idx.sizes[m]} {idx.names[m]}" for m in range(a, b)
-            )
-            + "\n"
-        )
-    return "".join(lines)
+    groups = [f"{e} {o} {s} {n}" for e, o, s, n in zip(idx.exts, idx.offsets, idx.sizes,
+                                                        idx.names)]
+    if len(groups) == len(idx):  # one member a sample: a line per group
+        lines = groups
+    else:
+        starts = idx.starts
+        lines = [" ".join(groups[a:b]) for a, b in zip(starts, starts[1:])]
+    return f"{VERSION} {len(idx)}\n" + "".join(line + "\n" for line in lines)
 
 
 def parse_index(text: str, where: str = "<index>") -> ShardIndex:

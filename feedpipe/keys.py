@@ -40,6 +40,8 @@ def encode_key(stem: str) -> str:
         'my%20dir/100%25%20done'
     """
     head, sep, last = stem.rpartition("/")
+    if _NEEDS_ESCAPE.search(stem) is None:  # the common case, without two substitutions
+        return head + sep + last.replace(".", "%2E") if "." in last else stem
     return (_escape(head, dots=False) + sep if sep else "") + _escape(last, dots=True)
 
 

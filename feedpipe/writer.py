@@ -14,7 +14,9 @@ import errno
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import InputError, OutputError
 from .index import ShardIndex, group_members, write_index
@@ -70,22 +72,8 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
                     result.skipped.append(failed)
                     continue
                 blobs.extend(spec.extras)
-                key = spec.key
-                for ext, data in blobs:
-                    name = f"{key}.{ext}"
-                    size = len(data)
-                    header = member_header(name, size)
-                    members.append((name, pos + len(header), size))
-                    tail = -size % BLOCK
-                    if size <= _JOIN_BELOW:  # one write: header, data and padding joined
-                        write(b"".join((header, data, _ZEROS[:tail])))
-                    else:
-                        write(header)
-                        write(data)
-                        if tail:
-                            write(_ZEROS[:tail])
-                    pos += len(header) + size + tail
-                    result.bytes += size
+                pos, nbytes = write_members(write, spec.key, blobs, pos, members)
+                result.bytes += nbytes
                 result.files += len(spec.files)
     except OSError as e:
         _unlink(path)
@@ -96,6 +84,30 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
         _unlink(path)
         raise
     return result
+
+
+def write_members(write: Callable[[bytes], Any], key: str, blobs: list[tuple[str, bytes]],
+                  pos: int, members: list[tuple[str, int, int]]) -> tuple[int, int]:
+    """Write one sample's tar members (``blobs``: ``(ext, data)`` in member order) at ``pos`` of
+    a part, appending ``(name, data offset, size)`` to ``members``; the new position and the data
+    bytes written."""
+    nbytes = 0
+    for ext, data in blobs:
+        name = f"{key}.{ext}"
+        size = len(data)
+        header = member_header(name, size)
+        members.append((name, pos + len(header), size))
+        tail = -size % BLOCK
+        if size <= _JOIN_BELOW:  # one write: header, data and padding joined
+            write(b"".join((header, data, _ZEROS[:tail])))
+        else:
+            write(header)
+            write(data)
+            if tail:
+                write(_ZEROS[:tail])
+        pos += len(header) + size + tail
+        nbytes += size
+    return pos, nbytes
 
 
 def _unlink(path: str) -> None:
@@ -114,42 +126,68 @@ def finish_shard(
     out_dir: str, name: str, parts: list[tuple[str, PartResult]]
 ) -> tuple[ShardRecord, ShardIndex, list[tuple[str, str]]]:
     """Join parts into ``out_dir/name`` atomically; write its index; return its record."""
+    skipped = [s for _, res in parts for s in res.skipped]
+
+    def index(bases: list[int]) -> ShardIndex:
+        return group_members((n, base + o, s) for (_, res), base in zip(parts, bases)
+                             for n, o, s in res.members)
+
+    rec, idx = join_ranges(out_dir, name, [(path, 0, -1) for path, _ in parts], index, skipped)
+    for part_path, _ in parts:
+        _unlink(part_path)
+    return rec, idx, skipped
+
+
+def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
+                index: Callable[[list[int]], ShardIndex],
+                skipped: list[tuple[str, str]]) -> tuple[ShardRecord, ShardIndex]:
+    """Join byte ranges of files (``(path, start, length)``, -1: to the end; each a run of
+    whole tar members) into the shard ``out_dir/name`` atomically: ``index(bases)`` (where each
+    range starts in the shard) gives its index; the index and the ``--resume`` record are
+    written first, the ``.tar`` appears by rename last. Its record and index."""
     final = os.path.join(out_dir, name)
     tmp = hidden(out_dir, name, f".tmp-{os.getpid()}")
     h = hashlib.sha256()
-    members: list[tuple[str, int, int]] = []
-    skipped: list[tuple[str, str]] = []
-    base = 0
+    bases: list[int] = []
     try:
         with open(tmp, "wb") as out:
-            for part_path, res in parts:
-                with open(part_path, "rb") as f:
-                    while chunk := f.read(1 << 22):
+            for path, start, length in ranges:
+                bases.append(out.tell())
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    left = length
+                    while left:
+                        chunk = f.read(1 << 22 if left < 0 else min(left, 1 << 22))
+                        if not chunk:
+                            if left > 0:
+                                raise OutputError(f"{path}: ends {left} bytes early at "
+                                                  f"{f.tell()} while joining {final}")
+                            break
                         h.update(chunk)
                         out.write(chunk)
-                members.extend((n, base + o, s) for n, o, s in res.members)
-                skipped.extend(res.skipped)
-                base = out.tell()
+                        if left > 0:
+                            left -= len(chunk)
             out.write(END_OF_ARCHIVE)
             h.update(END_OF_ARCHIVE)
             out.flush()
             os.fsync(out.fileno())
             total = out.tell()
-        idx = group_members(members)
+        idx = index(bases)
         record = ShardRecord(name, len(idx), total, h.hexdigest())
         stem = name[:-4] if name.endswith(".tar") else name
         write_index(os.path.join(out_dir, stem + ".idx"), idx)
         save_record(out_dir, record, skipped, idx.fields())
         os.replace(tmp, final)
+    except OutputError:
+        _unlink(tmp)
+        raise
     except OSError as e:
         _unlink(tmp)
         raise output_error(e, final) from e
     except BaseException:
         _unlink(tmp)
         raise
-    for part_path, _ in parts:
-        _unlink(part_path)
-    return record, idx, skipped
+    return record, idx
 
 
 def record_path(out_dir: str, name: str) -> str:

@@ -33,6 +33,7 @@ from feedpipe.index import parse_index
 from feedpipe.keys import decode_key, encode_key, source_path
 from feedpipe.manifest import load_manifest
 from feedpipe.sources import Source
+from feedpipe.synth import make_records
 from feedpipe.tarformat import END_OF_ARCHIVE, Member, member_header, padded, scan
 
 USTAR_MAGIC = b"ustar\x0000"
@@ -370,6 +371,8 @@ def test_same_bytes_whatever_workers(
     records_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shuffle: bool
 ) -> None:
     # small parts so that shards are joined from several parts written by different processes
+    # (the general path: this tree would take the one-pass path, tests/test_onepass.py)
+    monkeypatch.setattr(convert, "ONE_PASS", False)
     monkeypatch.setattr(convert, "PART_SAMPLES", 16)
     outs = {}
     for w in (1, 2):
@@ -394,6 +397,7 @@ def test_pool_workers_inherit_the_plan_or_get_it_pickled(
     import multiprocessing as mp
     import pickle
 
+    monkeypatch.setattr(convert, "ONE_PASS", False)  # the general path's pool
     monkeypatch.setattr(convert, "PART_SAMPLES", 16)
     pickled_specs = []
     real_reduce = convert.SampleSpec.__reduce_ex__
@@ -584,6 +588,9 @@ def test_bad_file_raise_or_skip(tmp_path: Path, bad: str, content: bytes, reason
 def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = _tree_with_bad(tmp_path, "a/locked.jpg", b"secret")
     locked = src / "a" / "locked.jpg"
+    # a read failing after the listing: the general path (the one-pass path gives such a tree
+    # back to it, tests/test_onepass.py)
+    monkeypatch.setattr(convert, "ONE_PASS", False)
     if is_root():
         # root reads through chmod 000: make the read itself fail the way it would for a user
         real_read = Source.read
@@ -628,6 +635,7 @@ def test_file_vanishing_after_listing_is_named(
     """A file listed but gone by the time it is read (another real read failure)."""
     src = _tree_with_bad(tmp_path, "x", None)
     real_read = Source.read
+    monkeypatch.setattr(convert, "ONE_PASS", False)  # the general path reads after listing
 
     def read(self: Source, rel: str, size: int = -1) -> bytes:
         if rel == "b/3.jpg":
@@ -665,16 +673,21 @@ def test_disk_full(records_folder: Path, tmp_path: Path, workers: str) -> None:
 def test_disk_full_while_joining_a_shard(records_folder: Path, tmp_path: Path) -> None:
     """The parts fit but the joined shard does not: no shard appears; a resume without the limit
     completes the run."""
+    # the general path (a file at the root of the tree: the one-pass path gives it back; its
+    # own disk-full cases are in tests/test_onepass.py)
+    src = tmp_path / "src"
+    make_records(str(src), count=400, size=1500, per_dir=100, seed=3)
+    (src / "0.bin").write_bytes(b"x" * 1500)
     out = tmp_path / "o"
-    r = run_feedpipe("shard", records_folder, out, "--max-samples", "10", "--workers", "1",
+    r = run_feedpipe("shard", src, out, "--max-samples", "10", "--workers", "1",
                      preexec_fn=_limit_file_size(21_000))  # part 20,480 bytes, shard 21,504
     _one_line_error(r, str(out / "data-000000.tar"), "disk full")
     assert not list(out.glob("*.tar")) and not (out / "manifest.json").exists()
     assert not [p.name for p in out.iterdir() if ".tmp-" in p.name or ".part" in p.name]
-    r = run_feedpipe("shard", records_folder, out, "--max-samples", "10", "--workers", "1",
+    r = run_feedpipe("shard", src, out, "--max-samples", "10", "--workers", "1",
                      "--resume", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["shards"] == 40
+    assert json.loads(r.stdout)["shards"] == 41
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,204 @@
+"""The one-pass conversion of local trees (feedpipe.onepass): the general path's output byte for
+byte, the general path whenever anything is unusual, and nothing left behind when it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ODD_NAMES, UNICODE_NAMES, dir_bytes, run_feedpipe, write_tree
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import feedpipe
+from feedpipe import convert, onepass
+from feedpipe.errors import FeedpipeError
+
+
+def _both(src: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[
+        dict[str, bytes], dict[str, bytes], bool]:
+    """Convert ``src`` with the one-pass path and the general path: both outputs, and whether
+    the one-pass path did the run (rather than give it back)."""
+    taken = []
+    real = convert.stage_tree
+
+    def spy(*a: Any, **k: Any) -> Any:
+        got = real(*a, **k)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(convert, "stage_tree", spy)
+    outs = []
+    for one_pass in (True, False):
+        monkeypatch.setattr(convert, "ONE_PASS", one_pass)
+        out = tmp / f"out-{one_pass}-{len(list(tmp.iterdir()))}"
+        feedpipe.shard(str(src), str(out), **kw)
+        outs.append(dir_bytes(out))
+    return outs[0], outs[1], taken == [True]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("labels", [False, True], ids=["plain", "labels"])
+def test_same_bytes_as_the_general_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        workers: int, labels: bool) -> None:
+    # odd names (dots, spaces, %, unicode, long names), sidecars, nested directories, hidden
+    # files and a hidden top-level directory; shards that span directories and cut through them
+    src = tmp_path / "src"
+    names = [n for n in ODD_NAMES + UNICODE_NAMES if "/" in n]
+    names += [f"z{d}/sub/{i:03d}.bin" for d in range(3) for i in range(7)]
+    names += ["z1/sub/000.json", "a/.hidden.jpg", ".git/config.txt", "a/.cache/x.bin"]
+    write_tree(src, names)
+    work = tmp_path / "w"
+    work.mkdir()
+    for kw in ({"max_samples": 4}, {"max_bytes": 3000}, {}):
+        one, general, taken = _both(src, work, monkeypatch, workers=workers,
+                                    labels_from_dirs=labels, **kw)
+        assert taken, kw
+        assert one == general, kw
+        assert not [n for n in one if ".tmp-" in n or "stage" in n]
+        m = json.loads(one["manifest.json"])
+        assert m["created_by"]["ignored_hidden_files"] == 3
+
+
+_dir = st.sampled_from(["a", "b b", "c.d", "ü", "e%f", "g!h", "0"])
+_stem = st.text(alphabet="xy.% é", min_size=1, max_size=4).filter(
+    lambda s: not s.startswith(".") and s.strip() == s)
+_ext = st.sampled_from(["bin", "jpg", "json", "tar.gz"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(files=st.lists(st.tuples(_dir, st.lists(_dir, max_size=1), _stem, _ext,
+                                st.integers(1, 2000)), min_size=1, max_size=25),
+       max_samples=st.integers(1, 6))
+def test_same_bytes_on_random_trees(tmp_path_factory: pytest.TempPathFactory,
+                                    files: list[tuple[str, list[str], str, str, int]],
+                                    max_samples: int) -> None:
+    tmp = tmp_path_factory.mktemp("rand")
+    src = tmp / "src"
+    for top, sub, stem, ext, size in files:
+        p = src.joinpath(top, *sub, f"{stem}.{ext}")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(bytes([size % 251]) * size)
+    with pytest.MonkeyPatch.context() as mp:
+        one, general, taken = _both(src, tmp, mp, workers=2, max_samples=max_samples)
+    assert taken and one == general
+
+
+def _tree(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    write_tree(src, [f"{d}/{i}.jpg" for d in "abc" for i in range(4)])
+    return src
+
+
+@pytest.mark.parametrize("case", ["zero-byte", "no-extension", "root-file", "symlink",
+                                  "unreadable", "cls-file", "empty-class"])
+def test_anything_unusual_goes_to_the_general_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   case: str) -> None:
+    src = _tree(tmp_path)
+    labels = case in ("cls-file", "empty-class")
+    if case == "zero-byte":
+        (src / "b" / "9.jpg").write_bytes(b"")
+    elif case == "no-extension":
+        (src / "c" / "README").write_bytes(b"x")
+    elif case == "root-file":
+        (src / "top.txt").write_bytes(b"x")
+    elif case == "symlink":
+        os.symlink(src / "a" / "1.jpg", src / "b" / "link.jpg")
+    elif case == "unreadable":
+        real = onepass.read_local
+
+        def read(path: str, size: int = -1) -> bytes:
+            if path.endswith("c/2.jpg"):
+                raise PermissionError(13, "Permission denied", path)
+            return real(path, size)
+
+        monkeypatch.setattr(onepass, "read_local", read)
+    elif case == "cls-file":
+        (src / "a" / "1.cls").write_bytes(b"3")
+    elif case == "empty-class":
+        (src / "d" / ".keep").parent.mkdir()
+        (src / "d" / ".keep").write_bytes(b"")
+    got = []
+    real_stage = convert.stage_tree
+    monkeypatch.setattr(convert, "stage_tree",
+                        lambda *a, **k: got.append(real_stage(*a, **k)) or got[-1])
+    for on_error in ("raise", "skip"):
+        for one_pass in (True, False):
+            monkeypatch.setattr(convert, "ONE_PASS", one_pass)
+            out = tmp_path / f"o-{on_error}-{one_pass}"
+            try:
+                s = feedpipe.shard(str(src), str(out), workers=2, on_error=on_error,
+                                   labels_from_dirs=labels)
+                result: Any = (s.samples, s.skipped, dir_bytes(out))
+            except FeedpipeError as e:  # the general path's error, whichever path started
+                result = str(e)
+            if one_pass:
+                first = result
+            else:
+                assert first == result, (case, on_error)
+            # nothing staged is left behind
+            left = os.listdir(out) if out.exists() else []
+            assert not [n for n in left if "stage" in n or ".tmp-" in n]
+    assert got and all(g is None for g in got)
+
+
+def test_a_failure_while_staging_leaves_nothing_and_resume_completes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _tree(tmp_path)
+    out = tmp_path / "o"
+    real = onepass.stage_dir
+    calls = []
+
+    def failing(*a: Any) -> Any:
+        calls.append(a[1])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as a kill would, mid-way through the directories
+        return real(*a)
+
+    monkeypatch.setattr(onepass, "stage_dir", failing)
+    with pytest.raises(KeyboardInterrupt):
+        feedpipe.shard(str(src), str(out), workers=1)
+    assert [n for n in os.listdir(out) if n.startswith(".data-") or not n.startswith(".")] == []
+    monkeypatch.setattr(onepass, "stage_dir", real)
+    feedpipe.shard(str(src), str(out), workers=2, resume=True)
+    monkeypatch.setattr(convert, "ONE_PASS", False)
+    feedpipe.shard(str(src), str(tmp_path / "general"), workers=2)
+    assert dir_bytes(out) == dir_bytes(tmp_path / "general")
+
+
+def _limit(limit: int) -> Any:
+    import resource
+    import signal
+
+    def pre() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    return pre
+
+
+@pytest.mark.parametrize("limit", [6_000, 21_000], ids=["staging", "joining"])
+def test_disk_full_is_one_line_and_resume_completes(tmp_path: Path, limit: int) -> None:
+    # 4 directories of 5 records (a staging file of 10,240 bytes), shards of 10 samples (21,504
+    # bytes): a limit of 6,000 fails the staging, one of 21,000 the joining of a shard
+    src = tmp_path / "src"
+    for d in range(4):
+        for i in range(5):
+            (src / f"d{d}").mkdir(parents=True, exist_ok=True)
+            (src / f"d{d}" / f"{i}.bin").write_bytes(bytes([i]) * 1500)
+    out = tmp_path / "o"
+    r = run_feedpipe("shard", src, out, "--max-samples", "10", "--workers", "2",
+                     preexec_fn=_limit(limit))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "disk full" in r.stderr and str(out) in r.stderr
+    left = os.listdir(out)
+    assert not [n for n in left if n.endswith(".tar") or ".tmp-" in n or "stage" in n], left
+    r = run_feedpipe("shard", src, out, "--max-samples", "10", "--workers", "2", "--resume",
+                     "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["shards"] == 2
+    feedpipe.shard(str(src), str(tmp_path / "again"), max_samples=10, workers=2)
+    assert dir_bytes(out) == dir_bytes(tmp_path / "again")
