@@ -1,11 +1,16 @@
 """``feedpipe shard``: convert a small-file dataset into WebDataset shards.
 
-The work is planned completely before any file is read: samples are listed and sorted (and
-shuffled with ``seed`` if asked), then cut into shards by ``max_bytes``/``max_samples`` using the
-exact tar sizes, and each shard into parts of at most :data:`PART_SAMPLES` samples. Parts are
-written by a process pool and joined into shards in order, so the bytes of every shard depend on
-the inputs and options only, never on ``workers`` or timing. A run killed at any moment resumes
+The general path plans the work completely before any file is read: samples are listed and
+sorted (and shuffled with ``seed`` if asked), then cut into shards by ``max_bytes``/``max_samples``
+using the exact tar sizes, and each shard into parts of at most :data:`PART_SAMPLES` samples. Parts
+are written by a process pool and joined into shards in order, so the bytes of every shard depend
+on the inputs and options only, never on ``workers`` or timing. A run killed at any moment resumes
 with ``resume=True``: committed shards are kept, everything else is redone.
+
+A fresh, unshuffled run over a local tree whose files all sit in top-level directories takes the
+one-pass path instead (:mod:`feedpipe.onepass`: each directory listed, read and staged by one
+worker, the shards cut from the staged bytes): the same shards, indexes and manifest, byte for
+byte, and the same plan fingerprint, so either path resumes the other's run.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from .manifest import Manifest, ShardRecord, write_manifest, write_wids_index
 from .merge import state_name as part_state_name
 from .partition import PartInfo, parse_part, part_prefix
 from .progress import progress
-from .onepass import stage_tree
-from .sources import Listing, SampleSpec, Source, check_source_dir, list_manifest
+from .onepass import StagedTree, stage_tree
+from .sources import Listing, SampleSpec, Source, list_manifest
 from .storage import is_local, local_path
 from .tarformat import BLOCK, END_OF_ARCHIVE, padded
 from .writer import PartResult, finish_shard, hidden, load_record, output_error, write_part
@@ -226,6 +231,33 @@ def _list(src: str, opts: ShardOptions, workers: int | None, show_progress: bool
             listing.close()
 
 
+def _stage(src: str, out: str, prefix: str, labels_from_dirs: bool, workers: int,
+           show_progress: bool | None) -> StagedTree | None:
+    """:func:`feedpipe.onepass.stage_tree` into ``out``, or ``None`` for the general path,
+    which then fails (or not) exactly as it would have: a bad source or output directory is
+    its to report, an output inside the source would be listed by the walk, and an output
+    directory made here for nothing is removed again."""
+    if not os.path.isdir(src):
+        return None
+    real_src, real_out = os.path.realpath(src), os.path.realpath(out)
+    if os.path.commonpath([real_src, real_out]) == real_src:
+        return None
+    existed = os.path.exists(out)
+    try:
+        _prepare_out(out, False)
+    except OutputError:
+        return None
+    _clean_temps(out, prefix)
+    staged = stage_tree(src, out, prefix, labels_from_dirs=labels_from_dirs, workers=workers,
+                        show_progress=show_progress)
+    if staged is None and not existed:  # (a failure, as on the general path, leaves it)
+        try:
+            os.rmdir(out)
+        except OSError:
+            pass
+    return staged
+
+
 def _drop_problems(listing: Listing, on_error: str) -> list[SampleSpec]:
     if listing.problems and on_error == "raise":
         path, reason = listing.problems[0]
@@ -311,15 +343,11 @@ def shard(
     nworkers = workers if workers is not None else (os.cpu_count() or 1)
     staged = None
     if (ONE_PASS and dask is None and part_of is None and manifest is None and not resume
-            and not shuffle and is_local(src)):
+            and not shuffle and is_local(src) and is_local(out)):
         # a local tree of top-level directories: listed, read and staged in one pass
         # (feedpipe.onepass); None when anything in it needs the general path
-        check_source_dir(src)
-        _prepare_out(out, resume)
-        _clean_temps(local_path(out), prefix)
-        staged = stage_tree(local_path(src), local_path(out), prefix,
-                            labels_from_dirs=labels_from_dirs, workers=nworkers,
-                            show_progress=show_progress)
+        staged = _stage(local_path(src), local_path(out), prefix, labels_from_dirs, nworkers,
+                        show_progress)
     try:
         listing, part_info = ((staged.listing.to_listing(), None) if staged is not None
                               else _list(src, opts, workers, show_progress, part_of))

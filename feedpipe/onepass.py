@@ -17,9 +17,14 @@ listing and writing (measured on 200,000 files of 1 KiB, 2 workers:
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
 which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
 no extension, unreadable, not UTF-8), a symbolic link or special file, an unlistable directory,
-files at the root, a ``cls`` file under ``labels_from_dirs``, a class directory without samples.
-Nothing is committed before the plan's fingerprint is saved (as on the general path), so a run
-killed while staging leaves only hidden temp files, which ``--resume`` or a new run removes.
+files at the root, a ``cls`` file under ``labels_from_dirs``, a class directory without samples,
+and fewer top-level directories than workers (a directory is one worker's work, and OUT must
+hold a directory's staged bytes beside the shards cut from it: each staging file goes as soon
+as its last shard is committed, so OUT needs room for the data plus about its largest
+top-level directory). Nothing is committed before the plan's fingerprint is saved (as on the
+general path), so a run killed while staging leaves only hidden temp files, which ``--resume``
+or a new run removes; the work done so far is lost (``--resume`` then takes the general path,
+which keeps whatever shards were committed).
 """
 
 from __future__ import annotations
@@ -113,13 +118,16 @@ def _walk_plain(root: str, top: str) -> list[str] | None:
         except OSError:
             return None
         subdirs = []
-        for e in entries:
-            if e.is_dir(follow_symlinks=False):
-                subdirs.append((rel_dir + e.name + "/", e.path))
-            elif e.is_file(follow_symlinks=False):
-                out.append(rel_dir + e.name)
-            else:
-                return None
+        try:
+            for e in entries:  # (without the entry type from the directory, these lstat)
+                if e.is_dir(follow_symlinks=False):
+                    subdirs.append((rel_dir + e.name + "/", e.path))
+                elif e.is_file(follow_symlinks=False):
+                    out.append(rel_dir + e.name)
+                else:
+                    return None
+        except OSError:
+            return None
         stack.extend(reversed(subdirs))
     return out
 
@@ -176,6 +184,13 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
                 files += len(row)
             starts.append(pos)
             first.append(len(members))
+    except OSError as e:
+        _unlink(stage_path)
+        raise output_error(e, stage_path) from e
+    except BaseException:
+        _unlink(stage_path)
+        raise
+    try:
         with open(chunk_path, "wb") as f:  # the listing's chunk format (feedpipe.listing)
             for i in range(0, len(rows), CHUNK_ROWS):
                 record = marshal.dumps(rows[i:i + CHUNK_ROWS])
@@ -183,7 +198,7 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
                 f.write(record)
     except OSError as e:
         _unlink(stage_path)
-        raise output_error(e, stage_path) from e
+        raise output_error(e, chunk_path) from e
     except BaseException:
         _unlink(stage_path)
         raise
@@ -230,19 +245,30 @@ class StagedTree:
         """Write every shard of ``plan`` (a plan of this listing's samples, in order) from the
         staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed."""
         counts = [sum(len(p) for p in shard) for shard in plan]
-        jobs = zip(range(len(plan)), self.cuts(counts))
+        jobs = list(enumerate(self.cuts(counts)))
+        last = {cut.path: i for i, cuts in jobs for cut in cuts}  # the last shard cut from each
+        by_shard: dict[int, list[str]] = {}
+        for path, i in last.items():
+            by_shard.setdefault(i, []).append(path)
+
+        def done(i: int, rec: ShardRecord, fields: set[str]) -> None:
+            record(i, rec, fields)
+            for path in by_shard.get(i, ()):  # all shards up to i are committed: OUT holds
+                _unlink(path)  # the staged bytes once, not once more as shards
+
         pool = self._pool
         if pool is None or len(plan) <= 1:
             for i, cuts in jobs:
-                record(i, *join_cuts(out, names[i], cuts))
+                done(i, *join_cuts(out, names[i], cuts))
             return
         futures = [(i, pool.submit(join_cuts, out, names[i], cuts)) for i, cuts in jobs]
         try:
-            for i, fut in futures:
-                record(i, *fut.result())
+            for i, fut in futures:  # in shard order
+                done(i, *fut.result())
         except BaseException:
-            for _, fut in futures:
-                fut.cancel()
+            # let the joins under way finish before anyone cleans OUT's temp files behind them
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
             raise
 
     def close(self) -> None:
@@ -266,25 +292,28 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
     ``None`` when the general path must convert it."""
     files, dirs = _root_entries(src)
-    if not dirs or any(not (name.startswith(".")) for name, _ in files):
+    visible = [d for d in dirs if not d.startswith(".")]
+    if len(visible) < max(2, workers) or any(not name.startswith(".") for name, _ in files):
+        # a directory is one worker's: fewer than the workers would leave some idle, and one
+        # big directory would need room for the data twice (staged, then as shards)
         return None
-    tmp = tempfile.mkdtemp(prefix="feedpipe-listing-")
-    root_chunk = write_chunk(files, "", os.path.join(tmp, "root.chunk"), labels_from_dirs)
-    chunk_paths = [os.path.join(tmp, f"{i:08d}.chunk") for i in range(len(dirs))]
+    chunk_paths = [f"{i:08d}.chunk" for i in range(len(dirs))]
     stage_paths = [hidden(out, f"{prefix}-stage{i:06d}", f".tmp-{os.getpid()}")
                    for i in range(len(dirs))]
     # class indices: the listing's classes are the top-level directories with samples, and a
     # hidden one never has any (a visible one without samples sends the run back)
-    visible = [d for d in dirs if not d.startswith(".")]
     index = {d: i for i, d in enumerate(visible)}
     classes = ([index.get(d) for d in dirs] if labels_from_dirs
                else itertools.repeat(None))
     staged: list[StagedDir | None] = []
-    bar = progress(len(dirs), "shard", "dir", show_progress)
     ok = False
+    tmp = tempfile.mkdtemp(prefix="feedpipe-listing-")
+    pool = None
     try:
+        root_chunk = write_chunk(files, "", os.path.join(tmp, "root.chunk"), labels_from_dirs)
+        chunk_paths = [os.path.join(tmp, p) for p in chunk_paths]
+        bar = progress(len(dirs), "shard", "dir", show_progress)
         args = (itertools.repeat(src), dirs, classes, chunk_paths, stage_paths)
-        pool = None
         if workers <= 1 or len(dirs) <= 1:
             results: Any = map(stage_dir, *args)
         else:
