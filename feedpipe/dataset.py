@@ -346,6 +346,11 @@ class FeedDataset(IterableDataset):
             if decoded is not None:
                 decoded.record()
 
+    def _drop_pages(self) -> None:
+        """Unmap the touched pages of every open shard's map (``ShardReader.drop_pages``)."""
+        for reader in self._readers.values():
+            reader.drop_pages()
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = OrderedDict()  # maps do not cross processes; reopened on demand

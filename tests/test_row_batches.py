@@ -389,3 +389,20 @@ def test_buffer_reuse_can_be_turned_off(ds_path: str) -> None:
         del batches
     assert fl._rows is not None and fl._rows.stats() == {"batches": 0, "reused": 0,
                                                          "released": 0}
+
+
+def test_shard_pages_are_dropped_while_a_batch_is_decoded(ds_path: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # every DROP_ROWS rows and after each batch (the batch's samples are all fetched before any
+    # is decoded, too late for the maps' own accounting); the batches are the same
+    from feedpipe import row_batches
+
+    monkeypatch.setattr(row_batches, "DROP_ROWS", 2)
+    calls = []
+    real = FeedDataset._drop_pages
+    monkeypatch.setattr(FeedDataset, "_drop_pages", lambda self: calls.append(1) or real(self))
+    got = run(ds_path, pipeline(OnlyInto), num_workers=0)
+    assert same(got, run(ds_path, PerSample(pipeline())))
+    # batches of 4 (the last of 1): a drop at rows 2 and at the end of each full batch
+    full = sum(len(b[1]) == 4 for b in got)
+    assert len(calls) == 2 * full + 1
