@@ -123,16 +123,22 @@ def write_chunk(entries: Iterable[tuple[str, int]], top: str, path: str,
             by_key.setdefault(got[0], []).append(got[1])
             chunk.files += 1
     keys = sorted(by_key)
-    with open(path, "wb") as f:
-        for i in range(0, len(keys), CHUNK_ROWS):
-            record = marshal.dumps([(k, [tuple(r) for r in by_key[k]])
-                                    for k in keys[i:i + CHUNK_ROWS]])
-            f.write(len(record).to_bytes(8, "little"))
-            f.write(record)
+    write_rows(path, ((k, [tuple(r) for r in by_key[k]]) for k in keys))
     chunk.samples = len(keys)
     if keys:
         chunk.first, chunk.last = keys[0], keys[-1]
     return chunk
+
+
+def write_rows(path: str, rows: Iterable[tuple[str, list[tuple[str, str, int]]]]) -> None:
+    """Write a chunk file: ``rows`` (``(key, [(ext, path, size), ...])``, sorted by key) as
+    length-prefixed ``marshal`` records of up to :data:`CHUNK_ROWS` rows (read by :func:`_rows`)."""
+    it = iter(rows)
+    with open(path, "wb") as f:
+        while batch := list(itertools.islice(it, CHUNK_ROWS)):
+            record = marshal.dumps(batch)
+            f.write(len(record).to_bytes(8, "little"))
+            f.write(record)
 
 
 def _list_dir(src: str, top: str, path: str, labels_from_dirs: bool) -> Chunk:

@@ -30,7 +30,6 @@ which keeps whatever shards were committed).
 from __future__ import annotations
 
 import itertools
-import marshal
 import os
 import shutil
 import tempfile
@@ -40,11 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .index import ShardIndex
-from .listing import CHUNK_ROWS, Chunk, TreeListing, _root_entries, write_chunk
+from .listing import Chunk, TreeListing, _root_entries, write_chunk, write_rows
 from .manifest import ShardRecord
 from .progress import progress
 from .sources import SampleSpec, classify, read_local
-from .writer import _unlink, hidden, join_ranges, output_error, write_members
+from .writer import _unlink, hidden, join_ranges, removed_on_error, write_members
 
 
 @dataclass
@@ -159,49 +158,32 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
     members: list[tuple[str, int, int]] = []
     rows: list[tuple[str, list[tuple[str, str, int]]]] = []
     pos = files = 0
-    try:
-        with open(stage_path, "wb", buffering=1 << 20) as out:
-            write = out.write
-            for key in keys:
-                blobs = []
-                row = []
-                for ref in by_key[key]:
-                    try:
-                        data = read_local(base + ref.path)
-                    except OSError:
-                        data = b""
-                    if not data:  # unreadable or empty: the general path says which and why
-                        _unlink(stage_path)
-                        return None
-                    blobs.append((ref.ext, data))
-                    row.append((ref.ext, ref.path, len(data)))
-                blobs += extras
-                starts.append(pos)
-                first.append(len(members))
-                exts += [ext for ext, _ in blobs]
-                pos, _ = write_members(write, key, blobs, pos, members)
-                rows.append((key, row))
-                files += len(row)
+    with removed_on_error(stage_path), open(stage_path, "wb", buffering=1 << 20) as out:
+        write = out.write
+        for key in keys:
+            blobs = []
+            row = []
+            for ref in by_key[key]:
+                try:
+                    data = read_local(base + ref.path)
+                except OSError:
+                    data = b""
+                if not data:  # unreadable or empty: the general path says which and why
+                    _unlink(stage_path)
+                    return None
+                blobs.append((ref.ext, data))
+                row.append((ref.ext, ref.path, len(data)))
+            blobs += extras
             starts.append(pos)
             first.append(len(members))
-    except OSError as e:
-        _unlink(stage_path)
-        raise output_error(e, stage_path) from e
-    except BaseException:
-        _unlink(stage_path)
-        raise
-    try:
-        with open(chunk_path, "wb") as f:  # the listing's chunk format (feedpipe.listing)
-            for i in range(0, len(rows), CHUNK_ROWS):
-                record = marshal.dumps(rows[i:i + CHUNK_ROWS])
-                f.write(len(record).to_bytes(8, "little"))
-                f.write(record)
-    except OSError as e:
-        _unlink(stage_path)
-        raise output_error(e, chunk_path) from e
-    except BaseException:
-        _unlink(stage_path)
-        raise
+            exts += [ext for ext, _ in blobs]
+            pos, _ = write_members(write, key, blobs, pos, members)
+            rows.append((key, row))
+            files += len(row)
+        starts.append(pos)
+        first.append(len(members))
+    with removed_on_error(stage_path, chunk_path):  # (a partial chunk: with the listing's tmp)
+        write_rows(chunk_path, rows)
     if members:
         names, offsets, sizes = zip(*members)
         staged.names, staged.offsets, staged.sizes = list(names), list(offsets), list(sizes)
@@ -305,7 +287,7 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     index = {d: i for i, d in enumerate(visible)}
     classes = ([index.get(d) for d in dirs] if labels_from_dirs
                else itertools.repeat(None))
-    staged: list[StagedDir | None] = []
+    staged: list[StagedDir] = []
     ok = False
     tmp = tempfile.mkdtemp(prefix="feedpipe-listing-")
     pool = None
@@ -317,28 +299,25 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
         if workers <= 1 or len(dirs) <= 1:
             results: Any = map(stage_dir, *args)
         else:
-            import multiprocessing as mp
+            from .convert import _die_with_parent, _pool_context  # (convert imports this)
 
-            from .convert import _die_with_parent
-
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=ctx,
+            pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=_pool_context(),
                                        initializer=_die_with_parent, initargs=(os.getpid(),))
             results = pool.map(stage_dir, *args)
         try:
             for sd in results:
-                staged.append(sd)
-                bar.update(1)
                 if sd is None:
                     return None
+                staged.append(sd)
+                bar.update(1)
         finally:
             bar.close()
-        done = [sd for sd in staged if sd is not None]
-        if labels_from_dirs and any(sd.chunk.samples == 0 for sd in done
+        if labels_from_dirs and any(sd.chunk.samples == 0 for sd in staged
                                     if not sd.chunk.top.startswith(".")):
             return None  # the class indices given to the workers counted it
-        listing = TreeListing([root_chunk, *(sd.chunk for sd in done)], tmp, labels_from_dirs)
-        order = sorted((sd for sd in done if sd.chunk.samples), key=lambda sd: sd.chunk.first or "")
+        listing = TreeListing([root_chunk, *(sd.chunk for sd in staged)], tmp, labels_from_dirs)
+        order = sorted((sd for sd in staged if sd.chunk.samples),
+                       key=lambda sd: sd.chunk.first or "")
         if any(a.chunk.last >= b.chunk.first  # type: ignore[operator]
                for a, b in zip(order, order[1:])):
             return None  # cannot happen with feedpipe's key encoding (see feedpipe.listing)

@@ -182,8 +182,7 @@ class ShardReader:
             if not self._populated:  # a populated map is kept whole on purpose (raw_batches)
                 self._served += offs[b - 1] + sizes[b - 1] - offs[a] + _FAULT_AROUND
                 if self._served >= DROP_EVERY:
-                    self._served = 0
-                    self._mm.madvise(mmap.MADV_DONTNEED)  # type: ignore[union-attr]
+                    self.drop_pages()
             return d
         if self._fs is None:  # an empty local file has no map; its index is empty too
             raise IndexError(i)

@@ -14,7 +14,8 @@ import errno
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,24 @@ def output_error(e: OSError, path: str) -> OutputError:
     return OutputError(e.errno, f"{path}: cannot write: {e}")
 
 
+@contextmanager
+def removed_on_error(path: str, named: str | None = None) -> Iterator[None]:
+    """Remove the file ``path`` if the block fails in any way; an ``OSError`` leaves as an
+    :class:`OutputError` naming ``named`` (default ``path``: the file the user knows, such as
+    the shard a temp file becomes), an ``OutputError`` as it is."""
+    try:
+        yield
+    except OutputError:
+        _unlink(path)
+        raise
+    except OSError as e:
+        _unlink(path)
+        raise output_error(e, named or path) from e
+    except BaseException:
+        _unlink(path)
+        raise
+
+
 def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: str) -> PartResult:
     """Write the members of ``samples`` to ``path``; a sample with an unreadable file is skipped
     whole (``on_error="skip"``) or raises :class:`InputError` naming the file."""
@@ -50,39 +69,30 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
     pos = 0
     members = result.members
     read = source.read
-    try:
-        with open(path, "wb") as out:
-            write = out.write
-            for spec in samples:
-                blobs: list[tuple[str, bytes]] = []
-                failed = None
-                for ref in spec.files:
-                    try:
-                        data = read(ref.path, ref.size)
-                    except OSError as e:
-                        failed = (ref.path, f"cannot read: {e.strerror or e}")
-                        break
-                    if not data:
-                        failed = (ref.path, "zero-byte file")
-                        break
-                    blobs.append((ref.ext, data))
-                if failed is not None:
-                    if on_error == "raise":
-                        raise InputError(f"{source.path(failed[0])}: {failed[1]}")
-                    result.skipped.append(failed)
-                    continue
-                blobs.extend(spec.extras)
-                pos, nbytes = write_members(write, spec.key, blobs, pos, members)
-                result.bytes += nbytes
-                result.files += len(spec.files)
-    except OSError as e:
-        _unlink(path)
-        if isinstance(e, OutputError):
-            raise
-        raise output_error(e, path) from e
-    except BaseException:
-        _unlink(path)
-        raise
+    with removed_on_error(path), open(path, "wb") as out:
+        write = out.write
+        for spec in samples:
+            blobs: list[tuple[str, bytes]] = []
+            failed = None
+            for ref in spec.files:
+                try:
+                    data = read(ref.path, ref.size)
+                except OSError as e:
+                    failed = (ref.path, f"cannot read: {e.strerror or e}")
+                    break
+                if not data:
+                    failed = (ref.path, "zero-byte file")
+                    break
+                blobs.append((ref.ext, data))
+            if failed is not None:
+                if on_error == "raise":
+                    raise InputError(f"{source.path(failed[0])}: {failed[1]}")
+                result.skipped.append(failed)
+                continue
+            blobs.extend(spec.extras)
+            pos, nbytes = write_members(write, spec.key, blobs, pos, members)
+            result.bytes += nbytes
+            result.files += len(spec.files)
     return result
 
 
@@ -149,7 +159,7 @@ def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
     tmp = hidden(out_dir, name, f".tmp-{os.getpid()}")
     h = hashlib.sha256()
     bases: list[int] = []
-    try:
+    with removed_on_error(tmp, final):
         with open(tmp, "wb") as out:
             for path, start, length in ranges:
                 bases.append(out.tell())
@@ -178,15 +188,6 @@ def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
         write_index(os.path.join(out_dir, stem + ".idx"), idx)
         save_record(out_dir, record, skipped, idx.fields())
         os.replace(tmp, final)
-    except OutputError:
-        _unlink(tmp)
-        raise
-    except OSError as e:
-        _unlink(tmp)
-        raise output_error(e, final) from e
-    except BaseException:
-        _unlink(tmp)
-        raise
     return record, idx
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,16 @@ def _both(src: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> t
         feedpipe.shard(str(src), str(out), **kw)
         outs.append(dir_bytes(out))
     return outs[0], outs[1], taken == [True]
+
+
+def _dir_tree(src: Path, dirs: int, data: Callable[[int, int], bytes]) -> Path:
+    """``src`` with top-level directories ``d0``, ``d1``, ... of 5 files each: ``d{d}/{i}.bin``
+    holding ``data(d, i)``."""
+    for d in range(dirs):
+        (src / f"d{d}").mkdir(parents=True)
+        for i in range(5):
+            (src / f"d{d}" / f"{i}.bin").write_bytes(data(d, i))
+    return src
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -186,11 +197,7 @@ def _limit(limit: int) -> Any:
 def test_disk_full_is_one_line_and_resume_completes(tmp_path: Path, limit: int) -> None:
     # 4 directories of 5 records (a staging file of 10,240 bytes), shards of 10 samples (21,504
     # bytes): a limit of 6,000 fails the staging, one of 21,000 the joining of a shard
-    src = tmp_path / "src"
-    for d in range(4):
-        for i in range(5):
-            (src / f"d{d}").mkdir(parents=True, exist_ok=True)
-            (src / f"d{d}" / f"{i}.bin").write_bytes(bytes([i]) * 1500)
+    src = _dir_tree(tmp_path / "src", 4, lambda d, i: bytes([i]) * 1500)
     out = tmp_path / "o"
     r = run_feedpipe("shard", src, out, "--max-samples", "10", "--workers", "2",
                      preexec_fn=_limit(limit))
@@ -209,11 +216,7 @@ def test_disk_full_is_one_line_and_resume_completes(tmp_path: Path, limit: int) 
 def test_each_staging_file_goes_once_its_shards_are_committed(tmp_path: Path) -> None:
     # 4 directories of 5 samples, shards of 5: shard i is cut from directory i alone, so when
     # shard i is committed, the staging files of directories before it are gone
-    src = tmp_path / "src"
-    for d in range(4):
-        (src / f"d{d}").mkdir(parents=True)
-        for i in range(5):
-            (src / f"d{d}" / f"{i}.bin").write_bytes(bytes([d, i]) * 700)
+    src = _dir_tree(tmp_path / "src", 4, lambda d, i: bytes([d, i]) * 700)
     out = tmp_path / "o"
     staged = []
 
@@ -256,11 +259,7 @@ def test_a_failure_while_joining_leaves_no_half_shard(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # the caller's on_shard fails at the first shard while the workers join others: they
     # finish before OUT's temp files are cleaned, so no index is left without its shard
-    src = tmp_path / "src"
-    for d in range(8):
-        (src / f"d{d}").mkdir(parents=True)
-        for i in range(5):
-            (src / f"d{d}" / f"{i}.bin").write_bytes(bytes([d, i]) * 900)
+    src = _dir_tree(tmp_path / "src", 8, lambda d, i: bytes([d, i]) * 900)
     out = tmp_path / "o"
 
     def fail(rec: Any) -> None:
