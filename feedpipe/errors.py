@@ -54,6 +54,13 @@ class DecodeError(FeedpipeError, ValueError):
     that is not an integer); the message names the sample's key and shard."""
 
 
+class SampleSkipped(DecodeError):
+    """Raised by a transform to leave one sample out of its batch instead of stopping the epoch
+    (e.g. ``ImagePipeline(on_error="skip")`` on a corrupt image). The loader logs a warning naming
+    the sample, counts it in ``loader.stats()["skipped"]`` and goes on; the resume position is
+    unaffected (the sample counts as consumed)."""
+
+
 class DeviceCacheError(FeedpipeError, ValueError):
     """A sample does not fit a DeviceCache's field layout, or the cache cannot serve a request
     (not warmed up, an id outside the dataset, no fallback for samples that are not resident)."""
