@@ -27,7 +27,7 @@ references; so there the collator falls back to ``default_collate`` (a fresh sha
 each time, no pinning: workers never touch CUDA), and the DataLoader's own ``pin_memory=True``
 path pins in the main process. The ring, and pinning, apply with ``num_workers=0``. (A transform
 that writes in place, behind :class:`~feedpipe.FeedLoader`, gets a worker-side ring whose buffers
-the main process hands back: :class:`feedpipe.row_batches.WorkerRing`.)
+the main process hands back: :class:`feedpipe.worker_rows.WorkerRing`.)
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from .image_ops import one_thread
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _storage_refs(t: torch.Tensor) -> int | None:
+def storage_refs(t: torch.Tensor) -> int | None:
     """How many tensors share ``t``'s storage (``None`` where torch does not say), with one
     more for every Python storage object of it that someone keeps (``x.untyped_storage()``
     held without any tensor): those are counted by Python, not in the storage's use count, so
@@ -63,7 +63,7 @@ def _storage_refs(t: torch.Tensor) -> int | None:
 
 
 def _py_base() -> int:
-    # sys.getrefcount of a storage object that nothing but _storage_refs's own local holds,
+    # sys.getrefcount of a storage object that nothing but storage_refs's own local holds,
     # taken with the same code
     t = torch.empty(1)
     storage = t.untyped_storage()
@@ -73,7 +73,7 @@ def _py_base() -> int:
 _PY_BASE = _py_base()
 
 
-def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised tensor in shared memory (no copy: ``share_memory_()`` of an empty
     tensor would allocate twice and copy)."""
     numel = 1
@@ -91,10 +91,10 @@ class _Slot:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.images, self.labels = images, labels
-        self.base = (_storage_refs(images), _storage_refs(labels))
+        self.base = (storage_refs(images), storage_refs(labels))
 
     def free(self) -> bool:
-        now = (_storage_refs(self.images), _storage_refs(self.labels))
+        now = (storage_refs(self.images), storage_refs(self.labels))
         return None not in now and now == self.base
 
 
@@ -166,7 +166,7 @@ class BatchCollator:
         # In a DataLoader worker: allocated in shared memory, as default_collate allocates its
         # batches there, so that sending the batch to the training process moves a handle; a
         # private buffer would be copied into shared memory on the way (share_memory_()).
-        return _shared_empty((n, *self.shape), self.dtype), _shared_empty((n,), self.label_dtype)
+        return shared_empty((n, *self.shape), self.dtype), shared_empty((n,), self.label_dtype)
 
     def _slot(self) -> _Slot:
         # A free buffer first (from the one after the last used), then an empty slot, and only
@@ -197,7 +197,7 @@ class BatchCollator:
 
     def buffer(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(images, labels)`` views of the first ``n`` rows of a free buffer, for a caller that
-        fills a batch in place (:mod:`feedpipe.store_batches`); counted as a batch. The caller
+        fills a batch in place (:mod:`feedpipe.store_gather`); counted as a batch. The caller
         returns them (or the images alone) as the batch, as :meth:`__call__` would."""
         if not 0 < n <= self.batch_size:
             raise ValueError(f"a buffer of {n} rows from a BatchCollator of batch_size "

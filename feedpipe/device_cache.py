@@ -80,10 +80,9 @@ class DatasetFallback:
         self.transform = transform
 
     def __call__(self, ids: np.ndarray) -> dict[str, torch.Tensor] | tuple[torch.Tensor, ...]:
-        shards, local = self.dataset.plan().shard_of(np.asarray(ids, dtype=np.int64))
-        # FeedDataset._reader: the dataset's own cache of open shard maps, random access by id
-        rows = [_as_fields(self.transform(self.dataset._reader(s).sample(i)))
-                for s, i in zip(shards.tolist(), local.tolist())]
+        shards = self.dataset.shards  # the dataset's open shards, random access by id
+        rows = [_as_fields(self.transform(shards.sample(g)))
+                for g in np.asarray(ids, dtype=np.int64).tolist()]
         if isinstance(rows[0], dict):
             return {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}
         return tuple(torch.stack([torch.as_tensor(v) for v in col]) for col in zip(*rows))

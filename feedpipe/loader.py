@@ -1,5 +1,5 @@
-"""``FeedLoader``: a ``torch.utils.data.DataLoader`` over a :class:`FeedDataset` whose
-``state_dict()`` reflects what the training loop consumed, not what workers prefetched.
+"""``FeedLoader``: batches from a :class:`FeedDataset` through one batch loop and a named route,
+with a ``state_dict()`` that reflects what the training loop consumed, not what was prefetched.
 
 The dataset deals batch ``t`` of a rank to worker ``t % num_workers``, which is the order in which
 the DataLoader returns batches, so the batches the loop has received are always a prefix of the
@@ -11,112 +11,88 @@ therefore resumes every rank of a new job, of any size.
 
 from __future__ import annotations
 
-import itertools
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
-from . import raw_batches, row_batches
+from .batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
+from .collate import collate_samples
+from .collator import BatchCollator
 from .dataset import FeedDataset
 from .device_loader import DeviceLoader
-from .errors import StateError
-from .store_batches import store_batches
-from .row_batches import RowBatches, RowSource
-from .thread_batches import thread_batches
+from .errors import FeedpipeError, StateError
+from .plan import Split
+from .routes import ROUTES, Config, Route, choose
+from .worker_rows import RowRelease, writes_into
+from .worker_source import WorkerBatches, WorkerSource, as_is, ring_depth
+
+log = logging.getLogger("feedpipe")
+
+_REFUSED = ("shuffle", "sampler", "batch_sampler")
 
 
-def collate_samples(samples: list[Any]) -> Any:
-    """Default collation: tensors and numbers are stacked as by torch's ``default_collate``; raw
-    bytes fields (``bytes``/``memoryview``) become lists of ``bytes``; keys stay lists of str. A
-    field that only some samples have becomes a list with ``None`` where it is missing.
-
-    In a DataLoader worker, integer fields of sample dicts (``__index__``, ``__epoch__``,
-    ``__seed__``, labels) become ``int64`` numpy arrays instead: a tensor leaves a worker as a
-    shared-memory file descriptor with a socket handshake each, which for a few bytes costs more
-    than pickling them. :class:`FeedLoader` turns them into tensors in the training process."""
-    from torch.utils.data import default_collate
-
-    first = samples[0]
-    if isinstance(first, dict):
-        out: dict[str, Any] = {}
-        keys = dict.fromkeys(k for s in samples for k in s)
-        in_worker = get_worker_info() is not None
-        for k in keys:
-            col = [s.get(k) for s in samples]
-            v = col[0]
-            if in_worker and type(v) is int and all(type(c) is int for c in col):
-                out[k] = np.array(col, dtype=np.int64)
-            elif any(c is None for c in col):
-                out[k] = [bytes(c) if isinstance(c, memoryview) else c for c in col]
-            elif isinstance(v, (bytes, bytearray, memoryview)):
-                out[k] = [bytes(c) for c in col]
-            elif isinstance(v, str):
-                out[k] = col
-            else:
-                out[k] = collate_samples(col) if isinstance(v, dict) else default_collate(col)
-        return out
-    if isinstance(first, (bytes, bytearray, memoryview)):
-        return [bytes(c) for c in samples]
-    return default_collate(samples)
+class StartMethodError(FeedpipeError, RuntimeError):
+    """Worker processes cannot be forked safely from this process (it runs DALI's threads)."""
 
 
 class FeedLoader:
     """Batches from a :class:`FeedDataset`, with exact mid-epoch and elastic resumption.
 
+    Used as a ``DataLoader`` is: ``for batch in loader`` each epoch; ``len(loader)`` is the
+    number of batches of a whole epoch (also after :meth:`load_state_dict`, after which the
+    iteration yields only the rest); iterating again after a complete epoch starts the next
+    one (``set_epoch(e)`` chooses one explicitly); ``state_dict()`` / ``load_state_dict()``
+    have the standard signatures, so Lightning, accelerate and torch checkpoints save and
+    restore it as they do a ``StatefulDataLoader``.
+
+    How batches are made is a *route* (:mod:`feedpipe.routes`): the combination of fetch,
+    compute, executor and sink that fits the configuration, chosen by
+    :func:`feedpipe.routes.choose`, forced with ``route=``, reported by :attr:`route` and
+    :meth:`stats`. Every route gives the same batches.
+
     Args:
         dataset: the :class:`FeedDataset`.
-        batch_size: samples per batch (the last batch of a rank's epoch may be smaller).
-        num_workers: worker processes (0: read in this process). Once this process has
-            initialised CUDA, or once a :class:`~feedpipe.dali.DaliStage` it feeds has started
-            DALI's threads, workers start from a ``forkserver`` rather than by ``fork`` (unsafe
-            after either) unless ``multiprocessing_context=`` says otherwise. An epoch whose
-            every sample is in the dataset's complete decoded store (``decoded_cache=``) is
-            read in this process instead: the same batches, without a pickle and a pipe per
-            sample.
-        collate_fn: default :func:`collate_samples`. With it, a local dataset read without a
-            transform or shard cache gets its batches built from the shard index
-            (:mod:`feedpipe.raw_batches`) and copied out of this process's maps of the shards;
-            the same batches as the general path. When the shards fit in the dataset's
-            ``max_open_shards``, this process opens them once and plans every batch itself (a
-            few array gathers per batch), whatever ``num_workers`` is: workers would add only
-            their start-up and a pipe. Otherwise workers send where each batch's members lie.
+        batch_size: samples per batch.
+        num_workers: DataLoader worker processes (0: read in this process). They start by
+            the process's start method, as the DataLoader's do (``multiprocessing_context=``
+            chooses another); they never touch CUDA. In a process that runs DALI's threads (a
+            :class:`~feedpipe.dali.DaliStage` fed by this loader has started) forking is unsafe
+            and refused with a :class:`StartMethodError` naming the fix.
+        collate_fn: default :func:`~feedpipe.collate.collate_samples` (raw samples: every field
+            of the manifest in every batch, ``None`` where a sample lacks it). A
+            :class:`~feedpipe.BatchCollator` collates into reused preallocated buffers.
         device: deliver batches on this device through a :class:`DeviceLoader` (background
-            prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only). ``None``:
-            batches as the DataLoader makes them.
+            prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only).
         depth: batches the DeviceLoader prefetches ahead of the loop.
         transform_threads: run the dataset's transform on this many threads in this process
-            (:mod:`feedpipe.thread_batches`) instead of in worker processes (so ``num_workers``
-            must be 0). For transforms that release the GIL while they work, as
-            :class:`~feedpipe.transforms.ImagePipeline`'s JPEG decoding and resizing do: the
-            same batches, on one process's memory, with no pickling between processes. The
-            transform is called from several threads at once, so it must keep no state that
-            calls share unguarded (``ImagePipeline`` keeps none).
-        reuse_buffers: with worker processes writing batches in place (an ``ImagePipeline``
-            and a matching ``BatchCollator``), each worker reuses its shared-memory batch
-            buffers once this process no longer holds the batch (:mod:`feedpipe.row_batches`;
-            2 workers on 2 cores: 3,100 -> 4,000 images/s). This process sees its own
-            references only: pass ``False`` if batches are handed on to another process (a
-            multiprocessing queue) without a copy, so that every batch is a fresh buffer.
-            On this path ``prefetch_factor`` defaults to 1, not the DataLoader's 2: a worker
-            there makes whole batches, so one in flight per worker keeps it busy while the
-            loop waits for data (the same 3,850 images/s with 2 workers on 2 cores), and a
-            worker that runs ahead keeps ``prefetch_factor + 1`` buffers (2 of 38.5 MB each
-            at 256 x 3x224x224, against 3). Pass ``prefetch_factor=2`` for more slack against
-            uneven batch times when the training step is the slower side.
+            instead of in worker processes (``num_workers`` must be 0): for transforms that
+            release the GIL while they work, as :class:`~feedpipe.ImagePipeline` does. The
+            transform is called from several threads at once.
+        drop_last: leave out each rank's short last batch, as the DataLoader does (every rank
+            still gets the same number of batches).
+        route: ``"auto"`` or a route's name (:data:`feedpipe.routes.ROUTES`); a route that
+            cannot serve the configuration is refused with a sentence saying why.
+        reuse_buffers: with ``rows-workers``, each worker reuses its shared-memory batch
+            buffers once this process no longer holds the batch (:mod:`feedpipe.worker_rows`).
+            This process sees its own references only: pass ``False`` if batches are handed on
+            to another process without a copy. On that route ``prefetch_factor`` defaults to 1
+            (a worker makes whole batches; one in flight keeps it busy, and one buffer fewer is
+            held per worker).
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
     Example:
-        >>> ds = FeedDataset("shards/example", shuffle=True)
+        >>> ds = FeedDataset("shards/example", shuffle=True, decode={"cls": int})
         >>> loader = FeedLoader(ds, batch_size=5)
-        >>> loader.set_epoch(0)
+        >>> len(loader), loader.route.name
+        (5, 'refs')
         >>> first = next(iter(loader))
-        >>> state = loader.state_dict()
-        >>> state["position"]
-        5
+        >>> first["cls"].dtype, loader.state_dict()["position"]
+        (torch.int64, 5)
     """
 
     def __init__(
@@ -129,232 +105,275 @@ class FeedLoader:
         device: str | torch.device | None = None,
         depth: int = 2,
         transform_threads: int = 0,
+        drop_last: bool = False,
+        route: str = "auto",
         reuse_buffers: bool = True,
         **loader_kwargs: Any,
     ) -> None:
         if not isinstance(dataset, FeedDataset):
             raise TypeError(f"FeedLoader needs a FeedDataset, not {type(dataset).__name__}")
-        for bad in ("shuffle", "sampler", "batch_sampler", "drop_last"):
+        for bad in _REFUSED:
             if bad in loader_kwargs:
-                raise TypeError(
-                    f"FeedLoader does not take {bad}=: the FeedDataset's plan decides order and "
-                    "padding (pass shuffle=/drop_last= to FeedDataset)"
-                )
+                raise TypeError(f"FeedLoader does not take {bad}=: the FeedDataset's plan decides "
+                                "the order (pass shuffle=/seed= to FeedDataset)")
         if isinstance(transform_threads, bool) or int(transform_threads) < 0:
             raise ValueError(f"transform_threads must be 0 or more, not {transform_threads!r}")
-        self.transform_threads = int(transform_threads)
-        if self.transform_threads and num_workers:
-            raise ValueError(
-                f"transform_threads={transform_threads} runs the transform on threads in this "
-                f"process; it does not combine with num_workers={num_workers} worker processes "
-                "(pass one or the other)")
-        if self.transform_threads and dataset.transform is None:
-            raise ValueError("transform_threads= runs the dataset's transform on threads, and "
-                             "this FeedDataset has none (pass transform=, or drop "
-                             "transform_threads=)")
+        if int(num_workers) < 0:
+            raise ValueError(f"num_workers must be 0 or more, not {num_workers!r}")
+        if route != "auto" and route not in ROUTES:
+            raise ValueError(f"unknown route {route!r}; the routes are "
+                             f"{', '.join(['auto', *ROUTES])}")
         self.dataset = dataset
         self.batch_size = int(batch_size)
-        dataset.set_batch_size(self.batch_size)
-        self.num_workers = num_workers
-        # Raw samples with the default collation: batches are built from the shard index by
-        # reference (raw_batches), workers plan and send where the bytes are, not the bytes.
-        self._by_reference = (collate_fn in (None, collate_samples)
-                              and raw_batches.eligible(dataset))
-        self._pin = bool(loader_kwargs.get("pin_memory", False))
-        self._collate = collate_fn or collate_samples
-        self._rows: RowBatches | None = None  # the in-place worker path's batches (row_batches)
-        if self._by_reference:
-            self._loader = DataLoader(raw_batches.RefSource(dataset), batch_size=None,
-                                      num_workers=num_workers, **loader_kwargs)
-        elif num_workers > 0 and row_batches.in_place(dataset, collate_fn):
-            # the workers write each image into its batch row, in shared memory, reusing a
-            # buffer once this process lets go of its batch (row_batches)
-            # (one whole batch in flight per worker by default: see reuse_buffers)
-            loader_kwargs = {"prefetch_factor": 1, **loader_kwargs}
-            in_flight = loader_kwargs["prefetch_factor"] or 2
-            self._loader = DataLoader(RowSource(dataset, self.batch_size, collate_fn,
-                                                depth=in_flight + 3, reuse=reuse_buffers),
-                                      batch_size=None, num_workers=num_workers,
-                                      collate_fn=row_batches.as_is, **loader_kwargs)
-            self._rows = RowBatches(self._loader)
-        else:
-            self._loader = DataLoader(
-                dataset,
-                batch_size=self.batch_size,
-                num_workers=num_workers,
-                collate_fn=collate_fn or collate_samples,
-                **loader_kwargs,
-            )
-        self._device_loader = None if device is None else DeviceLoader(self._loader, device, depth)
-        self._context_given = "multiprocessing_context" in loader_kwargs
-        # Set by a consumer (the DALI stage) whose threads make fork unsafe in this process.
-        self._fork_unsafe = False
+        self.drop_last = bool(drop_last)
+        dataset.set_batch_size(self.batch_size, drop_last=self.drop_last)
+        self.num_workers = int(num_workers)
+        self.transform_threads = int(transform_threads)
+        self.collate_fn = collate_fn if collate_fn is not None else collate_samples
+        self.depth = depth
+        self.reuse_buffers = reuse_buffers
+        self._route_arg = route
+        self._kwargs = loader_kwargs
+        self._pin = bool(loader_kwargs.get("pin_memory", False)) and torch.cuda.is_available()
+        self._device = device
+        self._device_loader: DeviceLoader | None = None
+        self._loaders: dict[str, DataLoader] = {}  # per workers route, kept across epochs
+        self._columns: Any = None  # refs: the index as columns, built once
+        self._fork_unsafe: str | None = None
+        self._noted: set[str] = set()
+        self._last: Route | None = None
+        self._stats: dict[str, Any] = {}
         self._split = dataset.split()
         self._batches = 0
         self._finished = False
+        self._epoch_chosen = False
+        choose(self._config(), route)  # a forced route that cannot serve is refused here
 
+    # -- the route -------------------------------------------------------------------------
+    def _config(self) -> Config:
+        ds, collate = self.dataset, self.collate_fn
+        store = ds.decoded
+        state = "none" if store is None else ("complete" if store.complete() else "partial")
+        from .store_gather import gatherable
+
+        return Config(
+            num_workers=self.num_workers,
+            threads=self.transform_threads,
+            transform=ds.transform is not None,
+            into=writes_into(ds.transform, collate),
+            collator=isinstance(collate, BatchCollator),
+            default_collate=collate is collate_samples,
+            local=ds.shards.local,
+            store=state,
+            gatherable=state == "complete" and gatherable(ds, collate),
+            shards_fit=len(ds.shards) <= ds.max_open_shards,
+        )
+
+    @property
+    def route(self) -> Route:
+        """The route the next pass takes (the last pass's while one runs)."""
+        if self._last is not None and not self._finished and self._batches:
+            return self._last
+        return choose(self._config(), self._route_arg)[0]
+
+    def mark_fork_unsafe(self, reason: str) -> None:
+        """Say that this process now runs threads that make forking unsafe (``reason`` names
+        them): worker processes started by ``fork`` from here on are refused with a sentence
+        naming the fix. :class:`~feedpipe.dali.DaliStage` calls this when it starts DALI."""
+        self._fork_unsafe = reason
+
+    # -- epochs ----------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Select ``epoch``'s order. Keeps a resume point loaded for this same epoch."""
+        """Select ``epoch``'s order for the next pass. Keeps a resume point loaded for this
+        same epoch."""
         if epoch != self.dataset.epoch or self._finished:
             self.dataset.set_epoch(epoch)
         self._split = self.dataset.split()
         self._batches = 0
         self._finished = False
+        self._epoch_chosen = True
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current (possibly resumed) epoch."""
-        return self.dataset.split().batches(self.batch_size)
+        """Batches of this rank in a whole epoch (a resumed epoch yields only the rest)."""
+        d = self.dataset
+        whole = Split(d.manifest.total_samples, d.world.world_size, d.world.rank, 0,
+                      d.drop_last, self.drop_last)
+        return whole.batches(self.batch_size)
+
+    def _done(self) -> bool:
+        return self._finished or self._batches >= self._split.batches(self.batch_size) > 0
 
     def __iter__(self) -> Iterator[Any]:
-        if self._finished:  # a new pass over the same epoch without set_epoch: start it over
-            self.dataset.set_epoch(self.dataset.epoch)
-        self._split = self.dataset.split()
+        ds = self.dataset
+        if self._done() and not self._epoch_chosen:  # a new pass after a complete epoch
+            ds.set_epoch(ds.epoch + 1)
+        self._epoch_chosen = False
+        self._split = ds.split()
         self._batches = 0
         self._finished = False
-        source: Any = self._loader
-        if self._by_reference:
-            self._guard_fork()
-            source = raw_batches.RefBatches(
-                self.dataset, self._loader if self.num_workers > 0 else None, pin_memory=self._pin)
-        elif self.transform_threads or self._store_is_complete() or self._writes_rows():
-            # Transform threads run in this process (thread_batches). And when every sample's
-            # output is in the decoded store, reading it here costs one record copy per sample;
-            # a worker would add a pickle, a pipe and an unpickle of it. With a BatchCollator
-            # and image records, whole batches are gathered (store_batches). And with no
-            # workers, a transform that writes into a BatchCollator's rows does so here.
-            source = _InProcessBatches(self.dataset, self.batch_size, self._collate,
-                                       pin=self._pin, threads=self.transform_threads)
-        else:
-            self._guard_fork()
-            if self._rows is not None:
-                source = self._rows
-            elif self.num_workers > 0 and self._collate is collate_samples:
-                source = _WorkerBatches(self._loader)
-        if self._device_loader is not None:
+        route, note = choose(self._config(), self._route_arg)
+        if note is not None and note not in self._noted:
+            self._noted.add(note)
+            log.warning("feedpipe: %s", note)
+        self._last = route
+        self._stats = {"route": route.name, "batches": 0, "skipped": 0}
+        source: Any = self._source(route)
+        if self._device is not None:
+            if self._device_loader is None:
+                self._device_loader = DeviceLoader(source, self._device, self.depth)
             self._device_loader.iterable = source
             source = self._device_loader
-        # Counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
-        # over, never for the batches its thread prefetched.
+        # counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
+        # over, never for the batches its thread prefetched
         for batch in source:
             self._batches += 1
+            self._stats["batches"] = self._batches
             yield batch
         self._finished = True
 
-    def _writes_rows(self) -> bool:
-        # num_workers=0, no store: the transform writes each image into its batch row
-        # (ImagePipeline.into), no per-sample tensor and no collation copy
-        return self.num_workers == 0 and row_batches.in_place(self.dataset, self._collate)
+    def _source(self, route: Route) -> Iterator[Any]:
+        if route.executor == "workers":
+            return self._worker_batches(route)
+        return self._local_batches(route)
 
-    def _store_is_complete(self) -> bool:
-        store = self.dataset.decoded
-        return store is not None and store.complete()
+    def _local_batches(self, route: Route) -> Iterator[Any]:
+        """The inline and threads executors: the batch loop in this process."""
+        ds, stats = self.dataset, self._stats
+        skips = Skips()
+        pool = None
+        ahead = 0
+        with EpochReader(ds) as reader:
+            epoch = reader.plan.epoch
+            fetch: Any
+            maker: Any
+            if route.fetch == "refs":
+                from .refs import Columns, RefFetch, Resolver
 
-    def _guard_fork(self) -> None:
-        # Forking workers from a process that holds a CUDA context, or whose other threads (a
-        # DALI pipeline's) may hold locks, is unsafe: a child inherits objects whose destructors
-        # call CUDA or DALI (a pipeline, the caching allocator's state) and aborts or deadlocks.
-        # Workers need neither, so start them from a clean forkserver instead, unless the
-        # caller chose a context.
-        loader = self._loader
-        if (self.num_workers > 0 and not self._context_given
-                and loader.multiprocessing_context is None
-                and (self._fork_unsafe or torch.cuda.is_initialized())
-                and torch.multiprocessing.get_start_method(allow_none=True) in (None, "fork")):
-            loader.multiprocessing_context = "forkserver"
+                if self._columns is None and ds.shards.open_all():
+                    self._columns = Columns(ds.shards.open_readers())  # type: ignore[arg-type]
+                fetch = RefFetch(ds.shards, epoch, ds.seed, columns=self._columns,
+                                 advise=self._columns is not None)
+                maker = Resolver(ds, pin_memory=self._pin)
+                if self._columns is not None:  # planned (and read-ahead advised) early
+                    ahead = 2
+            elif route.fetch == "gather":
+                from .store_gather import Finished, GatherFetch
 
-    def stats(self) -> dict[str, Any] | None:
-        """The DeviceLoader's figures for this pass (wait, starvation; see
-        :meth:`DeviceLoader.stats`), or None without ``device=``."""
-        return None if self._device_loader is None else self._device_loader.stats()
+                fetch = GatherFetch(ds, epoch, self.collate_fn)  # type: ignore[arg-type]
+                maker = Finished()
+            else:
+                fetch = SampleFetch(ds, epoch, stored=ds.decoded is not None)
+                if route.sink == "rows":
+                    maker = RowMaker(ds, self.collate_fn,  # type: ignore[arg-type]
+                                     into=route.compute == "into", skips=skips,
+                                     drop=ds.shards.drop_pages)
+                else:
+                    maker = CollateMaker(ds, self.collate_fn, skips=skips,
+                                         fields=tuple(ds.manifest.fields),
+                                         default=self.collate_fn is collate_samples)
+            if route.executor == "threads":
+                pool = ThreadPoolExecutor(self.transform_threads,
+                                          thread_name_prefix="feedpipe-transform")
+                ahead = 2
+            try:
+                for batch in batch_loop(reader.batches(), fetch, maker, pool, ahead):
+                    stats["skipped"] = skips.count
+                    if self._pin and route.sink != "resolve":
+                        batch = _pinned(batch)
+                    yield batch
+            finally:
+                stats["skipped"] = skips.count
+                if pool is not None:
+                    pool.shutdown(wait=True, cancel_futures=True)
 
+    def _worker_batches(self, route: Route) -> Iterator[Any]:
+        """The workers executor: the batch loop in DataLoader worker processes."""
+        self._check_start_method()
+        loader = self._loaders.get(route.name)
+        kwargs = dict(self._kwargs)
+        if loader is None:
+            depth = 0
+            if route.sink == "rows":
+                kwargs = {"prefetch_factor": 1, **kwargs}  # see reuse_buffers
+                depth = ring_depth(kwargs["prefetch_factor"]) if self.reuse_buffers else 0
+            source = WorkerSource(self.dataset, route, self.collate_fn,
+                                  fields=tuple(self.dataset.manifest.fields),
+                                  default=self.collate_fn is collate_samples, depth=depth)
+            loader = DataLoader(source, batch_size=None, num_workers=self.num_workers,
+                                collate_fn=as_is, **kwargs)
+            self._loaders[route.name] = loader
+        resolver = None
+        if route.sink == "resolve":
+            from .refs import Resolver
+
+            resolver = Resolver(self.dataset, pin_memory=self._pin)
+        release = None
+        if route.sink == "rows" and self.reuse_buffers:
+            release = RowRelease(bool(kwargs.get("persistent_workers", False)))
+        yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
+                                 release=release, pin=self._pin)
+
+    def _check_start_method(self) -> None:
+        if self._fork_unsafe is None or "multiprocessing_context" in self._kwargs:
+            return
+        if torch.multiprocessing.get_start_method(allow_none=True) not in (None, "fork"):
+            return
+        raise StartMethodError(
+            f"FeedLoader(num_workers={self.num_workers}) would fork its worker processes from "
+            f"a process that runs {self._fork_unsafe}, which can deadlock them. Pass "
+            "multiprocessing_context='forkserver' (or 'spawn'): then the transform and "
+            "collate_fn must be picklable (no lambdas or local functions) and the script must "
+            "start under `if __name__ == \"__main__\":`; or use num_workers=0 / "
+            "transform_threads=N.")
+
+    # -- figures ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """This pass's figures: ``route`` (its name) and ``parts`` (fetch, compute, executor,
+        sink), ``batches`` received, ``skipped`` samples (:class:`~feedpipe.errors.SampleSkipped`),
+        ``worker_pids`` (the worker processes that made batches), and with ``device=`` the
+        :class:`DeviceLoader`'s figures under ``device``."""
+        route = self.route
+        out = dict(self._stats) if self._stats else {"route": route.name, "batches": 0,
+                                                     "skipped": 0}
+        out["parts"] = {"fetch": route.fetch, "compute": route.compute,
+                        "executor": route.executor, "sink": route.sink}
+        if "worker_pids" in out:
+            out["worker_pids"] = sorted(out["worker_pids"])
+        if self._device_loader is not None:
+            out["device"] = self._device_loader.stats()
+        return out
+
+    # -- resumption ------------------------------------------------------------------------
     @property
     def position(self) -> int:
         """The global position the training loop has reached in this epoch."""
-        if self._finished:
+        if self._done():
             return self._split.num_samples
         return self._split.consumed(self._batches, self.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
-        """What the loop consumed: ``{"epoch", "position", ...}`` (standard signature)."""
+        """What the loop consumed: ``{"epoch", "position", "dataset", ...}`` (standard
+        signature). After a complete epoch it is the start of the next one."""
+        if self._done():
+            state = self.dataset.state_dict(consumed=0)
+            state["epoch"] = self.dataset.epoch + 1
+            return state
         return self.dataset.state_dict(consumed=self.position)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], *, strict: bool = True) -> None:
         """Continue exactly after what the saved loop consumed, with any number of ranks or
-        workers. Call ``set_epoch(state_dict["epoch"])`` (or nothing) before iterating."""
+        workers. A state of another dataset or shard layout is refused (:class:`StateError`)
+        unless ``strict=False``, which starts the saved epoch afresh."""
         if not isinstance(state_dict, dict) or "position" not in state_dict:
             raise StateError("not a FeedLoader state (no 'position')")
-        self.dataset.load_state_dict(state_dict)
+        self.dataset.load_state_dict(state_dict, strict=strict)
         self._split = self.dataset.split()
         self._batches = 0
         self._finished = False
+        self._epoch_chosen = True
 
 
-class _InProcessBatches:
-    """A FeedDataset's stream for this rank, iterated in this process and collated into batches
-    of ``batch_size``: the same batches, in the same order, as the DataLoader's workers make."""
+def _pinned(batch: Any) -> Any:
+    from torch.utils.data._utils.pin_memory import pin_memory
 
-    def __init__(self, dataset: FeedDataset, batch_size: int,
-                 collate_fn: Callable[[list[Any]], Any], *, pin: bool = False,
-                 threads: int = 0) -> None:
-        self.dataset, self.batch_size, self.collate_fn = dataset, batch_size, collate_fn
-        self.pin = pin  # pin_memory=True: pinned as the DataLoader would pin them
-        self.threads = threads  # transform threads (thread_batches); 0: this thread
-
-    def __iter__(self) -> Iterator[Any]:
-        batches = self._batches()
-        if not (self.pin and torch.cuda.is_available()):
-            yield from batches
-            return
-        from torch.utils.data._utils.pin_memory import pin_memory
-
-        for batch in batches:
-            yield pin_memory(batch)
-
-    def _batches(self) -> Iterator[Any]:
-        gathered = store_batches(self.dataset, self.batch_size, self.collate_fn)
-        if gathered is not None:  # whole batches of image records: see feedpipe.store_batches
-            yield from gathered
-            return
-        if self.threads:
-            yield from thread_batches(self.dataset, self.batch_size, self.collate_fn,
-                                      self.threads)
-            return
-        if row_batches.in_place(self.dataset, self.collate_fn):
-            yield from row_batches.dataset_batches(self.dataset, self.batch_size,
-                                                   self.collate_fn)  # type: ignore[arg-type]
-            return
-        it = iter(self.dataset)
-        while True:
-            chunk = list(itertools.islice(it, self.batch_size))
-            if not chunk:
-                return
-            batch = self.collate_fn(chunk)
-            # let the samples go before the next batch is read: the decoded store recycles a
-            # record buffer once nothing holds it, so the next batch reuses these
-            del chunk
-            yield batch
-
-
-class _WorkerBatches:
-    """The DataLoader's batches with the integer arrays :func:`collate_samples` made in the
-    workers turned into tensors (zero-copy), as ``num_workers=0`` gives them."""
-
-    def __init__(self, loader: DataLoader) -> None:
-        self.loader = loader
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        for batch in self.loader:
-            yield _arrays_to_tensors(batch)
-
-
-def _arrays_to_tensors(batch: Any) -> Any:
-    if type(batch) is dict:
-        for k, v in batch.items():
-            if type(v) is np.ndarray:
-                batch[k] = torch.from_numpy(v)
-            elif type(v) is dict:
-                _arrays_to_tensors(v)
-    return batch
+    return pin_memory(batch)

@@ -196,6 +196,7 @@ class Split:
     rank: int
     start: int = 0
     drop_last: bool = False
+    whole_batches: bool = False  # drop each rank's short last batch (FeedLoader(drop_last=True))
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -233,6 +234,10 @@ class Split:
         return local + self.start
 
     def batches(self, batch_size: int) -> int:
+        """Batches of ``batch_size`` this rank delivers: with ``whole_batches`` only full ones
+        (the same count on every rank, since every rank has the same length)."""
+        if self.whole_batches:
+            return self.length // batch_size
         return -(-self.length // batch_size)
 
     def worker_batches(self, batch_size: int, worker: int, num_workers: int) -> range:

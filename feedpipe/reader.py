@@ -40,6 +40,7 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 # map is of a file opened read-only, so a dropped page reads back the same bytes.
 DROP_EVERY = 4 << 20
 _FAULT_AROUND = 1 << 20
+ADVISE_GAP = 1 << 16  # byte ranges closer than this are advised as one
 
 Sample = dict[str, Any]
 
@@ -61,15 +62,25 @@ def _load_index(url: str, size: int, open_stream: Any) -> ShardIndex:
 
 def map_local(url: str) -> tuple[mmap.mmap | None, int]:
     """A local shard mapped read-only, and its size (no map for an empty file)."""
+    fd, mm, size = _open_mapped(url)
+    os.close(fd)
+    return mm, size
+
+
+def _open_mapped(url: str) -> tuple[int, mmap.mmap | None, int]:
+    """A local shard's open descriptor, its read-only map (none for an empty file) and size."""
     try:
         fd = os.open(local_path(url), os.O_RDONLY)
     except FileNotFoundError as e:
         raise SourceNotFoundError(f"{url}: shard not found") from e
+    except IsADirectoryError as e:
+        raise ShardFormatError(f"{url}: is a directory, not a shard") from e
     try:
         size = os.fstat(fd).st_size
-        return (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None), size
-    finally:
+        return fd, (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None), size
+    except BaseException:
         os.close(fd)
+        raise
 
 
 def check_size(url: str, size: int, expected: int) -> None:
@@ -91,7 +102,14 @@ class ShardReader:
         base: the global sample id of this shard's first sample (for ``__index__``).
         expected_bytes: the size the manifest records; a different size is an error.
         sha256: the manifest's content hash; checked when ``verify`` is true.
-        verify: hash the whole shard on open and compare with ``sha256``.
+        verify: hash the whole shard on open and compare with ``sha256``, and check every
+            index entry against the tar header in front of it.
+        samples: the number of samples the manifest records; an index that lists another
+            number is an error.
+
+        lazy: read the index when it is first needed (a sample, the length) instead of now,
+            for a caller that only copies byte ranges it already knows (:mod:`feedpipe.refs`):
+            the shard is mapped and no more.
 
     Example:
         >>> import feedpipe, glob
@@ -109,19 +127,22 @@ class ShardReader:
         expected_bytes: int | None = None,
         sha256: str | None = None,
         verify: bool = False,
+        samples: int | None = None,
+        lazy: bool = False,
     ) -> None:
         self.url = url
         self.name = name if name is not None else url.rsplit("/", 1)[-1]
         self.base = base
+        self._fd = -1
         self._mm: mmap.mmap | None = None
         self._mv: memoryview | None = None
-        self._populated = False  # every page of the map faulted in (see raw_batches)
+        self._populated = False  # every page of the map faulted in (see populate)
         self._served = 0  # bytes sample() served from the map since its pages were last dropped
         self._fs: Any = None
         self._path = url
         if is_local(url):
             path = local_path(url)
-            self._mm, self.size = map_local(url)
+            self._fd, self._mm, self.size = _open_mapped(url)
             if self._mm is not None:
                 self._mv = memoryview(self._mm)
             opener = lambda: open(path, "rb")  # noqa: E731
@@ -132,24 +153,46 @@ class ShardReader:
             except SourceNotFoundError as e:
                 raise SourceNotFoundError(f"{url}: shard not found ({e})") from e
             opener = lambda: self._fs.open(self._path, "rb")  # noqa: E731
-        if expected_bytes is not None:
-            check_size(url, self.size, expected_bytes)
-        if verify and sha256 is not None:
-            self._verify_hash(sha256)
-        self.index = _load_index(url, self.size, opener)
-        if self.index.end > self.size:
-            bad = next(
-                o for o, s in zip(self.index.offsets, self.index.sizes) if o + s > self.size
-            )
+        self._opener = opener
+        self._samples = samples
+        self._index: ShardIndex | None = None
+        try:
+            if expected_bytes is not None:
+                check_size(url, self.size, expected_bytes)
+            if verify and sha256 is not None:
+                self._verify_hash(sha256)
+            if verify or not lazy:
+                self._load()
+            if verify:
+                self._verify_headers(opener)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def index(self) -> ShardIndex:
+        """The shard's index (its ``.idx`` file, else a scan of the tar), read on first use."""
+        if self._index is None:
+            self._load()
+        return self._index  # type: ignore[return-value]
+
+    def _load(self) -> None:
+        index = _load_index(self.url, self.size, self._opener)
+        if index.end > self.size:
+            bad = next(o for o, s in zip(index.offsets, index.sizes) if o + s > self.size)
             raise ShardFormatError(
-                f"{url}: truncated: a member at offset {bad} runs past the end of the file "
-                f"({self.size} bytes; the index needs {self.index.end})"
-            )
-        self._keys = self.index.keys
-        self._starts = self.index.starts
-        self._exts = self.index.exts
-        self._offs = self.index.offsets
-        self._sizes = self.index.sizes
+                f"{self.url}: truncated: a member at offset {bad} runs past the end of the file "
+                f"({self.size} bytes; the index needs {index.end})")
+        if self._samples is not None and len(index) != self._samples:
+            raise ShardFormatError(
+                f"{self.url}: the index lists {len(index)} samples, the manifest "
+                f"{self._samples}")
+        self._keys = index.keys
+        self._starts = index.starts
+        self._exts = index.exts
+        self._offs = index.offsets
+        self._sizes = index.sizes
+        self._index = index
 
     def _verify_hash(self, want: str) -> None:
         h = hashlib.sha256()
@@ -166,11 +209,86 @@ class ShardReader:
                 f"says {want[:16]}...): the shard is corrupted"
             )
 
+    def _verify_headers(self, opener: Any) -> None:
+        """Every index entry against the tar: the members the tar's own headers give, in order
+        (name, data offset, size), must be the ones the index lists, so that a ``.idx`` copied
+        from another shard or shifted is refused before a byte is served."""
+        index = self.index
+        with opener() as f:
+            members = [(m.name, m.offset, m.size) for m in scan(f, self.size, self.url)]
+        want = group_members(members)
+        if (want.keys, want.starts, want.exts, want.offsets, want.sizes) != (
+                index.keys, index.starts, index.exts, index.offsets, index.sizes):
+            at = next((i for i, (a, b) in enumerate(zip(want.offsets, index.offsets)) if a != b),
+                      min(len(want.offsets), len(index.offsets)))
+            raise ShardFormatError(
+                f"{index_path(self.url)}: the index does not match the tar headers of {self.url} "
+                f"(first difference at member {at}); rebuild it with `feedpipe index` or "
+                "re-fetch the dataset")
+
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self.index)
+
+    @property
+    def buffer(self) -> mmap.mmap | None:
+        """The shard's read-only map (``None`` for a remote or empty shard). Slices of it are the
+        members' bytes at the index's offsets."""
+        return self._mm
+
+    @property
+    def populated(self) -> bool:
+        """Whether every page of the map has been faulted in (:meth:`populate`)."""
+        return self._populated
+
+    def populate(self) -> bool:
+        """Fault every page of the map in, in one call, once (``MADV_POPULATE_READ``), for a
+        reader that will copy every member of the shard: later reads fault nothing, and the map
+        is kept whole (its pages are not dropped). False where the kernel cannot."""
+        if self._mm is None:
+            return False
+        if not self._populated:
+            try:
+                self._mm.madvise(MADV_POPULATE_READ, 0, len(self._mm))
+            except (OSError, ValueError):  # kernels before 5.14: page faults do it, slower
+                return False
+            self._populated = True
+        return True
+
+    def advise(self, ranges: list[tuple[int, int]]) -> None:
+        """Ask the kernel to read these byte ranges of the map ahead (``MADV_WILLNEED``; ranges
+        closer than :data:`ADVISE_GAP` are merged). Advice only: a refusal costs speed."""
+        mm = self._mm
+        if mm is None or self._populated or not ranges:
+            return
+        ranges.sort()
+        lo, hi = ranges[0]
+        for a, b in ranges[1:]:
+            if a - hi > ADVISE_GAP:
+                _willneed(mm, lo, hi)
+                lo = a
+            hi = max(hi, b)
+        _willneed(mm, lo, hi)
+
+    def check(self) -> None:
+        """Raise :class:`ShardFormatError` if the shard's file no longer has the size it was
+        opened with (truncated or rewritten in place): reading a map past the new end of its
+        file kills the process with ``SIGBUS``, so callers check before a batch reads."""
+        if self._fd < 0:
+            return
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError as e:
+            raise ShardFormatError(f"{self.url}: cannot check the shard's size: {e}") from e
+        if size != self.size:
+            raise ShardFormatError(
+                f"{self.url}: the shard changed while it was being read: {size} bytes now, "
+                f"{self.size} when it was opened (truncated or rewritten in place); restore it "
+                "(or re-fetch the dataset) and resume from the last checkpoint")
 
     def sample(self, i: int) -> Sample:
         """Sample ``i`` of this shard as a dict of field -> bytes (``memoryview`` when local)."""
+        if self._index is None:
+            self._load()
         a, b = self._starts[i], self._starts[i + 1]
         d: Sample = {"__key__": self._keys[i], "__shard__": self.name, "__index__": self.base + i}
         offs, sizes, exts = self._offs, self._sizes, self._exts
@@ -179,7 +297,7 @@ class ShardReader:
             for m in range(a, b):
                 o = offs[m]
                 d[exts[m]] = mv[o : o + sizes[m]]
-            if not self._populated:  # a populated map is kept whole on purpose (raw_batches)
+            if not self._populated:  # a populated map is kept whole on purpose
                 self._served += offs[b - 1] + sizes[b - 1] - offs[a] + _FAULT_AROUND
                 if self._served >= DROP_EVERY:
                     self.drop_pages()
@@ -195,8 +313,17 @@ class ShardReader:
             d[exts[m]] = view[o : o + sizes[m]]
         return d
 
+    def span(self, i: int) -> tuple[int, int]:
+        """The byte range ``[lo, hi)`` of sample ``i``'s members (empty for a sample without)."""
+        if self._index is None:
+            self._load()
+        a, b = self._starts[i], self._starts[i + 1]
+        if b <= a:
+            return 0, 0
+        return self._offs[a], self._offs[b - 1] + self._sizes[b - 1]
+
     def __iter__(self) -> Iterator[Sample]:
-        for i in range(len(self._keys)):
+        for i in range(len(self)):
             yield self.sample(i)
 
     def drop_pages(self) -> None:
@@ -221,6 +348,9 @@ class ShardReader:
             except BufferError:
                 pass
             self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> ShardReader:
         return self
@@ -230,6 +360,14 @@ class ShardReader:
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("ShardReader holds a memory map; pass the URL to worker processes instead")
+
+
+def _willneed(mm: mmap.mmap, lo: int, hi: int) -> None:
+    start = lo - lo % mmap.PAGESIZE
+    try:
+        mm.madvise(mmap.MADV_WILLNEED, start, hi - start)
+    except (OSError, ValueError):  # advice only: a refusal costs speed, never correctness
+        pass
 
 
 def open_shard(url: str, **kwargs: Any) -> ShardReader:

@@ -1,0 +1,148 @@
+"""The route contract's fixtures: one loader per route over the same shards, and the reference
+route each is compared with. Imported by tests/test_routes.py and run in subprocesses
+(``python _routes.py JSON``) for resumption in a new interpreter."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+
+# route -> (family, what it needs): "raw" routes deliver raw sample dicts (default collation);
+# "img" routes deliver (images, labels) batches of a BatchCollator, labels being global ids.
+ROUTES = {
+    "refs": ("raw", "inline"),
+    "refs-workers": ("raw", "workers"),
+    "samples": ("raw", "inline"),
+    "samples-workers": ("raw", "workers"),
+    "rows": ("img", "inline"),
+    "rows-threads": ("img", "threads"),
+    "rows-workers": ("img", "workers"),
+    "samples-threads": ("img", "threads"),
+    "gather": ("img", "inline"),
+}
+SIZE = 8
+BATCH = 4
+
+
+class IdImages:
+    """:class:`~feedpipe.ImagePipeline`'s uint8 image of a sample with its global id as the
+    label (so that image batches say which samples they hold), writing into batch rows as the
+    pipeline does. ``mark``: a directory where each process that runs it leaves a file named by
+    its pid."""
+
+    def __init__(self, train: bool, mark: str | None = None) -> None:
+        from feedpipe.transforms import ImagePipeline
+
+        self.pipe = ImagePipeline(SIZE, train=train, mean=None, label_field=None)
+        self.out_shape = self.pipe.out_shape
+        self.out_dtype = self.pipe.out_dtype
+        self.mark = mark
+
+    def _mark(self) -> None:
+        if self.mark is not None:
+            open(os.path.join(self.mark, str(os.getpid())), "a").close()
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        self._mark()
+        return self.pipe(sample), int(sample["__index__"])
+
+    def into(self, sample: dict[str, Any], out: torch.Tensor) -> int:
+        self._mark()
+        self.pipe.into(sample, out)
+        return int(sample["__index__"])
+
+
+def make(route: str, path: str, *, world: int = 1, rank: int = 0, workers: int = 0,
+         store: str | None = None, mark: str | None = None, reference: bool = False,
+         seed: int = 11, **extra: Any) -> Any:
+    """The FeedLoader of ``route`` (or, with ``reference=True``, of the reference route for it:
+    ``samples`` in this process, same dataset and collation)."""
+    from feedpipe import FeedDataset, FeedLoader
+    from feedpipe.collator import BatchCollator
+
+    family, executor = ROUTES[route]
+    ds_kw: dict[str, Any] = {"shuffle": True, "seed": seed, "rank": rank, "world_size": world}
+    ld_kw: dict[str, Any] = {"batch_size": BATCH}
+    if family == "img":  # the gather route calls no transform: it marks no process
+        ds_kw["transform"] = IdImages(train=route != "gather",
+                                      mark=None if route == "gather" else mark)
+        ld_kw["collate_fn"] = BatchCollator(BATCH, (3, SIZE, SIZE))
+        if route == "gather":
+            ds_kw["decoded_cache"] = store
+    if route == "refs-workers":
+        ds_kw["max_open_shards"] = 2  # more shards than fit: the workers plan
+    if reference:
+        ds_kw.pop("decoded_cache", None)
+        return FeedLoader(FeedDataset(path, **ds_kw), route="samples", **ld_kw)
+    if executor == "threads":
+        ld_kw["transform_threads"] = 2
+    elif workers:
+        ld_kw["num_workers"] = workers
+    ld_kw.update(extra)
+    return FeedLoader(FeedDataset(path, **ds_kw), route=route, **ld_kw)
+
+
+def fill_store(path: str, store: str) -> None:
+    """Fill the decoded store the ``gather`` route reads (one epoch of its transform)."""
+    from feedpipe import FeedDataset, FeedLoader
+    from feedpipe.collator import BatchCollator
+
+    ds = FeedDataset(path, shuffle=True, seed=11, transform=IdImages(train=False),
+                     decoded_cache=store)
+    for _ in FeedLoader(ds, batch_size=BATCH, collate_fn=BatchCollator(BATCH, (3, SIZE, SIZE)),
+                        route="samples"):
+        pass
+    if ds.decoded is None or not ds.decoded.complete():
+        raise RuntimeError("the decoded store did not fill")
+
+
+def ids_of(batch: Any) -> list[int]:
+    """The global ids of a batch of either family."""
+    if isinstance(batch, dict):
+        return batch["__index__"].tolist()
+    return batch[1].tolist()
+
+
+def digest(batch: Any) -> str:
+    """A digest of everything a batch holds (to compare batches across processes)."""
+    h = hashlib.sha256()
+    if isinstance(batch, dict):
+        for k in sorted(batch):
+            h.update(k.encode())
+            h.update(repr(_plain(batch[k])).encode())
+    else:
+        for t in batch:
+            h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.tolist()
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(bytes(v)).hexdigest()
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def resume(args: dict[str, Any]) -> dict[str, Any]:
+    """In this (new) process: the route's loader of ``args``, loaded with ``args["state"]``,
+    iterated to the end of the epoch; the batches' digests and ids."""
+    ld = make(args["route"], args["path"], world=args.get("world", 1), rank=args.get("rank", 0),
+              workers=args.get("workers", 0), store=args.get("store"))
+    ld.load_state_dict(args["state"])
+    batches = list(ld)
+    return {"digests": [digest(b) for b in batches], "ids": [ids_of(b) for b in batches],
+            "pids": ld.stats().get("worker_pids", []), "len": len(ld)}
+
+
+if __name__ == "__main__":
+    import _routes  # the classes under their module's name, as the tests pickle and hash them
+
+    print(json.dumps(_routes.resume(json.loads(sys.argv[1]))))
