@@ -233,8 +233,12 @@ class FeedDataset(IterableDataset):
         saved = state.get("dataset") or {}
         mine = self.identity
         if saved.get("digest") != mine["digest"]:
-            what = ("another shard layout of the same samples"
-                    if saved.get("samples") == mine["samples"] else "another dataset")
+            if saved.get("samples") != mine["samples"]:
+                what = "another dataset"
+            elif saved.get("shards") != mine["shards"]:
+                what = "another shard layout"
+            else:
+                what = "other shards (their names, sizes or hashes differ)"
             return (f"the state was saved on {what} ({saved.get('shards')} shards, "
                     f"{saved.get('samples')} samples, digest {str(saved.get('digest'))[:12]}), "
                     f"this dataset has {mine['shards']} shards, {mine['samples']} samples, "

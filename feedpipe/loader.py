@@ -330,7 +330,8 @@ class FeedLoader:
     def stats(self) -> dict[str, Any]:
         """This pass's figures: ``route`` (its name) and ``parts`` (fetch, compute, executor,
         sink), ``batches`` received, ``skipped`` samples (:class:`~feedpipe.errors.SampleSkipped`),
-        ``worker_pids`` (the worker processes that made batches), and with ``device=`` the
+        ``worker_pids`` (the worker processes that made batches) and ``start_method`` (how
+        they were started) on a ``workers`` route, and with ``device=`` the
         :class:`DeviceLoader`'s figures under ``device``."""
         route = self.route
         out = dict(self._stats) if self._stats else {"route": route.name, "batches": 0,

@@ -122,6 +122,9 @@ class WorkerBatches:
     def __iter__(self) -> Iterator[Any]:
         sink, stats = self.route.sink, self.stats
         pids: set[int] = stats.setdefault("worker_pids", set())
+        ctx = self.loader.multiprocessing_context
+        stats["start_method"] = (ctx.get_start_method() if ctx is not None
+                                 else torch.multiprocessing.get_start_method())
         release, resolver = self.release, self.resolver
         it = iter(self.loader)
         try:

@@ -57,7 +57,7 @@ def test_plain_dataloader_with_two_workers_delivers_each_sample_once(ds_path: st
 def test_persistent_workers_follow_set_epoch(ds_path: str) -> None:
     ds = FeedDataset(ds_path, shuffle=True, seed=5)
     loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True,
-                        collate_fn=feedpipe.loader.collate_samples)
+                        collate_fn=feedpipe.collate.collate_samples)
     orders = []
     for epoch in range(3):
         ds.set_epoch(epoch)
@@ -67,35 +67,44 @@ def test_persistent_workers_follow_set_epoch(ds_path: str) -> None:
     assert len({tuple(o) for o in orders}) == 3
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_feedloader_order_does_not_depend_on_workers(ds_path: str, workers: int) -> None:
-    ref = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=9), batch_size=3)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_processes_deliver_the_order_of_the_training_process(ds_path: str,
+                                                                    workers: int) -> None:
+    """The same ids in the same order from real worker processes (their pids checked) as from
+    the training process alone: the plan, not the executor, decides the order."""
+    ref = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=9), batch_size=3, route="samples")
     ref.set_epoch(4)
     loader = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=9), batch_size=3,
-                        num_workers=workers)
+                        num_workers=workers, route="samples-workers")
     loader.set_epoch(4)
     assert ids_of(loader) == ids_of(ref)
+    pids = loader.stats()["worker_pids"]
+    assert len(pids) == workers and os.getpid() not in pids
+    assert ref.stats()["parts"]["executor"] == "inline"
     assert len(loader) == 9
 
 
-
-def test_workers_start_from_a_forkserver_once_cuda_is_initialised(ds_path: str,
-                                                                   monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Forking after CUDA is unsafe (inherited CUDA objects abort the worker); FeedLoader starts
-    its workers from a forkserver then, unless the caller chose a context."""
+def test_the_start_method_is_the_users(ds_path: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """As with a DataLoader: workers fork by default, also once CUDA is initialised (they never
+    touch CUDA); a context the user names is used; a process marked unsafe to fork from (DALI's
+    threads) refuses to fork, naming the fix."""
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    ref = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=9), batch_size=3)
-    loader = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=9), batch_size=3, num_workers=2)
-    assert ids_of(loader) == ids_of(ref)  # real workers, same order
-    assert loader._loader.multiprocessing_context.get_start_method() == "forkserver"
+    ref = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=9), batch_size=3, route="samples")
+    loader = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=9), batch_size=3, num_workers=2,
+                        route="samples-workers")
+    assert ids_of(loader) == ids_of(ref)
+    assert loader.stats()["start_method"] == "fork"
     chosen = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2,
-                        multiprocessing_context="spawn")
-    chosen._guard_fork()
-    assert chosen._loader.multiprocessing_context.get_start_method() == "spawn"
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    plain = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2)
-    assert sorted(ids_of(plain)) == list(range(25))
-    assert plain._loader.multiprocessing_context is None
+                        route="samples-workers", multiprocessing_context="forkserver")
+    assert sorted(ids_of(chosen)) == list(range(25))
+    assert chosen.stats()["start_method"] == "forkserver"
+    unsafe = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2,
+                        route="samples-workers")
+    unsafe.mark_fork_unsafe("DALI's threads")
+    with pytest.raises(feedpipe.loader.StartMethodError,
+                       match="multiprocessing_context='forkserver'.*picklable.*__main__"):
+        next(iter(unsafe))
+
 
 def test_len_and_balance_over_ranks(ds_path: str) -> None:
     for drop_last, per_rank in ((False, 9), (True, 8)):
@@ -145,15 +154,17 @@ def test_checkpoint_mid_epoch_in_process(ds_path: str) -> None:
     assert sorted(ids_of(resumed)) == list(range(25))
 
 
-def test_state_at_epoch_end_resumes_to_an_empty_epoch(ds_path: str) -> None:
+def test_state_at_epoch_end_resumes_at_the_next_epoch(ds_path: str) -> None:
     loader = FeedLoader(FeedDataset(ds_path, shuffle=True), batch_size=4)
     loader.set_epoch(0)
     ids_of(loader)
     state = loader.state_dict()
-    assert state["position"] == 25
+    assert (state["epoch"], state["position"]) == (1, 0)
     again = FeedLoader(FeedDataset(ds_path, shuffle=True), batch_size=4)
     again.load_state_dict(state)
-    assert ids_of(again) == []
+    want = FeedLoader(FeedDataset(ds_path, shuffle=True), batch_size=4)
+    want.set_epoch(1)
+    assert ids_of(again) == ids_of(want)
 
 
 def test_state_from_another_dataset_is_refused(ds_path: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -226,7 +237,8 @@ def test_worker_batches_equal_in_process_batches_field_by_field(ds_path: str) ->
     tensors as with num_workers=0, dtype included."""
     def batches(workers: int) -> list[dict]:
         fl = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=2), batch_size=4,
-                        num_workers=workers)
+                        num_workers=workers,
+                        route="samples-workers" if workers else "samples")
         return list(fl)
 
     here, there = batches(0), batches(2)

@@ -1,0 +1,107 @@
+"""Faults while reading (issue 23): a wrong index under verify=True, a shard truncated in place
+during an epoch (no SIGBUS, the named error on every route, also from worker processes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from feedpipe import FeedDataset, FeedLoader, ShardFormatError
+
+
+def idx_files(root: Path) -> list[Path]:
+    return sorted(root.glob("*.idx"))
+
+
+def keys_match_bytes(ds: FeedDataset, src: Path) -> None:
+    """Every sample's jpg is its key's source file (what verify=True must guarantee)."""
+    from feedpipe.keys import source_path
+
+    for s in ds:
+        want = (src / source_path(s["__key__"], "jpg")).read_bytes()
+        assert bytes(s["jpg"]) == want, s["__key__"]
+
+
+def test_verify_refuses_an_index_copied_from_another_shard(sharded_copy: Path,
+                                                           image_folder: Path) -> None:
+    a, b = idx_files(sharded_copy)[:2]
+    shutil.copyfile(b, a)
+    with pytest.raises(ShardFormatError, match=rf"{a.name}: the index does not match the tar"):
+        list(FeedDataset(str(sharded_copy), verify=True))
+    with pytest.raises(ShardFormatError, match=a.name):
+        list(FeedLoader(FeedDataset(str(sharded_copy), verify=True), batch_size=4))
+
+
+def test_verify_refuses_shifted_offsets(sharded_copy: Path) -> None:
+    idx = idx_files(sharded_copy)[1]
+    lines = idx.read_text().splitlines()
+    shifted = [lines[0]]
+    for line in lines[1:]:
+        parts = line.split(" ")
+        for g in range(0, len(parts), 4):  # <ext> <offset> <size> <name>
+            parts[g + 1] = str(int(parts[g + 1]) + 512)
+        shifted.append(" ".join(parts))
+    idx.write_text("\n".join(shifted) + "\n")
+    with pytest.raises(ShardFormatError, match=idx.name):
+        list(FeedDataset(str(sharded_copy), verify=True))
+
+
+def test_verify_serves_a_healthy_dataset_byte_for_byte(sharded: Path, image_folder: Path) -> None:
+    keys_match_bytes(FeedDataset(str(sharded), verify=True), image_folder)
+
+
+SCRIPT = textwrap.dedent("""
+    import glob, os, sys
+    from feedpipe import FeedDataset, FeedLoader, ShardFormatError
+    path, workers, transform = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+
+    def shard_of(sample):
+        return sample["__shard__"] + str(len(bytes(sample["jpg"])))[:0]
+
+    if __name__ == "__main__":
+        ds = FeedDataset(path, shuffle=True, transform=shard_of if transform else None)
+        it = iter(FeedLoader(ds, batch_size=2, num_workers=workers))
+        tars = glob.glob(os.path.join(path, "*.tar"))
+        seen = set()
+        while len(seen) < len(tars):  # every shard open (and mapped) somewhere
+            batch = next(it)
+            seen.update(batch if transform else batch["__shard__"])
+        for tar in tars:
+            os.truncate(tar, os.path.getsize(tar) // 3)
+        try:
+            for _ in it:
+                pass
+        except ShardFormatError as e:
+            print("named:", type(e).__name__, str(e).splitlines()[-1][:300])
+            sys.exit(0)
+        print("no error")
+        sys.exit(3)
+""")
+
+
+@pytest.mark.parametrize("workers,transform", [(0, False), (2, False), (0, True), (2, True)])
+def test_a_shard_truncated_in_place_is_an_error_not_a_signal(sharded_copy: Path, tmp_path: Path,
+                                                             workers: int,
+                                                             transform: bool) -> None:
+    script = tmp_path / "truncate.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(sharded_copy), str(workers),
+                           str(int(transform))], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert "named: ShardFormatError" in proc.stdout and ".tar" in proc.stdout
+    assert "changed while it was being read" in proc.stdout or "truncated" in proc.stdout
+
+
+def test_worker_errors_keep_their_class_and_message(sharded_copy: Path) -> None:
+    tar = sorted(sharded_copy.glob("*.tar"))[2]
+    os.truncate(tar, tar.stat().st_size - 700)
+    ld = FeedLoader(FeedDataset(str(sharded_copy), transform=lambda s: 0), batch_size=2,
+                    num_workers=2)
+    with pytest.raises(ShardFormatError, match=tar.name):
+        list(ld)
