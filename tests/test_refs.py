@@ -1,21 +1,24 @@
-"""Raw batches built by reference (feedpipe.raw_batches): the same batches as the general path,
-with only member positions crossing from the workers, and every damage still an error."""
+"""Raw batches by reference (feedpipe.refs, the ``refs`` and ``refs-workers`` routes): the same
+batches as the per-sample route, with only member positions crossing from the workers, column
+plans equal to per-sample plans, and every damage still an error naming the shard."""
 
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from _data import make_dataset
 
 from feedpipe import FeedDataset, FeedLoader
+from feedpipe.batch_loop import EpochReader
 from feedpipe.errors import ShardFormatError, SourceNotFoundError
-from feedpipe.loader import _InProcessBatches, collate_samples
-from feedpipe.raw_batches import BatchRefs, BatchResolver, batch_refs, eligible
-
-from _data import make_dataset
+from feedpipe.refs import BatchRefs, Columns, RefFetch, Resolver
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "shards", "example")
 
@@ -25,14 +28,27 @@ def ds_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return make_dataset(str(tmp_path_factory.mktemp("raw")))  # 25 samples, shards of 7
 
 
-def general_path(url: str, batch_size: int, **kw) -> list[dict]:  # type: ignore[no-untyped-def]
-    """The oracle: FeedDataset's own samples, collated in this process by collate_samples."""
-    ds = FeedDataset(url, **kw)
-    ds.set_batch_size(batch_size)
-    return list(_InProcessBatches(ds, batch_size, collate_samples))
+def general_path(url: str, batch_size: int, *, epoch: int | None = None,
+                 state: dict[str, Any] | None = None, **kw: Any) -> list[dict[str, Any]]:
+    """The oracle: the per-sample route (each sample dict from the shards, collated by the
+    default collation) in this process."""
+    fl = FeedLoader(FeedDataset(url, **kw), batch_size=batch_size, route="samples")
+    if epoch is not None:
+        fl.set_epoch(epoch)
+    if state is not None:
+        fl.load_state_dict(state)
+    return list(fl)
 
 
-def assert_same_batches(got: list[dict], want: list[dict]) -> None:
+def plan_refs(ds: FeedDataset, worker: int, workers: int,
+              columns: Columns | None = None) -> list[BatchRefs]:
+    """The references of every batch of one reader of ``ds``'s current epoch, as that reader
+    plans them (from the index columns when given, else sample by sample)."""
+    fetch = RefFetch(ds.shards, ds.epoch, ds.seed, columns=columns)
+    return [fetch(ids) for ids in EpochReader(ds, worker, workers).batches()]
+
+
+def assert_same_batches(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
     assert len(got) == len(want)
     for a, b in zip(got, want):
         assert list(a) == list(b)  # the same fields in the same order
@@ -45,27 +61,33 @@ def assert_same_batches(got: list[dict], want: list[dict]) -> None:
                 assert all(v is None or type(v) is bytes for v in a[k] if k[:2] != "__"), k
 
 
-@pytest.mark.parametrize("workers,max_open", [(0, 64), (2, 64), (0, 2), (2, 2)])
+@pytest.mark.parametrize("workers,max_open,route", [(0, 64, "refs"), (2, 64, "refs"),
+                                                    (0, 2, "refs"), (2, 2, "refs-workers")])
 @pytest.mark.parametrize("shuffle,batch_size", [(False, 4), (True, 5), (True, 1)])
-def test_batches_equal_the_general_path(workers: int, max_open: int, shuffle: bool,
+def test_batches_equal_the_general_path(workers: int, max_open: int, route: str, shuffle: bool,
                                         batch_size: int) -> None:
     # the example dataset has a JSON sidecar on some samples only: lists with None where absent.
     # Its 3 shards fit in 64 open maps (planned here from index columns), not in 2 (planned by
     # the workers, or here sample by sample)
     fl = FeedLoader(FeedDataset(EXAMPLE, shuffle=shuffle, seed=7, max_open_shards=max_open),
                     batch_size=batch_size, num_workers=workers)
-    assert fl._by_reference
+    assert fl.route.name == route and fl.route.fetch == "refs" and fl.route.sink == "resolve"
     got = list(fl)
     assert_same_batches(got, general_path(EXAMPLE, batch_size, shuffle=shuffle, seed=7))
     if batch_size > 1:
         assert any(None in b["json"] for b in got if "json" in b)
+    stats = fl.stats()
+    assert stats["route"] == route and stats["batches"] == len(got)
+    if route == "refs-workers":
+        assert len(stats["worker_pids"]) == workers and os.getpid() not in stats["worker_pids"]
+    else:
+        assert "worker_pids" not in stats
 
 
 @pytest.mark.parametrize("rank", [0, 1, 2])
 def test_ranks_padding_and_resume_match(ds_path: str, rank: int) -> None:
-    kw = dict(shuffle=True, seed=3, rank=rank, world_size=3)
-    ds = FeedDataset(ds_path, **kw)
-    fl = FeedLoader(ds, batch_size=3, num_workers=2)
+    kw: dict[str, Any] = {"shuffle": True, "seed": 3, "rank": rank, "world_size": 3}
+    fl = FeedLoader(FeedDataset(ds_path, **kw), batch_size=3, num_workers=2)
     fl.set_epoch(2)
     it = iter(fl)
     next(it)
@@ -73,15 +95,14 @@ def test_ranks_padding_and_resume_match(ds_path: str, rank: int) -> None:
     del it
     resumed = FeedLoader(FeedDataset(ds_path, **kw), batch_size=3, num_workers=2)
     resumed.load_state_dict(state)
-    oracle = FeedDataset(ds_path, **kw)
-    oracle.load_state_dict(state)
-    oracle.set_batch_size(3)
-    assert_same_batches(list(resumed), list(_InProcessBatches(oracle, 3, collate_samples)))
+    assert resumed.route.name == "refs"
+    assert_same_batches(list(resumed), general_path(ds_path, 3, state=state, **kw))
 
 
 def test_more_shards_in_a_batch_than_open_maps(ds_path: str) -> None:
     fl = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=1, max_open_shards=1),
                     batch_size=25, num_workers=2)
+    assert fl.route.name == "refs-workers"
     got = list(fl)
     assert len(set(got[0]["__shard__"])) == 4
     assert_same_batches(got, general_path(ds_path, 25, shuffle=True, seed=1))
@@ -90,62 +111,82 @@ def test_more_shards_in_a_batch_than_open_maps(ds_path: str) -> None:
 def test_only_positions_cross_from_the_workers(ds_path: str) -> None:
     ds = FeedDataset(ds_path, shuffle=True)
     ds.set_batch_size(8)
-    refs = list(batch_refs(ds, 0, 1))
-    assert all(isinstance(r, BatchRefs) for r in refs)
+    refs = plan_refs(ds, 0, 1)
+    assert len(refs) == 4 and all(isinstance(r, BatchRefs) for r in refs)
     payload = sum(len(v) for b in general_path(ds_path, 8, shuffle=True) for k, col in b.items()
                   if k[:2] != "__" for v in col if v is not None)
     sent = sum(len(pickle.dumps(r)) for r in refs)
     assert payload > 4 * sent  # JPEGs of 8-16 px are small; real ones make the gap far wider
     back = pickle.loads(pickle.dumps(refs[0]))
     assert back.keys == refs[0].keys and back.first == refs[0].first
+    assert list(back.fields) == list(refs[0].fields) and (back.ids == refs[0].ids).all()
+    # what the training process makes of the references is the batch itself
+    assert_same_batches([Resolver(ds)(back)], general_path(ds_path, 8, shuffle=True)[:1])
 
 
-def test_pin_memory_and_defaults_choose_the_path(ds_path: str) -> None:
+def test_pin_memory_and_defaults_choose_the_route(ds_path: str) -> None:
     fl = FeedLoader(FeedDataset(ds_path), batch_size=4, num_workers=2, pin_memory=True)
-    assert fl._by_reference
+    assert fl.route.name == "refs"
     batches = list(fl)
     assert sorted(i for b in batches for i in b["__index__"].tolist()) == list(range(25))
     if torch.cuda.is_available():  # pinned as the DataLoader's pin_memory=True would
         assert all(b["__index__"].is_pinned() for b in batches)
-    assert not eligible(FeedDataset(ds_path, transform=dict))  # a transform: samples, not bytes
-    assert not FeedLoader(FeedDataset(ds_path), batch_size=4,
-                          collate_fn=lambda s: s)._by_reference  # the caller collates
+    # a transform: samples, not bytes
+    with_transform = FeedDataset(ds_path, transform=dict)
+    assert FeedLoader(with_transform, batch_size=4).route.fetch != "refs"
+    with pytest.raises(ValueError, match="the dataset has a transform"):
+        FeedLoader(with_transform, batch_size=4, route="refs")
+    # the caller collates
+    assert FeedLoader(FeedDataset(ds_path), batch_size=4,
+                      collate_fn=lambda s: s).route.fetch != "refs"
+    with pytest.raises(ValueError, match="a collate_fn was given"):
+        FeedLoader(FeedDataset(ds_path), batch_size=4, collate_fn=lambda s: s, route="refs")
 
 
 def test_shard_truncated_after_planning_names_it(ds_path: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     root = str(tmp_path / "copy")
     shutil.copytree(ds_path, root)
-    ds = FeedDataset(root)
-    ds.set_batch_size(25)
-    refs = next(batch_refs(ds, 0, 1))  # the worker's readers checked the shards here
-    shard = os.path.join(root, ds.manifest.shards[1].name)
+    planner = FeedDataset(root)  # a worker: its shards are open, their indexes read
+    planner.set_batch_size(25)
+    refs = plan_refs(planner, 0, 1)[0]
+    name = planner.manifest.shards[1].name
+    assert name in refs_shards(planner, refs)
+    shard = os.path.join(root, name)
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) - 700)
-    with pytest.raises(ShardFormatError, match=ds.manifest.shards[1].name + ".*truncated"):
-        BatchResolver(ds)(refs)
+    # resolved where the shard was open before it was cut, and where it is opened after
+    with pytest.raises(ShardFormatError, match=re.escape(name) + ".*truncated"):
+        Resolver(planner)(refs)
+    with pytest.raises(ShardFormatError, match=re.escape(name) + ".*truncated"):
+        Resolver(FeedDataset(root))(refs)
     os.remove(shard)
-    with pytest.raises(SourceNotFoundError, match=ds.manifest.shards[1].name):
-        BatchResolver(ds)(refs)
+    with pytest.raises(SourceNotFoundError, match=re.escape(name)):
+        Resolver(FeedDataset(root))(refs)
+
+
+def refs_shards(ds: FeedDataset, refs: BatchRefs) -> set[str]:
+    return {ds.shards.names[s] for s in refs.shards.tolist()}
 
 
 def test_member_past_the_end_is_an_error(ds_path: str) -> None:
     ds = FeedDataset(ds_path)
     ds.set_batch_size(4)
-    refs = next(batch_refs(ds, 0, 1))
+    refs = plan_refs(ds, 0, 1)[0]
     offs, sizes = refs.fields["jpg"]
     sizes[2] = ds.manifest.shards[0].bytes  # an index entry that runs off the file
-    with pytest.raises(ShardFormatError, match=rf"{refs.keys[2]}\.jpg at offset {offs[2]}"):
-        BatchResolver(ds)(refs)
+    with pytest.raises(ShardFormatError,
+                       match=re.escape(f"{refs.keys[2]}.jpg at offset {offs[2]}")):
+        Resolver(ds)(refs)
 
 
 def _can_populate() -> bool:
     import mmap
 
-    from feedpipe.raw_batches import _MADV_POPULATE_READ
+    from feedpipe.reader import MADV_POPULATE_READ
 
     m = mmap.mmap(-1, 4096)
     try:
-        m.madvise(_MADV_POPULATE_READ, 0, 4096)
+        m.madvise(MADV_POPULATE_READ, 0, 4096)
         return True
     except (OSError, ValueError):
         return False
@@ -157,14 +198,8 @@ def test_indexes_are_parsed_once_and_batches_planned_here(ds_path: str, tmp_path
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import feedpipe.reader as reader_mod
 
-    def oracle(epoch: int, **kw) -> list[dict]:  # type: ignore[no-untyped-def]
-        ds = FeedDataset(ds_path, **kw)
-        ds.set_epoch(epoch)
-        ds.set_batch_size(4)
-        return list(_InProcessBatches(ds, 4, collate_samples))
-
-    want = [oracle(e, shuffle=True, seed=3) for e in (0, 1)]
-    plain = oracle(0)
+    want = [general_path(ds_path, 4, epoch=e, shuffle=True, seed=3) for e in (0, 1)]
+    plain = general_path(ds_path, 4)
     log = tmp_path / "parses"
     log.write_text("")
     real = reader_mod.parse_index
@@ -183,19 +218,23 @@ def test_indexes_are_parsed_once_and_batches_planned_here(ds_path: str, tmp_path
         for epoch in (0, 1):
             fl.set_epoch(epoch)
             assert_same_batches(list(fl), want[epoch])
-        # each index parsed once, here, for both epochs: the batches were planned here from the
-        # dataset's index columns, with no worker process started
+            # planned here from the dataset's index columns, with no worker process started
+            stats = fl.stats()
+            assert stats["route"] == "refs" and stats["parts"]["executor"] == "inline"
+            assert "worker_pids" not in stats
+        # each index parsed once, here, for both epochs
         assert log.read_text().split() == [str(os.getpid())] * shards
-        readers = fl.dataset._readers
-        assert sorted(readers) == list(range(shards)) and "_columns" in fl.dataset.__dict__
-        assert all(not r._mm.closed for r in readers.values())  # the resolver borrowed them
+        readers = fl.dataset.shards.open_readers()
+        assert readers is not None and len(readers) == shards
+        assert all(r.buffer is not None and not r.buffer.closed for r in readers)
         # one rank reads every member: each map was faulted in whole, once (kernels >= 5.14)
-        assert all(r._populated for r in readers.values()) or not _can_populate()
+        assert all(r.populated for r in readers) or not _can_populate()
     # more shards than open maps: nothing is opened ahead; the workers plan and parse
     log.write_text("")
     few = FeedLoader(FeedDataset(ds_path, max_open_shards=2), batch_size=4, num_workers=2)
     assert_same_batches(list(few), plain)
-    assert len(few.dataset._readers) == 0 and "_columns" not in few.dataset.__dict__
+    assert few.stats()["route"] == "refs-workers" and len(few.stats()["worker_pids"]) == 2
+    assert few.dataset.shards.open_readers() is None
     if not torch.cuda.is_initialized():  # else the workers start from a forkserver, unpatched
         assert str(os.getpid()) not in log.read_text().split() and log.read_text()
 
@@ -205,8 +244,6 @@ def test_indexes_are_parsed_once_and_batches_planned_here(ds_path: str, tmp_path
                                                       (True, 3, 3), (True, 32, 1)])
 def test_column_plans_equal_the_per_sample_plans(ds_path: str, url: str, shuffle: bool,
                                                  batch_size: int, world: int) -> None:
-    from feedpipe.raw_batches import columns
-
     root = EXAMPLE if url == "example" else ds_path
     for rank in range(world):
         for workers in (1, 2):
@@ -215,22 +252,27 @@ def test_column_plans_equal_the_per_sample_plans(ds_path: str, url: str, shuffle
             for ds in (loop, col):
                 ds.set_epoch(1)
                 ds.set_batch_size(batch_size)
-            assert col._open_all() and columns(col) is not None
+            assert col.shards.open_all()
+            readers = col.shards.open_readers()
+            assert readers is not None
+            columns = Columns(readers)
             for w in range(workers):
-                a = list(batch_refs(loop, w, workers))
-                b = list(batch_refs(col, w, workers))
+                a = plan_refs(loop, w, workers)
+                b = plan_refs(col, w, workers, columns)
                 assert len(a) == len(b) and (a or w > 0)  # a worker may get no batch
                 for x, y in zip(a, b):
                     assert x.keys == y.keys and x.first == y.first
                     assert list(x.fields) == list(y.fields)  # the same fields, same order
                     assert (x.shards == y.shards).all() and (x.ids == y.ids).all()
+                    assert x.epoch == y.epoch == 1
                     for e in x.fields:
                         assert (x.fields[e][0] == y.fields[e][0]).all(), e
                         assert (x.fields[e][1] == y.fields[e][1]).all(), e
     # the example has a sidecar on some samples only: some batch meets it after its first sample
     ds = FeedDataset(EXAMPLE, shuffle=True, seed=5)
     ds.set_batch_size(5)
-    ds._open_all()
-    columns(ds)
+    assert ds.shards.open_all()
+    columns = Columns(ds.shards.open_readers())  # type: ignore[arg-type]
     assert any("json" in r.fields and list(r.fields).index("json") >= r.first
-               for r in batch_refs(ds, 0, 1))
+               for r in plan_refs(ds, 0, 1, columns))
+    assert np.all(columns.offsets["jpg"] >= 0)  # every sample has its image

@@ -1,6 +1,7 @@
-"""Whole batches gathered from a complete decoded store (feedpipe.store_batches): the same
-batches, in the same order, as the per-sample path; damaged records recomputed; resumption;
-structures the gather does not take fall back to the per-sample path."""
+"""Whole batches gathered from a complete decoded store (the ``gather`` route,
+feedpipe.store_gather): the same batches, in the same order, as the per-sample routes; damaged
+or missing records recomputed and stored again; resumption; structures the gather does not take
+use another route."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _data import damage_record, make_dataset
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe import store_batches as sb
 from feedpipe.collator import BatchCollator
 from feedpipe.decoded_store import DecodedStore
+from feedpipe.store_gather import gatherable
 from feedpipe.transforms import ImagePipeline
-
-from _data import damage_record, make_dataset
 
 N = 25  # samples of make_dataset
 SIZE = 8
@@ -43,12 +43,12 @@ def ds_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return make_dataset(str(tmp_path_factory.mktemp("ds")))  # 25 samples, shards of 7
 
 
-def loader(ds_path: str, store: Path, calls: Path, *, bare: bool = False,
-           workers: int = 2) -> FeedLoader:
+def loader(ds_path: str, store: Path, calls: Path, *, bare: bool = False, workers: int = 2,
+           route: str = "auto", **kw: Any) -> FeedLoader:
     ds = FeedDataset(ds_path, shuffle=True, seed=5, transform=Counted(str(calls), bare),
                      decoded_cache=str(store))
-    return FeedLoader(ds, batch_size=4, num_workers=workers,
-                      collate_fn=BatchCollator(4, (3, SIZE, SIZE)))
+    return FeedLoader(ds, batch_size=4, num_workers=workers, route=route,
+                      collate_fn=BatchCollator(4, (3, SIZE, SIZE)), **kw)
 
 
 def copies(batches: Any) -> list[Any]:
@@ -86,27 +86,39 @@ class Spy:
 @pytest.mark.parametrize("bare,workers", [(False, 2), (True, 2), (False, 0)])
 def test_gathered_batches_equal_the_per_sample_path(ds_path: str, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture,
                                                     bare: bool, workers: int) -> None:
     calls = tmp_path / "calls"
     fill = loader(ds_path, tmp_path / "store", calls, bare=bare)
+    assert fill.route.name == "samples-workers"  # an empty store: the workers fill it
     fill.set_epoch(2)
-    filled = copies(fill)  # through the 2 workers: fills the store
+    filled = copies(fill)
     assert len(calls.read_text().splitlines()) == N and fill.dataset.decoded.complete()
+    assert len(fill.stats()["worker_pids"]) == 2
 
     spy = Spy(monkeypatch)
     fast = loader(ds_path, tmp_path / "store", calls, bare=bare, workers=workers)
+    assert fast.route.name == "gather"
     fast.set_epoch(2)
-    gathered = copies(fast)
+    with caplog.at_level("WARNING", logger="feedpipe"):
+        gathered = copies(fast)
     assert spy.calls == len(gathered) == 7  # 25 samples in batches of 4
     assert same(gathered, filled)
     assert fast.dataset.decoded.stats.hits == N and len(calls.read_text().splitlines()) == N
+    stats = fast.stats()
+    assert stats["route"] == "gather" and stats["parts"]["executor"] == "inline"
+    assert "worker_pids" not in stats
+    notes = [r.getMessage() for r in caplog.records if "route 'gather'" in r.getMessage()]
+    assert len(notes) == (1 if workers else 0)  # the workers asked for and left unused: said
 
-    monkeypatch.setattr(sb, "store_batches", lambda *a: None)
-    monkeypatch.setattr("feedpipe.loader.store_batches", lambda *a: None)
-    slow = loader(ds_path, tmp_path / "store", calls, bare=bare, workers=workers)
-    slow.set_epoch(2)
-    assert same(copies(slow), gathered)
-    assert spy.calls == 7  # the per-sample path gathers nothing
+    for route in ("samples-workers", "samples") if workers else ("samples",):
+        slow = loader(ds_path, tmp_path / "store", calls, bare=bare, workers=workers,
+                      route=route)
+        slow.set_epoch(2)
+        assert same(copies(slow), gathered)
+        assert slow.stats()["route"] == route
+        assert spy.calls == 7  # the per-sample routes gather nothing
+    assert len(calls.read_text().splitlines()) == N  # nor compute anything
 
 
 def test_a_damaged_or_missing_record_is_recomputed_and_stored_again(
@@ -118,6 +130,7 @@ def test_a_damaged_or_missing_record_is_recomputed_and_stored_again(
 
     spy = Spy(monkeypatch)
     again = loader(ds_path, tmp_path / "store", calls)
+    assert again.route.name == "gather"
     assert same(copies(again), truth) and spy.calls == 7
     stats = again.dataset.decoded.stats
     assert (stats.damaged, stats.misses, stats.fills, stats.hits) == (1, 1, 1, N - 1)
@@ -125,6 +138,7 @@ def test_a_damaged_or_missing_record_is_recomputed_and_stored_again(
 
     fixed = loader(ds_path, tmp_path / "store", calls)
     assert same(copies(fixed), truth) and fixed.dataset.decoded.stats.damaged == 0
+    assert len(calls.read_text().splitlines()) == N + 1  # stored again: not computed again
 
 
 def test_resume_mid_epoch_from_the_gathered_path(ds_path: str, tmp_path: Path) -> None:
@@ -134,29 +148,49 @@ def test_resume_mid_epoch_from_the_gathered_path(ds_path: str, tmp_path: Path) -
     truth = copies(fill)
 
     part = loader(ds_path, tmp_path / "store", calls)
+    assert part.route.name == "gather"
     part.set_epoch(1)
     it = iter(part)
     head = copies([next(it), next(it), next(it)])
     state = part.state_dict()
     it.close()
+    assert state["position"] == 12
     rest = loader(ds_path, tmp_path / "store", calls)
     rest.load_state_dict(state)
+    assert rest.route.name == "gather"
     assert same(head + copies(rest), truth)
+    assert len(calls.read_text().splitlines()) == N  # the store served all of it
 
 
-def test_structures_the_gather_does_not_take_use_the_per_sample_path(
+def test_structures_the_gather_does_not_take_use_another_route(
         ds_path: str, tmp_path: Path) -> None:
     calls = tmp_path / "calls"
     fill = loader(ds_path, tmp_path / "store", calls)
     list(fill)
     ds = fill.dataset
-    assert sb.store_batches(ds, 4, BatchCollator(4, (3, SIZE, SIZE))) is not None
-    assert sb.store_batches(ds, 4, BatchCollator(4, (3, SIZE + 1, SIZE))) is None  # shape
-    assert sb.store_batches(ds, 4, BatchCollator(4, (3, SIZE, SIZE), torch.float32)) is None
-    assert sb.store_batches(ds, 4, lambda batch: batch) is None  # not a BatchCollator
+    assert gatherable(ds, BatchCollator(4, (3, SIZE, SIZE)))
+    others: list[Any] = [BatchCollator(4, (3, SIZE + 1, SIZE)),  # shape
+                         BatchCollator(4, (3, SIZE, SIZE), torch.float32),  # dtype
+                         BatchCollator(4, (3, SIZE, SIZE), label_dtype=torch.int32),  # labels
+                         lambda batch: batch]  # not a BatchCollator
+    for collate in others:
+        assert not gatherable(ds, collate)
+        fl = FeedLoader(ds, batch_size=4, collate_fn=collate)
+        assert fl.route.name == "samples"  # the complete store, sample by sample
+        with pytest.raises(ValueError, match="cannot serve this loader"):
+            FeedLoader(ds, batch_size=4, collate_fn=collate, route="gather")
+    got = list(FeedLoader(ds, batch_size=4, collate_fn=lambda batch: batch))
+    assert [len(b) for b in got] == [4] * 6 + [1]
     fresh = FeedDataset(ds_path, transform=Counted(str(calls)),
                         decoded_cache=str(tmp_path / "empty"))
-    assert sb.store_batches(fresh, 4, BatchCollator(4, (3, SIZE, SIZE))) is None  # not filled
+    assert not gatherable(fresh, BatchCollator(4, (3, SIZE, SIZE)))  # not filled
+    with pytest.raises(ValueError, match="not complete yet"):
+        FeedLoader(fresh, batch_size=4, collate_fn=BatchCollator(4, (3, SIZE, SIZE)),
+                   route="gather")
+    assert FeedLoader(fresh, batch_size=4, num_workers=2,
+                      collate_fn=BatchCollator(4, (3, SIZE, SIZE))).route.name == "samples-workers"
+    assert not gatherable(FeedDataset(ds_path, transform=Counted(str(calls))),
+                          BatchCollator(4, (3, SIZE, SIZE)))  # no store at all
 
 
 @pytest.mark.cuda
@@ -168,4 +202,6 @@ def test_pin_memory_pins_batches_served_from_the_store(ds_path: str, tmp_path: P
                      decoded_cache=str(tmp_path / "store"))
     pinned = FeedLoader(ds, batch_size=4, num_workers=2, pin_memory=True,
                         collate_fn=BatchCollator(4, (3, SIZE, SIZE)))
-    assert all(x.is_pinned() and y.is_pinned() for x, y in pinned)
+    assert pinned.route.name == "gather"
+    batches = list(pinned)
+    assert len(batches) == 7 and all(x.is_pinned() and y.is_pinned() for x, y in batches)
