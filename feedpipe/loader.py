@@ -138,6 +138,7 @@ class FeedLoader:
         self._device = device
         self._device_loader: DeviceLoader | None = None
         self._loaders: dict[str, DataLoader] = {}  # per workers route, kept across epochs
+        self._releases: dict[str, RowRelease] = {}  # rows-workers: their buffer hand-back
         self._columns: Any = None  # refs: the index as columns, built once
         self._fork_unsafe: str | None = None
         self._noted: set[str] = set()
@@ -307,9 +308,10 @@ class FeedLoader:
             from .refs import Resolver
 
             resolver = Resolver(self.dataset, pin_memory=self._pin)
-        release = None
-        if route.sink == "rows" and self.reuse_buffers:
-            release = RowRelease(bool(kwargs.get("persistent_workers", False)))
+        release = self._releases.get(route.name)
+        if release is None and route.sink == "rows" and self.reuse_buffers:
+            release = self._releases[route.name] = RowRelease(
+                bool(kwargs.get("persistent_workers", False)))
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
                                  release=release, pin=self._pin)
 
@@ -331,7 +333,8 @@ class FeedLoader:
         """This pass's figures: ``route`` (its name) and ``parts`` (fetch, compute, executor,
         sink), ``batches`` received, ``skipped`` samples (:class:`~feedpipe.errors.SampleSkipped`),
         ``worker_pids`` (the worker processes that made batches) and ``start_method`` (how
-        they were started) on a ``workers`` route, and with ``device=`` the
+        they were started) on a ``workers`` route, ``buffers`` (worker batch buffers received,
+        ``reused``, ``released``) on ``rows-workers``, and with ``device=`` the
         :class:`DeviceLoader`'s figures under ``device``."""
         route = self.route
         out = dict(self._stats) if self._stats else {"route": route.name, "batches": 0,
@@ -340,6 +343,9 @@ class FeedLoader:
                         "executor": route.executor, "sink": route.sink}
         if "worker_pids" in out:
             out["worker_pids"] = sorted(out["worker_pids"])
+        release = self._releases.get(route.name)
+        if release is not None:
+            out["buffers"] = release.stats()
         if self._device_loader is not None:
             out["device"] = self._device_loader.stats()
         return out

@@ -250,7 +250,7 @@ class Split:
         return min(self.start + local * self.world_size, self.num_samples)
 
 
-def _worker_positions(split: Split, batch_size: int, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def worker_positions(split: Split, batch_size: int, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Global positions of local batches ``ts`` (concatenated) and each batch's length."""
     starts = ts.astype(np.int64) * batch_size
     lens = np.minimum(starts + batch_size, split.length) - starts
@@ -274,7 +274,7 @@ def iter_id_chunks(
     for g in range(0, len(mine), group):
         ts = np.arange(mine.start + g * mine.step, min(mine.stop, mine.start + (g + group) * mine.step),
                        mine.step)
-        pos, _ = _worker_positions(split, batch_size, ts)
+        pos, _ = worker_positions(split, batch_size, ts)
         yield plan.sample_ids(pos)
 
 
@@ -287,7 +287,7 @@ def iter_ids(
     for g in range(0, len(mine), group):
         ts = np.arange(mine.start + g * mine.step, min(mine.stop, mine.start + (g + group) * mine.step),
                        mine.step)
-        pos, lens = _worker_positions(split, batch_size, ts)
+        pos, lens = worker_positions(split, batch_size, ts)
         ids = plan.sample_ids(pos)
         at = 0
         for n in lens.tolist():

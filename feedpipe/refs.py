@@ -222,8 +222,7 @@ class Resolver:
         self._whole = dataset.world.world_size == 1
         self._populate = hasattr(mmap.mmap, "madvise")
 
-    def _map(self, s: int) -> mmap.mmap:
-        r = self.shards.reader(s, index=False)
+    def _map(self, r: ShardReader) -> mmap.mmap:
         mm = r.buffer
         if mm is None:
             raise ShardFormatError(f"{r.url}: the shard is empty but its index lists samples")
@@ -275,16 +274,16 @@ class Resolver:
         n = len(refs)
         shards = refs.shards.tolist()
         names = self.names
-        distinct = list(dict.fromkeys(shards))
-        maps = {s: self._map(s) for s in distinct}  # opened (and checked) once
-        self.shards.check(distinct)  # a truncation since opening: an error, not a SIGBUS
+        readers = {s: self.shards.reader(s, index=False) for s in dict.fromkeys(shards)}
+        maps = {s: self._map(r) for s, r in readers.items()}  # opened (and checked) once
+        for r in readers.values():  # a truncation since opening: an error, not a SIGBUS
+            r.check()
         limit = self._bytes[refs.shards]
         fields = list(refs.fields.items())
         order = [*_HEAD, *(e for e, _ in fields[: refs.first]), *_TAIL,
                  *(e for e, _ in fields[refs.first:])]
         order += [f for f in self.fields if f not in refs.fields]
-        if self._populate and not all(self.shards.reader(s, index=False).populated
-                                      for s in maps):
+        if self._populate and not all(r.populated for r in readers.values()):
             self._prefault(refs, fields, maps)
         one = maps[shards[0]] if len(maps) == 1 else None
         per_sample = None if one is not None else [maps[s] for s in shards]

@@ -130,12 +130,13 @@ def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
             raise ValueError(f"route {route!r} cannot serve this loader: {why}")
         return _resolved(picked, config), _note(picked, config)
     w = config.num_workers
+    raw = _raw_refusal(config) is None
     if config.store == "complete" and config.gatherable and config.collator:
         picked = ROUTES["gather"]
     elif config.threads:
         picked = ROUTES["rows-threads" if config.collator and config.store == "none"
                         else "samples-threads"]
-    elif refusal(ROUTES["refs"], config) is None:
+    elif raw:
         picked = ROUTES["refs" if config.shards_fit or not w else "refs-workers"]
     elif config.store == "complete":
         picked = ROUTES["samples"]
@@ -143,21 +144,30 @@ def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
         picked = ROUTES["rows-workers" if w else "rows"]
     else:
         picked = ROUTES["samples-workers" if w else "samples"]
+    why = refusal(picked, config)
+    if why is not None:  # the arguments contradict each other (threads and workers, ...)
+        raise ValueError(f"no route serves this loader: {picked.name!r} would, but {why}")
     return _resolved(picked, config), _note(picked, config)
 
 
 def _note(route: Route, config: Config) -> str | None:
-    """The sentence to log when ``route`` leaves the asked-for worker processes unused."""
-    w = config.num_workers
-    if not w or route.executor == "workers":
+    """The sentence to log when ``route`` leaves asked-for workers or threads unused."""
+    w, t = config.num_workers, config.threads
+    unused = []
+    if w and route.executor != "workers":
+        unused.append(f"num_workers={w} worker processes")
+    if t and route.executor != "threads":
+        unused.append(f"transform_threads={t} threads")
+    if not unused:
         return None
     reason = {
         "gather": "every sample is in the complete decoded store, gathered whole",
         "refs": "every shard is open here and batches are planned from the index",
         "samples": "every sample is in the complete decoded store",
     }[route.name]
-    return (f"route {route.name!r} runs in the training process, not in the num_workers={w} "
-            f"worker processes: {reason} (force another with FeedLoader(route=...))")
+    return (f"route {route.name!r} runs in the training process and leaves the "
+            f"{' and the '.join(unused)} unused: {reason} (force another with "
+            "FeedLoader(route=...))")
 
 
 def _resolved(route: Route, config: Config) -> Route:
@@ -173,6 +183,19 @@ def _resolved(route: Route, config: Config) -> Route:
     return Route(route.name, route.fetch, compute, route.executor, route.sink)
 
 
+def _raw_refusal(config: Config) -> str | None:
+    """Why raw batches by reference cannot serve ``config``, or ``None``."""
+    if config.transform:
+        return "it delivers raw samples, and the dataset has a transform"
+    if not config.default_collate:
+        return "it builds the default collation's batches, and a collate_fn was given"
+    if not config.local:
+        return "it maps the shards in this process, and they are remote or cached"
+    if config.store != "none":
+        return "it reads the shards, and the dataset has a decoded store"
+    return None
+
+
 def refusal(route: Route, config: Config) -> str | None:
     """Why ``route`` cannot serve ``config`` (a sentence), or ``None`` when it can."""
     w, name = config.num_workers, route.name
@@ -186,18 +209,13 @@ def refusal(route: Route, config: Config) -> str | None:
                 "processes (pass num_workers=0)")
     if route.executor == "threads" and not config.threads:
         return "it runs the transform on threads, and transform_threads is 0"
-    if route.executor != "threads" and config.threads:
+    if route.executor != "threads" and config.threads and name != "gather":
         return (f"transform_threads={config.threads} asks for the threads route "
                 "(rows-threads or samples-threads)")
     if route.fetch == "refs":
-        if config.transform:
-            return "it delivers raw samples, and the dataset has a transform"
-        if not config.default_collate:
-            return "it builds the default collation's batches, and a collate_fn was given"
-        if not config.local:
-            return "it maps the shards in this process, and they are remote or cached"
-        if config.store != "none":
-            return "it reads the shards, and the dataset has a decoded store"
+        why = _raw_refusal(config)
+        if why is not None:
+            return why
         if name == "refs" and w and not config.shards_fit:
             return ("it keeps every shard open here, and there are more shards than "
                     "max_open_shards (use refs-workers)")

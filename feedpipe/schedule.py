@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .plan import Plan, Split, _worker_positions, distinct
+from .plan import Plan, Split, worker_positions, distinct
 
 INF = float("inf")
 
@@ -39,7 +39,7 @@ def worker_uses(
     for g in range(0, len(mine), group):
         ts = np.arange(mine.start + g * mine.step,
                        min(mine.stop, mine.start + (g + group) * mine.step), mine.step)
-        pos, lens = _worker_positions(split, batch_size, ts)
+        pos, lens = worker_positions(split, batch_size, ts)
         within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
         local = np.repeat(ts.astype(np.int64) * batch_size, lens) + within
         shards, _ = plan.shard_of(plan.sample_ids(pos))

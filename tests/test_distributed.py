@@ -1,4 +1,5 @@
-"""Two real torch.distributed ranks (gloo on 127.0.0.1), each with DataLoader workers."""
+"""Two real torch.distributed ranks (gloo on 127.0.0.1), each reading through two real
+DataLoader worker processes (the ``samples-workers`` route; their pids are checked)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def test_two_gloo_ranks_exactly_once_equal_batches(ds_path: str, tmp_path, drop_
         ranks = json.load(f)
     assert [r["rank"] for r in ranks] == [0, 1]
     assert ranks[0]["batches"] == ranks[1]["batches"] == ranks[0]["len"]
+    for r in ranks:  # each rank's batches came from two worker processes of its own
+        assert len(set(r["workers"])) == 2 and r["pid"] not in r["workers"]
+    assert not set(ranks[0]["workers"]) & set(ranks[1]["workers"])
     c = Counter(ranks[0]["ids"] + ranks[1]["ids"])
     if drop_last:
         assert len(ranks[0]["ids"]) == len(ranks[1]["ids"]) == 12

@@ -1,4 +1,5 @@
-"""Mid-epoch and elastic resumption across real processes (new interpreter, real workers)."""
+"""Mid-epoch and elastic resumption across real processes: a new interpreter, each rank reading
+through real DataLoader worker processes (the ``samples-workers`` route; their pids checked)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_stop_save_new_process_resume_equals_uninterrupted(ds_path: str) -> None
     assert first["state"]["position"] == 20
     rest = run(path=ds_path, world=1, workers=2, batch=4, epoch=3, state=first["state"])
     assert first["ids"] + rest["ids"] == full["ids"]
+    for r in (full, first, rest):
+        assert len(r["pids"][0]) == 2 and r["pid"] not in r["pids"][0]
 
 
 @pytest.mark.parametrize("world2,workers2", [(3, 1), (1, 2), (2, 2)])

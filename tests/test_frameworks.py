@@ -1,0 +1,112 @@
+"""FeedLoader under the real Lightning Trainer and accelerate, with no feedpipe-specific code in
+the training script: every sample once per epoch, a new order each epoch, and a mid-epoch
+checkpoint resumed by the framework trains exactly the rest of the epoch."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from feedpipe import FeedDataset, FeedLoader
+
+N = 25  # ds_path: 25 samples
+pl = pytest.importorskip("lightning.pytorch", reason="lightning is in the test extra")
+
+
+def loader(path: str, workers: int = 0) -> FeedLoader:
+    ds = FeedDataset(path, shuffle=True, seed=5, decode={"cls": int})
+    return FeedLoader(ds, batch_size=4, num_workers=workers,
+                      route="samples-workers" if workers else "auto")
+
+
+class Recorder(pl.LightningModule):
+    """A tiny model that records the ids of every batch it trains on, per epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[tuple[int, list[int]]] = []
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        self.seen.append((self.current_epoch, batch["__index__"].tolist()))
+        x = batch["cls"].float().unsqueeze(1)
+        return torch.nn.functional.mse_loss(self.layer(x), x)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def trainer(tmp_path: Path, **kw: object) -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=str(tmp_path), **kw)
+
+
+def by_epoch(seen: list[tuple[int, list[int]]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for epoch, ids in seen:
+        out.setdefault(epoch, []).extend(ids)
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_lightning_fit_two_epochs_every_sample_once_new_order(ds_path: str, tmp_path: Path,
+                                                              workers: int) -> None:
+    model = Recorder()
+    trainer(tmp_path, max_epochs=2, enable_checkpointing=False).fit(
+        model, train_dataloaders=loader(ds_path, workers))
+    epochs = by_epoch(model.seen)
+    assert sorted(epochs) == [0, 1]
+    for ids in epochs.values():
+        assert sorted(ids) == list(range(N))
+    assert epochs[0] != epochs[1]
+
+
+def test_lightning_resumes_a_mid_epoch_checkpoint_with_the_rest_of_the_epoch(
+        ds_path: str, tmp_path: Path) -> None:
+    ckpt = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=3,
+                                        save_top_k=-1)
+    first = Recorder()
+    trainer(tmp_path, max_steps=3, callbacks=[ckpt]).fit(first, train_dataloaders=loader(ds_path))
+    path = next((tmp_path / "ckpt").glob("*.ckpt"))
+    rest = Recorder()
+    trainer(tmp_path, max_epochs=2, enable_checkpointing=False).fit(
+        rest, train_dataloaders=loader(ds_path), ckpt_path=str(path))
+    done = by_epoch(first.seen)[0]
+    assert len(done) == 12
+    epochs = by_epoch(rest.seen)
+    assert Counter(done + epochs[0]) == Counter(range(N)), "the rest of epoch 0, exactly"
+    assert sorted(epochs[1]) == list(range(N))
+    full = Recorder()
+    trainer(tmp_path / "full", max_epochs=2, enable_checkpointing=False).fit(
+        full, train_dataloaders=loader(ds_path))
+    assert done + epochs[0] == by_epoch(full.seen)[0]  # the uninterrupted order
+    assert epochs[1] == by_epoch(full.seen)[1]
+
+
+def test_accelerate_prepare_save_state_and_load_state(ds_path: str, tmp_path: Path) -> None:
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is in the test extra")
+    acc = accelerate.Accelerator(cpu=True)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt, ld = acc.prepare(model, opt, loader(ds_path))
+    acc.register_for_checkpointing(ld)
+    it = iter(ld)
+    done = [i for _ in range(3) for i in next(it)["__index__"].tolist()]
+    acc.save_state(str(tmp_path / "state"))
+    del it
+
+    acc2 = accelerate.Accelerator(cpu=True)
+    model2 = torch.nn.Linear(1, 1)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.01)
+    model2, opt2, ld2 = acc2.prepare(model2, opt2, loader(ds_path))
+    acc2.register_for_checkpointing(ld2)
+    acc2.load_state(str(tmp_path / "state"))
+    rest = [i for b in ld2 for i in b["__index__"].tolist()]
+    assert Counter(done + rest) == Counter(range(N))
+    full = [i for b in loader(ds_path) for i in b["__index__"].tolist()]
+    assert done + rest == full
+    nxt = [i for b in ld2 for i in b["__index__"].tolist()]  # the next epoch, by itself
+    assert sorted(nxt) == list(range(N)) and nxt != full
