@@ -332,8 +332,9 @@ class FeedLoader:
     def stats(self) -> dict[str, Any]:
         """This pass's figures: ``route`` (its name) and ``parts`` (fetch, compute, executor,
         sink), ``batches`` received, ``skipped`` samples (:class:`~feedpipe.errors.SampleSkipped`),
-        ``worker_pids`` (the worker processes that made batches) and ``start_method`` (how
-        they were started) on a ``workers`` route, ``buffers`` (worker batch buffers received,
+        ``worker_pids`` (the worker processes that made batches), ``start_method`` (how
+        they were started) and ``prefetch_factor`` (batches in flight per worker) on a
+        ``workers`` route, ``buffers`` (worker batch buffers received,
         ``reused``, ``released``) on ``rows-workers``, and with ``device=`` the
         :class:`DeviceLoader`'s figures under ``device``."""
         route = self.route

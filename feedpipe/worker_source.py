@@ -125,6 +125,7 @@ class WorkerBatches:
         ctx = self.loader.multiprocessing_context
         stats["start_method"] = (ctx.get_start_method() if ctx is not None
                                  else torch.multiprocessing.get_start_method())
+        stats["prefetch_factor"] = self.loader.prefetch_factor
         release, resolver = self.release, self.resolver
         it = iter(self.loader)
         try:

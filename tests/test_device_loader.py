@@ -141,78 +141,66 @@ def test_depth_must_be_positive() -> None:
 
 
 # -- FeedLoader(device=) -------------------------------------------------------------------------
-class CountingIterable:
-    """Wraps an iterable; sets ``reached`` once ``target`` items were pulled from it. Other
-    attributes are the inner object's (it can stand in for a FeedLoader's DataLoader)."""
-
-    def __init__(self, inner: Any, target: int) -> None:
-        self.__dict__.update(inner=inner, target=target, pulled=0, reached=threading.Event())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.__dict__:
-            self.__dict__[name] = value
-        else:
-            setattr(self.inner, name, value)
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __iter__(self) -> Iterator[Any]:
-        for item in self.inner:
-            self.pulled += 1
-            if self.pulled >= self.target:
-                self.reached.set()
-            yield item
-
-
 def ids(batches: list[dict[str, Any]]) -> list[int]:
     return [i for b in batches for i in b["__index__"].tolist()]
 
 
+class CountingTransform:
+    """Raw samples as they are, counted; ``reached`` is set once ``target`` were made."""
+
+    def __init__(self, target: int) -> None:
+        self.made, self.target = 0, target
+        self.reached = threading.Event()
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        self.made += 1
+        if self.made >= self.target:
+            self.reached.set()
+        return {"__index__": sample["__index__"]}
+
+
 def test_feedloader_state_counts_consumed_batches_not_prefetched_ones() -> None:
-    # max_open_shards=2 < 3 shards: the workers plan (the DataLoader this test counts pulls
-    # from); with all shards open, FeedLoader plans raw batches in this process instead
-    def make() -> FeedLoader:
-        fl = FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=7, max_open_shards=2),
-                        batch_size=4, num_workers=2, device="cpu")
+    # the DeviceLoader's thread runs the in-process route ahead of the loop; the state is what
+    # the loop received
+    def make(transform: Any) -> FeedLoader:
+        fl = FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=7, transform=transform),
+                        batch_size=4, device="cpu", depth=3)
         fl.set_epoch(2)
         return fl
 
-    plain = FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=7), batch_size=4, num_workers=2)
+    plain = FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=7), batch_size=4)
     plain.set_epoch(2)
     uninterrupted = ids(list(plain))
     assert sorted(uninterrupted) == list(range(24))
-    assert ids(list(make())) == uninterrupted
+    assert ids(list(make(CountingTransform(10**9)))) == uninterrupted
 
     k = 2
-    first = make()
-    assert first._device_loader is not None
-    counting = CountingIterable(first._loader, target=k + 2)
-    first._loader = counting  # what the DeviceLoader's thread pulls from
+    counting = CountingTransform(target=(k + 2) * 4)
+    first = make(counting)
     got = []
     for b in first:
         got.append(b)
         if len(got) == k:
-            # the producer has pulled batches the loop has not received
+            # the producer has made batches the loop has not received
             assert counting.reached.wait(JOIN)
             break
-    assert counting.pulled >= k + 2
+    assert counting.made >= (k + 2) * 4
     state = first.state_dict()
     assert state["position"] == k * 4
-    assert first.stats()["steps"] == k
+    assert first.stats()["device"]["steps"] == k
 
-    second = make()
+    second = make(CountingTransform(10**9))
     second.load_state_dict(state)
     rest = list(second)
     assert ids(got) + ids(rest) == uninterrupted
     assert not producers()
 
 
-def test_feedloader_stats_only_with_a_device() -> None:
-    assert FeedLoader(FeedDataset(EXAMPLE), batch_size=4).stats() is None
+def test_feedloader_stats_report_the_device_only_with_one() -> None:
+    assert "device" not in FeedLoader(FeedDataset(EXAMPLE), batch_size=4).stats()
+    fl = FeedLoader(FeedDataset(EXAMPLE), batch_size=4, device="cpu")
+    list(fl)
+    assert fl.stats()["device"]["steps"] == 6
 
 
 # -- clean shutdown ------------------------------------------------------------------------------
