@@ -42,9 +42,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # noqa: E402
+import common
 
-from feedpipe import DeviceCache  # noqa: E402
+from feedpipe import DeviceCache
 
 BAR = 0.5  # issue 24: served bytes/s >= 50% of the device-to-device copy bandwidth
 
@@ -115,23 +115,10 @@ def measure(device: torch.device, samples: int, size: int, batch: int, repeats: 
 
     src_img = torch.randint(0, 256, (samples, *shape), dtype=torch.uint8, generator=g).to(device)
     src_lbl = torch.arange(samples, dtype=torch.int64).to(device)
-
-    def copy_epoch() -> None:
-        for a in range(0, samples, batch):
-            img = torch.empty((min(batch, samples - a), *shape), dtype=torch.uint8, device=device)
-            img.copy_(src_img[a:a + batch])
-            lbl = torch.empty(len(img), dtype=torch.int64, device=device)
-            lbl.copy_(src_lbl[a:a + batch])
-            held.append(img)
-        held.clear()
-
-    copy_s, _ = median_of(lambda: clock.time(copy_epoch), repeats)
+    copy_s = copy_batches(src_img, src_lbl, batch, clock, repeats)
     kernels = gather_kernels(device, src_img, order, batch, clock, repeats)
-    del src_img, src_lbl
-    big = torch.empty(peak_mb << 20, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(big)
-    peak_s, _ = median_of(lambda: clock.time(lambda: dst.copy_(big)), repeats)
-    del big, dst
+    src_img = src_lbl = torch.empty(0)  # free them before the large copy
+    peak_s = peak_copy(device, peak_mb, clock, repeats)
     gb = 1e9
     res = {
         "device": str(device), "timing": clock.kind, "samples": samples,
@@ -151,6 +138,30 @@ def measure(device: torch.device, samples: int, size: int, batch: int, repeats: 
                   "ratio": res["epoch_to_peak"], "met": res["epoch_to_peak"] >= BAR,
                   "counts": device.type == "cuda"}
     return res
+
+
+def copy_batches(images: torch.Tensor, labels: torch.Tensor, batch: int, clock: Clock,
+                 repeats: int) -> float:
+    """Seconds to copy ``images`` and ``labels`` batch by batch into fresh tensors (median)."""
+    held: list[torch.Tensor] = []
+
+    def run() -> None:
+        for a in range(0, len(images), batch):
+            img = torch.empty_like(images[a:a + batch])
+            img.copy_(images[a:a + batch])
+            lbl = torch.empty_like(labels[a:a + batch])
+            lbl.copy_(labels[a:a + batch])
+            held.append(img)
+        held.clear()
+
+    return median_of(lambda: clock.time(run), repeats)[0]
+
+
+def peak_copy(device: torch.device, mb: int, clock: Clock, repeats: int) -> float:
+    """Seconds for one copy of ``mb`` MB between two device buffers (median)."""
+    big = torch.empty(mb << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(big)
+    return median_of(lambda: clock.time(lambda: dst.copy_(big)), repeats)[0]
 
 
 def gather_kernels(device: torch.device, images: torch.Tensor, order: np.ndarray, batch: int,
@@ -181,10 +192,10 @@ def markdown(doc: dict[str, Any]) -> str:
     f = common.fmt
     where = ("" if r["device"].startswith("cuda")
              else " — CPU MODE, wall clock: not a GPU figure, the bar applies on a GPU only")
-    lines = [f"# DeviceCache serving bandwidth ({r['device']}{where})", "",
-             f"{r['samples']:,} samples of {r['sample_shape']} uint8 + int64 label "
-             f"({f(r['cache_MB'], 0)} MB), batch {r['batch']} ({f(r['batch_MB'], 1)} MB), "
-             f"timing: {r['timing']}, median of {doc['args']['repeats']} runs.", "",
+    what = (f"{r['samples']:,} samples of {r['sample_shape']} uint8 + int64 label "
+            f"({f(r['cache_MB'], 0)} MB), batch {r['batch']} ({f(r['batch_MB'], 1)} MB), "
+            f"timing: {r['timing']}, median of {doc['args']['repeats']} runs.")
+    lines = [f"# DeviceCache serving bandwidth ({r['device']}{where})", "", what, "",
              "| serving | GB/s | x peak copy | x copy of the same batches |",
              "|---|---:|---:|---:|"]
     for name, key in (("DeviceCache, whole epoch", "epoch_GBps"),
