@@ -37,6 +37,7 @@ _LAZY = {
     "detect_world": "world",
     "FeedpipeError": "errors",
     "ShardFormatError": "errors",
+    "CompressedShardError": "errors",
     "ManifestError": "errors",
     "KeyClashError": "errors",
     "InputError": "errors",
@@ -120,4 +121,5 @@ if TYPE_CHECKING:
     from .errors import PartsError
     from .decoded_store import DecodedStore
     from .errors import DecodedStoreError
+    from .errors import CompressedShardError
     from .cache_tiers import cache_clear, cache_stats

@@ -16,6 +16,12 @@ class ShardFormatError(FeedpipeError, ValueError):
     """A shard, index or manifest is truncated, corrupted or not in the expected format."""
 
 
+class CompressedShardError(ShardFormatError):
+    """A shard is compressed (``.tar.gz``, ``.tgz``, or gzip/bzip2/xz/zstd bytes under a ``.tar``
+    name): feedpipe reads samples by byte offset and needs plain tar. The message says how to
+    convert it."""
+
+
 class ManifestError(FeedpipeError, ValueError):
     """A manifest is missing fields, inconsistent, or from a newer format version."""
 
