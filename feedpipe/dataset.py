@@ -85,7 +85,7 @@ class FeedDataset(IterableDataset):
     ) -> None:
         super().__init__()
         self.url = dataset_root(url)
-        self.manifest = load_manifest(url)
+        self.manifest = ShardCache.manifest_of(url, cache_dir)
         if self.manifest.total_samples == 0:
             raise PlanError(f"{url}: the dataset holds no samples")
         self.shuffle = shuffle
