@@ -272,7 +272,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "directory to generate test data in; default: the system temp dir)")
     add_json_options(p, out=True)
     p.add_argument("--plot", metavar="FILE.png", default=None,
-                   help="write read curves and a stage bar chart (needs feedpipe[plot])")
+                   help="write a PNG: sequential read curves (small-file rates for a "
+                        "directory) and the stage bars (needs feedpipe[plot])")
     p.add_argument("--duration", type=float, default=5.0, metavar="S",
                    help="seconds per measurement phase (default: 5; a dataset has about ten)")
     p.add_argument("--step-time", type=float, default=None, metavar="MS",
@@ -360,9 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("demo", help="run the whole pipeline on a small synthetic dataset",
-                       description="Make a small synthetic image dataset in a temp dir, shard "
-                                   "it, stream it, and print what happened. Exit status 1 if "
-                                   "an epoch did not deliver every sample exactly once.",
+                       description="Make a small synthetic image dataset in a temp dir, shard it,\n"
+                                   "stream it, and print what happened. Exit status 1 if an\n"
+                                   "epoch did not deliver every sample exactly once.",
                        epilog=_DEMO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default=None,
                    help="where to work, kept afterwards (default: a temp dir, removed); a "
