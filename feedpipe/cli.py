@@ -88,6 +88,9 @@ def emit(a: argparse.Namespace, record: Any, text: str | Callable[[], str] | Non
         print(text() if callable(text) else text)
 
 
+_emit = emit  # the name the subcommand owners were told to call
+
+
 def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "shard",
