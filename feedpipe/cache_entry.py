@@ -14,6 +14,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
@@ -141,12 +142,20 @@ class Entry:
         return "idx"
 
     # -- filling -------------------------------------------------------------------------------
-    def fill(self, reserve: Reserve, stop: threading.Event | None) -> str:
+    def fill(self, reserve: Reserve, stop: threading.Event | None,
+             publishing: Callable[[], AbstractContextManager[Any]]) -> str:
         """Fetch what :meth:`check` found missing, check it, publish it: ``"valid"`` (nothing was
         missing), ``"ok"``, or ``"refused"`` (``reserve`` found no room). A file that keeps
         failing its check is fetched :data:`FETCH_ATTEMPTS` times, then named in a
         :class:`ShardFormatError`. Raises :class:`NoSpace` when the disk is full; leaves no
-        ``.part`` file behind."""
+        ``.part`` file behind.
+
+        Args:
+            reserve: admits the download (``(shard bytes, index bytes) -> bool``).
+            stop: set to abandon a prefetch.
+            publishing: held while the checked files are renamed into place (the budget's
+                lock: a directory scan racing a rename could miss the file under both names).
+        """
         state = self.check()
         if state == "valid":
             return "valid"
@@ -177,7 +186,8 @@ class Entry:
                         need_tar = True
                         self.remove((".tar",))
                     continue
-                self._commit(idx, need_tar)
+                with publishing():
+                    self._commit(idx, need_tar)
                 self.fetched = (rec.bytes if need_tar else 0) + len(idx or b"")
                 return "ok"
             raise self._named(problem)

@@ -79,6 +79,8 @@ def _keep(copy: str, text: str) -> None:
         pass
     except OSError:
         return  # unreadable: the cache will say why when it writes its first shard
+    from .cache_budget import Budget
+
     tmp = f"{copy}.tmp-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(copy), exist_ok=True)
@@ -86,7 +88,8 @@ def _keep(copy: str, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, copy)
+        with Budget(os.path.dirname(copy)).admission():  # never renamed under a budget scan
+            os.replace(tmp, copy)
     except OSError as e:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -306,7 +306,8 @@ class ShardCache:
         """Under ``LOCK_EX``: ``"valid"`` (the entry was already there), ``"ok"`` (fetched),
         ``"refused"`` (no room within the budget's rules), ``"degraded"`` (the disk is full)."""
         try:
-            status = entry.fill(lambda b, idx: self._reserve(entry, b, idx, rank, demand), stop)
+            status = entry.fill(lambda b, idx: self._reserve(entry, b, idx, rank, demand), stop,
+                                lambda: self._budget.admission(self._open_lock))
         except NoSpace as e:
             self._degrade(entry.url, e.error)
             return "degraded"
