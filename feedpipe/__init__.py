@@ -56,6 +56,11 @@ _LAZY = {
     "DecodedStoreError": "errors",
     "cache_stats": "cache_tiers",
     "cache_clear": "cache_tiers",
+    "ImagePipeline": "transforms",
+    "ImageSpec": "transforms",
+    "DaliStage": "dali",
+    "DecodeError": "errors",
+    "SampleSkipped": "errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -123,3 +128,6 @@ if TYPE_CHECKING:
     from .errors import DecodedStoreError
     from .errors import CompressedShardError
     from .cache_tiers import cache_clear, cache_stats
+    from .dali import DaliStage
+    from .errors import DecodeError, SampleSkipped
+    from .transforms import ImagePipeline, ImageSpec
