@@ -37,7 +37,7 @@ from .merge import state_name as part_state_name
 from .partition import PartInfo, parse_part, part_prefix
 from .progress import progress
 from .onepass import StagedTree, stage_tree
-from .sources import Listing, SampleSpec, Source, list_manifest
+from .sources import Listing, SampleSpec, Source, list_manifest, printable
 from .storage import is_local, local_path
 from .tarformat import BLOCK, END_OF_ARCHIVE, padded
 from .writer import PartResult, finish_shard, hidden, load_record, output_error, write_part
@@ -438,7 +438,7 @@ def shard(
             all_skipped += [{"path": p, "reason": r} for p, r in records[i][1]]
             fields |= records[i][2]
         opts_doc = asdict(opts)
-        opts_doc["src"] = src
+        opts_doc["src"] = printable(src)
         m = Manifest(
             shards=[records[i][0] for i in range(len(plan))],
             fields=sorted(fields),
@@ -465,11 +465,7 @@ def shard(
             _unlink_quiet(os.path.join(out, state))  # shard records stay: --resume reuses them
             merged = merge and merge_if_complete(out, part_info.count) is not None
         else:
-            try:
-                write_wids_index(out, m)
-                write_manifest(out, m)
-            except OSError as e:
-                raise output_error(e, os.path.join(out, MANIFEST_NAME)) from e
+            _write_manifest(out, m)
             for name in names:
                 _unlink_quiet(os.path.join(out, f".{name}.record.json"))
             _unlink_quiet(os.path.join(out, STATE_NAME))
@@ -513,6 +509,20 @@ def _gc_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _write_manifest(out: str, m: Manifest) -> None:
+    """``wids.json`` and ``manifest.json`` (last: the dataset's commit point); on any failure
+    their temp files go and an ``OSError`` leaves as an :class:`OutputError` naming the file."""
+    try:
+        write_wids_index(out, m)
+        write_manifest(out, m)
+    except BaseException as e:
+        for name in (MANIFEST_NAME, "wids.json"):
+            _unlink_quiet(os.path.join(out, f".{name}.tmp-{os.getpid()}"))
+        if isinstance(e, OSError):
+            raise output_error(e, os.path.join(out, MANIFEST_NAME)) from e
+        raise
+
+
 def _unlink_quiet(path: str) -> None:
     try:
         os.unlink(path)
@@ -523,8 +533,7 @@ def _unlink_quiet(path: str) -> None:
 def _check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME) -> None:
     path = os.path.join(out, state_name)
     if resume and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f).get("plan_fingerprint")
+        old = _saved_fingerprint(path, "plan_fingerprint")
         if old != fp:
             raise OutputError(
                 f"{out}: cannot resume: the inputs or options differ from the interrupted run "
@@ -532,8 +541,7 @@ def _check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME) 
             )
         return
     if resume and state_name == STATE_NAME and os.path.exists(os.path.join(out, MANIFEST_NAME)):
-        with open(os.path.join(out, MANIFEST_NAME), encoding="utf-8") as f:
-            old = json.load(f).get("created_by", {}).get("plan_fingerprint")
+        old = _saved_fingerprint(os.path.join(out, MANIFEST_NAME), "created_by")
         if old != fp:
             raise OutputError(
                 f"{out}: cannot resume: it holds a finished dataset made from other inputs or "
@@ -546,6 +554,20 @@ def _check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME) 
         os.replace(tmp, path)
     except OSError as e:
         raise output_error(e, path) from e
+
+
+def _saved_fingerprint(path: str, where: str) -> Any:
+    """The plan fingerprint saved in the state file or manifest ``path`` (``where``: the key
+    holding it, or ``"created_by"`` for a manifest's)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        if where == "created_by":
+            return doc.get("created_by", {}).get("plan_fingerprint")
+        return doc.get(where)
+    except (OSError, ValueError, AttributeError) as e:
+        raise OutputError(f"{path}: cannot resume: the file is unreadable or damaged ({e}); "
+                          "start again in an empty directory") from e
 
 
 def _pool_context() -> Any:

@@ -25,6 +25,7 @@ import itertools
 import marshal
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -33,6 +34,7 @@ from typing import Any
 
 from .progress import progress
 from .sources import (
+    NOT_REGULAR,
     FileRef,
     Listing,
     SampleSpec,
@@ -41,6 +43,7 @@ from .sources import (
     add_class_field,
     check_source_dir,
     classify,
+    printable,
 )
 from .storage import filesystem, is_local, local_path
 
@@ -74,7 +77,8 @@ def _root_entries(src: str) -> tuple[list[tuple[str, int]], list[str]]:
                 if e.is_dir(follow_symlinks=False):
                     dirs.append(e.name)
                     continue
-                size = e.stat().st_size
+                st = e.stat()
+                size = st.st_size if stat.S_ISREG(st.st_mode) else NOT_REGULAR
             except OSError:
                 size = -1
             files.append((e.name, size))
@@ -118,7 +122,7 @@ def write_chunk(entries: Iterable[tuple[str, int]], top: str, path: str,
         if got is None:
             chunk.ignored += 1
         elif isinstance(got, str):
-            chunk.problems.append((rel, got))
+            chunk.problems.append((printable(rel), got))
         else:
             by_key.setdefault(got[0], []).append(got[1])
             chunk.files += 1

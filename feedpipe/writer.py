@@ -22,7 +22,7 @@ from typing import Any
 from .errors import InputError, OutputError
 from .index import ShardIndex, group_members, write_index
 from .manifest import ShardRecord
-from .sources import SampleSpec, Source
+from .sources import NotRegularFileError, SampleSpec, Source
 from .tarformat import BLOCK, END_OF_ARCHIVE, member_header
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -77,6 +77,9 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
             for ref in spec.files:
                 try:
                     data = read(ref.path, ref.size)
+                except NotRegularFileError as e:
+                    failed = (ref.path, str(e.strerror))
+                    break
                 except OSError as e:
                     failed = (ref.path, f"cannot read: {e.strerror or e}")
                     break
@@ -86,7 +89,8 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
                 blobs.append((ref.ext, data))
             if failed is not None:
                 if on_error == "raise":
-                    raise InputError(f"{source.path(failed[0])}: {failed[1]}")
+                    raise InputError(f"{source.path(failed[0])}: {failed[1]}; fix or remove it, "
+                                     "or use --on-error skip to leave it out")
                 result.skipped.append(failed)
                 continue
             blobs.extend(spec.extras)
