@@ -105,7 +105,7 @@ def measure(device: torch.device, samples: int, size: int, batch: int, repeats: 
     def steady() -> float:
         it = cache.batches(order, batch)
         first = next(it)
-        s = clock.time(lambda: [held.append(b[0]) for b in it])
+        s = clock.time(lambda: held.extend(b[0] for b in it))
         held.clear()
         del first
         return s
@@ -120,7 +120,7 @@ def measure(device: torch.device, samples: int, size: int, batch: int, repeats: 
     src_img = src_lbl = torch.empty(0)  # free them before the large copy
     peak_s = peak_copy(device, peak_mb, clock, repeats)
     gb = 1e9
-    res = {
+    res: dict[str, Any] = {
         "device": str(device), "timing": clock.kind, "samples": samples,
         "sample_shape": list(shape), "batch": batch, "batches": -(-samples // batch),
         "batch_MB": batch * per / 1e6, "cache_MB": nbytes / 1e6, "warmup_s": warm_s,
@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="size of the peak copy (default 1024 on a GPU, 256 on the CPU)")
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     ap.add_argument("--name", default=None, help="results file stem")
+    ap.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
     a = ap.parse_args(argv)
     want = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if want == "cuda" and not torch.cuda.is_available():
@@ -244,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     doc["result"] = measure(device, samples, a.size, a.batch, a.repeats, peak)
     text = markdown(doc)
     print(text)
+    if a.out:
+        common.RESULTS = os.path.abspath(a.out)
     name = a.name or ("device_cache" + ("" if cuda else "-cpu") + ("-quick" if a.quick else ""))
     path = common.write_results(name, doc)
     with open(os.path.join(common.RESULTS, name + ".md"), "w", encoding="utf-8") as fh:
