@@ -62,12 +62,13 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
     import torch
     import train_loop as tl
-    from train_systems import Context, open_system
+    from train_systems import Context, check_system, open_system
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     device = torch.device(spec["device"])
     cuda = device.type == "cuda"
     res: dict[str, Any] = {"system": spec["system"], "model": spec["model"]}
+    check_system(spec["system"])  # fail before the model is built and compiled
     sampler = tl.TreeSampler(device)
     with sampler:
         trainer = tl.Trainer(spec["model"], spec["classes"], device, spec["compile"])
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = max(1, per_epoch - warmup)
         print(f"--steps lowered to {steps}: warm-up and measured steps stay within one epoch's "
               f"{per_epoch} full batches", file=sys.stderr)
+    a.root = os.path.abspath(a.root)  # the workers run in benchmarks/
     if a.out:
         common.RESULTS = os.path.abspath(a.out)
     os.makedirs(common.RESULTS, exist_ok=True)

@@ -79,6 +79,10 @@ class System:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
+    @staticmethod
+    def check() -> None:
+        """Raise if the system cannot run here (a missing package), before any model is built."""
+
     def prepare(self) -> dict[str, Any]:
         return {}
 
@@ -182,8 +186,14 @@ class TorchVision(System):
         return b[0].to(dev, non_blocking=True), b[1].to(dev, non_blocking=True)
 
 
+def _check_dali() -> None:
+    import nvidia.dali
+    import nvidia.dali.plugin.pytorch  # noqa: F401
+
+
 class Dali(System):
     name = "dali"
+    check = staticmethod(_check_dali)
 
     def __init__(self, ctx: Context) -> None:
         import nvidia.dali
@@ -280,6 +290,7 @@ class Feedpipe(_Loader):
 
 class FeedpipeDali(_Loader):
     name = "feedpipe-dali"
+    check = staticmethod(_check_dali)
 
     def __init__(self, ctx: Context) -> None:
         import feedpipe
@@ -373,6 +384,10 @@ CLASSES: dict[str, type[System]] = {
     "feedpipe-dali": FeedpipeDali, "feedpipe-store": FeedpipeStore,
     "feedpipe-cache": FeedpipeCache,
 }
+
+
+def check_system(name: str) -> None:
+    CLASSES[name].check()
 
 
 def open_system(name: str, ctx: Context) -> System:
