@@ -362,6 +362,8 @@ class DeviceCache:
         slice of it (a view: no kernel), so a batch costs one gather per larger field: with
         images and labels, one kernel a batch. Each batch's fields are fresh tensors (index_select
         allocates them): the caller owns them, as it owned the per-sample copies."""
+        if not len(index):
+            return
         parts = index.split(batch_size)  # views of the epoch's on-device index
         whole = [self._take(f, index).split(batch_size)
                  if self._field_bytes(f) <= _EPOCH_FIELD_BYTES else None

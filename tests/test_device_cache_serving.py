@@ -95,6 +95,7 @@ def test_batched_gather_equals_the_per_sample_result(layout: str, as_dict: bool,
                     assert h.dtype == w.dtype and h.shape == w.shape
                     assert torch.equal(h.cpu(), w)
     assert cache.stats()["hits"] == sum(len(o) for o in orders) * 4
+    assert list(cache.batches([], 4)) == []  # an empty epoch (a rank with no share): no batch
 
 
 def test_served_batches_are_copies_owned_by_the_caller() -> None:
