@@ -35,6 +35,14 @@ computing without storing, so no write into a mapping can hit a full disk later.
 
 The transform must be deterministic per sample: a random augmentation would be frozen at the draw
 of the epoch that stored it. Put augmentation after the store (on the batch or on the device).
+
+**What the fingerprint cannot see** (:mod:`feedpipe.fingerprint`): the transform's code and every
+value it holds are hashed (tensors, arrays, ``nn.Module`` parameters and buffers, dataclass
+fields included), but not module globals it reads, files or environment variables read at call
+time, nor the code of C extensions. When one of those changes, change a value the fingerprint
+sees: a ``version`` attribute on the transform object (``t.version = 2``; on a plain function
+too), or ``DecodedStore.for_transform(..., version=)``; or clear the store (``feedpipe cache
+clear``).
 """
 
 from __future__ import annotations
@@ -105,8 +113,16 @@ class DecodedStore:
 
     @classmethod
     def for_transform(cls, root: str | os.PathLike[str], transform: Any,
-                      manifest: Any) -> DecodedStore:
-        """The store of ``transform`` over the dataset of ``manifest`` under ``root``."""
+                      manifest: Any, *, version: Any = None) -> DecodedStore:
+        """The store of ``transform`` over the dataset of ``manifest`` under ``root``.
+
+        Args:
+            root: the directory holding the stores.
+            transform: the deterministic transform whose outputs are stored.
+            manifest: the dataset's manifest.
+            version: any value; change it when something the fingerprint cannot see changed
+                (see the module docstring).
+        """
         from .fingerprint import fingerprint
 
         spec = getattr(transform, "spec", None)
@@ -117,7 +133,8 @@ class DecodedStore:
                 "cache a deterministic one (train=False) and augment after it"
             )
         ident = [[s.name, s.samples, s.sha256 or s.bytes] for s in manifest.shards]
-        fp = fingerprint(transform, (FORMAT, VERSION, ident)).hex()[:24]
+        params = (FORMAT, VERSION, ident) if version is None else (FORMAT, VERSION, ident, version)
+        fp = fingerprint(transform, params).hex()[:24]
         return cls(os.path.join(os.fspath(root), fp), manifest.total_samples,
                    dataset={"shards": len(ident), "samples": manifest.total_samples,
                             "transform": repr(transform)[:200]})
