@@ -19,6 +19,7 @@ import gc
 import hashlib
 import itertools
 import json
+import logging
 import os
 import sys
 import time
@@ -47,6 +48,7 @@ PART_BYTES = 32 << 20
 STATE_NAME = ".feedpipe-shard-state.json"
 DEFAULT_MAX_BYTES = 256 << 20
 ONE_PASS = True  # local trees of top-level directories: feedpipe.onepass (tests compare paths)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -210,8 +212,9 @@ def _clean_temps(out: str, prefix: str, state_name: str = STATE_NAME) -> None:
                 pass
 
 
-def _list(src: str, opts: ShardOptions, workers: int | None, show_progress: bool | None,
-          part: tuple[int, int] | None) -> tuple[Listing, PartInfo | None]:
+def _list(src: str, out: str, opts: ShardOptions, workers: int | None,
+          show_progress: bool | None, part: tuple[int, int] | None
+          ) -> tuple[Listing, PartInfo | None]:
     """The samples to convert (a part's share in its final order) and, for a part, what it is."""
     from .listing import list_tree_parallel
     from .partition import list_part
@@ -220,8 +223,10 @@ def _list(src: str, opts: ShardOptions, workers: int | None, show_progress: bool
         listing: Any = list_manifest(src, opts.manifest)
     else:
         listing = list_tree_parallel(src, labels_from_dirs=opts.labels_from_dirs,
-                                     workers=workers, show_progress=show_progress)
+                                     workers=workers, show_progress=show_progress, exclude=out)
     try:
+        total = len(listing.samples) if isinstance(listing, Listing) else listing.samples
+        _check_not_empty(src, opts, listing, total)
         if part is None:
             return (listing if isinstance(listing, Listing) else listing.to_listing()), None
         return list_part(listing, *part, shuffle=opts.shuffle, seed=opts.seed,
@@ -229,6 +234,41 @@ def _list(src: str, opts: ShardOptions, workers: int | None, show_progress: bool
     finally:
         if not isinstance(listing, Listing):
             listing.close()
+
+
+def _check_not_empty(src: str, opts: ShardOptions, listing: Any, total: int) -> None:
+    """Refuse a source with nothing to convert (a dataset of 0 samples is a mistake), saying
+    what was found instead; a bad input under ``on_error="raise"`` is reported first."""
+    if total:
+        return
+    _drop_problems(listing, opts.on_error)
+    if opts.manifest is not None:
+        raise InputError(f"{opts.manifest}: the manifest names no samples; add rows with a "
+                         "'path' or '<ext>_path' column")
+    found = []
+    if listing.problems:
+        found.append(f"{len(listing.problems)} bad input(s) skipped, e.g. "
+                     f"{listing.problems[0][0]}: {listing.problems[0][1]}")
+    if listing.ignored:
+        found.append(f"{listing.ignored} hidden file(s) ignored")
+    if listing.outputs:
+        found.append(f"feedpipe output skipped: {', '.join(listing.outputs)}")
+    tail = f" ({'; '.join(found)})" if found else ""
+    raise InputError(f"{printable(src)}: the source directory has no files to convert{tail}; "
+                     "point SRC at the directory that holds the data")
+
+
+def _report_outputs(src: str, out: str, listing: Any) -> None:
+    """Say which directories the listing skipped as output (:mod:`feedpipe.source_tree`)."""
+    if is_local(src) and is_local(out):
+        real_src, real_out = os.path.realpath(local_path(src)), os.path.realpath(local_path(out))
+        if real_out != real_src and os.path.commonpath([real_src, real_out]) == real_src:
+            log.warning("feedpipe shard: the output directory %s is inside the source %s: the "
+                        "listing skips it (and any later conversion of the source does too)",
+                        printable(out), printable(src))
+    for rel in listing.outputs:
+        log.warning("feedpipe shard: skipped %s/%s: it holds feedpipe output (shards, a "
+                    "manifest or a conversion under way), not source data", printable(src), rel)
 
 
 def _stage(src: str, out: str, prefix: str, labels_from_dirs: bool, workers: int,
@@ -350,7 +390,7 @@ def shard(
                         show_progress)
     try:
         listing, part_info = ((staged.listing.to_listing(), None) if staged is not None
-                              else _list(src, opts, workers, show_progress, part_of))
+                              else _list(src, out, opts, workers, show_progress, part_of))
     except BaseException:
         if staged is not None:
             staged.close()
@@ -358,6 +398,7 @@ def shard(
     # the listing's objects (one per file, alive to the end) out of full collections
     with _gc_frozen(), (closing(staged) if staged is not None else nullcontext()):
         samples = _drop_problems(listing, on_error)
+        _report_outputs(src, out, listing)
         name_prefix = prefix if part_of is None else part_prefix(prefix, *part_of)
         state = STATE_NAME if part_of is None else part_state_name(*part_of)
         _prepare_out(out, resume, None if part_of is None else name_prefix)
@@ -452,6 +493,8 @@ def shard(
                 "ignored_hidden_files": listing.ignored,
             },
         )
+        if listing.outputs:
+            m.created_by["skipped_output_dirs"] = listing.outputs
         merged = False
         if part_info is not None:
             from .merge import merge_if_complete, write_part_record

@@ -16,10 +16,11 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import InputError, KeyClashError, SourceNotFoundError
 from .keys import encode_key, split_source, valid_extension
+from .source_tree import LINK_LOOP, NOT_REGULAR, Identity, TreeWalk, identity
 from .storage import filesystem, is_local, local_path
 
 
@@ -53,6 +54,7 @@ class Listing:
     problems: list[tuple[str, str]]  # (path, reason), one per bad input
     classes: list[str] | None = None
     ignored: int = 0  # hidden files
+    outputs: list[str] = field(default_factory=list)  # output directories skipped (relative)
 
 
 class Source:
@@ -96,7 +98,6 @@ class Source:
                 "_local_root": self._local_root}
 
 
-NOT_REGULAR = -2  # the listed size of an entry that is not a regular file (FIFO, socket, device)
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
@@ -174,33 +175,6 @@ def printable(rel: str) -> str:
         return rel.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _walk_local(root: str) -> Iterator[tuple[str, int]]:
-    """``(relative path, size)`` of every file below ``root``, sorted per directory; size -1
-    when it cannot be stat'ed. Symlinks to files are followed, to directories not."""
-    stack = [("", root)]
-    while stack:
-        rel_dir, path = stack.pop()
-        try:
-            with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            yield (rel_dir.rstrip("/") or path), -1
-            continue
-        subdirs = []
-        for e in entries:
-            rel = rel_dir + e.name
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    subdirs.append((rel + "/", e.path))
-                    continue
-                st = e.stat()
-                size = st.st_size if stat.S_ISREG(st.st_mode) else NOT_REGULAR
-            except OSError:
-                size = -1
-            yield rel, size
-        stack.extend(reversed(subdirs))
-
-
 def _walk_remote(root: str) -> Iterator[tuple[str, int]]:
     fs, path = filesystem(root)
     found = fs.find(path, detail=True)
@@ -255,6 +229,9 @@ def classify(rel: str, size: int, *, labels_from_dirs: bool = False) -> tuple[st
         return "file name is not valid UTF-8 (rename it)"
     if size == NOT_REGULAR:
         return "not a regular file (a FIFO, socket or device); feedpipe shard reads regular files only"
+    if size == LINK_LOOP:
+        return ("symbolic link to a directory it is inside (a loop); remove the link or point it "
+                "elsewhere")
     if size < 0:  # before the extension checks: it may be an unreadable directory
         return "cannot stat or list it (permission or broken link)"
     stem, ext = split_source(rel)
@@ -281,15 +258,20 @@ def add_class_field(spec: SampleSpec, index: dict[str, int]) -> None:
     spec.extras.append(("cls", str(index[spec.files[0].path.split("/", 1)[0]]).encode()))
 
 
-def list_tree(src: str, *, labels_from_dirs: bool = False) -> Listing:
+def list_tree(src: str, *, labels_from_dirs: bool = False, exclude: str | None = None) -> Listing:
     """Group the files of a folder tree into samples by relative directory and stem (in one
-    process; :mod:`feedpipe.listing` lists big trees in parallel with the same result)."""
+    process; :mod:`feedpipe.listing` lists big trees in parallel with the same result).
+    ``exclude``: the output directory, skipped if it is inside ``src``."""
     check_source_dir(src)
-    entries = _walk_local(local_path(src)) if is_local(src) else _walk_remote(src)
+    walk: Any
+    if is_local(src):
+        walk = TreeWalk(local_path(src), skip=output_identity(exclude))
+    else:
+        walk = _walk_remote(src)
     problems: list[tuple[str, str]] = []
     by_key: dict[str, SampleSpec] = {}
     ignored = 0
-    for rel, size in entries:
+    for rel, size in walk:
         got = classify(rel, size, labels_from_dirs=labels_from_dirs)
         if got is None:
             ignored += 1
@@ -304,7 +286,17 @@ def list_tree(src: str, *, labels_from_dirs: bool = False) -> Listing:
         index = {c: i for i, c in enumerate(classes)}
         for s in samples:
             add_class_field(s, index)
-    return Listing(samples, problems, classes, ignored)
+    outputs = sorted(printable(o) for o in getattr(walk, "outputs", []))
+    return Listing(samples, problems, classes, ignored, outputs)
+
+
+def output_identity(out: str | None) -> frozenset[Identity]:
+    """The identity of the output directory ``out`` when it exists locally (for the walk to
+    skip it), else nothing."""
+    if out is None or not is_local(out):
+        return frozenset()
+    got = identity(local_path(out))
+    return frozenset() if got is None else frozenset([got])
 
 
 def _rows(manifest_file: str) -> Iterator[tuple[int, dict[str, object]]]:
