@@ -53,13 +53,16 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from .errors import DecodedStoreError, OutputError
 from .file_lock import EXCLUSIVE, SHARED, lock
 from .record_layout import Layout, LayoutError, flatten
+
+if TYPE_CHECKING:
+    from .cache_tiers import TierStats
 
 FORMAT = "feedpipe-decoded"
 VERSION = 1
@@ -366,6 +369,20 @@ class DecodedStore:
         if not self._attach():
             return 0
         return int(np.count_nonzero(self._m.state)) if self._m is not None else 0
+
+    def tier_stats(self) -> TierStats:
+        """This process's hits and misses, the samples stored and the store's bytes on disk, in
+        the shape every cache tier reports (:class:`~feedpipe.cache_tiers.TierStats`)."""
+        from .cache_tiers import DECODED, TierStats
+
+        size = 0
+        if os.path.isdir(self.path):
+            for name in os.listdir(self.path):
+                try:
+                    size += os.stat(self._p(name)).st_blocks * 512
+                except FileNotFoundError:
+                    pass
+        return TierStats(DECODED, self.stats.hits, self.stats.misses, size, self.filled())
 
     def complete(self) -> bool:
         """Every sample is stored: an epoch needs no shard."""

@@ -405,6 +405,14 @@ class DeviceCache:
             out.append(t.to(self.device))
         return out
 
+    def tier_stats(self) -> Any:
+        """Hits and misses since warm-up, the resident samples and the buffers' bytes, in the
+        shape every cache tier reports (:class:`~feedpipe.cache_tiers.TierStats`)."""
+        from .cache_tiers import DEVICE, TierStats
+
+        used = sum(b.numel() * b.element_size() for b in self._buffers)
+        return TierStats(DEVICE, self.hits, self.misses, used, self.resident)
+
     def stats(self) -> dict[str, Any]:
         """``hits``/``misses``/``hit_ratio`` over the samples served since warm-up; ``resident``
         samples of ``num_samples`` (``resident_fraction``: how much of the dataset fits);

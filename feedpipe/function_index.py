@@ -27,11 +27,14 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .codec import decode, encode
 from .errors import FeedpipeError
 from .fingerprint import fingerprint
+
+if TYPE_CHECKING:
+    from .cache_tiers import TierStats
 
 _MAGIC = b"FPL2"
 # py-lmdb refuses to open one environment twice in a process: instances share it.
@@ -328,6 +331,14 @@ class FunctionIndex:
         s.entries = env.stat()["entries"]
         s.db_bytes = _dir_bytes(self.path)
         return s
+
+    def tier_stats(self) -> TierStats:
+        """This process's hits and misses, the entries and bytes on disk, in the shape every
+        cache tier reports (:class:`~feedpipe.cache_tiers.TierStats`)."""
+        from .cache_tiers import FUNCTION_INDEX, TierStats
+
+        s = self.stats()
+        return TierStats(FUNCTION_INDEX, s.hits, s.misses, s.db_bytes, s.entries)
 
     def clear(self) -> None:
         """Delete every entry."""
