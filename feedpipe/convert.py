@@ -16,12 +16,9 @@ byte, and the same plan fingerprint, so either path resumes the other's run.
 from __future__ import annotations
 
 import gc
-import hashlib
 import itertools
-import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, nullcontext
@@ -31,21 +28,26 @@ from typing import Any
 
 from . import __version__
 from .errors import InputError, OutputError
-from .index import ShardIndex
-from .manifest import NAME as MANIFEST_NAME
-from .manifest import Manifest, ShardRecord, write_manifest, write_wids_index
+from .manifest import Manifest, ShardRecord
 from .merge import state_name as part_state_name
 from .partition import PartInfo, parse_part, part_prefix
-from .progress import progress
 from .onepass import StagedTree, stage_tree
+from .output_dir import (
+    STATE_NAME,
+    check_state,
+    clean_temps,
+    prepare_out,
+    unlink_quiet,
+    write_dataset_manifest,
+)
+from .pool_context import die_with_parent, pool_context
+from .progress import progress
+from .shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
 from .sources import Listing, SampleSpec, Source, list_manifest, printable
 from .storage import is_local, local_path
-from .tarformat import BLOCK, END_OF_ARCHIVE, padded
+from .tarformat import BLOCK
 from .writer import PartResult, finish_shard, hidden, load_record, output_error, write_part
 
-PART_SAMPLES = 1024
-PART_BYTES = 32 << 20
-STATE_NAME = ".feedpipe-shard-state.json"
 DEFAULT_MAX_BYTES = 256 << 20
 ONE_PASS = True  # local trees of top-level directories: feedpipe.onepass (tests compare paths)
 log = logging.getLogger(__name__)
@@ -83,133 +85,6 @@ class ShardSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _member_size(name: str, size: int) -> int:
-    """Bytes one member takes in the tar (header, long-name record, padded data)."""
-    n = len(name.encode("utf-8"))
-    if n <= 100:
-        head = BLOCK
-    else:
-        from .tarformat import member_header
-
-        head = len(member_header(name, size))
-    return head + padded(size)
-
-
-def _sample_size(spec: SampleSpec) -> int:
-    # a plain loop with the short-name case inline: planning runs it once per sample, serially
-    total = 0
-    key = spec.key
-    for f in spec.files:
-        name = f"{key}.{f.ext}"
-        if name.isascii() and len(name) <= 100:
-            total += BLOCK + (f.size + BLOCK - 1) // BLOCK * BLOCK
-        else:
-            total += _member_size(name, f.size)
-    for e, b in spec.extras:
-        total += _member_size(f"{key}.{e}", len(b))
-    return total
-
-
-def plan_shards(
-    samples: list[SampleSpec], max_bytes: int, max_samples: int | None
-) -> list[list[list[SampleSpec]]]:
-    """Cut samples into shards, and each shard into parts (pure)."""
-    shards: list[list[list[SampleSpec]]] = []
-    cur: list[list[SampleSpec]] = []
-    part: list[SampleSpec] = []
-    shard_bytes = part_bytes = 0
-    shard_count = 0
-    limit = max_bytes - len(END_OF_ARCHIVE)
-    for spec in samples:
-        size = _sample_size(spec)
-        full = shard_count > 0 and (
-            shard_bytes + size > limit or (max_samples is not None and shard_count >= max_samples)
-        )
-        if full:
-            if part:
-                cur.append(part)
-            shards.append(cur)
-            cur, part, shard_bytes, part_bytes, shard_count = [], [], 0, 0, 0
-        if part and (len(part) >= PART_SAMPLES or part_bytes + size > PART_BYTES):
-            cur.append(part)
-            part, part_bytes = [], 0
-        part.append(spec)
-        part_bytes += size
-        shard_bytes += size
-        shard_count += 1
-    if part:
-        cur.append(part)
-    if cur:
-        shards.append(cur)
-    return shards
-
-
-def _fingerprint(opts: ShardOptions, plan: list[list[list[SampleSpec]]]) -> str:
-    h = hashlib.sha256(json.dumps(asdict(opts), sort_keys=True).encode())
-    # the same bytes as one update per field, gathered into few updates (a shard's text at once)
-    for s, parts in enumerate(plan):
-        text: list[str] = []
-        for part in parts:
-            for spec in part:
-                text.append(f"{s}\0{spec.key}\0")
-                for f in spec.files:
-                    text.append(f"{f.ext}\0{f.path}\0{f.size}\0")
-                if spec.extras:
-                    h.update("".join(text).encode())
-                    text.clear()
-                    for e, b in spec.extras:
-                        h.update(e.encode() + b"\0" + hashlib.sha256(b).digest())
-        h.update("".join(text).encode())
-    return h.hexdigest()
-
-
-def shuffle_permutation(n: int, seed: int) -> Any:
-    """The ``--shuffle`` order: position ``k`` holds sorted sample ``perm[k]`` (a numpy array)."""
-    import numpy as np
-
-    return np.random.default_rng(np.random.SeedSequence([seed, 0x5A4D])).permutation(n)
-
-
-def _shuffled(samples: list[SampleSpec], seed: int) -> list[SampleSpec]:
-    return [samples[i] for i in shuffle_permutation(len(samples), seed)]
-
-
-def _prepare_out(out: str, resume: bool, own: str | None = None) -> None:
-    """``own``: a part's shard prefix; files of other parts in ``out`` are then allowed."""
-    if not is_local(out):
-        raise OutputError(f"{out}: the output of `feedpipe shard` must be a local directory")
-    out = local_path(out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise OutputError(f"{out}: output exists and is not a directory")
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        raise OutputError(e.errno, f"{out}: cannot create output directory: {e.strerror}") from e
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise OutputError(f"{out}: output directory is not writable")
-    if not resume:
-        visible = [n for n in os.listdir(out) if not n.startswith(".")
-                   and (own is None or n.startswith(own + "-"))]
-        if visible:
-            raise OutputError(
-                f"{out}: output directory is not empty ({len(visible)} entries, e.g. "
-                f"{sorted(visible)[0]!r}); use --resume to continue an interrupted run, or an "
-                "empty directory"
-            )
-
-
-def _clean_temps(out: str, prefix: str, state_name: str = STATE_NAME) -> None:
-    own: tuple[str, ...] = (f".{prefix}-", f"{state_name}.tmp-")
-    if state_name == STATE_NAME:  # a part leaves the shared names to a merge that may be running
-        own += (f".{MANIFEST_NAME}.tmp-", ".wids.json.tmp-")
-    for n in os.listdir(out):
-        if n.startswith(own) and (".tmp-" in n or ".part" in n):
-            try:
-                os.unlink(os.path.join(out, n))
-            except FileNotFoundError:
-                pass
 
 
 def _list(src: str, out: str, opts: ShardOptions, workers: int | None,
@@ -284,10 +159,10 @@ def _stage(src: str, out: str, prefix: str, labels_from_dirs: bool, workers: int
         return None
     existed = os.path.exists(out)
     try:
-        _prepare_out(out, False)
+        prepare_out(out, False)
     except OutputError:
         return None
-    _clean_temps(out, prefix)
+    clean_temps(out, prefix)
     staged = stage_tree(src, out, prefix, labels_from_dirs=labels_from_dirs, workers=workers,
                         show_progress=show_progress)
     if staged is None and not existed:  # (a failure, as on the general path, leaves it)
@@ -401,15 +276,15 @@ def shard(
         _report_outputs(src, out, listing)
         name_prefix = prefix if part_of is None else part_prefix(prefix, *part_of)
         state = STATE_NAME if part_of is None else part_state_name(*part_of)
-        _prepare_out(out, resume, None if part_of is None else name_prefix)
+        prepare_out(out, resume, None if part_of is None else name_prefix)
         out = local_path(out)
         if shuffle and part_of is None:  # a part's samples come in their final order
-            samples = _shuffled(samples, seed)
-        plan = plan_shards(samples, max_bytes, max_samples)
-        fp = _fingerprint(opts, plan)
-        _check_state(out, fp, resume, state)
+            samples = shuffled(samples, seed)
+        plan = plan_shards(samples, max_bytes, max_samples, PART_SAMPLES)
+        fp = plan_fingerprint(asdict(opts), plan)
+        check_state(out, fp, resume, state)
         if staged is None:  # (the staging files are this run's)
-            _clean_temps(out, name_prefix, state)
+            clean_temps(out, name_prefix, state)
         names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
 
         records: dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]] = {}
@@ -467,7 +342,7 @@ def shard(
                     nworkers, source, plan, todo, part_paths, on_error, bar, commit
                 )
         except BaseException:
-            _clean_temps(out, name_prefix, state)
+            clean_temps(out, name_prefix, state)
             raise
         finally:
             bar.close()
@@ -505,13 +380,13 @@ def shard(
                 write_part_record(out, part_info, m, listing_skipped)
             except OSError as e:
                 raise output_error(e, out) from e
-            _unlink_quiet(os.path.join(out, state))  # shard records stay: --resume reuses them
+            unlink_quiet(os.path.join(out, state))  # shard records stay: --resume reuses them
             merged = merge and merge_if_complete(out, part_info.count) is not None
         else:
-            _write_manifest(out, m)
+            write_dataset_manifest(out, m)
             for name in names:
-                _unlink_quiet(os.path.join(out, f".{name}.record.json"))
-            _unlink_quiet(os.path.join(out, STATE_NAME))
+                unlink_quiet(os.path.join(out, f".{name}.record.json"))
+            unlink_quiet(os.path.join(out, STATE_NAME))
         secs = time.perf_counter() - t0
         nbytes = sum(r.bytes for r in m.shards)
         files = total_files
@@ -552,89 +427,6 @@ def _gc_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _write_manifest(out: str, m: Manifest) -> None:
-    """``wids.json`` and ``manifest.json`` (last: the dataset's commit point); on any failure
-    their temp files go and an ``OSError`` leaves as an :class:`OutputError` naming the file."""
-    try:
-        write_wids_index(out, m)
-        write_manifest(out, m)
-    except BaseException as e:
-        for name in (MANIFEST_NAME, "wids.json"):
-            _unlink_quiet(os.path.join(out, f".{name}.tmp-{os.getpid()}"))
-        if isinstance(e, OSError):
-            raise output_error(e, os.path.join(out, MANIFEST_NAME)) from e
-        raise
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME) -> None:
-    path = os.path.join(out, state_name)
-    if resume and os.path.exists(path):
-        old = _saved_fingerprint(path, "plan_fingerprint")
-        if old != fp:
-            raise OutputError(
-                f"{out}: cannot resume: the inputs or options differ from the interrupted run "
-                "(start again in an empty directory, or rerun with the original options)"
-            )
-        return
-    if resume and state_name == STATE_NAME and os.path.exists(os.path.join(out, MANIFEST_NAME)):
-        old = _saved_fingerprint(os.path.join(out, MANIFEST_NAME), "created_by")
-        if old != fp:
-            raise OutputError(
-                f"{out}: cannot resume: it holds a finished dataset made from other inputs or "
-                "options"
-            )
-    tmp = path + f".tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"plan_fingerprint": fp, "feedpipe_version": __version__}, f)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise output_error(e, path) from e
-
-
-def _saved_fingerprint(path: str, where: str) -> Any:
-    """The plan fingerprint saved in the state file or manifest ``path`` (``where``: the key
-    holding it, or ``"created_by"`` for a manifest's)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        if where == "created_by":
-            return doc.get("created_by", {}).get("plan_fingerprint")
-        return doc.get(where)
-    except (OSError, ValueError, AttributeError) as e:
-        raise OutputError(f"{path}: cannot resume: the file is unreadable or damaged ({e}); "
-                          "start again in an empty directory") from e
-
-
-def _pool_context() -> Any:
-    import multiprocessing as mp
-
-    return mp.get_context("fork" if os.name == "posix" and "fork" in mp.get_all_start_methods()
-                          else "spawn")
-
-
-def _die_with_parent(parent: int) -> None:
-    """Pool initializer: a worker must not outlive a killed parent, or it would go on writing
-    parts into OUT behind the back of a resumed run (and linger forever on its task queue)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 # Plans handed to forked pool workers by inheritance, by token: a worker forked while its plan is
 # here reads its parts from its copy of the parent's memory instead of unpickling them (11.6 us a
 # sample, more than writing it: 16.4 us for a 1 KiB file).
@@ -649,6 +441,9 @@ def _write_inherited(token: int, i: int, j: int, source: Source, path: str,
         raise RuntimeError(f"conversion worker {os.getpid()} has no plan {token}: it was not "
                            "forked from the process that planned the run")
     return write_part(source, plan[i][j], path, on_error)
+
+
+_pool_context = pool_context  # (a test forces spawn through it)
 
 
 def _run_pool(
@@ -667,7 +462,7 @@ def _run_pool(
         _FORK_PLANS[token] = plan
     try:
         with ProcessPoolExecutor(max_workers=nworkers, mp_context=ctx,
-                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+                                 initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             return _drive_pool(pool, token, source, plan, todo, part_paths, on_error, bar,
                                commit)
     finally:

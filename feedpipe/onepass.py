@@ -42,6 +42,7 @@ from typing import Any
 from .index import ShardIndex
 from .listing import Chunk, TreeListing, _root_entries, write_chunk, write_rows
 from .manifest import ShardRecord
+from .pool_context import die_with_parent, pool_context
 from .progress import progress
 from .sources import SampleSpec, classify, read_local
 from .writer import _unlink, hidden, join_ranges, removed_on_error, write_members
@@ -304,10 +305,8 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
         if workers <= 1 or len(dirs) <= 1:
             results: Any = map(stage_dir, *args)
         else:
-            from .convert import _die_with_parent, _pool_context  # (convert imports this)
-
-            pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=_pool_context(),
-                                       initializer=_die_with_parent, initargs=(os.getpid(),))
+            pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=pool_context(),
+                                       initializer=die_with_parent, initargs=(os.getpid(),))
             results = pool.map(stage_dir, *args)
         try:
             for sd in results:
