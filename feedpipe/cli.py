@@ -200,14 +200,22 @@ def _cmd_merge(a: argparse.Namespace) -> int:
 
 
 def _cmd_index(a: argparse.Namespace) -> int:
-    from .indexer import index
+    from .indexer import index_dataset
 
-    m = index(a.shards, root=a.root, show_progress=False if a.no_progress else None)
-    if a.json:
-        print(m.to_json(), end="")
-    else:
-        print(f"feedpipe index: {len(m.shards)} shards, {m.total_samples} samples, "
-              f"fields {', '.join(m.fields)}")
+    r = index_dataset(a.shards, root=a.root, classes=a.classes,
+                      show_progress=False if a.no_progress else None)
+    m = r.manifest
+
+    def text() -> str:
+        lines = [f"feedpipe index: {len(m.shards)} shards, {m.total_samples} samples, "
+                 f"fields {', '.join(m.fields)}"]
+        if m.classes is not None:
+            lines.append(f"  classes  {len(m.classes)} from {r.classes_from}: "
+                         f"{', '.join(m.classes[:8])}{', ...' if len(m.classes) > 8 else ''}")
+        lines.append(f"  wrote    {len(r.indexes)} .idx files and {r.root}/manifest.json")
+        return "\n".join(lines)
+
+    emit(a, r.to_dict(), text)
     return 0
 
 
@@ -215,14 +223,16 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     from .verify import verify
 
     r = verify(a.dataset, show_progress=False if a.no_progress else None)
-    if a.json:
-        print(json.dumps({"ok": r.ok, "shards": r.shards, "samples": r.samples,
-                          "problems": r.problems}, indent=1))
-    else:
-        for p in r.problems:
-            print(f"PROBLEM {p}")
-        print(f"feedpipe verify: {r.shards} shards, {r.samples} samples: "
-              + ("OK" if r.ok else f"{len(r.problems)} problem(s)"))
+
+    def text() -> str:
+        lines = [f"PROBLEM {p}" for p in r.problems] + [f"WARNING {w}" for w in r.warnings]
+        verdict = "OK" if r.ok else f"{len(r.problems)} problem(s)"
+        if r.warnings:
+            verdict += f", {len(r.warnings)} warning{'s' * (len(r.warnings) > 1)} (not checked)"
+        lines.append(f"feedpipe verify: {r.shards} shards, {r.samples} samples: {verdict}")
+        return "\n".join(lines)
+
+    emit(a, r.to_dict(), text)
     return 0 if r.ok else 1
 
 
@@ -348,21 +358,47 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the expected number of parts (default: read from the part records)")
     p.add_argument("--json", action="store_true", help="print the merged manifest")
 
-    p = sub.add_parser("index", help="write .idx files and a manifest for existing shards",
-                       description="Adopt WebDataset shards made by other tools: scan each shard "
-                                   "once, write its DALI v1.2 .idx beside it and a manifest.json.")
+    p = sub.add_parser(
+        "index", help="write .idx files and a manifest for existing shards",
+        description="Adopt WebDataset shards made by other tools (webdataset's ShardWriter, tar): "
+                    "read every tar header once, write a DALI v1.2 .idx beside each shard and a "
+                    "manifest.json (with sha256 of each shard) at the dataset root. Every shard "
+                    "is checked before anything is written: a truncated or malformed shard, or "
+                    "a key found twice, is named and nothing is written. Compressed shards "
+                    "(.tar.gz, .tgz) are refused: decompress them first.",
+        epilog="Examples:\n"
+               "  feedpipe index ./shards                       # every *.tar in the directory\n"
+               "  feedpipe index 'shards/train-*.tar' --root shards\n"
+               "  feedpipe index ./shards --classes cat,dog,zebra   # what cls 0, 1, 2 mean\n"
+               "  feedpipe index ./shards --classes classes.txt     # one name per line\n"
+               "  gunzip -k shards/*.tar.gz && feedpipe index ./shards\n"
+               "  feedpipe index ./shards --json | jq .total_samples",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("shards", nargs="+", metavar="SHARD", help="shard files, globs or directories")
     p.add_argument("--root", default=None,
                    help="dataset root for manifest.json (default: the first shard's directory)")
-    p.add_argument("--json", action="store_true", help="print the manifest")
+    p.add_argument("--classes", metavar="NAMES|FILE", default=None,
+                   help="class names to record in the manifest (what the 'cls' values index), "
+                        "as `feedpipe shard --labels-from-dirs` records them: a comma-separated "
+                        "list, or a file with one name per line (an existing file wins)")
+    add_json_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("verify", help="check shards against their indexes and the manifest",
-                       description="Check every shard of a dataset: size and sha256 against the "
-                                   "manifest, every tar header, every index entry. Exit 0 when "
-                                   "sound, 1 with the shard, offset and problem otherwise.")
+    p = sub.add_parser(
+        "verify", help="check shards against their indexes and the manifest",
+        description="Check every shard of a dataset: size and sha256 against the manifest, every "
+                    "tar header, every .idx entry against the headers. Exit 0 when sound, 1 "
+                    "with each problem's shard, offset and kind otherwise. Warnings say what was "
+                    "not checked: a shard the manifest gives no sha256 for, a .tar beside the "
+                    "shards that the manifest does not list.",
+        epilog="Examples:\n"
+               "  feedpipe verify ./shards\n"
+               "  feedpipe verify s3://bucket/shards\n"
+               "  feedpipe verify ./shards --json     # {ok, problems: [{shard, offset, kind, "
+               "key, message}], warnings: [...]}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", metavar="DATASET", help="dataset root (path or fsspec URL)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("demo", help="run the whole pipeline on a small synthetic dataset",

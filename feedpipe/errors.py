@@ -15,6 +15,12 @@ class FeedpipeError(Exception):
 class ShardFormatError(FeedpipeError, ValueError):
     """A shard, index or manifest is truncated, corrupted or not in the expected format."""
 
+    # set where known (the tar scanner sets all three): the file, the byte offset, and the kind of
+    # problem ("truncated", "header", "unsupported", "compressed", "index")
+    shard: str | None = None
+    offset: int | None = None
+    kind: str = "format"
+
 
 class CompressedShardError(ShardFormatError):
     """A shard is compressed (``.tar.gz``, ``.tgz``, or gzip/bzip2/xz/zstd bytes under a ``.tar``

@@ -48,11 +48,11 @@ def _load_index(url: str, size: int, open_stream: Any) -> ShardIndex:
     ipath = index_path(url)
     try:
         if is_local(ipath):
-            with open(local_path(ipath), encoding="utf-8") as f:
-                text = f.read()
+            with open(local_path(ipath), "rb") as f:
+                text = f.read()  # bytes: parse_index names the .idx if they are not UTF-8
         else:
             fs, p = filesystem(ipath)
-            text = retrying(ipath, lambda: fs.cat_file(p)).decode("utf-8")
+            text = retrying(ipath, lambda: fs.cat_file(p))
     except FileNotFoundError:
         with open_stream() as f:
             return group_members((m.name, m.offset, m.size) for m in scan(f, size, url))

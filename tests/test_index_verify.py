@@ -90,7 +90,41 @@ def test_index_python_api_and_json(wds_dir: Path, tmp_path: Path) -> None:
     assert m.total_samples == 25
     r = run_feedpipe("index", wds_dir / "shard-000000.tar", wds_dir / "shard-000001.tar", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["total_samples"] == 20
+    doc = json.loads(r.stdout)  # one result record: what was written where
+    assert doc["total_samples"] == 20 and doc["root"] == str(wds_dir)
+    assert doc["manifest"] == str(wds_dir / "manifest.json") and doc["classes"] is None
+    assert [(s["name"], s["samples"], s["index"]) for s in doc["shards"]] == [
+        ("shard-000000.tar", 10, str(wds_dir / "shard-000000.idx")),
+        ("shard-000001.tar", 10, str(wds_dir / "shard-000001.idx"))]
+    r = run_feedpipe("index", wds_dir / "nothing.tar", "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"] == "SourceNotFoundError"
+
+
+def test_index_records_class_names(wds_dir: Path, tmp_path: Path) -> None:
+    """``--classes`` as ``feedpipe shard --labels-from-dirs`` records them (issue 22)."""
+    r = run_feedpipe("index", wds_dir, "--classes", "cat, dog,zebra")
+    assert r.returncode == 0, r.stderr
+    assert load_manifest(str(wds_dir)).classes == ["cat", "dog", "zebra"]
+    assert "classes  3 from the comma-separated list: cat, dog, zebra" in r.stdout
+    names = tmp_path / "classes.txt"
+    names.write_text("ant\nbee\n\n")
+    m = feedpipe.index([str(wds_dir)], classes=str(names), show_progress=False)
+    assert m.classes == ["ant", "bee"] == load_manifest(str(wds_dir)).classes
+    doc = json.loads(run_feedpipe("index", wds_dir, "--classes", names, "--json").stdout)
+    assert doc["classes"] == ["ant", "bee"] and doc["classes_from"] == str(names)
+    r = run_feedpipe("index", wds_dir, "--classes", "a,,b")
+    assert r.returncode == 2 and "empty class name" in r.stderr
+    r = run_feedpipe("index", wds_dir, "--classes", "a,b,a")
+    assert r.returncode == 2 and "repeated class name(s) ['a']" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["index", "verify"])
+def test_help_ends_with_examples(command: str) -> None:
+    r = run_feedpipe(command, "--help")
+    assert r.returncode == 0
+    tail = r.stdout[r.stdout.rindex("Examples:"):].splitlines()
+    assert len(tail) >= 3 and all(ln.startswith(f"  feedpipe {command} ") or "feedpipe "
+                                  f"{command} " in ln for ln in tail[1:])
 
 
 def test_index_duplicate_keys_across_shards(tmp_path: Path) -> None:
@@ -140,7 +174,8 @@ def test_verify_sound_dataset(sharded: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "5 shards, 30 samples: OK" in r.stdout
     r = run_feedpipe("verify", sharded, "--json")
-    assert json.loads(r.stdout) == {"ok": True, "shards": 5, "samples": 30, "problems": []}
+    assert json.loads(r.stdout) == {"ok": True, "root": str(sharded), "shards": 5, "samples": 30,
+                                    "problems": [], "warnings": []}
 
 
 def test_verify_truncated_shard(sharded_copy: Path) -> None:
@@ -155,7 +190,7 @@ def test_verify_truncated_shard(sharded_copy: Path) -> None:
     assert f"offset {cut}" in r.stdout
     assert "data-000000.tar" not in r.stdout  # only the damaged shard is named
     report = feedpipe.verify(str(sharded_copy))
-    assert not report.ok and all("data-000002.tar" in p for p in report.problems)
+    assert not report.ok and all("data-000002.tar" in str(p) for p in report.problems)
 
 
 def test_verify_corrupted_header(sharded_copy: Path) -> None:
@@ -169,6 +204,10 @@ def test_verify_corrupted_header(sharded_copy: Path) -> None:
     assert r.returncode == 1
     assert f"{shard}: corrupted tar header at offset {header} " in r.stdout
     assert f"{shard}: sha256 mismatch" in r.stdout
+    doc = json.loads(run_feedpipe("verify", sharded_copy, "--json").stdout)
+    assert doc["ok"] is False
+    assert [(p["shard"], p["kind"], p["offset"]) for p in doc["problems"]] == [
+        (str(shard), "sha256", None), (str(shard), "header", header)]
 
 
 def test_verify_damaged_index(sharded_copy: Path) -> None:
@@ -181,9 +220,13 @@ def test_verify_damaged_index(sharded_copy: Path) -> None:
     r = run_feedpipe("verify", sharded_copy)
     assert r.returncode == 1
     assert f"index entry {parts[3]!r} at offset {parts[1]}" in r.stdout
+    doc = json.loads(run_feedpipe("verify", sharded_copy, "--json").stdout)
+    key = parts[3].split(".")[0]
+    assert [(p["kind"], p["offset"], p["key"]) for p in doc["problems"]] == [
+        ("index-entry", int(parts[1]), key)]
     (sharded_copy / "data-000003.idx").unlink()
     problems = feedpipe.verify(str(sharded_copy)).problems
-    assert any("data-000003.idx: index is missing" in p for p in problems)
+    assert any("data-000003.idx: index is missing" in str(p) for p in problems)
 
 
 def test_verify_missing_shard(sharded_copy: Path) -> None:
@@ -206,7 +249,7 @@ def test_verify_remote_dataset(sharded: Path) -> None:
         fs.pipe_file(f"{root}/data-000001.tar", raw[:-2048])
         report = feedpipe.verify(f"memory://{root}")
         assert not report.ok
-        assert any(f"memory://{root}/data-000001.tar: size" in p for p in report.problems)
+        assert any(f"memory://{root}/data-000001.tar: size" in str(p) for p in report.problems)
     finally:
         fs.rm(root, recursive=True)
 
