@@ -44,14 +44,20 @@ def _leave_parent_connections_alone() -> None:
     import sys
     import weakref
 
-    registry = getattr(weakref.finalize, "_registry", {})
-    for f, info in list(registry.items()):
-        if getattr(info.func, "__name__", "") == "close_session":
-            f.detach()
-    aiohttp = sys.modules.get("aiohttp")
-    if aiohttp is not None:
-        kinds = (aiohttp.BaseConnector, aiohttp.ClientSession)
-        _INHERITED.extend(o for o in gc.get_objects() if issubclass(type(o), kinds))
+    collecting = gc.isenabled()
+    gc.disable()  # a collection here would run finalizers that change the registry we walk
+    try:
+        registry = getattr(weakref.finalize, "_registry", {})
+        for f, info in list(registry.items()):
+            if getattr(info.func, "__name__", "") == "close_session":
+                f.detach()
+        aiohttp = sys.modules.get("aiohttp")
+        if aiohttp is not None:
+            kinds = (aiohttp.BaseConnector, aiohttp.ClientSession)
+            _INHERITED.extend(o for o in gc.get_objects() if issubclass(type(o), kinds))
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def filesystem(url: str) -> tuple[Any, str]:
