@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
+from .compression import compressed_error, compressed_suffix
 from .errors import (
     InputError,
     KeyClashError,
@@ -26,7 +27,6 @@ from .errors import (
 from .index import ShardIndex, check_names, index_from_tar, index_path, write_index
 from .manifest import NAME, Manifest, ShardRecord, write_manifest, write_wids_index
 from .progress import progress
-from .tarformat import compressed_error, compressed_suffix
 
 log = logging.getLogger(__name__)
 

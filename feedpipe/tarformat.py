@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from .compression import MAGIC, compressed_error
 from .errors import ShardFormatError
 
 BLOCK = 512
@@ -110,48 +111,6 @@ def format_error(where: str, offset: int | None, kind: str, message: str,
     err = cls(message)
     err.shard, err.offset, err.kind = where, offset, kind
     return err
-
-
-# name suffix or leading bytes -> (compression, the command that undoes it)
-_SUFFIXES = {".tar.gz": ("gzip", "gunzip"), ".tgz": ("gzip", "gunzip"),
-             ".tar.bz2": ("bzip2", "bunzip2"), ".tbz2": ("bzip2", "bunzip2"),
-             ".tar.xz": ("xz", "unxz"), ".txz": ("xz", "unxz"),
-             ".tar.zst": ("zstd", "unzstd"), ".tzst": ("zstd", "unzstd")}
-_MAGIC = ((b"\x1f\x8b", "gzip", "gunzip"), (b"BZh", "bzip2", "bunzip2"),
-          (b"\xfd7zXZ\x00", "xz", "unxz"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"))
-
-
-def compressed_suffix(name: str) -> str | None:
-    """The compressed-tar suffix ``name`` ends with (``".tar.gz"``, ``".tgz"``, ...), or None."""
-    low = name.lower()
-    return next((s for s in _SUFFIXES if low.endswith(s)), None)
-
-
-def compressed_error(path: str, kind: str | None = None) -> ShardFormatError:
-    """The refusal of a compressed shard, saying how to convert it.
-
-    Args:
-        path: the shard; a name with a compressed suffix when ``kind`` is None.
-        kind: the compression found in the file's leading bytes (a ``.tar`` name).
-    """
-    from .errors import CompressedShardError
-
-    where = path.rsplit("/", 1)[0] if "/" in path else "."
-    if kind is None:
-        suffix = compressed_suffix(path) or ".tar.gz"
-        tool = _SUFFIXES[suffix][1]
-        plain = path[: len(path) - len(suffix)] + ".tar"
-        how, what = f"`{tool} -k {path}` writes {plain}", ""
-    else:
-        tool = next(t for _, k, t in _MAGIC if k == kind)
-        how = f"`{tool} < {path} > {path}.plain && mv {path}.plain {path}`"
-        what = f" the file is {kind}-compressed, not a plain tar:"
-    return format_error(
-        path, 0, "compressed",
-        f"{path}:{what} compressed shards are not supported for random access (feedpipe reads "
-        f"each sample at its byte offset in a plain tar). Decompress it ({how}), then run "
-        f"`feedpipe index {where}`; or convert the source files with `feedpipe shard SRC OUT`",
-        CompressedShardError)
 
 
 _ZERO = bytes(BLOCK)
@@ -292,7 +251,7 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str) -> Itera
     while True:
         block = read_at(pos, BLOCK)
         if pos == 0:
-            for magic, kind, _ in _MAGIC:
+            for magic, kind, _ in MAGIC:
                 if block.startswith(magic) and (len(block) < BLOCK or not _checksum_ok(block)):
                     raise compressed_error(where, kind)
         if len(block) < BLOCK or block == _ZERO:

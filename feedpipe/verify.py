@@ -13,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .compression import compressed_suffix
 from .errors import ShardFormatError
 from .index import (
     ShardIndex,
@@ -24,7 +25,6 @@ from .index import (
 from .manifest import Manifest, dataset_root, join, load_manifest
 from .progress import progress
 from .storage import filesystem, is_local, local_path
-from .tarformat import compressed_suffix
 
 
 @dataclass(frozen=True)
