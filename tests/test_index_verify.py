@@ -323,3 +323,46 @@ def test_idx_identical_to_wds2idx_on_webdataset_shards(wds_dir: Path, tmp_path: 
     feedpipe.index([str(wds_dir)], show_progress=False)
     for tar in sorted(wds_dir.glob("*.tar")):
         assert _wds2idx(tar, tmp_path / "dali.idx") == tar.with_suffix(".idx").read_bytes(), tar
+
+
+# --------------------------------------------------------------------------------------------
+# check_index: an index against the tar headers of the shard's bytes (FeedDataset(verify=True))
+
+
+def test_check_index_against_the_shard_bytes(sharded_copy: Path) -> None:
+    import mmap
+
+    from feedpipe.verify import check_index
+
+    shard = sharded_copy / "data-000000.tar"
+    data = shard.read_bytes()
+    good = (sharded_copy / "data-000000.idx").read_bytes()
+    check_index(parse_index(good), data, str(shard))  # sound: no error
+    with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        check_index(parse_index(good), mm, str(shard))  # a map works as well as bytes
+    # another shard's index copied over this one's (issue 23, defect 2)
+    other = parse_index((sharded_copy / "data-000001.idx").read_bytes())
+    with pytest.raises(ShardFormatError, match=r"data-000000\.tar: .*data-000000\.idx") as ei:
+        check_index(other, data, str(shard))
+    assert ei.value.kind == "index-entry" and ei.value.offset == other.offsets[0]
+    # every offset moved by one block
+    shifted = parse_index(good)
+    shifted.offsets = [o + 512 for o in shifted.offsets]
+    with pytest.raises(ShardFormatError, match=rf"index entry {shifted.names[0]!r} at offset "
+                                               rf"{shifted.offsets[0]} .* matches no tar member"):
+        check_index(shifted, data, str(shard))
+    # one sample fewer than the tar holds
+    short = parse_index(good)
+    short.keys, short.starts = short.keys[:-1], short.starts[:-1]
+    n = short.starts[-1]
+    short.exts, short.offsets, short.sizes, short.names = (
+        short.exts[:n], short.offsets[:n], short.sizes[:n], short.names[:n])
+    with pytest.raises(ShardFormatError, match=r"data-000000\.idx: lists .* the tar .* holds"):
+        check_index(short, data, str(shard))
+    # a damaged header in the bytes is the tar parser's error
+    header = parse_index(good).offsets[1] - 512  # the second member's header
+    broken = bytearray(data)
+    broken[header + 3] ^= 0x01
+    with pytest.raises(ShardFormatError, match=rf"data-000000\.tar: corrupted tar header at "
+                                               rf"offset {header}"):
+        check_index(parse_index(good), bytes(broken), str(shard))
