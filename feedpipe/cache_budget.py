@@ -13,7 +13,7 @@ Every process that reads through a cache directory shares three files there:
   process, so a crash never leaves a reader counted or the ledger locked.
 
 Nothing here evicts or downloads: :class:`~feedpipe.shard_cache.ShardCache` does, under
-:meth:`Budget.admission`.
+:meth:`Budget.admission`, counting what the directory holds with :func:`scan`.
 """
 
 from __future__ import annotations
@@ -45,6 +45,32 @@ def _forget_inherited() -> None:
         fd, b._fd, b._mine = b._fd, None, None
         if fd is not None:
             os.close(fd)
+
+
+def scan(path: str) -> tuple[dict[str, int], int, int]:
+    """What a cache directory holds, in apparent bytes: ``({entry key: bytes of its .tar and
+    .idx}, bytes of .part files, bytes of every other file)``."""
+    entries: dict[str, int] = {}
+    parts = other = 0
+    try:
+        it = os.scandir(path)
+    except FileNotFoundError:
+        return entries, 0, 0
+    with it:
+        for e in it:
+            name = e.name
+            try:
+                size = e.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                continue  # evicted meanwhile
+            if name.endswith(".part"):
+                parts += size
+            elif name.endswith((".tar", ".idx")):
+                key = name[:-4]
+                entries[key] = entries.get(key, 0) + size
+            else:
+                other += size
+    return entries, parts, other
 
 
 class Budget:

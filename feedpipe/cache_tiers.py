@@ -2,13 +2,14 @@
 
 A directory is recognised by what only that tier writes there:
 
-- **L1 shard cache** (:mod:`feedpipe.shard_cache`): entry files ``<20 hex>-<name>.tar/.idx/.lock``;
+- **L1 shard cache** (:mod:`feedpipe.shard_cache`): entry files ``<20 hex>-<name>.tar/.idx/.lock``
+  or kept manifests ``manifest-<20 hex>.json``;
 - **L2 function index** (:mod:`feedpipe.function_index`): LMDB's ``data.mdb`` and ``lock.mdb``;
 - **decoded store** (:mod:`feedpipe.decoded_store`): a ``meta.json`` of format
   ``feedpipe-decoded``.
 
 Clearing never pulls data from under a running job: L1 evicts every entry no process holds (in-use
-shards stay); L2 removes its directory when no process has the LMDB environment open, else drops
+shards stay) and drops its kept manifests; L2 removes its directory when no process has the LMDB environment open, else drops
 every entry in a transaction (LMDB keeps the file and reuses its pages); a decoded store is
 removed when no process has it open, else emptied (every record marked unfilled: readers
 recompute, writers fill it again).
@@ -22,7 +23,7 @@ import os
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .errors import SourceNotFoundError
 
@@ -243,7 +244,7 @@ def _clear_decoded(path: str) -> str:
 
     from .file_lock import EXCLUSIVE, lock
 
-    create = lock(os.path.join(path, "create.lock"), EXCLUSIVE)
+    create = cast(int, lock(os.path.join(path, "create.lock"), EXCLUSIVE))
     try:
         use = lock(os.path.join(path, "use.lock"), EXCLUSIVE, block=False)
         if use is not None:

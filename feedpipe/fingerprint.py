@@ -31,6 +31,7 @@ import os
 import sys
 import types
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -133,9 +134,15 @@ def _tensor(h: Any, t: Any, torch: Any) -> None:
     h.update(x.view(torch.uint8).numpy().data)
 
 
-@functools.lru_cache(maxsize=1024)
+_CLASS_CODE: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary()
+
+
 def _class_code(cls: type) -> bytes:
-    """A class's name and code (its source; else its functions' byte code)."""
+    """A class's name and code (its source; else its functions' byte code), once per class."""
+    try:
+        return _CLASS_CODE[cls]
+    except (KeyError, TypeError):
+        pass
     h = hashlib.blake2b(digest_size=16)
     h.update(f"obj:{cls.__module__}.{cls.__qualname__}".encode())
     try:
@@ -145,7 +152,12 @@ def _class_code(cls: type) -> bytes:
             attr = vars(cls)[name]
             if isinstance(attr, types.FunctionType):
                 _code(h, attr.__code__, 0)
-    return h.digest()
+    digest = h.digest()
+    try:
+        _CLASS_CODE[cls] = digest
+    except TypeError:  # a type that takes no weak reference: not kept
+        pass
+    return digest
 
 
 _MODULE_PARTS = ("_parameters", "_buffers", "_modules", "_compiled_call_impl")

@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .cache_budget import Budget
+from .cache_budget import Budget, scan
 from .cache_entry import FETCH_ATTEMPTS, PARTS, Entry, NoSpace, Stopped, disk
 from .file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
 from .manifest import ShardRecord
@@ -182,28 +182,7 @@ class ShardCache:
         return int(disk(self.path, os.open, *args))
 
     def _scan(self) -> tuple[dict[str, int], int, int]:
-        """``({key: bytes of .tar + .idx}, bytes of .part files, bytes of every other file)``."""
-        entries: dict[str, int] = {}
-        parts = other = 0
-        try:
-            it = os.scandir(self.path)
-        except FileNotFoundError:
-            return entries, 0, 0
-        with it:
-            for e in it:
-                name = e.name
-                try:
-                    size = e.stat(follow_symlinks=False).st_size
-                except FileNotFoundError:
-                    continue  # evicted meanwhile
-                if name.endswith(".part"):
-                    parts += size
-                elif name.endswith((".tar", ".idx")):
-                    key = name[:-4]
-                    entries[key] = entries.get(key, 0) + size
-                else:
-                    other += size
-        return entries, parts, other
+        return scan(self.path)
 
     def usage(self) -> dict[str, int]:
         """Bytes on disk (every file), complete entries, bytes of downloads under way, the
