@@ -171,8 +171,8 @@ class Entry:
                 if need_tar:
                     digest = self._download(stop)
                     if rec.sha256 is not None and digest != rec.sha256:
-                        what = (f"content hash mismatch while caching (sha256 {digest[:16]}..., "
-                                f"the manifest says {rec.sha256[:16]}...)")
+                        what = (f"{url}: content hash mismatch while caching (sha256 "
+                                f"{digest[:16]}..., the manifest says {rec.sha256[:16]}...)")
                         problem = (url, what)
                         self.stats.refetched += 1
                         continue
@@ -207,13 +207,16 @@ class Entry:
             self._write(self.p(".idx.part"), idx)
 
     def _named(self, problem: tuple[str, str]) -> ShardFormatError:
+        """``problem``: (the file at fault, a message that names it)."""
         where, what = problem
-        fix = ("upload the shard again" if where == self.url
-               else "rebuild the index (`feedpipe index`) or upload it again")
+        if where == self.url:
+            cause, fix = "the shard at the source is damaged", "upload it again"
+        else:
+            cause = f"the index at the source is damaged or does not belong to {self.url}"
+            fix = "rebuild it (`feedpipe index`)"
         return ShardFormatError(
-            f"{where}: {what}; the check failed on each of {FETCH_ATTEMPTS} fetches into the "
-            f"shard cache {self.root}, so the copy at the source is damaged or does not belong "
-            f"to {self.url}: {fix}, then check the dataset with `feedpipe verify`")
+            f"{what}. The same on each of {FETCH_ATTEMPTS} fetches into the shard cache "
+            f"{self.root}: {cause}; {fix}, then check the dataset with `feedpipe verify`")
 
     def _commit(self, idx: bytes | None, tar: bool) -> None:
         """Stamp and publish the checked files: the index first, the shard (the commit point of a

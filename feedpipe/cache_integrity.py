@@ -3,7 +3,8 @@
 - a ``.tar`` must have the manifest's size and, when the manifest records one, its sha256;
 - a ``.idx`` must be UTF-8 text in DALI's index format listing the manifest's number of samples,
   and must match the manifest's index hash when it records one (``ShardRecord.index_sha256``),
-  else the shard's own tar headers, entry by entry (member name, data offset, size).
+  else the shard's own tar headers, entry by entry (member name, data offset, size), as
+  ``feedpipe verify`` checks it.
 
 A checked file carries a *stamp* in its mtime: a value derived from its entry key (and, for an
 index, from a hash of its content). Writing to a file changes its mtime, and an index is small
@@ -18,8 +19,7 @@ import os
 from typing import Any
 
 from .errors import ShardFormatError
-from .index import ShardIndex, group_members, parse_index
-from .tarformat import scan
+from .index import index_from_tar, parse_index
 
 STAMP_BASE = 1_000_000_000  # seconds; a checked file's mtime is this plus an even offset
 
@@ -59,7 +59,9 @@ def index_hash(rec: Any) -> str | None:
 def index_problem(data: bytes, rec: Any, tar_path: str, where: str,
                   tar_where: str) -> tuple[str, str] | None:
     """What is wrong with index bytes ``data`` of the shard at ``tar_path`` (a local file whose
-    size and hash were checked already), as ``(TAR or IDX, sentence)``; ``None`` when sound.
+    size and hash were checked already), as ``(TAR or IDX, message)``; ``None`` when sound. The
+    message names the file (``where`` or ``tar_where``) and what is wrong; the checks are
+    ``feedpipe verify``'s (:func:`feedpipe.verify.index_problems`, one tar parser).
 
     Args:
         data: the index file's bytes.
@@ -67,54 +69,25 @@ def index_problem(data: bytes, rec: Any, tar_path: str, where: str,
         tar_path: the local shard file the index must describe.
         where, tar_where: the index's and the shard's names for messages (their URLs).
     """
+    from .verify import index_problems
+
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return IDX, f"not an index: not UTF-8 text (byte {e.start})"
-    try:
-        idx = parse_index(text, where)
+        idx = parse_index(data, where)
     except ShardFormatError as e:
-        return IDX, _without(str(e), where)
+        return IDX, str(e)
     if len(idx) != rec.samples:
-        return IDX, f"lists {len(idx)} samples, the manifest {rec.samples}"
+        return IDX, f"{where}: lists {len(idx)} samples, the manifest {rec.samples}"
     recorded = index_hash(rec)
     if recorded is not None:
         got = hashlib.sha256(data).hexdigest()
         if got != recorded:
-            return IDX, (f"sha256 {got[:16]}... differs from the manifest's index hash "
+            return IDX, (f"{where}: sha256 {got[:16]}... differs from the manifest's index hash "
                          f"{recorded[:16]}...")
         return None
     try:
         with open(tar_path, "rb") as f:
-            tar = group_members((m.name, m.offset, m.size)
-                                for m in scan(f, os.fstat(f.fileno()).st_size, tar_where))
+            tar = index_from_tar(f, os.fstat(f.fileno()).st_size, tar_where)
     except ShardFormatError as e:
-        return TAR, _without(str(e), tar_where)
-    return _mismatch(idx, tar, named=text.startswith("v1.2"))
-
-
-def _without(message: str, where: str) -> str:
-    """A message of the parser without its leading file name (``where:3: x`` -> ``line 3: x``)."""
-    if message.startswith(f"{where}:"):
-        rest = message[len(where) + 1:]
-        head, sep, tail = rest.partition(": ")
-        return f"line {head}: {tail}" if sep and head.isdigit() else rest.lstrip()
-    return message
-
-
-def _mismatch(idx: ShardIndex, tar: ShardIndex, named: bool) -> tuple[str, str] | None:
-    """The first entry where the index and the tar's headers disagree."""
-    n = min(len(idx.offsets), len(tar.offsets))
-    for i in range(n):
-        same = idx.offsets[i] == tar.offsets[i] and idx.sizes[i] == tar.sizes[i]
-        if same and (not named or idx.names[i] == tar.names[i]):
-            continue
-        return IDX, (f"entry {idx.names[i]!r} at offset {idx.offsets[i]} ({idx.sizes[i]} bytes) "
-                     f"does not match the tar, which holds {tar.names[i]!r} at offset "
-                     f"{tar.offsets[i]} ({tar.sizes[i]} bytes)")
-    if len(idx.offsets) != len(tar.offsets):
-        return IDX, (f"lists {len(idx.offsets)} members, the tar's headers "
-                     f"{len(tar.offsets)}")
-    if idx.starts != tar.starts:
-        return IDX, "groups the members into samples differently from the tar's member names"
-    return None
+        return TAR, str(e)
+    problems = index_problems(idx, tar, tar_where, where)
+    return (IDX, problems[0].message) if problems else None
