@@ -61,6 +61,9 @@ _LAZY = {
     "DaliStage": "dali",
     "DecodeError": "errors",
     "SampleSkipped": "errors",
+    "ShardWriter": "shard_writer",
+    "write_samples": "shard_writer",
+    "FieldTypeError": "errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -131,3 +134,5 @@ if TYPE_CHECKING:
     from .dali import DaliStage
     from .errors import DecodeError, SampleSkipped
     from .transforms import ImagePipeline, ImageSpec
+    from .errors import FieldTypeError
+    from .shard_writer import ShardWriter, write_samples

@@ -93,3 +93,8 @@ class RemoteError(FeedpipeError, OSError):
 
 class MissingDependencyError(FeedpipeError, ImportError):
     """An optional dependency is not installed; the message carries the exact pip line."""
+
+
+class FieldTypeError(InputError, TypeError):
+    """A sample field's value has a type that :class:`feedpipe.ShardWriter` does not store
+    without an explicit encoder (no pickle by default); the message names the sample and field."""
