@@ -231,7 +231,7 @@ def test_a_server_without_range_suggests_the_shard_cache(root: Path, expected: l
 
 def test_missing_object_fails_at_once(root: Path, tmp_path: Path, fast_retries: None) -> None:
     with python_server(root) as srv:
-        with pytest.raises(SourceNotFoundError, match="no manifest.json"):
+        with pytest.raises(SourceNotFoundError, match=f"{srv.url}/nope: does not exist"):
             FeedDataset(f"{srv.url}/nope")
         assert srv.stats()["/nope/manifest.json"]["requests"] == 1  # not retried
     # a shard missing from a dataset whose manifest exists
