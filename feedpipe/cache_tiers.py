@@ -141,7 +141,8 @@ def _shards_stats(path: str) -> TierReport:
     locks = sum(1 for n in os.listdir(path) if n.endswith(".lock"))
     return TierReport(SHARDS, path, u["entries"], _disk_bytes(path),
                       details={"apparent_bytes": u["bytes"], "part_bytes": u["part_bytes"],
-                               "lock_files": locks})
+                               "lock_files": locks, "peak_bytes": u["peak_bytes"],
+                               "peak_readers": u["peak_readers"]})
 
 
 def _index_stats(path: str) -> TierReport:
