@@ -19,7 +19,8 @@
 #   bash benchmarks/gpu_session.sh train-vit_b_16
 # (each makes the dataset again if the machine lost it; a part's results are written as it goes.)
 #
-# Results go to ${OUT:-benchmarks/results}; the dataset to ${ROOT:-<temp dir>/feedpipe-bench-train}.
+# Results go to ${OUT:-benchmarks/results}; the dataset to ${ROOT:-<temp dir>/feedpipe-bench-train};
+# IMAGES=N makes bench_train's dataset N images instead of 50,000.
 # Needs a CUDA build of torch, torchvision, numpy, opencv, psutil, pytest, hypothesis and
 # matplotlib importable (the GPU image has them). feedpipe's other dependencies, where the
 # machine has no package registry, come as wheels in .whl/ (ignored by git), installed with
@@ -87,12 +88,12 @@ run_part() {
         | tail -n 20 ;;
     data)
       echo "== bench_train dataset under $root"
-      $py benchmarks/train_data.py --root "$root" | tail -n 12 ;;
+      $py benchmarks/train_data.py --root "$root" ${IMAGES:+--images "$IMAGES"} | tail -n 12 ;;
     train-*)
       model=${1#train-}
       echo "== bench_train $model"
       $py benchmarks/bench_train.py --models "$model" --root "$root" --out "$out" \
-        --name "bench_train-$model" 2>&1 | tail -n 40 ;;
+        --name "bench_train-$model" ${IMAGES:+--images "$IMAGES"} 2>&1 | tail -n 40 ;;
     demo)
       $py -m feedpipe demo 2>&1 | tee "$out/gpu-demo.txt" | tail -n 6 ;;
     probe)
