@@ -32,15 +32,18 @@ Ceilings in the same run: ``cat`` of the feedpipe shards, a Python ``readinto`` 
 4 KiB-aligned 1 MiB buffer over the same shards, and single-core JPEG decode (simplejpeg and
 Pillow, full-size, one CPU pinned).
 
-Usage, from a separate venv holding the peers (the README's "Performance" section)::
+Usage, from the checkout, in a separate venv holding the peers (the README's "Performance"
+section)::
 
-    python3 -m venv /work/bench-venv && . /work/bench-venv/bin/activate
+    python3 -m venv .bench-venv && . .bench-venv/bin/activate
     pip install torch==2.13.0 && pip install -e '.[test,bench]' torch==2.13.0
 
-
     python benchmarks/bench_peers.py [--quick] [--passes 3] [--phases convert,read,decode,ceil]
-                                     [--systems feedpipe,files,...] [--root /work/bench-data]
+                                     [--systems feedpipe,files,...] [--root DIR]
     python benchmarks/plot_peers.py [--quick]
+
+``--root DIR`` holds the generated datasets and every system's converted copy (default:
+``feedpipe-bench-peers`` under the system temp dir; several GB without ``--quick``).
 
 Writes ``benchmarks/results/bench_peers.json`` and ``bench_peers.md`` (``-quick`` suffixed with
 --quick).
@@ -269,7 +272,8 @@ def profile(a: argparse.Namespace, cases: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--root", default="/work/bench-data")
+    ap.add_argument("--root", default=common.default_root("peers"),
+                    help="where the datasets and converted copies go (default: %(default)s)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--phases", default=",".join(PHASES))

@@ -2,7 +2,8 @@
 OpenCV path that :func:`feedpipe.image_ops.resize_to_tensor` takes for enlargements.
 
 The images are decoded once (untimed) from the ``--quick`` peer dataset's JPEGs (160-320 px, made
-by ``datasets.py``) or from ``feedpipe.synth`` images when that folder is absent; every image gets
+by ``datasets.py`` under ``--root``, bench_peers.py's default root unless given) or from
+``feedpipe.synth`` images when that folder is absent (said on stderr); every image gets
 the random-resized crop box and flip that ``ImagePipeline`` would draw (torchvision's algorithm,
 scale 0.08-1). Only crops that fit inside 224x224 (enlargements, the OpenCV case) are timed;
 ``--all`` times reductions too, which both paths send through torch.
@@ -20,7 +21,7 @@ levels).
 
 Usage::
 
-    python benchmarks/bench_resize.py [--seconds 10] [--images 500] [--all]
+    python benchmarks/bench_resize.py [--seconds 10] [--images 500] [--all] [--root DIR]
 
 Writes ``benchmarks/results/resize.json``.
 """
@@ -37,14 +38,16 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import datasets  # noqa: E402
 
 
-def _images(n: int) -> list[Any]:
+def _images(n: int, root: str) -> list[Any]:
     import numpy as np
 
     from feedpipe.image_ops import decode_jpeg
 
-    files = sorted(glob.glob("/work/bench-data/quick/images/src/*/*.jpg"))[:n]
+    src = os.path.join(datasets.dataset_dir(root, True, "images"), "src")
+    files = sorted(glob.glob(os.path.join(src, "*", "*.jpg")))[:n]
     if files:
         out = []
         for f in files:
@@ -53,6 +56,8 @@ def _images(n: int) -> list[Any]:
         return out
     from feedpipe.synth import _image
 
+    print(f"no JPEGs under {src}: timing {n} synthetic images instead (bench_peers.py --quick "
+          "--root ROOT makes the peer dataset)", file=sys.stderr)
     rng = np.random.default_rng(0)
     return [_image(rng, int(rng.integers(160, 321)), int(rng.integers(160, 321)), i % 7)
             for i in range(n)]
@@ -63,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--images", type=int, default=500)
     ap.add_argument("--all", action="store_true", help="time reductions too")
+    ap.add_argument("--root", default=common.default_root("peers"),
+                    help="bench_peers.py's data root, for its --quick JPEGs (default: "
+                         "%(default)s)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("opencv-python-headless is not installed")
     rng = np.random.default_rng(0)
     work = []
-    for img in _images(args.images):
+    for img in _images(args.images, args.root):
         b = random_resized_crop_box(img.shape[0], img.shape[1], rng)
         crop = img[b.top:b.top + b.height, b.left:b.left + b.width]
         if args.all or (b.height <= 224 and b.width <= 224):

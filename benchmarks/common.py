@@ -25,6 +25,12 @@ RESULTS = os.path.join(HERE, "results")
 RESULT_TAG = "BENCH-RESULT "
 
 
+def default_root(name: str) -> str:
+    """Where a benchmark keeps its generated data unless ``--root`` says otherwise: a directory
+    named after it under the system temp dir (never a path of one machine)."""
+    return os.path.join(tempfile.gettempdir(), f"feedpipe-bench-{name}")
+
+
 def _version(mod: str) -> str | None:
     try:
         from importlib.metadata import version

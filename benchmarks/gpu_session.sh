@@ -1,33 +1,115 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one go (run from the repository root on a CUDA machine):
-# the CUDA tests, the demo's device steps, the probe's host-to-device stage, and bench_device.py.
-# Results go to ${OUT:-benchmarks/results}. Needs feedpipe's dependencies importable
-# (pip install -e '.[test,dali]' or PYTHONPATH), plus a CUDA build of torch.
+# Everything that needs a GPU, in one command, from the repository root of a CUDA machine:
+#
+#   bash benchmarks/gpu_session.sh            # all parts, in this order:
+#     setup           carried wheels, feedpipe's C extension, versions     -> gpu.txt
+#     tests           the CUDA and DALI tests (pytest -m "cuda or dali", then the device-side
+#                     test files whole)                                      -> gpu-tests.txt
+#     cache           DeviceCache serving GB/s against device copies       -> device_cache-gpu.*
+#     data            the ImageNet-like dataset of bench_train (50,000 JPEGs), made once
+#     train-resnet50  bench_train.py, ResNet-50, every system               -> bench_train-resnet50.*
+#     train-vit_b_16  bench_train.py, ViT-B/16, every system                -> bench_train-vit_b_16.*
+#     demo probe device   the older GPU checks (feedpipe demo, probe, bench_device.py): not in
+#                     "all"; name them to run them
+#   bash benchmarks/gpu_session.sh tests cache train-resnet50   # some parts (setup always runs)
+#
+# Where one command may run at most 10 minutes, run it as three:
+#   bash benchmarks/gpu_session.sh tests cache data
+#   bash benchmarks/gpu_session.sh train-resnet50
+#   bash benchmarks/gpu_session.sh train-vit_b_16
+# (each makes the dataset again if the machine lost it; a part's results are written as it goes.)
+#
+# Results go to ${OUT:-benchmarks/results}; the dataset to ${ROOT:-<temp dir>/feedpipe-bench-train};
+# IMAGES=N makes bench_train's dataset N images instead of 50,000.
+# Needs a CUDA build of torch, torchvision, numpy, opencv, psutil, pytest, hypothesis and
+# matplotlib importable (the GPU image has them). feedpipe's other dependencies, where the
+# machine has no package registry, come as wheels in .whl/ (ignored by git), installed with
+# --no-index into /tmp/site. Made on a machine with pip and a registry, for CPython 3.12:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl lmdb simplejpeg webdataset braceexpand
+# nvidia-dali-cuda130 (DALI: systems c and e, the DALI tests) is several hundred MB: put its
+# wheel in .whl/ too where the transfer allows; without it those systems report their error and
+# the DALI tests skip.
 set -uo pipefail
+cd "$(dirname "$0")/.."
 out=${OUT:-benchmarks/results}
+root=${ROOT:-$(python3 -c 'import tempfile, os; print(os.path.join(tempfile.gettempdir(), "feedpipe-bench-train"))')}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-$py -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
-echo "== CUDA and DALI tests"
-$py -m pytest -q -p no:cacheprovider -rs tests/test_device_loader.py tests/test_device_cache.py \
-    tests/test_dali.py tests/test_transforms.py tests/test_demo.py \
-    "tests/test_dataset.py::test_workers_start_from_a_forkserver_once_cuda_is_initialised" \
-    2>&1 | tee "$out/gpu-tests.txt" | tail -n 25
-echo "== demo"
-$py -m feedpipe demo 2>&1 | tee "$out/gpu-demo.txt" | tail -n 6
-echo "== probe on a generated shard dataset"
-work=$(mktemp -d)
-$py - "$work" <<'PY'
-import sys
-from feedpipe.convert import shard
-from feedpipe.synth import make_image_folder
-make_image_folder(sys.argv[1] + "/img", classes=16, per_class=250, min_size=160, max_size=320, seed=0)
-shard(sys.argv[1] + "/img", sys.argv[1] + "/shards", labels_from_dirs=True, show_progress=False)
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(tests cache data train-resnet50 train-vit_b_16)
+status=0
+
+setup() {
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  # the optional window decoder (needs libjpeg headers); feedpipe decodes whole JPEGs without it
+  $py setup.py -q build_ext --inplace >/tmp/build_ext.log 2>&1 \
+    || echo "feedpipe._jpegcrop did not build (whole-image decode): $(tail -n 1 /tmp/build_ext.log)"
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    $py - <<'PY'
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "device",
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NO CUDA DEVICE")
+for m in ("torchvision", "nvidia.dali", "simplejpeg", "lmdb", "webdataset", "cv2", "psutil"):
+    try:
+        mod = importlib.import_module(m)
+        print(m, getattr(mod, "__version__", "ok"))
+    except Exception as e:  # noqa: BLE001
+        print(m, "MISSING:", type(e).__name__, e)
+from feedpipe.probe_env import jpeg_window_decoder
+print("jpeg_window_decoder", jpeg_window_decoder())
 PY
-$py -m feedpipe probe "$work/shards" --duration 3 --step-time 50 --batch-size 256 --workers 8 \
-    --no-progress --json "$out/probe-gpu.json" 2>&1 | tail -n 40
-rm -rf "$work"
-echo "== bench_device"
-$py benchmarks/bench_device.py --out "$out/device.json" 2>&1 | tail -n 40
+  } 2>&1 | tee "$out/gpu.txt"
+}
+
+run_part() {
+  case "$1" in
+    tests)
+      echo "== CUDA and DALI tests"
+      {
+        $py -m pytest -q -p no:cacheprovider -rs -m "cuda or dali" \
+          --continue-on-collection-errors tests/
+        echo "== the device-side test files, whole"
+        $py -m pytest -q -p no:cacheprovider -rs tests/test_device_loader.py \
+          tests/test_device_cache.py tests/test_device_cache_serving.py tests/test_dali.py \
+          tests/test_transforms.py tests/test_demo.py \
+          "tests/test_dataset.py::test_workers_start_from_a_forkserver_once_cuda_is_initialised"
+      } 2>&1 | tee "$out/gpu-tests.txt" | tail -n 30 ;;
+    cache)
+      echo "== DeviceCache serving bandwidth"
+      $py benchmarks/bench_device_cache.py --name device_cache-gpu --out "$out" 2>&1 \
+        | tail -n 20 ;;
+    data)
+      echo "== bench_train dataset under $root"
+      $py benchmarks/train_data.py --root "$root" ${IMAGES:+--images "$IMAGES"} | tail -n 12 ;;
+    train-*)
+      model=${1#train-}
+      echo "== bench_train $model"
+      $py benchmarks/bench_train.py --models "$model" --root "$root" --out "$out" \
+        --name "bench_train-$model" ${IMAGES:+--images "$IMAGES"} 2>&1 | tail -n 40 ;;
+    demo)
+      $py -m feedpipe demo 2>&1 | tee "$out/gpu-demo.txt" | tail -n 6 ;;
+    probe)
+      $py benchmarks/train_data.py --root "$root" >/dev/null
+      shards=$($py -c "import sys; sys.path.insert(0, 'benchmarks'); import train_data as t; print(t.ensure('$root', t.FULL, verbose=False)['shards'])")
+      $py -m feedpipe probe "$shards" --duration 3 --step-time 50 --batch-size 256 --workers 8 \
+        --no-progress --json "$out/probe-gpu.json" 2>&1 | tail -n 40 ;;
+    device)
+      $py benchmarks/bench_device.py --out "$out/device.json" 2>&1 | tail -n 40 ;;
+    *)
+      echo "unknown part $1" >&2; return 2 ;;
+  esac
+}
+
+setup
+for p in "${parts[@]}"; do
+  run_part "$p" || { echo "part $p FAILED" >&2; status=1; }
+done
+exit $status

@@ -37,6 +37,7 @@ _LAZY = {
     "detect_world": "world",
     "FeedpipeError": "errors",
     "ShardFormatError": "errors",
+    "CompressedShardError": "errors",
     "ManifestError": "errors",
     "KeyClashError": "errors",
     "InputError": "errors",
@@ -55,6 +56,14 @@ _LAZY = {
     "DecodedStoreError": "errors",
     "cache_stats": "cache_tiers",
     "cache_clear": "cache_tiers",
+    "ImagePipeline": "transforms",
+    "ImageSpec": "transforms",
+    "DaliStage": "dali",
+    "DecodeError": "errors",
+    "SampleSkipped": "errors",
+    "ShardWriter": "shard_writer",
+    "write_samples": "shard_writer",
+    "FieldTypeError": "errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -120,4 +129,10 @@ if TYPE_CHECKING:
     from .errors import PartsError
     from .decoded_store import DecodedStore
     from .errors import DecodedStoreError
+    from .errors import CompressedShardError
     from .cache_tiers import cache_clear, cache_stats
+    from .dali import DaliStage
+    from .errors import DecodeError, SampleSkipped
+    from .transforms import ImagePipeline, ImageSpec
+    from .errors import FieldTypeError
+    from .shard_writer import ShardWriter, write_samples

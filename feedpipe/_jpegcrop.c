@@ -13,6 +13,12 @@
  * the decoded columns to iMCU boundaries). The window is in the coordinates of the image scaled
  * by scale_num/8 (libjpeg's DCT scaling). The GIL is released while decoding.
  *
+ * A test hook proves the release without timing anything (tests/test_jpegcrop.py):
+ * _hold_next() makes the next decode_crop, once it has released the GIL, signal that it got there
+ * and wait until _let_go(); _wait_until_held() blocks until a decode waits there, and _is_held()
+ * says whether one does now. A thread that runs Python code while a decode is held proves that
+ * the decode does not hold the GIL. Unarmed, the hook costs one read of an int per call.
+ *
  * Errors raise ValueError with libjpeg's message. As with simplejpeg's strict mode (its default),
  * a warning (corrupt or truncated data that libjpeg would paper over) is an error too.
  * libjpeg reports fatal errors through a callback that must not return; this module longjmps back
@@ -26,6 +32,7 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <pythread.h>
 
 struct crop_error {
     struct jpeg_error_mgr pub;
@@ -51,6 +58,60 @@ static void crop_emit_message(j_common_ptr cinfo, int level)
 }
 
 #define ROWS_AT_ONCE 16
+
+/* -- the test hook (see the top of the file) -- */
+#define HOLD_LIMIT_US 60000000LL /* a held decode fails after this, rather than hang a test */
+static PyThread_type_lock hold_gate;    /* taken by _hold_next, given back by _let_go */
+static PyThread_type_lock hold_reached; /* given by a decode that waits at the hold */
+static volatile int hold_armed, hold_waiting, hold_gate_taken;
+
+/* Called without the GIL by a decode that found the hook armed: 0 if not let go in time. */
+static int wait_while_held(void)
+{
+    int ok;
+    hold_armed = 0;
+    hold_waiting = 1;
+    PyThread_release_lock(hold_reached);
+    ok = PyThread_acquire_lock_timed(hold_gate, HOLD_LIMIT_US, 0) == PY_LOCK_ACQUIRED;
+    if (ok)
+        PyThread_release_lock(hold_gate);
+    hold_waiting = 0;
+    return ok;
+}
+
+static PyObject *hold_next(PyObject *self, PyObject *unused)
+{
+    if (hold_gate_taken)
+        return PyErr_Format(PyExc_RuntimeError, "a hold is armed already");
+    PyThread_acquire_lock(hold_gate, WAIT_LOCK); /* free: returns at once */
+    hold_gate_taken = 1;
+    hold_armed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *wait_until_held(PyObject *self, PyObject *unused)
+{
+    PyLockStatus status;
+    Py_BEGIN_ALLOW_THREADS
+    status = PyThread_acquire_lock_timed(hold_reached, HOLD_LIMIT_US, 0);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(status == PY_LOCK_ACQUIRED);
+}
+
+static PyObject *is_held(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(hold_waiting);
+}
+
+static PyObject *let_go(PyObject *self, PyObject *unused)
+{
+    hold_armed = 0;
+    if (hold_gate_taken) {
+        hold_gate_taken = 0;
+        PyThread_release_lock(hold_gate);
+    }
+    Py_RETURN_NONE;
+}
 
 static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -134,6 +195,10 @@ static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
     pixels = (unsigned char *)PyByteArray_AS_STRING(out);
 
     released = PyEval_SaveThread();
+    if (hold_armed && !wait_while_held()) {
+        strcpy(err.message, "a held decode was not let go (test hook)");
+        longjmp(err.jump, 1);
+    }
     if (top > 0)
         jpeg_skip_scanlines(&cinfo, top);
     while (cinfo.output_scanline < top + height) {
@@ -165,6 +230,12 @@ static PyMethodDef methods[] = {
      "Decode rows top:top+height, columns left:left+width of a JPEG (in the image scaled by\n"
      "scale_num/8) to RGB. Returns (pixels, row_width, x_offset): a bytearray of height rows of\n"
      "row_width RGB pixels, the window being columns x_offset:x_offset+width."},
+    {"_hold_next", hold_next, METH_NOARGS,
+     "Test hook: the next decode_crop waits, without the GIL, until _let_go()."},
+    {"_wait_until_held", wait_until_held, METH_NOARGS,
+     "Test hook: block until a decode waits at the hold; False if none came in 60 s."},
+    {"_is_held", is_held, METH_NOARGS, "Test hook: whether a decode waits at the hold now."},
+    {"_let_go", let_go, METH_NOARGS, "Test hook: let a held decode go on (and disarm)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -176,7 +247,15 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__jpegcrop(void)
 {
-    PyObject *m = PyModule_Create(&module);
+    PyObject *m;
+    if (hold_gate == NULL) {
+        hold_gate = PyThread_allocate_lock();
+        hold_reached = PyThread_allocate_lock();
+        if (hold_gate == NULL || hold_reached == NULL)
+            return PyErr_NoMemory();
+        PyThread_acquire_lock(hold_reached, WAIT_LOCK); /* unsignalled until a decode waits */
+    }
+    m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER",
 #ifdef LIBJPEG_TURBO_VERSION_NUMBER
                                              LIBJPEG_TURBO_VERSION_NUMBER

@@ -2,13 +2,14 @@
 
 A directory is recognised by what only that tier writes there:
 
-- **L1 shard cache** (:mod:`feedpipe.shard_cache`): entry files ``<20 hex>-<name>.tar/.idx/.lock``;
+- **L1 shard cache** (:mod:`feedpipe.shard_cache`): entry files ``<20 hex>-<name>.tar/.idx/.lock``
+  or kept manifests ``manifest-<20 hex>.json``;
 - **L2 function index** (:mod:`feedpipe.function_index`): LMDB's ``data.mdb`` and ``lock.mdb``;
 - **decoded store** (:mod:`feedpipe.decoded_store`): a ``meta.json`` of format
   ``feedpipe-decoded``.
 
 Clearing never pulls data from under a running job: L1 evicts every entry no process holds (in-use
-shards stay); L2 removes its directory when no process has the LMDB environment open, else drops
+shards stay) and drops its kept manifests; L2 removes its directory when no process has the LMDB environment open, else drops
 every entry in a transaction (LMDB keeps the file and reuses its pages); a decoded store is
 removed when no process has it open, else emptied (every record marked unfilled: readers
 recompute, writers fill it again).
@@ -22,12 +23,54 @@ import os
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .errors import SourceNotFoundError
 
 SHARDS, FUNCTION_INDEX, DECODED = "L1 shards", "L2 function index", "decoded store"
+DEVICE = "L3 device cache"
 _L1_ENTRY = re.compile(r"^[0-9a-f]{20}-.+\.(tar|idx|lock|tar\.part|idx\.part)$")
+_MANIFEST_COPY = re.compile(r"^manifest-[0-9a-f]{20}\.json$")  # feedpipe.manifest_cache
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """The figures every cache tier reports in one shape (``tier.tier_stats()``): the L1
+    :class:`~feedpipe.shard_cache.ShardCache`, the
+    :class:`~feedpipe.decoded_store.DecodedStore`, the L2
+    :class:`~feedpipe.function_index.FunctionIndex` and the L3
+    :class:`~feedpipe.device_cache.DeviceCache`.
+
+    Attributes:
+        name: the tier (``"L1 shards"``, ``"decoded store"``, ``"L2 function index"``,
+            ``"L3 device cache"``).
+        hits: lookups this process served from the tier (an L1 shard, a decoded sample, a
+            memoised value, a resident sample).
+        misses: lookups it did not serve (fetched, computed or read elsewhere).
+        bytes: bytes the tier holds (on disk for L1, the decoded store and L2; in device
+            memory for L3).
+        entries: what it holds, in its unit (shards, samples, values, samples).
+
+    Example:
+        >>> s = TierStats("L1 shards", hits=3, misses=1, bytes=4096, entries=4)
+        >>> s.hit_ratio
+        0.75
+    """
+
+    name: str
+    hits: int
+    misses: int
+    bytes: int
+    entries: int
+
+    @property
+    def hit_ratio(self) -> float:
+        """``hits / (hits + misses)``; 0 before any lookup."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -74,7 +117,7 @@ def _tier_of(dirpath: str, names: list[str]) -> str | None:
                     return DECODED
         except (OSError, ValueError, AttributeError):
             pass
-    if any(_L1_ENTRY.match(n) for n in names):
+    if any(_L1_ENTRY.match(n) or _MANIFEST_COPY.match(n) for n in names):
         return SHARDS
     return None
 
@@ -98,7 +141,8 @@ def _shards_stats(path: str) -> TierReport:
     locks = sum(1 for n in os.listdir(path) if n.endswith(".lock"))
     return TierReport(SHARDS, path, u["entries"], _disk_bytes(path),
                       details={"apparent_bytes": u["bytes"], "part_bytes": u["part_bytes"],
-                               "lock_files": locks})
+                               "lock_files": locks, "peak_bytes": u["peak_bytes"],
+                               "peak_readers": u["peak_readers"]})
 
 
 def _index_stats(path: str) -> TierReport:
@@ -171,9 +215,14 @@ def _lmdb_in_use(path: str) -> bool:
 
 
 def _clear_shards(path: str) -> str:
+    from .cache_budget import Budget
     from .shard_cache import ShardCache
 
     ShardCache(path, size=0).trim()  # evicts every entry nobody holds, removes dead downloads
+    for name in os.listdir(path):
+        if _MANIFEST_COPY.match(name):
+            os.unlink(os.path.join(path, name))
+    Budget(path).discard()
     return "trimmed"
 
 
@@ -196,7 +245,7 @@ def _clear_decoded(path: str) -> str:
 
     from .file_lock import EXCLUSIVE, lock
 
-    create = lock(os.path.join(path, "create.lock"), EXCLUSIVE)
+    create = cast(int, lock(os.path.join(path, "create.lock"), EXCLUSIVE))
     try:
         use = lock(os.path.join(path, "use.lock"), EXCLUSIVE, block=False)
         if use is not None:

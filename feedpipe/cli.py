@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .errors import FeedpipeError
 from .sizes import format_size
@@ -19,6 +20,75 @@ def parse_size(text: str) -> int:
         return parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one addition: under ``--json`` a usage error is also a JSON record on
+    stdout (``{"error": "UsageError", "message": ...}``), exit status 2 as before."""
+
+    json_errors = False
+
+    def error(self, message: str):  # type: ignore[no-untyped-def]
+        if _Parser.json_errors:
+            _print_json({"error": "UsageError", "message": f"{self.prog}: {message}"})
+        super().error(message)
+
+
+def add_json_options(p: argparse.ArgumentParser, *, out: bool = False) -> None:
+    """The machine-readable output options every subcommand that prints a result takes:
+    ``--json`` (one JSON document on stdout instead of the text; an error becomes
+    ``{"error": <class name>, "message": ...}`` with the same exit status) and, with ``out``,
+    ``--json-out FILE`` (the same document written to FILE, the text still printed)."""
+    p.add_argument("--json", action="store_true",
+                   help="print the result as one JSON document on stdout instead of text (an "
+                        "error too: {\"error\": CLASS, \"message\": ...}, same exit status)")
+    if out:
+        p.add_argument("--json-out", metavar="FILE", default=None,
+                       help="also write the JSON document to FILE (replaced atomically)")
+
+
+def _print_json(record: Any) -> None:
+    sys.stdout.write(json.dumps(record, indent=1, allow_nan=False) + "\n")
+
+
+def _write_json_file(path: str, record: Any) -> None:
+    """``record`` as JSON at ``path``: written to a temp file beside it, then renamed."""
+    import os
+    import tempfile
+
+    from .errors import OutputError
+
+    where = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".feedpipe-json-", dir=where)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write the JSON document ({e.strerror})") from e
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(record, indent=1, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException as e:
+        os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(f"{path}: cannot write the JSON document ({e.strerror})") from e
+        raise
+
+
+def emit(a: argparse.Namespace, record: Any, text: str | Callable[[], str] | None) -> None:
+    """Hand a subcommand's result to the user: ``record`` (JSON-serialisable) goes to
+    ``--json-out FILE`` when given, then to stdout as JSON under ``--json``, else ``text`` (a
+    string, or a function making it, for text that costs something to build; ``None``: the
+    command has printed its text already) is printed."""
+    out = getattr(a, "json_out", None)
+    if out:
+        _write_json_file(out, record)
+    if getattr(a, "json", False):
+        _print_json(record)
+    elif text is not None:
+        print(text() if callable(text) else text)
+
+
+_emit = emit  # the name the subcommand owners were told to call
 
 
 def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -101,8 +171,10 @@ def _cmd_shard(a: argparse.Namespace) -> int:
         return 0
     print(f"feedpipe shard: {a.src} -> {s.out}" + (f"   (part {s.part})" if s.part else ""))
     if s.part:
+        count = s.part.split("/")[1]
         print("  merged   all parts -> manifest.json" if s.merged else
-              f"  part     {s.part} done; `feedpipe merge {s.out}` once every part is")
+              f"  part     {s.part} done; once all {count} parts are done, run "
+              f"`feedpipe merge {s.out}` (or give the last part --merge)")
     print(f"  shards   {s.shards:>10}" + (f"   ({s.reused_shards} kept from the interrupted run)"
                                          if s.reused_shards else ""))
     print(f"  samples  {s.samples:>10}")
@@ -128,14 +200,22 @@ def _cmd_merge(a: argparse.Namespace) -> int:
 
 
 def _cmd_index(a: argparse.Namespace) -> int:
-    from .indexer import index
+    from .indexer import index_dataset
 
-    m = index(a.shards, root=a.root, show_progress=False if a.no_progress else None)
-    if a.json:
-        print(m.to_json(), end="")
-    else:
-        print(f"feedpipe index: {len(m.shards)} shards, {m.total_samples} samples, "
-              f"fields {', '.join(m.fields)}")
+    r = index_dataset(a.shards, root=a.root, classes=a.classes,
+                      show_progress=False if a.no_progress else None)
+    m = r.manifest
+
+    def text() -> str:
+        lines = [f"feedpipe index: {len(m.shards)} shards, {m.total_samples} samples, "
+                 f"fields {', '.join(m.fields)}"]
+        if m.classes is not None:
+            lines.append(f"  classes  {len(m.classes)} from {r.classes_from}: "
+                         f"{', '.join(m.classes[:8])}{', ...' if len(m.classes) > 8 else ''}")
+        lines.append(f"  wrote    {len(r.indexes)} .idx files and {r.root}/manifest.json")
+        return "\n".join(lines)
+
+    emit(a, r.to_dict(), text)
     return 0
 
 
@@ -143,22 +223,28 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     from .verify import verify
 
     r = verify(a.dataset, show_progress=False if a.no_progress else None)
-    if a.json:
-        print(json.dumps({"ok": r.ok, "shards": r.shards, "samples": r.samples,
-                          "problems": r.problems}, indent=1))
-    else:
-        for p in r.problems:
-            print(f"PROBLEM {p}")
-        print(f"feedpipe verify: {r.shards} shards, {r.samples} samples: "
-              + ("OK" if r.ok else f"{len(r.problems)} problem(s)"))
+
+    def text() -> str:
+        lines = [f"PROBLEM {p}" for p in r.problems] + [f"WARNING {w}" for w in r.warnings]
+        verdict = "OK" if r.ok else f"{len(r.problems)} problem(s)"
+        if r.warnings:
+            verdict += f", {len(r.warnings)} warning{'s' * (len(r.warnings) > 1)} (not checked)"
+        lines.append(f"feedpipe verify: {r.shards} shards, {r.samples} samples: {verdict}")
+        return "\n".join(lines)
+
+    emit(a, r.to_dict(), text)
     return 0 if r.ok else 1
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
     from .demo import demo
 
-    demo(workdir=a.workdir, keep=a.keep)
-    return 0
+    def to_stderr(*x: Any) -> None:  # under --json the running commentary is progress
+        print(*x, file=sys.stderr, flush=True)
+
+    r = demo(workdir=a.workdir, keep=a.keep, print_fn=to_stderr if a.json else print)
+    emit(a, r, None)
+    return 0 if r["exactly_once"] else 1
 
 
 def _size_list(text: str) -> list[int]:
@@ -184,14 +270,14 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "samples/s (read, JPEG decode per core, batching, host-to-device when CUDA is\n"
             "present) and FeedLoader worker scaling. Ends with the bounding stage, the predicted\n"
             "ceiling, the accelerator utilisation for --step-time, and advice.\n\n"
-            "Each phase stops after --duration seconds. Nothing is written except --json/--plot\n"
-            "and, with --generate, one test file in a temp dir that is deleted afterwards."
+            "Each phase stops after --duration seconds. Nothing is written except --json-out,\n"
+            "--plot and, with --generate, one test file in a temp dir that is deleted afterwards."
         ),
         epilog=(
             "Examples:\n"
             "  feedpipe probe ./shards --step-time 120 --batch-size 256 --workers 8\n"
-            "  feedpipe probe ./images --json probe.json --plot probe.png\n"
-            "  feedpipe probe s3://bucket/shards --duration 10 --json -\n"
+            "  feedpipe probe ./images --json-out probe.json --plot probe.png\n"
+            "  feedpipe probe s3://bucket/shards --duration 10 --json | jq .verdict\n"
             "  feedpipe probe /mnt/nvme --generate 4GiB --block-sizes 1MiB,16MiB --threads 1,8"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -199,11 +285,10 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("target", metavar="TARGET", nargs="?", default=None,
                    help="file, directory, shard dataset or fsspec URL (with --generate: the "
                         "directory to generate test data in; default: the system temp dir)")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="write every figure and the environment as JSON ('-': stdout, the "
-                        "table then goes to stderr)")
+    add_json_options(p, out=True)
     p.add_argument("--plot", metavar="FILE.png", default=None,
-                   help="write read curves and a stage bar chart (needs feedpipe[plot])")
+                   help="write a PNG: sequential read curves (small-file rates for a "
+                        "directory) and the stage bars (needs feedpipe[plot])")
     p.add_argument("--duration", type=float, default=5.0, metavar="S",
                    help="seconds per measurement phase (default: 5; a dataset has about ten)")
     p.add_argument("--step-time", type=float, default=None, metavar="MS",
@@ -229,9 +314,9 @@ def _cmd_probe(a: argparse.Namespace) -> int:
 
     r = probe(a.target, duration=a.duration, step_time_ms=a.step_time, batch_size=a.batch_size,
               workers=a.workers, block_sizes=a.block_sizes, threads=a.threads,
-              random_block=a.random_block, generate=a.generate, json_path=a.json,
-              plot_path=a.plot, show_progress=False if a.no_progress else None)
-    print(r.table(), file=sys.stderr if a.json == "-" else sys.stdout)
+              random_block=a.random_block, generate=a.generate, plot_path=a.plot,
+              show_progress=False if a.no_progress else None)
+    emit(a, r.to_dict(), r.table)
     return 0
 
 
@@ -241,10 +326,20 @@ def _cmd_cache(a: argparse.Namespace) -> int:
     return run(a)
 
 
+_DEMO_EXAMPLES = """\
+Examples:
+  feedpipe demo
+  feedpipe demo --workdir ./feedpipe-demo     # keep the images, shards and caches to look at
+  feedpipe demo --json | jq .exactly_once     # the figures as JSON; the commentary on stderr
+
+The JSON document: {"workdir", "kept", "samples", "shards", "streamed", "epochs",
+"exactly_once", "tiers": {"l1", "decoded", "l2"}, "device"}."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="feedpipe",
         description="feedpipe keeps GPUs fed: shard small-file datasets, stream them "
                     "deterministically to every rank and worker, cache, and deliver batches.",
@@ -263,28 +358,60 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the expected number of parts (default: read from the part records)")
     p.add_argument("--json", action="store_true", help="print the merged manifest")
 
-    p = sub.add_parser("index", help="write .idx files and a manifest for existing shards",
-                       description="Adopt WebDataset shards made by other tools: scan each shard "
-                                   "once, write its DALI v1.2 .idx beside it and a manifest.json.")
+    p = sub.add_parser(
+        "index", help="write .idx files and a manifest for existing shards",
+        description="Adopt WebDataset shards made by other tools (webdataset's ShardWriter, tar): "
+                    "read every tar header once, write a DALI v1.2 .idx beside each shard and a "
+                    "manifest.json (with sha256 of each shard) at the dataset root. Every shard "
+                    "is checked before anything is written: a truncated or malformed shard, or "
+                    "a key found twice, is named and nothing is written. Compressed shards "
+                    "(.tar.gz, .tgz) are refused: decompress them first.",
+        epilog="Examples:\n"
+               "  feedpipe index ./shards                       # every *.tar in the directory\n"
+               "  feedpipe index 'shards/train-*.tar' --root shards\n"
+               "  feedpipe index ./shards --classes cat,dog,zebra   # what cls 0, 1, 2 mean\n"
+               "  feedpipe index ./shards --classes classes.txt     # one name per line\n"
+               "  gunzip -k shards/*.tar.gz && feedpipe index ./shards\n"
+               "  feedpipe index ./shards --json | jq .total_samples",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("shards", nargs="+", metavar="SHARD", help="shard files, globs or directories")
     p.add_argument("--root", default=None,
                    help="dataset root for manifest.json (default: the first shard's directory)")
-    p.add_argument("--json", action="store_true", help="print the manifest")
+    p.add_argument("--classes", metavar="NAMES|FILE", default=None,
+                   help="class names to record in the manifest (what the 'cls' values index), "
+                        "as `feedpipe shard --labels-from-dirs` records them: a comma-separated "
+                        "list, or a file with one name per line (an existing file wins)")
+    add_json_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("verify", help="check shards against their indexes and the manifest",
-                       description="Check every shard of a dataset: size and sha256 against the "
-                                   "manifest, every tar header, every index entry. Exit 0 when "
-                                   "sound, 1 with the shard, offset and problem otherwise.")
+    p = sub.add_parser(
+        "verify", help="check shards against their indexes and the manifest",
+        description="Check every shard of a dataset: size and sha256 against the manifest, every "
+                    "tar header, every .idx entry against the headers. Exit 0 when sound, 1 "
+                    "with each problem's shard, offset and kind otherwise. Warnings say what was "
+                    "not checked: a shard the manifest gives no sha256 for, a .tar beside the "
+                    "shards that the manifest does not list.",
+        epilog="Examples:\n"
+               "  feedpipe verify ./shards\n"
+               "  feedpipe verify s3://bucket/shards\n"
+               "  feedpipe verify ./shards --json     # {ok, problems: [{shard, offset, kind, "
+               "key, message}], warnings: [...]}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", metavar="DATASET", help="dataset root (path or fsspec URL)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("demo", help="run the whole pipeline on a small synthetic dataset",
-                       description="Make a small synthetic image dataset in a temp dir, shard "
-                                   "it, stream it, and print what happened.")
-    p.add_argument("--workdir", default=None, help="where to work (default: a temp dir)")
-    p.add_argument("--keep", action="store_true", help="keep the work directory")
+                       description="Make a small synthetic image dataset in a temp dir, shard it,\n"
+                                   "stream it, and print what happened. Exit status 1 if an\n"
+                                   "epoch did not deliver every sample exactly once.",
+                       epilog=_DEMO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", default=None,
+                   help="where to work, kept afterwards (default: a temp dir, removed); a "
+                        "directory an earlier demo used is reused: its images/, shards/ and "
+                        "cache directories are made anew")
+    p.add_argument("--keep", action="store_true", help="keep the temp work directory")
+    add_json_options(p, out=True)
     _add_probe(sub)
     from .cli_cache import add_parser as _add_cache
 
@@ -297,14 +424,41 @@ _COMMANDS = {"shard": _cmd_shard, "merge": _cmd_merge, "index": _cmd_index, "ver
              "probe": _cmd_probe, "cache": _cmd_cache}
 
 
+def _failed(args: argparse.Namespace, e: BaseException, message: str, status: int) -> int:
+    """Say what went wrong on stderr and, under ``--json``, as a JSON record on stdout."""
+    print(f"feedpipe {args.command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        _print_json({"error": type(e).__name__, "message": str(e) or message})
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one ``feedpipe`` subcommand; returns the exit status.
+
+    0: done; 1: a check found problems (``verify``); 2: bad input or options (the message says
+    which); 130: interrupted. A reader that closes stdout early (``feedpipe ... | head``) ends
+    the command quietly with status 141, as a shell reports a process ended by SIGPIPE."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in argv
     try:
-        return _COMMANDS[args.command](args)
-    except (FeedpipeError, ValueError) as e:  # ValueError: an option value the library refused
-        print(f"feedpipe {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"feedpipe {args.command}: interrupted", file=sys.stderr)
-        return 130
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit:  # --help, --version or a usage error, already printed
+            sys.stdout.flush()
+            raise
+        try:
+            status = _COMMANDS[args.command](args)
+        except (FeedpipeError, ValueError) as e:  # ValueError: an option value the library refused
+            status = _failed(args, e, f"error: {e}", 2)
+        except KeyboardInterrupt as e:
+            status = _failed(args, e, "interrupted", 130)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        import os
+
+        # the reader is gone: point stdout at /dev/null so that the exit-time flush is silent
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141

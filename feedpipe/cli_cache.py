@@ -4,7 +4,6 @@ and :func:`feedpipe.cache_tiers.cache_clear`."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
@@ -20,7 +19,7 @@ Show or clear every feedpipe cache tier found under PATH (searched recursively):
 
 stats prints, per tier directory: entries, bytes on disk, and hits/misses where the
 tier records them across processes (decoded stores; L1 and L2 count per process only,
-see ds.cache.stats and FunctionIndex.stats()).
+see each tier's tier_stats()). With no cache yet under the default root, it says so.
 
 clear never pulls data from under a running job: L1 evicts every shard no process
 holds; an L2 index or a decoded store is deleted when no process has it open, else
@@ -32,7 +31,8 @@ Examples:
   feedpipe cache stats /dev/shm/fp --json
   feedpipe cache clear /scratch/feedpipe-cache
 
-Exit status: 0, or 2 when PATH is not a directory."""
+Exit status: 0 (also when nothing has been cached yet under the default root), or 2
+when a PATH given is not a directory."""
 
 
 def default_root() -> str:
@@ -52,8 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("path", metavar="PATH", nargs="?", default=None,
                    help="directory to search (default: $XDG_CACHE_HOME/feedpipe, else "
                         "~/.cache/feedpipe)")
-    p.add_argument("--json", action="store_true",
-                   help="print {\"path\": ..., \"tiers\": [...]} as JSON instead of a table")
+    from .cli import add_json_options
+
+    add_json_options(p, out=True)  # the document: {"path": ..., "tiers": [...]}
 
 
 def _row(r: Any, root: str) -> list[str]:
@@ -61,7 +62,7 @@ def _row(r: Any, root: str) -> list[str]:
     entries = str(r.entries)
     if "samples" in r.details:
         entries = f"{r.entries}/{r.details['samples']}"
-    count = lambda v: "-" if v is None else str(v)  # noqa: E731
+    count = lambda v: "-" if v is None else str(v)
     note = ""
     if r.details.get("leaves"):
         note = ", ".join(r.details["leaves"])
@@ -75,21 +76,30 @@ def _row(r: Any, root: str) -> list[str]:
 
 def run(a: argparse.Namespace) -> int:
     from .cache_tiers import cache_clear, cache_stats
+    from .cli import emit
 
     root = os.path.abspath(a.path or default_root())
+    if a.path is None and not os.path.exists(root):  # a first run: nothing cached yet
+        emit(a, {"path": root, "tiers": []},
+             f"feedpipe cache {a.action}: {root}\n  no feedpipe cache yet (nothing has been "
+             "cached there; FeedDataset(cache_dir=True) and decoded_cache=True put their tiers "
+             "there)")
+        return 0
     reports = (cache_stats if a.action == "stats" else cache_clear)(root)
-    if a.json:
-        print(json.dumps({"path": root, "tiers": [r.as_dict() for r in reports]}, indent=1))
-        return 0
-    print(f"feedpipe cache {a.action}: {root}")
+    emit(a, {"path": root, "tiers": [r.as_dict() for r in reports]},
+         lambda: _table(a.action, root, reports))
+    return 0
+
+
+def _table(action: str, root: str, reports: list[Any]) -> str:
+    lines = [f"feedpipe cache {action}: {root}"]
     if not reports:
-        print("  no feedpipe cache found")
-        return 0
+        return "\n".join([*lines, "  no feedpipe cache found"])
     header = ["tier", "directory", "entries", "on disk", "hits", "misses", "action", "layout/notes"]
     rows = [_row(r, root) for r in reports]
-    if a.action == "stats":
+    if action == "stats":
         header, rows = header[:6] + header[7:], [r[:6] + r[7:] for r in rows]
     widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
-    for line in [header, *rows]:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
-    return 0
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
+              for line in [header, *rows]]
+    return "\n".join(lines)

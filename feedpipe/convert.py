@@ -16,11 +16,9 @@ byte, and the same plan fingerprint, so either path resumes the other's run.
 from __future__ import annotations
 
 import gc
-import hashlib
 import itertools
-import json
+import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, nullcontext
@@ -30,23 +28,29 @@ from typing import Any
 
 from . import __version__
 from .errors import InputError, OutputError
-from .index import ShardIndex
-from .manifest import NAME as MANIFEST_NAME
-from .manifest import Manifest, ShardRecord, write_manifest, write_wids_index
+from .manifest import Manifest, ShardRecord
 from .merge import state_name as part_state_name
 from .partition import PartInfo, parse_part, part_prefix
-from .progress import progress
 from .onepass import StagedTree, stage_tree
-from .sources import Listing, SampleSpec, Source, list_manifest
+from .output_dir import (
+    STATE_NAME,
+    check_state,
+    clean_temps,
+    prepare_out,
+    unlink_quiet,
+    write_dataset_manifest,
+)
+from .pool_context import die_with_parent, pool_context
+from .progress import progress
+from .shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
+from .sources import Listing, SampleSpec, Source, list_manifest, printable
 from .storage import is_local, local_path
-from .tarformat import BLOCK, END_OF_ARCHIVE, padded
+from .tarformat import BLOCK
 from .writer import PartResult, finish_shard, hidden, load_record, output_error, write_part
 
-PART_SAMPLES = 1024
-PART_BYTES = 32 << 20
-STATE_NAME = ".feedpipe-shard-state.json"
 DEFAULT_MAX_BYTES = 256 << 20
 ONE_PASS = True  # local trees of top-level directories: feedpipe.onepass (tests compare paths)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,135 +87,9 @@ class ShardSummary:
         return asdict(self)
 
 
-def _member_size(name: str, size: int) -> int:
-    """Bytes one member takes in the tar (header, long-name record, padded data)."""
-    n = len(name.encode("utf-8"))
-    if n <= 100:
-        head = BLOCK
-    else:
-        from .tarformat import member_header
-
-        head = len(member_header(name, size))
-    return head + padded(size)
-
-
-def _sample_size(spec: SampleSpec) -> int:
-    # a plain loop with the short-name case inline: planning runs it once per sample, serially
-    total = 0
-    key = spec.key
-    for f in spec.files:
-        name = f"{key}.{f.ext}"
-        if name.isascii() and len(name) <= 100:
-            total += BLOCK + (f.size + BLOCK - 1) // BLOCK * BLOCK
-        else:
-            total += _member_size(name, f.size)
-    for e, b in spec.extras:
-        total += _member_size(f"{key}.{e}", len(b))
-    return total
-
-
-def plan_shards(
-    samples: list[SampleSpec], max_bytes: int, max_samples: int | None
-) -> list[list[list[SampleSpec]]]:
-    """Cut samples into shards, and each shard into parts (pure)."""
-    shards: list[list[list[SampleSpec]]] = []
-    cur: list[list[SampleSpec]] = []
-    part: list[SampleSpec] = []
-    shard_bytes = part_bytes = 0
-    shard_count = 0
-    limit = max_bytes - len(END_OF_ARCHIVE)
-    for spec in samples:
-        size = _sample_size(spec)
-        full = shard_count > 0 and (
-            shard_bytes + size > limit or (max_samples is not None and shard_count >= max_samples)
-        )
-        if full:
-            if part:
-                cur.append(part)
-            shards.append(cur)
-            cur, part, shard_bytes, part_bytes, shard_count = [], [], 0, 0, 0
-        if part and (len(part) >= PART_SAMPLES or part_bytes + size > PART_BYTES):
-            cur.append(part)
-            part, part_bytes = [], 0
-        part.append(spec)
-        part_bytes += size
-        shard_bytes += size
-        shard_count += 1
-    if part:
-        cur.append(part)
-    if cur:
-        shards.append(cur)
-    return shards
-
-
-def _fingerprint(opts: ShardOptions, plan: list[list[list[SampleSpec]]]) -> str:
-    h = hashlib.sha256(json.dumps(asdict(opts), sort_keys=True).encode())
-    # the same bytes as one update per field, gathered into few updates (a shard's text at once)
-    for s, parts in enumerate(plan):
-        text: list[str] = []
-        for part in parts:
-            for spec in part:
-                text.append(f"{s}\0{spec.key}\0")
-                for f in spec.files:
-                    text.append(f"{f.ext}\0{f.path}\0{f.size}\0")
-                if spec.extras:
-                    h.update("".join(text).encode())
-                    text.clear()
-                    for e, b in spec.extras:
-                        h.update(e.encode() + b"\0" + hashlib.sha256(b).digest())
-        h.update("".join(text).encode())
-    return h.hexdigest()
-
-
-def shuffle_permutation(n: int, seed: int) -> Any:
-    """The ``--shuffle`` order: position ``k`` holds sorted sample ``perm[k]`` (a numpy array)."""
-    import numpy as np
-
-    return np.random.default_rng(np.random.SeedSequence([seed, 0x5A4D])).permutation(n)
-
-
-def _shuffled(samples: list[SampleSpec], seed: int) -> list[SampleSpec]:
-    return [samples[i] for i in shuffle_permutation(len(samples), seed)]
-
-
-def _prepare_out(out: str, resume: bool, own: str | None = None) -> None:
-    """``own``: a part's shard prefix; files of other parts in ``out`` are then allowed."""
-    if not is_local(out):
-        raise OutputError(f"{out}: the output of `feedpipe shard` must be a local directory")
-    out = local_path(out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise OutputError(f"{out}: output exists and is not a directory")
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        raise OutputError(e.errno, f"{out}: cannot create output directory: {e.strerror}") from e
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise OutputError(f"{out}: output directory is not writable")
-    if not resume:
-        visible = [n for n in os.listdir(out) if not n.startswith(".")
-                   and (own is None or n.startswith(own + "-"))]
-        if visible:
-            raise OutputError(
-                f"{out}: output directory is not empty ({len(visible)} entries, e.g. "
-                f"{sorted(visible)[0]!r}); use --resume to continue an interrupted run, or an "
-                "empty directory"
-            )
-
-
-def _clean_temps(out: str, prefix: str, state_name: str = STATE_NAME) -> None:
-    own: tuple[str, ...] = (f".{prefix}-", f"{state_name}.tmp-")
-    if state_name == STATE_NAME:  # a part leaves the shared names to a merge that may be running
-        own += (f".{MANIFEST_NAME}.tmp-", ".wids.json.tmp-")
-    for n in os.listdir(out):
-        if n.startswith(own) and (".tmp-" in n or ".part" in n):
-            try:
-                os.unlink(os.path.join(out, n))
-            except FileNotFoundError:
-                pass
-
-
-def _list(src: str, opts: ShardOptions, workers: int | None, show_progress: bool | None,
-          part: tuple[int, int] | None) -> tuple[Listing, PartInfo | None]:
+def _list(src: str, out: str, opts: ShardOptions, workers: int | None,
+          show_progress: bool | None, part: tuple[int, int] | None
+          ) -> tuple[Listing, PartInfo | None]:
     """The samples to convert (a part's share in its final order) and, for a part, what it is."""
     from .listing import list_tree_parallel
     from .partition import list_part
@@ -220,8 +98,10 @@ def _list(src: str, opts: ShardOptions, workers: int | None, show_progress: bool
         listing: Any = list_manifest(src, opts.manifest)
     else:
         listing = list_tree_parallel(src, labels_from_dirs=opts.labels_from_dirs,
-                                     workers=workers, show_progress=show_progress)
+                                     workers=workers, show_progress=show_progress, exclude=out)
     try:
+        total = len(listing.samples) if isinstance(listing, Listing) else listing.samples
+        _check_not_empty(src, opts, listing, total)
         if part is None:
             return (listing if isinstance(listing, Listing) else listing.to_listing()), None
         return list_part(listing, *part, shuffle=opts.shuffle, seed=opts.seed,
@@ -229,6 +109,41 @@ def _list(src: str, opts: ShardOptions, workers: int | None, show_progress: bool
     finally:
         if not isinstance(listing, Listing):
             listing.close()
+
+
+def _check_not_empty(src: str, opts: ShardOptions, listing: Any, total: int) -> None:
+    """Refuse a source with nothing to convert (a dataset of 0 samples is a mistake), saying
+    what was found instead; a bad input under ``on_error="raise"`` is reported first."""
+    if total:
+        return
+    _drop_problems(listing, opts.on_error)
+    if opts.manifest is not None:
+        raise InputError(f"{opts.manifest}: the manifest names no samples; add rows with a "
+                         "'path' or '<ext>_path' column")
+    found = []
+    if listing.problems:
+        found.append(f"{len(listing.problems)} bad input(s) skipped, e.g. "
+                     f"{listing.problems[0][0]}: {listing.problems[0][1]}")
+    if listing.ignored:
+        found.append(f"{listing.ignored} hidden file(s) ignored")
+    if listing.outputs:
+        found.append(f"feedpipe output skipped: {', '.join(listing.outputs)}")
+    tail = f" ({'; '.join(found)})" if found else ""
+    raise InputError(f"{printable(src)}: the source directory has no files to convert{tail}; "
+                     "point SRC at the directory that holds the data")
+
+
+def _report_outputs(src: str, out: str, listing: Any) -> None:
+    """Say which directories the listing skipped as output (:mod:`feedpipe.source_tree`)."""
+    if is_local(src) and is_local(out):
+        real_src, real_out = os.path.realpath(local_path(src)), os.path.realpath(local_path(out))
+        if real_out != real_src and os.path.commonpath([real_src, real_out]) == real_src:
+            log.warning("feedpipe shard: the output directory %s is inside the source %s: the "
+                        "listing skips it (and any later conversion of the source does too)",
+                        printable(out), printable(src))
+    for rel in listing.outputs:
+        log.warning("feedpipe shard: skipped %s/%s: it holds feedpipe output (shards, a "
+                    "manifest or a conversion under way), not source data", printable(src), rel)
 
 
 def _stage(src: str, out: str, prefix: str, labels_from_dirs: bool, workers: int,
@@ -244,10 +159,10 @@ def _stage(src: str, out: str, prefix: str, labels_from_dirs: bool, workers: int
         return None
     existed = os.path.exists(out)
     try:
-        _prepare_out(out, False)
+        prepare_out(out, False)
     except OutputError:
         return None
-    _clean_temps(out, prefix)
+    clean_temps(out, prefix)
     staged = stage_tree(src, out, prefix, labels_from_dirs=labels_from_dirs, workers=workers,
                         show_progress=show_progress)
     if staged is None and not existed:  # (a failure, as on the general path, leaves it)
@@ -350,7 +265,7 @@ def shard(
                         show_progress)
     try:
         listing, part_info = ((staged.listing.to_listing(), None) if staged is not None
-                              else _list(src, opts, workers, show_progress, part_of))
+                              else _list(src, out, opts, workers, show_progress, part_of))
     except BaseException:
         if staged is not None:
             staged.close()
@@ -358,17 +273,18 @@ def shard(
     # the listing's objects (one per file, alive to the end) out of full collections
     with _gc_frozen(), (closing(staged) if staged is not None else nullcontext()):
         samples = _drop_problems(listing, on_error)
+        _report_outputs(src, out, listing)
         name_prefix = prefix if part_of is None else part_prefix(prefix, *part_of)
         state = STATE_NAME if part_of is None else part_state_name(*part_of)
-        _prepare_out(out, resume, None if part_of is None else name_prefix)
+        prepare_out(out, resume, None if part_of is None else name_prefix)
         out = local_path(out)
         if shuffle and part_of is None:  # a part's samples come in their final order
-            samples = _shuffled(samples, seed)
-        plan = plan_shards(samples, max_bytes, max_samples)
-        fp = _fingerprint(opts, plan)
-        _check_state(out, fp, resume, state)
+            samples = shuffled(samples, seed)
+        plan = plan_shards(samples, max_bytes, max_samples, PART_SAMPLES)
+        fp = plan_fingerprint(asdict(opts), plan)
+        check_state(out, fp, resume, state)
         if staged is None:  # (the staging files are this run's)
-            _clean_temps(out, name_prefix, state)
+            clean_temps(out, name_prefix, state)
         names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
 
         records: dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]] = {}
@@ -426,7 +342,7 @@ def shard(
                     nworkers, source, plan, todo, part_paths, on_error, bar, commit
                 )
         except BaseException:
-            _clean_temps(out, name_prefix, state)
+            clean_temps(out, name_prefix, state)
             raise
         finally:
             bar.close()
@@ -438,7 +354,7 @@ def shard(
             all_skipped += [{"path": p, "reason": r} for p, r in records[i][1]]
             fields |= records[i][2]
         opts_doc = asdict(opts)
-        opts_doc["src"] = src
+        opts_doc["src"] = printable(src)
         m = Manifest(
             shards=[records[i][0] for i in range(len(plan))],
             fields=sorted(fields),
@@ -452,6 +368,8 @@ def shard(
                 "ignored_hidden_files": listing.ignored,
             },
         )
+        if listing.outputs:
+            m.created_by["skipped_output_dirs"] = listing.outputs
         merged = False
         if part_info is not None:
             from .merge import merge_if_complete, write_part_record
@@ -462,17 +380,13 @@ def shard(
                 write_part_record(out, part_info, m, listing_skipped)
             except OSError as e:
                 raise output_error(e, out) from e
-            _unlink_quiet(os.path.join(out, state))  # shard records stay: --resume reuses them
+            unlink_quiet(os.path.join(out, state))  # shard records stay: --resume reuses them
             merged = merge and merge_if_complete(out, part_info.count) is not None
         else:
-            try:
-                write_wids_index(out, m)
-                write_manifest(out, m)
-            except OSError as e:
-                raise output_error(e, os.path.join(out, MANIFEST_NAME)) from e
+            write_dataset_manifest(out, m)
             for name in names:
-                _unlink_quiet(os.path.join(out, f".{name}.record.json"))
-            _unlink_quiet(os.path.join(out, STATE_NAME))
+                unlink_quiet(os.path.join(out, f".{name}.record.json"))
+            unlink_quiet(os.path.join(out, STATE_NAME))
         secs = time.perf_counter() - t0
         nbytes = sum(r.bytes for r in m.shards)
         files = total_files
@@ -513,63 +427,6 @@ def _gc_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME) -> None:
-    path = os.path.join(out, state_name)
-    if resume and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f).get("plan_fingerprint")
-        if old != fp:
-            raise OutputError(
-                f"{out}: cannot resume: the inputs or options differ from the interrupted run "
-                "(start again in an empty directory, or rerun with the original options)"
-            )
-        return
-    if resume and state_name == STATE_NAME and os.path.exists(os.path.join(out, MANIFEST_NAME)):
-        with open(os.path.join(out, MANIFEST_NAME), encoding="utf-8") as f:
-            old = json.load(f).get("created_by", {}).get("plan_fingerprint")
-        if old != fp:
-            raise OutputError(
-                f"{out}: cannot resume: it holds a finished dataset made from other inputs or "
-                "options"
-            )
-    tmp = path + f".tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"plan_fingerprint": fp, "feedpipe_version": __version__}, f)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise output_error(e, path) from e
-
-
-def _pool_context() -> Any:
-    import multiprocessing as mp
-
-    return mp.get_context("fork" if os.name == "posix" and "fork" in mp.get_all_start_methods()
-                          else "spawn")
-
-
-def _die_with_parent(parent: int) -> None:
-    """Pool initializer: a worker must not outlive a killed parent, or it would go on writing
-    parts into OUT behind the back of a resumed run (and linger forever on its task queue)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 # Plans handed to forked pool workers by inheritance, by token: a worker forked while its plan is
 # here reads its parts from its copy of the parent's memory instead of unpickling them (11.6 us a
 # sample, more than writing it: 16.4 us for a 1 KiB file).
@@ -584,6 +441,9 @@ def _write_inherited(token: int, i: int, j: int, source: Source, path: str,
         raise RuntimeError(f"conversion worker {os.getpid()} has no plan {token}: it was not "
                            "forked from the process that planned the run")
     return write_part(source, plan[i][j], path, on_error)
+
+
+_pool_context = pool_context  # (a test forces spawn through it)
 
 
 def _run_pool(
@@ -602,7 +462,7 @@ def _run_pool(
         _FORK_PLANS[token] = plan
     try:
         with ProcessPoolExecutor(max_workers=nworkers, mp_context=ctx,
-                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+                                 initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             return _drive_pool(pool, token, source, plan, todo, part_paths, on_error, bar,
                                commit)
     finally:

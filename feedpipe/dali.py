@@ -5,13 +5,23 @@ feedpipe stays in charge of *what* is read: the stage is fed through ``fn.extern
 the batches of encoded bytes a :class:`~feedpipe.FeedLoader` yields (plan order, resumption,
 caches unchanged), and DALI only does the pixel work::
 
-    FeedLoader batches of JPEG bytes
+    FeedLoader batches of encoded images (JPEG, PNG, WebP)
       ──► host: crop window + flip per sample (ImageSpec, seeded as in the CPU ImagePipeline)
       ──► DALI: decoders.image_slice (nvJPEG "mixed" on GPU, ROI decode) ─► resize
                 ─► crop_mirror_normalize
       ──► torch tensors
 
-The crop windows are computed on the host from the JPEG header with the same
+**Formats.** DALI's image decoder reads JPEG (grey and CMYK too), PNG (every mode, 16-bit
+included) and WebP, and gives three RGB channels with the CPU pipeline's conventions
+(:mod:`feedpipe.image_decode`): alpha dropped, EXIF orientation not applied
+(``adjust_orientation=False``), 16-bit rounded to 8 bits (the CPU pipeline keeps the high byte:
+one grey level apart at most). It cannot read AVIF or HEIC: a batch holding one is refused on the
+host with a :class:`~feedpipe.errors.DecodeError` naming the sample, before DALI sees it (decode
+those with the CPU :class:`~feedpipe.transforms.ImagePipeline`, or convert them). As on the CPU,
+a sample's image is the first of the stage's ``image_field`` fields it has, so batches mixing
+``jpg`` and ``png`` samples work.
+
+The crop windows are computed on the host from the image header with the same
 :meth:`ImageSpec.geometry` and :func:`~feedpipe.transforms.sample_rng` as the CPU pipeline, so a
 sample gets the same crop and flip on either path, in any worker or rank, and after a resume.
 DALI's own random operators are not used: their draws follow DALI's batch order, not the plan.
@@ -29,7 +39,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,8 +47,10 @@ import torch
 
 from .dependency import require
 from .errors import DecodeError
-from .image_ops import jpeg_size
+from .image_decode import IMAGE_FIELDS, image_format, image_size
 from .transforms import ImageSpec, parse_label, scratch_rng
+
+_DALI_FORMATS = ("jpeg", "png", "webp")  # what fn.decoders.image_slice reads of ours
 
 
 class DaliBatch(NamedTuple):
@@ -94,16 +106,19 @@ class DaliStage:
     """Iterate :class:`DaliBatch` es made by DALI from an iterable of encoded batches.
 
     Args:
-        batches: an iterable of batches, each a dict with a list of JPEG bytes under
-            ``image_field``, labels under ``label_field`` and optionally ``__index__``,
-            ``__seed__``, ``__epoch__`` (what :class:`~feedpipe.FeedLoader` yields), or a
-            ``(jpegs, labels)`` pair. Iterated once per pass over the stage.
+        batches: an iterable of batches, each a dict with a list of encoded images (JPEG, PNG
+            or WebP bytes) under ``image_field``, labels under ``label_field`` and optionally
+            ``__index__``, ``__seed__``, ``__epoch__`` (what :class:`~feedpipe.FeedLoader`
+            yields), or an ``(images, labels)`` pair. Iterated once per pass over the stage.
         batch_size: the largest batch (default: ``batches.batch_size``).
         spec: what to do to each image (:class:`~feedpipe.transforms.ImageSpec`).
         device_id: the CUDA device (nvJPEG "mixed" decoding); ``None``: DALI on the CPU only.
         num_threads: DALI's CPU threads.
         prefetch: batches DALI works ahead (its ``prefetch_queue_depth``).
-        image_field, label_field: the batch fields to use.
+        image_field: the batch field holding the images, or a sequence of fields of which each
+            sample's first non-``None`` one is used (default:
+            :data:`~feedpipe.image_decode.IMAGE_FIELDS`).
+        label_field: the batch field holding the labels.
 
     ``state_dict()`` / ``load_state_dict()`` pass through to ``batches`` (a FeedLoader), but
     report the position after the last batch *this stage handed out*, not after the ones DALI
@@ -127,7 +142,7 @@ class DaliStage:
         device_id: int | None = 0,
         num_threads: int = 2,
         prefetch: int = 2,
-        image_field: str = "jpg",
+        image_field: str | Sequence[str] = IMAGE_FIELDS,
         label_field: str = "cls",
     ) -> None:
         if batch_size is None:
@@ -137,14 +152,17 @@ class DaliStage:
         if batch_size < 1 or num_threads < 1 or prefetch < 1:
             raise ValueError("batch_size, num_threads and prefetch must be at least 1")
         self.batches = batches
-        if hasattr(batches, "_fork_unsafe"):  # a FeedLoader: never fork its workers after
-            setattr(batches, "_fork_unsafe", True)  # DALI has started its threads
+        mark = getattr(batches, "mark_fork_unsafe", None)
+        if callable(mark):  # a FeedLoader: it refuses to fork workers beside DALI's threads
+            mark("DALI's threads (a DaliStage fed by this loader)")
         self.batch_size = int(batch_size)
         self.spec = spec if spec is not None else ImageSpec()
         self.device_id = device_id
         self.num_threads = num_threads
         self.prefetch = prefetch
-        self.image_field = image_field
+        self.image_field = (image_field,) if isinstance(image_field, str) else tuple(image_field)
+        if not self.image_field:
+            raise ValueError("image_field must name at least one field")
         self.label_field = label_field
         self._pipe: Any = None
         self._it: Iterator[Any] | None = None
@@ -159,18 +177,31 @@ class DaliStage:
 
     # -- the host side: what DALI is fed --------------------------------------------------
     def _split(self, batch: Any) -> tuple[list[Any], list[Any], Any]:
-        if isinstance(batch, dict):
-            for field in (self.image_field, self.label_field):
-                if field not in batch:
-                    raise DecodeError(f"a batch fed to the DALI stage has no {field!r} field "
-                                      f"(it has {sorted(batch)})")
-            return list(batch[self.image_field]), list(batch[self.label_field]), batch
-        jpegs, labels = batch
-        return list(jpegs), list(labels), None
+        if not isinstance(batch, dict):
+            images, labels = batch
+            return list(images), list(labels), None
+        fields = [f for f in self.image_field if f in batch]
+        if self.label_field not in batch:
+            raise DecodeError(f"a batch fed to the DALI stage has no {self.label_field!r} "
+                              f"field (it has {sorted(batch)})")
+        if not fields:
+            raise DecodeError(f"a batch fed to the DALI stage has none of the image fields "
+                              f"{list(self.image_field)} (it has {sorted(batch)})")
+        labels = list(batch[self.label_field])
+        columns = [batch[f] for f in fields]
+        images = []
+        for i in range(len(labels)):
+            image = next((c[i] for c in columns if c[i] is not None), None)
+            if image is None:
+                key = batch.get("__key__", [None] * len(labels))[i]
+                raise DecodeError(f"sample {key!r} in a batch fed to the DALI stage has none of "
+                                  f"the image fields {list(self.image_field)}")
+            images.append(image)
+        return images, labels, batch
 
     def encode_batch(self, batch: Any) -> tuple[Any, ...]:
-        """The arrays one batch feeds to DALI: JPEGs, crop anchors ``(x, y)``, crop shapes
-        ``(w, h)``, mirror flags, labels, sample ids. Pure host work, no DALI needed."""
+        """The arrays one batch feeds to DALI: encoded images, crop anchors ``(x, y)``, crop
+        shapes ``(w, h)``, mirror flags, labels, sample ids. Pure host work, no DALI needed."""
         jpegs, labels, meta = self._split(batch)
         n = len(jpegs)
         if not 0 < n <= self.batch_size:
@@ -186,11 +217,19 @@ class DaliStage:
         mirror = np.zeros(n, dtype=np.int32)
         for i, j in enumerate(jpegs):
             try:
-                h, w = jpeg_size(j)
+                fmt = image_format(j)
+                if fmt not in _DALI_FORMATS:
+                    raise DecodeError(
+                        "DALI's image decoder reads JPEG, PNG and WebP, not this "
+                        + (f"{fmt.upper()} image" if fmt != "unknown" else
+                           f"data (it starts with {bytes(j[:8])!r})")
+                        + "; decode such images on the CPU with feedpipe.ImagePipeline, or "
+                        "convert them to one of those formats")
+                h, w = image_size(j)
             except DecodeError as e:
                 key = meta.get("__key__", [None] * n)[i] if meta is not None else None
                 raise DecodeError(f"sample {key!r} (id {index[i]}) in a batch fed to the DALI "
-                                  f"stage (which crops from JPEG headers): {e}") from e
+                                  f"stage (which crops from image headers): {e}") from e
             rng = scratch_rng(seed[i], epoch[i], index[i]) if spec.train else None
             box, flip = spec.geometry(h, w, rng)
             anchors[i] = box.left, box.top
@@ -229,7 +268,7 @@ class DaliStage:
                        types.INT64])
             images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="WH",
                                              device="mixed" if gpu else "cpu",
-                                             output_type=types.RGB)
+                                             output_type=types.RGB, adjust_orientation=False)
             images = fn.resize(images, size=[spec.size, spec.size], antialias=True)
             if spec.mean is None:
                 images = fn.crop_mirror_normalize(images, mirror=mirror, dtype=types.UINT8,

@@ -38,6 +38,7 @@ from typing import Any
 
 from .errors import OutputError
 from .manifest import ShardRecord
+from .shard_plan import sample_size
 from .sources import SampleSpec, Source
 from .writer import PartResult, finish_shard, write_part
 
@@ -77,9 +78,7 @@ class UnitResult:
 
 
 def _part_cost(part: list[SampleSpec]) -> tuple[int, int]:
-    from .convert import _sample_size
-
-    return sum(len(s.files) for s in part), sum(_sample_size(s) for s in part)
+    return sum(len(s.files) for s in part), sum(sample_size(s) for s in part)
 
 
 def plan_tasks(plan: Sequence[Sequence[list[SampleSpec]]], todo: Sequence[int], *, slots: int,

@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .collate import Decoder, decoders
 from .decoded_store import open_decoded_store
 from .errors import PlanError, StateError
-from .manifest import Manifest, dataset_root, load_manifest
+from .manifest import Manifest, dataset_root
 from .plan import Plan, Split
 from .shard_cache import ShardCache, make_cache
 from .shard_set import ShardSet
@@ -115,7 +115,8 @@ class FeedDataset(IterableDataset):
         super().__init__()
         self.url = dataset_root(url)
         cache = make_cache(cache_dir, cache_size)
-        self.manifest = load_manifest(url)
+        # through the cache when there is one: a warm cache starts while the storage is down
+        self.manifest = ShardCache.manifest_of(url, cache_dir)
         if self.manifest.total_samples == 0:
             raise PlanError(f"{url}: the dataset holds no samples")
         self.shuffle = shuffle

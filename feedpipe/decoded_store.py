@@ -35,6 +35,14 @@ computing without storing, so no write into a mapping can hit a full disk later.
 
 The transform must be deterministic per sample: a random augmentation would be frozen at the draw
 of the epoch that stored it. Put augmentation after the store (on the batch or on the device).
+
+**What the fingerprint cannot see** (:mod:`feedpipe.fingerprint`): the transform's code and every
+value it holds are hashed (tensors, arrays, ``nn.Module`` parameters and buffers, dataclass
+fields included), but not module globals it reads, files or environment variables read at call
+time, nor the code of C extensions. When one of those changes, change a value the fingerprint
+sees: a ``version`` attribute on the transform object (``t.version = 2``; on a plain function
+too), or ``DecodedStore.for_transform(..., version=)``; or clear the store (``feedpipe cache
+clear``).
 """
 
 from __future__ import annotations
@@ -45,13 +53,16 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from .errors import DecodedStoreError, OutputError
 from .file_lock import EXCLUSIVE, SHARED, lock
 from .record_layout import Layout, LayoutError, flatten
+
+if TYPE_CHECKING:
+    from .cache_tiers import TierStats
 
 FORMAT = "feedpipe-decoded"
 VERSION = 1
@@ -105,8 +116,16 @@ class DecodedStore:
 
     @classmethod
     def for_transform(cls, root: str | os.PathLike[str], transform: Any,
-                      manifest: Any) -> DecodedStore:
-        """The store of ``transform`` over the dataset of ``manifest`` under ``root``."""
+                      manifest: Any, *, version: Any = None) -> DecodedStore:
+        """The store of ``transform`` over the dataset of ``manifest`` under ``root``.
+
+        Args:
+            root: the directory holding the stores.
+            transform: the deterministic transform whose outputs are stored.
+            manifest: the dataset's manifest.
+            version: any value; change it when something the fingerprint cannot see changed
+                (see the module docstring).
+        """
         from .fingerprint import fingerprint
 
         spec = getattr(transform, "spec", None)
@@ -117,7 +136,8 @@ class DecodedStore:
                 "cache a deterministic one (train=False) and augment after it"
             )
         ident = [[s.name, s.samples, s.sha256 or s.bytes] for s in manifest.shards]
-        fp = fingerprint(transform, (FORMAT, VERSION, ident)).hex()[:24]
+        params = (FORMAT, VERSION, ident) if version is None else (FORMAT, VERSION, ident, version)
+        fp = fingerprint(transform, params).hex()[:24]
         return cls(os.path.join(os.fspath(root), fp), manifest.total_samples,
                    dataset={"shards": len(ident), "samples": manifest.total_samples,
                             "transform": repr(transform)[:200]})
@@ -131,7 +151,6 @@ class DecodedStore:
         self._m: _Mapped | None = None
         self._disabled = False
         self._pool = _RecordPool()
-        self._staging: np.ndarray | None = None  # store_batches' record tails, kept
 
     def __getstate__(self) -> dict[str, Any]:  # maps and locks do not cross processes
         return {"path": self.path, "samples": self.samples, "dataset": self.dataset}
@@ -349,6 +368,20 @@ class DecodedStore:
         if not self._attach():
             return 0
         return int(np.count_nonzero(self._m.state)) if self._m is not None else 0
+
+    def tier_stats(self) -> TierStats:
+        """This process's hits and misses, the samples stored and the store's bytes on disk, in
+        the shape every cache tier reports (:class:`~feedpipe.cache_tiers.TierStats`)."""
+        from .cache_tiers import DECODED, TierStats
+
+        size = 0
+        if os.path.isdir(self.path):
+            for name in os.listdir(self.path):
+                try:
+                    size += os.stat(self._p(name)).st_blocks * 512
+                except FileNotFoundError:
+                    pass
+        return TierStats(DECODED, self.stats.hits, self.stats.misses, size, self.filled())
 
     def complete(self) -> bool:
         """Every sample is stored: an epoch needs no shard."""

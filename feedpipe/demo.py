@@ -9,6 +9,11 @@ import time
 from collections import Counter
 from typing import Any
 
+from .errors import OutputError
+
+MARK = ".feedpipe-demo"  # names a --workdir as one the demo may clear and refill
+MADE = ("images", "shards", "l1", "decoded", "l2")  # what the demo writes in its work directory
+
 
 def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> dict:  # type: ignore[no-untyped-def]
     """Make images, shard them, stream them, run two shuffled epochs on two simulated ranks with a
@@ -26,8 +31,12 @@ def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> d
     root: str = tempfile.mkdtemp(prefix="feedpipe-demo-") if workdir is None else workdir
     src, out = os.path.join(root, "images"), os.path.join(root, "shards")
     p = print_fn
+    replaced = [] if own else _claim(root)
     try:
         p(f"feedpipe demo (work directory: {root})")
+        if replaced:
+            p(f"   an earlier demo ran here: its {', '.join(d + '/' for d in replaced)} were "
+              "removed and are made anew")
         nfiles = make_image_folder(src, classes=8, per_class=40, min_size=48, max_size=96, seed=0)
         p(f"1. made {nfiles} files: 320 JPEG images in 8 class folders, a JSON sidecar on every "
           "10th")
@@ -37,7 +46,8 @@ def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> d
 
         ds = FeedDataset(out)
         t0 = time.perf_counter()
-        n, nbytes, fields = 0, 0, Counter()
+        n, nbytes = 0, 0
+        fields: Counter[str] = Counter()
         for sample in ds:
             n += 1
             for k, v in sample.items():
@@ -57,7 +67,6 @@ def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> d
         per_rank: dict[int, list[int]] = {}
         for epoch in (0, 1):
             ids: list[int] = []
-            counts = []
             saved = None
             loaders = [FeedLoader(FeedDataset(out, shuffle=True, seed=7, rank=r, world_size=world),
                                   batch_size=batch) for r in range(world)]
@@ -95,7 +104,8 @@ def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> d
              else "PROBLEM: an epoch did not deliver every sample exactly once"))
         tiers = _cache_steps(out, root, p)
         device = _device_steps(out, p)
-        return {"samples": s.samples, "shards": s.shards, "streamed": n,
+        return {"workdir": root, "kept": keep or not own, "samples": s.samples,
+                "shards": s.shards, "streamed": n,
                 "epochs": {e: len(v) for e, v in seen.items()}, "exactly_once": once,
                 "tiers": tiers, "device": device}
     finally:
@@ -103,6 +113,32 @@ def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> d
             shutil.rmtree(root, ignore_errors=True)
         elif keep:
             p(f"kept {root}")
+
+
+def _claim(root: str) -> list[str]:
+    """Make ``root`` ready for a demo: created if missing; the output of an earlier demo there
+    (recognised by its marker file) removed. Refuses a directory holding files of the demo's
+    names that a demo did not make. Returns the names removed."""
+    found = [d for d in MADE if os.path.lexists(os.path.join(root, d))]
+    mark = os.path.join(root, MARK)
+    if found and not os.path.isfile(mark):
+        raise OutputError(f"{root}: already holds {', '.join(d + '/' for d in found)} that "
+                          "feedpipe demo did not make; give --workdir a new or empty directory "
+                          "(the demo writes images/, shards/ and cache directories there)")
+    try:
+        os.makedirs(root, exist_ok=True)
+        for d in found:
+            path = os.path.join(root, d)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        with open(mark, "w", encoding="utf-8") as f:
+            f.write("made by `feedpipe demo`: the next demo with this --workdir replaces "
+                    + ", ".join(d + "/" for d in MADE) + "\n")
+    except OSError as e:
+        raise OutputError(f"{root}: cannot prepare the demo's work directory ({e})") from e
+    return found
 
 
 def _cache_steps(out: str, root: str, p: Any) -> dict[str, Any]:
@@ -131,7 +167,8 @@ def _cache_steps(out: str, root: str, p: Any) -> dict[str, Any]:
     remote = f"memory://feedpipe-demo-{os.getpid()}/shards"
     fs = fsspec.filesystem("memory")
     for name in sorted(os.listdir(out)):
-        fs.pipe(f"{remote}/{name}", open(os.path.join(out, name), "rb").read())
+        with open(os.path.join(out, name), "rb") as f:
+            fs.pipe(f"{remote}/{name}", f.read())
     try:
         l1 = FeedDataset(remote, shuffle=True, seed=7, cache_dir=os.path.join(root, "l1"),
                          cache_size="1MB")

@@ -30,6 +30,11 @@ from .progress import progress
 
 Fallback = Callable[[np.ndarray], Any]
 
+# Fields of at most this many bytes a sample (labels, ids, small vectors) are gathered once for a
+# resident epoch and sliced per batch, instead of one small gather each per batch: the epoch's
+# worth is at most this multiple of the epoch index's 8 bytes per sample, already on the device.
+_EPOCH_FIELD_BYTES = 64
+
 
 def _as_fields(out: Any) -> dict[str, Any] | tuple[Any, ...]:
     """A transform's output as fields: a mapping stays one, a tuple is one, else one field."""
@@ -162,10 +167,7 @@ class DeviceCache:
                    for s, d in zip(self._shapes, self._dtypes))
 
     def _gather(self, index: torch.Tensor) -> list[torch.Tensor]:
-        # on 2-D views: index_select copies whole rows then (on the CPU, 4-D uint8 images gather
-        # about 80 times slower than the same bytes as rows)
-        return [rows.index_select(0, index).view(dtype).view(len(index), *shape)
-                for rows, shape, dtype in zip(self._rows, self._shapes, self._dtypes)]
+        return [self._take(f, index) for f in range(len(self._rows))]
 
     def _structure(self, tensors: list[torch.Tensor]) -> Any:
         return dict(zip(self._names, tensors)) if self._names is not None else tuple(tensors)
@@ -324,17 +326,18 @@ class DeviceCache:
                 f"{int((~hit).sum())} of the epoch's {len(ids)} samples are not resident "
                 f"({self.resident} of {self.num_samples} fit in {self.capacity_bytes} bytes) and "
                 "there is no fallback: pass fallback= (ids -> samples), or a larger capacity")
-        # The epoch's on-device index: the only host-to-device copy of the epoch (8 bytes per id).
-        index = torch.from_numpy(np.where(hit, slots, 0)).to(self.device)
+        # The epoch's on-device index: the only host-to-device copy of the epoch (8 bytes per id),
+        # from pinned memory on CUDA so that it does not hold up the host.
+        host = torch.from_numpy(np.where(hit, slots, 0))
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        index = host.to(self.device, non_blocking=True)
         return self._serve(ids, hit, index, batch_size, fb)  # type: ignore[arg-type]
 
     def _serve(self, ids: np.ndarray, hit: np.ndarray, index: torch.Tensor, batch_size: int,
                fb: Fallback) -> Iterator[Any]:
-        if hit.all():  # the usual case: one gather per field and batch, no host work per batch
-            for a in range(0, len(ids), batch_size):
-                part = index[a:a + batch_size]
-                self.hits += len(part)
-                yield self._structure(self._gather(part))
+        if hit.all():  # the usual case: one gather kernel per batch, no host work per batch
+            yield from self._serve_resident(index, batch_size)
             return
         dev = self.device
         for a in range(0, len(ids), batch_size):
@@ -352,6 +355,38 @@ class DeviceCache:
             self.hits += b - a - len(miss)
             yield self._structure(out)
 
+    def _serve_resident(self, index: torch.Tensor, batch_size: int) -> Iterator[Any]:
+        """An epoch whose every sample is resident. A field of at most ``_EPOCH_FIELD_BYTES`` a
+        sample (a label) is gathered for the whole epoch in one kernel and each batch takes a
+        slice of it (a view: no kernel), so a batch costs one gather per larger field: with
+        images and labels, one kernel a batch. Each batch's fields are fresh tensors (index_select
+        allocates them): the caller owns them, as it owned the per-sample copies."""
+        if not len(index):
+            return
+        parts = index.split(batch_size)  # views of the epoch's on-device index
+        whole = [self._take(f, index).split(batch_size)
+                 if self._field_bytes(f) <= _EPOCH_FIELD_BYTES else None
+                 for f in range(len(self._rows))]
+        per_batch = [f for f, w in enumerate(whole) if w is None]
+        for b, part in enumerate(parts):
+            out = [w[b] if w is not None else None for w in whole]
+            for f in per_batch:
+                out[f] = self._take(f, part)
+            self.hits += len(part)
+            yield self._structure(out)
+
+    def _field_bytes(self, f: int) -> int:
+        return int(np.prod(self._shapes[f], dtype=np.int64)) * self._dtypes[f].itemsize
+
+    def _take(self, f: int, index: torch.Tensor) -> torch.Tensor:
+        """Field ``f`` of the slots in ``index``: one index_select over whole (widened) rows (on
+        2-D views index_select copies whole rows; 4-D uint8 images gather far slower on the CPU
+        than the same bytes as rows: ``benchmarks/bench_device_cache.py``)."""
+        rows = self._rows[f].index_select(0, index)
+        if rows.dtype != self._dtypes[f]:
+            rows = rows.view(self._dtypes[f])
+        return rows.view(len(index), *self._shapes[f])
+
     def _fetch(self, fb: Fallback, ids: np.ndarray) -> list[torch.Tensor]:
         """Non-resident samples from the fallback, as batched tensors on the device."""
         got = fb(ids)
@@ -368,6 +403,14 @@ class DeviceCache:
                     f"ids; the cache holds {dtype} {shape} per sample")
             out.append(t.to(self.device))
         return out
+
+    def tier_stats(self) -> Any:
+        """Hits and misses since warm-up, the resident samples and the buffers' bytes, in the
+        shape every cache tier reports (:class:`~feedpipe.cache_tiers.TierStats`)."""
+        from .cache_tiers import DEVICE, TierStats
+
+        used = sum(b.numel() * b.element_size() for b in self._buffers)
+        return TierStats(DEVICE, self.hits, self.misses, used, self.resident)
 
     def stats(self) -> dict[str, Any]:
         """``hits``/``misses``/``hit_ratio`` over the samples served since warm-up; ``resident``

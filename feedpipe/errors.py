@@ -15,6 +15,18 @@ class FeedpipeError(Exception):
 class ShardFormatError(FeedpipeError, ValueError):
     """A shard, index or manifest is truncated, corrupted or not in the expected format."""
 
+    # set where known (the tar scanner sets all three): the file, the byte offset, and the kind of
+    # problem ("truncated", "header", "unsupported", "compressed", "index")
+    shard: str | None = None
+    offset: int | None = None
+    kind: str = "format"
+
+
+class CompressedShardError(ShardFormatError):
+    """A shard is compressed (``.tar.gz``, ``.tgz``, or gzip/bzip2/xz/zstd bytes under a ``.tar``
+    name): feedpipe reads samples by byte offset and needs plain tar. The message says how to
+    convert it."""
+
 
 class ManifestError(FeedpipeError, ValueError):
     """A manifest is missing fields, inconsistent, or from a newer format version."""
@@ -81,3 +93,8 @@ class RemoteError(FeedpipeError, OSError):
 
 class MissingDependencyError(FeedpipeError, ImportError):
     """An optional dependency is not installed; the message carries the exact pip line."""
+
+
+class FieldTypeError(InputError, TypeError):
+    """A sample field's value has a type that :class:`feedpipe.ShardWriter` does not store
+    without an explicit encoder (no pickle by default); the message names the sample and field."""

@@ -2,7 +2,13 @@
 
 An entry's key is ``fingerprint(function) + xxh3_128(input bytes)``: the same input anywhere in
 the dataset (or in another dataset) is computed and stored once, and changing the function's code
-or parameters makes its old entries unreachable. Values are stored with the safe codec of
+or parameters makes its old entries unreachable.
+
+**What the fingerprint cannot see** (:mod:`feedpipe.fingerprint`): it hashes the function's code
+and every value it holds or closes over (tensors, arrays, modules, dataclasses included), but not
+module globals the function reads, files or environment variables read at call time, nor the code
+of C extensions it calls. When one of those changes, the old entries would still be served: give
+``wrap(fn, version=...)`` a new value (or clear the index: ``feedpipe cache clear PATH``). Values are stored with the safe codec of
 :mod:`feedpipe.codec` (never pickle) behind a checksum; a damaged entry is recomputed.
 
 Concurrency: LMDB serialises writers with a robust cross-process lock and lets any number of
@@ -21,11 +27,14 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .codec import decode, encode
 from .errors import FeedpipeError
 from .fingerprint import fingerprint
+
+if TYPE_CHECKING:
+    from .cache_tiers import TierStats
 
 _MAGIC = b"FPL2"
 # py-lmdb refuses to open one environment twice in a process: instances share it.
@@ -293,7 +302,7 @@ class FunctionIndex:
 
     # -- the public surface ---------------------------------------------------------------
     def wrap(self, fn: Callable[..., Any], *, fields: Sequence[str] | None = None,
-             params: Any = None) -> Memoized:
+             params: Any = None, version: Any = None) -> Memoized:
         """Memoise ``fn`` (a deterministic function of one sample dict or one bytes input).
 
         Args:
@@ -301,11 +310,15 @@ class FunctionIndex:
             fields: for sample dicts, the fields its result depends on (default: all but
                 ``__key__``-style metadata).
             params: extra values that change its result (included in the fingerprint).
+            version: any value; change it when something the fingerprint cannot see changed
+                (a global the function reads, a file it loads: see the module docstring).
         """
-        return Memoized(self, fn, fields, fingerprint(fn, params))
+        extra = params if version is None else (params, ("version", version))
+        return Memoized(self, fn, fields, fingerprint(fn, extra))
 
     def memoize(self, fn: Callable[..., Any] | None = None, **kw: Any) -> Any:
-        """Decorator form of :meth:`wrap`: ``@index.memoize`` or ``@index.memoize(fields=...)``."""
+        """Decorator form of :meth:`wrap`: ``@index.memoize`` or ``@index.memoize(fields=...,
+        version=...)``."""
         if fn is None:
             return lambda f: self.wrap(f, **kw)
         return self.wrap(fn, **kw)
@@ -318,6 +331,14 @@ class FunctionIndex:
         s.entries = env.stat()["entries"]
         s.db_bytes = _dir_bytes(self.path)
         return s
+
+    def tier_stats(self) -> TierStats:
+        """This process's hits and misses, the entries and bytes on disk, in the shape every
+        cache tier reports (:class:`~feedpipe.cache_tiers.TierStats`)."""
+        from .cache_tiers import FUNCTION_INDEX, TierStats
+
+        s = self.stats()
+        return TierStats(FUNCTION_INDEX, s.hits, s.misses, s.db_bytes, s.entries)
 
     def clear(self) -> None:
         """Delete every entry."""

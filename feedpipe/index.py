@@ -15,9 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import add
+from typing import Any, BinaryIO
 
 from .errors import ShardFormatError
 from .keys import split_member
+from .tarformat import format_error, scan, scan_buffer
 
 VERSION = "v1.2"
 
@@ -32,6 +34,8 @@ class ShardIndex:
     offsets: list[int]  # per member: start of data
     sizes: list[int]  # per member
     names: list[str] = field(default_factory=list)  # per member, as stored in the tar
+    # False for a v1.1 index: its names are made up from the line number and extension
+    named: bool = field(default=True, compare=False)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -75,6 +79,21 @@ def group_members(members: Iterable[tuple[str, int, int]]) -> ShardIndex:
     return idx
 
 
+def index_from_tar(f: BinaryIO, size: int, where: str) -> ShardIndex:
+    """The index a shard's tar headers give (``feedpipe index``, ``verify`` and the reader's
+    scan of a shard without ``.idx`` all make it here, with the one tar parser).
+
+    Raises:
+        ShardFormatError: the tar is truncated or malformed (names ``where`` and the offset).
+    """
+    return group_members((m.name, m.offset, m.size) for m in scan(f, size, where))
+
+
+def index_from_buffer(data: Any, where: str) -> ShardIndex:
+    """:func:`index_from_tar` of a whole shard in memory (``bytes``, ``memoryview``, ``mmap``)."""
+    return group_members((m.name, m.offset, m.size) for m in scan_buffer(data, where))
+
+
 def format_index(idx: ShardIndex) -> str:
     """The index file text for ``idx``."""
     groups = [f"{e} {o} {s} {n}" for e, o, s, n in zip(idx.exts, idx.offsets, idx.sizes,
@@ -87,12 +106,21 @@ def format_index(idx: ShardIndex) -> str:
     return f"{VERSION} {len(idx)}\n" + "".join(line + "\n" for line in lines)
 
 
-def parse_index(text: str, where: str = "<index>") -> ShardIndex:
-    """Parse index text (v1.2; v1.1 lines without names are accepted too)."""
+def parse_index(text: str | bytes, where: str = "<index>") -> ShardIndex:
+    """Parse index text (v1.2; v1.1 lines without names are accepted too); bytes are UTF-8.
+
+    Raises:
+        ShardFormatError: not an index, or a malformed line (names ``where`` and the line).
+    """
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _bad_index(where, f"not UTF-8 text (byte {e.start})") from e
     lines = text.split("\n")
     head = lines[0].split()
     if len(head) != 2 or head[0] not in ("v1.1", "v1.2"):
-        raise ShardFormatError(f"{where}: not a webdataset index (first line {lines[0][:60]!r})")
+        raise _bad_index(where, f"first line {lines[0][:60]!r}")
     try:
         n = int(head[1])
     except ValueError as e:
@@ -107,7 +135,7 @@ def parse_index(text: str, where: str = "<index>") -> ShardIndex:
         fast = _parse_columns(body)
         if fast is not None:
             return fast
-    idx = ShardIndex([], [0], [], [], [], [])
+    idx = ShardIndex([], [0], [], [], [], [], named=group == 4)
     for lineno, line in enumerate(body, start=2):
         parts = line.split(" ")
         if len(parts) % group:
@@ -119,6 +147,8 @@ def parse_index(text: str, where: str = "<index>") -> ShardIndex:
                 off, size = int(parts[g + 1]), int(parts[g + 2])
             except ValueError as e:
                 raise ShardFormatError(f"{where}:{lineno}: bad offset/size") from e
+            if off < 0 or size < 0:
+                raise ShardFormatError(f"{where}:{lineno}: bad offset/size")
             name = parts[g + 3] if group == 4 else ""
             if key is None:
                 key = split_member(name)[0] if name else f"{lineno - 2}"
@@ -144,6 +174,8 @@ def _parse_columns(body: list[str]) -> ShardIndex | None:
         sizes = list(map(int, tokens[2::4]))
     except ValueError:
         return None
+    if min(offsets) < 0 or min(sizes) < 0:  # the loop names the line
+        return None
     names = tokens[3::4]
     if "" in names:  # the loop names those members after their line
         return None
@@ -161,13 +193,24 @@ def index_path(shard_path: str) -> str:
 
 
 def write_index(path: str, idx: ShardIndex) -> None:
-    """Write ``idx`` to ``path`` atomically (temp file + rename)."""
+    """Write ``idx`` to ``path`` atomically (temp file + rename, the temp file removed on error)."""
     tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.write(format_index(idx))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(format_index(idx))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # as it came (callers name the output), with no temp file left
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _bad_index(where: str, why: str) -> ShardFormatError:
+    return format_error(where, None, "index",
+                        f"{where}: not a webdataset index: {why}; rebuild it with "
+                        "`feedpipe index` (or delete it: the shard is then scanned)")
 
 
 def check_names(names: Sequence[str], where: str) -> None:

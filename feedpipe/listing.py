@@ -32,15 +32,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .progress import progress
+from .source_tree import Identity, TreeWalk, identity, root_entries
 from .sources import (
     FileRef,
     Listing,
     SampleSpec,
-    _walk_local,
     _walk_remote,
     add_class_field,
     check_source_dir,
     classify,
+    output_identity,
+    printable,
 )
 from .storage import filesystem, is_local, local_path
 
@@ -60,25 +62,17 @@ class Chunk:
     last: str | None = None
     problems: list[tuple[str, str]] = field(default_factory=list)
     ignored: int = 0
+    outputs: list[str] = field(default_factory=list)  # output directories skipped
 
 
-def _root_entries(src: str) -> tuple[list[tuple[str, int]], list[str]]:
-    """The root's files ``(name, size)`` and its subdirectories, each sorted by name."""
+def _root_entries(src: str, skip: frozenset[Identity] = frozenset()
+                  ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
+    """The root's files ``(name, size)``, its subdirectories and the output directories
+    skipped among them (:mod:`feedpipe.source_tree`), each sorted by name."""
+    if is_local(src):
+        return root_entries(local_path(src), skip)
     files: list[tuple[str, int]] = []
     dirs: list[str] = []
-    if is_local(src):
-        with os.scandir(local_path(src)) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for e in entries:
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    dirs.append(e.name)
-                    continue
-                size = e.stat().st_size
-            except OSError:
-                size = -1
-            files.append((e.name, size))
-        return files, dirs
     fs, path = filesystem(src)
     base = path.rstrip("/") + "/"
     for info in sorted(fs.ls(path, detail=True), key=lambda i: i["name"]):
@@ -93,19 +87,25 @@ def _root_entries(src: str) -> tuple[list[tuple[str, int]], list[str]]:
             if size is None:
                 size = fs.size(name)
             files.append((rel, int(size if size is not None else -1)))
-    return files, dirs
+    return files, dirs, []
 
 
-def _walk_dir(src: str, top: str) -> Iterator[tuple[str, int]]:
-    """``(relative path, size)`` of every file below the top-level directory ``top``."""
-    if is_local(src):
-        sub = os.path.join(local_path(src), top)
-        for rel, size in _walk_local(sub):
-            # an unlistable directory comes back as its full path: name it like list_tree does
-            yield (top if rel == sub else f"{top}/{rel}"), size
-    else:
-        for rel, size in _walk_remote(f"{src.rstrip('/')}/{top}"):
-            yield f"{top}/{rel}", size
+def _list_dir(src: str, top: str, path: str, labels_from_dirs: bool,
+              skip: frozenset[Identity] = frozenset()) -> Chunk:
+    """List the top-level directory ``top`` into the chunk file ``path``."""
+    if not is_local(src):
+        remote = _walk_remote(f"{src.rstrip('/')}/{top}")
+        return write_chunk(((f"{top}/{rel}", size) for rel, size in remote), top, path,
+                           labels_from_dirs)
+    root = local_path(src)
+    sub = os.path.join(root, top)
+    above = identity(root)
+    walk = TreeWalk(sub, ancestors=(above,) if above else (), skip=skip)
+    # an unlistable directory comes back as its full path: name it like list_tree does
+    entries = ((top if rel == sub else f"{top}/{rel}", size) for rel, size in walk)
+    chunk = write_chunk(entries, top, path, labels_from_dirs)
+    chunk.outputs = [printable(f"{top}/{o}") for o in walk.outputs]
+    return chunk
 
 
 def write_chunk(entries: Iterable[tuple[str, int]], top: str, path: str,
@@ -118,7 +118,7 @@ def write_chunk(entries: Iterable[tuple[str, int]], top: str, path: str,
         if got is None:
             chunk.ignored += 1
         elif isinstance(got, str):
-            chunk.problems.append((rel, got))
+            chunk.problems.append((printable(rel), got))
         else:
             by_key.setdefault(got[0], []).append(got[1])
             chunk.files += 1
@@ -141,10 +141,6 @@ def write_rows(path: str, rows: Iterable[tuple[str, list[tuple[str, str, int]]]]
             f.write(record)
 
 
-def _list_dir(src: str, top: str, path: str, labels_from_dirs: bool) -> Chunk:
-    return write_chunk(_walk_dir(src, top), top, path, labels_from_dirs)
-
-
 def _rows(path: str) -> Iterator[tuple[str, list[FileRef]]]:
     # length-prefixed records: marshal.load from a file object reads it a few bytes at a time
     make = FileRef._make
@@ -159,7 +155,8 @@ class TreeListing:
     """The listing of a source tree, streamed from sorted chunk files.
 
     Attributes: ``samples`` and ``files`` (counts), ``problems`` (``(path, reason)`` in walk
-    order), ``classes`` (``--labels-from-dirs``), ``ignored`` (hidden files). Iterating yields
+    order), ``classes`` (``--labels-from-dirs``), ``ignored`` (hidden files), ``outputs`` (output
+    directories skipped, :mod:`feedpipe.source_tree`). Iterating yields
     :class:`SampleSpec` objects sorted by key. Use it as a context manager (or call
     :meth:`close`) to delete the chunk files.
     """
@@ -171,6 +168,7 @@ class TreeListing:
         self.files = sum(c.files for c in chunks)
         self.problems = [p for c in chunks for p in c.problems]
         self.ignored = sum(c.ignored for c in chunks)
+        self.outputs = sorted(o for c in chunks for o in c.outputs)
         self.classes: list[str] | None = None
         if labels_from_dirs:
             self.classes = sorted(c.top for c in chunks if c.top and c.samples)
@@ -203,7 +201,7 @@ class TreeListing:
         paused = gc.isenabled()
         gc.disable()
         try:
-            return Listing(list(self), self.problems, self.classes, self.ignored)
+            return Listing(list(self), self.problems, self.classes, self.ignored, self.outputs)
         finally:
             if paused:
                 gc.enable()
@@ -234,6 +232,7 @@ def list_tree_parallel(
     workers: int | None = None,
     show_progress: bool | None = None,
     tmp_dir: str | None = None,
+    exclude: str | None = None,
 ) -> TreeListing:
     """List the tree at ``src`` with one task per top-level directory, ``workers`` at a time.
 
@@ -243,6 +242,8 @@ def list_tree_parallel(
         workers: parallel listing tasks (default: all cores; 1 lists in this process).
         show_progress: a progress bar over top-level directories (default: on a terminal).
         tmp_dir: where the chunk files go (default: the system temp directory).
+        exclude: the conversion's output directory: skipped if it is inside ``src`` (as any
+            directory holding feedpipe output is, see :mod:`feedpipe.source_tree`).
 
     Returns:
         A :class:`TreeListing` (close it to remove its chunk files).
@@ -256,10 +257,12 @@ def list_tree_parallel(
         ['a', 'b/x']
     """
     check_source_dir(src)
+    skip = output_identity(exclude)
     tmp = tempfile.mkdtemp(prefix="feedpipe-listing-", dir=tmp_dir)
     try:
-        root_files, dirs = _root_entries(src)
+        root_files, dirs, outputs = _root_entries(src, skip)
         chunks = [write_chunk(root_files, "", os.path.join(tmp, "root.chunk"), labels_from_dirs)]
+        chunks[0].outputs = [printable(o) for o in outputs]
         paths = [os.path.join(tmp, f"{i:08d}.chunk") for i in range(len(dirs))]
         nworkers = min(workers if workers is not None else (os.cpu_count() or 1), len(dirs))
         bar = progress(len(dirs), "list", "dir", show_progress)
@@ -267,12 +270,12 @@ def list_tree_parallel(
         try:
             if nworkers <= 1:
                 results: Iterable[Chunk] = (
-                    _list_dir(src, d, p, labels_from_dirs) for d, p in zip(dirs, paths))
+                    _list_dir(src, d, p, labels_from_dirs, skip) for d, p in zip(dirs, paths))
                 pool: Any = None
             else:
                 pool = _executor(src, nworkers)
                 results = pool.map(_list_dir, itertools.repeat(src), dirs, paths,
-                                   itertools.repeat(labels_from_dirs))
+                                   itertools.repeat(labels_from_dirs), itertools.repeat(skip))
             for chunk in results:  # in directory order: the walk order of the problems
                 chunks.append(chunk)
                 files += chunk.files

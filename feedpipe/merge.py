@@ -157,7 +157,9 @@ def merge(out: str, *, parts: int | None = None) -> Manifest:
         fields |= set(m.fields)
         skipped += m.skipped[doc["listing_skipped"]:]
     created = dict(first["manifest"]["created_by"])
-    created.update({"tool": "feedpipe shard --part + feedpipe merge",
+    tool = created.get("tool", "feedpipe shard")
+    created.update({"tool": f"{tool} --part + feedpipe merge" if tool == "feedpipe shard"
+                    else f"{tool} parts + feedpipe merge",
                     "feedpipe_version": __version__, "parts": n,
                     "dataset_fingerprint": first["dataset_fingerprint"]})
     created.pop("plan_fingerprint", None)

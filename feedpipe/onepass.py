@@ -17,6 +17,7 @@ listing and writing (measured on 200,000 files of 1 KiB, 2 workers:
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
 which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
 no extension, unreadable, not UTF-8), a symbolic link or special file, an unlistable directory,
+a directory that may hold feedpipe output (``manifest.json``, ``.feedpipe-*`` files),
 files at the root, a ``cls`` file under ``labels_from_dirs``, a class directory without samples,
 and fewer top-level directories than workers (a directory is one worker's work, and OUT must
 hold a directory's staged bytes beside the shards cut from it: each staging file goes as soon
@@ -41,6 +42,7 @@ from typing import Any
 from .index import ShardIndex
 from .listing import Chunk, TreeListing, _root_entries, write_chunk, write_rows
 from .manifest import ShardRecord
+from .pool_context import die_with_parent, pool_context
 from .progress import progress
 from .sources import SampleSpec, classify, read_local
 from .writer import _unlink, hidden, join_ranges, removed_on_error, write_members
@@ -119,6 +121,8 @@ def _walk_plain(root: str, top: str) -> list[str] | None:
         subdirs = []
         try:
             for e in entries:  # (without the entry type from the directory, these lstat)
+                if e.name == "manifest.json" or e.name.startswith(".feedpipe-"):
+                    return None  # perhaps feedpipe output: the general path's walk decides
                 if e.is_dir(follow_symlinks=False):
                     subdirs.append((rel_dir + e.name + "/", e.path))
                 elif e.is_file(follow_symlinks=False):
@@ -273,8 +277,10 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                show_progress: bool | None = None) -> StagedTree | None:
     """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
     ``None`` when the general path must convert it."""
-    files, dirs = _root_entries(src)
+    files, dirs, outputs = _root_entries(src)
     visible = [d for d in dirs if not d.startswith(".")]
+    if outputs or any(os.path.islink(os.path.join(src, d)) for d in dirs):
+        return None  # links are followed and output directories skipped by the general path
     if len(visible) < max(2, workers) or any(not name.startswith(".") for name, _ in files):
         # a directory is one worker's: fewer than the workers would leave some idle, and one
         # big directory would need room for the data twice (staged, then as shards)
@@ -299,10 +305,8 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
         if workers <= 1 or len(dirs) <= 1:
             results: Any = map(stage_dir, *args)
         else:
-            from .convert import _die_with_parent, _pool_context  # (convert imports this)
-
-            pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=_pool_context(),
-                                       initializer=_die_with_parent, initargs=(os.getpid(),))
+            pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=pool_context(),
+                                       initializer=die_with_parent, initargs=(os.getpid(),))
             results = pool.map(stage_dir, *args)
         try:
             for sd in results:
@@ -316,6 +320,8 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                                     if not sd.chunk.top.startswith(".")):
             return None  # the class indices given to the workers counted it
         listing = TreeListing([root_chunk, *(sd.chunk for sd in staged)], tmp, labels_from_dirs)
+        if not listing.samples:
+            return None  # the general path says what the tree holds instead
         order = sorted((sd for sd in staged if sd.chunk.samples),
                        key=lambda sd: sd.chunk.first or "")
         if any(a.chunk.last >= b.chunk.first  # type: ignore[operator]

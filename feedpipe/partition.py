@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InputError
+from .shard_plan import shuffle_permutation
 from .sources import Listing, SampleSpec
 
 _PART = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -99,7 +100,8 @@ def select(
     """Stream ``samples`` (``total`` of them, sorted by key) and keep part ``index``'s share in
     its final order; return it with the dataset fingerprint (of all samples and ``options``).
 
-    With ``shuffle`` the global order is the permutation :func:`feedpipe.convert.shard` uses.
+    With ``shuffle`` the global order is :func:`feedpipe.shard_plan.shuffle_permutation`'s, as
+    for a single run.
     Memory: this part's samples and, with ``shuffle``, one int64 per sample in numpy.
     """
     lo, hi = part_range(total, index, count)
@@ -107,8 +109,6 @@ def select(
     out: list[SampleSpec | None] = [None] * (hi - lo)
     if shuffle:
         import numpy as np
-
-        from .convert import shuffle_permutation
 
         wanted = shuffle_permutation(total, seed)[lo:hi]
         order = np.argsort(wanted, kind="stable")

@@ -3,8 +3,10 @@
 Stages, in the order a sample meets them: **read** (:class:`ShardReader` slicing a sample out of
 its shard and copying its fields, as a worker does before handing it over), **decode** (the
 ``decode`` callable, by default JPEG fields with simplejpeg; one core), **batch**
-(:func:`collate_samples` on decoded samples), **host-to-device** (pinned and pageable copies,
-CUDA only), and the whole :class:`FeedLoader` at several ``num_workers`` (scaling).
+(:func:`collate_samples` on decoded samples, stacking tensors; images of different sizes are
+copied into slots of one shape, as a resize transform would give them), **host-to-device**
+(pinned and pageable copies, CUDA only), and the whole :class:`FeedLoader` at several
+``num_workers`` (scaling).
 
 Each stage loops until its own deadline and always completes at least one unit of work. Worker
 processes are started (fork) before anything touches CUDA, and the host-to-device stage runs last.
@@ -127,42 +129,130 @@ def list_collate(samples: list[Any]) -> list[Any]:
     return samples
 
 
+class SlotCollate:
+    """Batches of decoded images of different sizes as one ``uint8`` tensor per image field:
+    each image is copied into a slot of one shape (centre-cropped where larger, zero-padded
+    where smaller), the fixed shape a resize transform gives a training pipeline's images.
+    Other fields as :func:`~feedpipe.loader.collate_samples`. Picklable (runs in workers)."""
+
+    def __init__(self, slots: dict[str, tuple[int, ...]]) -> None:
+        self.slots = slots
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        import numpy as np
+        import torch
+
+        from .loader import collate_samples
+
+        out = collate_samples([{k: v for k, v in s.items() if k not in self.slots}
+                               for s in samples])
+        for f, shape in self.slots.items():
+            dst = np.zeros((len(samples), *shape), dtype=np.uint8)
+            batch = torch.from_numpy(dst)
+            for i, s in enumerate(samples):
+                a = np.asarray(s[f])
+                if a.ndim == len(shape) - 1:
+                    a = a[..., None]  # greyscale into a colour slot
+                h, w = min(a.shape[0], shape[0]), min(a.shape[1], shape[1])
+                y, x = (a.shape[0] - h) // 2, (a.shape[1] - w) // 2
+                dst[i, :h, :w] = a[y : y + h, x : x + w]
+            out[f] = batch
+        return out
+
+
+def _slots(decoded: Sequence[Any]) -> dict[str, tuple[int, ...]]:
+    """Image fields (2-D or 3-D uint8 arrays) of dict samples whose shapes differ -> the slot
+    shape: the median height and width, the most channels."""
+    import numpy as np
+
+    if not decoded or not isinstance(decoded[0], dict):
+        return {}
+    out: dict[str, tuple[int, ...]] = {}
+    for f, v in decoded[0].items():
+        if not (isinstance(v, np.ndarray) and v.ndim in (2, 3) and v.dtype == np.uint8):
+            continue
+        shapes = [s[f].shape for s in decoded if isinstance(s.get(f), np.ndarray)]
+        if len(set(shapes)) < 2:
+            continue
+        h = int(np.median([x[0] for x in shapes]))
+        w = int(np.median([x[1] for x in shapes]))
+        c = max((x[2] if len(x) == 3 else 1) for x in shapes)
+        out[f] = (h, w, c) if v.ndim == 3 or c > 1 else (h, w)
+    return out
+
+
 def choose_collate(decoded: Sequence[Any],
                    batch_size: int) -> tuple[Callable[[list[Any]], Any], str]:
-    """:func:`collate_samples` when it can batch the decoded samples, else :func:`list_collate`
-    (variable image shapes cannot be stacked without a resize transform)."""
+    """:func:`collate_samples` when it can stack the decoded samples; a :class:`SlotCollate`
+    when images of different sizes are what stops it; :func:`list_collate` (and a note) when
+    nothing can stack them."""
     from .loader import collate_samples
 
+    first = list(decoded[: max(2, batch_size)])
     try:
-        collate_samples(list(decoded[: max(2, batch_size)]))
-    except Exception as e:  # noqa: BLE001 - any refusal means "cannot stack these"
-        return list_collate, (f"decoded samples cannot be stacked ({type(e).__name__}); batches "
-                              "are lists (a resize transform would let them stack)")
-    return collate_samples, ""
+        collate_samples(first)
+        return collate_samples, ""
+    except Exception as e:  # noqa: BLE001 - any refusal means "cannot stack these as they are"
+        refused = type(e).__name__
+    slots = _slots(decoded)
+    if slots:
+        try:
+            SlotCollate(slots)(first)
+        except Exception as e:  # noqa: BLE001
+            refused = type(e).__name__
+        else:
+            what = ", ".join(f"{f} {'x'.join(map(str, sh))}" for f, sh in slots.items())
+            return SlotCollate(slots), (
+                f"decoded images differ in size: batches stack them as uint8 tensors of one "
+                f"shape ({what}: the median size, centre-cropped or zero-padded), as a resize "
+                "transform would")
+    return list_collate, (f"decoded samples cannot be stacked ({refused}); batches are lists, "
+                          "so the batch figure leaves out the copy into tensors")
+
+
+def describe_batch(batch: Any) -> dict[str, Any]:
+    """The tensors of one batch: ``{"tensors": {field: "uint8[64, 224, 224, 3]"},
+    "tensor_bytes": ...}`` (a batch that is not a dict of fields counts as field ``""``)."""
+    import torch
+
+    fields = batch.items() if isinstance(batch, dict) else [("", batch)]
+    tensors = {k: v for k, v in fields if isinstance(v, torch.Tensor)}
+    return {"tensors": {k: f"{str(v.dtype).replace('torch.', '')}{list(v.shape)}"
+                        for k, v in tensors.items()},
+            "tensor_bytes": sum(v.numel() * v.element_size() for v in tensors.values())}
 
 
 def batch_stage(decoded: Sequence[Any], collate: Callable[[list[Any]], Any], batch_size: int,
                 seconds: float) -> dict[str, Any]:
-    """Batches of ``batch_size`` (cycling through ``decoded``) until the deadline."""
+    """Batches of ``batch_size`` (cycling through ``decoded``) until the deadline, on one core
+    (torch's intra-op threads set to 1, as in a DataLoader worker)."""
+    import torch
+
     pool = list(decoded)
     while len(pool) < batch_size:
         pool.extend(decoded)
     n = i = 0
-    t0 = time.perf_counter()
-    deadline = t0 + seconds
-    while True:
-        batch = pool[i : i + batch_size]
-        if len(batch) < batch_size:
-            i = 0
-            continue
-        collate(batch)
-        i += batch_size
-        n += batch_size
-        if time.perf_counter() >= deadline:
-            break
-    elapsed = time.perf_counter() - t0
+    out = None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        while True:
+            batch = pool[i : i + batch_size]
+            if len(batch) < batch_size:
+                i = 0
+                continue
+            out = collate(batch)
+            i += batch_size
+            n += batch_size
+            if time.perf_counter() >= deadline:
+                break
+        elapsed = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
     return {"batch_size": batch_size, "samples": n, "seconds": round(elapsed, 6),
-            "samples_per_s": _rate(n, elapsed)}
+            "samples_per_s": _rate(n, elapsed), **describe_batch(out)}
 
 
 def _batch_len(batch: Any) -> int:

@@ -124,6 +124,11 @@ def _pipeline(doc: dict[str, Any]) -> list[str]:
                 lines.append(f"  {label:<16}{'n/a (no CUDA device)':>17}")
         else:
             lines.append(f"  {label:<16}{_num(per_core[k]):>17}   {_num(cap):>14}{mark}")
+    batch = (pl or {}).get("batch") or {}
+    if batch.get("tensors"):
+        lines.append("Batches stacked: " + ", ".join(f"{k} {v}" for k, v in batch["tensors"].items()
+                                                     if not k.startswith("__"))
+                     + f" ({_size(batch['tensor_bytes'])} per batch)")
     if pl and pl.get("loader"):
         parts = [f"{r['workers']} workers: " + (_num(r.get("samples_per_s")) + "/s"
                                                 if "error" not in r else "error")
@@ -158,5 +163,5 @@ def table(doc: dict[str, Any]) -> str:
                      f"{s['batch_size']}: {_pct(v['accelerator_utilisation'])}")
     lines.append("Advice:")
     lines += [f"  * {a}" for a in v["advice"]]
-    lines.append(f"({doc['elapsed_s']:.1f} s; --json FILE for every figure)")
+    lines.append(f"({doc['elapsed_s']:.1f} s; --json or --json-out FILE for every figure)")
     return "\n".join(lines)

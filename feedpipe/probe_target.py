@@ -216,7 +216,7 @@ def _resolve_remote(url: str, seconds: float, max_files: int) -> Target:
         raise SourceNotFoundError(f"{url}: no such object or prefix") from e
     except PermissionError as e:
         raise AccessDeniedError(f"{url}: permission denied") from e
-    except Exception as e:  # noqa: BLE001 - connection errors differ per backend
+    except Exception as e:
         raise RemoteError(f"{url}: cannot reach it ({type(e).__name__}: {e})") from e
     if info.get("type") == "directory":
         if fs.exists(join(path, "manifest.json")):

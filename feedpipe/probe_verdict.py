@@ -148,10 +148,15 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
     if bound == "decode":
         out.append("Decoding bounds: enable the decoded store (the L1 memmap of decoded "
                    "fixed-shape samples) so that later epochs skip decoding.")
-        if f.jpeg:
-            gpu = "this machine's GPU" if f.cuda else "the GPU"
-            out.append(f"Move JPEG decoding to {gpu} with DALI (pip install 'feedpipe[dali]'): "
-                       "nvJPEG decodes thousands of images/s per GPU and frees the CPU cores.")
+        if f.jpeg and f.cuda:
+            out.append("Move JPEG decoding to this machine's GPU with DALI (pip install "
+                       "'feedpipe[dali]'): nvJPEG decodes thousands of images/s per GPU and "
+                       "frees the CPU cores.")
+        elif f.jpeg:
+            out.append("Decode fewer pixels: JPEG decoding costs in proportion to the pixels, so "
+                       "store the images near the size you train at (downscale them once before "
+                       "`feedpipe shard`); ImagePipeline's random-resized crop decodes only the "
+                       "crop window where it can.")
     if bound == "read":
         out.append("The shard reader bounds: use larger samples or fewer fields per sample, or "
                    "enable the decoded store / DeviceCache so that later epochs skip reading.")

@@ -49,11 +49,11 @@ def _load_index(url: str, size: int, open_stream: Any) -> ShardIndex:
     ipath = index_path(url)
     try:
         if is_local(ipath):
-            with open(local_path(ipath), encoding="utf-8") as f:
-                text = f.read()
+            with open(local_path(ipath), "rb") as f:
+                text = f.read()  # bytes: parse_index names the .idx if they are not UTF-8
         else:
             fs, p = filesystem(ipath)
-            text = retrying(ipath, lambda: fs.cat_file(p)).decode("utf-8")
+            text = retrying(ipath, lambda: fs.cat_file(p))
     except FileNotFoundError:
         with open_stream() as f:
             return group_members((m.name, m.offset, m.size) for m in scan(f, size, url))
@@ -210,21 +210,26 @@ class ShardReader:
             )
 
     def _verify_headers(self, opener: Any) -> None:
-        """Every index entry against the tar: the members the tar's own headers give, in order
-        (name, data offset, size), must be the ones the index lists, so that a ``.idx`` copied
-        from another shard or shifted is refused before a byte is served."""
-        index = self.index
-        with opener() as f:
-            members = [(m.name, m.offset, m.size) for m in scan(f, self.size, self.url)]
-        want = group_members(members)
-        if (want.keys, want.starts, want.exts, want.offsets, want.sizes) != (
-                index.keys, index.starts, index.exts, index.offsets, index.sizes):
-            at = next((i for i, (a, b) in enumerate(zip(want.offsets, index.offsets)) if a != b),
-                      min(len(want.offsets), len(index.offsets)))
-            raise ShardFormatError(
-                f"{index_path(self.url)}: the index does not match the tar headers of {self.url} "
-                f"(first difference at member {at}); rebuild it with `feedpipe index` or "
-                "re-fetch the dataset")
+        """Every index entry against the tar: the members the tar's own headers give (name, data
+        offset, size, grouping) must be the ones the index lists, so that a ``.idx`` copied from
+        another shard or shifted is refused before a byte is served (``feedpipe verify``'s own
+        check, :func:`feedpipe.verify.index_problems`)."""
+        from .index import index_from_tar
+        from .verify import index_problems
+
+        if self._mm is not None:
+            from .index import index_from_buffer
+
+            tar = index_from_buffer(self._mm, self.url)
+        else:
+            with opener() as f:
+                tar = index_from_tar(f, self.size, self.url)
+        problems = index_problems(self.index, tar, self.url, index_path(self.url))
+        if problems:
+            p = problems[0]
+            raise ShardFormatError(f"{p.message} (FeedDataset(verify=True): nothing of this "
+                                   "shard was served; re-fetch the dataset if it came from a "
+                                   "copy)")
 
     def __len__(self) -> int:
         return len(self.index)

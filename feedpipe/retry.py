@@ -6,8 +6,11 @@ e.g. HTTP ``info`` turns any failure into ``FileNotFoundError`` raised *from* th
 
 - transient: connection reset/refused/aborted, timeouts, HTTP 5xx, 408 and 429, payload and
   disconnection errors of aiohttp and botocore -> retried, then :class:`RemoteError`;
-- denied: ``PermissionError`` or HTTP 401/403 -> :class:`AccessDeniedError` at once;
+- denied: ``PermissionError``, HTTP 401/403 or no credentials at all -> :class:`AccessDeniedError`
+  at once;
 - missing: ``FileNotFoundError`` or HTTP 404/410 -> :class:`SourceNotFoundError` at once;
+- unresolved: a host name that does not resolve -> :class:`RemoteError` at once (a resolver
+  that answers "try again" is transient);
 - anything else is not ours to judge and propagates unchanged.
 
 No transport library is imported here: errors are recognised by type name and status attributes.
@@ -15,6 +18,7 @@ No transport library is imported here: errors are recognised by type name and st
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,7 +28,8 @@ from .errors import AccessDeniedError, FeedpipeError, RemoteError, SourceNotFoun
 
 T = TypeVar("T")
 
-TRANSIENT, DENIED, MISSING, OTHER = "transient", "denied", "missing", "other"
+TRANSIENT, DENIED, MISSING, UNRESOLVED, OTHER = (
+    "transient", "denied", "missing", "unresolved", "other")
 
 # Transport errors by class name (aiohttp, botocore, urllib3, fsspec), so none is imported.
 _TRANSIENT_NAMES = frozenset({
@@ -34,6 +39,7 @@ _TRANSIENT_NAMES = frozenset({
     "IncompleteReadError", "ResponseStreamingError", "ProtocolError", "IncompleteRead",
     "HTTPClientError",
 })
+_DENIED_NAMES = frozenset({"NoCredentialsError", "PartialCredentialsError"})  # botocore
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,9 @@ def classify(e: BaseException) -> str:
     """
     if isinstance(e, FeedpipeError):
         return OTHER  # already judged (and worded) by feedpipe
+    dns = _name_resolution(e)
+    if dns is not None:
+        return dns
     kinds = []
     for x in _chain(e):
         status = _status(x)
@@ -99,11 +108,24 @@ def classify(e: BaseException) -> str:
             return TRANSIENT
         if isinstance(x, (ConnectionError, TimeoutError)) or type(x).__name__ in _TRANSIENT_NAMES:
             return TRANSIENT
-        if isinstance(x, PermissionError) or status in (401, 403):
+        if isinstance(x, PermissionError) or status in (401, 403) \
+                or type(x).__name__ in _DENIED_NAMES:
             kinds.append(DENIED)
         elif isinstance(x, FileNotFoundError) or status in (404, 410):
             kinds.append(MISSING)
     return kinds[0] if kinds else OTHER
+
+
+def _name_resolution(e: BaseException) -> str | None:
+    """``UNRESOLVED`` when a host name does not resolve, ``TRANSIENT`` when the resolver said to
+    try again (``EAI_AGAIN``), ``None`` when name resolution is not what failed."""
+    for x in _chain(e):
+        found = x if isinstance(x, socket.gaierror) else getattr(x, "os_error", None)
+        if isinstance(found, socket.gaierror):
+            return TRANSIENT if found.errno == socket.EAI_AGAIN else UNRESOLVED
+        if type(x).__name__ == "ClientConnectorDNSError":  # aiohttp, its cause elsewhere
+            return UNRESOLVED
+    return None
 
 
 def call(
@@ -134,6 +156,12 @@ def call(
                 raise SourceNotFoundError(
                     f"{url}: no such object ({type(e).__name__}: {e}); check the URL and that the "
                     "dataset was uploaded completely"
+                ) from e
+            if kind == UNRESOLVED:
+                raise RemoteError(
+                    f"{url}: the host name does not resolve ({type(e).__name__}: {e}); check the "
+                    "host in the URL (for s3:// the endpoint, AWS_ENDPOINT_URL_S3) and the "
+                    "machine's DNS settings"
                 ) from e
             if kind == DENIED:
                 raise AccessDeniedError(

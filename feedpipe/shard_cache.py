@@ -8,6 +8,9 @@ datasets holding the same shard share it and a changed shard never matches a sta
     <key>.idx   its index   (when the source has one)
     <key>.lock  the entry's lock file (empty)
     <key>.tar.part, <key>.idx.part   a download under way (or left by a killed process)
+    manifest-<hash>.json   the manifest of a dataset read through the cache (offline starts,
+                           :mod:`feedpipe.manifest_cache`)
+    .budget, .reader-*     the node-wide accounting (:mod:`feedpipe.cache_budget`)
 
 **Locks** (``fcntl.flock`` on ``<key>.lock``; the kernel drops the locks of a dead process, so a
 crash never leaves a lock that blocks the next run):
@@ -17,30 +20,36 @@ crash never leaves a lock that blocks the next run):
   per shard and node), other fillers skip it;
 - eviction takes ``LOCK_EX | LOCK_NB`` and skips entries it cannot lock: in-use entries stay.
 
-Fills write ``.part`` files, check size and sha256 against the manifest, ``fsync`` and rename:
-readers never see a partial file. A verified entry carries a *stamp* in its mtime (a value derived
-from its key); writing to the file afterwards changes the mtime, so a damaged entry (truncated,
-overwritten) is noticed on open, re-hashed, and discarded and fetched again when it is wrong.
+**Checks** (:mod:`feedpipe.cache_integrity`). Fills write ``.part`` files and check them before
+the rename publishes them: the shard's size and sha256 against the manifest, the index against
+the manifest's index hash or else the shard's tar headers. A file that fails is fetched again, up
+to :data:`FETCH_ATTEMPTS` fetches in all, then a :class:`ShardFormatError` names it, its URL and
+the cache. A checked file carries a *stamp* in its mtime (an index's also hashes its content),
+so a file damaged in the cache directory is noticed on its next use, checked again and fetched
+again when wrong: nothing unchecked is ever served.
 
-**Budget** (``size`` bytes, apparent file sizes, ``.part`` files included). A fill first makes
-room: it evicts unlocked entries, the one whose next use in the plan lies furthest ahead first
-(entries the plan never uses, e.g. of other datasets, before all others), until the entries, the
-downloads under way and the incoming shard fit. Entries in use cannot be evicted, so the directory
-exceeds the budget only when in-use entries alone leave no room. The rule, as tested: bytes on
-disk <= ``size + readers x (max_open_shards + prefetch threads) x largest entry`` at any moment
-(a reader closes its oldest map before it opens the next, and releases a shard as soon as the plan
-says it is done with it this epoch, so a shard being fetched for it counts among its
-``max_open_shards``), and <= ``size`` once nothing is in use and :meth:`ShardCache.trim` ran (each
-iterator runs it when it ends). A prefetch never evicts a shard needed sooner than the one it
-fetches: under pressure it gives up and the reader fetches on demand.
+**Budget** (``size`` bytes: the apparent size of every file in the directory: entries, downloads
+under way, manifest copies, the ledger). Admissions are serialised node-wide, and a download
+reserves its full size when it starts. A fill first makes room: it evicts unlocked entries, the
+one whose next use in the plan lies furthest ahead first (entries the plan never uses, e.g. of
+other datasets, before all others). When the entries in use leave no room, a reader's download
+(never a prefetch) still goes ahead if the directory then holds at most ``size + R x`` that
+shard, ``R`` being the processes reading through the directory at that moment (every DataLoader
+worker of every rank is one); else that shard is read from the source with range requests,
+uncached, with a warning once per process. So, at every moment a download starts::
+
+    bytes in the directory <= size + R x the largest entry (shard + index)
+
+and ``<= size`` once nothing is in use and :meth:`ShardCache.trim` ran (each iterator runs it
+when it ends). A prefetch never exceeds the budget and never evicts a shard needed sooner than
+the one it fetches: under pressure it gives up and the reader fetches on demand.
 
 **Disk full** (``ENOSPC``, ``EDQUOT``, ``EFBIG``): the partial files are removed, a warning is
-given once per process, and that shard is read from the source with range reads instead.
+given once per process, and that shard is read from the source with range requests instead.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
@@ -48,18 +57,22 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import OutputError, ShardFormatError, SourceNotFoundError
+from .cache_budget import Budget, scan
+from .cache_entry import FETCH_ATTEMPTS, PARTS, Entry, NoSpace, Stopped, disk
 from .file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
-from .index import index_path
 from .manifest import ShardRecord
-from .storage import filesystem, read_range
+
+if TYPE_CHECKING:
+    from .cache_tiers import TierStats
+    from .manifest import Manifest
+
+__all__ = ["FETCH_ATTEMPTS", "CacheStats", "ShardCache", "default_cache_dir", "entry_key",
+           "make_cache"]
 
 INF = float("inf")
-CHUNK = 16 << 20  # bytes per ranged GET when filling
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_STAMP_BASE = 1_000_000_000  # seconds; a verified entry's mtime is this plus an even offset
+_TMP = re.compile(r"\.tmp-(\d+)$")  # a temporary file of process <pid>
 
 Rank = Callable[[str], float]  # entry key -> next use (INF when unknown)
 
@@ -74,28 +87,27 @@ def entry_key(rec: ShardRecord, url: str) -> str:
     """The entry name of a shard: its content hash (else a hash of URL and size) and file name."""
     ident = rec.sha256 or hashlib.sha256(f"{url}\0{rec.bytes}".encode()).hexdigest()
     base = re.sub(r"[^A-Za-z0-9._-]", "_", rec.name.rsplit("/", 1)[-1])
-    base = base[:-4] if base.endswith(".tar") else base
+    base = base.removesuffix(".tar")
     return f"{ident[:20]}-{base}"
-
-
-def _stamp(key: str) -> int:
-    # whole, even seconds survive filesystems with coarse timestamps
-    return _STAMP_BASE + 2 * int(hashlib.sha256(key.encode()).hexdigest()[:6], 16)
 
 
 @dataclass
 class CacheStats:
-    """Per process: ``hits`` (a reader found its shard cached), ``fills`` (downloads, of which
-    ``prefetched`` by background threads), ``waits`` (another thread or process held the entry),
-    ``evictions``, ``refetched`` (damaged entries discarded), ``degraded`` (read uncached)."""
+    """Per process: ``hits`` (a reader found its shard cached), ``misses`` (it did not: it
+    fetched the shard or read it uncached), ``fills`` (downloads, of which ``prefetched`` by
+    background threads), ``waits`` (another thread or process held the entry), ``evictions``,
+    ``refetched`` (damaged or mismatched files discarded), ``degraded`` (read uncached: disk
+    full), ``over_budget`` (read uncached: the budget was taken by shards in use)."""
 
     hits: int = 0
+    misses: int = 0
     fills: int = 0
     prefetched: int = 0
     waits: int = 0
     evictions: int = 0
     refetched: int = 0
     degraded: int = 0
+    over_budget: int = 0
     bytes_fetched: int = 0
 
 
@@ -123,15 +135,29 @@ class ShardCache:
         self.prefetch = prefetch
         self.threads = threads
         self.stats = CacheStats()
-        self._warned = False
+        self._warned: set[str] = set()
         self._made = False
+        self._budget = Budget(self.path)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["stats"] = CacheStats()  # counters are per process
+        state["_warned"] = set()
         return state
 
-    # -- file names and locks ------------------------------------------------------------
+    @staticmethod
+    def manifest_of(url: str, cache_dir: Any = None) -> Manifest:
+        """The manifest of the dataset at ``url``, kept in the cache directory ``cache_dir``
+        (as ``FeedDataset(cache_dir=)`` takes it) so that a warm cache starts while the storage
+        is unreachable: see :func:`feedpipe.manifest_cache.load_manifest_cached`."""
+        from .manifest_cache import load_manifest_cached
+
+        return load_manifest_cached(url, cache_dir)
+
+    # -- files and locks -------------------------------------------------------------------
+    def _entry(self, url: str, rec: ShardRecord) -> Entry:
+        return Entry(self.path, entry_key(rec, url), url, rec, self.stats)
+
     def _p(self, key: str, suffix: str) -> str:
         return os.path.join(self.path, key + suffix)
 
@@ -141,6 +167,8 @@ class ShardCache:
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as e:
+            from .errors import OutputError
+
             raise OutputError(
                 e.errno, f"{self.path}: cannot create the shard cache directory: {e.strerror}; "
                 "pass cache_dir= a writable directory"
@@ -151,85 +179,27 @@ class ShardCache:
         return lock(self._p(key, ".lock"), mode, block, opener=self._open_lock)
 
     def _open_lock(self, *args: Any) -> int:
-        return int(self._disk(os.open, *args))
+        return int(disk(self.path, os.open, *args))
 
-    # -- entry state ---------------------------------------------------------------------
-    def _valid(self, key: str, rec: ShardRecord) -> bool:
-        """The entry is complete and unchanged since it was verified (size and stamp)."""
-        stamp = _stamp(key)
-        try:
-            st = os.stat(self._p(key, ".tar"))
-        except FileNotFoundError:
-            return False
-        if st.st_size != rec.bytes or int(st.st_mtime) != stamp:
-            return False
-        try:
-            return int(os.stat(self._p(key, ".idx")).st_mtime) == stamp
-        except FileNotFoundError:
-            return True  # the source has no index: the reader scans the shard
-
-    def _repair_or_discard(self, key: str, rec: ShardRecord) -> bool:
-        """Under ``LOCK_EX``: keep an entry whose content still hashes right (restamped), else
-        remove it. True when a valid entry remains."""
-        tar = self._p(key, ".tar")
-        if not os.path.exists(tar):
-            return False
-        if self._valid(key, rec):
-            return True
-        ok = rec.sha256 is not None and os.path.getsize(tar) == rec.bytes
-        if ok:
-            h = hashlib.sha256()
-            with open(tar, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-            ok = h.hexdigest() == rec.sha256
-        if ok:
-            for suffix in (".tar", ".idx"):
-                if os.path.exists(self._p(key, suffix)):
-                    os.utime(self._p(key, suffix), (_stamp(key), _stamp(key)))
-            return True
-        self.stats.refetched += 1
-        self._remove(key, (".tar", ".idx"))
-        return False
-
-    def _remove(self, key: str, suffixes: tuple[str, ...]) -> int:
-        freed = 0
-        for suffix in suffixes:
-            try:
-                p = self._p(key, suffix)
-                freed += os.path.getsize(p)
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-        return freed
-
-    def _scan(self) -> tuple[dict[str, int], int]:
-        """``({key: bytes of .tar + .idx}, bytes of .part files)``."""
-        entries: dict[str, int] = {}
-        parts = 0
-        try:
-            it = os.scandir(self.path)
-        except FileNotFoundError:
-            return entries, 0
-        with it:
-            for e in it:
-                name = e.name
-                try:
-                    size = e.stat(follow_symlinks=False).st_size
-                except FileNotFoundError:
-                    continue  # evicted meanwhile
-                if name.endswith(".part"):
-                    parts += size
-                elif name.endswith((".tar", ".idx")):
-                    key = name[:-4]
-                    entries[key] = entries.get(key, 0) + size
-        return entries, parts
+    def _scan(self) -> tuple[dict[str, int], int, int]:
+        return scan(self.path)
 
     def usage(self) -> dict[str, int]:
-        """Bytes on disk (entries and downloads under way), complete entries, budget."""
-        entries, parts = self._scan()
-        return {"bytes": sum(entries.values()) + parts, "entries": len(entries),
-                "part_bytes": parts, "budget": -1 if self.size is None else self.size}
+        """Bytes on disk (every file), complete entries, bytes of downloads under way, the
+        budget (-1: none), and the largest size a download took the directory to
+        (``peak_bytes``) with the most processes seen reading at once (``peak_readers``)."""
+        entries, parts, other = self._scan()
+        peak, readers = self._budget.peak()
+        return {"bytes": sum(entries.values()) + parts + other, "entries": len(entries),
+                "part_bytes": parts, "budget": -1 if self.size is None else self.size,
+                "peak_bytes": peak, "peak_readers": readers}
+
+    def tier_stats(self) -> TierStats:
+        """This process's hits and misses, and the directory's bytes and entries."""
+        from .cache_tiers import SHARDS, TierStats
+
+        u = self.usage()
+        return TierStats(SHARDS, self.stats.hits, self.stats.misses, u["bytes"], u["entries"])
 
     # -- eviction ------------------------------------------------------------------------
     def _evict(self, key: str) -> int | None:
@@ -237,8 +207,10 @@ class ShardCache:
         fd = self._lock(key, EXCLUSIVE, block=False)
         if fd is None:
             return None
+        freed = 0
         try:
-            freed = self._remove(key, (".tar", ".idx", ".tar.part", ".idx.part"))
+            freed = Entry(self.path, key, "", ShardRecord("", 0, 0), self.stats).remove(
+                (".tar", ".idx", *PARTS))
             os.unlink(self._p(key, ".lock"))  # under LOCK_EX: lockers re-check the inode
         except FileNotFoundError:
             pass
@@ -247,223 +219,205 @@ class ShardCache:
         self.stats.evictions += 1
         return freed
 
-    def _make_room(self, key: str, incoming: int, rank: Rank, demand: bool) -> bool:
-        """Evict until ``incoming`` more bytes fit (see the module docstring). A prefetch
-        (``demand=False``) gives up rather than evict a shard needed before this one."""
-        if self.size is None:
-            return True
-        entries, parts = self._scan()
-        total = sum(entries.values()) + parts
-        if total + incoming <= self.size:
-            return True
-        mine = rank(key)
-        victims = sorted((k for k in entries if k != key), key=lambda k: (-rank(k), k))
-        for k in victims:
-            if total + incoming <= self.size:
+    def _evict_until(self, budget: int, entries: dict[str, int], total: int, rank: Rank,
+                     keep: str | None = None, before: float | None = None) -> int | None:
+        """Evict unlocked entries, furthest next use first, until ``total <= budget``; the
+        bytes left. ``None`` when the next victim is needed no later than ``before`` (a
+        prefetch gives up rather than evict a shard needed before the one it fetches)."""
+        for k in sorted((k for k in entries if k != keep), key=lambda k: (-rank(k), k)):
+            if total <= budget:
                 break
-            if not demand and rank(k) <= mine:
-                return False
-            if self._evict(k) is not None:
-                total -= entries[k]
-        return demand or total + incoming <= self.size
+            if before is not None and rank(k) <= before:
+                return None
+            freed = self._evict(k)
+            if freed is not None:
+                total -= freed
+        return total
 
     def trim(self, rank: Rank | None = None) -> int:
-        """Evict unused entries (furthest next use first) until the budget holds, and remove
-        downloads abandoned by killed processes. Returns the bytes on disk afterwards."""
+        """Evict unused entries (furthest next use first) until the budget holds, remove
+        downloads and temporary files abandoned by killed processes, and stop counting this
+        process among the readers. Returns the bytes on disk afterwards."""
         rank = rank or (lambda k: INF)
-        entries, parts = self._scan()
+        self._budget.unregister()
         for name in os.listdir(self.path) if os.path.isdir(self.path) else ():
-            key = name[: -len(".tar.part")] if name.endswith(".tar.part") else None
-            key = key or (name[: -len(".idx.part")] if name.endswith(".idx.part") else None)
-            if key is None:
-                continue
-            fd = self._lock(key, EXCLUSIVE, block=False)
-            if fd is not None:  # nobody is filling it: a leftover
-                parts -= self._remove(key, (".tar.part", ".idx.part"))
-                os.close(fd)
-        total = sum(entries.values()) + parts
+            key = next((name[: -len(s)] for s in PARTS if name.endswith(s)), None)
+            if key is not None:
+                fd = self._lock(key, EXCLUSIVE, block=False)
+                if fd is not None:  # nobody is filling it: a leftover
+                    for s in PARTS:
+                        _unlink(self._p(key, s))
+                    os.close(fd)
+            elif (m := _TMP.search(name)) and not _alive(int(m.group(1))):
+                _unlink(os.path.join(self.path, name))
+        entries, parts, other = self._scan()
+        total = sum(entries.values()) + parts + other
         if self.size is not None:
-            for k in sorted(entries, key=lambda k: (-rank(k), k)):
-                if total <= self.size:
-                    break
-                if self._evict(k) is not None:
-                    total -= entries[k]
+            total = self._evict_until(self.size, entries, total, rank) or 0
         return total
 
     # -- filling -------------------------------------------------------------------------
-    def _fill(self, key: str, url: str, rec: ShardRecord, rank: Rank, demand: bool,
+    def _reserve(self, entry: Entry, tar_bytes: int, idx: bytes | None, rank: Rank,
+                 demand: bool) -> bool:
+        """Admit a download (see the module docstring): make room, then create its ``.part``
+        files at their full size. False: a prefetch found no room, or a reader's download would
+        take the directory past ``size + readers x`` this download."""
+        incoming = tar_bytes + (len(idx) if idx is not None else 0)
+        with self._budget.admission(self._open_lock) as ledger:
+            entries, parts, other = self._scan()
+            own = sum(_size(entry.p(s)) for s in PARTS)  # replaced by this reservation
+            total = sum(entries.values()) + parts + other - own
+            readers = self._budget.readers()
+            if self.size is not None and total + incoming > self.size:
+                left = self._evict_until(self.size - incoming, entries, total, rank, entry.key,
+                                         None if demand else rank(entry.key))
+                if left is None:
+                    return False
+                total = left
+                if total + incoming > self.size + (readers * incoming if demand else 0):
+                    return False
+            entry.write_parts(tar_bytes, idx)
+            ledger.note(total + incoming, readers)
+        return True
+
+    def _fill(self, entry: Entry, rank: Rank, demand: bool,
               stop: threading.Event | None) -> str:
         """Under ``LOCK_EX``: ``"valid"`` (the entry was already there), ``"ok"`` (fetched),
-        ``"skipped"`` (a prefetch found no room), ``"degraded"`` (the cache directory is full)."""
-        if self._repair_or_discard(key, rec):
-            return "valid"
-        if not self._make_room(key, rec.bytes, rank, demand):
-            return "skipped"
-        fs, path = filesystem(url)
-        h = hashlib.sha256()
-
-        def chunks() -> Any:  # remote reads: their errors propagate as they are
-            for lo in range(0, rec.bytes, CHUNK):
-                if stop is not None and stop.is_set():
-                    raise _Stopped
-                hi = min(rec.bytes, lo + CHUNK)
-                blob = read_range(fs, path, url, lo, hi, whole=hi - lo == rec.bytes, stop=stop)
-                h.update(blob)
-                yield blob
-
-        stamp = _stamp(key)
+        ``"refused"`` (no room within the budget's rules), ``"degraded"`` (the disk is full)."""
         try:
-            idx = self._fetch_index(url, stop)
-            self._write_part(self._p(key, ".tar.part"), chunks())
-            if rec.sha256 is not None and h.hexdigest() != rec.sha256:
-                raise ShardFormatError(
-                    f"{url}: content hash mismatch while caching (sha256 {h.hexdigest()[:16]}..., "
-                    f"the manifest says {rec.sha256[:16]}...): the source shard is corrupted or "
-                    "was replaced; run `feedpipe verify` on the dataset"
-                )
-            if idx is not None:
-                self._write_part(self._p(key, ".idx.part"), iter((idx,)))
-                self._disk(os.utime, self._p(key, ".idx.part"), (stamp, stamp))
-                self._disk(os.replace, self._p(key, ".idx.part"), self._p(key, ".idx"))
-            self._disk(os.utime, self._p(key, ".tar.part"), (stamp, stamp))
-            self._disk(os.replace, self._p(key, ".tar.part"), self._p(key, ".tar"))  # commit
-        except _NoSpace as e:
-            self._remove(key, (".tar.part", ".idx.part", ".idx"))
-            self._degrade(url, e.error)
+            status = entry.fill(lambda b, idx: self._reserve(entry, b, idx, rank, demand), stop,
+                                lambda: self._budget.admission(self._open_lock))
+        except NoSpace as e:
+            self._degrade(entry.url, e.error)
             return "degraded"
-        except BaseException:
-            self._remove(key, (".tar.part", ".idx.part"))
-            raise
-        self.stats.fills += 1
-        self.stats.bytes_fetched += rec.bytes + (len(idx) if idx is not None else 0)
-        return "ok"
+        if status == "ok":
+            self.stats.fills += 1
+            self.stats.bytes_fetched += entry.fetched
+        return status
+
+    def _warn(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(message, RuntimeWarning, stacklevel=5)
 
     def _degrade(self, url: str, error: OSError) -> None:
         self.stats.degraded += 1
-        if not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"{self.path}: the shard cache directory is full ({error.strerror}) while "
-                f"caching {url}; reading such shards directly from the source instead "
-                "(uncached range reads). Free space there or lower cache_size.",
-                RuntimeWarning, stacklevel=5,
-            )
+        self._warn("full", f"{self.path}: the shard cache directory is full ({error.strerror}) "
+                           f"while caching {url}; reading such shards directly from the source "
+                           "instead (uncached range reads). Free space there or lower cache_size.")
 
-    def _disk(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A local file operation: a full disk becomes ``_NoSpace``, other failures a clear
-        :class:`OutputError` (remote errors never pass through here)."""
-        try:
-            return fn(*args)
-        except OSError as e:
-            if e.errno in _FULL:
-                raise _NoSpace(e) from e
-            raise OutputError(
-                e.errno, f"{self.path}: cannot write to the shard cache ({e.strerror}); pass "
-                "cache_dir= a writable directory with free space"
-            ) from e
-
-    def _write_part(self, part: str, blobs: Any) -> None:
-        fd = self._disk(os.open, part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            for blob in blobs:
-                view = memoryview(blob)
-                while view:
-                    view = view[self._disk(os.write, fd, view):]
-            self._disk(os.fsync, fd)  # data on disk before the rename publishes it
-        finally:
-            os.close(fd)
-
-    def _fetch_index(self, url: str, stop: threading.Event | None) -> bytes | None:
-        from . import retry
-
-        iurl = index_path(url)
-        fs, ipath = filesystem(iurl)
-        try:
-            return retry.call(iurl, lambda: fs.cat_file(ipath), stop=stop)
-        except SourceNotFoundError:
-            return None
+    def _over_budget(self, url: str) -> None:
+        self.stats.over_budget += 1
+        self._warn("budget", (
+            f"{self.path}: cache_size ({self.size} bytes) is taken by shards that the "
+            f"{self._budget.readers()} processes reading through this cache hold in use; "
+            f"reading {url} uncached (range requests) rather than exceed the budget by more than "
+            "one shard per reader. Raise cache_size, or lower max_open_shards / shuffle_window "
+            "so that each reader holds fewer shards at once."))
 
     def prefetch_one(self, url: str, rec: ShardRecord, rank: Rank,
                      stop: threading.Event | None = None) -> str:
         """Fill an entry in the background: ``"ok"``, ``"busy"`` (someone else is filling it),
-        ``"skipped"`` or ``"degraded"``. Never waits for a lock."""
+        ``"skipped"`` (no room without evicting a shard needed sooner) or ``"degraded"``. Never
+        waits for a lock."""
         self._ensure_dir()
-        key = entry_key(rec, url)
+        entry = self._entry(url, rec)
         try:
-            fd = self._lock(key, EXCLUSIVE, block=False)
-        except _NoSpace as e:
+            fd = self._lock(entry.key, EXCLUSIVE, block=False)
+        except NoSpace as e:
             self._degrade(url, e.error)
             return "degraded"
         if fd is None:
             return "busy"
         try:
-            if self._valid(key, rec):
+            if entry.valid():
                 return "ok"
-            status = self._fill(key, url, rec, rank, demand=False, stop=stop)
-        except _Stopped:
+            status = self._fill(entry, rank, demand=False, stop=stop)
+        except Stopped:
             return "skipped"
         finally:
             os.close(fd)
         if status == "ok":
             self.stats.prefetched += 1
-        return "ok" if status == "valid" else status
+        return {"valid": "ok", "refused": "skipped"}.get(status, status)
 
     def acquire(self, url: str, rec: ShardRecord, rank: Rank | None = None) -> Lease | None:
         """The cached shard, filled first if needed, held in use until the lease is released;
-        ``None`` when the cache directory is full (read ``url`` directly then).
+        ``None`` when it cannot be cached now (the directory is full, or the budget is taken by
+        shards in use: see the module docstring): read ``url`` directly then.
 
         Waits while another thread or process fills the same entry (one download per node).
+        Counts this process among the cache's readers until :meth:`trim`.
         """
         self._ensure_dir()
         try:
-            return self._acquire(url, rec, rank or (lambda k: INF))
-        except _NoSpace as e:  # not even a lock file fits
+            disk(self.path, self._budget.register)
+            return self._acquire(self._entry(url, rec), rank or (lambda k: INF))
+        except NoSpace as e:  # not even a lock file fits
             self._degrade(url, e.error)
             return None
 
-    def _acquire(self, url: str, rec: ShardRecord, rank: Rank) -> Lease | None:
-        key = entry_key(rec, url)
-        tar = self._p(key, ".tar")
+    def _acquire(self, entry: Entry, rank: Rank) -> Lease | None:
+        tar, lockfile = entry.p(".tar"), entry.p(".lock")
         wait = threading.Event()
         for attempt in range(200):
-            fd = self._lock(key, SHARED)  # blocks while a filler holds LOCK_EX
-            if fd is not None and self._valid(key, rec):
+            fd = self._lock(entry.key, SHARED)  # blocks while a filler holds LOCK_EX
+            if fd is not None and entry.valid():
                 self.stats.hits += 1
                 return Lease(tar, fd)
             if fd is not None:
                 os.close(fd)
-            fd = self._lock(key, EXCLUSIVE, block=False)
+            fd = self._lock(entry.key, EXCLUSIVE, block=False)
             if fd is None:  # a filler or a momentary reader: look again once it is done
                 self.stats.waits += 1
                 wait.wait(min(0.05, 0.0005 * 2 ** min(attempt, 7)))
                 continue
             try:
-                status = self._fill(key, url, rec, rank, demand=True, stop=None)
-                if status == "degraded":
+                status = self._fill(entry, rank, demand=True, stop=None)
+                if status in ("degraded", "refused"):
+                    os.close(fd)
+                    self.stats.misses += 1
+                    if status == "refused":
+                        self._over_budget(entry.url)
                     return None
                 relock(fd, SHARED)  # not atomic: re-check what we hold
             except BaseException:
                 os.close(fd)
                 raise
-            if same_file(fd, self._p(key, ".lock")) and self._valid(key, rec):
+            if same_file(fd, lockfile) and entry.valid():
+                self.stats.misses += status == "ok"
+                self.stats.hits += status == "valid"
                 return Lease(tar, fd)
             os.close(fd)
-        warnings.warn(f"{self.path}: could not settle the cache entry of {url}; reading it "
+        warnings.warn(f"{self.path}: could not settle the cache entry of {entry.url}; reading it "
                       "uncached", RuntimeWarning, stacklevel=2)
         self.stats.degraded += 1
+        self.stats.misses += 1
         return None
 
 
-class _Stopped(Exception):
-    """A prefetch was cancelled (its iterator closed)."""
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
 
 
-class _NoSpace(Exception):
-    """The cache directory is full (``ENOSPC``, ``EDQUOT``, ``EFBIG``)."""
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
-    def __init__(self, error: OSError) -> None:
-        super().__init__(str(error))
-        self.error = error
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def make_cache(cache_dir: Any, cache_size: Any) -> ShardCache | None:
@@ -477,5 +431,13 @@ def make_cache(cache_dir: Any, cache_size: Any) -> ShardCache | None:
         if cache_size is not None:
             raise ValueError("give the byte budget to the ShardCache, not cache_size=")
         return cache_dir
-    path = default_cache_dir() if cache_dir is True or cache_dir == "auto" else cache_dir
-    return ShardCache(path, cache_size)
+    return ShardCache(cache_dir_path(cache_dir), cache_size)
+
+
+def cache_dir_path(cache_dir: Any) -> str:
+    """The directory a ``cache_dir=`` value names (``True``/``"auto"``: the default)."""
+    if isinstance(cache_dir, ShardCache):
+        return cache_dir.path
+    if cache_dir is True or cache_dir == "auto":
+        return default_cache_dir()
+    return os.path.abspath(os.fspath(cache_dir))

@@ -9,15 +9,18 @@ here except directory entries and the manifest file.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import InputError, KeyClashError, SourceNotFoundError
 from .keys import encode_key, split_source, valid_extension
+from .source_tree import LINK_LOOP, NOT_REGULAR, Identity, TreeWalk, identity
 from .storage import filesystem, is_local, local_path
 
 
@@ -51,6 +54,7 @@ class Listing:
     problems: list[tuple[str, str]]  # (path, reason), one per bad input
     classes: list[str] | None = None
     ignored: int = 0  # hidden files
+    outputs: list[str] = field(default_factory=list)  # output directories skipped (relative)
 
 
 class Source:
@@ -94,16 +98,47 @@ class Source:
                 "_local_root": self._local_root}
 
 
-def read_local(path: str, size: int = -1) -> bytes:
-    """A local file's bytes, in one ``read`` when ``size`` is right (asking one byte more: a
-    regular file's read comes back short only at its end), else until a read finds nothing.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
-    Without Python's buffered file object: for the many small files of a conversion this is
-    about half the time of ``open(path, "rb").read()`` (5.8 against 10.7 us per 1 KiB file,
-    measured on this project's VM). A file that is longer or shorter than ``size`` is read
-    whole all the same."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+class NotRegularFileError(OSError):
+    """A source path names a FIFO, socket, device or directory: ``feedpipe shard`` reads regular
+    files only (opening a FIFO without a writer would block the reader forever)."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"
+
+
+def not_regular(path: str, mode: int) -> NotRegularFileError:
+    return NotRegularFileError(
+        errno.EINVAL, f"not a regular file ({_kind(mode)}); feedpipe shard reads regular files "
+        "only", path)
+
+
+def read_local(path: str, size: int = -1) -> bytes:
+    """A local regular file's bytes, in one ``read`` when ``size`` is right (asking one byte
+    more: a regular file's read comes back short only at its end), else until a read finds
+    nothing.
+
+    The file is opened non-blocking and its type checked after the open, so a FIFO, socket or
+    device (also one swapped in after the listing) raises :class:`NotRegularFileError` instead
+    of blocking or reading forever. Without Python's buffered file object: for the many small
+    files of a conversion this is the cheaper read (``benchmarks/bench_convert.py``). A file
+    that is longer or shorter than ``size`` is read whole all the same."""
+    fd = os.open(path, _OPEN_FLAGS)
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_regular(path, mode)
         want = size + 1 if size >= 0 else 1 << 16
         data = os.read(fd, want)
         if len(data) == size:  # short by the byte asked beyond the listed size: at the end
@@ -121,30 +156,23 @@ def read_local(path: str, size: int = -1) -> bytes:
         os.close(fd)
 
 
-def _walk_local(root: str) -> Iterator[tuple[str, int]]:
-    """``(relative path, size)`` of every file below ``root``, sorted per directory; size -1
-    when it cannot be stat'ed. Symlinks to files are followed, to directories not."""
-    stack = [("", root)]
-    while stack:
-        rel_dir, path = stack.pop()
-        try:
-            with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            yield (rel_dir.rstrip("/") or path), -1
-            continue
-        subdirs = []
-        for e in entries:
-            rel = rel_dir + e.name
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    subdirs.append((rel + "/", e.path))
-                    continue
-                size = e.stat().st_size
-            except OSError:
-                size = -1
-            yield rel, size
-        stack.extend(reversed(subdirs))
+def printable(rel: str) -> str:
+    r"""``rel`` as text that JSON and terminals take: bytes of a file name that are not UTF-8
+    (``os`` hands them over as lone surrogates) become ``\xNN`` escapes (pure).
+
+    Example:
+        >>> printable("a/bad\udcff.jpg")
+        'a/bad\\xff.jpg'
+    """
+    try:
+        rel.encode("utf-8")
+        return rel
+    except UnicodeEncodeError:
+        pass
+    try:
+        return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return rel.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _walk_remote(root: str) -> Iterator[tuple[str, int]]:
@@ -198,7 +226,12 @@ def classify(rel: str, size: int, *, labels_from_dirs: bool = False) -> tuple[st
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:
-        return "file name is not valid UTF-8"
+        return "file name is not valid UTF-8 (rename it)"
+    if size == NOT_REGULAR:
+        return "not a regular file (a FIFO, socket or device); feedpipe shard reads regular files only"
+    if size == LINK_LOOP:
+        return ("symbolic link to a directory it is inside (a loop); remove the link or point it "
+                "elsewhere")
     if size < 0:  # before the extension checks: it may be an unreadable directory
         return "cannot stat or list it (permission or broken link)"
     stem, ext = split_source(rel)
@@ -219,25 +252,31 @@ def add_class_field(spec: SampleSpec, index: dict[str, int]) -> None:
     if any(f.ext == "cls" for f in spec.files):
         raise KeyClashError(
             f"{spec.files[0].path}: sample already has a 'cls' file, which clashes with the "
-            "class field written by --labels-from-dirs"
+            "class field written by --labels-from-dirs; rename the file or drop "
+            "--labels-from-dirs"
         )
     spec.extras.append(("cls", str(index[spec.files[0].path.split("/", 1)[0]]).encode()))
 
 
-def list_tree(src: str, *, labels_from_dirs: bool = False) -> Listing:
+def list_tree(src: str, *, labels_from_dirs: bool = False, exclude: str | None = None) -> Listing:
     """Group the files of a folder tree into samples by relative directory and stem (in one
-    process; :mod:`feedpipe.listing` lists big trees in parallel with the same result)."""
+    process; :mod:`feedpipe.listing` lists big trees in parallel with the same result).
+    ``exclude``: the output directory, skipped if it is inside ``src``."""
     check_source_dir(src)
-    entries = _walk_local(local_path(src)) if is_local(src) else _walk_remote(src)
+    walk: Any
+    if is_local(src):
+        walk = TreeWalk(local_path(src), skip=output_identity(exclude))
+    else:
+        walk = _walk_remote(src)
     problems: list[tuple[str, str]] = []
     by_key: dict[str, SampleSpec] = {}
     ignored = 0
-    for rel, size in entries:
+    for rel, size in walk:
         got = classify(rel, size, labels_from_dirs=labels_from_dirs)
         if got is None:
             ignored += 1
         elif isinstance(got, str):
-            problems.append((rel, got))
+            problems.append((printable(rel), got))
         else:
             by_key.setdefault(got[0], SampleSpec(got[0])).files.append(got[1])
     samples = [by_key[k] for k in sorted(by_key)]
@@ -247,7 +286,17 @@ def list_tree(src: str, *, labels_from_dirs: bool = False) -> Listing:
         index = {c: i for i, c in enumerate(classes)}
         for s in samples:
             add_class_field(s, index)
-    return Listing(samples, problems, classes, ignored)
+    outputs = sorted(printable(o) for o in getattr(walk, "outputs", []))
+    return Listing(samples, problems, classes, ignored, outputs)
+
+
+def output_identity(out: str | None) -> frozenset[Identity]:
+    """The identity of the output directory ``out`` when it exists locally (for the walk to
+    skip it), else nothing."""
+    if out is None or not is_local(out):
+        return frozenset()
+    got = identity(local_path(out))
+    return frozenset() if got is None else frozenset([got])
 
 
 def _rows(manifest_file: str) -> Iterator[tuple[int, dict[str, object]]]:
@@ -309,7 +358,8 @@ def list_manifest(src: str, manifest_file: str) -> Listing:
                 files.append(FileRef(ext, rel, size))
             else:
                 if not valid_extension(col):
-                    raise InputError(f"{where}: column {col!r} cannot be a field name")
+                    raise InputError(f"{where}: column {col!r} cannot be a field name (no "
+                                     "spaces, '/' or '%'); rename the column")
                 text = value if isinstance(value, str) else json.dumps(value)
                 extras.append((col, text.encode("utf-8")))
         if bad is not None:
@@ -323,7 +373,8 @@ def list_manifest(src: str, manifest_file: str) -> Listing:
         elif files:
             key = encode_key(split_source(files[0].path)[0].lstrip("/"))
         else:
-            raise InputError(f"{where}: row has no files and no key")
+            raise InputError(f"{where}: row has no files and no key; give it a 'key' column or "
+                             "a 'path' column")
         exts = [f.ext for f in files] + [e for e, _ in extras]
         dup = {e for e in exts if exts.count(e) > 1}
         if dup:

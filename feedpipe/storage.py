@@ -22,7 +22,7 @@ def is_local(url: str) -> bool:
 
 
 def local_path(url: str) -> str:
-    return url[len("file://") :] if url.startswith("file://") else url
+    return url.removeprefix("file://")
 
 
 _fork_hook = False
@@ -44,14 +44,20 @@ def _leave_parent_connections_alone() -> None:
     import sys
     import weakref
 
-    registry = getattr(weakref.finalize, "_registry", {})
-    for f, info in list(registry.items()):
-        if getattr(info.func, "__name__", "") == "close_session":
-            f.detach()
-    aiohttp = sys.modules.get("aiohttp")
-    if aiohttp is not None:
-        kinds = (aiohttp.BaseConnector, aiohttp.ClientSession)
-        _INHERITED.extend(o for o in gc.get_objects() if issubclass(type(o), kinds))
+    collecting = gc.isenabled()
+    gc.disable()  # a collection here would run finalizers that change the registry we walk
+    try:
+        registry = getattr(weakref.finalize, "_registry", {})
+        for f, info in list(registry.items()):
+            if getattr(info.func, "__name__", "") == "close_session":
+                f.detach()
+        aiohttp = sys.modules.get("aiohttp")
+        if aiohttp is not None:
+            kinds = (aiohttp.BaseConnector, aiohttp.ClientSession)
+            _INHERITED.extend(o for o in gc.get_objects() if issubclass(type(o), kinds))
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -117,9 +123,16 @@ def read_range(fs: Any, path: str, url: str, start: int, end: int, *, whole: boo
         blob = retry.call(url, lambda: fs.cat_file(path), stop=stop)
     else:
         blob = retry.call(url, lambda: fs.cat_file(path, start=start, end=end), stop=stop)
-    if len(blob) != end - start:
+    if len(blob) > end - start:
+        raise ShardFormatError(
+            f"{url}: asked for bytes {start}-{end - 1}, the server sent {len(blob)} bytes: it "
+            "ignores Range requests (as `python -m http.server` does), so shards cannot be read "
+            "from it in pieces. Read them through the shard cache, which fetches each shard "
+            "whole: FeedDataset(url, cache_dir=...) (cache_dir=True: ~/.cache/feedpipe/shards)"
+        )
+    if len(blob) < end - start:
         raise ShardFormatError(
             f"{url}: read at offset {start} returned {len(blob)} bytes instead of "
-            f"{end - start} (truncated object, or a server that ignores Range requests)"
+            f"{end - start}: the object is truncated (shorter than the manifest says)"
         )
     return blob

@@ -11,7 +11,8 @@ does). The dataset puts ``__seed__`` and ``__epoch__`` in each sample; a sample 
 treated as seed 0, epoch 0.
 
 The op classes (:class:`DecodeJPEG`, :class:`RandomResizedCrop`, ...) live in
-:mod:`feedpipe.image_ops` and are re-exported here.
+:mod:`feedpipe.image_ops`, :class:`DecodeImage` (any format) in :mod:`feedpipe.image_decode`;
+all are re-exported here.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import DecodeError
+from .errors import DecodeError, SampleSkipped
+from .image_decode import (
+    IMAGE_FIELDS,
+    DecodeImage,
+    decode_image,
+    image_field_of,
+    image_format,
+)
 from .image_ops import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -49,9 +57,24 @@ from .image_ops import (
 )
 
 __all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "Box", "CenterCrop", "Compose", "DecodeJPEG", "ImagePipeline",
-    "ImageSpec", "Normalize", "RandomHorizontalFlip", "RandomResizedCrop", "Resize", "ToTensor",
-    "parse_label", "sample_rng", "rng_of",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "IMAGE_FIELDS",
+    "Box",
+    "CenterCrop",
+    "Compose",
+    "DecodeImage",
+    "DecodeJPEG",
+    "ImagePipeline",
+    "ImageSpec",
+    "Normalize",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "ToTensor",
+    "parse_label",
+    "rng_of",
+    "sample_rng",
 ]
 
 
@@ -169,14 +192,33 @@ class ImageSpec:
 class ImagePipeline:
     """Sample dict -> ``(image, label)``: decode, crop, flip, resize, normalise, in one pass.
 
-    The JPEG header gives the image size; the crop is chosen there (:meth:`ImageSpec.geometry`),
-    then the JPEG is decoded at the smallest scale (1/8 to 1/2) that still leaves the crop at
-    least ``size`` pixels (only the crop's rows and columns where the C extension is built:
-    :func:`~feedpipe.image_ops.decode_window`), the crop resized to ``size`` (antialiased
-    bilinear, ``uint8``) and flipped in the same copy, and normalised straight into a
-    contiguous CHW ``float32`` tensor (``uint8`` CHW with ``mean=None``). Same geometry as
-    ``Compose([DecodeJPEG(), RandomResizedCrop(size), RandomHorizontalFlip(), ToTensor(),
-    Normalize()])`` with the same rng; pixels differ only where the reduced decode kicks in.
+    **Formats.** JPEG (RGB, grey, CMYK, YCCK), PNG (RGB, RGBA, palette, grey, 16-bit), WebP,
+    AVIF and HEIC (where their decoder is installed: ``pip install 'feedpipe[images]'``), and what
+    else OpenCV reads; the format is read from the bytes. The output is always three RGB
+    channels: alpha dropped (not composited), grey replicated, 16-bit scaled to 8, EXIF
+    orientation not applied (:mod:`feedpipe.image_decode` has the decoders and the reasons).
+    The image is the first of the ``image_field`` fields the sample has, so a dataset mixing
+    ``.jpg`` and ``.png`` files needs no option.
+
+    **JPEG.** The header gives the image size; the crop is chosen there
+    (:meth:`ImageSpec.geometry`), then the JPEG is decoded at the smallest scale (1/8 to 1/2) that
+    still leaves the crop at least ``size`` pixels (only the crop's rows and columns where the C
+    extension is built: :func:`~feedpipe.image_ops.decode_window`), the crop resized to
+    ``size`` (antialiased bilinear, ``uint8``) and flipped in the same copy, and normalised
+    straight into a contiguous CHW ``float32`` tensor (``uint8`` CHW with ``mean=None``). Same
+    geometry as ``Compose([DecodeJPEG(), RandomResizedCrop(size), RandomHorizontalFlip(),
+    ToTensor(), Normalize()])`` with the same rng; pixels differ only where the reduced decode
+    kicks in. Other formats are decoded whole (:func:`~feedpipe.image_decode.decode_image`), then
+    cropped, resized and normalised the same way.
+
+    **Bad samples.** A corrupt or truncated image, a sample with no image field, or a label that
+    is not an integer raises :class:`~feedpipe.errors.DecodeError` naming the sample's key and
+    shard (``on_error="raise"``, the default). With ``on_error="skip"`` the same message comes as
+    :class:`~feedpipe.errors.SampleSkipped` (a ``DecodeError``): the loader logs it as a
+    warning, counts it in ``stats()["skipped"]`` and leaves the sample out of its batch (as
+    webdataset's ``handler=warn_and_continue``). A missing optional decoder (HEIC without
+    pillow-heif) is never skipped: it is a :class:`~feedpipe.errors.MissingDependencyError`
+    with the pip line.
 
     Picklable (plain attributes): give it to ``FeedDataset(transform=...)`` and it runs in the
     workers. Randomness: :func:`rng_of` the sample (see the module docstring).
@@ -186,8 +228,12 @@ class ImagePipeline:
         train: random-resized crop and flip; ``False``: centre crop.
         scale, ratio, flip: the training augmentation (see :class:`ImageSpec`).
         mean, std: normalisation on the ``[0, 1]`` scale; ``None``: ``uint8`` output.
-        image_field: the sample field holding the JPEG bytes.
+        image_field: the field holding the image bytes, or a sequence of fields of which the
+            first the sample has is used. Default: :data:`~feedpipe.image_decode.IMAGE_FIELDS`
+            (``"jpg", "jpeg", "png", "webp", "avif", "heic", "heif"``).
         label_field: the field holding an integer label; ``None``: return the image only.
+        on_error: ``"raise"`` (a :class:`~feedpipe.errors.DecodeError`) or ``"skip"`` (a
+            :class:`~feedpipe.errors.SampleSkipped`, see above) for a bad sample.
 
     Example:
         >>> from feedpipe import FeedDataset
@@ -207,31 +253,40 @@ class ImagePipeline:
         flip: float = 0.5,
         mean: Sequence[float] | None = IMAGENET_MEAN,
         std: Sequence[float] | None = IMAGENET_STD,
-        image_field: str = "jpg",
+        image_field: str | Sequence[str] = IMAGE_FIELDS,
         label_field: str | None = "cls",
+        on_error: str = "raise",
     ) -> None:
         spec = ImageSpec(size=size, train=train, scale=(scale[0], scale[1]),
                          ratio=(ratio[0], ratio[1]), flip=flip,
                          mean=None if mean is None else tuple(mean),
                          std=None if std is None else tuple(std))
-        self._init(spec, image_field, label_field)
+        self._init(spec, image_field, label_field, on_error)
 
     @classmethod
-    def from_spec(cls, spec: ImageSpec, *, image_field: str = "jpg",
-                  label_field: str | None = "cls") -> ImagePipeline:
+    def from_spec(cls, spec: ImageSpec, *, image_field: str | Sequence[str] = IMAGE_FIELDS,
+                  label_field: str | None = "cls", on_error: str = "raise") -> ImagePipeline:
         """An ImagePipeline doing exactly ``spec`` (e.g. a DALI stage's)."""
         self = cls.__new__(cls)
-        self._init(spec, image_field, label_field)
+        self._init(spec, image_field, label_field, on_error)
         return self
 
-    def _init(self, spec: ImageSpec, image_field: str, label_field: str | None) -> None:
+    def _init(self, spec: ImageSpec, image_field: str | Sequence[str], label_field: str | None,
+              on_error: str) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        fields = (image_field,) if isinstance(image_field, str) else tuple(image_field)
+        if not fields or not all(isinstance(f, str) and f for f in fields):
+            raise ValueError(f"image_field must be a field name or a sequence of them, not "
+                             f"{image_field!r}")
         self.spec = spec
-        self.image_field = image_field
+        self.image_field = fields
         self.label_field = label_field
+        self.on_error = on_error
         self._norm = None if spec.std is None else Normalize(spec.mean or (), spec.std)
 
     def image(self, data: Any, rng: np.random.Generator | None) -> torch.Tensor:
-        """The transformed CHW image of JPEG bytes ``data`` (``rng`` needed when training)."""
+        """The transformed CHW image of image bytes ``data`` (``rng`` needed when training)."""
         with one_thread():
             return self._image(data, rng)
 
@@ -239,13 +294,18 @@ class ImagePipeline:
                out: torch.Tensor | None = None) -> torch.Tensor:
         spec = self.spec
         size = as_size(spec.size)
-        h, w = jpeg_size(data)
-        box, flip = spec.geometry(h, w, rng)
-        # decode just large enough that the crop keeps >= size pixels on both axes
-        min_h = math.ceil(h * size[0] / box.height) if box.height > size[0] else h
-        min_w = math.ceil(w * size[1] / box.width) if box.width > size[1] else w
-        window = decode_window(data, h, w, box, min_height=min(min_h, h),
-                               min_width=min(min_w, w))
+        if image_format(data) == "jpeg":
+            h, w = jpeg_size(data)
+            box, flip = spec.geometry(h, w, rng)
+            # decode just large enough that the crop keeps >= size pixels on both axes
+            min_h = math.ceil(h * size[0] / box.height) if box.height > size[0] else h
+            min_w = math.ceil(w * size[1] / box.width) if box.width > size[1] else w
+            window = decode_window(data, h, w, box, min_height=min(min_h, h),
+                                   min_width=min(min_w, w))
+        else:
+            whole = decode_image(data)
+            box, flip = spec.geometry(whole.shape[0], whole.shape[1], rng)
+            window = whole[box.top:box.top + box.height, box.left:box.left + box.width]
         if self._norm is None:
             x = resize_to_tensor(window, size, flip=flip, out=out)
             return x if out is not None else x.contiguous()
@@ -290,21 +350,41 @@ class ImagePipeline:
     def _apply(self, sample: Mapping[str, Any],
                out: torch.Tensor | None) -> tuple[torch.Tensor, int | None]:
         """``sample``'s image (into ``out`` when given) and label (``None`` without a
-        ``label_field``); a DecodeError naming the sample when a field is missing or bad."""
-        where = f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}"
-        for field in (self.image_field, self.label_field):
-            if field is not None and field not in sample:
-                fields = sorted(k for k in sample if not k.startswith("__"))
-                raise DecodeError(f"{where} has no {field!r} field (it has {fields})")
+        ``label_field``). A bad sample raises the DecodeError of ``on_error`` naming it before
+        anything is written into ``out``: the label is read first, and the image is decoded
+        whole or as a window before the resize writes into ``out``."""
         rng = scratch_rng(*_seed_of(sample)) if self.spec.train else None
         try:
+            field = image_field_of(sample, self.image_field)
+            if field is None:
+                raise DecodeError(f"has no {self._fields_text()} (it has "
+                                  f"{sorted(k for k in sample if not k.startswith('__'))})")
+            label = None
+            if self.label_field is not None:
+                if self.label_field not in sample:
+                    raise DecodeError(f"has no {self.label_field!r} field (it has "
+                                      f"{sorted(k for k in sample if not k.startswith('__'))})")
+                try:
+                    label = parse_label(sample[self.label_field])
+                except ValueError as e:
+                    raise DecodeError(f"its {self.label_field!r} field is not an integer "
+                                      f"label: {e}") from e
             with one_thread():
-                image = self._image(sample[self.image_field], rng, out)
-            label = None if self.label_field is None else parse_label(sample[self.label_field])
+                image = self._image(sample[field], rng, out)
         except ValueError as e:  # DecodeError included: add which sample it was
-            raise DecodeError(f"{where}: {e}") from e
+            message = f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}: {e}"
+            if self.on_error == "skip":
+                raise SampleSkipped(message) from e
+            raise DecodeError(f"{message} (ImagePipeline(on_error='skip') leaves such samples "
+                              f"out of their batch)") from e
         return image, label
+
+    def _fields_text(self) -> str:
+        fields = self.image_field
+        if len(fields) == 1:
+            return f"{fields[0]!r} field"
+        return "image field (looked for " + ", ".join(map(repr, fields)) + ")"
 
     def __repr__(self) -> str:
         return (f"ImagePipeline.from_spec({self.spec!r}, image_field={self.image_field!r}, "
-                f"label_field={self.label_field!r})")
+                f"label_field={self.label_field!r}, on_error={self.on_error!r})")

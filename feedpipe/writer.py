@@ -22,7 +22,7 @@ from typing import Any
 from .errors import InputError, OutputError
 from .index import ShardIndex, group_members, write_index
 from .manifest import ShardRecord
-from .sources import SampleSpec, Source
+from .sources import NotRegularFileError, SampleSpec, Source
 from .tarformat import BLOCK, END_OF_ARCHIVE, member_header
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -77,6 +77,9 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
             for ref in spec.files:
                 try:
                     data = read(ref.path, ref.size)
+                except NotRegularFileError as e:
+                    failed = (ref.path, str(e.strerror))
+                    break
                 except OSError as e:
                     failed = (ref.path, f"cannot read: {e.strerror or e}")
                     break
@@ -86,7 +89,8 @@ def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: s
                 blobs.append((ref.ext, data))
             if failed is not None:
                 if on_error == "raise":
-                    raise InputError(f"{source.path(failed[0])}: {failed[1]}")
+                    raise InputError(f"{source.path(failed[0])}: {failed[1]}; fix or remove it, "
+                                     "or use --on-error skip to leave it out")
                 result.skipped.append(failed)
                 continue
             blobs.extend(spec.extras)
@@ -177,18 +181,34 @@ def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
                         out.write(chunk)
                         if left > 0:
                             left -= len(chunk)
-            out.write(END_OF_ARCHIVE)
-            h.update(END_OF_ARCHIVE)
-            out.flush()
-            os.fsync(out.fileno())
-            total = out.tell()
+            total = seal(out, h)
         idx = index(bases)
-        record = ShardRecord(name, len(idx), total, h.hexdigest())
-        stem = name[:-4] if name.endswith(".tar") else name
-        write_index(os.path.join(out_dir, stem + ".idx"), idx)
-        save_record(out_dir, record, skipped, idx.fields())
-        os.replace(tmp, final)
+        record = commit(out_dir, name, tmp, total, h.hexdigest(), idx, skipped)
     return record, idx
+
+
+def seal(f: Any, h: Any) -> int:
+    """End the shard being written to the file object ``f`` (its bytes hashed into ``h`` so far):
+    the end-of-archive blocks, flushed and synced to disk; its size."""
+    f.write(END_OF_ARCHIVE)
+    h.update(END_OF_ARCHIVE)
+    f.flush()
+    os.fsync(f.fileno())
+    return int(f.tell())
+
+
+def commit(out_dir: str, name: str, tmp: str, total: int, sha256: str, idx: ShardIndex,
+           skipped: list[tuple[str, str]], *, keep_record: bool = True) -> ShardRecord:
+    """Commit the sealed shard ``tmp`` as ``out_dir/name``: its index first, then (for
+    ``--resume``, unless ``keep_record`` is false) its record, and the ``.tar`` by rename last.
+    The caller removes ``tmp`` if this fails."""
+    record = ShardRecord(name, len(idx), total, sha256)
+    stem = name[:-4] if name.endswith(".tar") else name
+    write_index(os.path.join(out_dir, stem + ".idx"), idx)
+    if keep_record:
+        save_record(out_dir, record, skipped, idx.fields())
+    os.replace(tmp, os.path.join(out_dir, name))
+    return record
 
 
 def record_path(out_dir: str, name: str) -> str:

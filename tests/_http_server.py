@@ -1,12 +1,15 @@
 """A small HTTP file server for the remote and cache tests, run as its own process.
 
     python tests/_http_server.py ROOT [--ignore-range] [--fail-first N] [--rate BYTES_PER_S]
-                                      [--deny]
+                                      [--deny] [--corrupt SUFFIX:N ...]
 
 Serves ``ROOT`` with ``HEAD`` and ``GET`` (single ``Range: bytes=a-b`` requests answered with
 206, unless ``--ignore-range``: then the whole file with 200, as some servers do). Misbehaviour
 on demand: ``--fail-first N`` answers the first N requests with 503; ``--rate`` streams bodies
-slowly (to kill a client mid-download); ``--deny`` answers every file request with 403. Prints ``PORT <n>`` once it listens on 127.0.0.1.
+slowly (to kill a client mid-download); ``--deny`` answers every file request with 403;
+``--corrupt .idx:2`` flips one byte (to a non-UTF-8 one) in the middle of the first 2 bodies
+sent for paths ending in ``.idx``, as a corrupting link or proxy would. Prints ``PORT <n>`` once
+it listens on 127.0.0.1.
 
 ``GET /__stats__`` returns JSON ``{path: {"requests": n, "bytes": body bytes sent, "errors": n}}``
 counting requests as they arrive; ``POST /__reset__`` clears the counters.
@@ -23,6 +26,7 @@ import threading
 import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 from urllib.parse import unquote, urlsplit
 
 _lock = threading.Lock()
@@ -36,6 +40,7 @@ class Handler(BaseHTTPRequestHandler):
     fail_first = 0
     rate = 0.0
     deny = False
+    corrupt: ClassVar[dict[str, int]] = {}  # path suffix -> bodies still to corrupt
 
     def log_message(self, *args: object) -> None:
         pass
@@ -79,6 +84,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _maybe_corrupt(self, path: str, chunk: bytes) -> bytes:
+        with _lock:
+            suffix = next((s for s, n in self.corrupt.items() if n > 0 and path.endswith(s)), None)
+            if suffix is None:
+                return chunk
+            self.corrupt[suffix] -= 1
+        mid = len(chunk) // 2
+        return chunk[:mid] + bytes([chunk[mid] ^ 0xFF | 0x80]) + chunk[mid + 1:]
+
     def _serve(self, body: bool) -> None:
         path = unquote(urlsplit(self.path).path)
         if body:
@@ -101,6 +115,8 @@ class Handler(BaseHTTPRequestHandler):
             hi = min(len(data), int(m.group(2)) + 1) if m.group(2) else len(data)
             code = 206
         chunk = data[lo:hi]
+        if body and chunk:
+            chunk = self._maybe_corrupt(path, chunk)
         self.send_response(code)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(chunk)))
@@ -130,12 +146,14 @@ def main() -> None:
     ap.add_argument("--fail-first", type=int, default=0)
     ap.add_argument("--rate", type=float, default=0.0)
     ap.add_argument("--deny", action="store_true")
+    ap.add_argument("--corrupt", action="append", default=[], metavar="SUFFIX:N")
     a = ap.parse_args()
     Handler.root = a.root
     Handler.ignore_range = a.ignore_range
     Handler.fail_first = a.fail_first
     Handler.rate = a.rate
     Handler.deny = a.deny
+    Handler.corrupt = {s: int(n) for s, n in (c.rsplit(":", 1) for c in a.corrupt)}
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(f"PORT {server.server_address[1]}", flush=True)

@@ -111,3 +111,34 @@ def test_help_is_complete_and_a_missing_path_is_a_clear_error(tmp_path: Path) ->
     bad = run_feedpipe("cache", "stats", tmp_path / "nope")
     assert bad.returncode == 2 and "no such directory" in bad.stderr
     assert str(tmp_path / "nope") in bad.stderr
+
+
+def test_stats_before_any_cache_exists_says_there_is_none(tmp_path: Path) -> None:
+    """A newcomer's first ``feedpipe cache stats``: the default root does not exist yet."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    for args in (("stats",), ("stats", "--json"), ("clear",)):
+        out = run_feedpipe("cache", *args, env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stderr == ""
+    table = run_feedpipe("cache", "stats", env=env)
+    assert "no feedpipe cache" in table.stdout and str(tmp_path / "xdg" / "feedpipe") in table.stdout
+    doc = json.loads(run_feedpipe("cache", "stats", "--json", env=env).stdout)
+    assert doc == {"path": str(tmp_path / "xdg" / "feedpipe"), "tiers": []}
+
+
+def test_stats_into_a_pipe_that_closes_early_ends_quietly(tmp_path: Path) -> None:
+    """``feedpipe cache stats --json | head -c1``; the output is larger than a pipe's buffer, so
+    the write is certain to meet the closed pipe."""
+    for i in range(600):  # 600 L1 directories under the default root, ~150 KB of JSON
+        d = tmp_path / "feedpipe" / f"node{i:03d}"
+        d.mkdir(parents=True)
+        (d / "0123456789abcdef0123-data-000000.lock").touch()
+    import subprocess
+    import sys
+
+    cmd = f"set -o pipefail; {sys.executable} -m feedpipe cache stats --json | head -c1"
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120,
+                         check=False, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert out.stdout == "{"
+    assert out.stderr == ""  # no BrokenPipeError traceback
+    assert out.returncode in (0, 141)  # feedpipe.cli.main's status for a reader gone early

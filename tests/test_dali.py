@@ -10,10 +10,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _images import H, W
+from _images import cases as image_cases
 
 from feedpipe import FeedDataset, FeedLoader
 from feedpipe.dali import DaliStage
 from feedpipe.dataset import sample_ids_of
+from feedpipe.loader import StartMethodError
 from feedpipe.errors import DecodeError, MissingDependencyError
 from feedpipe.image_ops import jpeg_size
 from feedpipe.transforms import ImagePipeline, ImageSpec, rng_of
@@ -173,12 +176,22 @@ def test_resume_counts_what_the_stage_handed_out_not_what_dali_prefetched(dali: 
 @pytest.mark.dali
 @pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
 def test_fed_by_feedloader_workers_and_by_plain_pairs(dali: object) -> None:
-    stage = DaliStage(loader(batch_size=5, workers=2), spec=ImageSpec(size=16, train=False),
-                      device_id=None)
+    # worker processes beside DALI's threads start from a forkserver, as the loader is told
+    workers = FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=11, max_open_shards=1),
+                         batch_size=5, num_workers=2, route="refs-workers",
+                         multiprocessing_context="forkserver")
+    stage = DaliStage(workers, spec=ImageSpec(size=16, train=False), device_id=None)
     order = torch.cat([b.indices for b in stage]).tolist()
     assert order == sample_ids_of(loader().dataset).tolist()
-    # forked beside DALI's threads, a worker can inherit a lock one of them held and die
-    assert stage.batches._loader.multiprocessing_context.get_start_method() == "forkserver"
+    assert workers.stats()["start_method"] == "forkserver"
+    assert len(workers.stats()["worker_pids"]) == 2
+    # forked beside DALI's threads, a worker can inherit a lock one of them held and die: a
+    # loader that would fork is refused once a stage feeds from it, naming the fix
+    forking = FeedLoader(FeedDataset(EXAMPLE, max_open_shards=1), batch_size=5, num_workers=2,
+                         route="refs-workers")
+    forked = DaliStage(forking, spec=ImageSpec(size=16, train=False), device_id=None)
+    with pytest.raises(StartMethodError, match="multiprocessing_context='forkserver'"):
+        next(iter(forked))
     samples = list(FeedDataset(EXAMPLE))
     pairs = [([bytes(s["jpg"]) for s in samples[i:i + 8]],
               [bytes(s["cls"]) for s in samples[i:i + 8]]) for i in range(0, 24, 8)]
@@ -186,6 +199,69 @@ def test_fed_by_feedloader_workers_and_by_plain_pairs(dali: object) -> None:
     assert [b.images.shape for b in out] == [(8, 3, 16, 16)] * 3
     assert all((b.indices == -1).all() for b in out)
     assert torch.cat([b.labels for b in out]).tolist() == [int(bytes(s["cls"])) for s in samples]
+
+
+# -- formats: what DALI's decoder reads, and what it does not ----------------------------------
+AVIF_HEADER = b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00avifmif1miaf" + bytes(32)
+HEIC_HEADER = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(32)
+
+
+def test_host_side_takes_each_samples_first_image_field() -> None:
+    """A FeedLoader batch of a mixed dataset has a column per extension, None where a sample
+    lacks it: each sample's image is its first field of the stage's list."""
+    c = image_cases()
+    jpg, png, webp = c["jpeg-rgb"].data, c["png-rgba"].data, c["webp-lossy"].data
+    batch = {"jpg": [jpg, None, None], "png": [None, png, None], "webp": [None, None, webp],
+             "cls": [b"0", b"1", b"2"], "__index__": torch.tensor([4, 5, 6])}
+    stage = DaliStage([], batch_size=3, spec=ImageSpec(size=16, train=False), device_id=None)
+    data, anchors, shapes, _, labels, _ = stage.encode_batch(batch)
+    assert [bytes(d) for d in data] == [jpg, png, webp] and labels.tolist() == [0, 1, 2]
+    side = round(min(H, W) * 0.875)  # the centre crop, from each image's own header
+    assert shapes.tolist() == [[side, side]] * 3
+    assert anchors.tolist() == [[(W - side) // 2, (H - side) // 2]] * 3
+    only_png = DaliStage([], batch_size=3, device_id=None, image_field="png")
+    with pytest.raises(DecodeError, match=r"sample None in a batch fed to the DALI stage has "
+                                          r"none of the image fields \['png'\]"):
+        only_png.encode_batch(batch)
+    with pytest.raises(DecodeError, match="none of the image fields"):
+        stage.encode_batch({"txt": [b"a"], "cls": [b"1"]})
+
+
+@pytest.mark.parametrize("data,what", [(AVIF_HEADER, "this AVIF image"),
+                                       (HEIC_HEADER, "this HEIC image"),
+                                       (b"GIF89a" + bytes(40), r"this data \(it starts with")])
+def test_formats_dali_cannot_read_are_refused_with_a_sentence(data: bytes, what: str) -> None:
+    stage = DaliStage([], batch_size=2, device_id=None)
+    batch = {"jpg": [image_cases()["jpeg-rgb"].data, None], "avif": [None, data],
+             "cls": [b"1", b"2"], "__key__": ["a/ok", "a/odd"], "__index__": torch.tensor([3, 8])}
+    with pytest.raises(DecodeError, match=rf"sample 'a/odd' \(id 8\) .*DALI's image decoder "
+                                          rf"reads JPEG, PNG and WebP, not {what}.*decode such "
+                                          rf"images on the CPU with feedpipe.ImagePipeline"):
+        stage.encode_batch(batch)
+
+
+@pytest.mark.dali
+@pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
+@pytest.mark.parametrize("train", [True, False])
+def test_cpu_stage_decodes_every_jpeg_png_and_webp_mode_like_the_cpu_pipeline(
+        dali: object, train: bool) -> None:
+    """Grey, CMYK and YCCK JPEGs; RGB, RGBA, grey, palette and 16-bit PNGs; lossy and lossless
+    WebP with and without alpha, in one batch: three channels, alpha dropped, EXIF ignored, and
+    the CPU pipeline's pixels to within resampling and 16-bit rounding."""
+    c = image_cases()
+    names = [n for n in c if n.split("-")[0] in ("jpeg", "png", "webp")]
+    assert len(names) >= 15
+    spec = ImageSpec(size=24, train=train, mean=None)
+    batch = {"img": [c[n].data for n in names], "cls": [b"1"] * len(names),
+             "__index__": torch.arange(len(names)), "__epoch__": torch.full((len(names),), 3)}
+    out = list(DaliStage([batch], batch_size=len(names), spec=spec, device_id=None,
+                         image_field="img"))
+    assert len(out) == 1 and out[0].images.shape == (len(names), 3, 24, 24)
+    pipe = ImagePipeline.from_spec(spec, image_field="img", label_field=None)
+    for i, name in enumerate(names):
+        cpu = pipe({"img": c[name].data, "__index__": i, "__epoch__": 3})
+        diff = (out[0].images[i].int() - cpu.int()).abs()
+        assert float(diff.float().mean()) < 1.5 and int(diff.max()) <= 16, name
 
 
 # -- DALI on the GPU (runs where CUDA and DALI exist, skips elsewhere) ------------------------
@@ -232,18 +308,19 @@ def test_a_forked_child_never_finalises_an_inherited_pipeline(dali: object) -> N
         finally:
             os._exit(0)
     import signal
-    import time
+    import threading
 
-    deadline = time.monotonic() + 60
-    while True:  # a child finalising the pipeline crashes or hangs in Shutdown
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung finalising the inherited DALI pipeline")
-        time.sleep(0.05)
+    # a child finalising the pipeline crashes or hangs in Shutdown: wait for it in a thread,
+    # blocked in waitpid, and kill it if it has not ended when the join gives up
+    exited: list[int] = []
+    waiter = threading.Thread(target=lambda: exited.append(os.waitpid(pid, 0)[1]))
+    waiter.start()
+    waiter.join(timeout=60)
+    if waiter.is_alive():
+        os.kill(pid, signal.SIGKILL)
+        waiter.join()
+        pytest.fail("the forked child hung finalising the inherited DALI pipeline")
+    status = exited[0]
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     stage._pipe = None  # the parent can still finalise its own
     gc.collect()

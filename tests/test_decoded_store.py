@@ -121,6 +121,37 @@ def test_changing_the_transform_parameters_invalidates(ds_path: str, truth: dict
     assert len(os.listdir(dec)) == 2
 
 
+class Shift:
+    """Decode, then subtract ``mean`` (a tensor): what a normalising transform holds."""
+
+    def __init__(self, mean: torch.Tensor) -> None:
+        self.mean = mean
+        self.pipeline = ImagePipeline(8, train=False, mean=None)
+
+    def __call__(self, sample: dict[str, Any]) -> torch.Tensor:
+        return self.pipeline(sample)[0].float() - self.mean
+
+
+def test_transforms_holding_other_tensor_values_get_their_own_records(
+        ds_path: str, tmp_path: Path) -> None:
+    dec = tmp_path / "dec"
+
+    def run(t: Any) -> tuple[str, dict[str, bytes]]:
+        ds = FeedDataset(ds_path, transform=t, decoded_cache=dec)
+        return ds.decoded.path, {s["__key__"] if isinstance(s, dict) else i: s.numpy().tobytes()
+                                 for i, s in enumerate(ds)}
+
+    zero_path, zero = run(Shift(torch.tensor(0.0)))
+    fifty_path, fifty = run(Shift(torch.tensor(50.0)))
+    assert fifty_path != zero_path
+    assert fifty == {i: (np.frombuffer(v, np.float32) - 50).tobytes() for i, v in zero.items()}
+    again_path, again = run(Shift(torch.tensor(0.0)))
+    assert (again_path, again) == (zero_path, zero)
+    versioned = Shift(torch.tensor(0.0))
+    versioned.version = 2  # the escape hatch for what the fingerprint cannot see
+    assert run(versioned)[0] not in (zero_path, fifty_path)
+
+
 class Ragged:
     """A fixed (3, 4, 4) array, except for sample ``odd`` whose width is 5."""
 

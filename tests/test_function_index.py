@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -81,6 +82,93 @@ def test_code_and_parameter_changes_invalidate(tmp_path) -> None:  # type: ignor
 
     assert fingerprint(Scale(2)) != fingerprint(Scale(3))
     assert fingerprint(Scale(2)) == fingerprint(Scale(2))
+
+
+def _scaled(k):  # type: ignore[no-untyped-def]
+    return lambda b: float(b[0]) * float(k)
+
+
+def test_closures_over_tensors_of_other_values_are_other_functions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    idx = FunctionIndex(str(tmp_path / "l2"))
+    assert idx.wrap(_scaled(torch.tensor(1.0)))(b"\x02") == 2.0
+    assert idx.wrap(_scaled(torch.tensor(100.0)))(b"\x02") == 200.0  # not the stale 2.0
+    assert idx.wrap(_scaled(torch.tensor(1.0)))(b"\x02") == 2.0
+    assert idx.stats().misses == 2 and idx.stats().hits == 1
+
+
+def test_the_fingerprint_sees_what_a_transform_commonly_holds() -> None:
+    """Tensor values, dtype and shape (not where they live or whether they need grad), module
+    parameters and buffers, dataclass fields, slots."""
+    t = torch.arange(6, dtype=torch.float32)
+    same = [(t, t.clone()), (t, t.clone().requires_grad_()), (t, t.reshape(2, 3).reshape(6)),
+            (t[::2], torch.tensor([0.0, 2.0, 4.0]))]
+    for a, b in same:
+        assert fingerprint(a) == fingerprint(b)
+    for other in (t.double(), t.reshape(2, 3), t + 1, torch.zeros(6, dtype=torch.bfloat16)):
+        assert fingerprint(other) != fingerprint(t)
+
+    def linear(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+
+    assert fingerprint(linear(0)) == fingerprint(linear(0))
+    assert fingerprint(linear(0)) != fingerprint(linear(1))  # parameters
+    m = linear(0)
+    m[1].running_mean += 1  # a buffer
+    assert fingerprint(m) != fingerprint(linear(0))
+    m = linear(0)
+    m[1].eps = 0.5  # a plain attribute of a submodule
+    assert fingerprint(m) != fingerprint(linear(0))
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Norm:
+        mean: torch.Tensor
+        std: float
+
+    assert fingerprint(Norm(torch.zeros(3), 1.0)) == fingerprint(Norm(torch.zeros(3), 1.0))
+    assert fingerprint(Norm(torch.zeros(3), 1.0)) != fingerprint(Norm(torch.ones(3), 1.0))
+    assert fingerprint(Norm(torch.zeros(3), 1.0)) != fingerprint(Norm(torch.zeros(3), 2.0))
+    big = torch.zeros(5000)
+    changed = big.clone()
+    changed[2500] = 1  # where a tensor's repr shows "..."
+    assert fingerprint(Norm(big, 1.0)) != fingerprint(Norm(changed, 1.0))
+
+
+FINGERPRINT = textwrap.dedent("""
+    import dataclasses, sys, torch
+    from feedpipe.fingerprint import fingerprint
+    @dataclasses.dataclass
+    class T:
+        mean: torch.Tensor
+        net: torch.nn.Module
+        def __call__(self, x):
+            return self.net(x - self.mean)
+    torch.manual_seed(0)
+    print(fingerprint(T(torch.tensor([0.5, 1.5]), torch.nn.Linear(2, 2))).hex())
+""")
+
+
+def test_the_fingerprint_is_the_same_in_every_process() -> None:
+    """No memory address or other per-process value in it: a new process finds the entries."""
+    runs = {subprocess.run([sys.executable, "-c", FINGERPRINT], capture_output=True, text=True,
+                           check=True, cwd=ROOT, timeout=120).stdout for _ in range(2)}
+    assert len(runs) == 1 and len(runs.pop().strip()) == 32
+
+
+TABLE = {"k": 1}
+
+
+def _lookup(b):  # type: ignore[no-untyped-def]
+    return TABLE["k"] * len(b)
+
+
+def test_version_is_the_escape_hatch_for_what_the_fingerprint_cannot_see(
+        tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    idx = FunctionIndex(str(tmp_path / "l2"))
+    assert idx.wrap(_lookup)(b"xy") == 2
+    monkeypatch.setitem(TABLE, "k", 5)  # a module global: the fingerprint cannot see it
+    assert idx.wrap(_lookup)(b"xy") == 2  # the documented limit: the old entry is served
+    assert idx.wrap(_lookup, version=2)(b"xy") == 10
 
 
 def test_values_round_trip_without_pickle(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -207,10 +295,21 @@ def test_disk_full_degrades_to_computing(tmp_path) -> None:  # type: ignore[no-u
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]
-    idx = FunctionIndex(path, lru_items=0)  # what was stored is intact
-    env_entries = idx.stats().entries
+    # what was stored before the disk filled is intact: some entries, each whole and right
+    from feedpipe.function_index import content_hash
+
+    byte_of = {content_hash(bytes([i])): i for i in range(100)}
+    env = lmdb.open(path, readonly=True, lock=False)
+    with env.begin() as txn:
+        stored = {byte_of[bytes(k)[16:]]: FunctionIndex._unpack(bytes(v))[0] for k, v in txn.cursor()}
+    env.close()
+    assert 0 < len(stored) < 100
+    for i, value in stored.items():
+        assert value.shape == (20000,) and value.dtype == np.uint8 and (value == i).all()
+    idx = FunctionIndex(path, lru_items=0)
+    assert idx.stats().entries == len(stored)
     f = idx.wrap(lambda b: b[0])
-    assert f(b"\x09") == 9 and env_entries >= 0
+    assert f(b"\x09") == 9  # and the index keeps working
 
 
 def _count_calls(sample):  # type: ignore[no-untyped-def]

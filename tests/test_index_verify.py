@@ -90,7 +90,41 @@ def test_index_python_api_and_json(wds_dir: Path, tmp_path: Path) -> None:
     assert m.total_samples == 25
     r = run_feedpipe("index", wds_dir / "shard-000000.tar", wds_dir / "shard-000001.tar", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["total_samples"] == 20
+    doc = json.loads(r.stdout)  # one result record: what was written where
+    assert doc["total_samples"] == 20 and doc["root"] == str(wds_dir)
+    assert doc["manifest"] == str(wds_dir / "manifest.json") and doc["classes"] is None
+    assert [(s["name"], s["samples"], s["index"]) for s in doc["shards"]] == [
+        ("shard-000000.tar", 10, str(wds_dir / "shard-000000.idx")),
+        ("shard-000001.tar", 10, str(wds_dir / "shard-000001.idx"))]
+    r = run_feedpipe("index", wds_dir / "nothing.tar", "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"] == "SourceNotFoundError"
+
+
+def test_index_records_class_names(wds_dir: Path, tmp_path: Path) -> None:
+    """``--classes`` as ``feedpipe shard --labels-from-dirs`` records them (issue 22)."""
+    r = run_feedpipe("index", wds_dir, "--classes", "cat, dog,zebra")
+    assert r.returncode == 0, r.stderr
+    assert load_manifest(str(wds_dir)).classes == ["cat", "dog", "zebra"]
+    assert "classes  3 from the comma-separated list: cat, dog, zebra" in r.stdout
+    names = tmp_path / "classes.txt"
+    names.write_text("ant\nbee\n\n")
+    m = feedpipe.index([str(wds_dir)], classes=str(names), show_progress=False)
+    assert m.classes == ["ant", "bee"] == load_manifest(str(wds_dir)).classes
+    doc = json.loads(run_feedpipe("index", wds_dir, "--classes", names, "--json").stdout)
+    assert doc["classes"] == ["ant", "bee"] and doc["classes_from"] == str(names)
+    r = run_feedpipe("index", wds_dir, "--classes", "a,,b")
+    assert r.returncode == 2 and "empty class name" in r.stderr
+    r = run_feedpipe("index", wds_dir, "--classes", "a,b,a")
+    assert r.returncode == 2 and "repeated class name(s) ['a']" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["index", "verify"])
+def test_help_ends_with_examples(command: str) -> None:
+    r = run_feedpipe(command, "--help")
+    assert r.returncode == 0
+    tail = r.stdout[r.stdout.rindex("Examples:"):].splitlines()
+    assert len(tail) >= 3 and all(ln.startswith(f"  feedpipe {command} ") or "feedpipe "
+                                  f"{command} " in ln for ln in tail[1:])
 
 
 def test_index_duplicate_keys_across_shards(tmp_path: Path) -> None:
@@ -140,7 +174,8 @@ def test_verify_sound_dataset(sharded: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "5 shards, 30 samples: OK" in r.stdout
     r = run_feedpipe("verify", sharded, "--json")
-    assert json.loads(r.stdout) == {"ok": True, "shards": 5, "samples": 30, "problems": []}
+    assert json.loads(r.stdout) == {"ok": True, "root": str(sharded), "shards": 5, "samples": 30,
+                                    "problems": [], "warnings": []}
 
 
 def test_verify_truncated_shard(sharded_copy: Path) -> None:
@@ -155,7 +190,7 @@ def test_verify_truncated_shard(sharded_copy: Path) -> None:
     assert f"offset {cut}" in r.stdout
     assert "data-000000.tar" not in r.stdout  # only the damaged shard is named
     report = feedpipe.verify(str(sharded_copy))
-    assert not report.ok and all("data-000002.tar" in p for p in report.problems)
+    assert not report.ok and all("data-000002.tar" in str(p) for p in report.problems)
 
 
 def test_verify_corrupted_header(sharded_copy: Path) -> None:
@@ -169,6 +204,10 @@ def test_verify_corrupted_header(sharded_copy: Path) -> None:
     assert r.returncode == 1
     assert f"{shard}: corrupted tar header at offset {header} " in r.stdout
     assert f"{shard}: sha256 mismatch" in r.stdout
+    doc = json.loads(run_feedpipe("verify", sharded_copy, "--json").stdout)
+    assert doc["ok"] is False
+    assert [(p["shard"], p["kind"], p["offset"]) for p in doc["problems"]] == [
+        (str(shard), "sha256", None), (str(shard), "header", header)]
 
 
 def test_verify_damaged_index(sharded_copy: Path) -> None:
@@ -181,9 +220,13 @@ def test_verify_damaged_index(sharded_copy: Path) -> None:
     r = run_feedpipe("verify", sharded_copy)
     assert r.returncode == 1
     assert f"index entry {parts[3]!r} at offset {parts[1]}" in r.stdout
+    doc = json.loads(run_feedpipe("verify", sharded_copy, "--json").stdout)
+    key = parts[3].split(".")[0]
+    assert [(p["kind"], p["offset"], p["key"]) for p in doc["problems"]] == [
+        ("index-entry", int(parts[1]), key)]
     (sharded_copy / "data-000003.idx").unlink()
     problems = feedpipe.verify(str(sharded_copy)).problems
-    assert any("data-000003.idx: index is missing" in p for p in problems)
+    assert any("data-000003.idx: index is missing" in str(p) for p in problems)
 
 
 def test_verify_missing_shard(sharded_copy: Path) -> None:
@@ -206,7 +249,7 @@ def test_verify_remote_dataset(sharded: Path) -> None:
         fs.pipe_file(f"{root}/data-000001.tar", raw[:-2048])
         report = feedpipe.verify(f"memory://{root}")
         assert not report.ok
-        assert any(f"memory://{root}/data-000001.tar: size" in p for p in report.problems)
+        assert any(f"memory://{root}/data-000001.tar: size" in str(p) for p in report.problems)
     finally:
         fs.rm(root, recursive=True)
 
@@ -280,3 +323,46 @@ def test_idx_identical_to_wds2idx_on_webdataset_shards(wds_dir: Path, tmp_path: 
     feedpipe.index([str(wds_dir)], show_progress=False)
     for tar in sorted(wds_dir.glob("*.tar")):
         assert _wds2idx(tar, tmp_path / "dali.idx") == tar.with_suffix(".idx").read_bytes(), tar
+
+
+# --------------------------------------------------------------------------------------------
+# check_index: an index against the tar headers of the shard's bytes (FeedDataset(verify=True))
+
+
+def test_check_index_against_the_shard_bytes(sharded_copy: Path) -> None:
+    import mmap
+
+    from feedpipe.verify import check_index
+
+    shard = sharded_copy / "data-000000.tar"
+    data = shard.read_bytes()
+    good = (sharded_copy / "data-000000.idx").read_bytes()
+    check_index(parse_index(good), data, str(shard))  # sound: no error
+    with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        check_index(parse_index(good), mm, str(shard))  # a map works as well as bytes
+    # another shard's index copied over this one's (issue 23, defect 2)
+    other = parse_index((sharded_copy / "data-000001.idx").read_bytes())
+    with pytest.raises(ShardFormatError, match=r"data-000000\.tar: .*data-000000\.idx") as ei:
+        check_index(other, data, str(shard))
+    assert ei.value.kind == "index-entry" and ei.value.offset == other.offsets[0]
+    # every offset moved by one block
+    shifted = parse_index(good)
+    shifted.offsets = [o + 512 for o in shifted.offsets]
+    with pytest.raises(ShardFormatError, match=rf"index entry {shifted.names[0]!r} at offset "
+                                               rf"{shifted.offsets[0]} .* matches no tar member"):
+        check_index(shifted, data, str(shard))
+    # one sample fewer than the tar holds
+    short = parse_index(good)
+    short.keys, short.starts = short.keys[:-1], short.starts[:-1]
+    n = short.starts[-1]
+    short.exts, short.offsets, short.sizes, short.names = (
+        short.exts[:n], short.offsets[:n], short.sizes[:n], short.names[:n])
+    with pytest.raises(ShardFormatError, match=r"data-000000\.idx: lists .* the tar .* holds"):
+        check_index(short, data, str(shard))
+    # a damaged header in the bytes is the tar parser's error
+    header = parse_index(good).offsets[1] - 512  # the second member's header
+    broken = bytearray(data)
+    broken[header + 3] ^= 0x01
+    with pytest.raises(ShardFormatError, match=rf"data-000000\.tar: corrupted tar header at "
+                                               rf"offset {header}"):
+        check_index(parse_index(good), bytes(broken), str(shard))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 
 import cv2
 import numpy as np
@@ -17,7 +16,13 @@ import simplejpeg
 
 from feedpipe import image_ops, probe_env
 from feedpipe.errors import DecodeError
-from feedpipe.image_ops import Box, decode_jpeg, decode_window, jpeg_scale_num, jpeg_size
+from feedpipe.image_ops import (
+    Box,
+    decode_jpeg,
+    decode_window,
+    jpeg_scale_num,
+    jpeg_size,
+)
 from feedpipe.synth import _image
 from feedpipe.transforms import ImagePipeline
 
@@ -182,29 +187,33 @@ def test_cmyk_or_other_refusals_fall_back_to_simplejpeg(monkeypatch: pytest.Monk
 
 @needs_ext
 def test_decoding_releases_the_gil() -> None:
-    """Transform threads (FeedLoader(transform_threads=N)) rely on it: a Python thread keeps
-    running in the middle half of a decode_crop call on the main thread (holding the GIL, the
-    call would let no Python code run at all until it returns)."""
-    h, w = 3000, 2400
+    """Transform threads (FeedLoader(transform_threads=N)) rely on it. The extension's test hook
+    holds a decode_crop call at the point where it has given up the GIL, until this thread lets it
+    go: this thread runs Python code (and sees the decode still held) in the meantime, which it
+    could not if the decoding thread still held the GIL (it would run only after the held decode
+    gave up, at the hook's 60 s limit, and then see nothing held)."""
+    ext = image_ops._jpegcrop
+    h, w = 96, 80
     data = simplejpeg.encode_jpeg(picture(h, w, 3), quality=95)
-    stop = threading.Event()
-    stamps: list[float] = []
+    result: dict[str, object] = {}
 
-    def tick() -> None:
-        while not stop.is_set():
-            stamps.append(time.perf_counter())
+    def decode() -> None:
+        try:
+            result["pixels"] = ext.decode_crop(data, 0, 0, h, w)
+        except ValueError as e:
+            result["error"] = e
 
-    t = threading.Thread(target=tick)
-    t.start()
+    ext._hold_next()
+    t = threading.Thread(target=decode)
     try:
-        inside = 0
-        for _ in range(5):
-            n, t0 = len(stamps), time.perf_counter()
-            image_ops._jpegcrop.decode_crop(data, 0, 0, h, w)
-            t1 = time.perf_counter()
-            lo, hi = t0 + (t1 - t0) / 4, t1 - (t1 - t0) / 4
-            inside += any(lo < s < hi for s in stamps[n:])
+        t.start()
+        assert ext._wait_until_held()  # the decode reached the hold...
+        seen_held = ext._is_held()  # ...and Python code runs here while it waits there
     finally:
-        stop.set()
+        ext._let_go()
         t.join()
-    assert inside >= 3
+    assert seen_held
+    assert not ext._is_held() and "error" not in result
+    pixels, row_width, x = result["pixels"]  # the held decode went on to the right pixels
+    rows = np.frombuffer(pixels, np.uint8).reshape(h, row_width, 3)[:, x:x + w]
+    assert np.array_equal(rows, decode_jpeg(data))

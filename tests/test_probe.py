@@ -119,10 +119,9 @@ def test_cli_json_schema_on_a_shard_dataset(dataset: Path) -> None:
     before = snapshot(dataset)
     r = run_feedpipe("probe", dataset, "--duration", "0.25", "--block-sizes", "64KiB,1MiB",
                      "--threads", "1,2", "--batch-size", "8", "--workers", "2",
-                     "--step-time", "50", "--json", "-", timeout=180)
+                     "--step-time", "50", "--json", timeout=180)
     assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)  # stdout is the JSON alone; the table went to stderr
-    assert "Verdict:" in r.stderr and "Advice:" in r.stderr
+    doc = json.loads(r.stdout)  # stdout is the JSON document alone
     check(doc, SCHEMA)
     check(doc["pipeline"], PIPELINE)
     assert doc["format"] == "feedpipe-probe"
@@ -159,7 +158,10 @@ def test_a_slow_decoder_makes_decode_the_bounding_stage(dataset: Path) -> None:
     slowed = probe(str(dataset), decode=slow, **QUICK).verdict
     assert slowed["bounding_stage"] == "decode"
     assert any("decoded store" in a for a in slowed["advice"])
-    assert any("DALI" in a for a in slowed["advice"])  # the fields are JPEG
+    import torch
+
+    # the fields are JPEG: GPU decoding is advised where the probe found a GPU, and only there
+    assert any("DALI" in a for a in slowed["advice"]) == torch.cuda.is_available()
 
 
 def test_directory_of_small_files_advises_sharding(tmp_path: Path) -> None:
@@ -301,6 +303,64 @@ def test_plot_without_matplotlib_fails_before_measuring(tmp_path: Path,
         probe(str(tmp_path / "not-even-resolved"), plot_path=str(tmp_path / "p.png"))
 
 
+def test_batch_stage_stacks_tensors_of_images_of_different_sizes(dataset: Path) -> None:
+    """The batch stage times the copy into tensors a training batch is; images of different
+    sizes (16 to 32 px here) go into slots of one shape. It used to time building a list."""
+    import torch
+
+    from feedpipe import probe_pipeline as pp
+    from feedpipe.manifest import load_manifest
+
+    _, kept = pp.read_stage(str(dataset), load_manifest(str(dataset)), 0.05)
+    _, decoded = pp.decode_stage(kept, pp.JpegDecode(["jpg"]), 0.05)
+    assert len({d["jpg"].shape for d in decoded}) > 1
+    collate, note = pp.choose_collate(decoded, 8)
+    assert "differ in size" in note
+    batch = collate(decoded[:8])
+    assert isinstance(batch["jpg"], torch.Tensor) and batch["jpg"].dtype == torch.uint8
+    h, w, c = batch["jpg"].shape[1:]
+    assert c == 3 and 16 <= h <= 32 and 16 <= w <= 32
+    for i, d in enumerate(decoded[:8]):  # each image sits in its slot, centre-cropped
+        a = d["jpg"]
+        hh, ww = min(h, a.shape[0]), min(w, a.shape[1])
+        y, x = (a.shape[0] - hh) // 2, (a.shape[1] - ww) // 2
+        assert (batch["jpg"][i, :hh, :ww].numpy() == a[y:y + hh, x:x + ww]).all()
+    fig = pp.batch_stage(decoded, collate, 8, 0.05)
+    assert fig["tensors"]["jpg"] == f"uint8[8, {h}, {w}, 3]"
+    assert fig["tensor_bytes"] >= 8 * h * w * 3
+
+
+def test_plot_panels_fit_what_was_measured(dataset: Path, tmp_path: Path) -> None:
+    """A directory gets its small-file rates, not an empty sequential panel; legends sit below
+    their axes, not over the curves; stage bars start at zero on a linear axis."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from feedpipe.probe_plot import figure
+
+    make_image_folder(str(tmp_path / "img"), classes=2, per_class=4, min_size=16, max_size=24)
+    for target, titles in ((tmp_path / "img", ["Small files", "Pipeline stages"]),
+                           (dataset, ["Sequential read", "Pipeline stages"])):
+        doc = probe(str(target), step_time_ms=50, **QUICK).to_dict()
+        fig = figure(doc)
+        try:
+            axes = fig.axes
+            assert [ax.get_title().split(":")[0] for ax in axes] == titles
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            for ax in axes:
+                assert ax.has_data()
+                legend = ax.get_legend()
+                if legend is not None:
+                    assert legend.get_window_extent(renderer).y1 <= ax.get_window_extent(
+                        renderer).y0
+            stages = axes[-1]
+            assert stages.get_xscale() == "linear" and stages.get_xlim()[0] == 0
+            assert all(p.get_x() == 0 for p in stages.patches)
+        finally:
+            plt.close(fig)
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "probe.png"
@@ -358,12 +418,19 @@ def test_verdict_host_to_device_and_utilisation() -> None:
 
 
 def test_verdict_dali_advice_only_for_jpeg_and_small_file_advice_for_directories() -> None:
-    assert any("DALI" in a for a in decide(_figures(jpeg=True)).advice)
-    assert not any("DALI" in a for a in decide(_figures(jpeg=False)).advice)
+    assert any("DALI" in a for a in decide(_figures(jpeg=True, cuda=True)).advice)
+    assert not any("DALI" in a for a in decide(_figures(jpeg=False, cuda=True)).advice)
     v = decide(_figures(kind="directory", target="/data/img", small_files_per_s=900.0,
                         small_file_mb_per_s=90.0, mean_file_bytes=100e3,
                         sequential_mb_per_s=2000.0))
     assert any("feedpipe shard /data/img OUT" in a for a in v.advice)
+
+
+def test_verdict_gives_no_gpu_advice_on_a_machine_without_one() -> None:
+    cpu_only = decide(_figures(jpeg=True, cuda=False))
+    assert cpu_only.bounding_stage == "decode"
+    assert not any("GPU" in a or "DALI" in a or "nvJPEG" in a for a in cpu_only.advice)
+    assert any("Decode fewer pixels" in a for a in cpu_only.advice)
 
 
 def test_verdict_with_nothing_measured() -> None:

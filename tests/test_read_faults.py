@@ -32,7 +32,7 @@ def test_verify_refuses_an_index_copied_from_another_shard(sharded_copy: Path,
                                                            image_folder: Path) -> None:
     a, b = idx_files(sharded_copy)[:2]
     shutil.copyfile(b, a)
-    with pytest.raises(ShardFormatError, match=rf"{a.name}: the index does not match the tar"):
+    with pytest.raises(ShardFormatError, match=rf"matches no tar member \(.*{a.name}"):
         list(FeedDataset(str(sharded_copy), verify=True))
     with pytest.raises(ShardFormatError, match=a.name):
         list(FeedLoader(FeedDataset(str(sharded_copy), verify=True), batch_size=4))

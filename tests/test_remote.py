@@ -200,9 +200,38 @@ def test_connection_refused_is_retried_then_reported(fast_retries: None) -> None
         FeedDataset(f"http://127.0.0.1:{port}/shards")
 
 
+def test_an_unresolvable_host_is_a_remote_error_naming_the_url(fast_retries: None) -> None:
+    """``.invalid`` never resolves (RFC 2606): the resolver's answer, not a raw aiohttp error."""
+    url = "http://feedpipe-no-such-host.invalid/shards"
+    with pytest.raises(RemoteError) as e:
+        FeedDataset(url)
+    assert f"{url}/manifest.json" in str(e.value) and "resolve" in str(e.value)
+    assert isinstance(e.value, OSError)
+
+
+def test_a_server_without_range_suggests_the_shard_cache(root: Path, expected: list,
+                                                          tmp_path: Path) -> None:  # type: ignore[type-arg]
+    """``python -m http.server`` answers a Range request with the whole file."""
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind",
+                             "127.0.0.1", "--directory", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (...) ..."
+        url = f"http://127.0.0.1:{line.split(' port ')[1].split()[0]}/shards"
+        with pytest.raises(ShardFormatError) as e:
+            list(FeedDataset(url))
+        assert "Range" in str(e.value) and "cache_dir=" in str(e.value)
+        assert f"{url}/data-" in str(e.value)
+        assert all_samples(FeedDataset(url, cache_dir=tmp_path / "c")) == expected
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_missing_object_fails_at_once(root: Path, tmp_path: Path, fast_retries: None) -> None:
     with python_server(root) as srv:
-        with pytest.raises(SourceNotFoundError, match="no manifest.json"):
+        with pytest.raises(SourceNotFoundError, match=f"{srv.url}/nope: does not exist"):
             FeedDataset(f"{srv.url}/nope")
         assert srv.stats()["/nope/manifest.json"]["requests"] == 1  # not retried
     # a shard missing from a dataset whose manifest exists

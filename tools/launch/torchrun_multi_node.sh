@@ -8,7 +8,9 @@
 # shared filesystem. Each node keeps its own L1 cache (FEEDPIPE_CACHE_DIR, default a local temp
 # dir): feedpipe's plan tells every rank which samples it reads, so a node fetches each shard its
 # ranks need once and nothing else (tests/test_multinode.py checks this with 2 nodes x 2 ranks).
-# The checkpoint (CKPT) must be on a filesystem rank 0 of the next job can read.
+# The checkpoint: --ckpt PATH among the options, else train_ddp.py's default
+# runs/<dataset name>-<hash>/ckpt.pt under the working directory; only rank 0 (on node 0) writes
+# and reads it, so node 0 of the next job must see the same file.
 set -euo pipefail
 DATASET=${1:?usage: $0 DATASET [train_ddp.py options]}
 shift
@@ -19,4 +21,4 @@ CACHE=${FEEDPIPE_CACHE_DIR:-${TMPDIR:-/tmp}/feedpipe-cache}
 exec torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="${NPROC:-2}" \
     --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:${MASTER_PORT:-29500}" \
     --rdzv_id="${RDZV_ID:-feedpipe}" \
-    "$HERE/train_ddp.py" "$DATASET" --cache-dir "$CACHE" --ckpt "${CKPT:-/tmp/feedpipe-ckpt.pt}" "$@"
+    "$HERE/train_ddp.py" "$DATASET" --cache-dir "$CACHE" "$@"

@@ -1,0 +1,31 @@
+"""The worker processes of a conversion: how they start and that they die with their parent."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def pool_context() -> Any:
+    """The multiprocessing context of conversion pools: ``fork`` where there is one (workers
+    inherit the plan instead of unpickling it), else ``spawn``."""
+    import multiprocessing as mp
+
+    return mp.get_context("fork" if os.name == "posix" and "fork" in mp.get_all_start_methods()
+                          else "spawn")
+
+
+def die_with_parent(parent: int) -> None:
+    """Pool initializer: a worker must not outlive a killed parent, or it would go on writing
+    parts into OUT behind the back of a resumed run (and linger forever on its task queue)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)

@@ -1,0 +1,203 @@
+"""``feedpipe shard`` on hostile source trees: special files, names that are not UTF-8.
+
+Each conversion that could hang runs in a subprocess with a timeout, so a regression fails the
+test instead of stopping the suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import read_dataset, run_feedpipe, write_tree
+
+import feedpipe
+from feedpipe.errors import InputError
+
+HANG = 60  # seconds: a conversion of a few files that takes this long has hung
+
+
+def _leftovers(out: Path) -> list[str]:
+    """Temporary files left in ``out`` (none when it was never made)."""
+    names = os.listdir(out) if out.exists() else []
+    return [n for n in names if ".tmp-" in n or ".part" in n or "-stage" in n]
+
+
+# a conversion in a subprocess whose reads turn the source file TARGET into a FIFO with no
+# writer just before it is read (as a hostile tree would, between listing and reading); it
+# prints the summary or the error as one JSON line
+_SWAP_SCRIPT = r"""
+import json, os, sys
+import feedpipe
+from feedpipe import convert, onepass, sources
+src, out, target, on_error, method = sys.argv[1:6]
+convert.ONE_PASS = method == "one-pass"
+real = sources.read_local
+
+marker = out + ".swapped"  # (outside the source: a later listing must not see it)
+
+def read_local(path, size=-1):
+    if path.endswith(target) and not os.path.exists(marker):
+        os.unlink(path)
+        os.mkfifo(path)
+        open(marker, "wb").close()
+    return real(path, size)
+
+sources.read_local = onepass.read_local = read_local
+try:
+    s = feedpipe.shard(src, out, workers=2, on_error=on_error)
+    print(json.dumps({"samples": s.samples, "skipped": s.skipped_inputs}))
+except feedpipe.FeedpipeError as e:
+    print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+"""
+
+
+def _swap_run(src: Path, out: Path, target: str, on_error: str, method: str) -> dict[str, object]:
+    r = subprocess.run([sys.executable, "-c", _SWAP_SCRIPT, str(src), str(out), target, on_error,
+                        method], capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _two_dir_tree(src: Path) -> None:
+    write_tree(src, [f"{d}/{i}.jpg" for d in "abc" for i in range(3)])
+
+
+@pytest.mark.parametrize("method", ["general", "one-pass"])
+def test_a_source_file_turned_into_a_fifo_during_the_run_never_hangs(
+        tmp_path: Path, method: str) -> None:
+    for on_error in ("raise", "skip"):
+        src = tmp_path / f"src-{on_error}"
+        _two_dir_tree(src)
+        out = tmp_path / f"out-{on_error}"
+        got = _swap_run(src, out, "b/1.jpg", on_error, method)
+        if on_error == "raise":
+            assert got["error"] == "InputError", got
+            assert "b/1.jpg" in str(got["message"]) and "not a regular file" in str(
+                got["message"]), got
+        else:
+            assert got["samples"] == 8, got
+            assert [s["path"] for s in got["skipped"]] == ["b/1.jpg"]  # type: ignore[union-attr]
+            assert "not a regular file" in got["skipped"][0]["reason"]  # type: ignore[index]
+        assert not _leftovers(out)
+
+
+def test_a_fifo_in_the_tree_is_named_or_skipped(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _two_dir_tree(src)
+    os.mkfifo(src / "a" / "pipe.jpg")
+    r = run_feedpipe("shard", src, tmp_path / "o1", "--workers", "2", timeout=HANG)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "a/pipe.jpg" in r.stderr and "not a regular file" in r.stderr
+    assert "--on-error skip" in r.stderr
+    r = run_feedpipe("shard", src, tmp_path / "o2", "--workers", "2", "--on-error", "skip",
+                     "--json", timeout=HANG)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["samples"] == 9
+    assert [s["path"] for s in summary["skipped_inputs"]] == ["a/pipe.jpg"]
+
+
+def test_read_local_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    from feedpipe.sources import read_local
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # a writer holding the FIFO open with bytes in it: a reader that does not check the type
+    # gets those bytes instead of blocking (so a regression fails here rather than hangs)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(writer, b"not a file")
+        with pytest.raises(OSError, match="not a regular file \\(a FIFO\\)"):
+            read_local(str(fifo), 10)
+    finally:
+        os.close(writer)
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(OSError, match="not a regular file \\(a directory\\)"):
+        read_local(str(tmp_path / "dir"), 10)
+
+
+def _bad_name_tree(src: Path) -> bytes:
+    """A tree of 6 samples and one file whose name is not UTF-8; that name, as bytes."""
+    _two_dir_tree(src)
+    bad = os.fsencode(str(src / "a")) + b"/bad\xff name.jpg"
+    with open(bad, "wb") as f:
+        f.write(b"data")
+    return bad
+
+
+@pytest.mark.parametrize("method", ["general", "one-pass"])
+def test_a_file_name_that_is_not_utf8_is_skipped_and_recorded_escaped(
+        tmp_path: Path, method: str) -> None:
+    src = tmp_path / "src"
+    _bad_name_tree(src)
+    out = tmp_path / "o"
+    r = subprocess.run([sys.executable, "-c", "import sys; from feedpipe import convert, cli; "
+                        f"convert.ONE_PASS = {method == 'one-pass'}; sys.exit(cli.main())",
+                        "shard", str(src), str(out), "--on-error", "skip", "--workers", "2",
+                        "--json"], capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert doc["total_samples"] == 9
+    assert doc["skipped"] == [{"path": "a/bad\\xff name.jpg",
+                               "reason": doc["skipped"][0]["reason"]}]
+    assert "not valid UTF-8" in doc["skipped"][0]["reason"]
+    assert json.loads(r.stdout)["skipped_inputs"] == doc["skipped"]
+    assert not _leftovers(out) and not [n for n in os.listdir(out) if n.startswith(".manifest")]
+    assert len(read_dataset(out)) == 9
+    # --resume of the finished run, and of a run stopped after its first shard
+    r = run_feedpipe("shard", src, out, "--on-error", "skip", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "manifest.json").read_text(encoding="utf-8")) == doc
+    out2 = tmp_path / "o2"
+
+    class Stop(Exception):
+        pass
+
+    def stop(rec: object) -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        feedpipe.shard(str(src), str(out2), on_error="skip", max_samples=4, workers=1,
+                       on_shard=stop)
+    s = feedpipe.shard(str(src), str(out2), on_error="skip", max_samples=4, workers=1,
+                       resume=True)
+    assert s.reused_shards == 1 and s.skipped == 1
+    assert s.skipped_inputs[0]["path"] == "a/bad\\xff name.jpg"
+    assert not _leftovers(out2)
+
+
+def test_a_file_name_that_is_not_utf8_is_named_under_raise(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _bad_name_tree(src)
+    with pytest.raises(InputError, match=r"a/bad\\xff name\.jpg: file name is not valid UTF-8"):
+        feedpipe.shard(str(src), str(tmp_path / "o"), workers=1)
+    r = run_feedpipe("shard", src, tmp_path / "o2", "--workers", "2")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "a/bad\\xff name.jpg" in r.stderr and "--on-error skip" in r.stderr
+
+
+def test_a_failure_while_writing_the_manifest_leaves_no_temp_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from feedpipe.errors import OutputError
+    from feedpipe.manifest import Manifest
+
+    src = tmp_path / "src"
+    _two_dir_tree(src)
+
+    def full(self: Manifest) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Manifest, "to_json", full)
+    out = tmp_path / "o"
+    with pytest.raises(OutputError, match="manifest.json: disk full"):
+        feedpipe.shard(str(src), str(out), workers=1)
+    assert not [n for n in os.listdir(out) if ".tmp-" in n]
+    monkeypatch.undo()
+    s = feedpipe.shard(str(src), str(out), workers=1, resume=True)
+    assert s.samples == 9 and (out / "manifest.json").exists()

@@ -1,0 +1,160 @@
+"""``feedpipe shard`` on trees as people have them: symbolic links to class directories and files
+(followed, loops named), output directories inside the source (skipped, never a class), empty
+sources (an error)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import dir_bytes, read_dataset, run_feedpipe, write_tree
+
+import feedpipe
+from feedpipe.errors import InputError
+from feedpipe.listing import list_tree_parallel
+from feedpipe.sources import list_tree
+
+
+def _classes_tree(root: Path, classes: str = "abc", per: int = 3) -> None:
+    write_tree(root, [f"{c}/{i}.jpg" for c in classes for i in range(per)])
+
+
+def _listing(src: Path, workers: int, **kw: object) -> tuple[list[str], list[tuple[str, str]],
+                                                              list[str] | None]:
+    if workers == 0:
+        got = list_tree(str(src), **kw)  # type: ignore[arg-type]
+        return [s.key for s in got.samples], got.problems, got.classes
+    with list_tree_parallel(str(src), workers=workers, **kw) as t:  # type: ignore[arg-type]
+        return [s.key for s in t], t.problems, t.classes
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_symlinked_class_directories_and_files_are_followed(tmp_path: Path, workers: int) -> None:
+    # images/zebra -> elsewhere/zebra (another disk, as in the issue), a linked file, and a
+    # linked directory below a class: the same dataset as the tree with real copies
+    elsewhere = tmp_path / "elsewhere"
+    linked = tmp_path / "linked"
+    _classes_tree(linked, "ab")
+    _classes_tree(elsewhere, "z")
+    write_tree(elsewhere, ["sub/9.jpg"])
+    (linked / "z").symlink_to(elsewhere / "z")
+    (linked / "a" / "sub").mkdir()
+    (linked / "a" / "sub" / "9.jpg").symlink_to(elsewhere / "sub" / "9.jpg")
+    shutil.copytree(linked, tmp_path / "real")  # (copies what the links point at)
+    assert not any(p.is_symlink() for p in (tmp_path / "real").rglob("*"))
+    outs = {}
+    for name in ("real", "linked"):
+        out = tmp_path / f"out-{name}-{workers}"
+        s = feedpipe.shard(str(tmp_path / name), str(out), labels_from_dirs=True,
+                           workers=workers)
+        assert s.samples == 10 and s.skipped == 0, name
+        outs[name] = dir_bytes(out)
+        outs[name].pop("manifest.json")  # (it names the source)
+    assert outs["linked"] == outs["real"]
+    doc = json.loads((tmp_path / f"out-linked-{workers}" / "manifest.json").read_text())
+    assert doc["classes"] == ["a", "b", "z"]
+    assert _listing(linked, 0, labels_from_dirs=True) == _listing(linked, workers,
+                                                                  labels_from_dirs=True)
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_link_to_an_ancestor_or_a_cycle_is_a_named_bad_input(tmp_path: Path,
+                                                               workers: int) -> None:
+    src = tmp_path / "src"
+    _classes_tree(src)
+    (src / "a" / "up").symlink_to(src)  # a link to an ancestor
+    (src / "b" / "to_c").symlink_to(src / "c")  # a cycle: b/to_c -> c, c/to_b -> b
+    (src / "c" / "to_b").symlink_to(src / "b")
+    (src / "self").symlink_to(src)  # at the root
+    keys, problems, _ = _listing(src, workers)
+    loops = sorted(p for p, _ in problems)
+    assert loops == ["a/up", "b/to_c/to_b", "c/to_b/to_c", "self"]
+    assert all("loop" in reason for _, reason in problems)
+    # the cycle's directories are reached once through a link each, not forever
+    assert sorted(keys) == sorted([f"{c}/{i}" for c in "abc" for i in range(3)]
+                                  + [f"b/to_c/{i}" for i in range(3)]
+                                  + [f"c/to_b/{i}" for i in range(3)])
+
+
+def test_link_loops_raise_naming_the_link_or_are_skipped(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _classes_tree(src)
+    (src / "a" / "up").symlink_to(src)
+    with pytest.raises(InputError, match=r"a/up: symbolic link .* \(a loop\)"):
+        feedpipe.shard(str(src), str(tmp_path / "o1"), workers=2)
+    r = run_feedpipe("shard", src, tmp_path / "o2", "--workers", "2")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "a/up" in r.stderr, r.stderr
+    s = feedpipe.shard(str(src), str(tmp_path / "o3"), workers=2, on_error="skip",
+                       labels_from_dirs=True)
+    assert s.samples == 9 and [x["path"] for x in s.skipped_inputs] == ["a/up"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_output_directory_inside_the_source_is_skipped_never_a_class(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, workers: int) -> None:
+    src = tmp_path / "src"
+    _classes_tree(src)
+    inside = src / "shards"
+    caplog.set_level(logging.WARNING, logger="feedpipe")
+    s = feedpipe.shard(str(src), str(inside), labels_from_dirs=True, workers=workers)
+    assert s.samples == 9
+    ref = tmp_path / "ref"
+    feedpipe.shard(str(src), str(ref), labels_from_dirs=True, workers=workers)  # the next run
+    assert json.loads((ref / "manifest.json").read_text())["classes"] == ["a", "b", "c"]
+    assert [m for m in caplog.messages if "skipped" in m and "shards" in m], caplog.messages
+    doc = json.loads((ref / "manifest.json").read_text())
+    assert doc["created_by"]["skipped_output_dirs"] == ["shards"]
+    # a conversion under way (no manifest yet, only its resume state) is output too
+    caplog.clear()
+    pending = src / "b" / "pending"
+    pending.mkdir()
+    (pending / ".feedpipe-shard-state.json").write_text("{}")
+    (pending / "data-000000.tar").write_bytes(b"x" * 10)
+    again = tmp_path / "again"
+    s = feedpipe.shard(str(src), str(again), labels_from_dirs=True, workers=workers)
+    assert s.samples == 9 and s.skipped == 0
+    assert json.loads((again / "manifest.json").read_text())["created_by"][
+        "skipped_output_dirs"] == ["b/pending", "shards"]
+    # resuming into the output inside the source skips it, and changes nothing
+    shutil.rmtree(pending)
+    before = dir_bytes(inside)
+    feedpipe.shard(str(src), str(inside), labels_from_dirs=True, workers=workers, resume=True)
+    assert dir_bytes(inside) == before
+    # a user's own manifest.json (not feedpipe's) is data like any other file
+    write_tree(src, ["c/notes/manifest.json"])
+    s = feedpipe.shard(str(src), str(tmp_path / "user"), workers=workers)
+    assert "c/notes/manifest" in [str(x["__key__"]) for x in read_dataset(tmp_path / "user")]
+
+
+def test_an_empty_source_is_an_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run_feedpipe("shard", empty, tmp_path / "o")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, (r.stdout, r.stderr)
+    assert str(empty) in r.stderr and "has no files" in r.stderr
+    assert not (tmp_path / "o").exists()
+    hidden = tmp_path / "hidden"
+    write_tree(hidden, [".DS_Store", "a/.keep", "b/.keep"])
+    for workers in (1, 2):
+        with pytest.raises(InputError, match=r"has no files to convert \(3 hidden file"):
+            feedpipe.shard(str(hidden), str(tmp_path / f"h{workers}"), workers=workers)
+        assert not (tmp_path / f"h{workers}").exists()
+    r = run_feedpipe("shard", hidden, tmp_path / "p", "--part", "0/2")
+    assert r.returncode == 2 and "has no files" in r.stderr, r.stderr
+    bad = tmp_path / "bad"
+    write_tree(bad, ["a/README"])
+    with pytest.raises(InputError, match="has no files to convert.*1 bad input"):
+        feedpipe.shard(str(bad), str(tmp_path / "b"), on_error="skip")
+
+
+def test_part_summary_is_a_whole_sentence(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _classes_tree(src)
+    r = run_feedpipe("shard", src, tmp_path / "o", "--part", "0/2", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("part"))
+    assert line.strip() == (f"part     0/2 done; once all 2 parts are done, run `feedpipe merge "
+                            f"{tmp_path / 'o'}` (or give the last part --merge)")
