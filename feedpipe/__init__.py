@@ -57,6 +57,8 @@ _LAZY = {
     "cache_stats": "cache_tiers",
     "cache_clear": "cache_tiers",
     "ImagePipeline": "transforms",
+    "BatchCollator": "collator",
+    "ShardSet": "shard_set",
     "ImageSpec": "transforms",
     "DaliStage": "dali",
     "DecodeError": "errors",
@@ -134,5 +136,7 @@ if TYPE_CHECKING:
     from .dali import DaliStage
     from .errors import DecodeError, SampleSkipped
     from .transforms import ImagePipeline, ImageSpec
+    from .collator import BatchCollator
+    from .shard_set import ShardSet
     from .errors import FieldTypeError
     from .shard_writer import ShardWriter, write_samples
