@@ -66,6 +66,7 @@ _LAZY = {
     "ShardWriter": "shard_writer",
     "write_samples": "shard_writer",
     "FieldTypeError": "errors",
+    "shard_from": "table_source",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -140,3 +141,4 @@ if TYPE_CHECKING:
     from .shard_set import ShardSet
     from .errors import FieldTypeError
     from .shard_writer import ShardWriter, write_samples
+    from .table_source import shard_from

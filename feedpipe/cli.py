@@ -110,6 +110,7 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "UTF-8 text. Relative paths are taken from SRC.\n\nExamples:\n"
             "  feedpipe shard ./images ./shards --labels-from-dirs --max-bytes 256MB\n"
             "  feedpipe shard s3://bucket/raw ./shards --manifest rows.jsonl --shuffle --seed 1\n"
+            "  feedpipe shard train.parquet ./shards --columns image=jpg,label=cls\n"
             "  feedpipe shard ./images ./shards --resume     # after an interrupted run\n\n"
             "Past one machine:\n"
             "  feedpipe shard SRC OUT --part 2/8 --merge     # part 2 of 0..7, e.g. a Slurm array\n"
@@ -154,6 +155,12 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "tcp://host:8786; needs feedpipe[dask]; SRC and OUT shared by workers)")
     p.add_argument("--retries", type=int, default=2,
                    help="with --dask: retries of a failed task (default: 2)")
+    p.add_argument("--columns", metavar="COL=FIELD,...", default=None,
+                   help="Parquet source: send columns to fields (img=jpg,label=cls,id=__key__; "
+                        "COL= drops one); the mapping taken is printed")
+    p.add_argument("--classes", metavar="NAMES|FILE", default=None,
+                   help="Parquet source: class names of the cls column (a,b,c or a file with "
+                        "one per line; default: a categorical column's categories)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -165,11 +172,13 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               shuffle=a.shuffle, seed=a.seed, on_error=a.on_error, resume=a.resume,
               prefix=a.prefix, labels_from_dirs=a.labels_from_dirs, manifest=a.manifest,
               show_progress=False if a.no_progress else None, part=a.part, merge=a.merge,
-              dask=a.dask, retries=a.retries)
+              dask=a.dask, retries=a.retries, columns=a.columns, classes=a.classes)
     if a.json:
         print(json.dumps(s.to_dict(), indent=1))
         return 0
     print(f"feedpipe shard: {a.src} -> {s.out}" + (f"   (part {s.part})" if s.part else ""))
+    for line in s.columns:  # a table source: which column became which field
+        print(f"  {line}")
     if s.part:
         count = s.part.split("/")[1]
         print("  merged   all parts -> manifest.json" if s.merged else
@@ -178,10 +187,11 @@ def _cmd_shard(a: argparse.Namespace) -> int:
     print(f"  shards   {s.shards:>10}" + (f"   ({s.reused_shards} kept from the interrupted run)"
                                          if s.reused_shards else ""))
     print(f"  samples  {s.samples:>10}")
-    print(f"  files    {s.files:>10}")
+    print(f"  {'rows ' if s.method == 'table' else 'files'}    {s.files:>10}")
     print(f"  bytes    {format_size(s.bytes):>10}")
     print(f"  skipped  {s.skipped:>10}" + ("   (listed in manifest.json)" if s.skipped else ""))
-    print(f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} files/s   {s.mb_per_s:,.1f} MB/s")
+    unit = "rows" if s.method == "table" else "files"
+    print(f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} {unit}/s   {s.mb_per_s:,.1f} MB/s")
     for sk in s.skipped_inputs[:5]:
         print(f"  skipped: {sk['path']}: {sk['reason']}")
     return 0

@@ -21,16 +21,15 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager, nullcontext
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from contextlib import closing, contextmanager, nullcontext
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import __version__
 from .errors import InputError, OutputError
 from .manifest import Manifest, ShardRecord
 from .merge import state_name as part_state_name
-from .partition import PartInfo, parse_part, part_prefix
 from .onepass import StagedTree, stage_tree
 from .output_dir import (
     STATE_NAME,
@@ -40,13 +39,22 @@ from .output_dir import (
     unlink_quiet,
     write_dataset_manifest,
 )
+from .partition import PartInfo, parse_part, part_prefix
 from .pool_context import die_with_parent, pool_context
 from .progress import progress
 from .shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
+from .shard_summary import ShardSummary
 from .sources import Listing, SampleSpec, Source, list_manifest, printable
 from .storage import is_local, local_path
 from .tarformat import BLOCK
-from .writer import PartResult, finish_shard, hidden, load_record, output_error, write_part
+from .writer import (
+    PartResult,
+    finish_shard,
+    hidden,
+    load_record,
+    output_error,
+    write_part,
+)
 
 DEFAULT_MAX_BYTES = 256 << 20
 ONE_PASS = True  # local trees of top-level directories: feedpipe.onepass (tests compare paths)
@@ -65,26 +73,6 @@ class ShardOptions:
     prefix: str = "data"
     labels_from_dirs: bool = False
     manifest: str | None = None
-
-
-@dataclass
-class ShardSummary:
-    out: str
-    shards: int
-    samples: int
-    files: int
-    bytes: int
-    skipped: int
-    reused_shards: int
-    seconds: float
-    files_per_s: float
-    mb_per_s: float
-    skipped_inputs: list[dict[str, str]] = field(default_factory=list)
-    part: str | None = None  # "I/N" of a --part run
-    merged: bool = False  # this part found all parts finished and wrote the manifest
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _list(src: str, out: str, opts: ShardOptions, workers: int | None,
@@ -173,6 +161,28 @@ def _stage(src: str, out: str, prefix: str, labels_from_dirs: bool, workers: int
     return staged
 
 
+def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, *,
+                 columns: Any, classes: Any, workers: int | None, resume: bool, part: Any,
+                 dask: Any, show_progress: bool | None) -> ShardSummary:
+    """A Parquet source, through the table writer (:mod:`feedpipe.table_source`)."""
+    from .table_source import shard_parquet
+
+    unsupported = [name for name, on in (
+        ("--resume", resume), ("--shuffle", opts.shuffle), ("--part", part is not None),
+        ("--dask", dask is not None), ("--labels-from-dirs", opts.labels_from_dirs)) if on]
+    if unsupported:
+        raise ValueError(f"{printable(src)} is a Parquet source, which is written in one pass "
+                         f"in row order: {', '.join(unsupported)} cannot apply; convert it "
+                         "without, into an empty directory")
+    if workers is not None and workers > 1:
+        log.warning("feedpipe shard: %s is a Parquet source, written in one process: "
+                    "--workers %d is not used", printable(src), workers)
+    return shard_parquet(src, files, out, columns=columns, classes=classes,
+                         max_bytes=opts.max_bytes, max_samples=opts.max_samples,
+                         prefix=opts.prefix, on_error=opts.on_error,
+                         show_progress=show_progress)
+
+
 def _drop_problems(listing: Listing, on_error: str) -> list[SampleSpec]:
     if listing.problems and on_error == "raise":
         path, reason = listing.problems[0]
@@ -202,6 +212,8 @@ def shard(
     merge: bool = False,
     dask: Any = None,
     retries: int = 2,
+    columns: str | dict[str, str | None] | None = None,
+    classes: str | list[str] | None = None,
 ) -> ShardSummary:
     """Convert the small-file dataset at ``src`` into shards in ``out``.
 
@@ -228,6 +240,10 @@ def shard(
             that cluster (see :mod:`feedpipe.dask_convert`; ``src`` and ``out`` must be visible
             at the same paths on every worker). The output is the same bytes.
         retries: with ``dask``: times a failed task is retried before the run fails.
+        columns: for a Parquet source: overrides of the column-to-field mapping
+            (``"img=jpg,label=cls"``, see :mod:`feedpipe.table_columns`).
+        classes: for a Parquet source: class names (a list, ``"a,b,c"`` or a file with one
+            per line); default: a categorical label column's categories.
 
     Returns:
         A :class:`ShardSummary`.
@@ -249,6 +265,18 @@ def shard(
         raise ValueError(f"prefix must be a non-empty file name without '/', not {prefix!r}")
     opts = ShardOptions(max_bytes, max_samples, shuffle, seed, on_error, prefix,
                         labels_from_dirs, manifest)
+    if manifest is None:
+        from .table_source import parquet_files
+
+        tables = parquet_files(src)
+        if tables is not None:  # a Parquet file or a directory of them
+            return _shard_table(src, tables, out, opts, columns=columns, classes=classes,
+                                workers=workers, resume=resume, part=part, dask=dask,
+                                show_progress=show_progress)
+    if columns is not None or classes is not None:
+        raise ValueError(f"{printable(src)}: columns= and classes= apply to Parquet sources "
+                         "(a .parquet file or a directory of them); a folder tree takes its "
+                         "fields from file extensions and its classes from --labels-from-dirs")
     part_of = None if part is None else parse_part(part)
     if dask is not None:
         from .dask_convert import check_dask

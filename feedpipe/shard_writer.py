@@ -66,6 +66,7 @@ class ShardWriter:
             :mod:`feedpipe.field_encoding`), e.g. ``{"json": lambda v: json.dumps(v).encode()}``.
         part: ``(i, n)``: write part ``i`` of ``n`` (see the module docstring).
         merge: with ``part``: the writer that finds all parts finished writes the manifest.
+        provenance: entries for the manifest's ``created_by`` (what the samples were made from).
 
     Example:
         >>> import tempfile, os
@@ -81,7 +82,8 @@ class ShardWriter:
     def __init__(self, out: str, *, max_samples: int | None = None,
                  max_bytes: int | str = DEFAULT_MAX_BYTES, classes: Sequence[str] | None = None,
                  prefix: str = "data", encoders: Mapping[str, Encoder] | None = None,
-                 part: tuple[int, int] | str | None = None, merge: bool = False) -> None:
+                 part: tuple[int, int] | str | None = None, merge: bool = False,
+                 provenance: Mapping[str, Any] | None = None) -> None:
         from .sizes import parse_size
 
         self.max_bytes = parse_size(max_bytes)
@@ -100,6 +102,8 @@ class ShardWriter:
         self.encoders = dict(encoders or {})
         self.part = None if part is None else parse_part(part)
         self.merge = merge
+        self.provenance = dict(provenance or {})
+        self.skipped: list[dict[str, str]] = []
         own = None if self.part is None else part_prefix(prefix, *self.part)
         self.out = prepare_out(out, False, own, tool="feedpipe.ShardWriter",
                                hint="write into an empty directory")
@@ -210,7 +214,8 @@ class ShardWriter:
             if not self._records and self.part is None:
                 raise InputError(f"{self.out}: no sample was written; nothing to save")
             m = Manifest(shards=list(self._records), fields=sorted(self._fields),
-                         classes=self.classes, skipped=[], created_by=self._created_by())
+                         classes=self.classes, skipped=list(self.skipped),
+                         created_by=self._created_by())
             if self.part is None:
                 write_dataset_manifest(self.out, m)
             else:
@@ -222,10 +227,16 @@ class ShardWriter:
         self.manifest = m
         return m
 
+    def skip(self, what: str, reason: str) -> None:
+        """Record an input left out (listed in the manifest's ``skipped``, as ``feedpipe shard
+        --on-error skip`` lists bad files)."""
+        self.skipped.append({"path": what, "reason": reason})
+
     def _created_by(self) -> dict[str, Any]:
         return {"tool": TOOL, "feedpipe_version": __version__,
                 "options": {"max_bytes": self.max_bytes, "max_samples": self.max_samples,
-                            "prefix": self.prefix, "encoders": sorted(self.encoders)}}
+                            "prefix": self.prefix, "encoders": sorted(self.encoders)},
+                **self.provenance}
 
     def _commit_part(self, m: Manifest, index: int, count: int) -> None:
         from .merge import merge_if_complete, write_part_record
