@@ -52,7 +52,7 @@ import numpy as np
 
 from .dependency import require
 from .errors import DecodeError, MissingDependencyError
-from .image_ops import _opencv, decode_jpeg, jpeg_size
+from .image_ops import decode_jpeg, jpeg_size, opencv, window_decoder
 
 IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "avif", "heic", "heif")
 """The fields :class:`~feedpipe.transforms.ImagePipeline` and the DALI stage look in by default,
@@ -169,14 +169,12 @@ def image_decoders() -> dict[str, str | None]:
         >>> image_decoders()["png"]
         'opencv'
     """
-    from . import image_ops
-
     try:
         import pillow_heif  # noqa: F401
         heif: str | None = "pillow-heif"
     except ImportError:
         heif = None
-    return {"jpeg": "feedpipe._jpegcrop" if image_ops._jpegcrop is not None else "simplejpeg",
+    return {"jpeg": window_decoder() or "simplejpeg",
             "png": "opencv", "webp": "opencv", "avif": _avif_library(), "heic": heif,
             "other": "opencv"}
 
@@ -198,7 +196,7 @@ def _avif_library() -> str | None:
         except ImportError:
             pass
         if choice is None:
-            cv2 = _opencv()
+            cv2 = opencv()
             built = cv2.getBuildInformation() if cv2 is not None else ""
             if re.search(r"^\s*AVIF:\s*(?!NO\b)\S", built, re.MULTILINE):
                 choice = "opencv"
@@ -216,7 +214,7 @@ def _undecodable(data: Any, fmt: str, why: object = "") -> DecodeError:
 
 
 def _decode_opencv(data: Any, fmt: str) -> np.ndarray:
-    cv2 = _opencv()
+    cv2 = opencv()
     if cv2 is None:
         raise MissingDependencyError("decoding PNG and WebP images needs OpenCV. Install it "
                                      "with: pip install opencv-python-headless")

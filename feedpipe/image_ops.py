@@ -43,6 +43,14 @@ try:  # optional C extension (setup.py): window-only JPEG decoding
 except ImportError:  # pragma: no cover - where it did not build, simplejpeg decodes whole images
     _jpegcrop = None
 
+
+
+def window_decoder() -> str | None:
+    """The window-only JPEG decoder's module name where the C extension was built, else None
+    (simplejpeg then decodes whole images)."""
+    return None if _jpegcrop is None else "feedpipe._jpegcrop"
+
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -236,7 +244,7 @@ def one_thread() -> Iterator[None]:
 _CV2: Any = None  # the cv2 module once looked up; False when it does not import
 
 
-def _opencv() -> Any:
+def opencv() -> Any:
     """The ``cv2`` module, or ``None`` where it does not import; imported on first use.
 
     OpenCV is switched to run on the calling thread (``cv2.setNumThreads(0)``, process-wide):
@@ -261,7 +269,7 @@ def _enlarge_hwc(img: np.ndarray, size: Size, flip: bool) -> np.ndarray | None:
     if (img.ndim != 3 or img.dtype != np.uint8 or not 1 <= img.shape[2] <= 4
             or img.shape[0] > size[0] or img.shape[1] > size[1] or 0 in img.shape):
         return None
-    cv2 = _opencv()
+    cv2 = opencv()
     if cv2 is None:
         return None
     c = img.shape[2]
@@ -297,7 +305,7 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
         if up.shape[2] == 1:
             planes[0] = up[:, :, 0]
         else:
-            _opencv().split(up, list(planes))
+            opencv().split(up, list(planes))
         if out is not None and chw is not out:
             out.copy_(chw)
         return chw if out is None else out
@@ -496,14 +504,14 @@ class Normalize:
         self._tensors()
 
     def _tensors(self) -> None:
-        self._mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
-        self._std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
+        self.mean_tensor = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std_tensor = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
 
     def __call__(self, x: torch.Tensor | np.ndarray,
                  rng: np.random.Generator | None = None) -> torch.Tensor:
         if isinstance(x, np.ndarray):
             x = torch.from_numpy(x).permute(2, 0, 1)
-        return normalize_tensor(x, self._mean, self._std)
+        return normalize_tensor(x, self.mean_tensor, self.std_tensor)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"mean": self.mean, "std": self.std}

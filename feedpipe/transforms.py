@@ -310,7 +310,7 @@ class ImagePipeline:
             x = resize_to_tensor(window, size, flip=flip, out=out)
             return x if out is not None else x.contiguous()
         x = resize_to_tensor(window, size, flip=flip)
-        return normalize_tensor(x, self._norm._mean, self._norm._std, out=out)
+        return normalize_tensor(x, self._norm.mean_tensor, self._norm.std_tensor, out=out)
 
     def __call__(self, sample: Mapping[str, Any]) -> Any:
         image, label = self._apply(sample, None)

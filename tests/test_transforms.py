@@ -149,7 +149,7 @@ def test_opencv_enlargement_matches_the_torch_path(monkeypatch: pytest.MonkeyPat
     reduction) gives the same image within one grey level, in the same CHW layout."""
     from feedpipe import image_ops
 
-    if image_ops._opencv() is None:
+    if image_ops.opencv() is None:
         pytest.skip("opencv-python-headless is not installed")
     base = simplejpeg.decode_jpeg(jpeg(90, 70, seed=3), colorspace="RGB")[5:80, 3:60]
     img = {"packed": base, "channels-reversed": base[:, :, ::-1], "one-channel": base[:, :, :1],
