@@ -134,6 +134,13 @@ def test_the_fingerprint_sees_what_a_transform_commonly_holds() -> None:
     assert fingerprint(Norm(big, 1.0)) != fingerprint(Norm(changed, 1.0))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_fingerprint_of_a_tensor_does_not_depend_on_its_device() -> None:
+    t = torch.linspace(0, 1, 7)
+    assert fingerprint(t.cuda()) == fingerprint(t)
+    assert fingerprint(torch.nn.Linear(3, 2).cuda()) != fingerprint(t)
+
+
 FINGERPRINT = textwrap.dedent("""
     import dataclasses, sys, torch
     from feedpipe.fingerprint import fingerprint

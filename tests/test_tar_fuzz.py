@@ -188,7 +188,7 @@ def test_the_strategies_reach_every_outcome() -> None:
     kind (a generator that made only garbage would test nothing)."""
     seen: set[str] = set()
 
-    @settings(max_examples=150, deadline=None, database=None,
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
     @given(mutated())
     def collect(raw: bytes) -> None:
