@@ -197,9 +197,9 @@ def cache_stats(path: str | os.PathLike[str]) -> list[TierReport]:
 def _lmdb_in_use(path: str) -> bool:
     """Whether a process has the environment open: LMDB holds a shared ``fcntl`` lock on
     ``lock.mdb`` for as long as an environment is open (in this process too, by our table)."""
-    from .function_index import _ENVS
+    from .function_index import open_here
 
-    if path in _ENVS:
+    if open_here(path):
         return True
     try:
         fd = os.open(os.path.join(path, "lock.mdb"), os.O_RDWR | os.O_CLOEXEC)

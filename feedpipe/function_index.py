@@ -369,6 +369,12 @@ class FunctionIndex:
         self.close()
 
 
+def open_here(path: str) -> bool:
+    """Whether this process has the LMDB environment at ``path`` open (its table of shared
+    environments; ``feedpipe cache clear`` refuses to remove one in use)."""
+    return path in _ENVS
+
+
 class Memoized:
     """A function memoised in a :class:`FunctionIndex`; picklable into worker processes."""
 

@@ -1,7 +1,7 @@
 """No module of the package reads another module's private names: an AST scan of feedpipe/.
 
-A private name (``_x``, not ``__x__``) may be used on ``self``/``cls`` or a name defined in the
-same module, and private *modules* (``feedpipe/_x.py``, ``from . import _jpegcrop``) may be
+A private name (``_x``, not ``__x__``) may be used on ``self``/``cls``, on a name defined in the
+same module, or where it is an attribute the module's own classes define; private *modules* (``feedpipe/_x.py``, ``from . import _jpegcrop``) may be
 imported; what is refused is ``obj._attr`` on an object another module made and ``from .m import
 _name``. Attributes of third-party objects whose public API is spelled with an underscore
 (``namedtuple._make``, ``argparse._SubParsersAction``, torch's ``storage._cdata``) are listed.
@@ -25,6 +25,16 @@ def violations(path: Path) -> list[str]:
            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
     own |= {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
             for t in n.targets if isinstance(t, ast.Name)}
+    # private attributes the module's own classes define (self._x = ..., def _x, __slots__):
+    # the module may read them on any of its objects
+    mine = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "self"
+            and isinstance(n.ctx, ast.Store)}
+    mine |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
+                                                              ast.AsyncFunctionDef))}
+    mine |= {e.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in n.targets)
+             for e in ast.walk(n.value) if isinstance(e, ast.Constant) and isinstance(e.value, str)}
     out = []
     rel = path.relative_to(PACKAGE.parent)
     for node in ast.walk(tree):
@@ -40,6 +50,8 @@ def violations(path: Path) -> list[str]:
             continue
         base = node.value
         if isinstance(base, ast.Name) and (base.id in ("self", "cls") or base.id in own):
+            continue
+        if attr in mine:
             continue
         out.append(f"{rel}:{node.lineno}: {ast.unparse(base)}.{attr}")
     return out
