@@ -10,8 +10,10 @@ Phases, each on the ``images`` dataset (``benchmarks/datasets.py``) sharded once
   batches; images/s.
 
 Each pass is a fresh interpreter importing feedpipe from the version's tree (``PYTHONPATH``);
-peak RSS is summed over the process tree (``peer_memory.PeakMemory``). The bar: the working tree
-at >= 0.9x the ref's median rate, and peak RSS at <= 1.1x, in every phase.
+peak RSS is summed over the process tree (``peer_memory.PeakMemory``). Within a pass the two
+versions run back to back, so a pass's ratio sees the same machine load; the bar is on the median
+of the per-pass ratios: the working tree at >= 0.9x the ref's rate, and peak RSS at <= 1.1x, in
+every phase.
 
 Usage::
 
@@ -142,17 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     for phase in a.phases.split(","):
         med = {v: median(r["rate"] for r in runs.get((phase, v), [])) for v in trees}
         rss = {v: median(r["peak_rss_bytes"] for r in runs.get((phase, v), [])) for v in trees}
-        speed = med["after"] / med["before"] if med["after"] and med["before"] else None
-        mem = rss["after"] / rss["before"] if rss["after"] and rss["before"] else None
+        pairs = list(zip(runs.get((phase, "before"), []), runs.get((phase, "after"), [])))
+        speed = median(a["rate"] / b["rate"] for b, a in pairs)
+        mem = median(a["peak_rss_bytes"] / b["peak_rss_bytes"] for b, a in pairs)
         ok = speed is not None and mem is not None and speed >= 0.9 and mem <= 1.1
-        bars[phase] = {"speed_ratio": speed, "rss_ratio": mem, "met": ok}
+        bars[phase] = {"speed_ratio": speed, "rss_ratio": mem, "met": ok,
+                       "pass_ratios": [a["rate"] / b["rate"] for b, a in pairs]}
         summary[phase] = {v: {"median_rate": med[v], "median_peak_rss_bytes": rss[v],
                               "spread": spread(r["rate"] for r in runs.get((phase, v), []))}
                           for v in trees}
         rows.append([phase, fmt(med["before"]), fmt(med["after"]), fmt(speed, 3),
                      fmt((rss["before"] or 0) / 1e6), fmt((rss["after"] or 0) / 1e6),
                      fmt(mem, 3), "met" if ok else "NOT MET"])
-    text = table(rows, ["phase", f"{a.before} /s", "tree /s", "ratio", f"{a.before} MB",
+    text = table(rows, ["phase", f"{a.before} /s", "tree /s", "pass ratio", f"{a.before} MB",
                         "tree MB", "RSS ratio", "bar"])
     print(text)
     doc = {"benchmark": "bench_versions", "before": a.before, "passes": passes,
