@@ -155,6 +155,11 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "tcp://host:8786; needs feedpipe[dask]; SRC and OUT shared by workers)")
     p.add_argument("--retries", type=int, default=2,
                    help="with --dask: retries of a failed task (default: 2)")
+    p.add_argument("--method", choices=("auto", "general", "one-pass"), default="auto",
+                   help="auto (default): one pass over a fresh local tree of top-level "
+                        "directories, else the general method (list, plan, write); general or "
+                        "one-pass force one (a forced one-pass that cannot serve the tree is "
+                        "refused, saying why). Same shards either way")
     p.add_argument("--columns", metavar="COL=FIELD,...", default=None,
                    help="Parquet source: send columns to fields (img=jpg,label=cls,id=__key__; "
                         "COL= drops one); the mapping taken is printed")
@@ -167,12 +172,15 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def _cmd_shard(a: argparse.Namespace) -> int:
     from .convert import shard
+    from .shard_options import ShardOptions
 
-    s = shard(a.src, a.out, max_bytes=a.max_bytes, max_samples=a.max_samples, workers=a.workers,
-              shuffle=a.shuffle, seed=a.seed, on_error=a.on_error, resume=a.resume,
-              prefix=a.prefix, labels_from_dirs=a.labels_from_dirs, manifest=a.manifest,
-              show_progress=False if a.no_progress else None, part=a.part, merge=a.merge,
-              dask=a.dask, retries=a.retries, columns=a.columns, classes=a.classes)
+    opts = ShardOptions(
+        max_bytes=a.max_bytes, max_samples=a.max_samples, shuffle=a.shuffle, seed=a.seed,
+        on_error=a.on_error, prefix=a.prefix, labels_from_dirs=a.labels_from_dirs,
+        manifest=a.manifest, workers=a.workers, resume=a.resume, method=a.method, part=a.part,
+        merge=a.merge, dask=a.dask, retries=a.retries,
+        show_progress=False if a.no_progress else None, columns=a.columns, classes=a.classes)
+    s = shard(a.src, a.out, opts)
     if a.json:
         print(json.dumps(s.to_dict(), indent=1))
         return 0
@@ -184,6 +192,7 @@ def _cmd_shard(a: argparse.Namespace) -> int:
         print("  merged   all parts -> manifest.json" if s.merged else
               f"  part     {s.part} done; once all {count} parts are done, run "
               f"`feedpipe merge {s.out}` (or give the last part --merge)")
+    print(f"  method   {s.method:>10}   ({s.executor}{'; ' + s.why if s.why else ''})")
     print(f"  shards   {s.shards:>10}" + (f"   ({s.reused_shards} kept from the interrupted run)"
                                          if s.reused_shards else ""))
     print(f"  samples  {s.samples:>10}")

@@ -232,9 +232,9 @@ def run_on_dask(
         written = 0
         for fut in distributed.as_completed(futures):
             result = fut.result()  # raises the task's own error once its retries are spent
-            i = kind[fut.key]
-            if i is not None:
-                record(i, *result)
+            joined = kind[fut.key]
+            if joined is not None:
+                record(joined, *result)
                 continue
             for r in result:
                 bar.update(r.files)
@@ -248,3 +248,22 @@ def run_on_dask(
     finally:
         if own:
             client.close()
+
+
+class DaskExecutor:
+    """The conversion executor of ``--dask`` (see :mod:`feedpipe.conversion_executor`)."""
+
+    name = "dask"
+
+    def __init__(self, cluster: Any, retries: int = 2) -> None:
+        self.cluster = cluster
+        self.retries = retries
+
+    def run(self, job: Any) -> int:
+        return run_on_dask(self.cluster, job.source, job.plan, job.todo, job.names,
+                           job.part_paths, job.out, job.on_error, job.bar, job.record,
+                           retries=self.retries)
+
+    def describe(self) -> str:
+        where = self.cluster if isinstance(self.cluster, str) else "a dask.distributed Client"
+        return f"tasks on the Dask cluster at {where}"

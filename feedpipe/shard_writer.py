@@ -75,8 +75,8 @@ class ShardWriter:
         ...     for i in range(3):
         ...         _ = w.write({"__key__": f"{i:04d}", "jpg": b"...", "cls": i % 2,
         ...                      "txt": "a cat"})
-        >>> sorted(n for n in os.listdir(out) if not n.startswith("."))
-        ['data-000000.idx', 'data-000000.tar', 'data-000001.idx', 'data-000001.tar', 'manifest.json', 'wids.json']
+        >>> sorted(n for n in os.listdir(out) if n.endswith((".tar", ".json")))
+        ['data-000000.tar', 'data-000001.tar', 'manifest.json', 'wids.json']
     """
 
     def __init__(self, out: str, *, max_samples: int | None = None,
