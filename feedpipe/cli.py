@@ -181,40 +181,42 @@ def _cmd_shard(a: argparse.Namespace) -> int:
         merge=a.merge, dask=a.dask, retries=a.retries,
         show_progress=False if a.no_progress else None, columns=a.columns, classes=a.classes)
     s = shard(a.src, a.out, opts)
-    if a.json:
-        print(json.dumps(s.to_dict(), indent=1))
-        return 0
-    print(f"feedpipe shard: {a.src} -> {s.out}" + (f"   (part {s.part})" if s.part else ""))
-    for line in s.columns:  # a table source: which column became which field
-        print(f"  {line}")
+    emit(a, s.to_dict(), lambda: _shard_text(a, s))
+    return 0
+
+
+def _shard_text(a: argparse.Namespace, s: Any) -> str:
+    """The human summary of a conversion (``s``: its ShardSummary)."""
+    unit = "rows" if s.method == "table" else "files"
+    lines = [f"feedpipe shard: {a.src} -> {s.out}" + (f"   (part {s.part})" if s.part else "")]
+    lines += [f"  {line}" for line in s.columns]  # a table source: column -> field
     if s.part:
         count = s.part.split("/")[1]
-        print("  merged   all parts -> manifest.json" if s.merged else
-              f"  part     {s.part} done; once all {count} parts are done, run "
-              f"`feedpipe merge {s.out}` (or give the last part --merge)")
-    print(f"  method   {s.method:>10}   ({s.executor}{'; ' + s.why if s.why else ''})")
-    print(f"  shards   {s.shards:>10}" + (f"   ({s.reused_shards} kept from the interrupted run)"
-                                         if s.reused_shards else ""))
-    print(f"  samples  {s.samples:>10}")
-    print(f"  {'rows ' if s.method == 'table' else 'files'}    {s.files:>10}")
-    print(f"  bytes    {format_size(s.bytes):>10}")
-    print(f"  skipped  {s.skipped:>10}" + ("   (listed in manifest.json)" if s.skipped else ""))
-    unit = "rows" if s.method == "table" else "files"
-    print(f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} {unit}/s   {s.mb_per_s:,.1f} MB/s")
-    for sk in s.skipped_inputs[:5]:
-        print(f"  skipped: {sk['path']}: {sk['reason']}")
-    return 0
+        lines.append("  merged   all parts -> manifest.json" if s.merged else
+                     f"  part     {s.part} done; once all {count} parts are done, run "
+                     f"`feedpipe merge {s.out}` (or give the last part --merge)")
+    kept = f"   ({s.reused_shards} kept from the interrupted run)" if s.reused_shards else ""
+    lines += [
+        f"  method   {s.method:>10}   ({s.executor}{'; ' + s.why if s.why else ''})",
+        f"  shards   {s.shards:>10}{kept}",
+        f"  samples  {s.samples:>10}",
+        f"  {unit:<5}    {s.files:>10}",
+        f"  bytes    {format_size(s.bytes):>10}",
+        f"  skipped  {s.skipped:>10}" + ("   (listed in manifest.json)" if s.skipped else ""),
+        f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} {unit}/s   "
+        f"{s.mb_per_s:,.1f} MB/s",
+    ]
+    lines += [f"  skipped: {sk['path']}: {sk['reason']}" for sk in s.skipped_inputs[:5]]
+    return "\n".join(lines)
 
 
 def _cmd_merge(a: argparse.Namespace) -> int:
     from .merge import merge
 
     m = merge(a.out, parts=a.parts)
-    if a.json:
-        print(m.to_json(), end="")
-    else:
-        print(f"feedpipe merge: {m.created_by.get('parts')} parts -> {len(m.shards)} shards, "
-              f"{m.total_samples} samples, {len(m.skipped)} skipped; wrote manifest.json")
+    emit(a, json.loads(m.to_json()),
+         f"feedpipe merge: {m.created_by.get('parts')} parts -> {len(m.shards)} shards, "
+         f"{m.total_samples} samples, {len(m.skipped)} skipped; wrote manifest.json")
     return 0
 
 
@@ -371,11 +373,20 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Join the parts written by `feedpipe shard SRC OUT --part I/N` "
                                    "(I = 0..N-1) under one manifest.json and wids.json. Refuses, "
                                    "naming the part, when a part is missing, unfinished, made "
-                                   "from other inputs or options, or has lost a shard.")
+                                   "from other inputs or options, or has lost a shard.",
+                       epilog="Examples:\n"
+                              "  feedpipe merge ./shards             # after every "
+                              "`feedpipe shard SRC ./shards --part I/N`\n"
+                              "  feedpipe merge ./shards --parts 8   # refuse unless all 8 "
+                              "parts are there\n"
+                              "  feedpipe merge ./shards --json | jq .total_samples\n"
+                              "Parts written by feedpipe.ShardWriter(out, part=(i, n)) merge "
+                              "the same way.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="the directory the parts wrote into")
     p.add_argument("--parts", type=int, default=None, metavar="N",
                    help="the expected number of parts (default: read from the part records)")
-    p.add_argument("--json", action="store_true", help="print the merged manifest")
+    add_json_options(p, out=True)
 
     p = sub.add_parser(
         "index", help="write .idx files and a manifest for existing shards",
