@@ -1,11 +1,11 @@
 """``feedpipe shard --dask ADDRESS``: write the shards as tasks on an existing Dask cluster.
 
 The client lists and plans exactly as a local run does (:mod:`feedpipe.convert`), then groups the
-plan's shard parts into coarse tasks (:func:`plan_tasks`, pure): a task costs the cluster some
-10-20 ms of coordination whatever it does, so one task per 256-sample part (~25 ms of work) spent
-about as long coordinating as working. A task now writes whole shards, as many consecutive ones
-as fit in a budget of :data:`TASK_FILES` files and :data:`TASK_BYTES` bytes (~0.5 s of work),
-and commits each as soon as its parts are written. Only a shard larger than twice the budget is
+plan's shard parts into coarse tasks (:func:`plan_tasks`, pure): a task costs the cluster a
+fixed amount of coordination whatever it does, about as much as writing one part
+(``benchmarks/bench_dask.py``), so a task writes whole shards, as many consecutive ones as fit in
+a budget of :data:`TASK_FILES` files and :data:`TASK_BYTES` bytes, and commits each as soon as
+its parts are written. Only a shard larger than twice the budget is
 split into batches of parts, plus one task that joins them once they are done; so a few big shards
 still spread over every worker. The budget shrinks to a quarter of an even share per worker
 (:data:`TASKS_PER_SLOT`) so that a small job still keeps every worker busy to the end.

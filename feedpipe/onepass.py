@@ -11,8 +11,7 @@ would build (same samples, keys and sizes, from the same chunk files: :mod:`feed
 plans the same shards with the same fingerprint, and joins each shard from byte ranges of the
 staging files (:func:`feedpipe.writer.join_ranges`). The output is the general path's, byte for
 byte (``tests/test_onepass.py``); what it saves is the ``stat`` per file and the wait between
-listing and writing (measured on 200,000 files of 1 KiB, 2 workers:
-``benchmarks/bench_peers.py --phases convert``).
+listing and writing (``benchmarks/bench_peers.py --phases convert`` measures it).
 
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
 which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,

@@ -31,11 +31,11 @@ from .keys import encode_key, valid_extension
 from .manifest import Manifest, ShardRecord
 from .output_dir import prepare_out, unlink_quiet, write_dataset_manifest
 from .partition import PartInfo, parse_part, part_prefix
+from .shard_options import DEFAULT_MAX_BYTES
 from .shard_plan import member_size, shard_full
 from .tarformat import BLOCK
 from .writer import commit, hidden, output_error, seal, write_members
 
-DEFAULT_MAX_BYTES = 256 << 20
 TOOL = "feedpipe.ShardWriter"
 
 
