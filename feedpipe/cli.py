@@ -166,7 +166,7 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--classes", metavar="NAMES|FILE", default=None,
                    help="Parquet source: class names of the cls column (a,b,c or a file with "
                         "one per line; default: a categorical column's categories)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_json_options(p, out=True)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
