@@ -67,6 +67,8 @@ _LAZY = {
     "write_samples": "shard_writer",
     "FieldTypeError": "errors",
     "shard_from": "table_source",
+    "ShardOptions": "shard_options",
+    "MethodError": "errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -142,3 +144,5 @@ if TYPE_CHECKING:
     from .errors import FieldTypeError
     from .shard_writer import ShardWriter, write_samples
     from .table_source import shard_from
+    from .shard_options import ShardOptions
+    from .errors import MethodError

@@ -155,57 +155,68 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "tcp://host:8786; needs feedpipe[dask]; SRC and OUT shared by workers)")
     p.add_argument("--retries", type=int, default=2,
                    help="with --dask: retries of a failed task (default: 2)")
+    p.add_argument("--method", choices=("auto", "general", "one-pass"), default="auto",
+                   help="auto (default): one pass over a fresh local tree of top-level "
+                        "directories, else the general method (list, plan, write); general or "
+                        "one-pass force one (a forced one-pass that cannot serve the tree is "
+                        "refused, saying why). Same shards either way")
     p.add_argument("--columns", metavar="COL=FIELD,...", default=None,
                    help="Parquet source: send columns to fields (img=jpg,label=cls,id=__key__; "
                         "COL= drops one); the mapping taken is printed")
     p.add_argument("--classes", metavar="NAMES|FILE", default=None,
                    help="Parquet source: class names of the cls column (a,b,c or a file with "
                         "one per line; default: a categorical column's categories)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_json_options(p, out=True)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _cmd_shard(a: argparse.Namespace) -> int:
     from .convert import shard
+    from .shard_options import ShardOptions
 
-    s = shard(a.src, a.out, max_bytes=a.max_bytes, max_samples=a.max_samples, workers=a.workers,
-              shuffle=a.shuffle, seed=a.seed, on_error=a.on_error, resume=a.resume,
-              prefix=a.prefix, labels_from_dirs=a.labels_from_dirs, manifest=a.manifest,
-              show_progress=False if a.no_progress else None, part=a.part, merge=a.merge,
-              dask=a.dask, retries=a.retries, columns=a.columns, classes=a.classes)
-    if a.json:
-        print(json.dumps(s.to_dict(), indent=1))
-        return 0
-    print(f"feedpipe shard: {a.src} -> {s.out}" + (f"   (part {s.part})" if s.part else ""))
-    for line in s.columns:  # a table source: which column became which field
-        print(f"  {line}")
+    opts = ShardOptions(
+        max_bytes=a.max_bytes, max_samples=a.max_samples, shuffle=a.shuffle, seed=a.seed,
+        on_error=a.on_error, prefix=a.prefix, labels_from_dirs=a.labels_from_dirs,
+        manifest=a.manifest, workers=a.workers, resume=a.resume, method=a.method, part=a.part,
+        merge=a.merge, dask=a.dask, retries=a.retries,
+        show_progress=False if a.no_progress else None, columns=a.columns, classes=a.classes)
+    s = shard(a.src, a.out, opts)
+    emit(a, s.to_dict(), lambda: _shard_text(a, s))
+    return 0
+
+
+def _shard_text(a: argparse.Namespace, s: Any) -> str:
+    """The human summary of a conversion (``s``: its ShardSummary)."""
+    unit = "rows" if s.method == "table" else "files"
+    lines = [f"feedpipe shard: {a.src} -> {s.out}" + (f"   (part {s.part})" if s.part else "")]
+    lines += [f"  {line}" for line in s.columns]  # a table source: column -> field
     if s.part:
         count = s.part.split("/")[1]
-        print("  merged   all parts -> manifest.json" if s.merged else
-              f"  part     {s.part} done; once all {count} parts are done, run "
-              f"`feedpipe merge {s.out}` (or give the last part --merge)")
-    print(f"  shards   {s.shards:>10}" + (f"   ({s.reused_shards} kept from the interrupted run)"
-                                         if s.reused_shards else ""))
-    print(f"  samples  {s.samples:>10}")
-    print(f"  {'rows ' if s.method == 'table' else 'files'}    {s.files:>10}")
-    print(f"  bytes    {format_size(s.bytes):>10}")
-    print(f"  skipped  {s.skipped:>10}" + ("   (listed in manifest.json)" if s.skipped else ""))
-    unit = "rows" if s.method == "table" else "files"
-    print(f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} {unit}/s   {s.mb_per_s:,.1f} MB/s")
-    for sk in s.skipped_inputs[:5]:
-        print(f"  skipped: {sk['path']}: {sk['reason']}")
-    return 0
+        lines.append("  merged   all parts -> manifest.json" if s.merged else
+                     f"  part     {s.part} done; once all {count} parts are done, run "
+                     f"`feedpipe merge {s.out}` (or give the last part --merge)")
+    kept = f"   ({s.reused_shards} kept from the interrupted run)" if s.reused_shards else ""
+    lines += [
+        f"  method   {s.method:>10}   ({s.executor}{'; ' + s.why if s.why else ''})",
+        f"  shards   {s.shards:>10}{kept}",
+        f"  samples  {s.samples:>10}",
+        f"  {unit:<5}    {s.files:>10}",
+        f"  bytes    {format_size(s.bytes):>10}",
+        f"  skipped  {s.skipped:>10}" + ("   (listed in manifest.json)" if s.skipped else ""),
+        f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} {unit}/s   "
+        f"{s.mb_per_s:,.1f} MB/s",
+    ]
+    lines += [f"  skipped: {sk['path']}: {sk['reason']}" for sk in s.skipped_inputs[:5]]
+    return "\n".join(lines)
 
 
 def _cmd_merge(a: argparse.Namespace) -> int:
     from .merge import merge
 
     m = merge(a.out, parts=a.parts)
-    if a.json:
-        print(m.to_json(), end="")
-    else:
-        print(f"feedpipe merge: {m.created_by.get('parts')} parts -> {len(m.shards)} shards, "
-              f"{m.total_samples} samples, {len(m.skipped)} skipped; wrote manifest.json")
+    emit(a, json.loads(m.to_json()),
+         f"feedpipe merge: {m.created_by.get('parts')} parts -> {len(m.shards)} shards, "
+         f"{m.total_samples} samples, {len(m.skipped)} skipped; wrote manifest.json")
     return 0
 
 
@@ -362,11 +373,20 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Join the parts written by `feedpipe shard SRC OUT --part I/N` "
                                    "(I = 0..N-1) under one manifest.json and wids.json. Refuses, "
                                    "naming the part, when a part is missing, unfinished, made "
-                                   "from other inputs or options, or has lost a shard.")
+                                   "from other inputs or options, or has lost a shard.",
+                       epilog="Examples:\n"
+                              "  feedpipe merge ./shards             # after every "
+                              "`feedpipe shard SRC ./shards --part I/N`\n"
+                              "  feedpipe merge ./shards --parts 8   # refuse unless all 8 "
+                              "parts are there\n"
+                              "  feedpipe merge ./shards --json | jq .total_samples\n"
+                              "Parts written by feedpipe.ShardWriter(out, part=(i, n)) merge "
+                              "the same way.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="the directory the parts wrote into")
     p.add_argument("--parts", type=int, default=None, metavar="N",
                    help="the expected number of parts (default: read from the part records)")
-    p.add_argument("--json", action="store_true", help="print the merged manifest")
+    add_json_options(p, out=True)
 
     p = sub.add_parser(
         "index", help="write .idx files and a manifest for existing shards",

@@ -1,11 +1,11 @@
 """``feedpipe shard --dask ADDRESS``: write the shards as tasks on an existing Dask cluster.
 
 The client lists and plans exactly as a local run does (:mod:`feedpipe.convert`), then groups the
-plan's shard parts into coarse tasks (:func:`plan_tasks`, pure): a task costs the cluster some
-10-20 ms of coordination whatever it does, so one task per 256-sample part (~25 ms of work) spent
-about as long coordinating as working. A task now writes whole shards, as many consecutive ones
-as fit in a budget of :data:`TASK_FILES` files and :data:`TASK_BYTES` bytes (~0.5 s of work),
-and commits each as soon as its parts are written. Only a shard larger than twice the budget is
+plan's shard parts into coarse tasks (:func:`plan_tasks`, pure): a task costs the cluster a
+fixed amount of coordination whatever it does, about as much as writing one part
+(``benchmarks/bench_dask.py``), so a task writes whole shards, as many consecutive ones as fit in
+a budget of :data:`TASK_FILES` files and :data:`TASK_BYTES` bytes, and commits each as soon as
+its parts are written. Only a shard larger than twice the budget is
 split into batches of parts, plus one task that joins them once they are done; so a few big shards
 still spread over every worker. The budget shrinks to a quarter of an even share per worker
 (:data:`TASKS_PER_SLOT`) so that a small job still keeps every worker busy to the end.
@@ -232,9 +232,9 @@ def run_on_dask(
         written = 0
         for fut in distributed.as_completed(futures):
             result = fut.result()  # raises the task's own error once its retries are spent
-            i = kind[fut.key]
-            if i is not None:
-                record(i, *result)
+            joined = kind[fut.key]
+            if joined is not None:
+                record(joined, *result)
                 continue
             for r in result:
                 bar.update(r.files)
@@ -248,3 +248,22 @@ def run_on_dask(
     finally:
         if own:
             client.close()
+
+
+class DaskExecutor:
+    """The conversion executor of ``--dask`` (see :mod:`feedpipe.conversion_executor`)."""
+
+    name = "dask"
+
+    def __init__(self, cluster: Any, retries: int = 2) -> None:
+        self.cluster = cluster
+        self.retries = retries
+
+    def run(self, job: Any) -> int:
+        return run_on_dask(self.cluster, job.source, job.plan, job.todo, job.names,
+                           job.part_paths, job.out, job.on_error, job.bar, job.record,
+                           retries=self.retries)
+
+    def describe(self) -> str:
+        where = self.cluster if isinstance(self.cluster, str) else "a dask.distributed Client"
+        return f"tasks on the Dask cluster at {where}"

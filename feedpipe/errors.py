@@ -95,6 +95,11 @@ class MissingDependencyError(FeedpipeError, ImportError):
     """An optional dependency is not installed; the message carries the exact pip line."""
 
 
+class MethodError(FeedpipeError, ValueError):
+    """A conversion method forced with ``method=``/``--method`` cannot serve the input or the
+    options (the message says why and which method would)."""
+
+
 class FieldTypeError(InputError, TypeError):
     """A sample field's value has a type that :class:`feedpipe.ShardWriter` does not store
     without an explicit encoder (no pickle by default); the message names the sample and field."""

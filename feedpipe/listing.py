@@ -46,7 +46,6 @@ from .sources import (
 )
 from .storage import filesystem, is_local, local_path
 
-
 CHUNK_ROWS = 4096  # samples per marshal record of a chunk file: what the parent holds at once
 
 
@@ -123,7 +122,8 @@ def write_chunk(entries: Iterable[tuple[str, int]], top: str, path: str,
             by_key.setdefault(got[0], []).append(got[1])
             chunk.files += 1
     keys = sorted(by_key)
-    write_rows(path, ((k, [tuple(r) for r in by_key[k]]) for k in keys))
+    rows = ((k, [tuple(r) for r in by_key[k]]) for k in keys)  # (marshal takes plain tuples)
+    write_rows(path, rows)  # type: ignore[arg-type]
     chunk.samples = len(keys)
     if keys:
         chunk.first, chunk.last = keys[0], keys[-1]
@@ -178,6 +178,7 @@ class TreeListing:
         root = [c for c in self.chunks if not c.top and c.samples]
         dirs = sorted((c for c in self.chunks if c.top and c.samples), key=lambda c: c.first or "")
         disjoint = all(a.last < b.first for a, b in zip(dirs, dirs[1:]))  # type: ignore[operator]
+        streams: list[Iterator[tuple[str, list[FileRef]]]]
         if disjoint:
             streams = [itertools.chain.from_iterable(_rows(c.path) for c in dirs)]
         else:  # cannot happen with feedpipe's key encoding; merge all rather than be wrong
@@ -197,7 +198,7 @@ class TreeListing:
 
         The cyclic garbage collector is paused while the list is built: it holds three objects
         per sample, none garbage, and the full collections that a growing heap triggers would
-        walk them again and again (1.15 of 1.48 s for 200,000 samples)."""
+        walk them again and again (``benchmarks/bench_listing.py``)."""
         paused = gc.isenabled()
         gc.disable()
         try:

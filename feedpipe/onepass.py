@@ -11,8 +11,7 @@ would build (same samples, keys and sizes, from the same chunk files: :mod:`feed
 plans the same shards with the same fingerprint, and joins each shard from byte ranges of the
 staging files (:func:`feedpipe.writer.join_ranges`). The output is the general path's, byte for
 byte (``tests/test_onepass.py``); what it saves is the ``stat`` per file and the wait between
-listing and writing (measured on 200,000 files of 1 KiB, 2 workers:
-``benchmarks/bench_peers.py --phases convert``).
+listing and writing (``benchmarks/bench_peers.py --phases convert`` measures it).
 
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
 which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
@@ -266,6 +265,30 @@ class StagedTree:
         self.listing.close()
 
 
+class StagedExecutor:
+    """The conversion executor of the one-pass method (see
+    :mod:`feedpipe.conversion_executor`): the shards cut from ``staged``'s files."""
+
+    name = "staged"
+
+    def __init__(self, staged: StagedTree, workers: int) -> None:
+        self.staged = staged
+        self.workers = workers
+
+    def run(self, job: Any) -> int:
+        plan = job.plan
+
+        def record(i: int, rec: ShardRecord, fields: set[str]) -> None:
+            job.record(i, rec, [], fields)
+            job.bar.update(sum(len(s.files) for part in plan[i] for s in part))
+
+        self.staged.join(plan, job.names, job.out, record)
+        return 0
+
+    def describe(self) -> str:
+        return f"one pass, {self.workers} worker{'s' * (self.workers > 1)}"
+
+
 def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[str]]:
     """Join ``cuts`` into the shard ``out/name``; its record and fields."""
     rec, idx = join_ranges(out, name, [(c.path, c.start, c.length) for c in cuts],
@@ -274,16 +297,25 @@ def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[st
 
 
 def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, workers: int,
-               show_progress: bool | None = None) -> StagedTree | None:
+               show_progress: bool | None = None, start_method: str | None = None,
+               why: list[str] | None = None) -> StagedTree | None:
     """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
-    ``None`` when the general path must convert it."""
+    ``None`` when the general path must convert it (the reason then appended to ``why``)."""
+    said = why if why is not None else []
     files, dirs, outputs = _root_entries(src)
     visible = [d for d in dirs if not d.startswith(".")]
     if outputs or any(os.path.islink(os.path.join(src, d)) for d in dirs):
-        return None  # links are followed and output directories skipped by the general path
-    if len(visible) < max(2, workers) or any(not name.startswith(".") for name, _ in files):
+        # links are followed and output directories skipped by the general path
+        said.append("a top-level directory is a symbolic link or holds feedpipe output")
+        return None
+    if any(not name.startswith(".") for name, _ in files):
+        said.append("files at the top of the tree (one-pass stages top-level directories)")
+        return None
+    if len(visible) < max(2, workers):
         # a directory is one worker's: fewer than the workers would leave some idle, and one
         # big directory would need room for the data twice (staged, then as shards)
+        said.append(f"{len(visible)} top-level director{'y' if len(visible) == 1 else 'ies'} "
+                    f"for {max(2, workers)} workers (one-pass gives each worker a directory)")
         return None
     chunk_paths = [f"{i:08d}.chunk" for i in range(len(dirs))]
     stage_paths = [hidden(out, f"{prefix}-stage{i:06d}", f".tmp-{os.getpid()}")
@@ -305,12 +337,18 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
         if workers <= 1 or len(dirs) <= 1:
             results: Any = map(stage_dir, *args)
         else:
-            pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=pool_context(),
+            import multiprocessing as mp
+
+            ctx = pool_context() if start_method is None else mp.get_context(start_method)
+            pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=ctx,
                                        initializer=die_with_parent, initargs=(os.getpid(),))
             results = pool.map(stage_dir, *args)
         try:
-            for sd in results:
+            for top, sd in zip(dirs, results):
                 if sd is None:
+                    said.append(f"directory {top!r} holds what only the general method converts "
+                                "(a bad input, a link or special file, an unlistable directory, "
+                                "possible feedpipe output or a cls file)")
                     return None
                 staged.append(sd)
                 bar.update(1)
@@ -318,15 +356,20 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
             bar.close()
         if labels_from_dirs and any(sd.chunk.samples == 0 for sd in staged
                                     if not sd.chunk.top.startswith(".")):
-            return None  # the class indices given to the workers counted it
+            # the class indices given to the workers counted it
+            said.append("a class directory without samples")
+            return None
         listing = TreeListing([root_chunk, *(sd.chunk for sd in staged)], tmp, labels_from_dirs)
         if not listing.samples:
-            return None  # the general path says what the tree holds instead
+            said.append("no samples")  # the general path says what the tree holds instead
+            return None
         order = sorted((sd for sd in staged if sd.chunk.samples),
                        key=lambda sd: sd.chunk.first or "")
         if any(a.chunk.last >= b.chunk.first  # type: ignore[operator]
                for a, b in zip(order, order[1:])):
-            return None  # cannot happen with feedpipe's key encoding (see feedpipe.listing)
+            # cannot happen with feedpipe's key encoding (see feedpipe.listing)
+            said.append("the key ranges of two top-level directories overlap")
+            return None
         ok = True
         return StagedTree(listing, order, stage_paths, pool)
     finally:

@@ -10,9 +10,11 @@ from typing import Any
 class ShardSummary:
     """The outcome of :func:`feedpipe.shard` (and :func:`feedpipe.shard_from`).
 
-    ``files`` counts the source files read (for a table source: its rows); ``method`` is how the
-    conversion ran (see :func:`feedpipe.conversion_method.choose_method`); ``columns`` the
-    column-to-field mapping of a table source, one line per column."""
+    ``files`` counts the source files read (for a table source: its rows); ``method`` is the
+    conversion method taken (``general``, ``one-pass``, ``table``: see
+    :func:`feedpipe.conversion_method.choose_method`), ``executor`` what wrote the shards and
+    ``why`` why not one pass where it was tried, in words; ``columns`` the column-to-field
+    mapping of a table source, one line per column."""
 
     out: str
     shards: int
@@ -28,6 +30,8 @@ class ShardSummary:
     part: str | None = None  # "I/N" of a --part run
     merged: bool = False  # this part found all parts finished and wrote the manifest
     method: str = "general"
+    executor: str = ""
+    why: str = ""
     columns: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,11 +31,11 @@ from .keys import encode_key, valid_extension
 from .manifest import Manifest, ShardRecord
 from .output_dir import prepare_out, unlink_quiet, write_dataset_manifest
 from .partition import PartInfo, parse_part, part_prefix
+from .shard_options import DEFAULT_MAX_BYTES
 from .shard_plan import member_size, shard_full
 from .tarformat import BLOCK
 from .writer import commit, hidden, output_error, seal, write_members
 
-DEFAULT_MAX_BYTES = 256 << 20
 TOOL = "feedpipe.ShardWriter"
 
 
@@ -75,8 +75,8 @@ class ShardWriter:
         ...     for i in range(3):
         ...         _ = w.write({"__key__": f"{i:04d}", "jpg": b"...", "cls": i % 2,
         ...                      "txt": "a cat"})
-        >>> sorted(n for n in os.listdir(out) if not n.startswith("."))
-        ['data-000000.idx', 'data-000000.tar', 'data-000001.idx', 'data-000001.tar', 'manifest.json', 'wids.json']
+        >>> sorted(n for n in os.listdir(out) if n.endswith((".tar", ".json")))
+        ['data-000000.tar', 'data-000001.tar', 'manifest.json', 'wids.json']
     """
 
     def __init__(self, out: str, *, max_samples: int | None = None,

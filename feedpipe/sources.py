@@ -1,33 +1,31 @@
-"""Listing the inputs of ``feedpipe shard``: a folder tree, an image-folder layout, or a
-JSONL/CSV manifest, on a local path or any fsspec URL.
+"""The inputs of ``feedpipe shard``: samples of files, how a listed file becomes one
+(:func:`classify`), reading a source file, and listing a folder tree or image-folder layout on a
+local path or any fsspec URL (:mod:`feedpipe.file_list` lists a JSONL/CSV file of samples).
 
 Listing produces :class:`SampleSpec` objects in a deterministic order (sorted by key) and a list
 of problems (bad inputs) that the converter's ``on_error`` policy decides about. Nothing is read
-here except directory entries and the manifest file.
+here except directory entries.
 """
 
 from __future__ import annotations
 
-import csv
 import errno
-import io
-import json
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .errors import InputError, KeyClashError, SourceNotFoundError
+from .errors import KeyClashError, SourceNotFoundError
 from .keys import encode_key, split_source, valid_extension
 from .source_tree import LINK_LOOP, NOT_REGULAR, Identity, TreeWalk, identity
 from .storage import filesystem, is_local, local_path
 
 
 class FileRef(NamedTuple):
-    """One input file of a sample: its field (extension), path and listed size. A named tuple
-    (not a frozen dataclass, whose ``__init__`` cost 4.6 us against 1 here: a conversion of
-    200,000 files makes 400,000 of them)."""
+    """One input file of a sample: its field (extension), path and listed size. A named tuple,
+    not a frozen dataclass: a conversion makes two per input file, and a dataclass's
+    ``__init__`` costs several times a tuple's."""
 
     ext: str
     path: str  # relative to the source root, or an absolute path / URL (manifest mode)
@@ -63,7 +61,7 @@ class Source:
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/") if "://" in root else root
         self.local = is_local(root)
-        self._fs = None
+        self._fs: Any = None
         self._local_root: str | None = None  # the local root with a trailing "/"
         if self.local:
             base = local_path(self.root)
@@ -80,8 +78,8 @@ class Source:
         """The bytes of ``rel``; ``size``: what the listing saw (a hint, the file decides)."""
         root = self._local_root
         if root is not None and "://" not in rel and not rel.startswith("/"):
-            # a relative path of a local root: :meth:`path`'s checks cost as much as reading a
-            # 1 KiB file, and a conversion reads one per input file
+            # a relative path of a local root: :meth:`path`'s checks cost about as much as
+            # reading a small file, and a conversion reads one per input file
             return read_local(root + rel, size)
         p = self.path(rel)
         if is_local(p):
@@ -228,7 +226,8 @@ def classify(rel: str, size: int, *, labels_from_dirs: bool = False) -> tuple[st
     except UnicodeEncodeError:
         return "file name is not valid UTF-8 (rename it)"
     if size == NOT_REGULAR:
-        return "not a regular file (a FIFO, socket or device); feedpipe shard reads regular files only"
+        return ("not a regular file (a FIFO, socket or device); feedpipe shard reads regular "
+                "files only")
     if size == LINK_LOOP:
         return ("symbolic link to a directory it is inside (a loop); remove the link or point it "
                 "elsewhere")
@@ -297,106 +296,3 @@ def output_identity(out: str | None) -> frozenset[Identity]:
         return frozenset()
     got = identity(local_path(out))
     return frozenset() if got is None else frozenset([got])
-
-
-def _rows(manifest_file: str) -> Iterator[tuple[int, dict[str, object]]]:
-    from .storage import read_bytes
-
-    text = read_bytes(manifest_file).decode("utf-8-sig")  # -sig: spreadsheets write a BOM
-    if manifest_file.endswith(".csv"):
-        for i, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
-            yield i, dict(row)
-    elif manifest_file.endswith((".jsonl", ".ndjson")):
-        for i, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{manifest_file}:{i}: not valid JSON ({e})") from e
-            if not isinstance(row, dict):
-                raise InputError(f"{manifest_file}:{i}: a row must be a JSON object")
-            yield i, row
-    else:
-        raise InputError(f"{manifest_file}: manifest must end in .jsonl, .ndjson or .csv")
-
-
-def list_manifest(src: str, manifest_file: str) -> Listing:
-    """Samples named by the rows of a JSONL or CSV manifest.
-
-    Columns: ``key`` (optional; default: the first file's stem); ``path`` (a file whose own
-    extension names its field); ``<ext>_path`` (a file stored as field ``<ext>``); every other
-    non-empty column is a scalar field written as UTF-8 text (JSON for lists and objects).
-    Relative paths are taken from ``src``.
-    """
-    check_source_dir(src)
-    source = Source(src)
-    problems: list[tuple[str, str]] = []
-    samples: dict[str, tuple[SampleSpec, str]] = {}
-    for lineno, row in _rows(manifest_file):
-        where = f"{manifest_file}:{lineno}"
-        files: list[FileRef] = []
-        extras: list[tuple[str, bytes]] = []
-        bad = None
-        for col, value in row.items():
-            if value is None or value == "" or col == "key":
-                continue
-            if col == "path" or col.endswith("_path"):
-                rel = str(value)
-                ext = split_source(rel)[1] if col == "path" else col[: -len("_path")]
-                if not valid_extension(ext):
-                    bad = (rel, f"{where}: field {ext!r} from column {col!r} is not a valid name")
-                    break
-                try:
-                    size = _size(source, rel)
-                except OSError:
-                    bad = (rel, f"{where}: file not found or not readable")
-                    break
-                if size == 0:
-                    bad = (rel, f"{where}: zero-byte file")
-                    break
-                files.append(FileRef(ext, rel, size))
-            else:
-                if not valid_extension(col):
-                    raise InputError(f"{where}: column {col!r} cannot be a field name (no "
-                                     "spaces, '/' or '%'); rename the column")
-                text = value if isinstance(value, str) else json.dumps(value)
-                extras.append((col, text.encode("utf-8")))
-        if bad is not None:
-            problems.append(bad)
-            continue
-        if not files and not extras:
-            continue
-        raw_key = row.get("key")
-        if raw_key not in (None, ""):
-            key = encode_key(str(raw_key))
-        elif files:
-            key = encode_key(split_source(files[0].path)[0].lstrip("/"))
-        else:
-            raise InputError(f"{where}: row has no files and no key; give it a 'key' column or "
-                             "a 'path' column")
-        exts = [f.ext for f in files] + [e for e, _ in extras]
-        dup = {e for e in exts if exts.count(e) > 1}
-        if dup:
-            raise KeyClashError(f"{where}: field(s) {sorted(dup)} given twice in one row")
-        spec = SampleSpec(key, files, extras)
-        here = f"{where} ({spec.describe()})"
-        if key in samples:
-            other = samples[key][1]
-            raise KeyClashError(
-                f"duplicate sample key {key!r}: {here} and {other} both map to it; give rows "
-                "distinct 'key' values"
-            )
-        samples[key] = (spec, here)
-    return Listing([samples[k][0] for k in sorted(samples)], problems)
-
-
-def _size(source: Source, rel: str) -> int:
-    p = source.path(rel)
-    if is_local(p):
-        return os.stat(local_path(p)).st_size
-    fs, path = filesystem(p)
-    try:
-        return int(fs.size(path))
-    except FileNotFoundError as e:
-        raise OSError(str(e)) from e

@@ -172,7 +172,7 @@ def dataset_source(dataset: Any) -> TableSource:
         if isinstance(feat, (datasets.Image, datasets.Audio)) and feat.decode:
             dataset = dataset.cast_column(name, type(feat)(decode=False))
     features = dataset.features or {}
-    first = next(iter(dataset), {})
+    first: dict[str, Any] = next(iter(dataset), {})
     columns = []
     for name, feat in features.items():
         sample = first.get(name)
@@ -222,7 +222,8 @@ def _resolved(value: Any) -> Any:
 
 def write_table(source: TableSource, out: str, *, columns: str | Mapping[str, str | None] | None,
                 classes: str | Sequence[str] | None, max_bytes: int | str, max_samples: int | None,
-                prefix: str, on_error: str, show_progress: bool | None, src: str) -> ShardSummary:
+                prefix: str, on_error: str, show_progress: bool | None, src: str,
+                tool: str = "feedpipe shard") -> ShardSummary:
     """Write every row of ``source`` as a sample in ``out``; the summary."""
     from .indexer import read_classes
     from .progress import progress
@@ -234,8 +235,8 @@ def write_table(source: TableSource, out: str, *, columns: str | Mapping[str, st
         cmap = override(cmap, source.columns, columns)
     images = [t.column for t in cmap.targets if t.encoding == "bytes"
               and next(c for c in source.columns if c.name == t.column).kind == "image"]
-    provenance = {"tool": "feedpipe shard", "source": {**source.describe, "src": src},
-                  "columns": cmap.to_dict()}
+    provenance = {"tool": tool, "method": "table",
+                  "source": {**source.describe, "src": src}, "columns": cmap.to_dict()}
     bar = progress(source.num_rows, "shard", "row", show_progress)
     rows = 0
     try:
@@ -264,7 +265,8 @@ def write_table(source: TableSource, out: str, *, columns: str | Mapping[str, st
         bytes=nbytes, skipped=len(m.skipped), reused_shards=0, seconds=secs,
         files_per_s=rows / secs if secs > 0 else 0.0,
         mb_per_s=nbytes / secs / 1e6 if secs > 0 else 0.0,
-        skipped_inputs=list(m.skipped), method="table", columns=cmap.lines())
+        skipped_inputs=list(m.skipped), method="table",
+        executor="the table writer, in this process", columns=cmap.lines())
 
 
 def _write_row(w: ShardWriter, cmap: ColumnMap, images: list[str], row: dict[str, Any],
@@ -316,7 +318,7 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
     return write_table(dataset_source(dataset), out, columns=columns, classes=classes,
                        max_bytes=max_bytes, max_samples=max_samples, prefix=prefix,
                        on_error=on_error, show_progress=show_progress,
-                       src=type(dataset).__name__)
+                       src=type(dataset).__name__, tool="feedpipe.shard_from")
 
 
 def shard_parquet(src: str, files: Sequence[str], out: str, **options: Any) -> ShardSummary:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,23 @@ def run_feedpipe(
 def dir_bytes(path: Path) -> dict[str, bytes]:
     """Every regular file directly in ``path`` (hidden ones included) -> its bytes."""
     return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
+
+
+_METHOD_LINE = re.compile(rb'\n  "method": "[a-z-]+",')
+
+
+def dataset_bytes(path: Path) -> dict[str, bytes]:
+    """``dir_bytes`` without the one thing the conversion method decides: the manifest's
+    ``created_by.method`` (the general and one-pass methods write the same bytes otherwise)."""
+    got = dir_bytes(path)
+    if "manifest.json" in got:
+        got["manifest.json"] = _METHOD_LINE.sub(b"", got["manifest.json"], count=1)
+    return got
+
+
+def method_of(path: Path) -> str:
+    """The conversion method recorded in the manifest of the dataset at ``path``."""
+    return str(load_manifest(str(path)).created_by["method"])
 
 
 def read_dataset(root: Path) -> list[dict[str, object]]:

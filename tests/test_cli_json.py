@@ -17,7 +17,7 @@ from conftest import run_feedpipe
 from feedpipe.cli import build_parser
 
 # subcommands whose --help must end with an Examples: block
-WITH_EXAMPLES = ["shard", "probe", "demo", "cache"]
+WITH_EXAMPLES = ["shard", "index", "verify", "probe", "demo", "cache"]
 
 
 def run_into_closed_pipe(*args: object, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import dir_bytes, run_feedpipe
+from conftest import dataset_bytes, run_feedpipe
 from hypothesis import given
 from hypothesis import strategies as st
 
 from feedpipe import cli, convert, dask_convert
 from feedpipe.convert import shard
 from feedpipe.dask_convert import plan_tasks
-from feedpipe.sources import FileRef, SampleSpec
 from feedpipe.errors import InputError, MissingDependencyError
+from feedpipe.sources import FileRef, SampleSpec
 
 distributed = pytest.importorskip("distributed")
 cloudpickle = pytest.importorskip("cloudpickle")
@@ -76,8 +76,9 @@ def test_dask_output_is_byte_identical_to_the_local_path(
     s = shard(str(image_folder), str(tmp_path / "out"), dask=cluster.scheduler_address,
               on_shard=lambda rec: committed.append(rec.name), **OPTS)
     assert s.shards == 5 and s.samples == 30
+    assert s.method == "general" and s.executor.startswith("tasks on the Dask cluster")
     assert sorted(committed) == [f"data-{i:06d}.tar" for i in range(5)]
-    assert dir_bytes(tmp_path / "out") == dir_bytes(sharded)
+    assert dataset_bytes(tmp_path / "out") == dataset_bytes(sharded)
 
 
 def _split_shards(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,7 +97,7 @@ def test_shards_split_over_tasks_are_byte_identical(
               on_shard=lambda rec: committed.append(rec.name), **OPTS)
     assert s.shards == 5
     assert sorted(committed) == [f"data-{i:06d}.tar" for i in range(5)]
-    assert dir_bytes(tmp_path / "out") == dir_bytes(sharded)
+    assert dataset_bytes(tmp_path / "out") == dataset_bytes(sharded)
 
 
 @pytest.mark.parametrize("how,split", [("raise", False), ("die", False), ("raise", True)])
@@ -109,7 +110,7 @@ def test_failed_tasks_are_retried(image_folder: Path, sharded: Path, client: Any
     client.run(_fail_first_write, marker, how)
     shard(str(image_folder), str(tmp_path / "out"), dask=client, retries=1, **OPTS)
     assert os.path.exists(marker)  # the failure did happen
-    assert dir_bytes(tmp_path / "out") == dir_bytes(sharded)
+    assert dataset_bytes(tmp_path / "out") == dataset_bytes(sharded)
 
 
 def _remove_before_writing(path: str) -> None:
@@ -156,14 +157,14 @@ def test_interrupted_dask_run_resumes_to_the_same_bytes(
     assert not (out / "manifest.json").exists()
     s = shard(str(image_folder), str(out), dask=client, resume=True, **OPTS)
     assert s.reused_shards >= 2
-    assert dir_bytes(out) == dir_bytes(sharded)
+    assert dataset_bytes(out) == dataset_bytes(sharded)
 
 
 def test_cli_dask(image_folder: Path, sharded: Path, cluster: Any, tmp_path: Path) -> None:
     r = run_feedpipe("shard", image_folder, tmp_path / "out", "--dask", cluster.scheduler_address,
                      "--labels-from-dirs", "--max-samples", "7", "--no-progress")
     assert r.returncode == 0, r.stderr
-    assert dir_bytes(tmp_path / "out") == dir_bytes(sharded)
+    assert dataset_bytes(tmp_path / "out") == dataset_bytes(sharded)
 
 
 def test_missing_dask_names_the_pip_line(image_folder: Path, tmp_path: Path,

@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ODD_NAMES, UNICODE_NAMES, dir_bytes, run_feedpipe, write_tree
+from conftest import (
+    ODD_NAMES,
+    UNICODE_NAMES,
+    dataset_bytes,
+    dir_bytes,
+    method_of,
+    run_feedpipe,
+    write_tree,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,8 +29,9 @@ from feedpipe.errors import FeedpipeError
 
 def _both(src: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[
         dict[str, bytes], dict[str, bytes], bool]:
-    """Convert ``src`` with the one-pass path and the general path: both outputs, and whether
-    the one-pass path did the run (rather than give it back)."""
+    """Convert ``src`` with the method chosen by default and with the general method: both
+    outputs (but the manifest's method) and whether the default was one pass (the one-pass
+    method did the run rather than give it back)."""
     taken = []
     real = convert.stage_tree
 
@@ -33,11 +42,14 @@ def _both(src: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> t
 
     monkeypatch.setattr(convert, "stage_tree", spy)
     outs = []
-    for one_pass in (True, False):
-        monkeypatch.setattr(convert, "ONE_PASS", one_pass)
-        out = tmp / f"out-{one_pass}-{len(list(tmp.iterdir()))}"
-        feedpipe.shard(str(src), str(out), **kw)
-        outs.append(dir_bytes(out))
+    methods = []
+    for method in ("auto", "general"):
+        out = tmp / f"out-{method}-{len(list(tmp.iterdir()))}"
+        s = feedpipe.shard(str(src), str(out), method=method, **kw)
+        outs.append(dataset_bytes(out))
+        methods.append((s.method, method_of(out)))
+    assert methods[1] == ("general", "general")
+    assert methods[0] == (("one-pass",) * 2 if taken == [True] else ("general",) * 2)
     return outs[0], outs[1], taken == [True]
 
 
@@ -140,11 +152,11 @@ def test_anything_unusual_goes_to_the_general_path(tmp_path: Path, monkeypatch: 
                         lambda *a, **k: got.append(real_stage(*a, **k)) or got[-1])
     for on_error in ("raise", "skip"):
         for one_pass in (True, False):
-            monkeypatch.setattr(convert, "ONE_PASS", one_pass)
             out = tmp_path / f"o-{on_error}-{one_pass}"
             try:
                 s = feedpipe.shard(str(src), str(out), workers=2, on_error=on_error,
-                                   labels_from_dirs=labels)
+                                   labels_from_dirs=labels,
+                                   method="auto" if one_pass else "general")
                 result: Any = (s.samples, s.skipped, dir_bytes(out))
             except FeedpipeError as e:  # the general path's error, whichever path started
                 result = str(e)
@@ -177,8 +189,7 @@ def test_a_failure_while_staging_leaves_nothing_and_resume_completes(
     assert [n for n in os.listdir(out) if n.startswith(".data-") or not n.startswith(".")] == []
     monkeypatch.setattr(onepass, "stage_dir", real)
     feedpipe.shard(str(src), str(out), workers=2, resume=True)
-    monkeypatch.setattr(convert, "ONE_PASS", False)
-    feedpipe.shard(str(src), str(tmp_path / "general"), workers=2)
+    feedpipe.shard(str(src), str(tmp_path / "general"), workers=2, method="general")
     assert dir_bytes(out) == dir_bytes(tmp_path / "general")
 
 
@@ -210,7 +221,7 @@ def test_disk_full_is_one_line_and_resume_completes(tmp_path: Path, limit: int) 
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["shards"] == 2
     feedpipe.shard(str(src), str(tmp_path / "again"), max_samples=10, workers=2)
-    assert dir_bytes(out) == dir_bytes(tmp_path / "again")
+    assert dataset_bytes(out) == dataset_bytes(tmp_path / "again")
 
 
 def test_each_staging_file_goes_once_its_shards_are_committed(tmp_path: Path) -> None:
@@ -232,27 +243,25 @@ def test_the_general_paths_errors_come_first_and_out_is_left_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = _tree(tmp_path)
     (src / "b" / "9.jpg").write_bytes(b"")
-    for one_pass in (True, False):
-        monkeypatch.setattr(convert, "ONE_PASS", one_pass)
-        missing = tmp_path / f"missing-{one_pass}"
+    for method in ("auto", "general"):
+        missing = tmp_path / f"missing-{method}"
         with pytest.raises(FeedpipeError, match="zero-byte"):
-            feedpipe.shard(str(src), str(missing), workers=2)
+            feedpipe.shard(str(src), str(missing), workers=2, method=method)
         assert not missing.exists()  # not made for a run that failed on its input
-        full = tmp_path / f"full-{one_pass}"
+        full = tmp_path / f"full-{method}"
         full.mkdir()
         (full / "x.txt").write_bytes(b"x")
         with pytest.raises(FeedpipeError, match="zero-byte"):  # the input's error first
-            feedpipe.shard(str(src), str(full), workers=2)
+            feedpipe.shard(str(src), str(full), workers=2, method=method)
     (src / "b" / "9.jpg").unlink()
     # an output inside the source: the walk would list it (made before the walk), so the
     # general path converts, which lists the source before it makes the output
     feedpipe.shard(str(src), str(tmp_path / "outside"), workers=2)
-    monkeypatch.setattr(convert, "ONE_PASS", True)
     taken = []
     real = convert.stage_tree
     monkeypatch.setattr(convert, "stage_tree", lambda *a, **k: taken.append(1) or real(*a, **k))
     feedpipe.shard(str(src), str(src / "inside"), workers=2)
-    assert not taken and dir_bytes(src / "inside") == dir_bytes(tmp_path / "outside")
+    assert not taken and dataset_bytes(src / "inside") == dataset_bytes(tmp_path / "outside")
 
 
 def test_a_failure_while_joining_leaves_no_half_shard(tmp_path: Path,
@@ -272,6 +281,6 @@ def test_a_failure_while_joining_leaves_no_half_shard(tmp_path: Path,
     tars = {n[:-4] for n in names if n.endswith(".tar")}
     assert {n[:-4] for n in names if n.endswith(".idx")} <= tars
     feedpipe.shard(str(src), str(out), max_samples=5, workers=2, resume=True)
-    monkeypatch.setattr(convert, "ONE_PASS", False)
-    feedpipe.shard(str(src), str(tmp_path / "general"), max_samples=5, workers=2)
+    feedpipe.shard(str(src), str(tmp_path / "general"), max_samples=5, workers=2,
+                   method="general")
     assert dir_bytes(out) == dir_bytes(tmp_path / "general")

@@ -17,7 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import dir_bytes, is_root, read_dataset, run_feedpipe, write_tree
+from conftest import (
+    dataset_bytes,
+    dir_bytes,
+    is_root,
+    method_of,
+    read_dataset,
+    run_feedpipe,
+    write_tree,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -372,14 +380,13 @@ def test_same_bytes_whatever_workers(
     records_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shuffle: bool
 ) -> None:
     # small parts so that shards are joined from several parts written by different processes
-    # (the general path: this tree would take the one-pass path, tests/test_onepass.py)
-    monkeypatch.setattr(convert, "ONE_PASS", False)
+    # (the general method: this tree would take the one-pass method, tests/test_onepass.py)
     monkeypatch.setattr(convert, "PART_SAMPLES", 16)
     outs = {}
     for w in (1, 2):
         out = tmp_path / f"w{w}"
         s = feedpipe.shard(str(records_folder), str(out), max_samples=60, workers=w,
-                           shuffle=shuffle, seed=7)
+                           shuffle=shuffle, seed=7, method="general")
         assert s.shards == 7 and s.samples == 400
         outs[w] = dir_bytes(out)
     assert outs[1] == outs[2]
@@ -395,10 +402,8 @@ def test_pool_workers_inherit_the_plan_or_get_it_pickled(
     """Forked workers read their parts from the inherited plan (nothing pickled per sample);
     where processes are spawned, parts travel pickled. Same bytes either way, and the plan is
     dropped from the parent once the run ends."""
-    import multiprocessing as mp
     import pickle
 
-    monkeypatch.setattr(convert, "ONE_PASS", False)  # the general path's pool
     monkeypatch.setattr(convert, "PART_SAMPLES", 16)
     pickled_specs = []
     real_reduce = convert.SampleSpec.__reduce_ex__
@@ -412,10 +417,10 @@ def test_pool_workers_inherit_the_plan_or_get_it_pickled(
     outs = {}
     for method in ("fork", "spawn"):
         pickled_specs.clear()
-        monkeypatch.setattr(convert, "_pool_context", lambda m=method: mp.get_context(m))
         out = tmp_path / method
-        s = feedpipe.shard(str(records_folder), str(out), max_samples=60, workers=2)
-        assert s.samples == 400
+        s = feedpipe.shard(str(records_folder), str(out), max_samples=60, workers=2,
+                           method="general", start_method=method)  # the general method's pool
+        assert s.samples == 400 and s.executor == "process pool, 2 workers"
         outs[method] = dir_bytes(out)
         assert (len(pickled_specs) == 0) == (method == "fork"), method
     assert outs["fork"] == outs["spawn"]
@@ -589,9 +594,8 @@ def test_bad_file_raise_or_skip(tmp_path: Path, bad: str, content: bytes, reason
 def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = _tree_with_bad(tmp_path, "a/locked.jpg", b"secret")
     locked = src / "a" / "locked.jpg"
-    # a read failing after the listing: the general path (the one-pass path gives such a tree
-    # back to it, tests/test_onepass.py)
-    monkeypatch.setattr(convert, "ONE_PASS", False)
+    # a read failing after the listing: the general method (the one-pass method gives such a
+    # tree back to it, tests/test_onepass.py)
     if is_root():
         # root reads through chmod 000: make the read itself fail the way it would for a user
         real_read = Source.read
@@ -606,12 +610,13 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         locked.chmod(0)
     try:
         with pytest.raises(InputError, match="cannot read") as ei:
-            feedpipe.shard(str(src), str(tmp_path / "o1"), workers=1)
+            feedpipe.shard(str(src), str(tmp_path / "o1"), workers=1, method="general")
         assert str(locked) in str(ei.value)
         left = [p.name for p in (tmp_path / "o1").iterdir()]
         # nothing half-written, no temp file; only the hidden state kept for --resume
         assert left == [convert.STATE_NAME]
-        s = feedpipe.shard(str(src), str(tmp_path / "o2"), workers=1, on_error="skip")
+        s = feedpipe.shard(str(src), str(tmp_path / "o2"), workers=1, on_error="skip",
+                           method="general")
         assert s.skipped == 1 and s.samples == 3
         doc = json.loads((tmp_path / "o2" / "manifest.json").read_text())
         assert doc["skipped"] == [{"path": "a/locked.jpg", "reason": doc["skipped"][0]["reason"]}]
@@ -636,7 +641,6 @@ def test_file_vanishing_after_listing_is_named(
     """A file listed but gone by the time it is read (another real read failure)."""
     src = _tree_with_bad(tmp_path, "x", None)
     real_read = Source.read
-    monkeypatch.setattr(convert, "ONE_PASS", False)  # the general path reads after listing
 
     def read(self: Source, rel: str, size: int = -1) -> bytes:
         if rel == "b/3.jpg":
@@ -644,8 +648,8 @@ def test_file_vanishing_after_listing_is_named(
         return real_read(self, rel, size)
 
     monkeypatch.setattr(Source, "read", read)
-    with pytest.raises(InputError, match=r"b/3\.jpg: cannot read"):
-        feedpipe.shard(str(src), str(tmp_path / "o"), workers=1)
+    with pytest.raises(InputError, match=r"b/3\.jpg: cannot read"):  # read after the listing
+        feedpipe.shard(str(src), str(tmp_path / "o"), workers=1, method="general")
     assert [p.name for p in (tmp_path / "o").iterdir() if not p.name.startswith(".")] == []
     assert not [p for p in (tmp_path / "o").iterdir() if ".tmp-" in p.name or ".part" in p.name]
 
@@ -731,10 +735,12 @@ def test_resume_after_interruption_and_changed_options(
     _one_line_error(r, "cannot resume")
     s = feedpipe.shard(str(records_folder), str(out), max_samples=50, workers=2, resume=True)
     assert s.reused_shards == 2 and s.shards == 8
-    assert dir_bytes(out) == dir_bytes(ref)
+    # the interrupted run was one pass, the resumed one general: the same bytes
+    assert (method_of(ref), s.method) == ("one-pass", "general")
+    assert dataset_bytes(out) == dataset_bytes(ref)
     # a finished dataset: resuming with the same options changes nothing, other options refuse
     feedpipe.shard(str(records_folder), str(out), max_samples=50, workers=1, resume=True)
-    assert dir_bytes(out) == dir_bytes(ref)
+    assert dataset_bytes(out) == dataset_bytes(ref)
     with pytest.raises(OutputError, match="cannot resume"):
         feedpipe.shard(str(records_folder), str(out), max_samples=51, workers=1, resume=True)
 
@@ -869,7 +875,7 @@ def test_sigkill_then_resume_is_identical(records_folder: Path, tmp_path: Path) 
     opts = ["--max-samples", "16", "--workers", "2"]  # 25 shards
     ref = tmp_path / "ref"
     feedpipe.shard(str(records_folder), str(ref), max_samples=16, workers=1)
-    expected = dir_bytes(ref)
+    expected = dataset_bytes(ref)  # (one pass; every resume is general)
     nshards = len(load_manifest(str(ref)).shards)
     assert nshards == 25
     rng = random.Random(20240611)
@@ -899,7 +905,8 @@ def test_sigkill_then_resume_is_identical(records_folder: Path, tmp_path: Path) 
         assert r.returncode == 0, (name, points, r.stderr)
         if not had_manifest:
             assert json.loads(r.stdout)["reused_shards"] == len(committed), (name, points)
-        assert dir_bytes(out) == expected, (name, points)  # same bytes, no hidden file left over
+        # the same bytes, and no hidden file left over
+        assert dataset_bytes(out) == expected, (name, points)
     assert mid_run_kills >= 6  # every scenario's first kill point is reached
 
 

@@ -32,9 +32,8 @@ def _leftovers(out: Path) -> list[str]:
 _SWAP_SCRIPT = r"""
 import json, os, sys
 import feedpipe
-from feedpipe import convert, onepass, sources
+from feedpipe import onepass, sources
 src, out, target, on_error, method = sys.argv[1:6]
-convert.ONE_PASS = method == "one-pass"
 real = sources.read_local
 
 marker = out + ".swapped"  # (outside the source: a later listing must not see it)
@@ -48,7 +47,7 @@ def read_local(path, size=-1):
 
 sources.read_local = onepass.read_local = read_local
 try:
-    s = feedpipe.shard(src, out, workers=2, on_error=on_error)
+    s = feedpipe.shard(src, out, workers=2, on_error=on_error, method=method)
     print(json.dumps({"samples": s.samples, "skipped": s.skipped_inputs}))
 except feedpipe.FeedpipeError as e:
     print(json.dumps({"error": type(e).__name__, "message": str(e)}))
@@ -66,7 +65,7 @@ def _two_dir_tree(src: Path) -> None:
     write_tree(src, [f"{d}/{i}.jpg" for d in "abc" for i in range(3)])
 
 
-@pytest.mark.parametrize("method", ["general", "one-pass"])
+@pytest.mark.parametrize("method", ["general", "auto"])  # auto: one pass first, then general
 def test_a_source_file_turned_into_a_fifo_during_the_run_never_hangs(
         tmp_path: Path, method: str) -> None:
     for on_error in ("raise", "skip"):
@@ -129,16 +128,14 @@ def _bad_name_tree(src: Path) -> bytes:
     return bad
 
 
-@pytest.mark.parametrize("method", ["general", "one-pass"])
+@pytest.mark.parametrize("method", ["general", "auto"])
 def test_a_file_name_that_is_not_utf8_is_skipped_and_recorded_escaped(
         tmp_path: Path, method: str) -> None:
     src = tmp_path / "src"
     _bad_name_tree(src)
     out = tmp_path / "o"
-    r = subprocess.run([sys.executable, "-c", "import sys; from feedpipe import convert, cli; "
-                        f"convert.ONE_PASS = {method == 'one-pass'}; sys.exit(cli.main())",
-                        "shard", str(src), str(out), "--on-error", "skip", "--workers", "2",
-                        "--json"], capture_output=True, text=True, timeout=HANG)
+    r = run_feedpipe("shard", src, out, "--on-error", "skip", "--workers", "2", "--method",
+                     method, "--json", timeout=HANG)
     assert r.returncode == 0, r.stderr
     doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert doc["total_samples"] == 9

@@ -62,7 +62,8 @@ def test_a_parquet_file_becomes_samples_by_a_printed_mapping(tmp_path: Path) -> 
     out = tmp_path / "o"
     r = run_feedpipe("shard", src, out, "--max-samples", "4", "--columns", "id=__key__")
     assert r.returncode == 0, r.stderr
-    for line in ["column   id -> __key__   (--columns)", "column   image -> jpg   (bytes, JPG found)",
+    for line in ["column   id -> __key__   (--columns)",
+                 "column   image -> jpg   (bytes, JPG found)",
                  "column   label -> cls   (categories as class names)",
                  "column   caption -> caption   (text)", "column   score -> score",
                  "column   flag -> flag   (0/1)", "column   bbox -> bbox.json   (JSON text)",
@@ -137,7 +138,8 @@ def test_options_that_cannot_serve_a_table_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="apply to Parquet sources"):
         feedpipe.shard(str(tree), str(tmp_path / "o"), columns="a=b")
     # a duplicate key column is named with both rows
-    pq.write_table(pa.table({"key": ["x", "y", "x"], "txt": ["1", "2", "3"]}), tmp_path / "d.parquet")
+    pq.write_table(pa.table({"key": ["x", "y", "x"], "txt": ["1", "2", "3"]}),
+                   tmp_path / "d.parquet")
     with pytest.raises(KeyClashError, match=r"d\.parquet: row 2: duplicate sample key 'x'"):
         feedpipe.shard(str(tmp_path / "d.parquet"), str(tmp_path / "o4"))
 
@@ -182,7 +184,8 @@ def test_shard_from_a_dataset_built_from_local_files(tmp_path: Path) -> None:
     assert [k for k, _ in got] == [f"{i:08d}" for i in range(6)]
     for i, (_, fields) in enumerate(got):  # the encoded files, byte for byte, not decoded
         assert fields["img"] == Path(paths[i]).read_bytes()
-        assert fields["cls"] == str(i % 2).encode() and fields["tokens.json"] == f"[{i}, {i}]".encode()
+        assert fields["cls"] == str(i % 2).encode()
+        assert fields["tokens.json"] == f"[{i}, {i}]".encode()
     # images held as bytes in the dataset; the field is the format found (PNG)
     ds2 = datasets.Dataset.from_dict(
         {"image": [{"bytes": _png(i), "path": None} for i in range(3)]},

@@ -236,6 +236,6 @@ def test_dali_reads_shardwriter_output_with_its_indexes(tmp_path: Path) -> None:
     p = pipe()
     p.build()
     assert p.epoch_size("reader") == 7
-    for key, fields in _samples(out):
+    for _key, fields in _samples(out):
         outs = p.run()
         assert {e: bytes(memoryview(outs[i].at(0))) for i, e in enumerate(m.fields)} == fields
