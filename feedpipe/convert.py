@@ -27,14 +27,7 @@ from contextlib import closing, nullcontext
 from typing import Any
 
 from . import __version__
-from .conversion_executor import (  # noqa: F401  (_FORK_PLANS, _write_inherited: tests)
-    _FORK_PLANS,
-    Executor,
-    Job,
-    PoolExecutor,
-    SerialExecutor,
-    _write_inherited,
-)
+from .conversion_executor import Executor, Job, PoolExecutor, SerialExecutor
 from .conversion_method import Choice, Facts, choose_method
 from .errors import InputError, OutputError
 from .file_list import list_manifest

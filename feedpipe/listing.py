@@ -37,7 +37,7 @@ from .sources import (
     FileRef,
     Listing,
     SampleSpec,
-    _walk_remote,
+    walk_remote,
     add_class_field,
     check_source_dir,
     classify,
@@ -64,7 +64,7 @@ class Chunk:
     outputs: list[str] = field(default_factory=list)  # output directories skipped
 
 
-def _root_entries(src: str, skip: frozenset[Identity] = frozenset()
+def top_entries(src: str, skip: frozenset[Identity] = frozenset()
                   ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
     """The root's files ``(name, size)``, its subdirectories and the output directories
     skipped among them (:mod:`feedpipe.source_tree`), each sorted by name."""
@@ -93,7 +93,7 @@ def _list_dir(src: str, top: str, path: str, labels_from_dirs: bool,
               skip: frozenset[Identity] = frozenset()) -> Chunk:
     """List the top-level directory ``top`` into the chunk file ``path``."""
     if not is_local(src):
-        remote = _walk_remote(f"{src.rstrip('/')}/{top}")
+        remote = walk_remote(f"{src.rstrip('/')}/{top}")
         return write_chunk(((f"{top}/{rel}", size) for rel, size in remote), top, path,
                            labels_from_dirs)
     root = local_path(src)
@@ -261,7 +261,7 @@ def list_tree_parallel(
     skip = output_identity(exclude)
     tmp = tempfile.mkdtemp(prefix="feedpipe-listing-", dir=tmp_dir)
     try:
-        root_files, dirs, outputs = _root_entries(src, skip)
+        root_files, dirs, outputs = top_entries(src, skip)
         chunks = [write_chunk(root_files, "", os.path.join(tmp, "root.chunk"), labels_from_dirs)]
         chunks[0].outputs = [printable(o) for o in outputs]
         paths = [os.path.join(tmp, f"{i:08d}.chunk") for i in range(len(dirs))]

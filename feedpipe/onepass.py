@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .index import ShardIndex
-from .listing import Chunk, TreeListing, _root_entries, write_chunk, write_rows
+from .listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
 from .manifest import ShardRecord
 from .pool_context import die_with_parent, pool_context
 from .progress import progress
 from .sources import SampleSpec, classify, read_local
-from .writer import _unlink, hidden, join_ranges, removed_on_error, write_members
+from .writer import hidden, join_ranges, removed_on_error, unlink_quiet, write_members
 
 
 @dataclass
@@ -172,7 +172,7 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
                 except OSError:
                     data = b""
                 if not data:  # unreadable or empty: the general path says which and why
-                    _unlink(stage_path)
+                    unlink_quiet(stage_path)
                     return None
                 blobs.append((ref.ext, data))
                 row.append((ref.ext, ref.path, len(data)))
@@ -239,7 +239,7 @@ class StagedTree:
         def done(i: int, rec: ShardRecord, fields: set[str]) -> None:
             record(i, rec, fields)
             for path in by_shard.get(i, ()):  # all shards up to i are committed: OUT holds
-                _unlink(path)  # the staged bytes once, not once more as shards
+                unlink_quiet(path)  # the staged bytes once, not once more as shards
 
         pool = self._pool
         if pool is None or len(plan) <= 1:
@@ -261,7 +261,7 @@ class StagedTree:
             self._pool.shutdown(cancel_futures=True)  # waits for a join under way
             self._pool = None
         for path in self._paths:
-            _unlink(path)
+            unlink_quiet(path)
         self.listing.close()
 
 
@@ -302,7 +302,7 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
     ``None`` when the general path must convert it (the reason then appended to ``why``)."""
     said = why if why is not None else []
-    files, dirs, outputs = _root_entries(src)
+    files, dirs, outputs = top_entries(src)
     visible = [d for d in dirs if not d.startswith(".")]
     if outputs or any(os.path.islink(os.path.join(src, d)) for d in dirs):
         # links are followed and output directories skipped by the general path
@@ -377,5 +377,5 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
             for p in stage_paths:
-                _unlink(p)
+                unlink_quiet(p)
             shutil.rmtree(tmp, ignore_errors=True)

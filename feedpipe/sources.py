@@ -173,7 +173,7 @@ def printable(rel: str) -> str:
         return rel.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _walk_remote(root: str) -> Iterator[tuple[str, int]]:
+def walk_remote(root: str) -> Iterator[tuple[str, int]]:
     fs, path = filesystem(root)
     found = fs.find(path, detail=True)
     base = path.rstrip("/") + "/"
@@ -266,7 +266,7 @@ def list_tree(src: str, *, labels_from_dirs: bool = False, exclude: str | None =
     if is_local(src):
         walk = TreeWalk(local_path(src), skip=output_identity(exclude))
     else:
-        walk = _walk_remote(src)
+        walk = walk_remote(src)
     problems: list[tuple[str, str]] = []
     by_key: dict[str, SampleSpec] = {}
     ignored = 0

@@ -52,13 +52,13 @@ def removed_on_error(path: str, named: str | None = None) -> Iterator[None]:
     try:
         yield
     except OutputError:
-        _unlink(path)
+        unlink_quiet(path)
         raise
     except OSError as e:
-        _unlink(path)
+        unlink_quiet(path)
         raise output_error(e, named or path) from e
     except BaseException:
-        _unlink(path)
+        unlink_quiet(path)
         raise
 
 
@@ -124,7 +124,7 @@ def write_members(write: Callable[[bytes], Any], key: str, blobs: list[tuple[str
     return pos, nbytes
 
 
-def _unlink(path: str) -> None:
+def unlink_quiet(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

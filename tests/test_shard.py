@@ -30,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
-from feedpipe import convert
+from feedpipe import conversion_executor, convert
 from feedpipe.errors import (
     InputError,
     KeyClashError,
@@ -424,9 +424,9 @@ def test_pool_workers_inherit_the_plan_or_get_it_pickled(
         outs[method] = dir_bytes(out)
         assert (len(pickled_specs) == 0) == (method == "fork"), method
     assert outs["fork"] == outs["spawn"]
-    assert convert._FORK_PLANS == {}
+    assert conversion_executor._FORK_PLANS == {}
     with pytest.raises(RuntimeError, match="not forked from"):
-        convert._write_inherited(10**9, 0, 0, Source(str(records_folder)), str(tmp_path / "x"),
+        conversion_executor._write_inherited(10**9, 0, 0, Source(str(records_folder)), str(tmp_path / "x"),
                                  "raise")
 
 
