@@ -148,7 +148,7 @@ def finish_shard(
 
     rec, idx = join_ranges(out_dir, name, [(path, 0, -1) for path, _ in parts], index, skipped)
     for part_path, _ in parts:
-        _unlink(part_path)
+        unlink_quiet(part_path)
     return rec, idx, skipped
 
 
