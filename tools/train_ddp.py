@@ -157,8 +157,6 @@ def main() -> None:
         if rank == 0 and loss is not None:
             print(f"epoch {epoch}: {steps} steps per rank, last loss {loss.item():.3f}",
                   flush=True)
-        elif rank == 0:
-            print(f"epoch {epoch}: complete in the checkpoint, nothing left to train", flush=True)
     if start >= a.epochs and rank == 0:
         print(f"the checkpoint is at epoch {start}: all {a.epochs} epochs are done "
               "(--epochs N for more)", flush=True)
