@@ -195,8 +195,11 @@ def test_stopping_early_releases_threads_memory_and_workers(route: str, sharded:
     del it, batch
     gc.collect()
     assert all(not alive(p) for p in pids), "a worker process outlived the loop"
-    extra = [t.name for t in threading.enumerate() if t.ident not in before_threads]
-    assert not extra, f"threads left running: {extra}"
+    extra = [t for t in threading.enumerate() if t.ident not in before_threads]
+    for t in extra:  # a closed multiprocessing queue's feeder thread ends by itself, soon
+        t.join(timeout=30)
+    alive_threads = [t.name for t in extra if t.is_alive()]
+    assert not alive_threads, f"threads left running: {alive_threads}"
     assert shared_segments() <= before_shm, "shared memory still mapped"
 
 
