@@ -74,7 +74,7 @@ def reader(q: Any, url: str, cache: str, budget: int | None, seed: int, epochs: 
         from torch.utils.data import DataLoader
 
         from feedpipe import FeedDataset
-        from feedpipe.shard_cache import ShardCache
+        from feedpipe.caches._shards import ShardCache
 
         ds = FeedDataset(url, cache_dir=ShardCache(cache, budget, prefetch=2), shuffle=True,
                          seed=seed, shuffle_window=max_open, max_open_shards=max_open)
@@ -91,7 +91,7 @@ def reader(q: Any, url: str, cache: str, budget: int | None, seed: int, epochs: 
 
 def make_data(root: str, shards: int, per_shard: int, size: int) -> str:
     import feedpipe
-    from feedpipe.synth import make_records
+    from feedpipe.convert._synth import make_records
 
     ds = os.path.join(root, "ds")
     if not os.path.exists(os.path.join(ds, "manifest.json")):
@@ -105,7 +105,7 @@ def make_data(root: str, shards: int, per_shard: int, size: int) -> str:
 
 def run(url: str, server: str, cache: str, budget: int | None, a: argparse.Namespace,
         truth: dict[str, str]) -> dict[str, Any]:
-    from feedpipe.shard_cache import ShardCache
+    from feedpipe.caches._shards import ShardCache
 
     shutil.rmtree(cache, ignore_errors=True)
     urllib.request.urlopen(urllib.request.Request(server + "/__reset__", data=b"",

@@ -110,7 +110,7 @@ def worker(spec: dict[str, Any]) -> int:
     system, src, out, labels = spec["system"], spec["src"], spec["out"], spec["labels"]
     if system.startswith("feedpipe"):
         import feedpipe  # noqa: F401  (imports are not timed)
-        import feedpipe.convert  # noqa: F401
+        import feedpipe.convert._shard  # noqa: F401
 
         workers = int(system.rsplit("w", 1)[1])
         fn = lambda: _feedpipe(src, out, labels, workers)  # noqa: E731

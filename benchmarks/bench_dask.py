@@ -102,7 +102,7 @@ def _dask_run(n: int, fn: Any) -> dict[str, Any]:
 
 
 def worker(spec: dict[str, Any]) -> int:
-    from feedpipe.convert import shard
+    from feedpipe.convert._shard import shard
 
     system, src = spec["system"], spec["src"]
     out = tempfile.mkdtemp(prefix="bench-dask-", dir=spec["work"])
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker(common.load_spec(a.worker))
     if a.quick:
         a.files, a.passes = 2000, 1
-    from feedpipe.synth import make_records
+    from feedpipe.convert._synth import make_records
 
     src = os.path.join(a.root, f"src-{a.files}x{a.size}")
     if not os.path.isdir(src):

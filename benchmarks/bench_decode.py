@@ -3,7 +3,7 @@ pipeline should use, measured.
 
 Every system turns the same JPEG bytes into a 224x224 RGB ``uint8`` image: the centred square of
 the shorter side, resized (antialiased bilinear) to 224 — the evaluation transform without the
-0.875 margin. Three image sets are made with ``feedpipe.synth.make_image_folder`` (quality 85):
+0.875 margin. Three image sets are made with ``feedpipe.convert._synth.make_image_folder`` (quality 85):
 ``small`` (20 JPEGs, 160-320 px a side, where no reduced-scale decode is possible) and ``large``
 (20 JPEGs, 640-1280 px, where 3/8 to 1/4 scale decoding applies). The synthetic images carry
 strong pixel noise, about 4 bits per pixel at quality 85, so Huffman decoding, which no scaled
@@ -19,7 +19,7 @@ Systems:
     sj-full-floatresize sj-full but resizing in float32 (what a naive uint8->float port does)
     pil-full            Pillow decode, Image.resize(BILINEAR, box=crop) (antialiased)
     pil-draft           Pillow with draft('RGB', size) (libjpeg scaled decode), then resize
-    fp-eval             feedpipe.transforms.ImagePipeline (eval, uint8, crop_fraction=1: the same
+    fp-eval             feedpipe.transforms._pipeline.ImagePipeline (eval, uint8, crop_fraction=1: the same
                         task), sample dict in, CHW tensor out: what ships
     fp-train            ImagePipeline(224, train=True): random-resized crop + flip, normalised
                         float32 CHW (per-sample rng included)
@@ -91,7 +91,7 @@ def _make_system(name: str, jpegs: list[bytes]) -> Any:
         import torch
         import torch.nn.functional as F
 
-        from feedpipe.image_ops import resize_to_tensor, shorter_side_size
+        from feedpipe.transforms._ops import resize_to_tensor, shorter_side_size
 
         reduced = name.startswith("sj-reduced")
         fast = name == "sj-reduced-fast"
@@ -137,9 +137,9 @@ def _make_system(name: str, jpegs: list[bytes]) -> Any:
         return lambda: [one_pil(j) for j in jpegs]
 
     if name.startswith("fp-"):
-        from feedpipe.transforms import ImagePipeline
+        from feedpipe.transforms._pipeline import ImagePipeline
 
-        from feedpipe.transforms import ImageSpec
+        from feedpipe.transforms._pipeline import ImageSpec
 
         train = name == "fp-train"
         spec = ImageSpec(SIZE, train=True) if train else ImageSpec(SIZE, train=False,
@@ -242,7 +242,7 @@ def _smooth(src: str, dst: str) -> None:
 def make_sets(root: str, names: list[str]) -> dict[str, dict[str, Any]]:
     import simplejpeg
 
-    from feedpipe.synth import make_image_folder
+    from feedpipe.convert._synth import make_image_folder
 
     out = {}
     for name in names:

@@ -16,7 +16,7 @@ Sections (each a ratio to a peer measured in the same run):
    bytes, against the device memory bandwidth measured by a device-to-device copy of a large
    tensor (bytes copied per second, counted the same way as gathered batch bytes); also a run
    with half the dataset resident and the rest from a host fallback.
-4. **dali**: a hook for DALI GPU decode against the CPU pipeline: runs ``feedpipe.dali.benchmark``
+4. **dali**: a hook for DALI GPU decode against the CPU pipeline: runs ``feedpipe.transforms._dali.benchmark``
    when ``feedpipe.dali`` imports and provides it; otherwise says why it was skipped.
 
 Timing: one untimed warm-up run, then the median of ``--repeats`` runs. On CUDA a run ends with one
@@ -51,9 +51,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import common  # noqa: E402
 
-from feedpipe.device_cache import DeviceCache  # noqa: E402
-from feedpipe.device_loader import DeviceLoader  # noqa: E402
-from feedpipe.plan import Plan  # noqa: E402
+from feedpipe.device._cache import DeviceCache  # noqa: E402
+from feedpipe.device._loader import DeviceLoader  # noqa: E402
+from feedpipe.plan._order import Plan  # noqa: E402
 
 MB = 1 << 20
 
@@ -263,8 +263,8 @@ def bench_cache(device: torch.device, n: int, shape: tuple[int, ...], batch: int
 # -- 4. DALI decode vs the CPU pipeline -----------------------------------------------------------
 def make_jpeg_shards(n: int, min_size: int, max_size: int) -> str:
     """``n`` synthetic JPEGs in 8 class folders, sharded once into a cache directory."""
-    from feedpipe.convert import shard
-    from feedpipe.synth import make_image_folder
+    from feedpipe.convert._shard import shard
+    from feedpipe.convert._synth import make_image_folder
 
     root = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"feedpipe-bench-device-{n}-{max_size}")
     out = os.path.join(root, "shards")
@@ -282,9 +282,9 @@ def bench_dali(device: torch.device, quick: bool, repeats: int) -> dict[str, Any
     DeviceLoader, on the same shards with the same ImageSpec. A ``benchmark(root, *, device,
     quick)`` function in ``feedpipe.dali`` replaces this measurement when it exists."""
     try:
-        import feedpipe.dali as dali  # noqa: PLC0415 - optional
+        import feedpipe.transforms._dali as dali  # noqa: PLC0415 - optional
         from feedpipe import FeedDataset, FeedLoader
-        from feedpipe.transforms import ImagePipeline, ImageSpec
+        from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec
     except ImportError as e:
         return {"skipped": f"feedpipe.dali or feedpipe.transforms do not import here ({e})"}
     try:
@@ -297,10 +297,10 @@ def bench_dali(device: torch.device, quick: bool, repeats: int) -> dict[str, Any
     hook = getattr(dali, "benchmark", None)
     if hook is not None:
         try:
-            return {"source": "feedpipe.dali.benchmark", **dict(hook(root, device=str(device),
+            return {"source": "feedpipe.transforms._dali.benchmark", **dict(hook(root, device=str(device),
                                                                       quick=quick))}
         except Exception as e:  # noqa: BLE001 - report, keep the other sections
-            return {"error": f"feedpipe.dali.benchmark: {type(e).__name__}: {e}"}
+            return {"error": f"feedpipe.transforms._dali.benchmark: {type(e).__name__}: {e}"}
     spec = ImageSpec(size=224 if cuda else 96, train=True)
     batch = 256 if cuda else 64
     workers = max(1, min(8, os.cpu_count() or 1))

@@ -6,7 +6,7 @@ both policies (LRU thrashes on cyclic orders).
 Two parts:
 
 simulation   The node's shard accesses, from the plan itself: every (local rank, worker) opens
-             each shard it reads at its first use in an epoch (``feedpipe.schedule.first_uses``),
+             each shard it reads at its first use in an epoch (``feedpipe.plan._schedule.first_uses``),
              merged on the node clock (local position; the next epoch continues it). A cache of
              ``budget`` bytes (equal shards: half of them) is replayed over ``--epochs`` epochs
              under three policies:
@@ -54,8 +54,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-from feedpipe.plan import Plan, Split  # noqa: E402
-from feedpipe.schedule import first_uses, node_timeline  # noqa: E402
+from feedpipe.plan._order import Plan, Split  # noqa: E402
+from feedpipe.plan._schedule import first_uses, node_timeline  # noqa: E402
 
 BATCH = 16
 SEED = 0
@@ -169,7 +169,7 @@ def run_simulation(shards: int, per_shard: int, epochs: int) -> list[dict[str, A
 def run_real(shards: int, per_shard: int, epochs: int, window: int) -> dict[str, Any]:
     import feedpipe
     from feedpipe import FeedDataset
-    from feedpipe.synth import make_records
+    from feedpipe.convert._synth import make_records
 
     with tempfile.TemporaryDirectory(prefix="fp-bench-evict-") as tmp:
         make_records(os.path.join(tmp, "src"), count=shards * per_shard, size=2000,

@@ -55,7 +55,7 @@ Decoder = Callable[[bytes], Any]
 def _images(count: int, h: int, w: int) -> list[Any]:
     import numpy as np
 
-    from feedpipe.synth import _image
+    from feedpipe.convert._synth import _image
 
     rng = np.random.default_rng(0)
     return [_image(rng, h, w, i % 7) for i in range(count)]
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from feedpipe.transforms import ImagePipeline
+    from feedpipe.transforms._pipeline import ImagePipeline
 
     encoded = _encode(_images(args.count, args.height, args.width))
     decoders = _decoders()

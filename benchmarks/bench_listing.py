@@ -42,8 +42,8 @@ def _rss_kb() -> int:
 
 
 def worker(spec: dict[str, Any]) -> int:
-    from feedpipe.listing import list_tree_parallel
-    from feedpipe.sources import list_tree
+    from feedpipe.convert._listing import list_tree_parallel
+    from feedpipe.convert._sources import list_tree
 
     src, system = spec["src"], spec["system"]
     base = _rss_kb()

@@ -1,4 +1,4 @@
-"""Planning cost: ``feedpipe.plan.Plan`` for 100 million samples over 100,000 shards.
+"""Planning cost: ``feedpipe.plan._order.Plan`` for 100 million samples over 100,000 shards.
 
 Target (issue 3): planning 100M samples over 100k shards takes under 2 s and under 1 GB.
 
@@ -99,7 +99,7 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
     n = n_shards * per_shard
     what = spec["what"]
     if what in ("plan", "plan-tracemalloc"):
-        from feedpipe.plan import Plan, Split, iter_ids
+        from feedpipe.plan._order import Plan, Split, iter_ids
 
         counts = tuple([per_shard] * n_shards)  # FeedDataset: tuple(s.samples for s in shards)
         window = spec["window"]
@@ -134,7 +134,7 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
     if what == "ids":
         import tracemalloc
 
-        from feedpipe.plan import Plan, Split, iter_ids
+        from feedpipe.plan._order import Plan, Split, iter_ids
 
         counts = tuple([per_shard] * n_shards)
         plan = Plan(counts, seed=0, epoch=1, shuffle=True, window=spec["window"])
@@ -167,7 +167,7 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
                 "projected_all_ids_one_core_s": n / rate, "tracemalloc_peak_bytes": peak}
     if what == "dataset":
         from feedpipe import FeedDataset
-        from feedpipe.plan import iter_ids
+        from feedpipe.plan._order import iter_ids
 
         with PeakRss() as m:
             t0 = time.perf_counter()

@@ -57,8 +57,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-from feedpipe.cli import parse_size  # noqa: E402
-from feedpipe.probe import generate_file  # noqa: E402
+from feedpipe.cli._main import parse_size  # noqa: E402
+from feedpipe.diagnostics._probe import generate_file  # noqa: E402
 
 
 def drop_and_settle(path: str, settle: float) -> None:

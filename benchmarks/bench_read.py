@@ -11,7 +11,7 @@ subprocess per system-pass; passes alternate the order of the systems.
 
 Systems:
     cat                 ``cat SHARDS > /dev/null`` (MB/s ceiling for a sequential reader)
-    fp-reader           feedpipe.reader.ShardReader over every shard in manifest.json, one process
+    fp-reader           feedpipe.format._reader.ShardReader over every shard in manifest.json, one process
     fp-reader-nocopy    the same, fields only len()'ed: zero-copy delivery cost, bytes untouched
     fp-dataset          feedpipe.FeedDataset(root), one process (when it exists)
     fp-dataset-dl2      DataLoader(FeedDataset(root), batch_size=None, num_workers=2)
@@ -137,7 +137,7 @@ def _manifest_shards(root: str) -> list[tuple[str, str, int, int]]:
 
 
 def _fp_reader_iter(root: str) -> Any:
-    from feedpipe.reader import ShardReader
+    from feedpipe.format._reader import ShardReader
 
     for path, name, base, nbytes in _manifest_shards(root):
         r = ShardReader(path, name=name, base=base, expected_bytes=nbytes)
@@ -156,7 +156,7 @@ def _reader_dataset(root: str) -> Any:
         def __iter__(self):  # type: ignore[no-untyped-def]
             info = tud.get_worker_info()
             wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-            from feedpipe.reader import ShardReader
+            from feedpipe.format._reader import ShardReader
 
             for path, name, base, nbytes in _manifest_shards(root)[wid::nw]:
                 r = ShardReader(path, name=name, base=base, expected_bytes=nbytes)
@@ -169,7 +169,7 @@ def _reader_dataset(root: str) -> Any:
 
 
 def _first_sample(root: str) -> dict[str, Any]:
-    from feedpipe.reader import ShardReader
+    from feedpipe.format._reader import ShardReader
 
     path, name, base, nbytes = _manifest_shards(root)[0]
     with ShardReader(path, name=name, base=base, expected_bytes=nbytes) as r:
@@ -275,7 +275,7 @@ def _preimport(system: str) -> str | None:
 
     if system.startswith("fp-") or system == "dl2-null":
         import feedpipe
-        import feedpipe.reader  # noqa: F401
+        import feedpipe.format._reader  # noqa: F401
 
         if system.startswith(("fp-dataset", "fp-loader")):
             try:
@@ -360,7 +360,7 @@ def worker(spec: dict[str, Any]) -> int:
 
 def ensure_shards(info: dict[str, Any], shard_mb: int, labels: bool) -> dict[str, Any]:
     """feedpipe shards of a source dataset (cached), with the expected read totals."""
-    from feedpipe.index import parse_index
+    from feedpipe.format._index import parse_index
 
     out = os.path.join(os.path.dirname(info["src"]), f"shards-{shard_mb}mb")
     mpath = os.path.join(out, "manifest.json")
@@ -393,7 +393,7 @@ def dl_subset(sh: dict[str, Any], cap: int | None) -> dict[str, Any]:
     ``FeedDataset`` and ``WebDataset`` read exactly the same files. (DataLoader systems move every
     sample through a pipe and run at a few thousand samples/s here; 200,000 tiny records would
     take ~45 s per run.)"""
-    from feedpipe.index import parse_index
+    from feedpipe.format._index import parse_index
 
     with open(os.path.join(sh["root"], "manifest.json"), encoding="utf-8") as f:
         m = json.load(f)

@@ -1,5 +1,5 @@
 """Crop + resize to 224 + flip into a CHW ``uint8`` image, on one core: the torch path against the
-OpenCV path that :func:`feedpipe.image_ops.resize_to_tensor` takes for enlargements.
+OpenCV path that :func:`feedpipe.transforms._ops.resize_to_tensor` takes for enlargements.
 
 The images are decoded once (untimed) from the ``--quick`` peer dataset's JPEGs (160-320 px, made
 by ``datasets.py`` under ``--root``, bench_peers.py's default root unless given) or from
@@ -44,7 +44,7 @@ import datasets  # noqa: E402
 def _images(n: int, root: str) -> list[Any]:
     import numpy as np
 
-    from feedpipe.image_ops import decode_jpeg
+    from feedpipe.transforms._ops import decode_jpeg
 
     src = os.path.join(datasets.dataset_dir(root, True, "images"), "src")
     files = sorted(glob.glob(os.path.join(src, "*", "*.jpg")))[:n]
@@ -54,7 +54,7 @@ def _images(n: int, root: str) -> list[Any]:
             with open(f, "rb") as fh:
                 out.append(decode_jpeg(fh.read()))
         return out
-    from feedpipe.synth import _image
+    from feedpipe.convert._synth import _image
 
     print(f"no JPEGs under {src}: timing {n} synthetic images instead (bench_peers.py --quick "
           "--root ROOT makes the peer dataset)", file=sys.stderr)
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from feedpipe import image_ops
-    from feedpipe.image_ops import random_resized_crop_box, resize_to_tensor
+    from feedpipe.transforms import _ops as image_ops
+    from feedpipe.transforms._ops import random_resized_crop_box, resize_to_tensor
 
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})

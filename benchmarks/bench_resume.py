@@ -1,7 +1,7 @@
 """Resume cost: continue a 1,000,000-sample epoch at 90% with ``FeedLoader.load_state_dict`` vs
 reading up to 90% (a naive skip-by-reading resume).
 
-Dataset: 1,000,000 records of 16 bytes (``feedpipe.synth.make_records(size=16)`` into
+Dataset: 1,000,000 records of 16 bytes (``feedpipe.convert._synth.make_records(size=16)`` into
 ``ROOT/resume-src``, one file each), sharded by ``feedpipe.shard(src, out, workers=2)`` with the
 default options (256 MB shards: 4 shards of ~262,000 samples, 1 KiB of tar per sample) into
 ``ROOT/resume-shards``. Both are generated once and cached (a ``.complete.json`` marker records
@@ -84,7 +84,7 @@ def _fresh_tmp(path: str) -> str:
 
 
 def ensure_source(root: str, count: int) -> str:
-    from feedpipe import synth
+    from feedpipe.convert import _synth as synth
 
     spec = {"count": count, "size": 16, "per_dir": 10_000, "seed": 0}
     src = os.path.join(root, "resume-src" + ("" if count == 1_000_000 else f"-{count}"))
@@ -138,13 +138,13 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     t0 = time.perf_counter()
-    import feedpipe.dataset
+    import feedpipe.stream._dataset
     from feedpipe import FeedDataset, FeedLoader
 
     t_import = time.perf_counter() - t0
     opens = {"count": 0, "seconds": 0.0}
 
-    class CountingReader(feedpipe.dataset.ShardReader):  # type: ignore[misc,valid-type]
+    class CountingReader(feedpipe.stream._dataset.ShardReader):  # type: ignore[misc,valid-type]
         """Counts and times shard opens (map + index parse); NW=0 runs only (this process)."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -153,7 +153,7 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
             opens["seconds"] += time.perf_counter() - t
             opens["count"] += 1
 
-    feedpipe.dataset.ShardReader = CountingReader  # benchmark-side instrumentation only
+    feedpipe.stream._dataset.ShardReader = CountingReader  # benchmark-side instrumentation only
     what, root, nw = spec["what"], spec["root"], spec["workers"]
     t0 = time.perf_counter()
     ds = FeedDataset(root, shuffle=True, seed=0, shuffle_window=spec.get("window"))

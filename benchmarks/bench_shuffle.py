@@ -13,7 +13,7 @@ batch ``t`` from worker ``t % nw``, skipping exhausted workers):
 
     random          numpy ``Generator.permutation(N)`` as the global order, split over ranks
                     exactly like feedpipe (the reference; ``--ref-trials`` draws)
-    feedpipe        ``feedpipe.plan.Plan(counts, seed=0, epoch=e, shuffle=True, window=w)`` and
+    feedpipe        ``feedpipe.plan._order.Plan(counts, seed=0, epoch=e, shuffle=True, window=w)`` and
                     ``Split``/``iter_ids`` per (rank, worker), for window None (all shards), 32,
                     8, 2
     wds-bN          webdataset 1.0.2's pipeline, run with webdataset's own generators:
@@ -172,7 +172,7 @@ def interleave(per_worker: list[list[np.ndarray]]) -> list[np.ndarray]:
 
 # -- systems: each returns, per rank, (rank stream batches, per-worker id streams) ----------------
 def run_random(n: int, world: int, workers: int, seed: int) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
-    from feedpipe.plan import Split
+    from feedpipe.plan._order import Split
 
     perm = np.random.default_rng(seed).permutation(n)
     out = []
@@ -188,7 +188,7 @@ def run_random(n: int, world: int, workers: int, seed: int) -> list[tuple[list[n
 
 def run_feedpipe(counts: tuple[int, ...], world: int, workers: int, epoch: int,
                  window: int | None, check: bool) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
-    from feedpipe.plan import Plan, Split, all_ids, iter_ids
+    from feedpipe.plan._order import Plan, Split, all_ids, iter_ids
 
     plan = Plan(counts, seed=0, epoch=epoch, shuffle=True, window=window)
     n = plan.num_samples
@@ -199,7 +199,7 @@ def run_feedpipe(counts: tuple[int, ...], world: int, workers: int, epoch: int,
         per = [list(iter_ids(plan, split, BATCH, w, workers)) for w in range(workers)]
         stream = interleave(per)
         if check and np.concatenate(stream).tolist() != all_ids(plan, split, BATCH, workers):
-            raise RuntimeError("benchmark's interleave differs from feedpipe.plan.all_ids")
+            raise RuntimeError("benchmark's interleave differs from feedpipe.plan._order.all_ids")
         seen.append(np.concatenate(stream))
         out.append((stream, [np.concatenate(p) for p in per]))
     allseen = np.sort(np.concatenate(seen))

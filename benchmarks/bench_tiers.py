@@ -4,7 +4,7 @@ Issue 4: "epoch 1 vs epoch 2 samples/s for: no cache, L1 only, L1 + memmap decod
 over the HTTP server. Target: epoch 2 with the decoded store at least 10x epoch 1 with JPEG
 decoding."
 
-Data: ``--images`` synthetic JPEGs (``feedpipe.synth.make_image_folder``, 256-448 px a side,
+Data: ``--images`` synthetic JPEGs (``feedpipe.convert._synth.make_image_folder``, 256-448 px a side,
 quality 85; noisy, so about 4 bits per pixel), sharded by ``feedpipe shard`` (8 MB shards),
 served by nginx (Debian's nginx-light; ``tests/_http_server.py`` when nginx is missing) from a
 warm page cache. Uncached sample reads are ranged GETs: the access log's counts of the ``.tar``
@@ -63,8 +63,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from feedpipe import FeedDataset, FeedLoader, FunctionIndex
-    from feedpipe.decoded_store import read_recorded
-    from feedpipe.transforms import ImagePipeline
+    from feedpipe.caches._decoded import read_recorded
+    from feedpipe.transforms._pipeline import ImagePipeline
 
     torch.set_num_threads(1)
     system, tmp = spec["system"], spec["tmp"]
@@ -107,7 +107,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 # -- the parent: data, server, passes ---------------------------------------------------------
 def make_data(tmp: str, images: int) -> str:
     from feedpipe import shard
-    from feedpipe.synth import make_image_folder
+    from feedpipe.convert._synth import make_image_folder
 
     src, out = os.path.join(tmp, "src"), os.path.join(tmp, "www", "ds")
     classes = 8

@@ -42,8 +42,8 @@ def worker(spec: dict[str, Any]) -> None:
     from peer_memory import PeakMemory
 
     import feedpipe
-    from feedpipe.collator import BatchCollator
-    from feedpipe.transforms import ImagePipeline
+    from feedpipe.stream._collator import BatchCollator
+    from feedpipe.transforms._pipeline import ImagePipeline
 
     root, phase = spec["shards"], spec["phase"]
     with PeakMemory() as mem:

@@ -17,7 +17,7 @@ Usage::
 
     python benchmarks/bench_window_decode.py [--images DIR] [--count 2000] [--rounds 7]
 
-``--images``: a folder tree of JPEGs (default: ``feedpipe.synth.make_image_folder``'s 160-320 px
+``--images``: a folder tree of JPEGs (default: ``feedpipe.convert._synth.make_image_folder``'s 160-320 px
 images, made in a temp dir). Writes ``benchmarks/results/window_decode.json``.
 """
 
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     import simplejpeg
     import torch
 
-    from feedpipe import image_ops
-    from feedpipe.probe_env import jpeg_window_decoder
-    from feedpipe.transforms import ImagePipeline, jpeg_size, sample_rng
+    from feedpipe.transforms import _ops as image_ops
+    from feedpipe.diagnostics._env import jpeg_window_decoder
+    from feedpipe.transforms._pipeline import ImagePipeline, jpeg_size, sample_rng
 
     if image_ops._jpegcrop is None:
         raise SystemExit("feedpipe._jpegcrop is not built here: nothing to compare")
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None
     folder = args.images
     if folder is None:
-        from feedpipe.synth import make_image_folder
+        from feedpipe.convert._synth import make_image_folder
 
         tmp = tempfile.TemporaryDirectory(prefix="feedpipe-window-")
         folder = os.path.join(tmp.name, "images")

@@ -88,7 +88,7 @@ def _git() -> dict[str, Any]:
 
 def _jpeg_window_decoder() -> str | None:
     try:
-        from feedpipe.probe_env import jpeg_window_decoder
+        from feedpipe.diagnostics._env import jpeg_window_decoder
     except ImportError:  # a feedpipe from before the C extension
         return None
     return jpeg_window_decoder()

@@ -3,10 +3,10 @@
 Three source datasets (small files on disk), each under ``ROOT/<size>/<name>/src``:
 
 - ``images``: an image-folder tree of JPEGs, 160-320 px per side, 100 class folders, a JSON
-  sidecar on every 10th image (``feedpipe.synth.make_image_folder``). ``quality=78`` gives a mean
+  sidecar on every 10th image (``feedpipe.convert._synth.make_image_folder``). ``quality=78`` gives a mean
   JPEG of about 16.4 KiB (16.8 kB) for this generator; 77 gives 15.6 KiB, 80 gives 18.4 KiB.
   Full: 100 classes x 200 = 20,000 images + 2,000 sidecars = 22,000 files.
-- ``tiny``: 200,000 records of 1 KiB (``feedpipe.synth.make_records``), per-sample overhead.
+- ``tiny``: 200,000 records of 1 KiB (``feedpipe.convert._synth.make_records``), per-sample overhead.
 - ``big``: 1,000 records of 1 MiB, for MB/s against ``cat``.
 
 ``--quick`` uses a smaller variant of each (2,000 images, 20,000 records, 200 x 1 MiB) under
@@ -93,7 +93,7 @@ def ensure(name: str, *, root: str = DEFAULT_ROOT, quick: bool = False,
            verbose: bool = True) -> dict[str, Any]:
     """Make dataset ``name`` if it is not cached; return its info (``src`` path, file counts,
     sizes, expected samples)."""
-    from feedpipe import synth
+    from feedpipe.convert import _synth as synth
 
     spec = SPECS[size_name(quick)][name]
     base = dataset_dir(root, quick, name)

@@ -63,7 +63,7 @@ for m in ("torchvision", "nvidia.dali", "simplejpeg", "lmdb", "webdataset", "cv2
         print(m, getattr(mod, "__version__", "ok"))
     except Exception as e:  # noqa: BLE001
         print(m, "MISSING:", type(e).__name__, e)
-from feedpipe.probe_env import jpeg_window_decoder
+from feedpipe.diagnostics._env import jpeg_window_decoder
 print("jpeg_window_decoder", jpeg_window_decoder())
 PY
   } 2>&1 | tee "$out/gpu.txt"

@@ -20,7 +20,7 @@ all reading the same JPEGs (train_data.py) and delivering batches of ``batch`` i
                      BatchCollator, device=..., persistent_workers): decode in worker processes
                      into shared batch rows, pinned side-stream copy by DeviceLoader
     feedpipe-dali    (e) FeedLoader of raw JPEG bytes (4 workers, persistent) feeding
-                     feedpipe.dali.DaliStage(ImageSpec(train, uint8), num_threads=N): nvJPEG
+                     feedpipe.transforms._dali.DaliStage(ImageSpec(train, uint8), num_threads=N): nvJPEG
                      decode of feedpipe's planned batches
     feedpipe-store   (f) FeedDataset(decoded_cache=...) with the deterministic ImagePipeline
                      (decode + centre crop + resize, uint8): epoch 0 fills the store (not
@@ -30,8 +30,8 @@ all reading the same JPEGs (train_data.py) and delivering batches of ``batch`` i
                      gather; random-resized crop + flip on the device
 
 Only feedpipe's public names are used (``feedpipe.FeedDataset``, ``FeedLoader``, ``DeviceCache``,
-``feedpipe.transforms.ImagePipeline``/``ImageSpec``, ``feedpipe.collator.BatchCollator``,
-``feedpipe.dali.DaliStage``).
+``feedpipe.transforms._pipeline.ImagePipeline``/``ImageSpec``, ``feedpipe.stream._collator.BatchCollator``,
+``feedpipe.transforms._dali.DaliStage``).
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ class Dali(System):
 
 
 def _collator(ctx: Context) -> Any:
-    from feedpipe.collator import BatchCollator
+    from feedpipe.stream._collator import BatchCollator
 
     return BatchCollator(ctx.batch, (3, ctx.size, ctx.size))
 
@@ -273,7 +273,7 @@ class Feedpipe(_Loader):
 
     def __init__(self, ctx: Context) -> None:
         import feedpipe
-        from feedpipe.transforms import ImagePipeline
+        from feedpipe.transforms._pipeline import ImagePipeline
 
         self.ctx = ctx
         nw = ctx.workers
@@ -294,8 +294,8 @@ class FeedpipeDali(_Loader):
 
     def __init__(self, ctx: Context) -> None:
         import feedpipe
-        from feedpipe.dali import DaliStage
-        from feedpipe.transforms import ImageSpec
+        from feedpipe.transforms._dali import DaliStage
+        from feedpipe.transforms._pipeline import ImageSpec
 
         self.ctx = ctx
         nw = min(4, ctx.workers)
@@ -322,7 +322,7 @@ class FeedpipeStore(_Loader):
 
     def __init__(self, ctx: Context) -> None:
         import feedpipe
-        from feedpipe.transforms import ImagePipeline
+        from feedpipe.transforms._pipeline import ImagePipeline
 
         self.ctx = ctx
         nw = ctx.workers
@@ -361,7 +361,7 @@ class FeedpipeCache(System):
         import time
 
         import feedpipe
-        from feedpipe.transforms import ImagePipeline
+        from feedpipe.transforms._pipeline import ImagePipeline
 
         t0 = time.perf_counter()
         st = self.cache.warmup(feedpipe.FeedDataset(self.ctx.shards),

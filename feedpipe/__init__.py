@@ -3,72 +3,77 @@
 Shard small-file datasets into WebDataset tars, stream them deterministically to every rank and
 worker, cache at three tiers, and hand batches to the device.
 
-The public API is imported lazily: ``import feedpipe`` loads neither torch nor DALI, starts no
-CUDA context and no thread, and reads no environment variable.
+The public API is the names below, imported lazily: ``import feedpipe`` loads neither torch nor
+DALI, starts no CUDA context and no thread, and reads no environment variable. The subpackages
+follow the data flow (``format``, ``plan``, ``caches``, ``transforms``, ``stream``, ``device``,
+``convert``, ``diagnostics``, ``cli``); their modules are private.
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# public name -> the module (under feedpipe) that defines it
 _LAZY = {
-    "FeedDataset": "dataset",
-    "FeedLoader": "loader",
-    "DeviceLoader": "device_loader",
-    "DeviceCache": "device_cache",
-    "ShardReader": "reader",
-    "open_shard": "reader",
-    "shard": "convert",
-    "ShardSummary": "convert",
-    "index": "indexer",
-    "verify": "verify",
-    "demo": "demo",
-    "probe": "probe",
-    "ProbeReport": "probe",
-    "Manifest": "manifest",
-    "load_manifest": "manifest",
-    "Plan": "plan",
-    "FunctionIndex": "function_index",
-    "World": "world",
-    "detect_world": "world",
+    "shard": "convert._shard",
+    "ShardSummary": "convert._summary",
+    "ShardOptions": "convert._options",
+    "shard_from": "convert._tables",
+    "merge": "convert._merge",
+    "index": "format._indexer",
+    "verify": "format._verify",
+    "ShardWriter": "format._shard_writer",
+    "write_samples": "format._shard_writer",
+    "ShardReader": "format._reader",
+    "open_shard": "format._reader",
+    "Manifest": "format._manifest",
+    "load_manifest": "format._manifest",
+    "source_path": "format._keys",
+    "Plan": "plan._order",
+    "World": "plan._world",
+    "detect_world": "plan._world",
+    "FeedDataset": "stream._dataset",
+    "FeedLoader": "stream._loader",
+    "ShardSet": "stream._shard_set",
+    "BatchCollator": "stream._collator",
+    "Route": "stream._routes",
+    "ImagePipeline": "transforms._pipeline",
+    "ImageSpec": "transforms._pipeline",
+    "DaliStage": "transforms._dali",
+    "image_decoders": "transforms._decode",
+    "ShardCache": "caches._shards",
+    "DecodedStore": "caches._decoded",
+    "FunctionIndex": "caches._function_index",
+    "cache_stats": "caches._tiers",
+    "cache_clear": "caches._tiers",
+    "DeviceLoader": "device._loader",
+    "DeviceCache": "device._cache",
+    "probe": "diagnostics._probe",
+    "ProbeReport": "diagnostics._probe",
+    "demo": "cli._demo",
     "FeedpipeError": "errors",
     "ShardFormatError": "errors",
     "CompressedShardError": "errors",
     "ManifestError": "errors",
     "KeyClashError": "errors",
     "InputError": "errors",
+    "FieldTypeError": "errors",
     "SourceNotFoundError": "errors",
     "OutputError": "errors",
+    "PartsError": "errors",
+    "MethodError": "errors",
     "PlanError": "errors",
     "StateError": "errors",
+    "StartMethodError": "errors",
+    "DecodeError": "errors",
+    "SampleSkipped": "errors",
     "DeviceCacheError": "errors",
+    "DecodedStoreError": "errors",
     "MissingDependencyError": "errors",
     "AccessDeniedError": "errors",
     "RemoteError": "errors",
-    "ShardCache": "shard_cache",
-    "merge": "merge",
-    "PartsError": "errors",
-    "DecodedStore": "decoded_store",
-    "DecodedStoreError": "errors",
-    "cache_stats": "cache_tiers",
-    "cache_clear": "cache_tiers",
-    "ImagePipeline": "transforms",
-    "BatchCollator": "collator",
-    "ShardSet": "shard_set",
-    "ImageSpec": "transforms",
-    "DaliStage": "dali",
-    "DecodeError": "errors",
-    "SampleSkipped": "errors",
-    "ShardWriter": "shard_writer",
-    "write_samples": "shard_writer",
-    "FieldTypeError": "errors",
-    "shard_from": "table_source",
-    "ShardOptions": "shard_options",
-    "MethodError": "errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -89,60 +94,56 @@ def __dir__() -> list[str]:
     return __all__
 
 
-class _Package(types.ModuleType):
-    """Some public names are also submodule names (``index``, ``verify``, ``demo``, ``probe``).
-    The import system binds a submodule on its package when it is first imported (``from .index
-    import ...`` in half the package does that), which would hide the public function; keep every
-    name of ``_LAZY`` for what ``__getattr__`` resolves. The submodules stay in ``sys.modules``."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
-if TYPE_CHECKING:
-    from .convert import ShardSummary, shard
-    from .dataset import FeedDataset
-    from .device_cache import DeviceCache
-    from .device_loader import DeviceLoader
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keeps both in step)
+    from .caches._decoded import DecodedStore
+    from .caches._function_index import FunctionIndex
+    from .caches._shards import ShardCache
+    from .caches._tiers import cache_clear, cache_stats
+    from .cli._demo import demo
+    from .convert._merge import merge
+    from .convert._options import ShardOptions
+    from .convert._shard import shard
+    from .convert._summary import ShardSummary
+    from .convert._tables import shard_from
+    from .device._cache import DeviceCache
+    from .device._loader import DeviceLoader
+    from .diagnostics._probe import ProbeReport, probe
     from .errors import (
         AccessDeniedError,
+        CompressedShardError,
+        DecodeError,
+        DecodedStoreError,
         DeviceCacheError,
         FeedpipeError,
+        FieldTypeError,
         InputError,
         KeyClashError,
         ManifestError,
+        MethodError,
         MissingDependencyError,
         OutputError,
+        PartsError,
         PlanError,
         RemoteError,
+        SampleSkipped,
         ShardFormatError,
         SourceNotFoundError,
+        StartMethodError,
         StateError,
     )
-    from .function_index import FunctionIndex
-    from .loader import FeedLoader
-    from .manifest import Manifest, load_manifest
-    from .probe import ProbeReport, probe
-    from .reader import ShardReader, open_shard
-    from .shard_cache import ShardCache
-    from .merge import merge
-    from .errors import PartsError
-    from .decoded_store import DecodedStore
-    from .errors import DecodedStoreError
-    from .errors import CompressedShardError
-    from .cache_tiers import cache_clear, cache_stats
-    from .dali import DaliStage
-    from .errors import DecodeError, SampleSkipped
-    from .transforms import ImagePipeline, ImageSpec
-    from .collator import BatchCollator
-    from .shard_set import ShardSet
-    from .errors import FieldTypeError
-    from .shard_writer import ShardWriter, write_samples
-    from .table_source import shard_from
-    from .shard_options import ShardOptions
-    from .errors import MethodError
+    from .format._indexer import index
+    from .format._keys import source_path
+    from .format._manifest import Manifest, load_manifest
+    from .format._reader import ShardReader, open_shard
+    from .format._shard_writer import ShardWriter, write_samples
+    from .format._verify import verify
+    from .plan._order import Plan
+    from .plan._world import World, detect_world
+    from .stream._collator import BatchCollator
+    from .stream._dataset import FeedDataset
+    from .stream._loader import FeedLoader
+    from .stream._routes import Route
+    from .stream._shard_set import ShardSet
+    from .transforms._dali import DaliStage
+    from .transforms._decode import image_decoders
+    from .transforms._pipeline import ImagePipeline, ImageSpec

@@ -103,3 +103,8 @@ class MethodError(FeedpipeError, ValueError):
 class FieldTypeError(InputError, TypeError):
     """A sample field's value has a type that :class:`feedpipe.ShardWriter` does not store
     without an explicit encoder (no pickle by default); the message names the sample and field."""
+
+
+class StartMethodError(FeedpipeError, RuntimeError):
+    """Worker processes cannot be started safely the way asked (forked from a process that runs
+    DALI's threads); the message names the fix."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import feedpipe
-from feedpipe.synth import make_image_folder
+from feedpipe.convert._synth import make_image_folder
 
 
 def make_dataset(root: str, *, classes: int = 5, per_class: int = 5, max_samples: int = 7) -> str:

@@ -36,7 +36,7 @@ class IdImages:
     its pid."""
 
     def __init__(self, train: bool, mark: str | None = None) -> None:
-        from feedpipe.transforms import ImagePipeline
+        from feedpipe.transforms._pipeline import ImagePipeline
 
         self.pipe = ImagePipeline(SIZE, train=train, mean=None, label_field=None)
         self.out_shape = self.pipe.out_shape
@@ -63,7 +63,7 @@ def make(route: str, path: str, *, world: int = 1, rank: int = 0, workers: int =
     """The FeedLoader of ``route`` (or, with ``reference=True``, of the reference route for it:
     ``samples`` in this process, same dataset and collation)."""
     from feedpipe import FeedDataset, FeedLoader
-    from feedpipe.collator import BatchCollator
+    from feedpipe.stream._collator import BatchCollator
 
     family, executor = ROUTES[route]
     ds_kw: dict[str, Any] = {"shuffle": True, "seed": seed, "rank": rank, "world_size": world}
@@ -90,7 +90,7 @@ def make(route: str, path: str, *, world: int = 1, rank: int = 0, workers: int =
 def fill_store(path: str, store: str) -> None:
     """Fill the decoded store the ``gather`` route reads (one epoch of its transform)."""
     from feedpipe import FeedDataset, FeedLoader
-    from feedpipe.collator import BatchCollator
+    from feedpipe.stream._collator import BatchCollator
 
     ds = FeedDataset(path, shuffle=True, seed=11, transform=IdImages(train=False),
                      decoded_cache=store)

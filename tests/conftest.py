@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from feedpipe.convert import shard
-from feedpipe.manifest import load_manifest
-from feedpipe.reader import ShardReader
-from feedpipe.synth import make_image_folder, make_records
+from feedpipe.convert._shard import shard
+from feedpipe.format._manifest import load_manifest
+from feedpipe.format._reader import ShardReader
+from feedpipe.convert._synth import make_image_folder, make_records
 
 
 def run_feedpipe(

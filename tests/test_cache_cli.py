@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from feedpipe import FeedDataset, FunctionIndex
-from feedpipe.transforms import ImagePipeline
+from feedpipe.transforms._pipeline import ImagePipeline
 
 from _data import make_dataset
 from conftest import run_feedpipe
@@ -141,4 +141,4 @@ def test_stats_into_a_pipe_that_closes_early_ends_quietly(tmp_path: Path) -> Non
                          check=False, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
     assert out.stdout == "{"
     assert out.stderr == ""  # no BrokenPipeError traceback
-    assert out.returncode in (0, 141)  # feedpipe.cli.main's status for a reader gone early
+    assert out.returncode in (0, 141)  # feedpipe.cli._main.main's status for a reader gone early

@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader
 
 import feedpipe
 from feedpipe import FeedDataset
-from feedpipe.cache_budget import Budget
-from feedpipe.shard_cache import ShardCache
-from feedpipe.synth import make_records
+from feedpipe.caches._budget import Budget
+from feedpipe.caches._shards import ShardCache
+from feedpipe.convert._synth import make_records
 
 CTX = mp.get_context("fork")
 JOIN = 120  # seconds before a reader counts as deadlocked

@@ -20,7 +20,8 @@ from feedpipe import FeedDataset
 # One epoch in a fresh process: every sample's digest, the log records and warnings it gave.
 EPOCH = textwrap.dedent("""
     import hashlib, json, logging, sys, warnings
-    from feedpipe import FeedDataset, retry
+    from feedpipe import FeedDataset
+    from feedpipe._helpers import retry as retry
     retry.DEFAULT_POLICY = retry.RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.01)
     records = []
     class Keep(logging.Handler):
@@ -74,7 +75,7 @@ def test_a_warm_cache_runs_the_epoch_while_the_store_is_down(tmp_path: Path) -> 
     assert down["got"] == want
     assert len(down["logs"]) == 1, down["logs"]
     line = down["logs"][0]
-    assert line.startswith("WARNING feedpipe.manifest_cache")
+    assert line.startswith("WARNING feedpipe.cache")
     assert "unreachable" in line and str(cache) in line and url in line
     assert down["warnings"] == []
     # a cache that never held this dataset: the outage is the error it always was

@@ -15,11 +15,11 @@ import torch
 from _data import make_dataset
 
 from feedpipe import FeedDataset
-from feedpipe.cache_tiers import DECODED, DEVICE, FUNCTION_INDEX, SHARDS, TierStats
-from feedpipe.decoded_store import DecodedStore
-from feedpipe.device_cache import DeviceCache
-from feedpipe.function_index import FunctionIndex
-from feedpipe.shard_cache import ShardCache
+from feedpipe.caches._tiers import DECODED, DEVICE, FUNCTION_INDEX, SHARDS, TierStats
+from feedpipe.caches._decoded import DecodedStore
+from feedpipe.device._cache import DeviceCache
+from feedpipe.caches._function_index import FunctionIndex
+from feedpipe.caches._shards import ShardCache
 
 
 class Tier(NamedTuple):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import run_feedpipe
 
-from feedpipe.cli import build_parser
+from feedpipe.cli._main import build_parser
 
 # subcommands whose --help must end with an Examples: block
 WITH_EXAMPLES = ["shard", "index", "verify", "probe", "demo", "cache"]

@@ -13,9 +13,9 @@ import pytest
 import webdataset as wds
 
 import feedpipe
-from feedpipe.keys import source_path
-from feedpipe.manifest import load_manifest
-from feedpipe.reader import ShardReader
+from feedpipe.format._keys import source_path
+from feedpipe.format._manifest import load_manifest
+from feedpipe.format._reader import ShardReader
 
 Samples = list[tuple[str, dict[str, bytes]]]
 

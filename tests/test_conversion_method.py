@@ -11,9 +11,9 @@ import pytest
 from conftest import dataset_bytes, method_of, run_feedpipe, write_tree
 
 import feedpipe
-from feedpipe.conversion_method import Facts, choose_method
+from feedpipe.convert._method import Facts, choose_method
 from feedpipe.errors import MethodError
-from feedpipe.shard_options import ShardOptions
+from feedpipe.convert._options import ShardOptions
 
 
 @pytest.mark.parametrize(("facts", "method", "executor"), [

@@ -14,12 +14,12 @@ from _images import H, W
 from _images import cases as image_cases
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.dali import DaliStage
-from feedpipe.dataset import sample_ids_of
-from feedpipe.loader import StartMethodError
+from feedpipe.transforms._dali import DaliStage
+from feedpipe.stream._dataset import sample_ids_of
+from feedpipe.stream._loader import StartMethodError
 from feedpipe.errors import DecodeError, MissingDependencyError
-from feedpipe.image_ops import jpeg_size
-from feedpipe.transforms import ImagePipeline, ImageSpec, rng_of
+from feedpipe.transforms._ops import jpeg_size
+from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec, rng_of
 
 
 def _dali_importable() -> bool:

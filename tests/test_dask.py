@@ -17,11 +17,13 @@ from conftest import dataset_bytes, run_feedpipe
 from hypothesis import given
 from hypothesis import strategies as st
 
-from feedpipe import cli, convert, dask_convert
-from feedpipe.convert import shard
-from feedpipe.dask_convert import plan_tasks
+from feedpipe.cli import _main as cli
+from feedpipe.convert import _shard as convert
+from feedpipe.convert import _dask as dask_convert
+from feedpipe.convert._shard import shard
+from feedpipe.convert._dask import plan_tasks
 from feedpipe.errors import InputError, MissingDependencyError
-from feedpipe.sources import FileRef, SampleSpec
+from feedpipe.convert._sources import FileRef, SampleSpec
 
 distributed = pytest.importorskip("distributed")
 cloudpickle = pytest.importorskip("cloudpickle")
@@ -38,7 +40,8 @@ def cluster() -> Iterator[Any]:
 
 
 def _restore_write_part() -> None:
-    from feedpipe import dask_convert, writer
+    from feedpipe.convert import _dask as dask_convert
+    from feedpipe.format import _writer as writer
 
     dask_convert.write_part = writer.write_part
 
@@ -54,7 +57,7 @@ def client(cluster: Any) -> Iterator[Any]:
 def _fail_first_write(marker: str, how: str) -> None:
     """On a worker: make the first part write in the whole cluster fail (``how="raise"``: a
     transient error; ``"die"``: the worker process dies), once (``marker`` decides)."""
-    from feedpipe import dask_convert
+    from feedpipe.convert import _dask as dask_convert
 
     original = dask_convert.write_part
 
@@ -115,7 +118,7 @@ def test_failed_tasks_are_retried(image_folder: Path, sharded: Path, client: Any
 
 def _remove_before_writing(path: str) -> None:
     """On a worker: delete a source file just before the parts are written (it was listed)."""
-    from feedpipe import dask_convert
+    from feedpipe.convert import _dask as dask_convert
 
     original = dask_convert.write_part
 

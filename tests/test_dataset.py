@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 import feedpipe
 from feedpipe import FeedDataset, FeedLoader
 from feedpipe.errors import ManifestError, PlanError, StateError
-from feedpipe.reader import ShardReader
+from feedpipe.format._reader import ShardReader
 
 from _data import make_dataset
 
@@ -42,7 +42,7 @@ def test_unshuffled_iteration_is_manifest_order_with_raw_bytes(ds_path: str) -> 
     assert isinstance(samples[0]["jpg"], memoryview)
     src = os.path.join(os.path.dirname(ds_path), "src")
     first = samples[0]
-    with open(os.path.join(src, feedpipe.keys.source_path(first["__key__"], "jpg")), "rb") as f:
+    with open(os.path.join(src, feedpipe.format._keys.source_path(first["__key__"], "jpg")), "rb") as f:
         assert f.read() == bytes(first["jpg"])
 
 
@@ -57,7 +57,7 @@ def test_plain_dataloader_with_two_workers_delivers_each_sample_once(ds_path: st
 def test_persistent_workers_follow_set_epoch(ds_path: str) -> None:
     ds = FeedDataset(ds_path, shuffle=True, seed=5)
     loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True,
-                        collate_fn=feedpipe.collate.collate_samples)
+                        collate_fn=feedpipe.stream._collate.collate_samples)
     orders = []
     for epoch in range(3):
         ds.set_epoch(epoch)
@@ -101,7 +101,7 @@ def test_the_start_method_is_the_users(ds_path: str, monkeypatch) -> None:  # ty
     unsafe = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2,
                         route="samples-workers")
     unsafe.mark_fork_unsafe("DALI's threads")
-    with pytest.raises(feedpipe.loader.StartMethodError,
+    with pytest.raises(feedpipe.stream._loader.StartMethodError,
                        match="multiprocessing_context='forkserver'.*picklable.*__main__"):
         next(iter(unsafe))
 

@@ -20,9 +20,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from feedpipe import FeedDataset
-from feedpipe.decoded_store import DecodedStore, read_recorded
+from feedpipe.caches._decoded import DecodedStore, read_recorded
 from feedpipe.errors import DecodedStoreError
-from feedpipe.transforms import ImagePipeline
+from feedpipe.transforms._pipeline import ImagePipeline
 
 from _data import damage_record, make_dataset
 from _servers import python_server
@@ -214,7 +214,7 @@ def test_concurrent_fillers_share_one_store(ds_path: str, truth: dict, tmp_path:
 KILLED_FILL = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
-    from feedpipe import record_layout
+    from feedpipe.caches import _record_layout as record_layout
     from test_decoded_store import Decode, epoch
     from feedpipe import FeedDataset
     pack, n = record_layout.Layout.pack, [0]

@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from feedpipe import DeviceCache
-from feedpipe.plan import Plan
+from feedpipe.plan._order import Plan
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=[CUDA, pytest.mark.cuda])]

@@ -52,7 +52,7 @@ def nested_batch(i: int) -> dict[str, Any]:
 
 
 def to_cpu(obj: Any) -> Any:
-    from feedpipe.device_loader import map_tensors
+    from feedpipe.device._loader import map_tensors
 
     return map_tensors(lambda t: t.cpu(), obj)
 
@@ -75,7 +75,7 @@ def assert_same(a: Any, b: Any) -> None:
 
 def tensors_of(obj: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    from feedpipe.device_loader import map_tensors
+    from feedpipe.device._loader import map_tensors
 
     map_tensors(out.append, obj)
     return out
@@ -380,7 +380,7 @@ def test_cuda_path_control_flow_with_mocked_cuda(monkeypatch: pytest.MonkeyPatch
     the ``cuda`` parametrisations on a GPU machine."""
     import contextlib
 
-    import feedpipe.device_loader as dl
+    import feedpipe.device._loader as dl
 
     calls = Counter()
 

@@ -15,9 +15,9 @@ from conftest import run_feedpipe
 
 import feedpipe
 from feedpipe.errors import CompressedShardError, ShardFormatError
-from feedpipe.index import parse_index
-from feedpipe.reader import ShardReader
-from feedpipe.verify import verify_shard
+from feedpipe.format._index import parse_index
+from feedpipe.format._reader import ShardReader
+from feedpipe.format._verify import verify_shard
 
 
 def _shard(tmp_path: Path, raw: bytes, name: str = "s.tar") -> Path:

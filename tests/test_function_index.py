@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.codec import decode, encode
-from feedpipe.fingerprint import fingerprint
-from feedpipe.function_index import FunctionIndex
+from feedpipe.caches._codec import decode, encode
+from feedpipe.caches._fingerprint import fingerprint
+from feedpipe.caches._function_index import FunctionIndex
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -143,7 +143,7 @@ def test_the_fingerprint_of_a_tensor_does_not_depend_on_its_device() -> None:
 
 FINGERPRINT = textwrap.dedent("""
     import dataclasses, sys, torch
-    from feedpipe.fingerprint import fingerprint
+    from feedpipe.caches._fingerprint import fingerprint
     @dataclasses.dataclass
     class T:
         mean: torch.Tensor
@@ -247,7 +247,7 @@ def test_many_processes_read_and_write_at_once(tmp_path) -> None:  # type: ignor
 
 WRITER = textwrap.dedent("""
     import sys, numpy as np
-    from feedpipe.function_index import FunctionIndex
+    from feedpipe.caches._function_index import FunctionIndex
     def value(b):
         return np.full(5000, b[0], dtype=np.uint8)
     idx = FunctionIndex(sys.argv[1], map_size=1 << 20, batch_writes=1)
@@ -285,7 +285,7 @@ DISK_FULL = textwrap.dedent("""
     import resource, signal, sys, warnings, numpy as np
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
-    from feedpipe.function_index import FunctionIndex
+    from feedpipe.caches._function_index import FunctionIndex
     idx = FunctionIndex(sys.argv[1], map_size=8 << 20, batch_writes=4)
     f = idx.wrap(lambda b: np.full(20000, b[0], dtype=np.uint8))
     with warnings.catch_warnings(record=True) as w:
@@ -303,7 +303,7 @@ def test_disk_full_degrades_to_computing(tmp_path) -> None:  # type: ignore[no-u
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]
     # what was stored before the disk filled is intact: some entries, each whole and right
-    from feedpipe.function_index import content_hash
+    from feedpipe.caches._function_index import content_hash
 
     byte_of = {content_hash(bytes([i])): i for i in range(100)}
     env = lmdb.open(path, readonly=True, lock=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from feedpipe.tarformat import _slow_header, member_header
+from feedpipe.format._tar import _slow_header, member_header
 
 names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
                 min_size=1, max_size=120)

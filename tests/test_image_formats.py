@@ -18,9 +18,9 @@ from _images import Case, H, W, cases, have_pillow_heif, picture, write_files
 
 import feedpipe
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.collator import BatchCollator
+from feedpipe.stream._collator import BatchCollator
 from feedpipe.errors import DecodeError, MissingDependencyError, SampleSkipped
-from feedpipe.image_decode import (
+from feedpipe.transforms._decode import (
     IMAGE_FIELDS,
     DecodeImage,
     decode_image,
@@ -28,7 +28,7 @@ from feedpipe.image_decode import (
     image_format,
     image_size,
 )
-from feedpipe.transforms import ImagePipeline
+from feedpipe.transforms._pipeline import ImagePipeline
 
 pytest.importorskip("PIL", reason="the expected pixels come from Pillow (the images extra)")
 
@@ -178,7 +178,7 @@ def test_image_field_default_takes_the_first_image_field_present(
         with pytest.raises(ValueError, match="image_field"):
             ImagePipeline(16, image_field=bad)  # type: ignore[arg-type]
     again = eval(repr(only), {"ImagePipeline": ImagePipeline,
-                              "ImageSpec": feedpipe.transforms.ImageSpec})
+                              "ImageSpec": feedpipe.transforms._pipeline.ImageSpec})
     assert again.image_field == ("webp",) and again.on_error == "raise"
 
 
@@ -288,7 +288,7 @@ def test_heic_without_its_decoder_names_the_pip_line_and_is_never_skipped(
 def test_pipeline_modules_import_no_pillow_or_opencv_until_a_non_jpeg_image() -> None:
     import subprocess
 
-    code = ("import sys\nfrom feedpipe.transforms import ImagePipeline\n"
+    code = ("import sys\nfrom feedpipe import ImagePipeline\n"
             "assert not {'PIL', 'cv2', 'pillow_heif'} & set(sys.modules), sys.modules.keys()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=os.path.dirname(os.path.abspath(__file__)), check=False)

@@ -15,8 +15,8 @@ import pytest
 
 import feedpipe
 from feedpipe import errors
-from feedpipe.cli import build_parser, parse_size
-from feedpipe.dependency import install_hint, require
+from feedpipe.cli._main import build_parser, parse_size
+from feedpipe._helpers.dependency import install_hint, require
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
@@ -52,7 +52,8 @@ def test_foundation_modules_do_not_import_torch() -> None:
     """Converting, reading, indexing and verifying need no torch: `feedpipe shard` starts fast."""
     r = _python("""
         import sys, threading
-        import feedpipe.cli, feedpipe.convert, feedpipe.reader, feedpipe.indexer, feedpipe.verify
+        import feedpipe.cli._main, feedpipe.convert._shard, feedpipe.format._reader
+        import feedpipe.format._indexer, feedpipe.format._verify
         print(sorted(m for m in sys.modules if m == "torch" or m.startswith("nvidia")))
         print(threading.active_count())
     """)
@@ -60,23 +61,41 @@ def test_foundation_modules_do_not_import_torch() -> None:
     assert r.stdout.split("\n")[:2] == ["[]", "1"]
 
 
-def test_public_functions_are_not_shadowed_by_submodules() -> None:
-    # feedpipe/index.py and feedpipe/verify.py are submodules too; importing them (as the reader
-    # does) must not turn feedpipe.index / feedpipe.verify into modules
+def test_no_subpackage_is_named_like_a_public_name() -> None:
+    """Importing any module of the package leaves every public name what it is: no subpackage or
+    module is bound on the package under a public name (there is no class swap to prevent it)."""
     r = _python("""
-        import feedpipe.reader, feedpipe.verify, feedpipe.indexer, feedpipe.index
+        import importlib, pkgutil
         import feedpipe
-        from feedpipe.index import parse_index
+        for m in pkgutil.walk_packages(feedpipe.__path__, "feedpipe."):
+            if not m.name.endswith("__main__"):
+                importlib.import_module(m.name)
+        import types
+        print(sorted(n for n in feedpipe.__all__ if n != "__version__"
+                     and isinstance(getattr(feedpipe, n), types.ModuleType)))
         print(callable(feedpipe.index), callable(feedpipe.verify), callable(feedpipe.shard))
-        print(feedpipe.index.__module__, feedpipe.verify.__module__)
     """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[:2] == ["True True True", "feedpipe.indexer feedpipe.verify"]
+    assert r.stdout.split("\n")[:2] == ["[]", "True True True"]
+
+
+def test_type_checking_imports_match_the_lazy_map() -> None:
+    """The names the type checker sees (the TYPE_CHECKING block of feedpipe/__init__.py) are the
+    lazy map's, from the same modules: the two cannot drift."""
+    import ast
+
+    tree = ast.parse(Path(feedpipe.__file__).read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If)
+                 and getattr(n.test, "id", None) == "TYPE_CHECKING")
+    seen = {a.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
+            for a in node.names}
+    assert seen == feedpipe._LAZY
+    assert sorted(feedpipe.__all__) == sorted([*feedpipe._LAZY, "__version__"])
 
 
 def test_lazy_attributes() -> None:
-    assert feedpipe.ShardReader.__module__ == "feedpipe.reader"
-    assert feedpipe.shard.__module__ == "feedpipe.convert"
+    assert feedpipe.ShardReader.__module__ == "feedpipe.format._reader"
+    assert feedpipe.shard.__module__ == "feedpipe.convert._shard"
     assert set(feedpipe.__all__) <= set(dir(feedpipe)) | {"__version__"}
     with pytest.raises(AttributeError, match="no_such_thing"):
         feedpipe.no_such_thing  # noqa: B018

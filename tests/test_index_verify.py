@@ -17,11 +17,11 @@ from conftest import run_feedpipe
 
 import feedpipe
 from feedpipe.errors import KeyClashError, ShardFormatError
-from feedpipe.index import parse_index
-from feedpipe.keys import split_member
-from feedpipe.manifest import load_manifest
-from feedpipe.reader import ShardReader
-from feedpipe.tarformat import member_header
+from feedpipe.format._index import parse_index
+from feedpipe.format._keys import split_member
+from feedpipe.format._manifest import load_manifest
+from feedpipe.format._reader import ShardReader
+from feedpipe.format._tar import member_header
 
 
 def _wds_samples(n: int, start: int = 0) -> list[dict[str, object]]:
@@ -332,7 +332,7 @@ def test_idx_identical_to_wds2idx_on_webdataset_shards(wds_dir: Path, tmp_path: 
 def test_check_index_against_the_shard_bytes(sharded_copy: Path) -> None:
     import mmap
 
-    from feedpipe.verify import check_index
+    from feedpipe.format._verify import check_index
 
     shard = sharded_copy / "data-000000.tar"
     data = shard.read_bytes()

@@ -1,5 +1,5 @@
 """Window-only JPEG decoding (the optional C extension ``feedpipe._jpegcrop``, behind
-``feedpipe.image_ops.decode_window``): the same pixels as a whole decode sliced to the window, at
+``feedpipe.transforms._ops.decode_window``): the same pixels as a whole decode sliced to the window, at
 every DCT scale, for every chroma subsampling, progressive and restart-marker JPEGs; errors and
 hostile bytes are ValueErrors or DecodeErrors, never a crash; the GIL is released while decoding."""
 
@@ -14,17 +14,18 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from feedpipe import image_ops, probe_env
+from feedpipe.transforms import _ops as image_ops
+from feedpipe.diagnostics import _env as probe_env
 from feedpipe.errors import DecodeError
-from feedpipe.image_ops import (
+from feedpipe.transforms._ops import (
     Box,
     decode_jpeg,
     decode_window,
     jpeg_scale_num,
     jpeg_size,
 )
-from feedpipe.synth import _image
-from feedpipe.transforms import ImagePipeline
+from feedpipe.convert._synth import _image
+from feedpipe.transforms._pipeline import ImagePipeline
 
 HAVE_HEADERS = os.path.exists("/usr/include/jpeglib.h")
 needs_ext = pytest.mark.skipif(image_ops._jpegcrop is None,

@@ -7,7 +7,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from webdataset.tariterators import base_plus_ext
 
-from feedpipe.keys import (
+from feedpipe.format._keys import (
     decode_key,
     encode_key,
     source_path,

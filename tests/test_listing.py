@@ -1,4 +1,4 @@
-"""The parallel, streamed listing (:mod:`feedpipe.listing`) equals the one-process listing exactly:
+"""The parallel, streamed listing (:mod:`feedpipe.convert._listing`) equals the one-process listing exactly:
 samples, order, problems, classes, hidden files; locally with worker processes and over fsspec."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import fsspec
 import pytest
 from conftest import is_root, write_tree
 
-from feedpipe.listing import list_tree_parallel
-from feedpipe.sources import list_tree
+from feedpipe.convert._listing import list_tree_parallel
+from feedpipe.convert._sources import list_tree
 
 EXTRA = [".hidden/x.txt", "sub/.git/config.txt", "noext", "z/bad ext.a b", "top.txt",
          "z/y/deep.bin", "a b/c.txt", "a-b/c.txt", "a.b/c.txt"]
@@ -91,7 +91,7 @@ def test_chunks_of_several_records_and_the_collector_left_as_it_was(
 ) -> None:
     import gc
 
-    from feedpipe import listing
+    from feedpipe.convert import _listing as listing
 
     monkeypatch.setattr(listing, "CHUNK_ROWS", 2)  # every chunk file holds several records
     want = list_tree(str(tree))

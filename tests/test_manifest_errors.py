@@ -19,7 +19,7 @@ from feedpipe.errors import (
     PlanError,
     SourceNotFoundError,
 )
-from feedpipe.manifest import load_manifest
+from feedpipe.format._manifest import load_manifest
 
 
 def _edit(root: Path, change: Any) -> None:

@@ -17,8 +17,8 @@ import pytest
 
 import feedpipe
 from feedpipe import FeedDataset  # imports torch here, not once per forked rank
-from feedpipe.manifest import load_manifest
-from feedpipe.synth import make_records
+from feedpipe.format._manifest import load_manifest
+from feedpipe.convert._synth import make_records
 
 from _servers import python_server
 

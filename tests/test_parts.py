@@ -14,12 +14,12 @@ from conftest import read_dataset, run_feedpipe
 from hypothesis import given
 from hypothesis import strategies as st
 
-from feedpipe.convert import shard
+from feedpipe.convert._shard import shard
 from feedpipe.errors import PartsError
-from feedpipe.manifest import load_manifest
-from feedpipe.merge import merge
-from feedpipe.partition import parse_part, part_range
-from feedpipe.verify import verify
+from feedpipe.format._manifest import load_manifest
+from feedpipe.convert._merge import merge
+from feedpipe.convert._parts import parse_part, part_range
+from feedpipe.format._verify import verify
 
 
 def samples_of(root: Path) -> list[tuple[str, dict[str, bytes]]]:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedpipe.errors import PlanError
-from feedpipe.plan import Plan, Split, all_ids, feistel, iter_ids, round_keys
+from feedpipe.plan._order import Plan, Split, all_ids, feistel, iter_ids, round_keys
 
 counts_st = st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(lambda c: sum(c) > 0)
 world_st = st.integers(1, 5)
@@ -170,7 +170,7 @@ def test_distinct_is_np_unique_with_first_indices() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from feedpipe.plan import distinct
+    from feedpipe.plan._order import distinct
 
     @settings(max_examples=200, deadline=None)
     @given(st.lists(st.integers(-3, 40), max_size=60))

@@ -18,7 +18,7 @@ import pytest
 from conftest import run_feedpipe
 
 import feedpipe
-from feedpipe import probe_pagecache as pagecache
+from feedpipe.diagnostics import _pagecache as pagecache
 from feedpipe.errors import (
     AccessDeniedError,
     InputError,
@@ -26,9 +26,9 @@ from feedpipe.errors import (
     RemoteError,
     SourceNotFoundError,
 )
-from feedpipe.probe import ProbeReport, generate_file, probe
-from feedpipe.probe_verdict import Figures, decide
-from feedpipe.synth import make_image_folder
+from feedpipe.diagnostics._probe import ProbeReport, generate_file, probe
+from feedpipe.diagnostics._verdict import Figures, decide
+from feedpipe.convert._synth import make_image_folder
 
 QUICK: dict[str, Any] = {"duration": 0.2, "block_sizes": [64 << 10, 1 << 20], "threads": [1, 2],
                          "batch_size": 8, "workers": 1, "show_progress": False}
@@ -308,8 +308,8 @@ def test_batch_stage_stacks_tensors_of_images_of_different_sizes(dataset: Path) 
     sizes (16 to 32 px here) go into slots of one shape. It used to time building a list."""
     import torch
 
-    from feedpipe import probe_pipeline as pp
-    from feedpipe.manifest import load_manifest
+    from feedpipe.diagnostics import _pipeline as pp
+    from feedpipe.format._manifest import load_manifest
 
     _, kept = pp.read_stage(str(dataset), load_manifest(str(dataset)), 0.05)
     _, decoded = pp.decode_stage(kept, pp.JpegDecode(["jpg"]), 0.05)
@@ -336,7 +336,7 @@ def test_plot_panels_fit_what_was_measured(dataset: Path, tmp_path: Path) -> Non
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from feedpipe.probe_plot import figure
+    from feedpipe.diagnostics._plot import figure
 
     make_image_folder(str(tmp_path / "img"), classes=2, per_class=4, min_size=16, max_size=24)
     for target, titles in ((tmp_path / "img", ["Small files", "Pipeline stages"]),

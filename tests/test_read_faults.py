@@ -21,7 +21,7 @@ def idx_files(root: Path) -> list[Path]:
 
 def keys_match_bytes(ds: FeedDataset, src: Path) -> None:
     """Every sample's jpg is its key's source file (what verify=True must guarantee)."""
-    from feedpipe.keys import source_path
+    from feedpipe.format._keys import source_path
 
     for s in ds:
         want = (src / source_path(s["__key__"], "jpg")).read_bytes()

@@ -13,10 +13,10 @@ import fsspec
 import pytest
 
 from feedpipe.errors import ShardFormatError, SourceNotFoundError
-from feedpipe.index import parse_index
-from feedpipe.keys import source_path
-from feedpipe.manifest import load_manifest
-from feedpipe.reader import ShardReader, open_shard
+from feedpipe.format._index import parse_index
+from feedpipe.format._keys import source_path
+from feedpipe.format._manifest import load_manifest
+from feedpipe.format._reader import ShardReader, open_shard
 
 
 def _as_bytes(sample: dict[str, object]) -> dict[str, object]:
@@ -255,7 +255,7 @@ def test_range_read_of_wrong_length_raises(sharded: Path, memory_root: str,
 def _loop_only(text: str) -> object:
     import importlib
 
-    index_mod = importlib.import_module("feedpipe.index")  # feedpipe.index is also a function
+    index_mod = importlib.import_module("feedpipe.format._index")
     saved = index_mod._parse_columns
     index_mod._parse_columns = lambda body: None  # type: ignore[assignment]
     try:
@@ -268,7 +268,7 @@ def test_column_parse_equals_the_line_loop() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from feedpipe.index import ShardIndex, format_index
+    from feedpipe.format._index import ShardIndex, format_index
 
     stem = st.text(st.characters(blacklist_characters=" \n\r\t\x0b\x0c./", codec="utf-8"),
                    min_size=1, max_size=8)
@@ -342,7 +342,7 @@ def test_pages_served_from_a_map_are_dropped_as_reading_goes_on(
     import zlib
 
     import feedpipe
-    from feedpipe import reader as reader_mod
+    from feedpipe.format import _reader as reader_mod
 
     src = tmp_path / "src"
     src.mkdir()

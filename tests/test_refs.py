@@ -16,9 +16,9 @@ import torch
 from _data import make_dataset
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.batch_loop import EpochReader
+from feedpipe.stream._batch_loop import EpochReader
 from feedpipe.errors import ShardFormatError, SourceNotFoundError
-from feedpipe.refs import BatchRefs, Columns, RefFetch, Resolver
+from feedpipe.stream._refs import BatchRefs, Columns, RefFetch, Resolver
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "shards", "example")
 
@@ -182,7 +182,7 @@ def test_member_past_the_end_is_an_error(ds_path: str) -> None:
 def _can_populate() -> bool:
     import mmap
 
-    from feedpipe.reader import MADV_POPULATE_READ
+    from feedpipe.format._reader import MADV_POPULATE_READ
 
     m = mmap.mmap(-1, 4096)
     try:
@@ -196,7 +196,7 @@ def _can_populate() -> bool:
 
 def test_indexes_are_parsed_once_and_batches_planned_here(ds_path: str, tmp_path,  # type: ignore[no-untyped-def]
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import feedpipe.reader as reader_mod
+    import feedpipe.format._reader as reader_mod
 
     want = [general_path(ds_path, 4, epoch=e, shuffle=True, seed=3) for e in (0, 1)]
     plain = general_path(ds_path, 4)

@@ -15,7 +15,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 import feedpipe
-from feedpipe import FeedDataset, retry
+from feedpipe import FeedDataset
+from feedpipe._helpers import retry as retry
 from feedpipe.errors import (
     AccessDeniedError,
     MissingDependencyError,
@@ -23,7 +24,7 @@ from feedpipe.errors import (
     ShardFormatError,
     SourceNotFoundError,
 )
-from feedpipe.storage import filesystem
+from feedpipe._helpers.storage import filesystem
 
 from _data import make_dataset
 from _servers import BUCKET, forget_s3_clients, moto_s3, nginx_binary, nginx_server, python_server
@@ -152,7 +153,7 @@ def test_missing_backend_names_its_pip_line(monkeypatch: pytest.MonkeyPatch) -> 
     code = textwrap.dedent("""
         import sys
         sys.modules["s3fs"] = None
-        from feedpipe.storage import filesystem
+        from feedpipe._helpers.storage import filesystem
         filesystem("s3://bucket/dataset")
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -30,7 +30,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
-from feedpipe import conversion_executor, convert
+from feedpipe.convert import _executors as conversion_executor
+from feedpipe.convert import _shard as convert
 from feedpipe.errors import (
     InputError,
     KeyClashError,
@@ -38,12 +39,12 @@ from feedpipe.errors import (
     ShardFormatError,
     SourceNotFoundError,
 )
-from feedpipe.index import parse_index
-from feedpipe.keys import decode_key, encode_key, source_path
-from feedpipe.manifest import load_manifest
-from feedpipe.sources import Source
-from feedpipe.synth import make_records
-from feedpipe.tarformat import END_OF_ARCHIVE, Member, member_header, padded, scan
+from feedpipe.format._index import parse_index
+from feedpipe.format._keys import decode_key, encode_key, source_path
+from feedpipe.format._manifest import load_manifest
+from feedpipe.convert._sources import Source
+from feedpipe.convert._synth import make_records
+from feedpipe.format._tar import END_OF_ARCHIVE, Member, member_header, padded, scan
 
 USTAR_MAGIC = b"ustar\x0000"
 GNU_MAGIC = b"ustar  \x00"
@@ -792,7 +793,8 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
 # killed. The hooks replace the functions wherever feedpipe's modules hold them.
 _KILL_POINT = r"""
 import os, signal, sys
-import feedpipe.cli, feedpipe.convert, feedpipe.manifest, feedpipe.onepass, feedpipe.writer
+import feedpipe.cli._main, feedpipe.convert._shard, feedpipe.format._manifest
+import feedpipe.convert._onepass, feedpipe.format._writer
 what, k, notify = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 calls = []
 
@@ -825,15 +827,15 @@ def write_manifest_hook(*a, **kw):
         hold()
     return got
 
-REAL = {"write_part": feedpipe.writer.write_part, "stage_dir": feedpipe.onepass.stage_dir,
-        "write_manifest": feedpipe.manifest.write_manifest}
+REAL = {"write_part": feedpipe.format._writer.write_part, "stage_dir": feedpipe.convert._onepass.stage_dir,
+        "write_manifest": feedpipe.format._manifest.write_manifest}
 for name, real in REAL.items():
     for mod in list(sys.modules.values()):
         if getattr(mod, "__name__", "").startswith("feedpipe") and getattr(mod, name, None) is real:
             setattr(mod, name, globals()[name + "_hook"])
-real_shard = feedpipe.convert.shard
-feedpipe.convert.shard = lambda *a, **kw: real_shard(*a, on_shard=on_shard, **kw)
-sys.exit(feedpipe.cli.main(["shard", *sys.argv[4:]]))
+real_shard = feedpipe.convert._shard.shard
+feedpipe.convert._shard.shard = lambda *a, **kw: real_shard(*a, on_shard=on_shard, **kw)
+sys.exit(feedpipe.cli._main.main(["shard", *sys.argv[4:]]))
 """
 
 
@@ -914,7 +916,7 @@ def test_sigkill_then_resume_is_identical(records_folder: Path, tmp_path: Path) 
 @pytest.mark.parametrize("hint", ["exact", "smaller", "larger", "unknown"])
 def test_read_local_returns_the_whole_file_whatever_the_size_hint(
         tmp_path: Path, actual: int, hint: str) -> None:
-    from feedpipe.sources import read_local
+    from feedpipe.convert._sources import read_local
 
     data = bytes((i * 7 + 3) % 256 for i in range(actual))
     p = tmp_path / "f.bin"

@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader
 
 import feedpipe
 from feedpipe import FeedDataset
-from feedpipe.plan import Plan, Split, iter_id_chunks
-from feedpipe.schedule import INF, first_uses, node_timeline
-from feedpipe.shard_cache import ShardCache, default_cache_dir
-from feedpipe.synth import make_records
+from feedpipe.plan._order import Plan, Split, iter_id_chunks
+from feedpipe.plan._schedule import INF, first_uses, node_timeline
+from feedpipe.caches._shards import ShardCache, default_cache_dir
+from feedpipe.convert._synth import make_records
 
 from _servers import python_server, wait_until
 

@@ -32,7 +32,8 @@ def _leftovers(out: Path) -> list[str]:
 _SWAP_SCRIPT = r"""
 import json, os, sys
 import feedpipe
-from feedpipe import onepass, sources
+from feedpipe.convert import _onepass as onepass
+from feedpipe.convert import _sources as sources
 src, out, target, on_error, method = sys.argv[1:6]
 real = sources.read_local
 
@@ -101,7 +102,7 @@ def test_a_fifo_in_the_tree_is_named_or_skipped(tmp_path: Path) -> None:
 
 
 def test_read_local_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
-    from feedpipe.sources import read_local
+    from feedpipe.convert._sources import read_local
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -182,7 +183,7 @@ def test_a_failure_while_writing_the_manifest_leaves_no_temp_file(
     import errno
 
     from feedpipe.errors import OutputError
-    from feedpipe.manifest import Manifest
+    from feedpipe.format._manifest import Manifest
 
     src = tmp_path / "src"
     _two_dir_tree(src)

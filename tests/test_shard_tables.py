@@ -18,7 +18,7 @@ from conftest import read_dataset, run_feedpipe, write_tree
 
 import feedpipe
 from feedpipe.errors import InputError, KeyClashError, MissingDependencyError
-from feedpipe.manifest import load_manifest
+from feedpipe.format._manifest import load_manifest
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed (the parquet extra)")
 pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed (the parquet extra)")

@@ -14,8 +14,8 @@ from conftest import dir_bytes, read_dataset, run_feedpipe, write_tree
 
 import feedpipe
 from feedpipe.errors import InputError
-from feedpipe.listing import list_tree_parallel
-from feedpipe.sources import list_tree
+from feedpipe.convert._listing import list_tree_parallel
+from feedpipe.convert._sources import list_tree
 
 
 def _classes_tree(root: Path, classes: str = "abc", per: int = 3) -> None:

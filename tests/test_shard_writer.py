@@ -20,10 +20,10 @@ from conftest import read_dataset, write_tree
 
 import feedpipe
 from feedpipe.errors import FieldTypeError, InputError, KeyClashError, OutputError
-from feedpipe.index import parse_index
-from feedpipe.keys import decode_key, encode_key
-from feedpipe.manifest import load_manifest
-from feedpipe.shard_writer import ShardWriter, write_samples
+from feedpipe.format._index import parse_index
+from feedpipe.format._keys import decode_key, encode_key
+from feedpipe.format._manifest import load_manifest
+from feedpipe.format._shard_writer import ShardWriter, write_samples
 
 
 def _fields(s: dict[str, object]) -> dict[str, bytes]:

@@ -10,7 +10,7 @@ import pytest
 
 import feedpipe
 from feedpipe import FeedDataset, FeedLoader, StateError
-from feedpipe.synth import make_records
+from feedpipe.convert._synth import make_records
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import torch
 from _data import damage_record, make_dataset
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.collator import BatchCollator
-from feedpipe.decoded_store import DecodedStore
-from feedpipe.store_gather import gatherable
-from feedpipe.transforms import ImagePipeline
+from feedpipe.stream._collator import BatchCollator
+from feedpipe.caches._decoded import DecodedStore
+from feedpipe.stream._store_gather import gatherable
+from feedpipe.transforms._pipeline import ImagePipeline
 
 N = 25  # samples of make_dataset
 SIZE = 8

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feedpipe.errors import KeyClashError, ShardFormatError
-from feedpipe.index import index_path
-from feedpipe.indexer import index_dataset
-from feedpipe.keys import split_member
-from feedpipe.reader import ShardReader
-from feedpipe.verify import verify, verify_shard
+from feedpipe.format._index import index_path
+from feedpipe.format._indexer import index_dataset
+from feedpipe.format._keys import split_member
+from feedpipe.format._reader import ShardReader
+from feedpipe.format._verify import verify, verify_shard
 
 _FORMATS = (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT)
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.collator import BatchCollator
+from feedpipe.stream._collator import BatchCollator
 from feedpipe.errors import DecodeError
-from feedpipe.transforms import ImagePipeline
+from feedpipe.transforms._pipeline import ImagePipeline
 
 N = 25  # samples of the ds_path fixture (conftest)
 SIZE = 8

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import feedpipe
-from feedpipe.synth import make_image_folder
+from feedpipe.convert._synth import make_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools")

@@ -15,10 +15,10 @@ import simplejpeg
 import torch
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.collator import BatchCollator
+from feedpipe.stream._collator import BatchCollator
 from feedpipe.errors import DecodeError
-from feedpipe.synth import _image
-from feedpipe.transforms import (
+from feedpipe.convert._synth import _image
+from feedpipe.transforms._pipeline import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     CenterCrop,
@@ -147,7 +147,7 @@ def test_opencv_enlargement_matches_the_torch_path(monkeypatch: pytest.MonkeyPat
                                                    flip: bool) -> None:
     """Enlargements go through OpenCV; the torch path (taken without OpenCV, and for every
     reduction) gives the same image within one grey level, in the same CHW layout."""
-    from feedpipe import image_ops
+    from feedpipe.transforms import _ops as image_ops
 
     if image_ops.opencv() is None:
         pytest.skip("opencv-python-headless is not installed")
@@ -258,7 +258,7 @@ def test_sample_rng_is_a_function_of_seed_epoch_index() -> None:
 def test_scratch_rng_draws_what_sample_rng_draws_on_every_thread() -> None:
     import threading
 
-    from feedpipe.transforms import scratch_rng
+    from feedpipe.transforms._pipeline import scratch_rng
 
     want = {i: sample_rng(7, 1, i).random(6).tolist() for i in range(50)}
     assert [scratch_rng(7, 1, i).random(6).tolist() for i in range(50)] == list(want.values())
@@ -482,7 +482,7 @@ def test_collator_as_feedloader_collate_fn_in_and_out_of_workers() -> None:
 
 # -- the package stays light ---------------------------------------------------------------
 def test_transform_modules_import_no_dali_or_torchvision() -> None:
-    code = ("import sys, feedpipe, feedpipe.transforms, feedpipe.collator, feedpipe.dali\n"
+    code = ("import sys, feedpipe, feedpipe.transforms._pipeline, feedpipe.stream._collator, feedpipe.transforms._dali\n"
             "bad = [m for m in sys.modules if m.startswith(('nvidia.dali', 'torchvision'))]\n"
             "assert not bad, bad\n"
             "assert not __import__('torch').cuda.is_initialized()\n")
@@ -495,7 +495,7 @@ def test_one_thread_restores_the_thread_count_under_concurrent_use() -> None:
     with the thread count it had, whatever order they leave in."""
     import threading
 
-    from feedpipe.image_ops import one_thread
+    from feedpipe.transforms._ops import one_thread
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -18,8 +18,8 @@ DEST = os.path.join(HERE, "..", "shards", "example")
 
 
 def build(dest: str) -> None:
-    from feedpipe.convert import shard
-    from feedpipe.synth import make_image_folder
+    from feedpipe.convert._shard import shard
+    from feedpipe.convert._synth import make_image_folder
 
     with tempfile.TemporaryDirectory() as tmp:
         old = os.getcwd()

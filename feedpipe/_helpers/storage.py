@@ -1,0 +1,138 @@
+"""Where bytes come from: local paths directly, everything else through fsspec.
+
+The one place that decides whether a URL is local. fsspec is imported lazily so that
+``import feedpipe`` stays light. feedpipe passes no storage options: each backend reads its usual
+configuration (for ``s3://``: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` or ``~/.aws``, and
+``AWS_ENDPOINT_URL_S3`` for an S3-compatible server; fsspec's own config files and
+``FSSPEC_<PROTOCOL>_<OPTION>`` variables work too). Remote reads are retried on transient
+failures (:mod:`feedpipe._helpers.retry`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import SourceNotFoundError
+
+
+def is_local(url: str) -> bool:
+    """Whether ``url`` is a plain path or a ``file://`` URL."""
+    return "://" not in url or url.startswith("file://")
+
+
+def local_path(url: str) -> str:
+    return url.removeprefix("file://")
+
+
+_fork_hook = False
+_INHERITED: list[Any] = []  # in a forked child: the parent's HTTP connection pools, never closed
+
+
+def _leave_parent_connections_alone() -> None:
+    """After a fork, in the child: never close the parent's HTTP connections.
+
+    A fork shares the parent's epoll set. fsspec's async filesystems (HTTP, s3) close their
+    aiohttp session when collected (a ``weakref.finalize``), fsspec drops its cached instances
+    in a process with a new pid, and an aiohttp connector closes its pooled connections when
+    collected; each of these, run in a forked DataLoader worker, unregisters the parent's sockets
+    from that shared epoll set, and the parent's next request on a pooled connection waits
+    forever. So: disarm those finalizers, and keep the inherited connectors and sessions
+    referenced for the child's lifetime (worker processes end with ``os._exit``).
+    """
+    import gc
+    import sys
+    import weakref
+
+    collecting = gc.isenabled()
+    gc.disable()  # a collection here would run finalizers that change the registry we walk
+    try:
+        registry = getattr(weakref.finalize, "_registry", {})
+        for f, info in list(registry.items()):
+            if getattr(info.func, "__name__", "") == "close_session":
+                f.detach()
+        aiohttp = sys.modules.get("aiohttp")
+        if aiohttp is not None:
+            kinds = (aiohttp.BaseConnector, aiohttp.ClientSession)
+            _INHERITED.extend(o for o in gc.get_objects() if issubclass(type(o), kinds))
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """``(fsspec filesystem, path)`` for ``url``; a missing backend names its pip line."""
+    import fsspec
+
+    from .dependency import install_hint
+
+    global _fork_hook
+    if not _fork_hook:  # registered on first use, not at import
+        _fork_hook = True
+        os.register_at_fork(after_in_child=_leave_parent_connections_alone)
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except ImportError as e:
+        proto = url.split("://", 1)[0]
+        extra = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}.get(proto)
+        from ..errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            f"{url}: the fsspec backend for {proto}:// is not installed ({e}). Install it with: "
+            f"{install_hint(proto, extra)}"
+        ) from e
+    return fs, path
+
+
+def read_bytes(url: str) -> bytes:
+    """The whole content of ``url`` (remote reads retried, see :mod:`feedpipe._helpers.retry`)."""
+    if is_local(url):
+        try:
+            with open(local_path(url), "rb") as f:
+                return f.read()
+        except FileNotFoundError as e:
+            raise SourceNotFoundError(f"{url}: no such file") from e
+    from . import retry
+
+    fs, path = filesystem(url)
+    return retry.call(url, lambda: fs.cat_file(path))
+
+
+def size_of(url: str) -> int:
+    if is_local(url):
+        return os.path.getsize(local_path(url))
+    from . import retry
+
+    fs, path = filesystem(url)
+    return retry.call(url, lambda: int(fs.size(path)))
+
+
+def read_range(fs: Any, path: str, url: str, start: int, end: int, *, whole: bool = False,
+               stop: Any = None) -> bytes:
+    """Bytes ``[start, end)`` of a remote object, retried; a short or long answer is an error.
+
+    A server that ignores ``Range`` answers with the whole object: that must never pass for the
+    requested bytes. ``whole=True`` (the range is the entire object) asks with a plain request,
+    which such a server serves correctly.
+    """
+    from . import retry
+    from ..errors import ShardFormatError
+
+    if whole:
+        blob = retry.call(url, lambda: fs.cat_file(path), stop=stop)
+    else:
+        blob = retry.call(url, lambda: fs.cat_file(path, start=start, end=end), stop=stop)
+    if len(blob) > end - start:
+        raise ShardFormatError(
+            f"{url}: asked for bytes {start}-{end - 1}, the server sent {len(blob)} bytes: it "
+            "ignores Range requests (as `python -m http.server` does), so shards cannot be read "
+            "from it in pieces. Read them through the shard cache, which fetches each shard "
+            "whole: FeedDataset(url, cache_dir=...) (cache_dir=True: ~/.cache/feedpipe/shards)"
+        )
+    if len(blob) < end - start:
+        raise ShardFormatError(
+            f"{url}: read at offset {start} returned {len(blob)} bytes instead of "
+            f"{end - start}: the object is truncated (shorter than the manifest says)"
+        )
+    return blob

@@ -1,0 +1,502 @@
+"""The decoded store: a node-local memmap of a deterministic transform's fixed-shape outputs.
+
+``FeedDataset(url, transform=t, decoded_cache=ROOT)`` keeps ``t(sample)`` (e.g. a ``uint8`` CHW
+image after a deterministic resize, and its label) for every sample in one record per sample.
+The first epoch fills it, whichever worker or rank of the node computes a sample; later epochs
+read records directly, without opening a shard or calling the transform.
+
+**Layout.** A store is the directory ``ROOT/<fp>``, where ``fp`` is the fingerprint
+(:mod:`feedpipe.caches._fingerprint`) of the transform's code and parameters and of the dataset (its
+shards' names, sample counts and content hashes): changing the transform's parameters or the
+data selects another, empty store. Inside::
+
+    meta.json          format, samples, the record layout (feedpipe.record_layout), dataset
+    data-<l>.bin       samples x record bytes (preallocated: a full disk shows at creation)
+    state-<l>.bin      one uint64 per sample: 0 = empty, else the xxh3-64 of the record (never 0)
+    stats.json         hits, misses, fills, damaged: recorded by each iterator when it ends
+    use.lock           held shared by every process that has the store open (``clear`` skips it)
+    create.lock        serialises creation, stats updates and clearing
+
+``<l>`` hashes the layout, so stores of different layouts never share a file. The first sample
+stored fixes the layout; a sample of another shape or dtype is a :class:`DecodedStoreError` naming
+its key.
+
+**Concurrency and crashes.** A writer copies the record into the shared mapping, then stores its
+checksum in the sample's state word (one aligned 8-byte store). A reader copies the record and
+serves it only when its checksum equals the state word, else recomputes it. So a process killed
+mid-write leaves its sample empty; concurrent writers of the same sample (any number of workers,
+ranks, jobs) write the same bytes; a torn or damaged record (power loss, a non-deterministic
+transform) is recomputed, never served. Creation takes ``create.lock``; the kernel drops the locks
+of a dead process.
+
+**Disk full.** The files are preallocated (``posix_fallocate``) when the store is created; when
+that fails (``ENOSPC``, ``EDQUOT``, ``EFBIG``) the store warns once and the dataset keeps
+computing without storing, so no write into a mapping can hit a full disk later.
+
+The transform must be deterministic per sample: a random augmentation would be frozen at the draw
+of the epoch that stored it. Put augmentation after the store (on the batch or on the device).
+
+**What the fingerprint cannot see** (:mod:`feedpipe.caches._fingerprint`): the transform's code and every
+value it holds are hashed (tensors, arrays, ``nn.Module`` parameters and buffers, dataclass
+fields included), but not module globals it reads, files or environment variables read at call
+time, nor the code of C extensions. When one of those changes, change a value the fingerprint
+sees: a ``version`` attribute on the transform object (``t.version = 2``; on a plain function
+too), or ``DecodedStore.for_transform(..., version=)``; or clear the store (``feedpipe cache
+clear``).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from ..errors import DecodedStoreError, OutputError
+from .._helpers.file_lock import EXCLUSIVE, SHARED, lock
+from ._record_layout import Layout, LayoutError, flatten
+
+if TYPE_CHECKING:
+    from ._tiers import TierStats
+
+FORMAT = "feedpipe-decoded"
+VERSION = 1
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def default_decoded_dir() -> str:
+    """``$XDG_CACHE_HOME/feedpipe/decoded`` (or ``~/.cache/feedpipe/decoded``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "feedpipe", "decoded")
+
+
+@dataclass
+class DecodedStats:
+    """Per process: ``hits`` (served from the store), ``misses`` (computed: transform calls),
+    ``fills`` (records written), ``damaged`` (records whose checksum failed, recomputed)."""
+
+    hits: int = 0
+    misses: int = 0
+    fills: int = 0
+    damaged: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class DecodedStore:
+    """One store directory (see the module docstring) for a dataset of ``samples`` samples.
+
+    Args:
+        path: the store directory (``ROOT/<fingerprint>``; see :meth:`for_transform`).
+        samples: the dataset's number of samples (sample ids are ``0 .. samples - 1``).
+        dataset: a description of the dataset written to ``meta.json`` (for ``feedpipe cache``).
+
+    Example:
+        >>> import tempfile
+        >>> st = DecodedStore(tempfile.mkdtemp(), samples=4)
+        >>> st.get(2) is None
+        True
+        >>> out = st.put(2, (np.arange(3, dtype=np.uint8), 1), key="k2", shard="s.tar")
+        >>> got = st.get(2); got[0].tolist(), got[1], st.filled()
+        ([0, 1, 2], 1, 1)
+    """
+
+    def __init__(self, path: str | os.PathLike[str], samples: int, *,
+                 dataset: dict[str, Any] | None = None) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.samples = int(samples)
+        self.dataset = dataset or {}
+        self._reset()
+
+    @classmethod
+    def for_transform(cls, root: str | os.PathLike[str], transform: Any,
+                      manifest: Any, *, version: Any = None) -> DecodedStore:
+        """The store of ``transform`` over the dataset of ``manifest`` under ``root``.
+
+        Args:
+            root: the directory holding the stores.
+            transform: the deterministic transform whose outputs are stored.
+            manifest: the dataset's manifest.
+            version: any value; change it when something the fingerprint cannot see changed
+                (see the module docstring).
+        """
+        from ._fingerprint import fingerprint
+
+        spec = getattr(transform, "spec", None)
+        if getattr(spec, "train", False) is True:
+            raise ValueError(
+                f"decoded_cache= with a training transform ({type(transform).__name__} with "
+                "train=True) would freeze its random crops and flips at the first epoch's draw; "
+                "cache a deterministic one (train=False) and augment after it"
+            )
+        ident = [[s.name, s.samples, s.sha256 or s.bytes] for s in manifest.shards]
+        params = (FORMAT, VERSION, ident) if version is None else (FORMAT, VERSION, ident, version)
+        fp = fingerprint(transform, params).hex()[:24]
+        return cls(os.path.join(os.fspath(root), fp), manifest.total_samples,
+                   dataset={"shards": len(ident), "samples": manifest.total_samples,
+                            "transform": repr(transform)[:200]})
+
+    def _reset(self) -> None:
+        self.stats = DecodedStats()
+        self._recorded = DecodedStats()
+        self._pid = -1
+        self._use: int | None = None
+        self._maps: list[Any] = []
+        self._m: _Mapped | None = None
+        self._disabled = False
+        self._pool = _RecordPool()
+
+    def __getstate__(self) -> dict[str, Any]:  # maps and locks do not cross processes
+        return {"path": self.path, "samples": self.samples, "dataset": self.dataset}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # -- files ---------------------------------------------------------------------------------
+    def _p(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def _files(self, layout: Layout) -> tuple[str, str]:
+        import xxhash
+
+        tag = xxhash.xxh3_64_hexdigest(layout.ident().encode())[:12]
+        return self._p(f"data-{tag}.bin"), self._p(f"state-{tag}.bin")
+
+    def _attach(self) -> bool:
+        """Open the store in this process (after a fork too); True when it has a layout."""
+        if self._pid != os.getpid():
+            stats, disabled = (DecodedStats(), False) if self._pid != -1 else (self.stats,
+                                                                                self._disabled)
+            self._reset()
+            self.stats, self._disabled = stats, disabled
+            self._pid = os.getpid()
+        if self._m is not None:
+            return True
+        if self._disabled or not os.path.exists(self._p("meta.json")):
+            return False
+        return self._map(self._read_meta())
+
+    def _mark_in_use(self) -> None:
+        if self._use is None:
+            self._use = lock(self._p("use.lock"), SHARED)
+
+    def _read_meta(self) -> Layout | None:
+        try:
+            with open(self._p("meta.json"), encoding="utf-8") as f:
+                doc = json.load(f)
+            if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+                return None
+            if doc.get("samples") != self.samples:
+                return None
+            return Layout.from_json(doc["layout"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _map(self, layout: Layout | None) -> bool:
+        import mmap
+
+        if layout is None:
+            return False
+        data, state = self._files(layout)
+        try:
+            if (os.path.getsize(data) != self.samples * layout.record
+                    or os.path.getsize(state) != self.samples * 8):
+                return False
+            self._mark_in_use()
+            maps = []
+            for name in (data, state):
+                fd = os.open(name, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    maps.append(mmap.mmap(fd, 0, mmap.MAP_SHARED))
+                finally:
+                    os.close(fd)
+        except FileNotFoundError:
+            return False
+        self._maps = maps
+        self._m = _Mapped(layout, np.frombuffer(maps[0], dtype=np.uint8).reshape(
+            self.samples, layout.record), np.frombuffer(maps[1], dtype=np.uint64))
+        return True
+
+    def _create(self, layout: Layout) -> None:
+        """Make the store's files for ``layout`` (or adopt the ones another process made)."""
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            fd = lock(self._p("create.lock"), EXCLUSIVE)
+        except OSError as e:
+            if e.errno in _FULL:
+                return self._degrade(e)
+            raise OutputError(e.errno, f"{self.path}: cannot create the decoded store "
+                                       f"({e.strerror}); pass decoded_cache= a writable "
+                                       "directory") from e
+        try:
+            if self._map(self._read_meta()):
+                return None
+            data, state = self._files(layout)
+            try:
+                for name, size in ((data, self.samples * layout.record),
+                                   (state, self.samples * 8)):
+                    self._allocate(name, size)
+                meta = {"format": FORMAT, "version": VERSION, "samples": self.samples,
+                        "layout": layout.to_json(), "dataset": self.dataset}
+                tmp = self._p(f"meta.json.{os.getpid()}")
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(meta, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self._p("meta.json"))  # publishes the store
+            except OSError as e:
+                for name in (data, state, self._p(f"meta.json.{os.getpid()}")):
+                    if os.path.exists(name):
+                        os.unlink(name)
+                if e.errno in _FULL:
+                    return self._degrade(e)
+                raise OutputError(e.errno, f"{self.path}: cannot write the decoded store "
+                                           f"({e.strerror})") from e
+            self._map(layout)
+        finally:
+            os.close(fd)
+        return None
+
+    @staticmethod
+    def _allocate(name: str, size: int) -> None:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, 0)  # a leftover of another layout attempt: start zeroed
+            os.posix_fallocate(fd, 0, size)  # blocks exist now: mapped writes cannot fail
+        finally:
+            os.close(fd)
+
+    def _degrade(self, error: OSError) -> None:
+        self._disabled = True
+        warnings.warn(
+            f"{self.path}: no room for the decoded store ({error.strerror}); samples are "
+            "computed every epoch instead of stored. Free space there or point decoded_cache= "
+            "elsewhere.", RuntimeWarning, stacklevel=4)
+
+    # -- samples -------------------------------------------------------------------------------
+    def get(self, index: int) -> Any:
+        """The stored output of sample ``index``, or ``None`` (not stored yet, or damaged)."""
+        m = self._m if self._pid == os.getpid() else None
+        if m is None:
+            m = self._m if self._attach() else None
+            if m is None:
+                self.stats.misses += 1
+                return None
+        check = int(m.state[index])
+        if check == 0:
+            self.stats.misses += 1
+            return None
+        # served from the copy the checksum is taken of, into a recycled buffer
+        rec = self._pool.copy_of(m.records[index])
+        if _checksum(rec) != check:
+            self.stats.damaged += 1
+            self.stats.misses += 1
+            return None
+        self.stats.hits += 1
+        return m.layout.unpack(rec)
+
+    def put(self, index: int, out: Any, *, key: str, shard: str) -> Any:
+        """Store the output of sample ``index`` (key and shard name errors); returns the output
+        as a hit returns it (same types, copies of the arrays)."""
+        where = f"sample {key!r} of {shard!r}"
+        try:
+            tree, leaves = flatten(out)
+        except LayoutError as e:
+            raise DecodedStoreError(f"{where}: the transform's {e}; decoded_cache= cannot keep "
+                                    "it (drop decoded_cache=, or return arrays)") from e
+        m = self._m if self._pid == os.getpid() else None
+        if m is None:
+            if not self._attach() and not self._disabled:
+                self._create(Layout.of(tree, leaves))
+            m = self._m
+            if m is None:  # no room: disabled
+                return out
+        problem = m.layout.mismatch(tree, leaves)
+        if problem is not None:
+            raise DecodedStoreError(
+                f"{where}: the transform returned {problem} (fixed by the first sample stored in "
+                f"{self.path}). The decoded store needs one fixed shape and dtype for every "
+                "sample: resize or crop to a fixed size in the transform. If the transform "
+                f"itself changed, clear the store: feedpipe cache clear {self.path}")
+        rec = m.records[index]
+        m.layout.pack(rec, leaves)
+        m.state[index] = _checksum(rec)  # the commit point: after the whole record
+        self.stats.fills += 1
+        return m.layout.unpack(rec.copy())
+
+    def layout(self) -> Layout | None:
+        """The record layout, once a first output fixed it (``None`` before)."""
+        return self._m.layout if self._attach() and self._m is not None else None
+
+    def gather(self, ids: np.ndarray, head: np.ndarray, tail: np.ndarray) -> np.ndarray:
+        """Copy the records of samples ``ids``, each split at ``h = head.shape[1]`` bytes, into
+        rows of ``head`` (bytes ``[0, h)``) and ``tail`` (the rest), and return the positions
+        whose record must be recomputed: never stored, or the checksum of the copied bytes fails
+        (counted as :meth:`get` counts them). The state words are read before the records, as
+        :meth:`get` reads them. Call :meth:`layout` first.
+
+        The split lets a caller copy an image straight into its batch buffer and the small rest
+        (a label) aside, and still check exactly the bytes it serves."""
+        m = self._m
+        if m is None:
+            raise RuntimeError("gather() before the store is open here: call layout() first")
+        checks = m.state[ids].tolist()  # a copy, taken before the records
+        records, h = m.records, head.shape[1]
+        bad = []
+        for j, (g, c) in enumerate(zip(ids.tolist(), checks)):
+            rec = records[g]
+            np.copyto(head[j], rec[:h])  # row by row: np.take copies byte by byte, 4x slower
+            np.copyto(tail[j], rec[h:])
+            if c == 0 or _checksum(head[j], tail[j]) != c:
+                bad.append(j)
+        damaged = sum(1 for j in bad if checks[j] != 0)
+        self.stats.hits += len(checks) - len(bad)
+        self.stats.misses += len(bad)
+        self.stats.damaged += damaged
+        return np.asarray(bad, dtype=np.intp)
+
+    def filled(self) -> int:
+        """Samples stored (checksums present; damage shows only when a record is read)."""
+        if not self._attach():
+            return 0
+        return int(np.count_nonzero(self._m.state)) if self._m is not None else 0
+
+    def tier_stats(self) -> TierStats:
+        """This process's hits and misses, the samples stored and the store's bytes on disk, in
+        the shape every cache tier reports (:class:`~feedpipe.caches._tiers.TierStats`)."""
+        from ._tiers import DECODED, TierStats
+
+        size = 0
+        if os.path.isdir(self.path):
+            for name in os.listdir(self.path):
+                try:
+                    size += os.stat(self._p(name)).st_blocks * 512
+                except FileNotFoundError:
+                    pass
+        return TierStats(DECODED, self.stats.hits, self.stats.misses, size, self.filled())
+
+    def complete(self) -> bool:
+        """Every sample is stored: an epoch needs no shard."""
+        return self.filled() == self.samples
+
+    # -- counters ------------------------------------------------------------------------------
+    def record(self) -> None:
+        """Add this process's counters since the last call to ``stats.json`` (for
+        ``feedpipe cache stats``; a store that was never created records nothing)."""
+        delta = {k: v - getattr(self._recorded, k) for k, v in self.stats.as_dict().items()}
+        if not any(delta.values()) or not os.path.exists(self._p("meta.json")):
+            return
+        try:
+            fd = lock(self._p("create.lock"), EXCLUSIVE)
+        except OSError:
+            return
+        try:
+            doc = read_recorded(self.path)
+            for k, v in delta.items():
+                doc[k] = doc.get(k, 0) + v
+            tmp = self._p(f"stats.json.{os.getpid()}")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            os.replace(tmp, self._p("stats.json"))
+            self._recorded = DecodedStats(**self.stats.as_dict())
+        except OSError:
+            pass  # counters are a courtesy: never fail a training run over them
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Record the counters and release this process's maps and in-use lock."""
+        self.record()
+        self._m = None
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:  # a served array still views it: leave it to the GC
+                pass
+        self._maps = []
+        if self._use is not None and self._pid == os.getpid():
+            os.close(self._use)
+        self._use = None
+
+
+class _RecordPool:
+    """Record-sized buffers reused once nothing refers to them any more (a sample's arrays are
+    views of its record buffer; they die once the batch is collated).
+
+    A fresh 150 KB allocation per hit is an ``mmap`` of fresh pages or heap that glibc trims
+    back after every batch: either way the copy page-faults on every 4 KiB it writes. Measured
+    serving 2,000 records of 224x224x3 in a process that had not itself allocated large
+    buffers before: 0.17 s of copying per epoch instead of 0.05 s.
+    """
+
+    _CAP = 256 << 20  # bytes kept at most; beyond that, hits allocate as before
+
+    def __init__(self) -> None:
+        self._bufs: list[np.ndarray] = []
+        self._at = 0
+        probe = [np.empty(1, np.uint8)]
+        self._free = sys.getrefcount(probe[0])  # a buffer only the list refers to
+
+    def copy_of(self, src: np.ndarray) -> np.ndarray:
+        bufs, n = self._bufs, len(self._bufs)
+        for k in range(min(n, 4)):  # from where the last was found: hits die in order
+            i = (self._at + k) % n
+            # more references than the list's: a sample still holds a view of it
+            if sys.getrefcount(bufs[i]) == self._free and bufs[i].shape == src.shape:
+                self._at = i + 1
+                np.copyto(bufs[i], src)
+                return bufs[i]
+        out = src.copy()
+        if out.nbytes and (n + 1) * out.nbytes <= self._CAP:
+            bufs.append(out)
+        return out
+
+
+class _Mapped(NamedTuple):
+    """A store open in this process: its layout, records and state words (shared mappings)."""
+
+    layout: Layout
+    records: np.ndarray  # samples x record bytes
+    state: np.ndarray  # samples x uint64
+
+
+def _checksum(rec: np.ndarray, rest: np.ndarray | None = None) -> int:
+    """A record's checksum (never 0: 0 marks "not stored"); ``rest``: the record continues
+    there (the same value as for the two joined)."""
+    import xxhash
+
+    if rest is None:
+        return xxhash.xxh3_64_intdigest(rec) or 1
+    h = xxhash.xxh3_64(rec)
+    h.update(rest)
+    return h.intdigest() or 1
+
+
+def read_recorded(path: str) -> dict[str, int]:
+    """The counters recorded in a store directory's ``stats.json`` (empty when none)."""
+    try:
+        with open(os.path.join(path, "stats.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+        return {k: int(v) for k, v in doc.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def open_decoded_store(decoded_cache: Any, transform: Any, manifest: Any) -> DecodedStore | None:
+    """The store of ``FeedDataset(decoded_cache=..., transform=...)``: ``None``/``False``: none;
+    ``True``/``"auto"``: under :func:`default_decoded_dir`; else under the given directory."""
+    if decoded_cache is None or decoded_cache is False:
+        return None
+    if transform is None:
+        raise ValueError("decoded_cache= stores the transform's outputs: give a transform= too")
+    root = default_decoded_dir() if decoded_cache is True or decoded_cache == "auto" \
+        else decoded_cache
+    return DecodedStore.for_transform(root, transform, manifest)

@@ -1,0 +1,283 @@
+"""One entry of the L1 shard cache: its files, how it is checked, fetched, published and removed.
+
+An entry ``<key>`` of a cache directory is ``<key>.tar`` (the shard; its rename is the commit
+point), ``<key>.idx`` (its index, when the source has one) and, while a download is under way,
+``<key>.tar.part`` / ``<key>.idx.part``. Every method here runs under the entry's ``LOCK_EX``
+(held by :class:`~feedpipe.caches._shards.ShardCache`), except :meth:`Entry.valid`, which a reader
+calls under ``LOCK_SH``. What is checked: :mod:`feedpipe.caches._integrity`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from functools import partial
+from typing import Any
+
+from ._integrity import IDX, TAR, file_sha256, index_problem, stamp
+from ..errors import OutputError, ShardFormatError, SourceNotFoundError
+from ..format._index import index_path
+from ..format._manifest import ShardRecord
+from .._helpers.storage import filesystem, read_range
+
+CHUNK = 16 << 20  # bytes per ranged GET when filling
+FETCH_ATTEMPTS = 3  # fetches of a file that keeps failing its check before it is named
+PARTS = (".tar.part", ".idx.part")
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+Reserve = Callable[[int, "bytes | None"], bool]  # (shard bytes to fetch, index) -> admitted
+
+
+class NoSpace(Exception):
+    """The cache directory is full (``ENOSPC``, ``EDQUOT``, ``EFBIG``)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Stopped(Exception):
+    """A prefetch was cancelled (its iterator closed)."""
+
+
+def disk(where: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """A local file operation in the cache directory ``where``: a full disk becomes
+    :class:`NoSpace`, other failures a clear :class:`OutputError` (remote errors never pass
+    through here)."""
+    try:
+        return fn(*args)
+    except OSError as e:
+        if e.errno in _FULL:
+            raise NoSpace(e) from e
+        raise OutputError(
+            e.errno, f"{where}: cannot write to the shard cache ({e.strerror}); pass cache_dir= a "
+            "writable directory with free space"
+        ) from e
+
+
+class Entry:
+    """The files of one shard's entry in the cache directory ``root``.
+
+    Args:
+        root: the cache directory.
+        key: the entry's name (:func:`feedpipe.caches._shards.entry_key`).
+        url: where the shard comes from; its index is :func:`~feedpipe.format._index.index_path` of it.
+        rec: the shard's manifest record.
+        stats: the cache's counters (``refetched`` is counted here).
+    """
+
+    def __init__(self, root: str, key: str, url: str, rec: ShardRecord, stats: Any) -> None:
+        self.root, self.key, self.url, self.rec, self.stats = root, key, url, rec, stats
+        self.fetched = 0  # bytes downloaded by the last fill
+
+    def p(self, suffix: str) -> str:
+        return os.path.join(self.root, self.key + suffix)
+
+    def _disk(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return disk(self.root, fn, *args)
+
+    def remove(self, suffixes: tuple[str, ...]) -> int:
+        """Delete these files of the entry; the bytes freed."""
+        freed = 0
+        for suffix in suffixes:
+            try:
+                p = self.p(suffix)
+                freed += os.path.getsize(p)
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        return freed
+
+    # -- state ---------------------------------------------------------------------------------
+    def valid(self) -> bool:
+        """Complete and unchanged since it was checked (size and stamps; the index hashed)."""
+        try:
+            st = os.stat(self.p(".tar"))
+        except FileNotFoundError:
+            return False
+        if st.st_size != self.rec.bytes or int(st.st_mtime) != stamp(self.key):
+            return False
+        try:
+            with open(self.p(".idx"), "rb") as f:
+                data, mtime = f.read(), os.fstat(f.fileno()).st_mtime
+        except FileNotFoundError:
+            return True  # the source has no index: the reader scans the shard
+        return int(mtime) == stamp(self.key, data)
+
+    def check(self) -> str:
+        """Check again an entry whose stamps do not match: ``"valid"`` (restamped), ``"idx"`` (the
+        shard is sound, its index must be fetched) or ``"all"`` (nothing kept)."""
+        key, rec, tar = self.key, self.rec, self.p(".tar")
+        try:
+            st = os.stat(tar)
+        except FileNotFoundError:
+            self.remove((".idx",))
+            return "all"
+        if st.st_size != rec.bytes or int(st.st_mtime) != stamp(key):
+            if rec.sha256 is None or st.st_size != rec.bytes or file_sha256(tar) != rec.sha256:
+                self.stats.refetched += 1
+                self.remove((".tar", ".idx"))
+                return "all"
+            os.utime(tar, (stamp(key), stamp(key)))
+        try:
+            with open(self.p(".idx"), "rb") as f:
+                data, mtime = f.read(), os.fstat(f.fileno()).st_mtime
+        except FileNotFoundError:
+            return "valid"
+        if int(mtime) == stamp(key, data):
+            return "valid"
+        problem = index_problem(data, rec, tar, index_path(self.url), self.url)
+        if problem is None:
+            os.utime(self.p(".idx"), (stamp(key, data), stamp(key, data)))
+            return "valid"
+        self.stats.refetched += 1
+        if problem[0] == TAR:
+            self.remove((".tar", ".idx"))
+            return "all"
+        self.remove((".idx",))
+        return "idx"
+
+    # -- filling -------------------------------------------------------------------------------
+    def fill(self, reserve: Reserve, stop: threading.Event | None,
+             publishing: Callable[[], AbstractContextManager[Any]]) -> str:
+        """Fetch what :meth:`check` found missing, check it, publish it: ``"valid"`` (nothing was
+        missing), ``"ok"``, or ``"refused"`` (``reserve`` found no room). A file that keeps
+        failing its check is fetched :data:`FETCH_ATTEMPTS` times, then named in a
+        :class:`ShardFormatError`. Raises :class:`NoSpace` when the disk is full; leaves no
+        ``.part`` file behind.
+
+        Args:
+            reserve: admits the download (``(shard bytes, index bytes) -> bool``).
+            stop: set to abandon a prefetch.
+            publishing: held while the checked files are renamed into place (the budget's
+                lock: a directory scan racing a rename could miss the file under both names).
+        """
+        state = self.check()
+        if state == "valid":
+            return "valid"
+        rec, url, iurl = self.rec, self.url, index_path(self.url)
+        need_tar = state == "all"
+        problem = (url, "")
+        try:
+            for _ in range(FETCH_ATTEMPTS):
+                idx = self._fetch_index(stop)
+                if not reserve(rec.bytes if need_tar else 0, idx):
+                    self.remove(PARTS)
+                    return "refused"
+                if need_tar:
+                    digest = self._download(stop)
+                    if rec.sha256 is not None and digest != rec.sha256:
+                        what = (f"{url}: content hash mismatch while caching (sha256 "
+                                f"{digest[:16]}..., the manifest says {rec.sha256[:16]}...)")
+                        problem = (url, what)
+                        self.stats.refetched += 1
+                        continue
+                found = None if idx is None else index_problem(
+                    idx, rec, self.p(".tar.part" if need_tar else ".tar"), iurl, url)
+                if found is not None:
+                    problem = (iurl if found[0] == IDX else url, found[1])
+                    self.stats.refetched += 1
+                    # without the shard's hash a mismatch may be the shard's fault: both again
+                    if not need_tar and (found[0] == TAR or rec.sha256 is None):
+                        need_tar = True
+                        self.remove((".tar",))
+                    continue
+                with publishing():
+                    self._commit(idx, need_tar)
+                self.fetched = (rec.bytes if need_tar else 0) + len(idx or b"")
+                return "ok"
+            raise self._named(problem)
+        finally:
+            self.remove(PARTS)  # nothing when committed: the renames took them
+
+    def write_parts(self, tar_bytes: int, idx: bytes | None) -> None:
+        """Create the download's files at their full size (its reservation)."""
+        if tar_bytes:
+            fd = self._disk(os.open, self.p(".tar.part"),
+                            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                self._disk(os.ftruncate, fd, tar_bytes)
+            finally:
+                os.close(fd)
+        if idx is not None:
+            self._write(self.p(".idx.part"), idx)
+
+    def _named(self, problem: tuple[str, str]) -> ShardFormatError:
+        """``problem``: (the file at fault, a message that names it)."""
+        where, what = problem
+        if where == self.url:
+            cause, fix = "the shard at the source is damaged", "upload it again"
+        else:
+            cause = f"the index at the source is damaged or does not belong to {self.url}"
+            fix = "rebuild it (`feedpipe index`)"
+        return ShardFormatError(
+            f"{what}. The same on each of {FETCH_ATTEMPTS} fetches into the shard cache "
+            f"{self.root}: {cause}; {fix}, then check the dataset with `feedpipe verify`")
+
+    def _commit(self, idx: bytes | None, tar: bool) -> None:
+        """Stamp and publish the checked files: the index first, the shard (the commit point of a
+        new entry) last."""
+        if idx is not None:
+            self._disk(os.utime, self.p(".idx.part"), (stamp(self.key, idx),) * 2)
+            self._disk(os.replace, self.p(".idx.part"), self.p(".idx"))
+        else:
+            self.remove((".idx",))
+        if tar:
+            self._disk(os.utime, self.p(".tar.part"), (stamp(self.key),) * 2)
+            self._disk(os.replace, self.p(".tar.part"), self.p(".tar"))
+
+    def _download(self, stop: threading.Event | None) -> str:
+        """The shard into its reserved ``.tar.part`` (synced); its sha256."""
+        from .._helpers import retry
+
+        url, total = self.url, self.rec.bytes
+        fs, path = filesystem(url)
+        h = hashlib.sha256()
+        fd = self._disk(os.open, self.p(".tar.part"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            lo = 0
+            while lo < total:
+                if stop is not None and stop.is_set():
+                    raise Stopped
+                hi = min(total, lo + CHUNK)
+                if lo == 0 and hi < total:
+                    # a server that ignores Range sends the whole object: keep it
+                    blob = retry.call(url, partial(fs.cat_file, path, start=0, end=hi),
+                                      stop=stop)
+                    if len(blob) not in (hi, total):
+                        blob = read_range(fs, path, url, 0, hi, stop=stop)  # names the problem
+                else:
+                    blob = read_range(fs, path, url, lo, hi, whole=hi - lo == total, stop=stop)
+                h.update(blob)
+                view = memoryview(blob)
+                while view:
+                    view = view[self._disk(os.write, fd, view):]
+                lo += len(blob)
+            self._disk(os.fsync, fd)  # data on disk before the rename publishes it
+        finally:
+            os.close(fd)
+        return h.hexdigest()
+
+    def _write(self, path: str, data: bytes) -> None:
+        fd = self._disk(os.open, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[self._disk(os.write, fd, view):]
+            self._disk(os.fsync, fd)
+        finally:
+            os.close(fd)
+
+    def _fetch_index(self, stop: threading.Event | None) -> bytes | None:
+        from .._helpers import retry
+
+        iurl = index_path(self.url)
+        fs, ipath = filesystem(iurl)
+        try:
+            return bytes(retry.call(iurl, lambda: fs.cat_file(ipath), stop=stop))
+        except SourceNotFoundError:
+            return None

@@ -1,0 +1,231 @@
+"""Fingerprints of functions: a stable hash of a callable's code and the values it holds.
+
+Used by the L2 function index (:class:`~feedpipe.caches._function_index.FunctionIndex`) and the decoded
+store (``FeedDataset(decoded_cache=)``): their entries are keyed by the fingerprint, so changing
+a function's code, its default arguments, the values it closes over, or (for callable objects and
+``functools.partial``) its parameters makes its old entries unreachable. The same value gives the
+same fingerprint in every process and on every machine.
+
+**What it sees**, recursively: code (of functions, lambdas, methods and the classes of callable
+objects); numbers, strings, bytes, containers; NumPy arrays and torch tensors (values, dtype and
+shape; not their device, strides or ``requires_grad``); ``torch.nn.Module`` state (parameters,
+buffers, plain attributes, submodules, train/eval mode); dataclass fields, ``__slots__`` and
+``__dict__`` of any object; attributes set on a function.
+
+**What it cannot see**: module globals a function reads (``co_names`` gives their names, not
+their values), files or environment variables read at call time, the code of C extensions, and
+the state of objects that have none of the above (their ``repr``, when it shows a memory address,
+differs in every process: such entries are never found again, and a warning says so). When
+something it cannot see changes, change something it can: ``FunctionIndex.wrap(fn, version=2)``,
+or a ``version`` attribute on the transform object (or function) given to ``decoded_cache=``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import inspect
+import os
+import sys
+import types
+import warnings
+import weakref
+from typing import Any
+
+import numpy as np
+
+_unseen: set[str] = set()  # types already warned about
+_DEPTH = 100  # nesting of containers and objects followed
+
+
+def _code(h: Any, code: types.CodeType, depth: int) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _code(h, c, depth + 1)
+        else:
+            h.update(repr(c).encode())
+
+
+def _value(h: Any, v: Any, depth: int, seen: set[int]) -> None:
+    if depth > _DEPTH or id(v) in seen:
+        h.update(b"<cycle>")
+        return
+    if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
+        h.update(f"{type(v).__name__}:{v!r};".encode())
+        return
+    seen = seen | {id(v)}
+    if isinstance(v, (tuple, list, frozenset, set)):
+        h.update(f"{type(v).__name__}[{len(v)}]".encode())
+        items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
+        for x in items:
+            _value(h, x, depth + 1, seen)
+        return
+    if isinstance(v, dict):
+        h.update(f"dict[{len(v)}]".encode())
+        for k in sorted(v, key=repr):
+            _value(h, k, depth + 1, seen)
+            _value(h, v[k], depth + 1, seen)
+        return
+    if isinstance(v, np.ndarray):
+        h.update(f"ndarray{v.dtype.str}{v.shape}".encode())
+        h.update(np.ascontiguousarray(v).tobytes())
+        return
+    if isinstance(v, np.generic):
+        h.update(f"np:{v.dtype.str}:{v!r}".encode())
+        return
+    torch = sys.modules.get("torch")  # a torch value exists only where torch was imported
+    if torch is not None and isinstance(v, torch.Tensor):
+        _tensor(h, v, torch)
+        return
+    if isinstance(v, functools.partial):
+        h.update(b"partial")
+        _value(h, v.func, depth + 1, seen)
+        _value(h, v.args, depth + 1, seen)
+        _value(h, v.keywords, depth + 1, seen)
+        return
+    if isinstance(v, types.MethodType):
+        _value(h, v.__func__, depth + 1, seen)
+        _value(h, v.__self__, depth + 1, seen)
+        return
+    if isinstance(v, types.FunctionType):
+        h.update(f"fn:{v.__module__}.{v.__qualname__}".encode())
+        _code(h, v.__code__, 0)
+        _value(h, v.__defaults__, depth + 1, seen)
+        _value(h, v.__kwdefaults__, depth + 1, seen)
+        for cell in v.__closure__ or ():
+            try:
+                _value(h, cell.cell_contents, depth + 1, seen)
+            except ValueError:  # empty cell
+                h.update(b"<empty>")
+        if v.__dict__:  # attributes set on the function (a version, functools.wraps' target)
+            _value(h, v.__dict__, depth + 1, seen)
+        return
+    if isinstance(v, (types.BuiltinFunctionType, type, types.ModuleType)):
+        module = getattr(v, "__module__", "")
+        name = getattr(v, "__qualname__", getattr(v, "__name__", ""))
+        h.update(f"{type(v).__name__}:{module}.{name}".encode())
+        return
+    if isinstance(v, enum.Enum):
+        h.update(f"enum:{type(v).__module__}.{type(v).__qualname__}.{v.name}".encode())
+        return
+    if isinstance(v, os.PathLike):
+        h.update(f"path:{type(v).__name__}:{os.fspath(v)!r}".encode())
+        return
+    _instance(h, v, depth, seen, torch)
+
+
+def _tensor(h: Any, t: Any, torch: Any) -> None:
+    """Values, dtype and shape: the same for a copy on another device, with other strides, or
+    that requires grad."""
+    h.update(f"tensor:{t.dtype}:{tuple(t.shape)};".encode())
+    if t.device.type == "meta":  # no values
+        h.update(b"<meta>")
+        return
+    x = t.detach()
+    if x.layout != torch.strided:
+        x = x.to_dense()
+    if x.is_quantized:
+        x = x.dequantize()
+    x = x.resolve_conj().resolve_neg().to("cpu").contiguous().reshape(-1)
+    h.update(x.view(torch.uint8).numpy().data)
+
+
+_CLASS_CODE: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary()
+
+
+def _class_code(cls: type) -> bytes:
+    """A class's name and code (its source; else its functions' byte code), once per class."""
+    try:
+        return _CLASS_CODE[cls]
+    except (KeyError, TypeError):
+        pass
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"obj:{cls.__module__}.{cls.__qualname__}".encode())
+    try:
+        h.update(inspect.getsource(cls).encode())
+    except (OSError, TypeError):
+        for name in sorted(vars(cls)):
+            attr = vars(cls)[name]
+            if isinstance(attr, types.FunctionType):
+                _code(h, attr.__code__, 0)
+    digest = h.digest()
+    try:
+        _CLASS_CODE[cls] = digest
+    except TypeError:  # a type that takes no weak reference: not kept
+        pass
+    return digest
+
+
+_MODULE_PARTS = ("_parameters", "_buffers", "_modules", "_compiled_call_impl")
+
+
+def _module(h: Any, v: Any, depth: int, seen: set[int]) -> None:
+    """Every submodule, flat (a deep network is not a deep recursion): its class's code, its
+    plain attributes (hook tables left out: handles are numbered per process), parameters and
+    buffers by name."""
+    for name, m in v.named_modules(remove_duplicate=False):
+        h.update(f"module:{name};".encode())
+        h.update(_class_code(type(m)))
+        attrs = {k: x for k, x in vars(m).items() if k not in _MODULE_PARTS and "hook" not in k}
+        _value(h, attrs, depth + 1, seen)
+        for kind in ("_parameters", "_buffers"):
+            for pname, t in getattr(m, kind).items():
+                h.update(f"{kind}:{pname};".encode())
+                _value(h, t, depth + 1, seen)
+
+
+def _instance(h: Any, v: Any, depth: int, seen: set[int], torch: Any) -> None:
+    """A callable object or any other instance: its class's code and its state."""
+    if torch is not None and isinstance(v, torch.nn.Module):
+        _module(h, v, depth, seen)
+        return
+    cls = type(v)
+    h.update(_class_code(cls))
+    state: dict[str, Any] = {}
+    if dataclasses.is_dataclass(v):
+        state.update((f.name, getattr(v, f.name)) for f in dataclasses.fields(v))
+    for klass in cls.__mro__:
+        for name in _slots(klass):
+            if name not in ("__dict__", "__weakref__") and hasattr(v, name):
+                state[name] = getattr(v, name)
+    attrs = getattr(v, "__dict__", None)
+    if attrs is not None:
+        state.update(attrs)
+    if state or attrs is not None:
+        _value(h, state, depth + 1, seen)
+        return
+    text = repr(v)
+    if " at 0x" in text and cls.__qualname__ not in _unseen:
+        _unseen.add(cls.__qualname__)
+        warnings.warn(
+            f"the function fingerprint cannot see the state of a {cls.__module__}."
+            f"{cls.__qualname__} (no __dict__, slots or dataclass fields; its repr holds a memory "
+            "address): memoised entries of a function holding one are not found by another "
+            "process. Hold plain values instead, or give FunctionIndex.wrap(version=...)",
+            RuntimeWarning, stacklevel=4)
+    h.update(text.encode())
+
+
+def _slots(klass: type) -> tuple[str, ...]:
+    slots = vars(klass).get("__slots__", ())
+    return (slots,) if isinstance(slots, str) else tuple(slots)
+
+
+def fingerprint(fn: Any, params: Any = None) -> bytes:
+    """16-byte fingerprint of a callable (code and parameters) and optional extra ``params``.
+
+    Example:
+        >>> def f(x, k=2): return x * k
+        >>> def g(x, k=3): return x * k
+        >>> fingerprint(f) == fingerprint(f), fingerprint(f) == fingerprint(g)
+        (True, False)
+    """
+    h = hashlib.blake2b(digest_size=16, person=b"feedpipe-fn-v1")
+    _value(h, fn, 0, set())
+    if params is not None:
+        _value(h, params, 0, set())
+    return h.digest()

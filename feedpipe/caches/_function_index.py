@@ -1,0 +1,413 @@
+"""The L2 tier: a persistent, content-addressed memo of deterministic per-sample functions.
+
+An entry's key is ``fingerprint(function) + xxh3_128(input bytes)``: the same input anywhere in
+the dataset (or in another dataset) is computed and stored once, and changing the function's code
+or parameters makes its old entries unreachable.
+
+**What the fingerprint cannot see** (:mod:`feedpipe.caches._fingerprint`): it hashes the function's code
+and every value it holds or closes over (tensors, arrays, modules, dataclasses included), but not
+module globals the function reads, files or environment variables read at call time, nor the code
+of C extensions it calls. When one of those changes, the old entries would still be served: give
+``wrap(fn, version=...)`` a new value (or clear the index: ``feedpipe cache clear PATH``). Values are stored with the safe codec of
+:mod:`feedpipe.caches._codec` (never pickle) behind a checksum; a damaged entry is recomputed.
+
+Concurrency: LMDB serialises writers with a robust cross-process lock and lets any number of
+readers run beside them. The environment is opened lazily in each process (after a DataLoader
+fork), writes are batched and committed when ``batch_writes`` accumulate, on ``flush()``, and
+when a worker process exits. When the map is full it is grown and the write retried; when the
+disk is full the index warns once and keeps computing without storing.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._codec import decode, encode
+from ..errors import FeedpipeError
+from ._fingerprint import fingerprint
+
+if TYPE_CHECKING:
+    from ._tiers import TierStats
+
+_MAGIC = b"FPL2"
+# py-lmdb refuses to open one environment twice in a process: instances share it.
+_ENVS: dict[str, tuple[int, Any, int]] = {}  # path -> (pid, env, users)
+_HEAD = struct.Struct("<4sQH")  # magic, xxh64 of payload, length of origin key
+
+
+def content_hash(data: Any, fields: Sequence[str] | None = None) -> bytes:
+    """xxh3-128 of the input: bytes as they are; for a sample dict, the named fields (default:
+    every field not starting with ``__``) in sorted order; anything else through the codec."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        h.update(data)
+    elif isinstance(data, dict):
+        names = sorted(fields if fields is not None else (k for k in data if not k.startswith("__")))
+        for k in names:
+            v = data[k]
+            b = v if isinstance(v, (bytes, bytearray, memoryview)) else encode(v)
+            h.update(f"{k}\0{len(b)}\0".encode())
+            h.update(b)
+    else:
+        h.update(encode(data))
+    return h.digest()
+
+
+@dataclass
+class IndexStats:
+    hits: int = 0
+    lru_hits: int = 0
+    misses: int = 0
+    dedup: int = 0
+    damaged: int = 0
+    stored: int = 0
+    bytes_stored: int = 0
+    entries: int = 0
+    db_bytes: int = 0
+
+    @property
+    def hit_ratio(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["hit_ratio"] = self.hit_ratio
+        return d
+
+
+class FunctionIndex:
+    """Persistent memoisation of deterministic functions in LMDB at ``path`` (a directory).
+
+    Args:
+        path: the index directory (created if missing).
+        map_size: initial LMDB map size; grown (doubled) when full.
+        lru_items: entries kept decoded in an in-process LRU in front of LMDB.
+        batch_writes: entries committed together (a killed process loses at most these).
+
+    Example:
+        >>> import tempfile
+        >>> idx = FunctionIndex(tempfile.mkdtemp())
+        >>> double = idx.wrap(lambda b: bytes(b) * 2)
+        >>> double(b"ab"), double(b"ab")
+        (b'abab', b'abab')
+        >>> s = idx.stats(); (s.misses, s.hits)
+        (1, 1)
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        map_size: int = 64 << 20,
+        lru_items: int = 1024,
+        batch_writes: int = 32,
+    ) -> None:
+        self.path = os.path.abspath(path)
+        self.map_size = map_size
+        self.lru_items = lru_items
+        self.batch_writes = max(1, batch_writes)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._env: Any = None
+        self._pid = -1
+        self._lru: OrderedDict[bytes, tuple[Any, str | None]] = OrderedDict()
+        self._pending: dict[bytes, bytes] = {}
+        self._stats = IndexStats()
+        self._store = True
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "map_size": self.map_size, "lru_items": self.lru_items,
+                "batch_writes": self.batch_writes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # -- the environment, opened once per process ---------------------------------------
+    def _open(self) -> Any:
+        if self._env is not None and self._pid == os.getpid():
+            return self._env
+        import lmdb
+
+        if self._env is not None:  # inherited through fork: never touch the parent's handle
+            self._env = None
+            self._lru.clear()
+            self._pending.clear()
+        os.makedirs(self.path, exist_ok=True)
+        shared = _ENVS.get(self.path)
+        if shared is not None and shared[0] == os.getpid():
+            _ENVS[self.path] = (shared[0], shared[1], shared[2] + 1)
+            self._env, self._pid = shared[1], os.getpid()
+            return shared[1]
+        try:
+            env = self._open_env(lmdb)
+        except lmdb.Error as e:
+            if isinstance(e, (lmdb.CorruptedError, lmdb.InvalidError, lmdb.VersionMismatchError)):
+                broken = f"{self.path}.broken-{os.getpid()}"
+                os.rename(self.path, broken)
+                warnings.warn(f"{self.path}: function index was damaged ({e}); moved to {broken} "
+                              "and started empty", RuntimeWarning, stacklevel=3)
+                return self._open()
+            raise FeedpipeError(f"{self.path}: cannot open the function index: {e}") from e
+        _ENVS[self.path] = (os.getpid(), env, 1)
+        env.reader_check()  # free reader slots of processes that died
+        self._env, self._pid = env, os.getpid()
+        import multiprocessing.util as mpu
+
+        mpu.Finalize(self, FunctionIndex._flush_env, args=(env, self._pending, self), exitpriority=10)
+        return env
+
+    def _open_env(self, lmdb: Any) -> Any:
+        # Opening begins a transaction; if another process grows the map at that moment LMDB
+        # answers MDB_MAP_RESIZED. A fresh open reads the new size, so try again a few times.
+        def attempt() -> Any:
+            return lmdb.open(self.path, map_size=self.map_size, subdir=True, max_dbs=0,
+                             sync=False, metasync=False, readahead=False, lock=True)
+
+        for _ in range(7):
+            try:
+                return attempt()
+            except lmdb.MapResizedError:
+                continue
+        return attempt()
+
+    # -- lookups and stores --------------------------------------------------------------
+    def _lookup(self, key: bytes, origin: str | None) -> tuple[bool, Any]:
+        with self._lock:
+            if key in self._lru:
+                self._lru.move_to_end(key)
+                self._stats.hits += 1
+                self._stats.lru_hits += 1
+                value, first_origin = self._lru[key]
+                if origin is not None and first_origin and first_origin != origin:
+                    self._stats.dedup += 1
+                return True, value
+            raw = self._pending.get(key)
+        if raw is None:
+            raw = self._get_raw(key)
+        if raw is None:
+            return False, None
+        try:
+            value, first_origin = self._unpack(raw)
+        except ValueError:
+            self._stats.damaged += 1
+            return False, None
+        self._stats.hits += 1
+        if origin is not None and first_origin and first_origin != origin:
+            self._stats.dedup += 1
+        self._remember(key, value, first_origin)
+        return True, value
+
+    def _get_raw(self, key: bytes) -> bytes | None:
+        import lmdb
+
+        env = self._open()
+        for _ in range(3):
+            try:
+                with env.begin(buffers=False) as txn:
+                    return txn.get(key)
+            except lmdb.MapResizedError:
+                env.set_mapsize(0)  # another process grew the map: adopt its size
+        return None
+
+    def _remember(self, key: bytes, value: Any, origin: str | None) -> None:
+        if self.lru_items <= 0:
+            return
+        with self._lock:
+            self._lru[key] = (value, origin)
+            self._lru.move_to_end(key)
+            while len(self._lru) > self.lru_items:
+                self._lru.popitem(last=False)
+
+    @staticmethod
+    def _pack(value: Any, origin: str | None) -> bytes:
+        import xxhash
+
+        payload = encode(value)
+        o = (origin or "").encode("utf-8")[:65535]
+        return _HEAD.pack(_MAGIC, xxhash.xxh64_intdigest(payload), len(o)) + o + payload
+
+    @staticmethod
+    def _unpack(raw: bytes) -> tuple[Any, str]:
+        import xxhash
+
+        if len(raw) < _HEAD.size:
+            raise ValueError("short record")
+        magic, check, olen = _HEAD.unpack_from(raw)
+        if magic != _MAGIC:
+            raise ValueError("bad magic")
+        payload = raw[_HEAD.size + olen :]
+        if xxhash.xxh64_intdigest(payload) != check:
+            raise ValueError("checksum mismatch")
+        return decode(payload), raw[_HEAD.size : _HEAD.size + olen].decode("utf-8", "replace")
+
+    def _put(self, key: bytes, value: Any, origin: str | None) -> None:
+        self._remember(key, value, origin)
+        if not self._store:
+            return
+        raw = self._pack(value, origin)
+        with self._lock:
+            self._pending[key] = raw
+            self._stats.stored += 1
+            self._stats.bytes_stored += len(raw)
+            if len(self._pending) >= self.batch_writes:
+                self.flush()
+
+    def flush(self) -> None:
+        """Commit pending entries."""
+        with self._lock:
+            if not self._pending or not self._store:
+                self._pending.clear()
+                return
+            env = self._open()
+            if not FunctionIndex._flush_env(env, self._pending, self):
+                self._store = False
+
+    @staticmethod
+    def _flush_env(env: Any, pending: dict[bytes, bytes], owner: Any = None) -> bool:
+        import lmdb
+
+        if not pending:
+            return True
+        for _ in range(40):
+            try:
+                with env.begin(write=True) as txn:
+                    for k, v in pending.items():
+                        txn.put(k, v)
+                pending.clear()
+                return True
+            except lmdb.MapFullError:
+                env.set_mapsize(env.info()["map_size"] * 2)
+            except lmdb.MapResizedError:
+                env.set_mapsize(0)
+            except lmdb.Error as e:
+                pending.clear()
+                warnings.warn(f"{env.path()}: function index cannot store entries any more ({e}); "
+                              "values are still computed, but not kept", RuntimeWarning)
+                return False
+        pending.clear()
+        return False
+
+    # -- the public surface ---------------------------------------------------------------
+    def wrap(self, fn: Callable[..., Any], *, fields: Sequence[str] | None = None,
+             params: Any = None, version: Any = None) -> Memoized:
+        """Memoise ``fn`` (a deterministic function of one sample dict or one bytes input).
+
+        Args:
+            fn: the function.
+            fields: for sample dicts, the fields its result depends on (default: all but
+                ``__key__``-style metadata).
+            params: extra values that change its result (included in the fingerprint).
+            version: any value; change it when something the fingerprint cannot see changed
+                (a global the function reads, a file it loads: see the module docstring).
+        """
+        extra = params if version is None else (params, ("version", version))
+        return Memoized(self, fn, fields, fingerprint(fn, extra))
+
+    def memoize(self, fn: Callable[..., Any] | None = None, **kw: Any) -> Any:
+        """Decorator form of :meth:`wrap`: ``@index.memoize`` or ``@index.memoize(fields=...,
+        version=...)``."""
+        if fn is None:
+            return lambda f: self.wrap(f, **kw)
+        return self.wrap(fn, **kw)
+
+    def stats(self) -> IndexStats:
+        """This process's hits, misses, dedup count, stored bytes, plus the entries on disk."""
+        self.flush()
+        env = self._open()
+        s = IndexStats(**self._stats.__dict__)
+        s.entries = env.stat()["entries"]
+        s.db_bytes = _dir_bytes(self.path)
+        return s
+
+    def tier_stats(self) -> TierStats:
+        """This process's hits and misses, the entries and bytes on disk, in the shape every
+        cache tier reports (:class:`~feedpipe.caches._tiers.TierStats`)."""
+        from ._tiers import FUNCTION_INDEX, TierStats
+
+        s = self.stats()
+        return TierStats(FUNCTION_INDEX, s.hits, s.misses, s.db_bytes, s.entries)
+
+    def clear(self) -> None:
+        """Delete every entry."""
+        env = self._open()
+        with self._lock:
+            self._lru.clear()
+            self._pending.clear()
+            with env.begin(write=True) as txn:
+                txn.drop(env.open_db(), delete=False)
+
+    def close(self) -> None:
+        """Commit pending entries and release this instance's use of the environment."""
+        self.flush()
+        if self._env is not None and self._pid == os.getpid():
+            pid, env, users = _ENVS.get(self.path, (0, None, 0))
+            if env is self._env:
+                if users <= 1:
+                    del _ENVS[self.path]
+                    env.close()
+                else:
+                    _ENVS[self.path] = (pid, env, users - 1)
+        self._env = None
+
+    def __enter__(self) -> FunctionIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_here(path: str) -> bool:
+    """Whether this process has the LMDB environment at ``path`` open (its table of shared
+    environments; ``feedpipe cache clear`` refuses to remove one in use)."""
+    return path in _ENVS
+
+
+class Memoized:
+    """A function memoised in a :class:`FunctionIndex`; picklable into worker processes."""
+
+    def __init__(self, index: FunctionIndex, fn: Callable[..., Any],
+                 fields: Sequence[str] | None, fp: bytes) -> None:
+        self.index, self.fn, self.fields, self.fp = index, fn, fields, fp
+        functools_update(self, fn)
+
+    def __call__(self, data: Any) -> Any:
+        key = self.fp + content_hash(data, self.fields)
+        origin = data.get("__key__") if isinstance(data, dict) else None
+        found, value = self.index._lookup(key, origin)
+        if found:
+            return value
+        self.index._stats.misses += 1
+        value = self.fn(data)
+        self.index._put(key, value, origin)
+        return value
+
+
+def functools_update(wrapper: Any, fn: Any) -> None:
+    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+        try:
+            setattr(wrapper, attr, getattr(fn, attr))
+        except (AttributeError, TypeError):
+            pass
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            total += os.stat(os.path.join(path, name)).st_blocks * 512
+        except OSError:
+            pass
+    return total

@@ -1,0 +1,443 @@
+"""The L1 file tier: shards fetched once per node into a local directory, read from there with mmap.
+
+**Layout.** Everything is derivable from the directory; there is no index file a crash could
+corrupt. An entry is named after the shard's content (its manifest sha256) and file name, so two
+datasets holding the same shard share it and a changed shard never matches a stale entry::
+
+    <key>.tar   the shard   (the commit point: an entry exists once this name exists)
+    <key>.idx   its index   (when the source has one)
+    <key>.lock  the entry's lock file (empty)
+    <key>.tar.part, <key>.idx.part   a download under way (or left by a killed process)
+    manifest-<hash>.json   the manifest of a dataset read through the cache (offline starts,
+                           :mod:`feedpipe.caches._manifest_copy`)
+    .budget, .reader-*     the node-wide accounting (:mod:`feedpipe.caches._budget`)
+
+**Locks** (``fcntl.flock`` on ``<key>.lock``; the kernel drops the locks of a dead process, so a
+crash never leaves a lock that blocks the next run):
+
+- a reader holds ``LOCK_SH`` while it maps the shard: the entry is *in use*;
+- a filler holds ``LOCK_EX`` while it downloads: readers of that shard wait for it (one download
+  per shard and node), other fillers skip it;
+- eviction takes ``LOCK_EX | LOCK_NB`` and skips entries it cannot lock: in-use entries stay.
+
+**Checks** (:mod:`feedpipe.caches._integrity`). Fills write ``.part`` files and check them before
+the rename publishes them: the shard's size and sha256 against the manifest, the index against
+the manifest's index hash or else the shard's tar headers. A file that fails is fetched again, up
+to :data:`FETCH_ATTEMPTS` fetches in all, then a :class:`ShardFormatError` names it, its URL and
+the cache. A checked file carries a *stamp* in its mtime (an index's also hashes its content),
+so a file damaged in the cache directory is noticed on its next use, checked again and fetched
+again when wrong: nothing unchecked is ever served.
+
+**Budget** (``size`` bytes: the apparent size of every file in the directory: entries, downloads
+under way, manifest copies, the ledger). Admissions are serialised node-wide, and a download
+reserves its full size when it starts. A fill first makes room: it evicts unlocked entries, the
+one whose next use in the plan lies furthest ahead first (entries the plan never uses, e.g. of
+other datasets, before all others). When the entries in use leave no room, a reader's download
+(never a prefetch) still goes ahead if the directory then holds at most ``size + R x`` that
+shard, ``R`` being the processes reading through the directory at that moment (every DataLoader
+worker of every rank is one); else that shard is read from the source with range requests,
+uncached, with a warning once per process. So, at every moment a download starts::
+
+    bytes in the directory <= size + R x the largest entry (shard + index)
+
+and ``<= size`` once nothing is in use and :meth:`ShardCache.trim` ran (each iterator runs it
+when it ends). A prefetch never exceeds the budget and never evicts a shard needed sooner than
+the one it fetches: under pressure it gives up and the reader fetches on demand.
+
+**Disk full** (``ENOSPC``, ``EDQUOT``, ``EFBIG``): the partial files are removed, a warning is
+given once per process, and that shard is read from the source with range requests instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._budget import Budget, scan
+from ._entry import FETCH_ATTEMPTS, PARTS, Entry, NoSpace, Stopped, disk
+from .._helpers.file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
+from ..format._manifest import ShardRecord
+
+if TYPE_CHECKING:
+    from ._tiers import TierStats
+    from ..format._manifest import Manifest
+
+__all__ = ["FETCH_ATTEMPTS", "CacheStats", "ShardCache", "default_cache_dir", "entry_key",
+           "make_cache"]
+
+INF = float("inf")
+_TMP = re.compile(r"\.tmp-(\d+)$")  # a temporary file of process <pid>
+
+Rank = Callable[[str], float]  # entry key -> next use (INF when unknown)
+
+
+def default_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/feedpipe/shards`` (or ``~/.cache/feedpipe/shards``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "feedpipe", "shards")
+
+
+def entry_key(rec: ShardRecord, url: str) -> str:
+    """The entry name of a shard: its content hash (else a hash of URL and size) and file name."""
+    ident = rec.sha256 or hashlib.sha256(f"{url}\0{rec.bytes}".encode()).hexdigest()
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", rec.name.rsplit("/", 1)[-1])
+    base = base.removesuffix(".tar")
+    return f"{ident[:20]}-{base}"
+
+
+@dataclass
+class CacheStats:
+    """Per process: ``hits`` (a reader found its shard cached), ``misses`` (it did not: it
+    fetched the shard or read it uncached), ``fills`` (downloads, of which ``prefetched`` by
+    background threads), ``waits`` (another thread or process held the entry), ``evictions``,
+    ``refetched`` (damaged or mismatched files discarded), ``degraded`` (read uncached: disk
+    full), ``over_budget`` (read uncached: the budget was taken by shards in use)."""
+
+    hits: int = 0
+    misses: int = 0
+    fills: int = 0
+    prefetched: int = 0
+    waits: int = 0
+    evictions: int = 0
+    refetched: int = 0
+    degraded: int = 0
+    over_budget: int = 0
+    bytes_fetched: int = 0
+
+
+class ShardCache:
+    """A node-local shard cache directory with a byte budget (see the module docstring).
+
+    Args:
+        path: the directory (created on first use; ``/dev/shm/...`` works too).
+        size: the byte budget, bytes or a string like ``"20GB"`` (``None``: unbounded).
+        prefetch: shards each reader fetches ahead in background threads (0: none).
+        threads: download threads per reader.
+
+    Example:
+        >>> c = ShardCache("/tmp/fp-doc-cache", size=10**9)
+        >>> c.usage()["bytes"] >= 0
+        True
+    """
+
+    def __init__(self, path: str | os.PathLike[str], size: int | str | None = None, *,
+                 prefetch: int = 2, threads: int = 2) -> None:
+        from .._helpers.sizes import parse_size
+
+        self.path = os.path.abspath(os.fspath(path))
+        self.size = None if size is None else parse_size(size)
+        self.prefetch = prefetch
+        self.threads = threads
+        self.stats = CacheStats()
+        self._warned: set[str] = set()
+        self._made = False
+        self._budget = Budget(self.path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["stats"] = CacheStats()  # counters are per process
+        state["_warned"] = set()
+        return state
+
+    @staticmethod
+    def manifest_of(url: str, cache_dir: Any = None) -> Manifest:
+        """The manifest of the dataset at ``url``, kept in the cache directory ``cache_dir``
+        (as ``FeedDataset(cache_dir=)`` takes it) so that a warm cache starts while the storage
+        is unreachable: see :func:`feedpipe.caches._manifest_copy.load_manifest_cached`."""
+        from ._manifest_copy import load_manifest_cached
+
+        return load_manifest_cached(url, cache_dir)
+
+    # -- files and locks -------------------------------------------------------------------
+    def _entry(self, url: str, rec: ShardRecord) -> Entry:
+        return Entry(self.path, entry_key(rec, url), url, rec, self.stats)
+
+    def _p(self, key: str, suffix: str) -> str:
+        return os.path.join(self.path, key + suffix)
+
+    def _ensure_dir(self) -> None:
+        if self._made:
+            return
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as e:
+            from ..errors import OutputError
+
+            raise OutputError(
+                e.errno, f"{self.path}: cannot create the shard cache directory: {e.strerror}; "
+                "pass cache_dir= a writable directory"
+            ) from e
+        self._made = True
+
+    def _lock(self, key: str, mode: int, block: bool = True) -> int | None:
+        return lock(self._p(key, ".lock"), mode, block, opener=self._open_lock)
+
+    def _open_lock(self, *args: Any) -> int:
+        return int(disk(self.path, os.open, *args))
+
+    def _scan(self) -> tuple[dict[str, int], int, int]:
+        return scan(self.path)
+
+    def usage(self) -> dict[str, int]:
+        """Bytes on disk (every file), complete entries, bytes of downloads under way, the
+        budget (-1: none), and the largest size a download took the directory to
+        (``peak_bytes``) with the most processes seen reading at once (``peak_readers``)."""
+        entries, parts, other = self._scan()
+        peak, readers = self._budget.peak()
+        return {"bytes": sum(entries.values()) + parts + other, "entries": len(entries),
+                "part_bytes": parts, "budget": -1 if self.size is None else self.size,
+                "peak_bytes": peak, "peak_readers": readers}
+
+    def tier_stats(self) -> TierStats:
+        """This process's hits and misses, and the directory's bytes and entries."""
+        from ._tiers import SHARDS, TierStats
+
+        u = self.usage()
+        return TierStats(SHARDS, self.stats.hits, self.stats.misses, u["bytes"], u["entries"])
+
+    # -- eviction ------------------------------------------------------------------------
+    def _evict(self, key: str) -> int | None:
+        """Remove an entry nobody uses; ``None`` when it is in use."""
+        fd = self._lock(key, EXCLUSIVE, block=False)
+        if fd is None:
+            return None
+        freed = 0
+        try:
+            freed = Entry(self.path, key, "", ShardRecord("", 0, 0), self.stats).remove(
+                (".tar", ".idx", *PARTS))
+            os.unlink(self._p(key, ".lock"))  # under LOCK_EX: lockers re-check the inode
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+        self.stats.evictions += 1
+        return freed
+
+    def _evict_until(self, budget: int, entries: dict[str, int], total: int, rank: Rank,
+                     keep: str | None = None, before: float | None = None) -> int | None:
+        """Evict unlocked entries, furthest next use first, until ``total <= budget``; the
+        bytes left. ``None`` when the next victim is needed no later than ``before`` (a
+        prefetch gives up rather than evict a shard needed before the one it fetches)."""
+        for k in sorted((k for k in entries if k != keep), key=lambda k: (-rank(k), k)):
+            if total <= budget:
+                break
+            if before is not None and rank(k) <= before:
+                return None
+            freed = self._evict(k)
+            if freed is not None:
+                total -= freed
+        return total
+
+    def trim(self, rank: Rank | None = None) -> int:
+        """Evict unused entries (furthest next use first) until the budget holds, remove
+        downloads and temporary files abandoned by killed processes, and stop counting this
+        process among the readers. Returns the bytes on disk afterwards."""
+        rank = rank or (lambda k: INF)
+        self._budget.unregister()
+        for name in os.listdir(self.path) if os.path.isdir(self.path) else ():
+            key = next((name[: -len(s)] for s in PARTS if name.endswith(s)), None)
+            if key is not None:
+                fd = self._lock(key, EXCLUSIVE, block=False)
+                if fd is not None:  # nobody is filling it: a leftover
+                    for s in PARTS:
+                        _unlink(self._p(key, s))
+                    os.close(fd)
+            elif (m := _TMP.search(name)) and not _alive(int(m.group(1))):
+                _unlink(os.path.join(self.path, name))
+        entries, parts, other = self._scan()
+        total = sum(entries.values()) + parts + other
+        if self.size is not None:
+            total = self._evict_until(self.size, entries, total, rank) or 0
+        return total
+
+    # -- filling -------------------------------------------------------------------------
+    def _reserve(self, entry: Entry, tar_bytes: int, idx: bytes | None, rank: Rank,
+                 demand: bool) -> bool:
+        """Admit a download (see the module docstring): make room, then create its ``.part``
+        files at their full size. False: a prefetch found no room, or a reader's download would
+        take the directory past ``size + readers x`` this download."""
+        incoming = tar_bytes + (len(idx) if idx is not None else 0)
+        with self._budget.admission(self._open_lock) as ledger:
+            entries, parts, other = self._scan()
+            own = sum(_size(entry.p(s)) for s in PARTS)  # replaced by this reservation
+            total = sum(entries.values()) + parts + other - own
+            readers = self._budget.readers()
+            if self.size is not None and total + incoming > self.size:
+                left = self._evict_until(self.size - incoming, entries, total, rank, entry.key,
+                                         None if demand else rank(entry.key))
+                if left is None:
+                    return False
+                total = left
+                if total + incoming > self.size + (readers * incoming if demand else 0):
+                    return False
+            entry.write_parts(tar_bytes, idx)
+            ledger.note(total + incoming, readers)
+        return True
+
+    def _fill(self, entry: Entry, rank: Rank, demand: bool,
+              stop: threading.Event | None) -> str:
+        """Under ``LOCK_EX``: ``"valid"`` (the entry was already there), ``"ok"`` (fetched),
+        ``"refused"`` (no room within the budget's rules), ``"degraded"`` (the disk is full)."""
+        try:
+            status = entry.fill(lambda b, idx: self._reserve(entry, b, idx, rank, demand), stop,
+                                lambda: self._budget.admission(self._open_lock))
+        except NoSpace as e:
+            self._degrade(entry.url, e.error)
+            return "degraded"
+        if status == "ok":
+            self.stats.fills += 1
+            self.stats.bytes_fetched += entry.fetched
+        return status
+
+    def _warn(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+    def _degrade(self, url: str, error: OSError) -> None:
+        self.stats.degraded += 1
+        self._warn("full", f"{self.path}: the shard cache directory is full ({error.strerror}) "
+                           f"while caching {url}; reading such shards directly from the source "
+                           "instead (uncached range reads). Free space there or lower cache_size.")
+
+    def _over_budget(self, url: str) -> None:
+        self.stats.over_budget += 1
+        self._warn("budget", (
+            f"{self.path}: cache_size ({self.size} bytes) is taken by shards that the "
+            f"{self._budget.readers()} processes reading through this cache hold in use; "
+            f"reading {url} uncached (range requests) rather than exceed the budget by more than "
+            "one shard per reader. Raise cache_size, or lower max_open_shards / shuffle_window "
+            "so that each reader holds fewer shards at once."))
+
+    def prefetch_one(self, url: str, rec: ShardRecord, rank: Rank,
+                     stop: threading.Event | None = None) -> str:
+        """Fill an entry in the background: ``"ok"``, ``"busy"`` (someone else is filling it),
+        ``"skipped"`` (no room without evicting a shard needed sooner) or ``"degraded"``. Never
+        waits for a lock."""
+        self._ensure_dir()
+        entry = self._entry(url, rec)
+        try:
+            fd = self._lock(entry.key, EXCLUSIVE, block=False)
+        except NoSpace as e:
+            self._degrade(url, e.error)
+            return "degraded"
+        if fd is None:
+            return "busy"
+        try:
+            if entry.valid():
+                return "ok"
+            status = self._fill(entry, rank, demand=False, stop=stop)
+        except Stopped:
+            return "skipped"
+        finally:
+            os.close(fd)
+        if status == "ok":
+            self.stats.prefetched += 1
+        return {"valid": "ok", "refused": "skipped"}.get(status, status)
+
+    def acquire(self, url: str, rec: ShardRecord, rank: Rank | None = None) -> Lease | None:
+        """The cached shard, filled first if needed, held in use until the lease is released;
+        ``None`` when it cannot be cached now (the directory is full, or the budget is taken by
+        shards in use: see the module docstring): read ``url`` directly then.
+
+        Waits while another thread or process fills the same entry (one download per node).
+        Counts this process among the cache's readers until :meth:`trim`.
+        """
+        self._ensure_dir()
+        try:
+            disk(self.path, self._budget.register)
+            return self._acquire(self._entry(url, rec), rank or (lambda k: INF))
+        except NoSpace as e:  # not even a lock file fits
+            self._degrade(url, e.error)
+            return None
+
+    def _acquire(self, entry: Entry, rank: Rank) -> Lease | None:
+        tar, lockfile = entry.p(".tar"), entry.p(".lock")
+        wait = threading.Event()
+        for attempt in range(200):
+            fd = self._lock(entry.key, SHARED)  # blocks while a filler holds LOCK_EX
+            if fd is not None and entry.valid():
+                self.stats.hits += 1
+                return Lease(tar, fd)
+            if fd is not None:
+                os.close(fd)
+            fd = self._lock(entry.key, EXCLUSIVE, block=False)
+            if fd is None:  # a filler or a momentary reader: look again once it is done
+                self.stats.waits += 1
+                wait.wait(min(0.05, 0.0005 * 2 ** min(attempt, 7)))
+                continue
+            try:
+                status = self._fill(entry, rank, demand=True, stop=None)
+                if status in ("degraded", "refused"):
+                    os.close(fd)
+                    self.stats.misses += 1
+                    if status == "refused":
+                        self._over_budget(entry.url)
+                    return None
+                relock(fd, SHARED)  # not atomic: re-check what we hold
+            except BaseException:
+                os.close(fd)
+                raise
+            if same_file(fd, lockfile) and entry.valid():
+                self.stats.misses += status == "ok"
+                self.stats.hits += status == "valid"
+                return Lease(tar, fd)
+            os.close(fd)
+        warnings.warn(f"{self.path}: could not settle the cache entry of {entry.url}; reading it "
+                      "uncached", RuntimeWarning, stacklevel=2)
+        self.stats.degraded += 1
+        self.stats.misses += 1
+        return None
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def make_cache(cache_dir: Any, cache_size: Any) -> ShardCache | None:
+    """The cache of ``FeedDataset(cache_dir=..., cache_size=...)``: ``None``/``False``: none;
+    ``True`` or ``"auto"``: :func:`default_cache_dir`; a path; or a :class:`ShardCache`."""
+    if cache_dir is None or cache_dir is False:
+        if cache_size is not None:
+            raise ValueError("cache_size= needs cache_dir= (a directory, or True for the default)")
+        return None
+    if isinstance(cache_dir, ShardCache):
+        if cache_size is not None:
+            raise ValueError("give the byte budget to the ShardCache, not cache_size=")
+        return cache_dir
+    return ShardCache(cache_dir_path(cache_dir), cache_size)
+
+
+def cache_dir_path(cache_dir: Any) -> str:
+    """The directory a ``cache_dir=`` value names (``True``/``"auto"``: the default)."""
+    if isinstance(cache_dir, ShardCache):
+        return cache_dir.path
+    if cache_dir is True or cache_dir == "auto":
+        return default_cache_dir()
+    return os.path.abspath(os.fspath(cache_dir))

@@ -1,0 +1,176 @@
+"""Conversion executors: who writes the shards of a plan, behind one small protocol.
+
+An executor gets a :class:`Job` (the plan, the shards still to write, where their parts go)
+and writes every shard of ``job.todo``, calling ``job.record`` as each one is committed; it
+returns the data bytes it wrote. The implementations: :class:`SerialExecutor` (this process),
+:class:`PoolExecutor` (a process pool on this machine), :class:`feedpipe.dask_convert.
+DaskExecutor` (tasks on a Dask cluster) and :class:`feedpipe.convert._onepass.StagedExecutor` (shards
+cut from one-pass staging files). :func:`feedpipe.convert._method.choose_method` picks one.
+All of them write the same bytes: parts by :func:`feedpipe.format._writer.write_part`, shards joined by
+:func:`feedpipe.format._writer.finish_shard`, in the plan's order whatever the timing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..format._manifest import ShardRecord
+from .._helpers.pool_context import die_with_parent, pool_context
+from ._shard_plan import Plan
+from ._sources import Source
+from ..format._writer import PartResult, finish_shard, write_part
+
+Record = Callable[[int, ShardRecord, list[tuple[str, str]], set[str]], None]
+
+
+@dataclass
+class Job:
+    """The shards still to write: ``todo`` (indices into ``plan``), their ``names``, the temp
+    path of each part (``part_paths[i, j]``), the output directory, the ``on_error`` policy, a
+    progress ``bar`` (counts files) and ``record(i, rec, skipped, fields)`` for each commit."""
+
+    source: Source
+    plan: Plan
+    todo: list[int]
+    names: list[str]
+    part_paths: dict[tuple[int, int], str]
+    out: str
+    on_error: str
+    bar: Any
+    record: Record
+
+    def commit(self, i: int, parts: list[tuple[str, PartResult]]) -> None:
+        """Join shard ``i`` from its written parts and record it."""
+        rec, idx, skipped = finish_shard(self.out, self.names[i], parts)
+        self.record(i, rec, skipped, idx.fields())
+
+
+class Executor(Protocol):
+    """Writes the shards of a :class:`Job` (see the module docstring)."""
+
+    name: str
+
+    def run(self, job: Job) -> int:
+        """Write every shard of ``job.todo``; the data bytes written."""
+        ...
+
+    def describe(self) -> str:
+        """What ran, for the summary (e.g. ``"process pool, 2 workers"``)."""
+        ...
+
+
+class SerialExecutor:
+    """Every part in this process, shard after shard."""
+
+    name = "serial"
+
+    def __init__(self, why: str = "") -> None:
+        self.why = why
+
+    def run(self, job: Job) -> int:
+        written = 0
+        for i in job.todo:
+            results = []
+            for j, specs in enumerate(job.plan[i]):
+                res = write_part(job.source, specs, job.part_paths[i, j], job.on_error)
+                results.append((job.part_paths[i, j], res))
+                job.bar.update(res.files)
+                written += res.bytes
+            job.commit(i, results)
+        return written
+
+    def describe(self) -> str:
+        return "in this process" + (f", {self.why}" if self.why else "")
+
+
+# Plans handed to forked pool workers by inheritance, by token: a worker forked while its plan is
+# here reads its parts from its copy of the parent's memory instead of unpickling them (unpickling
+# a sample costs more than writing a small file: benchmarks/bench_convert.py --profile).
+_FORK_PLANS: dict[int, Plan] = {}
+_fork_tokens = itertools.count()
+
+
+def _write_inherited(token: int, i: int, j: int, source: Source, path: str,
+                     on_error: str) -> PartResult:
+    plan = _FORK_PLANS.get(token)
+    if plan is None:  # not forked from the run that planned it: cannot happen; fail loudly
+        raise RuntimeError(f"conversion worker {os.getpid()} has no plan {token}: it was not "
+                           "forked from the process that planned the run")
+    return write_part(source, plan[i][j], path, on_error)
+
+
+class PoolExecutor:
+    """Parts written by ``workers`` processes, each shard joined in this process as soon as its
+    parts are in. A plan of one part is written in this process (a pool would only add its
+    start-up), and the summary says so."""
+
+    name = "pool"
+
+    def __init__(self, workers: int, start_method: str | None = None) -> None:
+        self.workers = workers
+        self.start_method = start_method
+        self._ran_serially = False
+
+    def run(self, job: Job) -> int:
+        if len(job.part_paths) <= 1:
+            self._ran_serially = True
+            return SerialExecutor().run(job)
+        import multiprocessing as mp
+
+        ctx = pool_context() if self.start_method is None else mp.get_context(self.start_method)
+        token = next(_fork_tokens) if ctx.get_start_method() == "fork" else None
+        if token is not None:  # before the pool exists: its workers are forked with the plan
+            _FORK_PLANS[token] = job.plan
+        try:
+            with ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                     initializer=die_with_parent,
+                                     initargs=(os.getpid(),)) as pool:
+                return _drive(pool, token, job)
+        finally:
+            if token is not None:
+                _FORK_PLANS.pop(token, None)
+
+    def describe(self) -> str:
+        if self._ran_serially:
+            return "in this process, one part: no pool needed"
+        return f"process pool, {self.workers} workers"
+
+
+def _drive(pool: ProcessPoolExecutor, token: int | None, job: Job) -> int:
+    """Submit every part (by reference to the inherited plan ``token``, or pickled), commit each
+    shard once all its parts are written; the bytes written."""
+    plan, paths = job.plan, job.part_paths
+    written = 0
+    futures: dict[Future[PartResult], tuple[int, int]] = {}
+    results: dict[int, dict[int, PartResult]] = {i: {} for i in job.todo}
+    for i in job.todo:
+        for j, part in enumerate(plan[i]):
+            if token is not None:
+                fut = pool.submit(_write_inherited, token, i, j, job.source, paths[i, j],
+                                  job.on_error)
+            else:
+                fut = pool.submit(write_part, job.source, part, paths[i, j], job.on_error)
+            futures[fut] = (i, j)
+    pending = set(futures)
+    try:
+        while pending:
+            # each part as it comes: a shard is joined while the workers write the next ones
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                i, j = futures[fut]
+                res = fut.result()
+                results[i][j] = res
+                job.bar.update(res.files)
+                written += res.bytes
+                if len(results[i]) == len(plan[i]):
+                    job.commit(i, [(paths[i, k], results[i][k]) for k in range(len(plan[i]))])
+    except BaseException:
+        for fut in pending:
+            fut.cancel()
+        raise
+    return written

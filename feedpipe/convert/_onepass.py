@@ -1,0 +1,381 @@
+"""One-pass conversion of a local tree of top-level directories: list, read and stage each
+directory in one go, then cut the shards out of the staged bytes.
+
+The general path of :func:`feedpipe.shard` lists the whole tree first (a ``stat`` per file for
+its size), plans the shards, and only then reads every file in a pool. For a local source whose
+files all sit in top-level directories (an image-folder layout, a tree of records), one worker
+per directory here walks it without a ``stat``, groups and sorts its samples exactly as the
+listing does, reads their files in key order and writes their tar members to a *staging* file
+in OUT; the sizes come from the reads. The parent then holds the very listing the general path
+would build (same samples, keys and sizes, from the same chunk files: :mod:`feedpipe.convert._listing`),
+plans the same shards with the same fingerprint, and joins each shard from byte ranges of the
+staging files (:func:`feedpipe.format._writer.join_ranges`). The output is the general path's, byte for
+byte (``tests/test_onepass.py``); what it saves is the ``stat`` per file and the wait between
+listing and writing (``benchmarks/bench_peers.py --phases convert`` measures it).
+
+Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
+which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
+no extension, unreadable, not UTF-8), a symbolic link or special file, an unlistable directory,
+a directory that may hold feedpipe output (``manifest.json``, ``.feedpipe-*`` files),
+files at the root, a ``cls`` file under ``labels_from_dirs``, a class directory without samples,
+and fewer top-level directories than workers (a directory is one worker's work, and OUT must
+hold a directory's staged bytes beside the shards cut from it: each staging file goes as soon
+as its last shard is committed, so OUT needs room for the data plus about its largest
+top-level directory). Nothing is committed before the plan's fingerprint is saved (as on the
+general path), so a run killed while staging leaves only hidden temp files, which ``--resume``
+or a new run removes; the work done so far is lost (``--resume`` then takes the general path,
+which keeps whatever shards were committed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..format._index import ShardIndex
+from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
+from ..format._manifest import ShardRecord
+from .._helpers.pool_context import die_with_parent, pool_context
+from .._helpers.progress import progress
+from ._sources import SampleSpec, classify, read_local
+from ..format._writer import hidden, join_ranges, removed_on_error, unlink_quiet, write_members
+
+
+@dataclass
+class StagedDir:
+    """One top-level directory, staged: its listing chunk, its staging file and, per sample in
+    key order, its key, where it starts in the file and where its members start (each list
+    ends with the totals), and per member its field, tar name, data offset and size."""
+
+    chunk: Chunk
+    path: str
+    keys: list[str] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    first: list[int] = field(default_factory=list)
+    exts: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+
+    def cut(self, a: int, b: int) -> Cut:
+        """Samples ``a`` to ``b`` (exclusive)."""
+        m0, m1 = self.first[a], self.first[b]
+        return Cut(self.path, self.starts[a], self.starts[b] - self.starts[a], self.keys[a:b],
+                   [f - m0 for f in self.first[a:b + 1]], self.exts[m0:m1],
+                   self.names[m0:m1], self.offsets[m0:m1], self.sizes[m0:m1])
+
+
+@dataclass
+class Cut:
+    """A run of consecutive samples of a staging file: its bytes and its part of the index
+    (``first``: where each sample's members start, from 0, then their count; ``offsets``: in
+    the staging file)."""
+
+    path: str
+    start: int
+    length: int
+    keys: list[str]
+    first: list[int]
+    exts: list[str]
+    names: list[str]
+    offsets: list[int]
+    sizes: list[int]
+
+
+def shard_index(cuts: list[Cut], bases: list[int]) -> ShardIndex:
+    """The index of a shard joined from ``cuts``, each landed at ``bases[i]`` (what
+    :func:`feedpipe.format._index.group_members` would make of its members, without parsing names)."""
+    idx = ShardIndex([], [0], [], [], [], [])
+    for cut, base in zip(cuts, bases):
+        m = len(idx.exts)
+        idx.keys += cut.keys
+        idx.starts += [m + f for f in cut.first[1:]]
+        idx.exts += cut.exts
+        idx.names += cut.names
+        idx.sizes += cut.sizes
+        shift = base - cut.start
+        idx.offsets += [o + shift for o in cut.offsets]
+    return idx
+
+
+def _walk_plain(root: str, top: str) -> list[str] | None:
+    """The relative paths of the regular files below ``root/top`` in the listing's walk order
+    (sorted per directory, a directory's files before its subdirectories), without a ``stat``;
+    ``None`` at a link, a special file or a directory that cannot be listed."""
+    out: list[str] = []
+    stack = [(top + "/", os.path.join(root, top))]
+    while stack:
+        rel_dir, path = stack.pop()
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            return None
+        subdirs = []
+        try:
+            for e in entries:  # (without the entry type from the directory, these lstat)
+                if e.name == "manifest.json" or e.name.startswith(".feedpipe-"):
+                    return None  # perhaps feedpipe output: the general path's walk decides
+                if e.is_dir(follow_symlinks=False):
+                    subdirs.append((rel_dir + e.name + "/", e.path))
+                elif e.is_file(follow_symlinks=False):
+                    out.append(rel_dir + e.name)
+                else:
+                    return None
+        except OSError:
+            return None
+        stack.extend(reversed(subdirs))
+    return out
+
+
+def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
+              stage_path: str) -> StagedDir | None:
+    """List, read and stage the top-level directory ``top`` of the local tree at ``root``
+    (``cls``: its class index under ``labels_from_dirs``); ``None``: leave it to the general
+    path (nothing is left behind)."""
+    rels = _walk_plain(root, top)
+    if rels is None:
+        return None
+    labels = cls is not None
+    by_key: dict[str, list[Any]] = {}
+    ignored = 0
+    for rel in rels:
+        got = classify(rel, 1, labels_from_dirs=labels)  # the size is checked once read
+        if got is None:
+            ignored += 1
+            continue
+        if isinstance(got, str) or (labels and got[1].ext == "cls"):
+            return None
+        by_key.setdefault(got[0], []).append(got[1])
+    keys = sorted(by_key)
+    base = root if root.endswith("/") else root + "/"
+    extras = [("cls", str(cls).encode())] if labels else []
+    staged = StagedDir(Chunk(top, chunk_path), stage_path, keys)
+    starts, first, exts = staged.starts, staged.first, staged.exts
+    members: list[tuple[str, int, int]] = []
+    rows: list[tuple[str, list[tuple[str, str, int]]]] = []
+    pos = files = 0
+    with removed_on_error(stage_path), open(stage_path, "wb", buffering=1 << 20) as out:
+        write = out.write
+        for key in keys:
+            blobs = []
+            row = []
+            for ref in by_key[key]:
+                try:
+                    data = read_local(base + ref.path)
+                except OSError:
+                    data = b""
+                if not data:  # unreadable or empty: the general path says which and why
+                    unlink_quiet(stage_path)
+                    return None
+                blobs.append((ref.ext, data))
+                row.append((ref.ext, ref.path, len(data)))
+            blobs += extras
+            starts.append(pos)
+            first.append(len(members))
+            exts += [ext for ext, _ in blobs]
+            pos, _ = write_members(write, key, blobs, pos, members)
+            rows.append((key, row))
+            files += len(row)
+        starts.append(pos)
+        first.append(len(members))
+    with removed_on_error(stage_path, chunk_path):  # (a partial chunk: with the listing's tmp)
+        write_rows(chunk_path, rows)
+    if members:
+        names, offsets, sizes = zip(*members)
+        staged.names, staged.offsets, staged.sizes = list(names), list(offsets), list(sizes)
+    c = staged.chunk
+    c.samples, c.files, c.ignored = len(keys), files, ignored
+    if keys:
+        c.first, c.last = keys[0], keys[-1]
+    return staged
+
+
+class StagedTree:
+    """A staged tree: ``listing`` (a :class:`~feedpipe.convert._listing.TreeListing`, sizes as read)
+    and the staged directories in the listing's order. :meth:`join` cuts shards out of them;
+    :meth:`close` removes every staging and chunk file."""
+
+    def __init__(self, listing: TreeListing, dirs: list[StagedDir], paths: list[str],
+                 pool: ProcessPoolExecutor | None) -> None:
+        self.listing = listing
+        self.dirs = dirs
+        self._paths = paths  # every staging file, those of directories without samples too
+        self._pool = pool  # the staging workers, which join the shards too
+
+    def cuts(self, counts: list[int]) -> Iterator[list[Cut]]:
+        """Per shard of ``counts[i]`` consecutive samples (in listing order), its cuts."""
+        d, k = 0, 0  # the directory and the sample in it where the next shard starts
+        dirs = self.dirs
+        for n in counts:
+            out: list[Cut] = []
+            while n:
+                sd = dirs[d]
+                take = min(n, len(sd.keys) - k)
+                out.append(sd.cut(k, k + take))
+                n -= take
+                k += take
+                if k == len(sd.keys):
+                    d, k = d + 1, 0
+            yield out
+
+    def join(self, plan: list[list[list[SampleSpec]]], names: list[str], out: str,
+             record: Callable[[int, ShardRecord, set[str]], None]) -> None:
+        """Write every shard of ``plan`` (a plan of this listing's samples, in order) from the
+        staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed."""
+        counts = [sum(len(p) for p in shard) for shard in plan]
+        jobs = list(enumerate(self.cuts(counts)))
+        last = {cut.path: i for i, cuts in jobs for cut in cuts}  # the last shard cut from each
+        by_shard: dict[int, list[str]] = {}
+        for path, i in last.items():
+            by_shard.setdefault(i, []).append(path)
+
+        def done(i: int, rec: ShardRecord, fields: set[str]) -> None:
+            record(i, rec, fields)
+            for path in by_shard.get(i, ()):  # all shards up to i are committed: OUT holds
+                unlink_quiet(path)  # the staged bytes once, not once more as shards
+
+        pool = self._pool
+        if pool is None or len(plan) <= 1:
+            for i, cuts in jobs:
+                done(i, *join_cuts(out, names[i], cuts))
+            return
+        futures = [(i, pool.submit(join_cuts, out, names[i], cuts)) for i, cuts in jobs]
+        try:
+            for i, fut in futures:  # in shard order
+                done(i, *fut.result())
+        except BaseException:
+            # let the joins under way finish before anyone cleans OUT's temp files behind them
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+            raise
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)  # waits for a join under way
+            self._pool = None
+        for path in self._paths:
+            unlink_quiet(path)
+        self.listing.close()
+
+
+class StagedExecutor:
+    """The conversion executor of the one-pass method (see
+    :mod:`feedpipe.convert._executors`): the shards cut from ``staged``'s files."""
+
+    name = "staged"
+
+    def __init__(self, staged: StagedTree, workers: int) -> None:
+        self.staged = staged
+        self.workers = workers
+
+    def run(self, job: Any) -> int:
+        plan = job.plan
+
+        def record(i: int, rec: ShardRecord, fields: set[str]) -> None:
+            job.record(i, rec, [], fields)
+            job.bar.update(sum(len(s.files) for part in plan[i] for s in part))
+
+        self.staged.join(plan, job.names, job.out, record)
+        return 0
+
+    def describe(self) -> str:
+        return f"one pass, {self.workers} worker{'s' * (self.workers > 1)}"
+
+
+def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[str]]:
+    """Join ``cuts`` into the shard ``out/name``; its record and fields."""
+    rec, idx = join_ranges(out, name, [(c.path, c.start, c.length) for c in cuts],
+                           lambda bases: shard_index(cuts, bases), [])
+    return rec, idx.fields()
+
+
+def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, workers: int,
+               show_progress: bool | None = None, start_method: str | None = None,
+               why: list[str] | None = None) -> StagedTree | None:
+    """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
+    ``None`` when the general path must convert it (the reason then appended to ``why``)."""
+    said = why if why is not None else []
+    files, dirs, outputs = top_entries(src)
+    visible = [d for d in dirs if not d.startswith(".")]
+    if outputs or any(os.path.islink(os.path.join(src, d)) for d in dirs):
+        # links are followed and output directories skipped by the general path
+        said.append("a top-level directory is a symbolic link or holds feedpipe output")
+        return None
+    if any(not name.startswith(".") for name, _ in files):
+        said.append("files at the top of the tree (one-pass stages top-level directories)")
+        return None
+    if len(visible) < max(2, workers):
+        # a directory is one worker's: fewer than the workers would leave some idle, and one
+        # big directory would need room for the data twice (staged, then as shards)
+        said.append(f"{len(visible)} top-level director{'y' if len(visible) == 1 else 'ies'} "
+                    f"for {max(2, workers)} workers (one-pass gives each worker a directory)")
+        return None
+    chunk_paths = [f"{i:08d}.chunk" for i in range(len(dirs))]
+    stage_paths = [hidden(out, f"{prefix}-stage{i:06d}", f".tmp-{os.getpid()}")
+                   for i in range(len(dirs))]
+    # class indices: the listing's classes are the top-level directories with samples, and a
+    # hidden one never has any (a visible one without samples sends the run back)
+    index = {d: i for i, d in enumerate(visible)}
+    classes = ([index.get(d) for d in dirs] if labels_from_dirs
+               else itertools.repeat(None))
+    staged: list[StagedDir] = []
+    ok = False
+    tmp = tempfile.mkdtemp(prefix="feedpipe-listing-")
+    pool = None
+    try:
+        root_chunk = write_chunk(files, "", os.path.join(tmp, "root.chunk"), labels_from_dirs)
+        chunk_paths = [os.path.join(tmp, p) for p in chunk_paths]
+        bar = progress(len(dirs), "shard", "dir", show_progress)
+        args = (itertools.repeat(src), dirs, classes, chunk_paths, stage_paths)
+        if workers <= 1 or len(dirs) <= 1:
+            results: Any = map(stage_dir, *args)
+        else:
+            import multiprocessing as mp
+
+            ctx = pool_context() if start_method is None else mp.get_context(start_method)
+            pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=ctx,
+                                       initializer=die_with_parent, initargs=(os.getpid(),))
+            results = pool.map(stage_dir, *args)
+        try:
+            for top, sd in zip(dirs, results):
+                if sd is None:
+                    said.append(f"directory {top!r} holds what only the general method converts "
+                                "(a bad input, a link or special file, an unlistable directory, "
+                                "possible feedpipe output or a cls file)")
+                    return None
+                staged.append(sd)
+                bar.update(1)
+        finally:
+            bar.close()
+        if labels_from_dirs and any(sd.chunk.samples == 0 for sd in staged
+                                    if not sd.chunk.top.startswith(".")):
+            # the class indices given to the workers counted it
+            said.append("a class directory without samples")
+            return None
+        listing = TreeListing([root_chunk, *(sd.chunk for sd in staged)], tmp, labels_from_dirs)
+        if not listing.samples:
+            said.append("no samples")  # the general path says what the tree holds instead
+            return None
+        order = sorted((sd for sd in staged if sd.chunk.samples),
+                       key=lambda sd: sd.chunk.first or "")
+        if any(a.chunk.last >= b.chunk.first  # type: ignore[operator]
+               for a, b in zip(order, order[1:])):
+            # cannot happen with feedpipe's key encoding (see feedpipe.listing)
+            said.append("the key ranges of two top-level directories overlap")
+            return None
+        ok = True
+        return StagedTree(listing, order, stage_paths, pool)
+    finally:
+        if not ok:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+            for p in stage_paths:
+                unlink_quiet(p)
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,365 @@
+"""``feedpipe shard``: convert a small-file dataset into WebDataset shards.
+
+A conversion is planned completely before its shards are written: samples are listed and sorted
+(and shuffled with ``seed`` if asked), then cut into shards by ``max_bytes``/``max_samples``
+using the exact tar sizes, and each shard into parts (:mod:`feedpipe.convert._shard_plan`). An executor
+(:mod:`feedpipe.convert._executors`) writes the parts and joins them into shards in order, so
+the bytes of every shard depend on the inputs and options only, never on ``workers``, the
+executor or timing. A run killed at any moment resumes with ``resume=True``: committed shards
+are kept, everything else is redone.
+
+The *method* (:func:`feedpipe.convert._method.choose_method`, one table of choices) is
+``general`` (list, plan, then write: in this process, a process pool or a Dask cluster),
+``one-pass`` (a fresh run over a local tree of top-level directories: each directory listed,
+read and staged by one worker, the shards cut from the staged bytes, :mod:`feedpipe.convert._onepass`)
+or ``table`` (Parquet, :mod:`feedpipe.convert._tables`). ``general`` and ``one-pass`` write the
+same shards and indexes byte for byte and the same plan fingerprint, so either resumes the
+other's run; the manifest's ``created_by.method`` says which one wrote it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from contextlib import closing, nullcontext
+from typing import Any
+
+from .. import __version__
+from ._executors import Executor, Job, PoolExecutor, SerialExecutor
+from ._method import Choice, Facts, choose_method
+from ..errors import InputError, OutputError
+from ._file_list import list_manifest
+from ._gc_freeze import frozen
+from ..format._manifest import Manifest, ShardRecord
+from ._merge import state_name as part_state_name
+from ._onepass import StagedExecutor, StagedTree, stage_tree
+from ._output_dir import (
+    STATE_NAME,
+    check_state,
+    clean_temps,
+    prepare_out,
+    unlink_quiet,
+    write_dataset_manifest,
+)
+from ._parts import PartInfo, parse_part, part_prefix
+from .._helpers.progress import progress
+from ._options import DEFAULT_MAX_BYTES, ShardOptions  # noqa: F401  (re-exported)
+from ._shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
+from ._summary import ShardSummary
+from ._sources import Listing, SampleSpec, Source, printable
+from .._helpers.storage import is_local, local_path
+from ..format._writer import hidden, load_record, output_error
+
+log = logging.getLogger("feedpipe.convert")
+Records = dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]]
+
+
+def shard(src: str, out: str, options: ShardOptions | None = None, /,
+          **overrides: Any) -> ShardSummary:
+    """Convert the small-file dataset at ``src`` into shards in ``out``.
+
+    Args:
+        src: a local directory or fsspec URL (a folder tree; with ``manifest``, the root the
+            manifest's paths are relative to), or a Parquet file or directory of them.
+        out: a local directory, missing or empty (or holding an interrupted run with ``resume``).
+        options: a :class:`~feedpipe.convert._options.ShardOptions` (default: its defaults).
+        **overrides: any of its fields by name, over ``options`` (``workers=2, resume=True``).
+
+    Returns:
+        A :class:`~feedpipe.convert._summary.ShardSummary`; its ``method`` and ``executor`` say how
+        the run went.
+
+    Raises:
+        MethodError: a forced ``method`` that cannot serve the input, saying why.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "src").mkdir(), (d / "src" / "a.txt").write_text("hi")
+        >>> shard(str(d / "src"), str(d / "out"), workers=1).samples
+        1
+    """
+    opts = (options or ShardOptions()).with_overrides(overrides)
+    t0 = time.perf_counter()
+    tables = None
+    if opts.manifest is None:
+        from ._tables import parquet_files
+
+        tables = parquet_files(src)  # a Parquet file or a directory of them
+    nworkers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
+    facts = Facts(requested=opts.method,
+                  source="table" if tables is not None else "manifest" if opts.manifest else "tree",
+                  local=is_local(src) and is_local(out), resume=opts.resume, shuffle=opts.shuffle,
+                  part=opts.part is not None, dask=opts.dask is not None, workers=nworkers)
+    choice = choose_method(facts)
+    if tables is not None:
+        return _shard_table(src, tables, out, opts)
+    if opts.columns is not None or opts.classes is not None:
+        raise ValueError(f"{printable(src)}: columns= and classes= apply to Parquet sources "
+                         "(a .parquet file or a directory of them); a folder tree takes its "
+                         "fields from file extensions and its classes from --labels-from-dirs")
+    part_of = None if opts.part is None else parse_part(opts.part)
+    if opts.dask is not None:
+        from ._dask import check_dask
+
+        check_dask()  # a missing extra fails before the listing, with its pip line
+    staged = None
+    if choice.executor == "staged":
+        why: list[str] = []
+        staged = _stage(local_path(src), local_path(out), opts, nworkers, why)
+        if staged is None:  # the general method (or, forced, a MethodError saying why)
+            choice = choose_method(dataclasses.replace(facts, gave_back="; ".join(why)))
+    try:
+        listing, part_info = ((staged.listing.to_listing(), None) if staged is not None
+                              else _list(src, out, opts, part_of))
+    except BaseException:
+        if staged is not None:
+            staged.close()
+        raise
+    # the listing's objects (one per file, alive to the end) out of full collections
+    with frozen(), (closing(staged) if staged is not None else nullcontext()):
+        return _convert(src, out, opts, choice, staged, listing, part_info, nworkers, t0)
+
+
+def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: StagedTree | None,
+             listing: Listing, part_info: PartInfo | None, nworkers: int,
+             t0: float) -> ShardSummary:
+    """Plan ``listing``'s samples, write the shards not yet committed with the executor of
+    ``choice``, and commit the dataset (or the part)."""
+    samples = _drop_problems(listing, opts.on_error)
+    _report_outputs(src, out, listing)
+    part_of = None if part_info is None else (part_info.index, part_info.count)
+    name_prefix = opts.prefix if part_of is None else part_prefix(opts.prefix, *part_of)
+    state = STATE_NAME if part_of is None else part_state_name(*part_of)
+    prepare_out(out, opts.resume, None if part_of is None else name_prefix)
+    out = local_path(out)
+    if opts.shuffle and part_of is None:  # a part's samples come in their final order
+        samples = shuffled(samples, opts.seed)
+    plan = plan_shards(samples, opts.max_bytes, opts.max_samples, PART_SAMPLES)
+    fp = plan_fingerprint(opts.output_options(), plan)
+    check_state(out, fp, opts.resume, state)
+    if staged is None:  # (the staging files are this run's)
+        clean_temps(out, name_prefix, state)
+    names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
+    records: Records = {}
+    if opts.resume:
+        for i, name in enumerate(names):
+            got = load_record(out, name)
+            if got is not None:
+                records[i] = got
+    reused = len(records)
+    todo = [i for i in range(len(plan)) if i not in records]
+    total_files = sum(len(s.files) for s in samples)
+    bar = progress(total_files, "shard", "file", opts.show_progress)
+    bar.update(sum(len(s.files) for i in records for p in plan[i] for s in p))
+
+    def record(i: int, rec: ShardRecord, skipped: list[tuple[str, str]],
+               fields: set[str]) -> None:
+        records[i] = (rec, skipped, fields)
+        if opts.on_shard is not None:
+            opts.on_shard(rec)
+
+    part_paths = {(i, j): hidden(out, names[i], f".part{j:05d}.tmp-{os.getpid()}")
+                  for i in todo for j in range(len(plan[i]))}
+    executor = _executor(choice, opts, nworkers, staged)
+    job = Job(Source(src), plan, todo, names, part_paths, out, opts.on_error, bar, record)
+    try:
+        executor.run(job)
+    except BaseException:
+        clean_temps(out, name_prefix, state)
+        raise
+    finally:
+        bar.close()
+    m = _manifest(src, opts, choice, listing, plan, records, fp)
+    merged = _commit(out, opts, m, listing, part_info, names, state)
+    secs = time.perf_counter() - t0
+    nbytes = sum(r.bytes for r in m.shards)
+    return ShardSummary(
+        out=out, shards=len(m.shards), samples=m.total_samples, files=total_files,
+        bytes=nbytes, skipped=len(m.skipped), reused_shards=reused, seconds=secs,
+        files_per_s=total_files / secs if secs > 0 else 0.0,
+        mb_per_s=nbytes / secs / 1e6 if secs > 0 else 0.0, skipped_inputs=list(m.skipped),
+        part=None if part_info is None else part_info.label, merged=merged,
+        method=choice.method, executor=executor.describe(), why=choice.why)
+
+
+def _executor(choice: Choice, opts: ShardOptions, workers: int,
+              staged: StagedTree | None) -> Executor:
+    if choice.executor == "staged" and staged is not None:
+        return StagedExecutor(staged, workers)
+    if choice.executor == "dask":
+        from ._dask import DaskExecutor
+
+        return DaskExecutor(opts.dask, opts.retries)
+    if choice.executor == "pool":
+        return PoolExecutor(workers, opts.start_method)
+    return SerialExecutor("one worker" if workers <= 1 else "")
+
+
+def _manifest(src: str, opts: ShardOptions, choice: Choice, listing: Listing, plan: Any,
+              records: Records, fp: str) -> Manifest:
+    skipped = ([{"path": p, "reason": r} for p, r in listing.problems]
+               if opts.on_error == "skip" else [])
+    fields: set[str] = set()
+    for i in range(len(plan)):
+        skipped += [{"path": p, "reason": r} for p, r in records[i][1]]
+        fields |= records[i][2]
+    options = opts.output_options()
+    options["src"] = printable(src)
+    m = Manifest(shards=[records[i][0] for i in range(len(plan))], fields=sorted(fields),
+                 classes=listing.classes, skipped=skipped,
+                 created_by={"tool": "feedpipe shard", "feedpipe_version": __version__,
+                             "method": choice.method, "options": options,
+                             "plan_fingerprint": fp, "ignored_hidden_files": listing.ignored})
+    if listing.outputs:
+        m.created_by["skipped_output_dirs"] = listing.outputs
+    return m
+
+
+def _commit(out: str, opts: ShardOptions, m: Manifest, listing: Listing,
+            part_info: PartInfo | None, names: list[str], state: str) -> bool:
+    """Write the manifest (a part: its part record, and with ``merge`` the manifest once every
+    part is done) and remove what only a resume needed; whether this run merged the parts."""
+    if part_info is None:
+        write_dataset_manifest(out, m)
+        for name in names:
+            unlink_quiet(os.path.join(out, f".{name}.record.json"))
+        unlink_quiet(os.path.join(out, STATE_NAME))
+        return False
+    from ._merge import merge_if_complete, write_part_record
+
+    m.created_by["part"] = part_info.label
+    listing_skipped = len(listing.problems) if opts.on_error == "skip" else 0
+    try:
+        write_part_record(out, part_info, m, listing_skipped)
+    except OSError as e:
+        raise output_error(e, out) from e
+    unlink_quiet(os.path.join(out, state))  # shard records stay: --resume reuses them
+    return opts.merge and merge_if_complete(out, part_info.count) is not None
+
+
+def _list(src: str, out: str, opts: ShardOptions, part: tuple[int, int] | None
+          ) -> tuple[Listing, PartInfo | None]:
+    """The samples to convert (a part's share in its final order) and, for a part, what it is."""
+    from ._listing import list_tree_parallel
+    from ._parts import list_part
+
+    if opts.manifest is not None:
+        listing: Any = list_manifest(src, opts.manifest)
+    else:
+        listing = list_tree_parallel(src, labels_from_dirs=opts.labels_from_dirs,
+                                     workers=opts.workers, show_progress=opts.show_progress,
+                                     exclude=out)
+    try:
+        total = len(listing.samples) if isinstance(listing, Listing) else listing.samples
+        _check_not_empty(src, opts, listing, total)
+        if part is None:
+            return (listing if isinstance(listing, Listing) else listing.to_listing()), None
+        return list_part(listing, *part, shuffle=opts.shuffle, seed=opts.seed,
+                         options=opts.output_options())
+    finally:
+        if not isinstance(listing, Listing):
+            listing.close()
+
+
+def _check_not_empty(src: str, opts: ShardOptions, listing: Any, total: int) -> None:
+    """Refuse a source with nothing to convert (a dataset of 0 samples is a mistake), saying
+    what was found instead; a bad input under ``on_error="raise"`` is reported first."""
+    if total:
+        return
+    _drop_problems(listing, opts.on_error)
+    if opts.manifest is not None:
+        raise InputError(f"{opts.manifest}: the manifest names no samples; add rows with a "
+                         "'path' or '<ext>_path' column")
+    found = []
+    if listing.problems:
+        found.append(f"{len(listing.problems)} bad input(s) skipped, e.g. "
+                     f"{listing.problems[0][0]}: {listing.problems[0][1]}")
+    if listing.ignored:
+        found.append(f"{listing.ignored} hidden file(s) ignored")
+    if listing.outputs:
+        found.append(f"feedpipe output skipped: {', '.join(listing.outputs)}")
+    tail = f" ({'; '.join(found)})" if found else ""
+    raise InputError(f"{printable(src)}: the source directory has no files to convert{tail}; "
+                     "point SRC at the directory that holds the data")
+
+
+def _report_outputs(src: str, out: str, listing: Any) -> None:
+    """Say which directories the listing skipped as output (:mod:`feedpipe.convert._source_tree`)."""
+    if is_local(src) and is_local(out):
+        real_src, real_out = os.path.realpath(local_path(src)), os.path.realpath(local_path(out))
+        if real_out != real_src and os.path.commonpath([real_src, real_out]) == real_src:
+            log.warning("feedpipe shard: the output directory %s is inside the source %s: the "
+                        "listing skips it (and any later conversion of the source does too)",
+                        printable(out), printable(src))
+    for rel in listing.outputs:
+        log.warning("feedpipe shard: skipped %s/%s: it holds feedpipe output (shards, a "
+                    "manifest or a conversion under way), not source data", printable(src), rel)
+
+
+def _stage(src: str, out: str, opts: ShardOptions, workers: int,
+           why: list[str]) -> StagedTree | None:
+    """:func:`feedpipe.convert._onepass.stage_tree` into ``out``, or ``None`` (the reason appended to
+    ``why``) for the general method, which then fails (or not) exactly as it would have: a bad
+    source or output directory is its to report (unless one-pass was forced), an output inside
+    the source would be listed by the walk, and an output directory made here for nothing is
+    removed again."""
+    if not os.path.isdir(src):
+        why.append("the source is not a local directory")
+        return None
+    real_src, real_out = os.path.realpath(src), os.path.realpath(out)
+    if os.path.commonpath([real_src, real_out]) == real_src:
+        why.append("the output directory is inside the source")
+        return None
+    existed = os.path.exists(out)
+    try:
+        prepare_out(out, False)
+    except OutputError:
+        if opts.method == "one-pass":
+            raise
+        why.append("the output directory cannot take it")
+        return None
+    clean_temps(out, opts.prefix)
+    staged = stage_tree(src, out, opts.prefix, labels_from_dirs=opts.labels_from_dirs,
+                        workers=workers, show_progress=opts.show_progress,
+                        start_method=opts.start_method, why=why)
+    if staged is None and not existed:  # (a failure, as on the general path, leaves it)
+        try:
+            os.rmdir(out)
+        except OSError:
+            pass
+    return staged
+
+
+def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions) -> ShardSummary:
+    """A Parquet source, through the table writer (:mod:`feedpipe.convert._tables`)."""
+    from ._tables import shard_parquet
+
+    unsupported = [name for name, on in (
+        ("--resume", opts.resume), ("--shuffle", opts.shuffle),
+        ("--part", opts.part is not None), ("--labels-from-dirs", opts.labels_from_dirs))
+        if on]
+    if unsupported:
+        raise ValueError(f"{printable(src)} is a Parquet source, which is written in one pass "
+                         f"in row order: {', '.join(unsupported)} cannot apply; convert it "
+                         "without, into an empty directory")
+    if opts.workers is not None and opts.workers > 1:
+        log.warning("feedpipe shard: %s is a Parquet source, written in one process: "
+                    "--workers %d is not used", printable(src), opts.workers)
+    return shard_parquet(src, files, out, columns=opts.columns, classes=opts.classes,
+                         max_bytes=opts.max_bytes, max_samples=opts.max_samples,
+                         prefix=opts.prefix, on_error=opts.on_error,
+                         show_progress=opts.show_progress)
+
+
+def _drop_problems(listing: Listing, on_error: str) -> list[SampleSpec]:
+    if listing.problems and on_error == "raise":
+        path, reason = listing.problems[0]
+        more = len(listing.problems) - 1
+        tail = f" (and {more} more bad input(s))" if more else ""
+        raise InputError(f"{path}: {reason}{tail}; use --on-error skip to leave bad inputs out")
+    return listing.samples
+
+

@@ -1,0 +1,298 @@
+"""The inputs of ``feedpipe shard``: samples of files, how a listed file becomes one
+(:func:`classify`), reading a source file, and listing a folder tree or image-folder layout on a
+local path or any fsspec URL (:mod:`feedpipe.convert._file_list` lists a JSONL/CSV file of samples).
+
+Listing produces :class:`SampleSpec` objects in a deterministic order (sorted by key) and a list
+of problems (bad inputs) that the converter's ``on_error`` policy decides about. Nothing is read
+here except directory entries.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ..errors import KeyClashError, SourceNotFoundError
+from ..format._keys import encode_key, split_source, valid_extension
+from ._source_tree import LINK_LOOP, NOT_REGULAR, Identity, TreeWalk, identity
+from .._helpers.storage import filesystem, is_local, local_path
+
+
+class FileRef(NamedTuple):
+    """One input file of a sample: its field (extension), path and listed size. A named tuple,
+    not a frozen dataclass: a conversion makes two per input file, and a dataclass's
+    ``__init__`` costs several times a tuple's."""
+
+    ext: str
+    path: str  # relative to the source root, or an absolute path / URL (manifest mode)
+    size: int
+
+
+@dataclass
+class SampleSpec:
+    key: str
+    files: list[FileRef] = field(default_factory=list)
+    extras: list[tuple[str, bytes]] = field(default_factory=list)
+
+    @property
+    def fields(self) -> list[str]:
+        return [f.ext for f in self.files] + [e for e, _ in self.extras]
+
+    def describe(self) -> str:
+        return ", ".join(f.path for f in self.files) or self.key
+
+
+@dataclass
+class Listing:
+    samples: list[SampleSpec]
+    problems: list[tuple[str, str]]  # (path, reason), one per bad input
+    classes: list[str] | None = None
+    ignored: int = 0  # hidden files
+    outputs: list[str] = field(default_factory=list)  # output directories skipped (relative)
+
+
+class Source:
+    """Reads input files relative to a root (local path or fsspec URL)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") if "://" in root else root
+        self.local = is_local(root)
+        self._fs: Any = None
+        self._local_root: str | None = None  # the local root with a trailing "/"
+        if self.local:
+            base = local_path(self.root)
+            self._local_root = base if base.endswith("/") else base + "/"
+
+    def path(self, rel: str) -> str:
+        if "://" in rel or os.path.isabs(rel):
+            return rel
+        if self.local:
+            return os.path.join(local_path(self.root), rel)
+        return f"{self.root}/{rel}"
+
+    def read(self, rel: str, size: int = -1) -> bytes:
+        """The bytes of ``rel``; ``size``: what the listing saw (a hint, the file decides)."""
+        root = self._local_root
+        if root is not None and "://" not in rel and not rel.startswith("/"):
+            # a relative path of a local root: :meth:`path`'s checks cost about as much as
+            # reading a small file, and a conversion reads one per input file
+            return read_local(root + rel, size)
+        p = self.path(rel)
+        if is_local(p):
+            return read_local(local_path(p), size)
+        from .._helpers.retry import call
+
+        if self._fs is None:
+            self._fs = filesystem(p)[0]
+        fs, path = self._fs, filesystem(p)[1]
+        return call(p, lambda: fs.cat_file(path))
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"root": self.root, "local": self.local, "_fs": None,
+                "_local_root": self._local_root}
+
+
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+class NotRegularFileError(OSError):
+    """A source path names a FIFO, socket, device or directory: ``feedpipe shard`` reads regular
+    files only (opening a FIFO without a writer would block the reader forever)."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"
+
+
+def not_regular(path: str, mode: int) -> NotRegularFileError:
+    return NotRegularFileError(
+        errno.EINVAL, f"not a regular file ({_kind(mode)}); feedpipe shard reads regular files "
+        "only", path)
+
+
+def read_local(path: str, size: int = -1) -> bytes:
+    """A local regular file's bytes, in one ``read`` when ``size`` is right (asking one byte
+    more: a regular file's read comes back short only at its end), else until a read finds
+    nothing.
+
+    The file is opened non-blocking and its type checked after the open, so a FIFO, socket or
+    device (also one swapped in after the listing) raises :class:`NotRegularFileError` instead
+    of blocking or reading forever. Without Python's buffered file object: for the many small
+    files of a conversion this is the cheaper read (``benchmarks/bench_convert.py``). A file
+    that is longer or shorter than ``size`` is read whole all the same."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_regular(path, mode)
+        want = size + 1 if size >= 0 else 1 << 16
+        data = os.read(fd, want)
+        if len(data) == size:  # short by the byte asked beyond the listed size: at the end
+            return data
+        parts = [data]
+        if len(data) < want:  # short: the end, unless a second read still finds bytes
+            more = os.read(fd, 1 << 16)
+            if not more:
+                return data
+            parts.append(more)
+        while chunk := os.read(fd, 1 << 20):
+            parts.append(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def printable(rel: str) -> str:
+    r"""``rel`` as text that JSON and terminals take: bytes of a file name that are not UTF-8
+    (``os`` hands them over as lone surrogates) become ``\xNN`` escapes (pure).
+
+    Example:
+        >>> printable("a/bad\udcff.jpg")
+        'a/bad\\xff.jpg'
+    """
+    try:
+        rel.encode("utf-8")
+        return rel
+    except UnicodeEncodeError:
+        pass
+    try:
+        return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return rel.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def walk_remote(root: str) -> Iterator[tuple[str, int]]:
+    fs, path = filesystem(root)
+    found = fs.find(path, detail=True)
+    base = path.rstrip("/") + "/"
+    for full in sorted(found):
+        info = found[full]
+        if info.get("type", "file") != "file":
+            continue
+        rel = full[len(base) :] if full.startswith(base) else full
+        size = info.get("size")
+        if size is None:  # HTTP directory listings carry no sizes: ask (a HEAD per file)
+            from .._helpers.retry import call
+
+            size = call(f"{root.rstrip('/')}/{rel}", lambda: fs.size(full))
+        yield rel, int(size if size is not None else -1)
+
+
+def check_source_dir(src: str) -> None:
+    """Raise a clear error if ``src`` is missing or not a directory."""
+    if is_local(src):
+        p = local_path(src)
+        if not os.path.exists(p):
+            raise SourceNotFoundError(f"{src}: source does not exist")
+        if not os.path.isdir(p):
+            raise SourceNotFoundError(f"{src}: source is not a directory")
+        if not os.access(p, os.R_OK | os.X_OK):
+            raise SourceNotFoundError(f"{src}: source directory is not readable (permission)")
+        return
+    fs, path = filesystem(src)
+    if not fs.exists(path):
+        raise SourceNotFoundError(f"{src}: source does not exist")
+    if not fs.isdir(path):
+        raise SourceNotFoundError(f"{src}: source is not a directory")
+
+
+def classify(rel: str, size: int, *, labels_from_dirs: bool = False) -> tuple[str, FileRef] | str | None:
+    """What one listed file is (pure): ``None`` for a hidden file (ignored), a reason string for a
+    bad input, else its sample key and :class:`FileRef`.
+
+    Example:
+        >>> classify("a/cat.v2.jpg", 3)
+        ('a/cat%2Ev2', FileRef(ext='jpg', path='a/cat.v2.jpg', size=3))
+        >>> classify("a/empty.txt", 0)
+        'zero-byte file'
+    """
+    # hidden files and everything inside hidden directories (.git, .ipynb_checkpoints)
+    if rel.startswith(".") or "/." in rel:
+        return None
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return "file name is not valid UTF-8 (rename it)"
+    if size == NOT_REGULAR:
+        return ("not a regular file (a FIFO, socket or device); feedpipe shard reads regular "
+                "files only")
+    if size == LINK_LOOP:
+        return ("symbolic link to a directory it is inside (a loop); remove the link or point it "
+                "elsewhere")
+    if size < 0:  # before the extension checks: it may be an unreadable directory
+        return "cannot stat or list it (permission or broken link)"
+    stem, ext = split_source(rel)
+    if not ext:
+        return "file has no extension (a WebDataset field needs one)"
+    if not valid_extension(ext):
+        return f"extension {ext!r} cannot be a field name"
+    if size == 0:
+        return "zero-byte file"
+    if labels_from_dirs and "/" not in rel:
+        return "file is not inside a class directory (--labels-from-dirs)"
+    return encode_key(stem), FileRef(ext, rel, size)
+
+
+def add_class_field(spec: SampleSpec, index: dict[str, int]) -> None:
+    """Append the ``cls`` field of ``--labels-from-dirs`` (the index of the sample's top-level
+    directory in ``index``); refuse a sample that already has a ``cls`` file."""
+    if any(f.ext == "cls" for f in spec.files):
+        raise KeyClashError(
+            f"{spec.files[0].path}: sample already has a 'cls' file, which clashes with the "
+            "class field written by --labels-from-dirs; rename the file or drop "
+            "--labels-from-dirs"
+        )
+    spec.extras.append(("cls", str(index[spec.files[0].path.split("/", 1)[0]]).encode()))
+
+
+def list_tree(src: str, *, labels_from_dirs: bool = False, exclude: str | None = None) -> Listing:
+    """Group the files of a folder tree into samples by relative directory and stem (in one
+    process; :mod:`feedpipe.convert._listing` lists big trees in parallel with the same result).
+    ``exclude``: the output directory, skipped if it is inside ``src``."""
+    check_source_dir(src)
+    walk: Any
+    if is_local(src):
+        walk = TreeWalk(local_path(src), skip=output_identity(exclude))
+    else:
+        walk = walk_remote(src)
+    problems: list[tuple[str, str]] = []
+    by_key: dict[str, SampleSpec] = {}
+    ignored = 0
+    for rel, size in walk:
+        got = classify(rel, size, labels_from_dirs=labels_from_dirs)
+        if got is None:
+            ignored += 1
+        elif isinstance(got, str):
+            problems.append((printable(rel), got))
+        else:
+            by_key.setdefault(got[0], SampleSpec(got[0])).files.append(got[1])
+    samples = [by_key[k] for k in sorted(by_key)]
+    classes = None
+    if labels_from_dirs:
+        classes = sorted({s.files[0].path.split("/", 1)[0] for s in samples})
+        index = {c: i for i, c in enumerate(classes)}
+        for s in samples:
+            add_class_field(s, index)
+    outputs = sorted(printable(o) for o in getattr(walk, "outputs", []))
+    return Listing(samples, problems, classes, ignored, outputs)
+
+
+def output_identity(out: str | None) -> frozenset[Identity]:
+    """The identity of the output directory ``out`` when it exists locally (for the walk to
+    skip it), else nothing."""
+    if out is None or not is_local(out):
+        return frozenset()
+    got = identity(local_path(out))
+    return frozenset() if got is None else frozenset([got])

@@ -1,0 +1,293 @@
+"""Which sample field each column of a table becomes (Parquet files, a Hugging Face dataset).
+
+The default, column by column (printed by ``feedpipe shard`` and kept in the manifest):
+
+=====================================  =========================================================
+column                                 field
+=====================================  =========================================================
+named ``__key__`` or ``key``           the sample key (default: the row number, per file)
+categorical (Parquet dictionary,       ``cls``: the category's index; the categories become the
+``datasets.ClassLabel``)               manifest's class names
+integer named label, labels, cls,      ``cls`` (the first such column)
+class, target or category
+binary, or an image (``{bytes,         the bytes; the field is the image format found in the
+path}``: ``datasets.Image``)           first value (``jpg``, ``png``, ``webp``, ``gif``), else
+                                       the column name
+string, integer, float, bool           text under the column name (bool as 0/1)
+list or struct                         JSON text under ``NAME.json``
+=====================================  =========================================================
+
+A column name that cannot be a field name gets ``_`` for each character that cannot be in one.
+``--columns img=jpg,label=cls,id=__key__,junk=`` overrides the default per column (an empty
+field drops the column); two columns may not make one field. Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InputError
+from ..format._keys import valid_extension
+
+LABEL_NAMES = ("label", "labels", "cls", "class", "target", "category")
+KEY = "__key__"
+_BAD_CHARS = re.compile(r"[\s/%\\\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Column:
+    """What a column holds: ``kind`` is one of binary, image, string, int, float, bool, category,
+    nested, other; ``categories`` the names of a categorical column; ``sample`` its first
+    non-null value (binary: the first bytes, for the format)."""
+
+    name: str
+    kind: str
+    categories: tuple[str, ...] | None = None
+    sample: Any = None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one column goes: ``field`` (``None``: dropped; :data:`KEY`: the key) and how its
+    values are encoded (``bytes``, ``text``, ``cls``, ``json``, ``key``, ``drop``)."""
+
+    column: str
+    field: str | None
+    encoding: str
+    note: str = ""
+
+
+@dataclass
+class ColumnMap:
+    """The fields of a table's samples: one :class:`Target` per column, and the class names."""
+
+    targets: list[Target]
+    classes: list[str] | None = None
+    classes_from: str | None = None
+    _index: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._index = {c: i for i, c in enumerate(self.classes or ())}
+
+    @property
+    def key_column(self) -> str | None:
+        return next((t.column for t in self.targets if t.encoding == "key"), None)
+
+    def lines(self) -> list[str]:
+        """The mapping as text, one line per column (what ``feedpipe shard`` prints)."""
+        out = []
+        for t in self.targets:
+            dest = "(dropped)" if t.field is None else t.field
+            out.append(f"column   {t.column} -> {dest}" + (f"   ({t.note})" if t.note else ""))
+        if self.classes is not None:
+            out.append(f"classes  {len(self.classes)} from {self.classes_from}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {t.column: t.field for t in self.targets}
+
+    def sample(self, row: Mapping[str, Any], key: str) -> dict[str, Any]:
+        """The sample of one row (``key``: the default key; a key column wins)."""
+        out: dict[str, Any] = {KEY: key}
+        for t in self.targets:
+            value = row.get(t.column)
+            if t.field is None or value is None:
+                continue
+            if t.encoding == "key":
+                out[KEY] = str(value)
+            elif t.encoding == "cls":
+                out[t.field] = self._cls(t.column, value)
+            elif t.encoding == "json":
+                out[t.field] = json.dumps(value, sort_keys=True, ensure_ascii=False,
+                                          default=str)
+            elif t.encoding == "bytes":
+                out[t.field] = value.get("bytes") if isinstance(value, dict) else value
+            elif isinstance(value, bool):
+                out[t.field] = str(int(value))
+            elif isinstance(value, (bytes, bytearray, memoryview)):
+                out[t.field] = value
+            else:
+                out[t.field] = str(value)
+        return out
+
+    def _cls(self, column: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise InputError(f"column {column!r}: class label {value!r} is neither an integer "
+                             "nor a class name")
+        if isinstance(value, str):
+            if value not in self._index:
+                raise InputError(f"column {column!r}: class {value!r} is not one of the "
+                                 f"{len(self._index)} class names; give --classes with it")
+            return self._index[value]
+        if self.classes is not None and not 0 <= value < len(self.classes):
+            raise InputError(f"column {column!r}: class index {value} is outside the "
+                             f"{len(self.classes)} class names")
+        return value
+
+
+def image_ext(data: Any) -> str | None:
+    """The image format of ``data`` (bytes, or an image dict's bytes/path), or ``None``.
+
+    Example:
+        >>> image_ext(b"\\xff\\xd8\\xff\\xe0..."), image_ext({"bytes": None, "path": "a/b.PNG"})
+        ('jpg', 'png')
+    """
+    if isinstance(data, dict):
+        path = data.get("path")
+        data = data.get("bytes")
+        if not data and isinstance(path, str) and "." in path.rsplit("/", 1)[-1]:
+            ext = path.rsplit(".", 1)[1].lower()
+            return "jpg" if ext == "jpeg" else ext if valid_extension(ext) else None
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return None
+    head = bytes(data[:16])
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    return None
+
+
+def field_name(column: str) -> str:
+    """A valid field name for ``column`` (see the module docstring).
+
+    Example:
+        >>> field_name("image path"), field_name("caption")
+        ('image_path', 'caption')
+    """
+    name = _BAD_CHARS.sub("_", column).lstrip(".") or "field"
+    return name
+
+
+def default_map(columns: Sequence[Column], classes: Sequence[str] | None = None,
+                classes_from: str = "--classes") -> ColumnMap:
+    """The default mapping of ``columns`` (see the module docstring)."""
+    targets: list[Target] = []
+    have_key = have_cls = False
+    names = list(classes) if classes is not None else None
+    source = classes_from if classes is not None else None
+    for c in columns:
+        if c.name in (KEY, "key") and not have_key and c.kind in ("string", "int"):
+            targets.append(Target(c.name, KEY, "key", "the sample key"))
+            have_key = True
+        elif c.kind == "category" and not have_cls:
+            targets.append(Target(c.name, "cls", "cls", "categories as class names"))
+            have_cls = True
+            if names is None:
+                names, source = list(c.categories or ()), f"column {c.name!r}"
+        elif c.kind == "int" and c.name.lower() in LABEL_NAMES and not have_cls:
+            targets.append(Target(c.name, "cls", "cls", "integer label"))
+            have_cls = True
+        else:
+            targets.append(_by_kind(c, field_name(c.name)))
+    m = ColumnMap(targets, names, source)
+    _check_fields(m)
+    return m
+
+
+def _by_kind(c: Column, name: str) -> Target:
+    if c.kind in ("binary", "image"):
+        ext = image_ext(c.sample)
+        what = "image" if c.kind == "image" else "bytes"
+        return Target(c.name, ext or name, "bytes",
+                      f"{what}, {ext.upper()} found" if ext else what)
+    if c.kind == "nested":
+        return Target(c.name, f"{name}.json", "json", "JSON text")
+    if c.kind == "category":
+        return Target(c.name, name, "text", "category name as text")
+    note = {"string": "text", "int": "number as text", "float": "number as text",
+            "bool": "0/1"}.get(c.kind, "as text")
+    return Target(c.name, name, "text", note)
+
+
+def parse_columns(spec: str | Mapping[str, str | None]) -> dict[str, str | None]:
+    """``"img=jpg,label=cls,junk="`` (or a dict) -> ``{column: field or None}``.
+
+    Example:
+        >>> parse_columns("img=jpg, label=cls,junk=")
+        {'img': 'jpg', 'label': 'cls', 'junk': None}
+    """
+    if not isinstance(spec, str):
+        return {str(k): (v or None) for k, v in spec.items()}
+    out: dict[str, str | None] = {}
+    for item in spec.split(","):
+        if not item.strip():
+            continue
+        col, eq, ext = item.partition("=")
+        if not eq or not col.strip():
+            raise InputError(f"--columns: {item.strip()!r} is not COLUMN=FIELD (e.g. "
+                             "img=jpg,label=cls; an empty FIELD drops the column)")
+        out[col.strip()] = ext.strip() or None
+    return out
+
+
+def override(m: ColumnMap, columns: Sequence[Column],
+             spec: str | Mapping[str, str | None]) -> ColumnMap:
+    """``m`` with the columns named in ``spec`` sent where it says (see :func:`parse_columns`)."""
+    wanted = parse_columns(spec)
+    by_name = {c.name: c for c in columns}
+    unknown = [c for c in wanted if c not in by_name]
+    if unknown:
+        raise InputError(f"--columns: no column {unknown[0]!r}; the columns are "
+                         f"{', '.join(repr(c.name) for c in columns)}")
+    targets = []
+    names, source = m.classes, m.classes_from
+    for t in m.targets:
+        if t.column not in wanted:
+            targets.append(t)
+            continue
+        dest, c = wanted[t.column], by_name[t.column]
+        if dest is None:
+            targets.append(Target(c.name, None, "drop", "--columns"))
+        elif dest == KEY:
+            targets.append(Target(c.name, KEY, "key", "--columns"))
+        elif dest == "cls":
+            if c.kind not in ("int", "category", "string"):
+                raise InputError(f"--columns: column {c.name!r} holds {c.kind} values, not "
+                                 "class labels (integers or category names)")
+            targets.append(Target(c.name, "cls", "cls", "--columns"))
+        else:
+            if not valid_extension(dest) or dest.startswith("."):
+                raise InputError(f"--columns: {dest!r} cannot be a field name (no spaces, '/', "
+                                 "'%' or leading '.')")
+            base = _by_kind(c, dest)
+            targets.append(Target(c.name, dest, base.encoding, "--columns"))
+    # the column the default sent to cls goes to text when --columns names another one
+    chosen = [t for t in targets if t.encoding == "cls" and t.note == "--columns"]
+    if len(chosen) > 1:
+        raise InputError(f"--columns: {chosen[0].column!r} and {chosen[1].column!r} both go "
+                         "to 'cls'; a sample has one class field")
+    for i, t in enumerate(targets):
+        if chosen and t.encoding == "cls" and t.note != "--columns":
+            targets[i] = _by_kind(by_name[t.column], field_name(t.column))
+            if source == f"column {t.column!r}":
+                names, source = None, None
+    if chosen and names is None and by_name[chosen[0].column].categories:
+        names = list(by_name[chosen[0].column].categories or ())
+        source = f"column {chosen[0].column!r}"
+    out = ColumnMap(targets, names, source)
+    _check_fields(out)
+    return out
+
+
+def _check_fields(m: ColumnMap) -> None:
+    seen: dict[str, str] = {}
+    for t in m.targets:
+        if t.field is None:
+            continue
+        if t.field in seen:
+            raise InputError(f"columns {seen[t.field]!r} and {t.column!r} would both become "
+                             f"field {t.field!r}; send one elsewhere with --columns "
+                             f"(e.g. {t.column}={t.field}2, or {t.column}= to drop it)")
+        seen[t.field] = t.column
+    if not any(t.field not in (None, KEY) for t in m.targets):
+        raise InputError("no column becomes a field (all dropped or the key); keep one with "
+                         "--columns")

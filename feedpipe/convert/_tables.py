@@ -1,0 +1,328 @@
+"""Tables as a source: Parquet files (``feedpipe shard data.parquet OUT``) and Hugging Face
+datasets (:func:`shard_from`), written through :class:`feedpipe.ShardWriter`.
+
+A table's columns become fields by :mod:`feedpipe.convert._table_columns` (printed, overridable with
+``columns=``/``--columns``). Rows are read in batches (``pyarrow``; a ``datasets.Dataset`` is
+Arrow underneath) and written in order, one sample per row, in one process. A row that cannot be
+a sample (a class name not in the class list, a value of no known kind) stops the run with its
+file and row named, or with ``on_error="skip"`` is left out and listed in the manifest.
+
+``pyarrow`` (extra ``parquet``) and ``datasets`` are imported only here and only when used.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputError, KeyClashError, OutputError, SourceNotFoundError
+from ._summary import ShardSummary
+from ..format._shard_writer import DEFAULT_MAX_BYTES, ShardWriter
+from .._helpers.storage import filesystem, is_local, local_path
+from ._table_columns import Column, ColumnMap, default_map, override
+
+BATCH_ROWS = 1024
+
+
+@dataclass
+class TableSource:
+    """What a converter needs of a table: its ``columns``, its ``rows`` (an iterator of
+    ``(where, default key, row dict)``; ``where`` names the row in messages), how many rows,
+    and what it is (``describe``, for the manifest)."""
+
+    columns: list[Column]
+    rows: Callable[[], Iterator[tuple[str, str, dict[str, Any]]]]
+    num_rows: int | None
+    describe: dict[str, Any]
+
+
+def parquet_files(src: str) -> list[str] | None:
+    """The Parquet files of ``src`` (a ``.parquet`` file, or a directory whose visible files are
+    all ``.parquet``, sorted by path), or ``None`` when ``src`` is not a Parquet source."""
+    if is_local(src):
+        path = local_path(src)
+        walk: Any = os.walk(path)
+        if path.endswith(".parquet"):
+            return [path] if os.path.isfile(path) else None
+        if not os.path.isdir(path):
+            return None
+    else:
+        fs, path = filesystem(src)
+        if path.endswith(".parquet"):
+            return [path] if fs.isfile(path) else None
+        if not fs.isdir(path):
+            return None
+        walk = fs.walk(path)
+    base = path.rstrip("/") + "/"
+    found = []
+    for root, dirs, files in walk:
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # (a hidden tree is not data)
+        for name in sorted(files):
+            if name.startswith("."):
+                continue
+            if not name.endswith(".parquet"):
+                return None  # the first other file: a tree of files, not a table
+            full = f"{root.rstrip('/')}/{name}"
+            found.append(full[len(base):] if full.startswith(base) else name)
+    return sorted(found) or None
+
+
+def _pyarrow() -> Any:
+    from .._helpers.dependency import require
+
+    require("pyarrow", extra="parquet", purpose="Parquet sources")
+    import pyarrow.parquet as pq
+
+    return pq
+
+
+def _kind(t: Any) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        return "category" if pa.types.is_string(t.value_type) or pa.types.is_large_string(
+            t.value_type) else _kind(t.value_type)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "binary"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
+        return "image"  # (datasets.Image and Audio as Parquet stores them: {bytes, path})
+    if pa.types.is_struct(t) or pa.types.is_list(t) or pa.types.is_large_list(t) \
+            or pa.types.is_map(t):
+        return "nested"
+    return "other"
+
+
+def parquet_source(src: str, files: Sequence[str]) -> TableSource:
+    """The Parquet files ``files`` (relative to the directory ``src``, or ``src`` itself)."""
+    pq = _pyarrow()
+    fs, path = filesystem(src)
+    single = path.endswith(".parquet")
+    paths = [path] if single else [f"{path.rstrip('/')}/{f}" for f in files]
+
+    def open_file(p: str) -> Any:
+        try:
+            return pq.ParquetFile(fs.open(p, "rb"))
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise InputError(f"{p}: not a readable Parquet file ({e})") from e
+
+    first = open_file(paths[0])
+    schema = first.schema_arrow
+    names = schema.names
+    rows_total = 0
+    for p in paths:
+        pf = open_file(p)
+        if pf.schema_arrow.names != names:
+            raise InputError(f"{p}: its columns {pf.schema_arrow.names} differ from "
+                             f"{paths[0]}'s {names}; convert files of one table together")
+        rows_total += pf.metadata.num_rows
+    head = next(first.iter_batches(batch_size=64), None)
+    head_rows = head.to_pylist() if head is not None else []
+    columns = []
+    for name in names:
+        kind = _kind(schema.field(name).type)
+        sample = next((r[name] for r in head_rows if r.get(name) is not None), None)
+        cats = _categories(pq, fs, paths, name) if kind == "category" else None
+        columns.append(Column(name, kind, cats, sample))
+
+    def rows() -> Iterator[tuple[str, str, dict[str, Any]]]:
+        for rel, p in zip(files, paths):
+            stem = "" if single else rel[: -len(".parquet")] + "/"
+            i = 0
+            for batch in open_file(p).iter_batches(batch_size=BATCH_ROWS):
+                for row in batch.to_pylist():
+                    yield f"{p}: row {i}", f"{stem}{i:08d}", row
+                    i += 1
+
+    return TableSource(columns, rows, rows_total,
+                       {"source": "parquet", "files": list(files) if not single else [src]})
+
+
+def _categories(pq: Any, fs: Any, paths: list[str], column: str) -> tuple[str, ...]:
+    """The categories of a dictionary column: the dictionary values in the order they are first
+    met, file by file (a pandas categorical's categories, in their order)."""
+    seen: dict[str, None] = {}
+    for p in paths:
+        for batch in pq.ParquetFile(fs.open(p, "rb")).iter_batches(columns=[column]):
+            for v in batch.column(0).dictionary.to_pylist():
+                seen.setdefault(str(v), None)
+    return tuple(seen)
+
+
+def dataset_source(dataset: Any) -> TableSource:
+    """A Hugging Face ``datasets.Dataset`` (one split): ``ClassLabel`` columns keep their names,
+    ``Image``/``Audio`` columns give their encoded bytes (not decoded)."""
+    import datasets
+
+    if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        raise InputError(f"a DatasetDict of splits {sorted(dataset)}; pass one split, e.g. "
+                         f"dataset[{sorted(dataset)[0]!r}], and an output directory per split")
+    features = dataset.features or {}
+    for name, feat in features.items():
+        if isinstance(feat, (datasets.Image, datasets.Audio)) and feat.decode:
+            dataset = dataset.cast_column(name, type(feat)(decode=False))
+    features = dataset.features or {}
+    first: dict[str, Any] = next(iter(dataset), {})
+    columns = []
+    for name, feat in features.items():
+        sample = first.get(name)
+        if isinstance(feat, datasets.ClassLabel):
+            columns.append(Column(name, "category", tuple(feat.names), sample))
+        elif isinstance(feat, (datasets.Image, datasets.Audio)):
+            columns.append(Column(name, "image", None, _resolved(sample)))
+        elif isinstance(feat, datasets.Value):
+            columns.append(Column(name, _value_kind(feat.dtype), None, sample))
+        else:
+            columns.append(Column(name, "nested", None, sample))
+
+    def rows() -> Iterator[tuple[str, str, dict[str, Any]]]:
+        for i, row in enumerate(dataset):
+            yield f"row {i}", f"{i:08d}", row
+
+    n = len(dataset) if hasattr(dataset, "__len__") else None
+    info = getattr(dataset, "info", None)
+    split = getattr(dataset, "split", None)
+    return TableSource(columns, rows, n, {"source": "datasets",
+                                          "dataset": getattr(info, "dataset_name", None),
+                                          "split": None if split is None else str(split)})
+
+
+def _value_kind(dtype: str) -> str:
+    if dtype in ("string", "large_string"):
+        return "string"
+    if dtype in ("binary", "large_binary"):
+        return "binary"
+    if dtype == "bool":
+        return "bool"
+    if dtype.startswith(("int", "uint")):
+        return "int"
+    if dtype.startswith("float"):
+        return "float"
+    return "other"
+
+
+def _resolved(value: Any) -> Any:
+    """An image/audio value ``{bytes, path}`` with its bytes read from ``path`` when it holds
+    only the path (a dataset built from local files)."""
+    if isinstance(value, dict) and value.get("bytes") is None and value.get("path"):
+        with open(value["path"], "rb") as f:
+            return {**value, "bytes": f.read()}
+    return value
+
+
+def write_table(source: TableSource, out: str, *, columns: str | Mapping[str, str | None] | None,
+                classes: str | Sequence[str] | None, max_bytes: int | str, max_samples: int | None,
+                prefix: str, on_error: str, show_progress: bool | None, src: str,
+                tool: str = "feedpipe shard") -> ShardSummary:
+    """Write every row of ``source`` as a sample in ``out``; the summary."""
+    from ..format._indexer import read_classes
+    from .._helpers.progress import progress
+
+    t0 = time.perf_counter()
+    names, whence = (read_classes(classes) if classes is not None else (None, None))
+    cmap = default_map(source.columns, names, f"--classes ({whence})")
+    if columns:
+        cmap = override(cmap, source.columns, columns)
+    images = [t.column for t in cmap.targets if t.encoding == "bytes"
+              and next(c for c in source.columns if c.name == t.column).kind == "image"]
+    provenance = {"tool": tool, "method": "table",
+                  "source": {**source.describe, "src": src}, "columns": cmap.to_dict()}
+    bar = progress(source.num_rows, "shard", "row", show_progress)
+    rows = 0
+    try:
+        with ShardWriter(out, max_samples=max_samples, max_bytes=max_bytes,
+                         classes=cmap.classes, prefix=prefix, provenance=provenance) as w:
+            for where, key, row in source.rows():
+                rows += 1
+                bar.update(1)
+                problem = _write_row(w, cmap, images, row, key)
+                if problem is None:
+                    continue
+                if on_error == "raise":
+                    raise type(problem)(f"{where}: {problem}; fix the row, or use --on-error "
+                                        "skip to leave it out") from problem
+                w.skip(where, str(problem))
+            if not len(w):
+                raise InputError(f"{src}: the table has no rows to convert"
+                                 + (f" ({len(w.skipped)} skipped)" if w.skipped else ""))
+    finally:
+        bar.close()
+    m = w.close()  # (closed when the block ended: its manifest)
+    secs = time.perf_counter() - t0
+    nbytes = sum(r.bytes for r in m.shards)
+    return ShardSummary(
+        out=w.out, shards=len(m.shards), samples=m.total_samples, files=rows,
+        bytes=nbytes, skipped=len(m.skipped), reused_shards=0, seconds=secs,
+        files_per_s=rows / secs if secs > 0 else 0.0,
+        mb_per_s=nbytes / secs / 1e6 if secs > 0 else 0.0,
+        skipped_inputs=list(m.skipped), method="table",
+        executor="the table writer, in this process", columns=cmap.lines())
+
+
+def _write_row(w: ShardWriter, cmap: ColumnMap, images: list[str], row: dict[str, Any],
+               key: str) -> InputError | KeyClashError | None:
+    """Write one row's sample; what was wrong with the row, if anything (an error writing the
+    output is raised)."""
+    try:
+        for name in images:
+            row[name] = _resolved(row.get(name))
+        w.write(cmap.sample(row, key))
+    except (InputError, KeyClashError) as e:
+        return e
+    except OutputError:
+        raise
+    except OSError as e:  # an image file named by a path in the row
+        return InputError(f"cannot read {e.filename or 'a file it names'}: {e.strerror or e}")
+    return None
+
+
+def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None] | None = None,
+               classes: str | Sequence[str] | None = None,
+               max_bytes: int | str = DEFAULT_MAX_BYTES, max_samples: int | None = None,
+               prefix: str = "data", on_error: str = "raise",
+               show_progress: bool | None = None) -> ShardSummary:
+    """Convert a Hugging Face ``datasets.Dataset`` (one split) into a feedpipe dataset in
+    ``out``, through the writer of ``feedpipe shard``.
+
+    Args:
+        dataset: a ``datasets.Dataset`` (or ``IterableDataset``) of one split.
+        out: a local directory, missing or empty.
+        columns: overrides of the column-to-field mapping (see :mod:`feedpipe.convert._table_columns`),
+            ``"img=jpg,label=cls"`` or a dict; the mapping taken is in the summary's
+            ``columns``.
+        classes: class names (a list, a comma-separated string or a file with one per line);
+            default: a ``ClassLabel`` column's names.
+        max_bytes, max_samples, prefix: as for :func:`feedpipe.shard`.
+        on_error: ``"skip"`` leaves out a row that cannot be a sample and lists it in the
+            manifest; ``"raise"`` stops there.
+        show_progress: a progress bar over rows (default: when stderr is a terminal).
+
+    Returns:
+        A :class:`~feedpipe.convert._summary.ShardSummary` (``method="table"``).
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    from .._helpers.dependency import require
+
+    require("datasets", extra="hub", purpose="feedpipe.shard_from")
+    return write_table(dataset_source(dataset), out, columns=columns, classes=classes,
+                       max_bytes=max_bytes, max_samples=max_samples, prefix=prefix,
+                       on_error=on_error, show_progress=show_progress,
+                       src=type(dataset).__name__, tool="feedpipe.shard_from")
+
+
+def shard_parquet(src: str, files: Sequence[str], out: str, **options: Any) -> ShardSummary:
+    """``feedpipe shard`` of the Parquet files ``files`` of ``src`` (see :func:`write_table`)."""
+    if not files:
+        raise SourceNotFoundError(f"{src}: no Parquet files")
+    return write_table(parquet_source(src, files), out, src=src, **options)

@@ -1,0 +1,303 @@
+"""``feedpipe probe``: how fast the storage and each pipeline stage deliver, which stage bounds
+samples/s, and what to change.
+
+The facade: it resolves the target (:mod:`feedpipe.diagnostics._target`), runs the storage phases
+(:mod:`feedpipe.diagnostics._storage`, cold then warm, page cache state measured with
+:mod:`feedpipe.diagnostics._pagecache`), the pipeline phases on shard datasets
+(:mod:`feedpipe.diagnostics._pipeline`), decides (:mod:`feedpipe.diagnostics._verdict`, pure) and reports
+(:mod:`feedpipe.diagnostics._report` table, JSON, :mod:`feedpipe.diagnostics._plot` PNG). Every phase stops at
+its own deadline of ``duration`` seconds; nothing is written except the outputs asked for and,
+with ``generate``, one test file in a temp dir that is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from . import _pagecache as pagecache
+from . import _phases as phases
+from ..errors import OutputError, SourceNotFoundError
+from ._env import environment, memory, usable_cpus
+from ._target import Target, resolve
+from ._verdict import decide
+from .._helpers.progress import progress
+from .._helpers.storage import is_local, local_path
+
+FORMAT = "feedpipe-probe"
+VERSION = 1
+DEFAULT_BLOCKS = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+DEFAULT_THREADS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What to measure and for how long; checked on construction (``ValueError``)."""
+
+    duration: float = 5.0  # seconds per phase
+    block_sizes: tuple[int, ...] = DEFAULT_BLOCKS
+    threads: tuple[int, ...] = DEFAULT_THREADS
+    random_block: int = 4096
+    batch_size: int = 64
+    workers: int | None = None  # DataLoader workers the verdict plans for (default: CPUs)
+    step_time_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.duration > 0 and math.isfinite(self.duration)):
+            raise ValueError(f"duration must be a positive number of seconds, not {self.duration}")
+        if not self.block_sizes or any(b < 512 for b in self.block_sizes):
+            raise ValueError(f"block sizes must be at least 512 bytes: {self.block_sizes}")
+        if not self.threads or any(t < 1 or t > 256 for t in self.threads):
+            raise ValueError(f"thread counts must be between 1 and 256: {self.threads}")
+        if self.random_block < 512:
+            raise ValueError(f"random read block must be at least 512 bytes: {self.random_block}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, not {self.batch_size}")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"workers must be 0 or more, not {self.workers}")
+        if self.step_time_ms is not None and not self.step_time_ms > 0:
+            raise ValueError(f"step time must be a positive number of ms, not {self.step_time_ms}")
+
+
+class ProbeReport:
+    """What a probe measured and decided: ``to_dict()`` (the ``--json`` document), ``table()``."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+
+    @property
+    def verdict(self) -> dict[str, Any]:
+        return self.doc["verdict"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.doc
+
+    def to_json(self) -> str:
+        return json.dumps(_finite(self.doc), indent=1, allow_nan=False) + "\n"
+
+    def table(self) -> str:
+        from ._report import table
+
+        return table(self.doc)
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no NaN or infinity: such figures become ``null``."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def generate_file(path: str, size: int, *, seed: int = 0) -> dict[str, Any]:
+    """Write ``size`` random (incompressible, never deduplicable) bytes to ``path`` and fsync, so
+    that its pages are clean and can be dropped. Returns the write figures."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    chunk = 16 << 20
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            n = min(chunk, left)
+            f.write(rng.integers(0, 1 << 63, size=(n + 7) // 8, dtype=np.uint64).tobytes()[:n])
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+    elapsed = time.perf_counter() - t0
+    return {"bytes": size, "seconds": round(elapsed, 6), "mb_per_s": size / 1e6 / elapsed}
+
+
+@contextmanager
+def _generated(where: str | None, size: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    base = where if where is not None else tempfile.gettempdir()
+    if not is_local(base):
+        raise ValueError(f"{base}: --generate writes a local test file; give a local directory")
+    base = local_path(base)
+    if not os.path.isdir(base):
+        raise SourceNotFoundError(f"{base}: not a directory to generate test data in")
+    if size < 1 << 20:
+        raise ValueError(f"--generate needs at least 1 MiB, not {size} bytes")
+    free = shutil.disk_usage(base).free
+    if size > free // 2:
+        raise OutputError(f"{base}: generating {size:,} bytes would use more than half of the "
+                          f"{free:,} bytes free; choose a smaller --generate size")
+    try:
+        tmp = tempfile.mkdtemp(prefix="feedpipe-probe-", dir=base)
+    except OSError as e:
+        raise OutputError(f"{base}: cannot create a temp dir for test data ({e.strerror})") from e
+    try:
+        path = os.path.join(tmp, "probe-data.bin")
+        try:
+            info = generate_file(path, size)
+        except OSError as e:
+            raise OutputError(f"{path}: cannot write test data ({e.strerror})") from e
+        info["dir"] = tmp
+        yield path, info
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plan(t: Target, seq: Any, small: Any, can_drop: bool, loaders: list[int],
+          decode: bool) -> int:
+    """Phases to run (host-to-device, known only once CUDA may be asked about, comes on top)."""
+    n = 1 if seq is not None else 0  # sequential cold (or remote)
+    n += 1 if seq is not None and t.local else 0  # sequential warm
+    n += (2 if t.local and can_drop else 1) if small is not None else 0
+    n += 1  # random reads
+    if t.kind == "dataset":
+        n += 2 + (1 if decode else 0) + len(loaders)
+    elif t.kind == "directory" and decode:
+        n += 1
+    return n
+
+
+def probe(
+    target: str | None = None,
+    *,
+    duration: float = 5.0,
+    step_time_ms: float | None = None,
+    batch_size: int = 64,
+    workers: int | None = None,
+    block_sizes: tuple[int, ...] | list[int] | None = None,
+    threads: tuple[int, ...] | list[int] | None = None,
+    random_block: int = 4096,
+    generate: int | None = None,
+    json_path: str | None = None,
+    plot_path: str | None = None,
+    decode: Callable[[dict[str, Any]], Any] | None = None,
+    show_progress: bool | None = None,
+) -> ProbeReport:
+    """Probe ``target``: storage read rates, pipeline stage rates, the bounding stage, advice.
+
+    Args:
+        target: a file, a directory of files, a shard dataset (holds ``manifest.json``), local or
+            any fsspec URL. With ``generate``: the local directory to generate test data in
+            (default: the system temp dir).
+        duration: seconds each phase may take (about ten phases for a dataset).
+        step_time_ms: the accelerator's time per batch, for the utilisation figure.
+        batch_size: samples per batch (batching stage, loader, utilisation).
+        workers: DataLoader workers the verdict plans for (default: the usable CPUs); worker
+            scaling is measured at 0, 1, 2 and this many.
+        block_sizes, threads: the sequential-read grid (default 64 KiB..16 MiB, 1..16 threads).
+        random_block: bytes per random read (latency phase).
+        generate: write a test file of this many bytes in a temp dir, probe it, delete it.
+        json_path: write the report as JSON there (``"-"``: standard output).
+        plot_path: write a PNG there (needs the ``plot`` extra: matplotlib).
+        decode: ``sample dict -> decoded sample``, the decode stage (default: JPEG fields with
+            simplejpeg); also run inside FeedLoader workers.
+        show_progress: a progress bar (default: when stderr is a terminal).
+
+    Returns:
+        A :class:`ProbeReport`.
+
+    Example:
+        >>> r = probe(generate=1 << 20, duration=0.05, block_sizes=[1 << 16], threads=[1])
+        >>> r.verdict["bounding_stage"], r.to_dict()["target"]["kind"]
+        ('storage', 'file')
+    """
+    settings = ProbeSettings(duration, tuple(block_sizes or DEFAULT_BLOCKS),
+                             tuple(threads or DEFAULT_THREADS), random_block, batch_size,
+                             workers, step_time_ms)
+    if plot_path is not None:
+        from .._helpers.dependency import require
+
+        require("matplotlib", extra="plot", purpose="feedpipe probe --plot")
+    if generate is not None:
+        with _generated(target, int(generate)) as (path, info):
+            report = _run(path, settings, decode, show_progress, info)
+    elif target is None:
+        raise ValueError("no TARGET: name a file, directory, dataset or URL (or use --generate)")
+    else:
+        report = _run(target, settings, decode, show_progress, None)
+    if json_path is not None:
+        _write_json(report, json_path)
+    if plot_path is not None:
+        from ._plot import plot
+
+        plot(report.to_dict(), plot_path)
+    return report
+
+
+def _write_json(report: ProbeReport, path: str) -> None:
+    if path == "-":
+        sys.stdout.write(report.to_json())
+        sys.stdout.flush()
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(report.to_json())
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write the JSON report ({e.strerror})") from e
+
+
+def _run(url: str, settings: ProbeSettings, decode: Callable[[dict[str, Any]], Any] | None,
+         show_progress: bool | None, generated: dict[str, Any] | None) -> ProbeReport:
+    from . import _pipeline as pipeline
+
+    t_start = time.perf_counter()
+    d = settings.duration
+    t = resolve(url, seconds=d)
+    cpus = usable_cpus()
+    plan_workers = settings.workers if settings.workers is not None else cpus
+    p = max(1, min(plan_workers, cpus))
+    seq, small = t.sequential_set(), t.small_set()
+    can_drop = t.local and pagecache.can_drop()
+    decode_fn = decode
+    if decode_fn is None and pipeline.jpeg_fields(t.fields):
+        decode_fn = pipeline.JpegDecode(t.fields)
+    # measured worker counts; more than 4 per core only measures contention
+    loaders = sorted({0, 1, 2, min(plan_workers, 4 * cpus)}) if t.kind == "dataset" else []
+    mem_avail = memory().get("available_bytes", 0)
+    fits = bool(mem_avail) and t.total_bytes <= mem_avail // 2
+    total = _plan(t, seq, small, can_drop, loaders, decode_fn is not None)
+    bar = progress(total, desc="feedpipe probe", unit="phase", enabled=show_progress)
+    phase = phases.Phases(bar)
+    try:
+        st = phases.storage_phases(t, seq, small, settings, can_drop, mem_avail, p, phase)
+        pl = None
+        if t.kind == "dataset":
+            pl = phases.dataset_pipeline(t, settings, decode_fn, loaders, phase)
+        elif t.kind == "directory" and decode_fn is not None and small is not None:
+            pl = phases.directory_pipeline(small, decode_fn, decode is not None, d, phase)
+    finally:
+        bar.close()
+    cuda = bool(pl and pl.get("cuda"))
+    figures = phases.figures(t, st, pl, settings, cpus, plan_workers, p, fits, cuda)
+    verdict = decide(figures)
+    target_doc = t.describe()
+    target_doc.update(generated=generated, notes=t.notes)
+    doc: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION, "target": target_doc,
+        "settings": {**asdict(settings), "workers": plan_workers,
+                     "decode": _decode_name(decode, decode_fn)},
+        "storage": st, "pipeline": pl, "verdict": verdict.to_dict(),
+        "environment": environment(t.root if t.local else url, t.local),
+        "phases": phase.done, "elapsed_s": round(time.perf_counter() - t_start, 3),
+    }
+    if pl and pl.get("h2d"):
+        doc["environment"]["cuda_device"] = pl["h2d"]["device"]
+    return ProbeReport(_finite(doc))
+
+
+def _decode_name(given: Any, used: Any) -> str | None:
+    if used is None:
+        return None
+    if given is None:
+        return "jpeg fields with simplejpeg"
+    return getattr(given, "__qualname__", type(given).__name__)
+
+

@@ -1,0 +1,215 @@
+"""``feedpipe index``: adopt shards made by other tools (``webdataset.ShardWriter``, ``tar``).
+
+Scans each shard once, writes its DALI v1.2 ``.idx`` beside it and a ``manifest.json`` for the
+set, so the shards stream through feedpipe without re-sharding. Every shard is read and checked
+before anything is written: a bad shard or a key clash leaves no index and no manifest behind.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import __version__
+from ._compression import compressed_error, compressed_suffix
+from ..errors import (
+    InputError,
+    KeyClashError,
+    OutputError,
+    ShardFormatError,
+    SourceNotFoundError,
+)
+from ._index import ShardIndex, check_names, index_from_tar, index_path, write_index
+from ._manifest import NAME, Manifest, ShardRecord, write_manifest, write_wids_index
+from .._helpers.progress import progress
+
+log = logging.getLogger("feedpipe.index")
+
+
+@dataclass
+class IndexResult:
+    """What :func:`index_dataset` wrote: the dataset root, its manifest, the ``.idx`` files, and
+    where the class names came from (``--classes``)."""
+
+    root: str
+    manifest: Manifest
+    indexes: list[str] = field(default_factory=list)
+    classes_from: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.manifest
+        return {"root": self.root, "manifest": os.path.join(self.root, NAME),
+                "shards": [{"name": s.name, "samples": s.samples, "bytes": s.bytes,
+                            "sha256": s.sha256, "index": i}
+                           for s, i in zip(m.shards, self.indexes)],
+                "total_samples": m.total_samples, "fields": m.fields, "classes": m.classes,
+                "classes_from": self.classes_from}
+
+
+def _expand(shards: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for s in shards:
+        if compressed_suffix(s) and not any(c in s for c in "*?["):
+            raise compressed_error(s)
+        if os.path.isdir(s):
+            found = sorted(glob.glob(os.path.join(glob.escape(s), "*.tar")))
+            packed = sorted(p for p in glob.glob(os.path.join(glob.escape(s), "*"))
+                            if compressed_suffix(p))
+            if packed and not found:
+                raise compressed_error(packed[0])
+            if packed:
+                log.warning("%s: %d compressed file(s) left out (e.g. %s): only plain .tar "
+                            "shards are indexed", s, len(packed), os.path.basename(packed[0]))
+            if not found:
+                raise SourceNotFoundError(f"{s}: directory holds no .tar shards")
+        elif any(c in s for c in "*?["):
+            found = sorted(glob.glob(s))
+            if not found:
+                raise SourceNotFoundError(f"{s}: no shard matches")
+        elif not os.path.exists(s):
+            raise SourceNotFoundError(f"{s}: shard not found")
+        else:
+            found = [s]
+        for p in found:
+            if compressed_suffix(p):
+                raise compressed_error(p)
+            if not os.path.isfile(p):
+                raise SourceNotFoundError(
+                    f"{p}: is {'a directory' if os.path.isdir(p) else 'not a regular file'}, not "
+                    "a tar shard; move it out of the way or name the shards to index")
+        out.extend(found)
+    return out
+
+
+def read_classes(spec: str | Sequence[str]) -> tuple[list[str], str]:
+    """Class names from ``--classes``: a file with one name per line when ``spec`` names an
+    existing file, else a comma-separated list; and a note of which it was.
+
+    Raises:
+        InputError: an empty, blank or repeated name.
+    """
+    if not isinstance(spec, str):
+        names, source = list(spec), "the list given"
+    elif os.path.isfile(spec):
+        with open(spec, encoding="utf-8") as f:
+            names, source = [ln.strip() for ln in f.read().splitlines()], spec
+        while names and not names[-1]:
+            names.pop()
+    else:
+        names, source = [n.strip() for n in spec.split(",")], "the comma-separated list"
+    if not names or not all(names):
+        raise InputError(f"--classes from {source}: empty class name in {names!r} (give a comma "
+                         "list, or a file with one name per line)")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(f"--classes from {source}: repeated class name(s) {dup}")
+    return names, source
+
+
+def _scan(path: str) -> tuple[ShardIndex, int, str]:
+    """The shard's index from its headers, its size and sha256 (I/O errors named)."""
+    try:
+        size = os.path.getsize(path)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+            f.seek(0)
+            idx = index_from_tar(f, size, path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the shard ({e.strerror or e})") from e
+    return idx, size, h.hexdigest()
+
+
+def index_dataset(
+    shards: Sequence[str],
+    *,
+    root: str | None = None,
+    manifest: bool = True,
+    classes: str | Sequence[str] | None = None,
+    show_progress: bool | None = None,
+) -> IndexResult:
+    """:func:`index`, returning what was written (:class:`IndexResult`)."""
+    paths = _expand(shards)
+    if not paths:
+        raise SourceNotFoundError("no shards given")
+    names, source = read_classes(classes) if classes is not None else (None, None)
+    root = os.path.abspath(root or os.path.dirname(os.path.abspath(paths[0])))
+    records: list[ShardRecord] = []
+    indexes: list[tuple[str, ShardIndex]] = []
+    fields: set[str] = set()
+    seen: dict[str, str] = {}
+    bar = progress(len(paths), "index", "shard", show_progress)
+    for path in paths:
+        rel = os.path.relpath(os.path.abspath(path), root)
+        if rel.startswith(".."):
+            raise OutputError(f"{path}: shard lies outside the dataset root {root}; pass --root "
+                              "with a directory above every shard")
+        idx, size, sha = _scan(path)
+        if not len(idx):
+            raise ShardFormatError(f"{path}: shard holds no samples")
+        check_names(idx.names, path)
+        for key in idx.keys:
+            if key in seen:
+                raise KeyClashError(
+                    f"duplicate sample key {key!r}: in {seen[key]} and in {rel} (samples must "
+                    "have unique keys; keys of one sample must be consecutive in a shard)"
+                )
+            seen[key] = rel
+        indexes.append((index_path(path), idx))
+        records.append(ShardRecord(rel.replace(os.sep, "/"), len(idx), size, sha))
+        fields |= idx.fields()
+        bar.update(1)
+    bar.close()
+    m = Manifest(
+        shards=records,
+        fields=sorted(fields),
+        classes=names,
+        created_by={"tool": "feedpipe index", "feedpipe_version": __version__},
+    )
+    target = root
+    try:  # every shard is sound: now write
+        for target, idx in indexes:
+            write_index(target, idx)
+        if manifest:
+            target = os.path.join(root, "wids.json")
+            write_wids_index(root, m)
+            target = os.path.join(root, NAME)
+            write_manifest(root, m)
+    except OSError as e:
+        raise OutputError(e.errno, f"{target}: cannot write it ({e.strerror or e})") from e
+    return IndexResult(root, m, [i for i, _ in indexes], source)
+
+
+def index(
+    shards: Sequence[str],
+    *,
+    root: str | None = None,
+    manifest: bool = True,
+    classes: str | Sequence[str] | None = None,
+    show_progress: bool | None = None,
+) -> Manifest:
+    """Write an ``.idx`` for every shard and a ``manifest.json`` in ``root``.
+
+    Args:
+        shards: shard paths, globs, or directories (all ``*.tar`` inside).
+        root: where the manifest goes (default: the directory of the first shard); every shard
+            must lie under it.
+        manifest: also write ``manifest.json`` (and ``wids.json``).
+        classes: class names for the manifest (what ``cls`` values index), as
+            ``feedpipe shard --labels-from-dirs`` records them: a list, a comma-separated
+            string, or the path of a file with one name per line.
+
+    Raises:
+        KeyClashError: the same key appears twice (in one shard or in two).
+        ShardFormatError: a shard is truncated or corrupted (names the shard and offset);
+            CompressedShardError for ``.tar.gz``/``.tgz`` shards (says how to convert).
+        SourceNotFoundError: a shard is missing or is not a regular file.
+    """
+    return index_dataset(shards, root=root, manifest=manifest, classes=classes,
+                         show_progress=show_progress).manifest

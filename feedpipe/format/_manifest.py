@@ -1,0 +1,309 @@
+"""``manifest.json``: what a shard dataset holds, at its root.
+
+Format version 1::
+
+    {"format": "feedpipe-manifest", "version": 1,
+     "shards": [{"name": "data-000000.tar", "samples": 1000, "bytes": 123, "sha256": "..."}],
+     "total_samples": 1000, "fields": ["cls", "jpg"], "classes": [...] | null,
+     "skipped": [{"path": "...", "reason": "..."}], "num_skipped": 0,
+     "created_by": {"tool": "feedpipe shard", "feedpipe_version": "...", "options": {...}}}
+
+Loading is the only I/O here (through fsspec, so any URL works).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from ._compression import compressed_error, compressed_suffix
+from ..errors import ManifestError, SourceNotFoundError
+
+FORMAT = "feedpipe-manifest"
+VERSION = 1
+NAME = "manifest.json"
+
+
+@dataclass
+class ShardRecord:
+    name: str  # relative to the dataset root
+    samples: int
+    bytes: int
+    sha256: str | None = None
+
+
+@dataclass
+class Manifest:
+    shards: list[ShardRecord]
+    fields: list[str] = field(default_factory=list)
+    classes: list[str] | None = None
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    created_by: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+    def to_json(self) -> str:
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "shards": [asdict(s) for s in self.shards],
+            "total_samples": self.total_samples,
+            "fields": sorted(self.fields),
+            "classes": self.classes,
+            "skipped": self.skipped,
+            "num_skipped": len(self.skipped),
+            "created_by": self.created_by,
+        }
+        return json.dumps(doc, indent=1, ensure_ascii=False, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = NAME) -> Manifest:
+        """Parse and check a manifest's text.
+
+        Raises:
+            ManifestError: not JSON, not a feedpipe manifest, a newer format, a field of the
+                wrong type or value, a shard listed twice (names ``where`` and the field).
+            CompressedShardError: a shard is a compressed tar.
+        """
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"{where}: not valid JSON ({e})") from e
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ManifestError(f"{where}: not a feedpipe manifest (no \"format\": \"{FORMAT}\")")
+        version = doc.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ManifestError(f"{where}: \"version\" must be a positive integer, not "
+                                f"{version!r}")
+        if version > VERSION:
+            raise ManifestError(
+                f"{where}: manifest format version {version!r} is newer than this feedpipe "
+                f"understands ({VERSION}); upgrade feedpipe (pip install -U feedpipe)"
+            )
+        m = cls(
+            shards=_shard_list(doc.get("shards"), where),
+            fields=_strings(doc, "fields", where, []),
+            classes=_strings(doc, "classes", where, None),
+            skipped=_typed(doc, "skipped", list, where, "a list of objects"),
+            created_by=_typed(doc, "created_by", dict, where, "an object"),
+        )
+        if not all(isinstance(x, dict) for x in m.skipped):
+            raise ManifestError(f"{where}: \"skipped\" must be a list of objects")
+        total = doc.get("total_samples", m.total_samples)
+        if not _is_count(total):
+            raise ManifestError(f"{where}: \"total_samples\" must be a non-negative integer, "
+                                f"not {total!r}")
+        if total != m.total_samples:
+            raise ManifestError(
+                f"{where}: total_samples {total} does not match the shard list "
+                f"({m.total_samples})"
+            )
+        return m
+
+
+_SHARD_KEYS = tuple(f.name for f in fields(ShardRecord))
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _typed(doc: dict[str, Any], key: str, kind: type, where: str, what: str) -> Any:
+    v = doc.get(key)
+    if v is None:
+        return kind()
+    if not isinstance(v, kind):
+        raise ManifestError(f"{where}: \"{key}\" must be {what}, not {v!r}")
+    return v
+
+
+def _strings(doc: dict[str, Any], key: str, where: str, default: Any) -> Any:
+    v = doc.get(key, default)
+    if v is None and default is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ManifestError(f"{where}: \"{key}\" must be a list of strings"
+                            f"{' or null' if default is None else ''}, not {v!r}")
+    return list(v)
+
+
+def _shard_list(shards: object, where: str) -> list[ShardRecord]:
+    """The shard records, each field checked (type, range, a relative name, listed once)."""
+    if not isinstance(shards, list):
+        raise ManifestError(f"{where}: \"shards\" must be a list of shard records, not "
+                            f"{type(shards).__name__}")
+    out: list[ShardRecord] = []
+    first: dict[str, int] = {}
+    for i, s in enumerate(shards):
+        at = f"{where}: shards[{i}]"
+        if not isinstance(s, dict):
+            raise ManifestError(f"{at} must be an object with {', '.join(_SHARD_KEYS)}, not "
+                                f"{s!r}")
+        for k in s:
+            if k not in _SHARD_KEYS:
+                raise ManifestError(f"{at}: unknown key {k!r} (a shard record has "
+                                    f"{', '.join(_SHARD_KEYS)})")
+        for k in ("name", "samples", "bytes"):
+            if k not in s:
+                raise ManifestError(f"{at}: missing {k!r}")
+        name, sha = s["name"], s.get("sha256")
+        if (not isinstance(name, str) or not name or name.startswith("/") or "://" in name
+                or ".." in name.split("/")):
+            raise ManifestError(f"{at}.name must be a shard path relative to the dataset root "
+                                f"(no leading '/', no '..'), not {name!r}")
+        for k in ("samples", "bytes"):
+            if not _is_count(s[k]):
+                raise ManifestError(f"{at}.{k} must be a non-negative integer, not {s[k]!r}")
+        if sha is not None and not (isinstance(sha, str) and len(sha) == 64
+                                    and not sha.strip("0123456789abcdef")):
+            raise ManifestError(f"{at}.sha256 must be 64 lowercase hex digits or null, not "
+                                f"{sha!r}")
+        if name in first:
+            raise ManifestError(
+                f"{where}: shard {name!r} is listed twice (shards[{first[name]}] and "
+                f"shards[{i}]); a dataset lists each shard once: remove the repeated entry (and "
+                "correct total_samples), or rebuild the manifest with `feedpipe index`")
+        first[name] = i
+        if compressed_suffix(name):
+            raise compressed_error(join(dataset_root(where), name))
+        out.append(ShardRecord(**s))
+    return out
+
+
+def write_manifest(root: str, manifest: Manifest) -> str:
+    """Write ``root/manifest.json`` atomically; return its path."""
+    path = os.path.join(root, NAME)
+    _write_atomic(path, manifest.to_json(), fsync=True)
+    return path
+
+
+def _write_atomic(path: str, text: str, *, fsync: bool = False) -> None:
+    """``text`` at ``path`` through a temp file beside it; the temp file never outlives an error
+    (which leaves as it came: callers name the output their own way)."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_wids_index(root: str, manifest: Manifest, name: str = "wids.json") -> str:
+    """Write a wids-style shard index (``wids-shard-index-v1``) next to the manifest."""
+    doc = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": [{"url": s.name, "nsamples": s.samples} for s in manifest.shards],
+    }
+    path = os.path.join(root, name)
+    _write_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def load_manifest(root: str) -> Manifest:
+    """Load the manifest of the dataset at ``root`` (a local path or any fsspec URL).
+
+    Args:
+        root: the dataset directory, or its ``manifest.json``.
+
+    Raises:
+        SourceNotFoundError: ``root`` does not exist or is not a dataset (a folder of source
+            files, shards without a manifest, a single shard); the message says what to run.
+        CompressedShardError: ``root`` is, or holds only, compressed shards.
+        ManifestError: the manifest is malformed (names the file and the field).
+    """
+    from .._helpers.storage import read_bytes  # local import: storage pulls in fsspec
+
+    url = root if root.endswith(".json") else join(root, NAME)
+    try:
+        raw = read_bytes(url)
+    except (FileNotFoundError, NotADirectoryError) as e:
+        raise _not_a_dataset(root, url) from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{url}: not UTF-8 text (byte {e.start}); not a feedpipe "
+                            "manifest") from e
+    return Manifest.from_json(text, where=url)
+
+
+def _not_a_dataset(root: str, url: str) -> Exception:
+    """Why ``root`` has no readable manifest, and what to run instead."""
+    kind, entries = _look_at(root)
+    if kind == "missing":
+        return SourceNotFoundError(f"{root}: does not exist (no such directory or file)")
+    if kind == "file":
+        if compressed_suffix(root):
+            return compressed_error(root)
+        parent = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else "."
+        if root.endswith(".tar"):
+            return SourceNotFoundError(
+                f"{root}: is a shard, not a dataset: pass the dataset directory, the one holding "
+                f"manifest.json: FeedDataset('{parent}') (shards made by another tool: run "
+                f"`feedpipe index {parent}` first)")
+        return SourceNotFoundError(f"{root}: is a file, not a dataset: pass the directory "
+                                   "holding manifest.json (or the manifest.json itself)")
+    if kind == "dir":
+        tars = [n for n in entries if n.endswith(".tar")]
+        packed = [n for n in entries if compressed_suffix(n)]
+        if packed and not tars:
+            return compressed_error(join(root, packed[0]))
+        if tars:
+            return SourceNotFoundError(
+                f"{url}: no manifest.json, but {len(tars)} .tar shard{'s' * (len(tars) > 1)} "
+                f"(made by another tool?): run `feedpipe index {root}` to write their indexes "
+                "and a manifest")
+        if entries:
+            return SourceNotFoundError(
+                f"{root}: no manifest.json and no .tar shards: this looks like a source tree "
+                f"({len(entries)} entries, e.g. {entries[0]!r}), not a shard dataset; convert it "
+                f"first: `feedpipe shard {root} OUT`, then use OUT")
+        return SourceNotFoundError(f"{root}: is empty: no manifest.json and no shards")
+    return SourceNotFoundError(
+        f"{url}: no manifest.json; is this a feedpipe dataset? For shards made by other tools run "
+        "`feedpipe index DIR`; for a folder of source files `feedpipe shard SRC OUT`")
+
+
+def _look_at(root: str) -> tuple[str | None, list[str]]:
+    """``("missing" | "file" | "dir" | None, visible entries of a directory)``; None when the
+    storage cannot say (a listing refused, an HTTP server)."""
+    from .._helpers.storage import filesystem, is_local, local_path
+
+    try:
+        if is_local(root):
+            p = local_path(root)
+            if not os.path.exists(p):
+                return "missing", []
+            if not os.path.isdir(p):
+                return "file", []
+            return "dir", sorted(n for n in os.listdir(p) if not n.startswith("."))
+        fs, p = filesystem(root)
+        info = fs.info(p)
+        if info.get("type") != "directory":
+            return "file", []
+        names = [x.rstrip("/").rsplit("/", 1)[-1] for x in fs.ls(p, detail=False)]
+        return "dir", sorted(n for n in names if not n.startswith("."))
+    except FileNotFoundError:
+        return "missing", []
+    except Exception:  # noqa: BLE001 - the plain message below is still right
+        return None, []
+
+
+def join(root: str, name: str) -> str:
+    """Join a dataset root (path or URL) and a relative name."""
+    return root.rstrip("/") + "/" + name if root else name
+
+
+def dataset_root(url: str) -> str:
+    """The dataset root of a URL that may name the manifest itself."""
+    return url.rsplit("/", 1)[0] if url.endswith(".json") else url.rstrip("/")

@@ -1,0 +1,302 @@
+"""``feedpipe.ShardWriter``: write samples that live in memory as a feedpipe dataset.
+
+The output is what ``feedpipe shard`` writes: tar shards (ustar/GNU headers, no PAX) committed
+atomically (a hidden temp file, hashed as it is written, renamed once whole), a DALI v1.2 ``.idx``
+beside each, ``wids.json``, and ``manifest.json`` last. Keys follow the same rule: a key is a
+relative path whose last component may hold dots, encoded with :func:`feedpipe.format._keys.encode_key`
+so that the WebDataset first-dot rule keeps it one sample (``decode_key`` gives it back). Shards
+are cut by :func:`feedpipe.convert._shard_plan.shard_full`, the rule of ``feedpipe shard``. Field values
+become bytes by :mod:`feedpipe.format._field_encoding` (no pickle).
+
+Parallel writing: each process (a pool worker, a Dask task) writes one *part* with
+``ShardWriter(out, part=(i, n))`` into the same ``out``; :func:`feedpipe.merge` (or
+``merge=True`` on the writers, the last one to finish merges) then writes the manifest, exactly
+as for ``feedpipe shard --part I/N``. Keys must then be unique across parts (each writer sees
+only its own).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .. import __version__
+from ..errors import InputError, KeyClashError
+from ._field_encoding import Encoder, encode_field
+from ._index import group_members
+from ._keys import encode_key, valid_extension
+from ._manifest import Manifest, ShardRecord
+from ..convert._output_dir import prepare_out, unlink_quiet, write_dataset_manifest
+from ..convert._parts import PartInfo, parse_part, part_prefix
+from ..convert._options import DEFAULT_MAX_BYTES
+from ..convert._shard_plan import member_size, shard_full
+from ._tar import BLOCK
+from ._writer import commit, hidden, output_error, seal, write_members
+
+TOOL = "feedpipe.ShardWriter"
+
+
+def check_key(key: Any, where: str) -> str:
+    """The encoded form of the sample key ``key`` (see the module docstring), or a refusal."""
+    if not isinstance(key, str):
+        raise InputError(f"{where}'__key__' must be a str, not {type(key).__name__}; e.g. "
+                         "f'{index:08d}' or a relative path")
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in key:
+        raise InputError(f"{where}key {key!r} is not a relative path of non-empty names (no "
+                         "leading '/', no '.' or '..', no '//', no NUL); give a key like "
+                         "'train/00000012'")
+    return encode_key(key)
+
+
+class ShardWriter:
+    """Write samples (dicts) as a feedpipe dataset in ``out``; a context manager.
+
+    Args:
+        out: a local directory, missing or empty (for a part: holding no files of this part).
+        max_samples: at most this many samples per shard.
+        max_bytes: target shard size in bytes (or a size such as ``"256MB"``); a shard exceeds
+            it only to hold one sample larger than it.
+        classes: class names, recorded in the manifest (what the ``cls`` values index).
+        prefix: shard names are ``PREFIX-000000.tar``.
+        encoders: per field, a function turning its value into bytes (see
+            :mod:`feedpipe.format._field_encoding`), e.g. ``{"json": lambda v: json.dumps(v).encode()}``.
+        part: ``(i, n)``: write part ``i`` of ``n`` (see the module docstring).
+        merge: with ``part``: the writer that finds all parts finished writes the manifest.
+        provenance: entries for the manifest's ``created_by`` (what the samples were made from).
+
+    Example:
+        >>> import tempfile, os
+        >>> out = os.path.join(tempfile.mkdtemp(), "ds")
+        >>> with ShardWriter(out, max_samples=2, classes=["cat", "dog"]) as w:
+        ...     for i in range(3):
+        ...         _ = w.write({"__key__": f"{i:04d}", "jpg": b"...", "cls": i % 2,
+        ...                      "txt": "a cat"})
+        >>> sorted(n for n in os.listdir(out) if n.endswith((".tar", ".json")))
+        ['data-000000.tar', 'data-000001.tar', 'manifest.json', 'wids.json']
+    """
+
+    def __init__(self, out: str, *, max_samples: int | None = None,
+                 max_bytes: int | str = DEFAULT_MAX_BYTES, classes: Sequence[str] | None = None,
+                 prefix: str = "data", encoders: Mapping[str, Encoder] | None = None,
+                 part: tuple[int, int] | str | None = None, merge: bool = False,
+                 provenance: Mapping[str, Any] | None = None) -> None:
+        from .._helpers.sizes import parse_size
+
+        self.max_bytes = parse_size(max_bytes)
+        if self.max_bytes <= 2 * BLOCK:
+            raise ValueError(f"max_bytes must be more than {2 * BLOCK} bytes, not {max_bytes}")
+        if max_samples is not None and max_samples < 1:
+            raise ValueError(f"max_samples must be at least 1, not {max_samples}")
+        if "/" in prefix or not prefix:
+            raise ValueError(f"prefix must be a non-empty file name without '/', not {prefix!r}")
+        bad = [e for e in (encoders or {}) if not valid_extension(e)]
+        if bad:
+            raise ValueError(f"encoders: {bad[0]!r} cannot be a field name")
+        self.max_samples = max_samples
+        self.classes = None if classes is None else [str(c) for c in classes]
+        self.prefix = prefix
+        self.encoders = dict(encoders or {})
+        self.part = None if part is None else parse_part(part)
+        self.merge = merge
+        self.provenance = dict(provenance or {})
+        self.skipped: list[dict[str, str]] = []
+        own = None if self.part is None else part_prefix(prefix, *self.part)
+        self.out = prepare_out(out, False, own, tool="feedpipe.ShardWriter",
+                               hint="write into an empty directory")
+        self._names_prefix = own or prefix
+        self._keys: dict[str, int] = {}  # key -> the number of the write that stored it
+        self._records: list[ShardRecord] = []
+        self._fields: set[str] = set()
+        self._file: Any = None
+        self._tmp = ""
+        self._hash: Any = None
+        self._members: list[tuple[str, int, int]] = []
+        self._pos = self._count = 0
+        self._closed = False
+        self.manifest: Manifest | None = None
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, sample: Mapping[str, Any]) -> str:
+        """Add one sample: ``__key__`` (a str) and one entry per field (the extension); other
+        ``__dunder__`` entries (``__shard__``, ``__index__``, as a reader yields them) are not
+        stored, nor are fields whose value is ``None``. Returns the key as stored (encoded)."""
+        if self._closed:
+            raise ValueError("this ShardWriter is closed")
+        n = len(self._keys)
+        where = f"sample #{n} ({sample.get('__key__')!r}): "
+        if "__key__" not in sample:
+            raise InputError(f"sample #{n}: no '__key__'; every sample needs a unique key")
+        key = check_key(sample["__key__"], where)
+        blobs: list[tuple[str, bytes]] = []
+        for ext, value in sample.items():
+            if ext.startswith("__") and ext.endswith("__"):
+                continue
+            if not valid_extension(ext) or ext.startswith("."):
+                raise InputError(f"{where}field {ext!r} cannot be a tar member extension (no "
+                                 "spaces, '/', '%' or leading '.'); rename it")
+            data = encode_field(ext, value, self.encoders, where)
+            if data is not None:
+                blobs.append((ext, data))
+        if not blobs:
+            raise InputError(f"{where}no field to store (every value is None or there is none)")
+        self._check_cls(sample, where)
+        first = self._keys.get(key)
+        if first is not None:
+            raise KeyClashError(f"duplicate sample key {key!r}: sample #{n} and sample #{first} "
+                                "both have it; give every sample its own '__key__'")
+        size = sum(member_size(f"{key}.{ext}", len(data)) for ext, data in blobs)
+        if shard_full(self._pos, self._count, size, self.max_bytes, self.max_samples):
+            self._end_shard()
+        if self._file is None:
+            self._begin_shard()
+        try:
+            self._pos, _ = write_members(self._write, key, blobs, self._pos, self._members)
+        except OSError as e:
+            raise output_error(e, os.path.join(self.out, self._name())) from e
+        self._keys[key] = n
+        self._count += 1
+        self._fields.update(ext for ext, _ in blobs)
+        return key
+
+    def _check_cls(self, sample: Mapping[str, Any], where: str) -> None:
+        cls = sample.get("cls")
+        if self.classes is not None and isinstance(cls, int) and not isinstance(cls, bool) \
+                and not 0 <= cls < len(self.classes):
+            raise InputError(f"{where}cls {cls} is not an index into the {len(self.classes)} "
+                             "classes given; fix the label or the class list")
+
+    def _write(self, data: bytes) -> None:
+        self._hash.update(data)
+        self._file.write(data)
+
+    def _name(self) -> str:
+        return f"{self._names_prefix}-{len(self._records):06d}.tar"
+
+    def _begin_shard(self) -> None:
+        self._tmp = hidden(self.out, self._name(), f".tmp-{os.getpid()}")
+        try:
+            self._file = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 (kept open)
+        except OSError as e:
+            raise output_error(e, os.path.join(self.out, self._name())) from e
+        self._hash = hashlib.sha256()
+        self._members, self._pos, self._count = [], 0, 0
+
+    def _end_shard(self) -> None:
+        name = self._name()
+        try:
+            total = seal(self._file, self._hash)
+            self._file.close()
+            self._file = None
+            rec = commit(self.out, name, self._tmp, total, self._hash.hexdigest(),
+                         group_members(self._members), [], keep_record=False)
+        except OSError as e:
+            raise output_error(e, os.path.join(self.out, name)) from e
+        self._records.append(rec)
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> Manifest:
+        """Commit the last shard and write the manifest (for a part: its part record, and with
+        ``merge`` the manifest once every part is done). Returns the dataset's (or the part's)
+        manifest."""
+        if self._closed:
+            if self.manifest is None:
+                raise ValueError("this ShardWriter was aborted: nothing to close")
+            return self.manifest
+        try:
+            if self._file is not None:
+                self._end_shard()
+            if not self._records and self.part is None:
+                raise InputError(f"{self.out}: no sample was written; nothing to save")
+            m = Manifest(shards=list(self._records), fields=sorted(self._fields),
+                         classes=self.classes, skipped=list(self.skipped),
+                         created_by=self._created_by())
+            if self.part is None:
+                write_dataset_manifest(self.out, m)
+            else:
+                self._commit_part(m, *self.part)
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        self.manifest = m
+        return m
+
+    def skip(self, what: str, reason: str) -> None:
+        """Record an input left out (listed in the manifest's ``skipped``, as ``feedpipe shard
+        --on-error skip`` lists bad files)."""
+        self.skipped.append({"path": what, "reason": reason})
+
+    def _created_by(self) -> dict[str, Any]:
+        return {"tool": TOOL, "feedpipe_version": __version__,
+                "options": {"max_bytes": self.max_bytes, "max_samples": self.max_samples,
+                            "prefix": self.prefix, "encoders": sorted(self.encoders)},
+                **self.provenance}
+
+    def _commit_part(self, m: Manifest, index: int, count: int) -> None:
+        from ..convert._merge import merge_if_complete, write_part_record
+
+        # what every part of one dataset shares (a merge refuses parts that differ)
+        same = json.dumps({"tool": TOOL, "options": m.created_by["options"],
+                           "classes": self.classes}, sort_keys=True)
+        info = PartInfo(index, count, len(self._keys), hashlib.sha256(same.encode()).hexdigest())
+        m.created_by["part"] = info.label
+        try:
+            write_part_record(self.out, info, m, 0)
+        except OSError as e:
+            raise output_error(e, self.out) from e
+        if self.merge:
+            merge_if_complete(self.out, info.count)
+
+    def abort(self) -> None:
+        """Stop without a manifest: remove the shard being written and every shard and index
+        this writer committed (there is no resuming a writer)."""
+        self._closed = True
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmp:
+            unlink_quiet(self._tmp)
+        for rec in self._records:
+            unlink_quiet(os.path.join(self.out, rec.name))
+            unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".idx"))
+        self._records = []
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __len__(self) -> int:
+        """Samples written so far."""
+        return len(self._keys)
+
+
+def write_samples(samples: Iterable[Mapping[str, Any]], out: str, **options: Any) -> Manifest:
+    """Write ``samples`` with one :class:`ShardWriter` (``options`` are its arguments); the
+    manifest, or with ``part=`` the part's. A top-level function, so a process pool or a Dask
+    task can run it on a share of the samples:
+
+    Example:
+        >>> import tempfile, os
+        >>> out = os.path.join(tempfile.mkdtemp(), "ds")
+        >>> for i in range(2):  # e.g. pool.submit(write_samples, share, out, part=(i, 2))
+        ...     _ = write_samples([{"__key__": f"{i}-{j}", "txt": "x"} for j in range(3)], out,
+        ...                       part=(i, 2), merge=True)
+        >>> from feedpipe import load_manifest
+        >>> load_manifest(out).total_samples
+        6
+    """
+    with ShardWriter(out, **options) as w:
+        for sample in samples:
+            w.write(sample)
+    return w.close()  # (closed on leaving the block: this returns its manifest)

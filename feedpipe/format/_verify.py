@@ -1,0 +1,271 @@
+"""``feedpipe verify``: check every shard of a dataset against its index and the manifest.
+
+Each shard's size and sha256 are compared with the manifest, its tar headers are read with the
+one tar parser (:mod:`feedpipe.format._tar`) and its ``.idx`` is compared entry by entry with the
+index those headers give. What cannot be checked is said as a warning: a shard the manifest gives
+no hash for, a ``.tar`` beside the shards that the manifest does not list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ._compression import compressed_suffix
+from ..errors import ShardFormatError
+from ._index import (
+    ShardIndex,
+    index_from_buffer,
+    index_from_tar,
+    index_path,
+    parse_index,
+)
+from ._manifest import Manifest, dataset_root, join, load_manifest
+from .._helpers.progress import progress
+from .._helpers.storage import filesystem, is_local, local_path
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of :func:`verify`: the shard, its kind, a sentence, and where known the byte
+    offset and the sample key.
+
+    Kinds: ``missing``, ``size``, ``sha256``, ``truncated``, ``header``, ``unsupported``,
+    ``compressed``, ``index`` (the ``.idx`` is missing or unreadable), ``index-entry`` (an entry
+    differs from the tar headers), ``index-count``, ``samples`` (the manifest's count differs);
+    as warnings: ``unchecked`` (no sha256 in the manifest), ``unlisted`` (a shard file the
+    manifest does not list).
+    """
+
+    shard: str
+    kind: str
+    message: str
+    offset: int | None = None
+    key: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_error(cls, shard: str, e: ShardFormatError) -> Problem:
+        return cls(shard, e.kind, str(e), e.offset)
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found; ``ok`` is true when there is no problem (warnings say what
+    was not checked)."""
+
+    root: str
+    shards: int = 0
+    samples: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "root": self.root, "shards": self.shards, "samples": self.samples,
+                "problems": [p.to_dict() for p in self.problems],
+                "warnings": [w.to_dict() for w in self.warnings]}
+
+
+def _open(url: str):  # type: ignore[no-untyped-def]
+    if is_local(url):
+        return open(local_path(url), "rb")
+    fs, p = filesystem(url)
+    return fs.open(p, "rb")
+
+
+def _size(url: str) -> int:
+    if is_local(url):
+        return os.path.getsize(local_path(url))
+    fs, p = filesystem(url)
+    return int(fs.size(p))
+
+
+def index_problems(idx: ShardIndex, tar: ShardIndex, shard: str,
+                   index_name: str | None = None) -> list[Problem]:
+    """How ``idx`` (read from an ``.idx`` file) differs from ``tar`` (made from the shard's tar
+    headers, :func:`~feedpipe.format._index.index_from_tar`): the first differing entry, or a
+    different number of members or grouping. Empty when they agree.
+
+    Args:
+        idx: the index to check.
+        tar: the index the tar headers give.
+        shard: the shard's path or URL, for messages.
+        index_name: the ``.idx`` file, for messages (default: beside ``shard``).
+    """
+    index_name = index_name or index_path(shard)
+    by_place = None
+    for m in range(min(len(idx.offsets), len(tar.offsets))):
+        off, sz, name = idx.offsets[m], idx.sizes[m], idx.names[m]
+        if (off, sz, idx.exts[m]) == (tar.offsets[m], tar.sizes[m], tar.exts[m]) and (
+                not idx.named or name == tar.names[m]):
+            continue
+        key = idx.keys[_sample_of(idx, m)]
+        if by_place is None:
+            by_place = {(o, s): n for o, s, n in zip(tar.offsets, tar.sizes, tar.names)}
+        held = by_place.get((off, sz))
+        if held is None:
+            text = f"{shard}: index entry {name!r} at offset {off} ({sz} bytes) matches no tar member"
+        elif idx.named and held != name:
+            text = f"{shard}: at offset {off} the tar holds {held!r}, the index says {name!r}"
+        else:
+            text = (f"{shard}: index entry {name!r} at offset {off} is member {m} of the index "
+                    f"but not of the tar (the tar holds {tar.names[m]!r} there)")
+        return [Problem(shard, "index-entry", f"{text} ({index_name}; rebuild it with "
+                                              "`feedpipe index`)", off, key)]
+    if len(idx.offsets) != len(tar.offsets) or idx.starts != tar.starts:
+        return [Problem(shard, "index-count",
+                        f"{index_name}: lists {len(idx.offsets)} members in {len(idx)} samples, "
+                        f"the tar {shard} holds {len(tar.offsets)} members in {len(tar)} samples; "
+                        "rebuild it with `feedpipe index`")]
+    return []
+
+
+def _sample_of(idx: ShardIndex, member: int) -> int:
+    from bisect import bisect_right
+
+    return bisect_right(idx.starts, member) - 1
+
+
+def check_index(idx: ShardIndex, data: Any, where: str, *, index_name: str | None = None) -> None:
+    """Check every entry of a shard's index against the tar headers of the shard's bytes.
+
+    What ``feedpipe verify`` does for one shard's ``.idx``, for a reader that holds the shard
+    in memory (``FeedDataset(verify=True)``): the headers are parsed with the one tar parser
+    and the index must list the same members (name, data offset, size) in the same samples.
+
+    Args:
+        idx: the index, as read from the ``.idx`` file.
+        data: the whole shard (``bytes``, ``memoryview`` or ``mmap``).
+        where: the shard's path or URL, for messages.
+        index_name: the ``.idx`` file, for messages (default: beside ``where``).
+
+    Raises:
+        ShardFormatError: the tar is malformed, or the index differs from it (the message names
+            the shard, the offset and the ``.idx``; the error carries ``shard``, ``offset``,
+            ``kind``).
+
+    Example:
+        >>> from pathlib import Path
+        >>> from feedpipe.format._index import parse_index
+        >>> tar = sorted(Path("shards/example").glob("*.tar"))[0]
+        >>> idx = parse_index(tar.with_suffix(".idx").read_bytes())
+        >>> check_index(idx, tar.read_bytes(), str(tar))
+    """
+    problems = index_problems(idx, index_from_buffer(data, where), where, index_name)
+    if problems:
+        p = problems[0]
+        err = ShardFormatError(p.message)
+        err.shard, err.offset, err.kind = where, p.offset, p.kind
+        raise err
+
+
+def verify_shard(url: str, samples: int | None, nbytes: int | None,
+                 sha256: str | None) -> list[Problem]:
+    """Problems found in one shard (empty when sound): size and sha256 against the manifest's
+    (when given), every tar header, and the ``.idx`` against the headers."""
+    problems: list[Problem] = []
+    try:
+        size = _size(url)
+    except FileNotFoundError:
+        return [Problem(url, "missing", f"{url}: shard is missing")]
+    if nbytes is not None and size != nbytes:
+        problems.append(Problem(
+            url, "size",
+            f"{url}: size {size} bytes, the manifest says {nbytes} "
+            f"({'truncated' if size < nbytes else 'extra bytes'} from offset {min(size, nbytes)})",
+            min(size, nbytes)))
+    if sha256 is not None:
+        h = hashlib.sha256()
+        with _open(url) as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        if h.hexdigest() != sha256:
+            problems.append(Problem(url, "sha256",
+                                    f"{url}: sha256 mismatch: content differs from the manifest"))
+    try:
+        with _open(url) as f:
+            tar = index_from_tar(f, size, url)
+    except ShardFormatError as e:
+        return problems + [Problem.from_error(url, e)]
+    ipath = index_path(url)
+    try:
+        with _open(ipath) as f:
+            idx = parse_index(f.read(), ipath)
+    except FileNotFoundError:
+        return problems + [Problem(url, "index", f"{ipath}: index is missing; write it with "
+                                                 "`feedpipe index`")]
+    except ShardFormatError as e:
+        return problems + [Problem(url, "index", str(e))]
+    problems += index_problems(idx, tar, url, ipath)
+    if samples is not None and len(tar) != samples:
+        problems.append(Problem(url, "samples",
+                                f"{url}: the tar holds {len(tar)} samples, the manifest says "
+                                f"{samples}"))
+    return problems
+
+
+def _unlisted(root: str, m: Manifest) -> list[Problem]:
+    """Shard files (plain or compressed tars) beside the listed ones that the manifest omits."""
+    listed = {rec.name for rec in m.shards}
+    folders = sorted({rec.name.rpartition("/")[0] for rec in m.shards} | {""})
+    found: list[str] = []
+    for folder in folders:
+        url = join(root, folder) if folder else root
+        try:
+            if is_local(url):
+                names = sorted(e.name for e in os.scandir(local_path(url)) if e.is_file())
+            else:
+                fs, p = filesystem(url)
+                names = sorted(x.rstrip("/").rsplit("/", 1)[-1] for x in fs.ls(p, detail=False))
+        except (OSError, NotImplementedError, ValueError) as e:
+            return [Problem(url, "unlisted", f"{url}: cannot list the directory to look for "
+                                             f"shards the manifest does not list ({e})")]
+        for n in names:
+            rel = f"{folder}/{n}" if folder else n
+            if (n.endswith(".tar") or compressed_suffix(n)) and rel not in listed:
+                found.append(rel)
+    return [Problem(join(root, rel), "unlisted",
+                    f"{join(root, rel)}: a shard file not listed in the manifest: not checked, and "
+                    "not read by FeedDataset (remove it, or run `feedpipe index` to list it)")
+            for rel in found]
+
+
+def verify(root: str, *, show_progress: bool | None = None) -> VerifyReport:
+    """Check every shard of the dataset at ``root``: size, sha256, tar headers, index.
+
+    Returns:
+        A :class:`VerifyReport`: ``report.ok`` is true when the dataset is sound;
+        ``report.problems`` and ``report.warnings`` are :class:`Problem` records.
+
+    Raises:
+        ManifestError, SourceNotFoundError: ``root`` holds no usable manifest.
+    """
+    m = load_manifest(root)
+    root = dataset_root(root)
+    report = VerifyReport(root)
+    bar = progress(len(m.shards), "verify", "shard", show_progress)
+    for rec in m.shards:
+        url = join(root, rec.name)
+        report.problems += verify_shard(url, rec.samples, rec.bytes, rec.sha256)
+        if rec.sha256 is None:
+            report.warnings.append(Problem(
+                url, "unchecked",
+                f"{url}: the manifest records no sha256: its content was not checked against "
+                "the manifest (headers and index were); `feedpipe index` records hashes"))
+        report.shards += 1
+        report.samples += rec.samples
+        bar.update(1)
+    bar.close()
+    report.warnings += _unlisted(root, m)
+    return report

@@ -1,0 +1,250 @@
+"""Writing shards: tar parts written in parallel, then joined into a shard atomically.
+
+A shard is written as one or more *parts* (runs of complete tar members, no end-of-archive
+blocks), each by one worker process. When every part of a shard is done, :func:`finish_shard`
+joins them into a hidden temp file, appends the end-of-archive blocks, hashes it, writes the
+index, and renames: the ``.idx`` first, the ``.tar`` last. A shard is committed exactly when its
+``.tar`` exists under its final name, so a reader never sees half a shard, and a run killed at
+any moment can resume by redoing only uncommitted shards.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InputError, OutputError
+from ._index import ShardIndex, group_members, write_index
+from ._manifest import ShardRecord
+from ..convert._sources import NotRegularFileError, SampleSpec, Source
+from ._tar import BLOCK, END_OF_ARCHIVE, member_header
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_ZEROS = bytes(BLOCK)
+_JOIN_BELOW = 64 << 10  # members up to this size go out in one write (a copy is cheaper)
+
+
+@dataclass
+class PartResult:
+    members: list[tuple[str, int, int]] = field(default_factory=list)  # name, data offset, size
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+
+
+def output_error(e: OSError, path: str) -> OutputError:
+    if e.errno in _NO_SPACE:
+        return OutputError(e.errno, f"{path}: disk full (or file size limit) while writing: {e}")
+    return OutputError(e.errno, f"{path}: cannot write: {e}")
+
+
+@contextmanager
+def removed_on_error(path: str, named: str | None = None) -> Iterator[None]:
+    """Remove the file ``path`` if the block fails in any way; an ``OSError`` leaves as an
+    :class:`OutputError` naming ``named`` (default ``path``: the file the user knows, such as
+    the shard a temp file becomes), an ``OutputError`` as it is."""
+    try:
+        yield
+    except OutputError:
+        unlink_quiet(path)
+        raise
+    except OSError as e:
+        unlink_quiet(path)
+        raise output_error(e, named or path) from e
+    except BaseException:
+        unlink_quiet(path)
+        raise
+
+
+def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: str) -> PartResult:
+    """Write the members of ``samples`` to ``path``; a sample with an unreadable file is skipped
+    whole (``on_error="skip"``) or raises :class:`InputError` naming the file."""
+    result = PartResult()
+    pos = 0
+    members = result.members
+    read = source.read
+    with removed_on_error(path), open(path, "wb") as out:
+        write = out.write
+        for spec in samples:
+            blobs: list[tuple[str, bytes]] = []
+            failed = None
+            for ref in spec.files:
+                try:
+                    data = read(ref.path, ref.size)
+                except NotRegularFileError as e:
+                    failed = (ref.path, str(e.strerror))
+                    break
+                except OSError as e:
+                    failed = (ref.path, f"cannot read: {e.strerror or e}")
+                    break
+                if not data:
+                    failed = (ref.path, "zero-byte file")
+                    break
+                blobs.append((ref.ext, data))
+            if failed is not None:
+                if on_error == "raise":
+                    raise InputError(f"{source.path(failed[0])}: {failed[1]}; fix or remove it, "
+                                     "or use --on-error skip to leave it out")
+                result.skipped.append(failed)
+                continue
+            blobs.extend(spec.extras)
+            pos, nbytes = write_members(write, spec.key, blobs, pos, members)
+            result.bytes += nbytes
+            result.files += len(spec.files)
+    return result
+
+
+def write_members(write: Callable[[bytes], Any], key: str, blobs: list[tuple[str, bytes]],
+                  pos: int, members: list[tuple[str, int, int]]) -> tuple[int, int]:
+    """Write one sample's tar members (``blobs``: ``(ext, data)`` in member order) at ``pos`` of
+    a part, appending ``(name, data offset, size)`` to ``members``; the new position and the data
+    bytes written."""
+    nbytes = 0
+    for ext, data in blobs:
+        name = f"{key}.{ext}"
+        size = len(data)
+        header = member_header(name, size)
+        members.append((name, pos + len(header), size))
+        tail = -size % BLOCK
+        if size <= _JOIN_BELOW:  # one write: header, data and padding joined
+            write(b"".join((header, data, _ZEROS[:tail])))
+        else:
+            write(header)
+            write(data)
+            if tail:
+                write(_ZEROS[:tail])
+        pos += len(header) + size + tail
+        nbytes += size
+    return pos, nbytes
+
+
+def unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def hidden(out_dir: str, name: str, suffix: str) -> str:
+    """A hidden temp path in ``out_dir`` that no shard glob matches."""
+    return os.path.join(out_dir, f".{name}{suffix}")
+
+
+def finish_shard(
+    out_dir: str, name: str, parts: list[tuple[str, PartResult]]
+) -> tuple[ShardRecord, ShardIndex, list[tuple[str, str]]]:
+    """Join parts into ``out_dir/name`` atomically; write its index; return its record."""
+    skipped = [s for _, res in parts for s in res.skipped]
+
+    def index(bases: list[int]) -> ShardIndex:
+        return group_members((n, base + o, s) for (_, res), base in zip(parts, bases)
+                             for n, o, s in res.members)
+
+    rec, idx = join_ranges(out_dir, name, [(path, 0, -1) for path, _ in parts], index, skipped)
+    for part_path, _ in parts:
+        unlink_quiet(part_path)
+    return rec, idx, skipped
+
+
+def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
+                index: Callable[[list[int]], ShardIndex],
+                skipped: list[tuple[str, str]]) -> tuple[ShardRecord, ShardIndex]:
+    """Join byte ranges of files (``(path, start, length)``, -1: to the end; each a run of
+    whole tar members) into the shard ``out_dir/name`` atomically: ``index(bases)`` (where each
+    range starts in the shard) gives its index; the index and the ``--resume`` record are
+    written first, the ``.tar`` appears by rename last. Its record and index."""
+    final = os.path.join(out_dir, name)
+    tmp = hidden(out_dir, name, f".tmp-{os.getpid()}")
+    h = hashlib.sha256()
+    bases: list[int] = []
+    with removed_on_error(tmp, final):
+        with open(tmp, "wb") as out:
+            for path, start, length in ranges:
+                bases.append(out.tell())
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    left = length
+                    while left:
+                        chunk = f.read(1 << 22 if left < 0 else min(left, 1 << 22))
+                        if not chunk:
+                            if left > 0:
+                                raise OutputError(f"{path}: ends {left} bytes early at "
+                                                  f"{f.tell()} while joining {final}")
+                            break
+                        h.update(chunk)
+                        out.write(chunk)
+                        if left > 0:
+                            left -= len(chunk)
+            total = seal(out, h)
+        idx = index(bases)
+        record = commit(out_dir, name, tmp, total, h.hexdigest(), idx, skipped)
+    return record, idx
+
+
+def seal(f: Any, h: Any) -> int:
+    """End the shard being written to the file object ``f`` (its bytes hashed into ``h`` so far):
+    the end-of-archive blocks, flushed and synced to disk; its size."""
+    f.write(END_OF_ARCHIVE)
+    h.update(END_OF_ARCHIVE)
+    f.flush()
+    os.fsync(f.fileno())
+    return int(f.tell())
+
+
+def commit(out_dir: str, name: str, tmp: str, total: int, sha256: str, idx: ShardIndex,
+           skipped: list[tuple[str, str]], *, keep_record: bool = True) -> ShardRecord:
+    """Commit the sealed shard ``tmp`` as ``out_dir/name``: its index first, then (for
+    ``--resume``, unless ``keep_record`` is false) its record, and the ``.tar`` by rename last.
+    The caller removes ``tmp`` if this fails."""
+    record = ShardRecord(name, len(idx), total, sha256)
+    stem = name[:-4] if name.endswith(".tar") else name
+    write_index(os.path.join(out_dir, stem + ".idx"), idx)
+    if keep_record:
+        save_record(out_dir, record, skipped, idx.fields())
+    os.replace(tmp, os.path.join(out_dir, name))
+    return record
+
+
+def record_path(out_dir: str, name: str) -> str:
+    return hidden(out_dir, name, ".record.json")
+
+
+def save_record(
+    out_dir: str, record: ShardRecord, skipped: list[tuple[str, str]], fields: set[str]
+) -> None:
+    """Keep what the manifest needs about a committed shard, for ``--resume``."""
+    path = record_path(out_dir, record.name)
+    tmp = path + f".tmp-{os.getpid()}"
+    doc = {
+        "record": record.__dict__,
+        "skipped": [list(s) for s in skipped],
+        "fields": sorted(fields),
+    }
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_record(
+    out_dir: str, name: str
+) -> tuple[ShardRecord, list[tuple[str, str]], set[str]] | None:
+    """The saved record of a committed shard, or None if the shard must be redone."""
+    if not os.path.exists(os.path.join(out_dir, name)):
+        return None
+    try:
+        with open(record_path(out_dir, name), encoding="utf-8") as f:
+            doc = json.load(f)
+        rec = ShardRecord(**doc["record"])
+        if os.path.getsize(os.path.join(out_dir, name)) != rec.bytes:
+            return None
+        return rec, [(a, b) for a, b in doc["skipped"]], set(doc["fields"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

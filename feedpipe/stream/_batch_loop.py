@@ -1,0 +1,309 @@
+"""The batch core: one loop turns one reader's share of an epoch into batches.
+
+For each batch of ids the plan gives a reader (a rank, or one of its worker processes), the loop
+*fetches* (:class:`SampleFetch`, :class:`~feedpipe.stream._refs.RefFetch`,
+:class:`~feedpipe.stream._store_gather.GatherFetch`) and hands what it fetched to a *maker*, which
+*computes* and *sinks* it into a batch (:class:`CollateMaker`, :class:`RowMaker`, or a route's
+own). With a thread pool (the ``threads`` executor) a maker starts a batch's per-sample work on
+the pool and the loop keeps ``ahead`` batches in flight; with none (``inline``) the work is done
+as the batch is started. The ``workers`` executor runs this same loop inside each DataLoader
+worker process (:mod:`feedpipe.stream._worker_source`). :mod:`feedpipe.stream._routes` names the combinations.
+
+A transform may leave a sample out by raising :class:`~feedpipe.errors.SampleSkipped`: the
+makers log a warning naming it, count it and deliver the batch without it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from concurrent.futures import Future
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from ._collate import decode_fields
+from ..errors import DecodeError, SampleSkipped
+from ..transforms._ops import one_thread
+from ..plan._order import iter_ids
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ._collator import BatchCollator
+    from ._dataset import FeedDataset
+    from ._worker_rows import WorkerRing
+
+log = logging.getLogger("feedpipe")
+
+# Rows written between two drops of the shard maps' pages (RowMaker): a batch's samples are all
+# fetched before any is decoded, so the maps' own accounting (reader.DROP_EVERY) comes before the
+# touches; without these drops a batch of large images keeps many of its shards' pages mapped.
+DROP_ROWS = 16
+
+Item = tuple[int, Any, bool]  # (global id, sample dict or finished output, finished)
+
+
+class Maker(Protocol):
+    def start(self, fetched: Any, pool: ThreadPoolExecutor | None) -> Any: ...
+
+    def finish(self, pending: Any) -> Any: ...
+
+
+def batch_loop(batches: Iterator[np.ndarray], fetch: Callable[[np.ndarray], Any], maker: Maker,
+               pool: ThreadPoolExecutor | None = None, ahead: int = 0) -> Iterator[Any]:
+    """The one loop: ``maker.finish(maker.start(fetch(ids), pool))`` for each batch of ids,
+    with up to ``ahead`` batches started beyond the one being finished."""
+    pending: deque[Any] = deque()
+    for ids in batches:
+        pending.append(maker.start(fetch(ids), pool))
+        while len(pending) > ahead:
+            yield maker.finish(pending.popleft())
+    while pending:
+        yield maker.finish(pending.popleft())
+
+
+class EpochReader:
+    """One reader's share of the dataset's current epoch (rank, worker ``worker`` of
+    ``workers``): the ids of each of its batches, in order, and, as a context manager, the shard
+    prefetching into the cache and the decoded store's bookkeeping around reading them."""
+
+    def __init__(self, dataset: FeedDataset, worker: int = 0, workers: int = 1) -> None:
+        self.dataset = dataset
+        self.plan = dataset.plan()
+        self.split = dataset.split()
+        self.batch_size = dataset.batch_size
+        self.worker, self.workers = worker, workers
+        store = dataset.decoded
+        # a complete decoded store needs no shard this epoch: nothing to prefetch
+        self.prefetch = store is None or not store.complete()
+
+    def batches(self) -> Iterator[np.ndarray]:
+        return iter_ids(self.plan, self.split, self.batch_size, self.worker, self.workers)
+
+    def __enter__(self) -> EpochReader:
+        ds = self.dataset
+        if self.prefetch:
+            ds.shards.begin(self.plan, ds.plan(self.plan.epoch + 1), self.split, ds.world,
+                            self.batch_size, self.worker, self.workers)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ds = self.dataset
+        if self.prefetch:
+            ds.shards.end()
+        if ds.decoded is not None:
+            ds.decoded.record()
+
+
+class SampleFetch:
+    """fetch=samples: each id's sample dict from the dataset's :class:`~feedpipe.ShardSet`
+    (with ``__epoch__`` and ``__seed__``, and its ``decode=`` fields decoded), or, with
+    ``stored=True``, its transform output when the decoded store holds it. Before returning it
+    checks that no shard it read from was truncated since it was opened."""
+
+    def __init__(self, dataset: FeedDataset, epoch: int, *, stored: bool) -> None:
+        self.shards = dataset.shards
+        self.epoch, self.seed = epoch, dataset.seed
+        self.store = dataset.decoded if stored else None
+        self.decode = dataset.decode
+
+    def __call__(self, ids: np.ndarray) -> list[Item]:
+        shards = self.shards
+        s_of, i_of = shards.locate(ids)
+        store, decode, epoch, seed = self.store, self.decode, self.epoch, self.seed
+        out: list[Item] = []
+        reader = shards.reader
+        for g, s, i in zip(ids.tolist(), s_of.tolist(), i_of.tolist()):
+            if store is not None:
+                o = store.get(g)
+                if o is not None:
+                    out.append((g, o, True))
+                    continue
+            x = reader(s).sample(i)
+            x["__epoch__"] = epoch  # with __index__ and __seed__: per-sample
+            x["__seed__"] = seed  # augmentation seeds, reproducible on resume
+            if decode:
+                decode_fields(x, decode)
+            out.append((g, x, False))
+        shards.check(set(s_of.tolist()))
+        return out
+
+
+class Skips:
+    """Samples left out by their transform (:class:`~feedpipe.errors.SampleSkipped`), logged
+    one warning each and counted."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def note(self, error: SampleSkipped) -> None:
+        self.count += 1
+        log.warning("feedpipe: a sample was left out of its batch: %s", error)
+
+
+class _Skipped:
+    __slots__ = ("error",)
+
+    def __init__(self, error: SampleSkipped) -> None:
+        self.error = error
+
+
+def _attempt(fn: Callable[[Any], Any], x: Any) -> Any:
+    try:
+        return fn(x)
+    except SampleSkipped as e:
+        return _Skipped(e)
+
+
+def _all_skipped(n: int) -> DecodeError:
+    return DecodeError(f"every one of the {n} samples of a batch was left out by the transform "
+                       "(SampleSkipped): the data or the transform is broken, not a few files")
+
+
+def _bytes_of(x: Any) -> Any:
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if type(v) is memoryview:
+                x[k] = v.tobytes()
+    return x
+
+
+class CollateMaker:
+    """compute=none or call, sink=collate: each sample's output (the sample itself without a
+    transform; the store's copy when it holds one) collated by ``collate_fn``. New outputs are
+    stored in the decoded store here, in the thread that finishes the batch (the store is
+    written from one thread). ``to_bytes``: memoryviews of shard maps become ``bytes`` (the
+    batch leaves this process). ``fields``: the manifest's fields, passed to the default
+    collation of raw samples so that every batch has every field."""
+
+    def __init__(self, dataset: FeedDataset, collate_fn: Callable[[list[Any]], Any], *,
+                 skips: Skips, to_bytes: bool = False, fields: Sequence[str] = (),
+                 default: bool = True) -> None:
+        self.transform = dataset.transform
+        self.store = dataset.decoded
+        self.names = dataset.shards.names
+        self.first = dataset.shards.first
+        self.collate_fn = collate_fn
+        self.skips = skips
+        self.to_bytes = to_bytes
+        self.fields = fields if default and self.transform is None else ()
+
+    def start(self, items: list[Item], pool: ThreadPoolExecutor | None) -> Any:
+        fn = self.transform
+        if fn is None:
+            return None, [x for _, x, _ in items]
+        if pool is None:
+            outs = [x if done else _attempt(fn, x) for _, x, done in items]
+        else:
+            outs = [x if done else pool.submit(_attempt, fn, x) for _, x, done in items]
+        return (items if self.store is not None else None), outs
+
+    def finish(self, pending: Any) -> Any:
+        items, pending = pending
+        outs: list[Any] = []
+        store = self.store
+        for j, o in enumerate(pending):
+            if isinstance(o, Future):
+                o = o.result()
+            if type(o) is _Skipped:
+                self.skips.note(o.error)
+                continue
+            if items is not None and not items[j][2]:
+                g, x, _ = items[j]
+                s = int(np.searchsorted(self.first, g, side="right")) - 1
+                o = store.put(g, o, key=x["__key__"], shard=self.names[s])  # type: ignore[union-attr]
+            outs.append(_bytes_of(o) if self.to_bytes else o)
+        if not outs:
+            raise _all_skipped(len(pending))
+        if self.fields:
+            batch = self.collate_fn(outs, self.fields)  # type: ignore[call-arg]
+        else:
+            batch = self.collate_fn(outs)
+        del outs  # the store's record buffers recycle once nothing holds them
+        return batch
+
+
+class RowMaker:
+    """sink=rows: each sample's image written into its row of a batch buffer of ``buffers`` (a
+    :class:`~feedpipe.BatchCollator`, or a worker's :class:`~feedpipe.stream._worker_rows.WorkerRing`),
+    its label into the labels: by the transform itself (``into=True``: ``transform.into(sample,
+    row)``, no per-sample tensor) or copied from its output. A skipped sample's row is filled by
+    the rows after it (the batch is that much shorter). ``drop`` unmaps the shard pages read so
+    far, every :data:`DROP_ROWS` rows and after each batch."""
+
+    def __init__(self, dataset: FeedDataset, buffers: BatchCollator | WorkerRing, *, into: bool,
+                 skips: Skips, drop: Callable[[], None] | None = None) -> None:
+        self.transform = dataset.transform
+        self.buffers = buffers
+        self.collator = getattr(buffers, "collator", buffers)
+        self.into = into
+        self.skips = skips
+        self.drop = drop
+
+    def start(self, items: list[Item], pool: ThreadPoolExecutor | None) -> Any:
+        n = len(items)
+        images, labels = self.buffers.buffer(n)
+        rows = images.unbind(0)
+        if pool is not None:
+            return images, labels, [pool.submit(self._row, x, rows, labels, j)
+                                    for j, (_, x, _) in enumerate(items)]
+        try:
+            ys: Any = labels.numpy()
+        except TypeError:  # a label dtype NumPy lacks (bfloat16): item assignment
+            ys = labels
+        drop = self.drop
+        results: list[Any] = []
+        with one_thread():  # once a batch, not twice a sample
+            for j, (_, x, _) in enumerate(items):
+                if drop is not None and j and not j % DROP_ROWS:
+                    drop()
+                results.append(self._row(x, rows, ys, j))
+        return images, labels, results
+
+    def _row(self, x: Any, rows: Sequence[torch.Tensor], labels: Any, j: int) -> Any:
+        """Sample ``x`` into row ``j``: True/False (a label was written or not), or _Skipped."""
+        try:
+            if self.into:
+                label = self.transform.into(x, rows[j])  # type: ignore[union-attr]
+            else:
+                out = self.transform(x)  # type: ignore[misc]
+                paired = isinstance(out, (tuple, list))
+                img, label = (out[0], out[1]) if paired else (out, None)
+                if tuple(img.shape) != self.collator.shape:
+                    raise ValueError(
+                        f"sample {x.get('__key__')!r} of {x.get('__shard__')!r}: the transform "
+                        f"gave shape {tuple(img.shape)}, the collator takes "
+                        f"{self.collator.shape}")
+                with one_thread():
+                    rows[j].copy_(img if isinstance(img, torch.Tensor) else torch.as_tensor(img))
+        except SampleSkipped as e:
+            return _Skipped(e)
+        if label is not None:
+            labels[j] = label
+        return label is not None
+
+    def finish(self, pending: Any) -> Any:
+        images, labels, results = pending
+        results = [r if type(r) in (bool, _Skipped) else r.result() for r in results]
+        keep = [j for j, r in enumerate(results) if type(r) is not _Skipped]
+        for r in results:
+            if type(r) is _Skipped:
+                self.skips.note(r.error)
+        if not keep:
+            raise _all_skipped(len(results))
+        paired = {results[j] for j in keep}
+        if len(paired) != 1:
+            raise ValueError("the transform returned a label for some samples of a batch and "
+                             "none for others")
+        if len(keep) < len(results):  # close the gaps the skipped rows left
+            for to, j in enumerate(keep):
+                if to != j:
+                    images[to].copy_(images[j])
+                    labels[to] = labels[j]
+            images, labels = images[:len(keep)], labels[:len(keep)]
+        if self.drop is not None:
+            self.drop()
+        return (images, labels) if paired.pop() else images

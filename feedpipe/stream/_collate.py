@@ -1,0 +1,113 @@
+"""The default collation of samples into a batch, and the per-field decoding of raw samples."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import get_worker_info
+
+Decoder = Callable[[bytes], Any]
+
+_NAMED: dict[Any, Decoder] = {
+    int: int,
+    float: float,
+    str: lambda b: b.decode("utf-8"),
+    "int": int,
+    "float": float,
+    "str": lambda b: b.decode("utf-8"),
+    "text": lambda b: b.decode("utf-8"),
+    "json": json.loads,
+}
+
+
+def decoders(spec: Mapping[str, Any] | None) -> dict[str, Decoder]:
+    """The per-field decoders of ``FeedDataset(decode=...)``: a field name to ``int``, ``float``,
+    ``str`` (UTF-8 text), ``"json"`` or any callable taking the field's ``bytes``.
+
+    Example:
+        >>> d = decoders({"cls": int, "txt": str})
+        >>> d["cls"](b"3"), d["txt"](b"hi")
+        (3, 'hi')
+    """
+    out: dict[str, Decoder] = {}
+    for name, how in (spec or {}).items():
+        if how in (int, float, str) or isinstance(how, str):
+            fn = _NAMED.get(how)
+        else:
+            fn = how if callable(how) else None
+        if fn is None:
+            raise ValueError(f"decode={{{name!r}: {how!r}}}: a field decodes with int, float, "
+                             "str, 'json' or a callable taking the field's bytes")
+        out[str(name)] = fn
+    return out
+
+
+def decode_fields(sample: dict[str, Any], decode: Mapping[str, Decoder]) -> None:
+    """Decode ``sample``'s fields named in ``decode`` in place (the sample's key and shard name
+    the field in the error of one that fails)."""
+    for name, fn in decode.items():
+        v = sample.get(name)
+        if v is None:
+            continue
+        try:
+            sample[name] = fn(bytes(v))
+        except Exception as e:
+            from ..errors import DecodeError
+
+            raise DecodeError(f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}: "
+                              f"field {name!r} does not decode with {fn!r}: {e}") from e
+
+
+def collate_samples(samples: Sequence[Any], fields: Sequence[str] = ()) -> Any:
+    """Default collation: tensors and numbers are stacked as by torch's ``default_collate``; raw
+    bytes fields (``bytes``/``memoryview``) become lists of ``bytes``; keys stay lists of str. A
+    field that only some samples have becomes a list with ``None`` where it is missing, and each
+    of ``fields`` (the manifest's fields, for raw samples) is in every batch, all ``None`` where
+    no sample of the batch has it.
+
+    In a DataLoader worker, integer fields of sample dicts (``__index__``, ``__epoch__``,
+    ``__seed__``, labels) become ``int64`` numpy arrays instead: a tensor leaves a worker as a
+    shared-memory file descriptor with a socket handshake each, which for a few bytes costs more
+    than pickling them; the loader turns them into tensors in the training process.
+
+    Example:
+        >>> b = collate_samples([{"cls": 1, "jpg": b"a"}, {"cls": 2}], fields=["jpg", "json"])
+        >>> b["cls"].tolist(), b["jpg"], b["json"]
+        ([1, 2], [b'a', None], [None, None])
+    """
+    first = samples[0]
+    if isinstance(first, dict):
+        out: dict[str, Any] = {}
+        keys = dict.fromkeys(k for s in samples for k in s)
+        for f in fields:
+            keys.setdefault(f, None)
+        in_worker = get_worker_info() is not None
+        for k in keys:
+            out[k] = column([s.get(k) for s in samples], in_worker)
+        return out
+    if isinstance(first, (bytes, bytearray, memoryview)):
+        return [bytes(c) for c in samples]
+    from torch.utils.data import default_collate
+
+    return default_collate(samples)
+
+
+def column(col: list[Any], in_worker: bool = False) -> Any:
+    """One field's values over a batch, collated as :func:`collate_samples` does."""
+    from torch.utils.data import default_collate
+
+    v = col[0]
+    if in_worker and type(v) is int and all(type(c) is int for c in col):
+        return np.array(col, dtype=np.int64)
+    if any(c is None for c in col):
+        return [bytes(c) if isinstance(c, memoryview) else c for c in col]
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return [bytes(c) for c in col]
+    if isinstance(v, str):
+        return col
+    if isinstance(v, dict):
+        return collate_samples(col)
+    return default_collate(col)

@@ -1,0 +1,281 @@
+"""``FeedDataset``: the streaming ``IterableDataset``. A thin facade: the plan decides what each
+rank and worker reads (:mod:`feedpipe.plan._order`), the :class:`~feedpipe.ShardSet` reads it, and the
+batch loop (:mod:`feedpipe.stream._batch_loop`) turns it into samples or batches."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ._collate import Decoder, decoders
+from ..caches._decoded import open_decoded_store
+from ..errors import PlanError, StateError
+from ..format._manifest import Manifest, dataset_root
+from ..plan._order import Plan, Split
+from ..caches._shards import ShardCache, make_cache
+from ._shard_set import ShardSet
+from ..plan._world import resolve_world
+
+log = logging.getLogger("feedpipe")
+
+STATE_VERSION = 2
+_EPOCH, _START, _BATCH, _WHOLE = 0, 1, 2, 3
+
+
+def dataset_identity(manifest: Manifest) -> dict[str, Any]:
+    """What identifies a dataset's order: a digest of its shards' names, sample counts, sizes and
+    hashes, with the counts for messages. Two datasets with the same identity have the same
+    plan for the same seed and epoch.
+
+    Example:
+        >>> from feedpipe import load_manifest
+        >>> ident = dataset_identity(load_manifest("shards/example"))
+        >>> ident["shards"], ident["samples"], len(ident["digest"])
+        (3, 24, 32)
+    """
+    h = hashlib.blake2b(b"feedpipe-dataset", digest_size=16)
+    for r in manifest.shards:
+        h.update(f"\0{r.name}\0{r.samples}\0{r.bytes}\0{r.sha256}".encode())
+    return {"digest": h.hexdigest(), "shards": len(manifest.shards),
+            "samples": manifest.total_samples}
+
+
+class FeedDataset(IterableDataset):
+    """Stream a feedpipe (or ``feedpipe index``-ed WebDataset) shard dataset.
+
+    Each epoch every sample is delivered exactly once over all ranks and workers, in an order that
+    depends on ``(dataset, seed, epoch)`` only; every rank gets the same number of samples (see
+    :mod:`feedpipe.plan._order`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__`` (global
+    sample id), ``__epoch__`` and ``__seed__`` (for reproducible per-sample augmentation), and one
+    raw-bytes entry per field (zero-copy ``memoryview`` of a local shard in the process that reads
+    it; ``bytes`` when a worker process must send a raw sample to the main process).
+
+    Args:
+        url: dataset root (local path or fsspec URL) holding ``manifest.json``.
+        shuffle: permute samples each epoch; ``False``: manifest order.
+        seed: the order's seed.
+        drop_last: how ranks are made equal: ``False`` pads them by repeating at most
+            ``world_size - 1`` samples per epoch; ``True`` leaves at most ``world_size - 1`` out.
+            (To drop a short last *batch*, pass ``drop_last=True`` to :class:`FeedLoader`.)
+        transform: a callable applied to each sample dict (in the worker that reads it).
+        decode: fields to decode before the transform (and in raw batches), e.g.
+            ``{"cls": int, "txt": str, "json": "json"}``: a field name to ``int``, ``float``,
+            ``str`` (UTF-8), ``"json"`` or a callable taking the field's bytes.
+        shuffle_window: shards mixed together (``None``: all). See :class:`feedpipe.plan._order.Plan`.
+        rank, world_size: explicit world; detected from ``torch.distributed`` or the launcher's
+            environment when not given.
+        verify: check every shard against the manifest's hash, and its index against its tar
+            headers, when it is first opened: every byte served has been checked.
+        max_open_shards: shard maps a process keeps open at once.
+        cache_dir: the node-local L1 shard cache (:mod:`feedpipe.caches._shards`): a directory,
+            ``True``/``"auto"`` for ``$XDG_CACHE_HOME/feedpipe/shards``, or a
+            :class:`~feedpipe.caches._shards.ShardCache`. Shards are fetched there once per node
+            (prefetched ahead of use, evicted by the plan) and read with mmap. ``None``: remote
+            shards are read with range requests.
+        cache_size: the cache's byte budget (``"20GB"``, ``"512MiB"`` or an int; ``None``: no
+            limit).
+        decoded_cache: keep ``transform``'s outputs in a node-local memmap store under this
+            directory (``True``/``"auto"``: ``$XDG_CACHE_HOME/feedpipe/decoded``): the first epoch
+            fills it, later ones read it without reading a shard or calling the transform. The
+            transform must be deterministic with fixed-shape outputs (e.g. decode and resize);
+            see :mod:`feedpipe.caches._decoded`. Counters: ``ds.decoded.stats``.
+
+    Example:
+        >>> ds = FeedDataset("shards/example", decode={"cls": int})
+        >>> s = next(iter(ds))
+        >>> len(ds), s["cls"], sorted(k for k in s if not k.startswith('__'))
+        (24, 0, ['cls', 'jpg', 'json'])
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        decode: Mapping[str, Any] | None = None,
+        shuffle_window: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        verify: bool = False,
+        max_open_shards: int = 64,
+        cache_dir: str | os.PathLike[str] | bool | ShardCache | None = None,
+        cache_size: int | str | None = None,
+        decoded_cache: str | os.PathLike[str] | bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.url = dataset_root(url)
+        cache = make_cache(cache_dir, cache_size)
+        # through the cache when there is one: a warm cache starts while the storage is down
+        self.manifest = ShardCache.manifest_of(url, cache_dir)
+        if self.manifest.total_samples == 0:
+            raise PlanError(f"{url}: the dataset holds no samples")
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.transform = transform
+        self.decode: dict[str, Decoder] = decoders(decode)
+        self.shuffle_window = shuffle_window
+        self.world = resolve_world(rank, world_size)
+        self.verify = verify
+        self.max_open_shards = max(1, max_open_shards)
+        self.identity = dataset_identity(self.manifest)
+        if drop_last and self.manifest.total_samples < self.world.world_size:
+            raise PlanError(
+                f"{url}: {self.manifest.total_samples} samples cannot give each of "
+                f"{self.world.world_size} ranks one with drop_last=True; use drop_last=False "
+                "(pads by repeating samples) or fewer ranks"
+            )
+        # Epoch, resume position, batch size and whole-batches flag live in shared memory so
+        # that persistent workers see set_epoch() and load_state_dict() made after they started.
+        self._shared = torch.zeros(4, dtype=torch.int64).share_memory_()
+        self._shared[_BATCH] = 1
+        self.cache = cache
+        self.shards = ShardSet(self.url, self.manifest, cache=cache, verify=verify,
+                               max_open=self.max_open_shards)
+        self.decoded = open_decoded_store(decoded_cache, transform, self.manifest)
+
+    # -- the epoch and its plan -------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._shared[_EPOCH])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order from the next iteration on (clears a pending resume point)."""
+        self._shared[_EPOCH] = int(epoch)
+        self._shared[_START] = 0
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._shared[_BATCH])
+
+    def set_batch_size(self, batch_size: int, *, drop_last: bool = False) -> None:
+        """Deal batches of ``batch_size`` to DataLoader workers (:class:`FeedLoader` does this);
+        ``drop_last``: leave out each rank's short last batch."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        self._shared[_BATCH] = int(batch_size)
+        self._shared[_WHOLE] = int(bool(drop_last))
+
+    def plan(self, epoch: int | None = None) -> Plan:
+        return Plan(self.shards.counts, self.seed, self.epoch if epoch is None else epoch,
+                    self.shuffle, self.shuffle_window)
+
+    def split(self) -> Split:
+        return Split(self.manifest.total_samples, self.world.world_size, self.world.rank,
+                     int(self._shared[_START]), self.drop_last, bool(self._shared[_WHOLE]))
+
+    def __len__(self) -> int:
+        """Samples this rank delivers in the current (possibly resumed) epoch."""
+        return self.split().length
+
+    def sample_ids(self) -> np.ndarray:
+        """The ids this rank delivers this epoch, in order (as one reader: ``num_workers=0``).
+
+        Example:
+            >>> FeedDataset("shards/example").sample_ids()[:4].tolist()
+            [0, 1, 2, 3]
+        """
+        plan, split = self.plan(), self.split()
+        return plan.sample_ids(split.positions(0, split.length))
+
+    # -- resumption (FeedLoader knows what the loop consumed) ------------------------------
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The resumable state: the epoch, the global position reached (``consumed``) and what
+        identifies the order (the dataset's identity, seed, shuffle)."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "position": int(self._shared[_START]) if consumed is None else int(consumed),
+            "num_samples": self.manifest.total_samples,
+            "dataset": dict(self.identity),
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "shuffle_window": self.shuffle_window,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Continue ``state['epoch']`` at ``state['position']`` on the next iteration.
+
+        A state saved on another dataset, shard layout, seed or shuffle would repeat and lose
+        samples: refused with a :class:`~feedpipe.errors.StateError` saying what differs, unless
+        ``strict=False``, which logs the difference and starts the saved epoch afresh."""
+        if not isinstance(state, dict) or "position" not in state:
+            raise StateError("not a feedpipe loader state (no 'position'): pass what "
+                             "FeedLoader.state_dict() returned")
+        why = self._mismatch(state)
+        if why is not None:
+            if strict:
+                raise StateError(f"cannot resume {self.url}: {why}; the order would differ and "
+                                 "samples would repeat or be lost (load_state_dict(state, "
+                                 "strict=False) starts the saved epoch afresh instead)")
+            log.warning("feedpipe: %s: %s; starting epoch %s afresh", self.url, why,
+                        state.get("epoch", 0))
+            self._shared[_EPOCH] = int(state.get("epoch", 0))
+            self._shared[_START] = 0
+            return
+        self._shared[_EPOCH] = int(state["epoch"])
+        self._shared[_START] = int(state["position"])
+
+    def _mismatch(self, state: dict[str, Any]) -> str | None:
+        version = state.get("version")
+        if version != STATE_VERSION:
+            return (f"the state is version {version!r} (this feedpipe writes {STATE_VERSION}, "
+                    "which names the dataset it belongs to)")
+        saved = state.get("dataset") or {}
+        mine = self.identity
+        if saved.get("digest") != mine["digest"]:
+            if saved.get("samples") != mine["samples"]:
+                what = "another dataset"
+            elif saved.get("shards") != mine["shards"]:
+                what = "another shard layout"
+            else:
+                what = "other shards (their names, sizes or hashes differ)"
+            return (f"the state was saved on {what} ({saved.get('shards')} shards, "
+                    f"{saved.get('samples')} samples, digest {str(saved.get('digest'))[:12]}), "
+                    f"this dataset has {mine['shards']} shards, {mine['samples']} samples, "
+                    f"digest {mine['digest'][:12]}")
+        for k, value in (("seed", self.seed), ("shuffle", self.shuffle),
+                         ("shuffle_window", self.shuffle_window)):
+            if state.get(k) != value:
+                return f"the state has {k}={state.get(k)!r}, this dataset {k}={value!r}"
+        pos = state.get("position")
+        if not isinstance(pos, int) or not 0 <= pos <= self.manifest.total_samples:
+            return f"the saved position {pos!r} is outside the epoch"
+        return None
+
+    # -- samples ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        """This reader's samples of the epoch (a DataLoader worker's share when in one), each
+        transformed when there is a transform: the ``samples`` route, unbatched."""
+        from ._batch_loop import CollateMaker, EpochReader, SampleFetch, Skips, batch_loop
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        with EpochReader(self, worker, workers) as reader:
+            fetch = SampleFetch(self, reader.plan.epoch, stored=self.decoded is not None)
+            maker = CollateMaker(self, list, skips=Skips(), to_bytes=info is not None,
+                                 default=False)
+            for outs in batch_loop(reader.batches(), fetch, maker):
+                yield from outs
+
+    def close(self) -> None:
+        """Close the shards this process has open (their leases in the cache released)."""
+        self.shards.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()  # the ShardSet drops its open shards on the way
+
+
+def sample_ids_of(ds: FeedDataset) -> np.ndarray:
+    """The ids this rank delivers this epoch with ``num_workers=0`` (:meth:`FeedDataset.sample_ids`)."""
+    return ds.sample_ids()

@@ -1,0 +1,383 @@
+"""``FeedLoader``: batches from a :class:`FeedDataset` through one batch loop and a named route,
+with a ``state_dict()`` that reflects what the training loop consumed, not what was prefetched.
+
+The dataset deals batch ``t`` of a rank to worker ``t % num_workers``, which is the order in which
+the DataLoader returns batches, so the batches the loop has received are always a prefix of the
+rank's planned batches. Counting them is the whole bookkeeping: after ``c`` batches on every rank
+(DDP ranks step in lockstep), the consumed samples are the global positions
+``[start, start + c * batch_size * world_size)``, whatever the number of workers. One rank's state
+therefore resumes every rank of a new job, of any size.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
+from ._collate import collate_samples
+from ._collator import BatchCollator
+from ._dataset import FeedDataset
+from ..device._loader import DeviceLoader
+from ..errors import StartMethodError, StateError
+from ..plan._order import Split
+from ._routes import ROUTES, Config, Route, choose
+from ._worker_rows import RowRelease, writes_into
+from ._worker_source import WorkerBatches, WorkerSource, as_is, ring_depth
+
+log = logging.getLogger("feedpipe")
+
+_REFUSED = ("shuffle", "sampler", "batch_sampler")
+
+
+class FeedLoader:
+    """Batches from a :class:`FeedDataset`, with exact mid-epoch and elastic resumption.
+
+    Used as a ``DataLoader`` is: ``for batch in loader`` each epoch; ``len(loader)`` is the
+    number of batches of a whole epoch (also after :meth:`load_state_dict`, after which the
+    iteration yields only the rest); iterating again after a complete epoch starts the next
+    one (``set_epoch(e)`` chooses one explicitly); ``state_dict()`` / ``load_state_dict()``
+    have the standard signatures, so Lightning, accelerate and torch checkpoints save and
+    restore it as they do a ``StatefulDataLoader``.
+
+    How batches are made is a *route* (:mod:`feedpipe.stream._routes`): the combination of fetch,
+    compute, executor and sink that fits the configuration, chosen by
+    :func:`feedpipe.stream._routes.choose`, forced with ``route=``, reported by :attr:`route` and
+    :meth:`stats`. Every route gives the same batches.
+
+    Args:
+        dataset: the :class:`FeedDataset`.
+        batch_size: samples per batch.
+        num_workers: DataLoader worker processes (0: read in this process). They start by
+            the process's start method, as the DataLoader's do (``multiprocessing_context=``
+            chooses another); they never touch CUDA. In a process that runs DALI's threads (a
+            :class:`~feedpipe.transforms._dali.DaliStage` fed by this loader has started) forking is unsafe
+            and refused with a :class:`StartMethodError` naming the fix.
+        collate_fn: default :func:`~feedpipe.stream._collate.collate_samples` (raw samples: every field
+            of the manifest in every batch, ``None`` where a sample lacks it). A
+            :class:`~feedpipe.BatchCollator` collates into reused preallocated buffers.
+        device: deliver batches on this device through a :class:`DeviceLoader` (background
+            prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only).
+        depth: batches the DeviceLoader prefetches ahead of the loop.
+        transform_threads: run the dataset's transform on this many threads in this process
+            instead of in worker processes (``num_workers`` must be 0): for transforms that
+            release the GIL while they work, as :class:`~feedpipe.ImagePipeline` does. The
+            transform is called from several threads at once.
+        drop_last: leave out each rank's short last batch, as the DataLoader does (every rank
+            still gets the same number of batches).
+        route: ``"auto"`` or a route's name (:data:`feedpipe.stream._routes.ROUTES`); a route that
+            cannot serve the configuration is refused with a sentence saying why.
+        reuse_buffers: with ``rows-workers``, each worker reuses its shared-memory batch
+            buffers once this process no longer holds the batch (:mod:`feedpipe.stream._worker_rows`).
+            This process sees its own references only: pass ``False`` if batches are handed on
+            to another process without a copy. On that route ``prefetch_factor`` defaults to 1
+            (a worker makes whole batches; one in flight keeps it busy, and one buffer fewer is
+            held per worker).
+        **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
+            ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
+
+    Example:
+        >>> ds = FeedDataset("shards/example", shuffle=True, decode={"cls": int})
+        >>> loader = FeedLoader(ds, batch_size=5)
+        >>> len(loader), loader.route.name
+        (5, 'refs')
+        >>> first = next(iter(loader))
+        >>> first["cls"].dtype, loader.state_dict()["position"]
+        (torch.int64, 5)
+    """
+
+    def __init__(
+        self,
+        dataset: FeedDataset,
+        *,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        device: str | torch.device | None = None,
+        depth: int = 2,
+        transform_threads: int = 0,
+        drop_last: bool = False,
+        route: str = "auto",
+        reuse_buffers: bool = True,
+        **loader_kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, FeedDataset):
+            raise TypeError(f"FeedLoader needs a FeedDataset, not {type(dataset).__name__}")
+        for bad in _REFUSED:
+            if bad in loader_kwargs:
+                raise TypeError(f"FeedLoader does not take {bad}=: the FeedDataset's plan decides "
+                                "the order (pass shuffle=/seed= to FeedDataset)")
+        if isinstance(transform_threads, bool) or int(transform_threads) < 0:
+            raise ValueError(f"transform_threads must be 0 or more, not {transform_threads!r}")
+        if int(num_workers) < 0:
+            raise ValueError(f"num_workers must be 0 or more, not {num_workers!r}")
+        if route != "auto" and route not in ROUTES:
+            raise ValueError(f"unknown route {route!r}; the routes are "
+                             f"{', '.join(['auto', *ROUTES])}")
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.drop_last = bool(drop_last)
+        dataset.set_batch_size(self.batch_size, drop_last=self.drop_last)
+        self.num_workers = int(num_workers)
+        self.transform_threads = int(transform_threads)
+        self.collate_fn = collate_fn if collate_fn is not None else collate_samples
+        self.depth = depth
+        self.reuse_buffers = reuse_buffers
+        self._route_arg = route
+        self._kwargs = loader_kwargs
+        self._pin = bool(loader_kwargs.get("pin_memory", False)) and torch.cuda.is_available()
+        self._device = device
+        self._device_loader: DeviceLoader | None = None
+        self._loaders: dict[str, DataLoader] = {}  # per workers route, kept across epochs
+        self._releases: dict[str, RowRelease] = {}  # rows-workers: their buffer hand-back
+        self._columns: Any = None  # refs: the index as columns, built once
+        self._fork_unsafe: str | None = None
+        self._noted: set[str] = set()
+        self._last: Route | None = None
+        self._stats: dict[str, Any] = {}
+        self._split = dataset.split()
+        self._batches = 0
+        self._finished = False
+        self._epoch_chosen = False
+        choose(self._config(), route)  # a forced route that cannot serve is refused here
+
+    # -- the route -------------------------------------------------------------------------
+    def _config(self) -> Config:
+        ds, collate = self.dataset, self.collate_fn
+        store = ds.decoded
+        state = "none" if store is None else ("complete" if store.complete() else "partial")
+        from ._store_gather import gatherable
+
+        return Config(
+            num_workers=self.num_workers,
+            threads=self.transform_threads,
+            transform=ds.transform is not None,
+            into=writes_into(ds.transform, collate),
+            collator=isinstance(collate, BatchCollator),
+            default_collate=collate is collate_samples,
+            local=ds.shards.local,
+            store=state,
+            gatherable=state == "complete" and gatherable(ds, collate),
+            shards_fit=len(ds.shards) <= ds.max_open_shards,
+        )
+
+    @property
+    def route(self) -> Route:
+        """The route the next pass takes (the last pass's while one runs)."""
+        if self._last is not None and not self._finished and self._batches:
+            return self._last
+        return choose(self._config(), self._route_arg)[0]
+
+    def mark_fork_unsafe(self, reason: str) -> None:
+        """Say that this process now runs threads that make forking unsafe (``reason`` names
+        them): worker processes started by ``fork`` from here on are refused with a sentence
+        naming the fix. :class:`~feedpipe.transforms._dali.DaliStage` calls this when it starts DALI."""
+        self._fork_unsafe = reason
+
+    # -- epochs ----------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select ``epoch``'s order for the next pass. Keeps a resume point loaded for this
+        same epoch."""
+        if epoch != self.dataset.epoch or self._finished:
+            self.dataset.set_epoch(epoch)
+        self._split = self.dataset.split()
+        self._batches = 0
+        self._finished = False
+        self._epoch_chosen = True
+
+    def __len__(self) -> int:
+        """Batches of this rank in a whole epoch (a resumed epoch yields only the rest)."""
+        d = self.dataset
+        whole = Split(d.manifest.total_samples, d.world.world_size, d.world.rank, 0,
+                      d.drop_last, self.drop_last)
+        return whole.batches(self.batch_size)
+
+    def _done(self) -> bool:
+        return self._finished or self._batches >= self._split.batches(self.batch_size) > 0
+
+    def __iter__(self) -> Iterator[Any]:
+        ds = self.dataset
+        if self._done() and not self._epoch_chosen:  # a new pass after a complete epoch
+            ds.set_epoch(ds.epoch + 1)
+        self._epoch_chosen = False
+        self._split = ds.split()
+        self._batches = 0
+        self._finished = False
+        route, note = choose(self._config(), self._route_arg)
+        if note is not None and note not in self._noted:
+            self._noted.add(note)
+            log.warning("feedpipe: %s", note)
+        self._last = route
+        self._stats = {"route": route.name, "batches": 0, "skipped": 0}
+        source: Any = self._source(route)
+        if self._device is not None:
+            if self._device_loader is None:
+                self._device_loader = DeviceLoader(source, self._device, self.depth)
+            self._device_loader.iterable = source
+            source = self._device_loader
+        # counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
+        # over, never for the batches its thread prefetched
+        for batch in source:
+            self._batches += 1
+            self._stats["batches"] = self._batches
+            yield batch
+        self._finished = True
+
+    def _source(self, route: Route) -> Iterator[Any]:
+        if route.executor == "workers":
+            return self._worker_batches(route)
+        return self._local_batches(route)
+
+    def _local_batches(self, route: Route) -> Iterator[Any]:
+        """The inline and threads executors: the batch loop in this process."""
+        ds, stats = self.dataset, self._stats
+        skips = Skips()
+        pool = None
+        ahead = 0
+        with EpochReader(ds) as reader:
+            epoch = reader.plan.epoch
+            fetch: Any
+            maker: Any
+            if route.fetch == "refs":
+                from ._refs import Columns, RefFetch, Resolver
+
+                if self._columns is None and ds.shards.open_all():
+                    self._columns = Columns(ds.shards.open_readers())  # type: ignore[arg-type]
+                fetch = RefFetch(ds.shards, epoch, ds.seed, columns=self._columns,
+                                 advise=self._columns is not None)
+                maker = Resolver(ds, pin_memory=self._pin)
+                if self._columns is not None:  # planned (and read-ahead advised) early
+                    ahead = 2
+            elif route.fetch == "gather":
+                from ._store_gather import Finished, GatherFetch
+
+                fetch = GatherFetch(ds, epoch, self.collate_fn)  # type: ignore[arg-type]
+                maker = Finished()
+            else:
+                fetch = SampleFetch(ds, epoch, stored=ds.decoded is not None)
+                if route.sink == "rows":
+                    maker = RowMaker(ds, self.collate_fn,  # type: ignore[arg-type]
+                                     into=route.compute == "into", skips=skips,
+                                     drop=ds.shards.drop_pages)
+                else:
+                    maker = CollateMaker(ds, self.collate_fn, skips=skips,
+                                         fields=tuple(ds.manifest.fields),
+                                         default=self.collate_fn is collate_samples)
+            if route.executor == "threads":
+                pool = ThreadPoolExecutor(self.transform_threads,
+                                          thread_name_prefix="feedpipe-transform")
+                ahead = 2
+            try:
+                for batch in batch_loop(reader.batches(), fetch, maker, pool, ahead):
+                    stats["skipped"] = skips.count
+                    if self._pin and route.sink != "resolve":
+                        batch = _pinned(batch)
+                    yield batch
+            finally:
+                stats["skipped"] = skips.count
+                if pool is not None:
+                    pool.shutdown(wait=True, cancel_futures=True)
+
+    def _worker_batches(self, route: Route) -> Iterator[Any]:
+        """The workers executor: the batch loop in DataLoader worker processes."""
+        self._check_start_method()
+        loader = self._loaders.get(route.name)
+        kwargs = dict(self._kwargs)
+        if loader is None:
+            depth = 0
+            if route.sink == "rows":
+                kwargs = {"prefetch_factor": 1, **kwargs}  # see reuse_buffers
+                depth = ring_depth(kwargs["prefetch_factor"]) if self.reuse_buffers else 0
+            source = WorkerSource(self.dataset, route, self.collate_fn,
+                                  fields=tuple(self.dataset.manifest.fields),
+                                  default=self.collate_fn is collate_samples, depth=depth)
+            loader = DataLoader(source, batch_size=None, num_workers=self.num_workers,
+                                collate_fn=as_is, **kwargs)
+            self._loaders[route.name] = loader
+        resolver = None
+        if route.sink == "resolve":
+            from ._refs import Resolver
+
+            resolver = Resolver(self.dataset, pin_memory=self._pin)
+        release = self._releases.get(route.name)
+        if release is None and route.sink == "rows" and self.reuse_buffers:
+            release = self._releases[route.name] = RowRelease(
+                bool(kwargs.get("persistent_workers", False)))
+        yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
+                                 release=release, pin=self._pin)
+
+    def _check_start_method(self) -> None:
+        if self._fork_unsafe is None or "multiprocessing_context" in self._kwargs:
+            return
+        if torch.multiprocessing.get_start_method(allow_none=True) not in (None, "fork"):
+            return
+        raise StartMethodError(
+            f"FeedLoader(num_workers={self.num_workers}) would fork its worker processes from "
+            f"a process that runs {self._fork_unsafe}, which can deadlock them. Pass "
+            "multiprocessing_context='forkserver' (or 'spawn'): then the transform and "
+            "collate_fn must be picklable (no lambdas or local functions) and the script must "
+            "start under `if __name__ == \"__main__\":`; or use num_workers=0 / "
+            "transform_threads=N.")
+
+    # -- figures ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """This pass's figures: ``route`` (its name) and ``parts`` (fetch, compute, executor,
+        sink), ``batches`` received, ``skipped`` samples (:class:`~feedpipe.errors.SampleSkipped`),
+        ``worker_pids`` (the worker processes that made batches), ``start_method`` (how
+        they were started) and ``prefetch_factor`` (batches in flight per worker) on a
+        ``workers`` route, ``buffers`` (worker batch buffers received,
+        ``reused``, ``released``) on ``rows-workers``, and with ``device=`` the
+        :class:`DeviceLoader`'s figures under ``device``."""
+        route = self.route
+        out = dict(self._stats) if self._stats else {"route": route.name, "batches": 0,
+                                                     "skipped": 0}
+        out["parts"] = {"fetch": route.fetch, "compute": route.compute,
+                        "executor": route.executor, "sink": route.sink}
+        if "worker_pids" in out:
+            out["worker_pids"] = sorted(out["worker_pids"])
+        release = self._releases.get(route.name)
+        if release is not None:
+            out["buffers"] = release.stats()
+        if self._device_loader is not None:
+            out["device"] = self._device_loader.stats()
+        return out
+
+    # -- resumption ------------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        """The global position the training loop has reached in this epoch."""
+        if self._done():
+            return self._split.num_samples
+        return self._split.consumed(self._batches, self.batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the loop consumed: ``{"epoch", "position", "dataset", ...}`` (standard
+        signature). After a complete epoch it is the start of the next one."""
+        if self._done():
+            state = self.dataset.state_dict(consumed=0)
+            state["epoch"] = self.dataset.epoch + 1
+            return state
+        return self.dataset.state_dict(consumed=self.position)
+
+    def load_state_dict(self, state_dict: dict[str, Any], *, strict: bool = True) -> None:
+        """Continue exactly after what the saved loop consumed, with any number of ranks or
+        workers. A state of another dataset or shard layout is refused (:class:`StateError`)
+        unless ``strict=False``, which starts the saved epoch afresh."""
+        if not isinstance(state_dict, dict) or "position" not in state_dict:
+            raise StateError("not a FeedLoader state (no 'position')")
+        self.dataset.load_state_dict(state_dict, strict=strict)
+        self._split = self.dataset.split()
+        self._batches = 0
+        self._finished = False
+        self._epoch_chosen = True
+
+
+def _pinned(batch: Any) -> Any:
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    return pin_memory(batch)

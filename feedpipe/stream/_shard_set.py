@@ -1,0 +1,254 @@
+"""``ShardSet``: the one sample source every read path goes through.
+
+A dataset's shards, opened on demand: it maps each shard once (:class:`ShardReader`), fetches it
+into the node's L1 cache first when there is one (holding a lease on the cached file while it is
+open, and prefetching ahead of the plan), verifies it when asked, and closes the shard opened
+longest ago once ``max_open`` are open. Everything that reads samples uses its public methods:
+:class:`~feedpipe.FeedDataset`, every batch route of :class:`~feedpipe.FeedLoader` and
+:class:`~feedpipe.DeviceCache`.
+
+It is picklable: a copy sent to a worker process starts with no shard open and opens what that
+process reads (maps and locks do not cross processes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._helpers.file_lock import Lease
+from ..format._manifest import Manifest, join
+from ..format._reader import ShardReader
+
+if TYPE_CHECKING:
+    from ..plan._order import Plan, Split
+    from ..caches._shards import ShardCache
+    from ..plan._world import World
+
+
+class ShardSet:
+    """The shards of one dataset, read by global sample id.
+
+    Args:
+        root: the dataset's root (local path or fsspec URL).
+        manifest: its manifest (shard names, sample counts, sizes, hashes).
+        cache: the node-local L1 cache to read through (``None``: read the shards where they are).
+        verify: check each shard's hash and its index against its tar headers when it is opened.
+        max_open: shards kept open at once in this process.
+
+    Example:
+        >>> from feedpipe import load_manifest
+        >>> shards = ShardSet("shards/example", load_manifest("shards/example"))
+        >>> s = shards.sample(0)
+        >>> s["__key__"], s["__index__"], sorted(k for k in s if not k.startswith("__"))
+        ('cls_000/00000', 0, ['cls', 'jpg', 'json'])
+        >>> shards.close()
+    """
+
+    def __init__(self, root: str, manifest: Manifest, *, cache: ShardCache | None = None,
+                 verify: bool = False, max_open: int = 64) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.cache = cache
+        self.verify = verify
+        self.max_open = max(1, int(max_open))
+        self.names = tuple(r.name for r in manifest.shards)
+        self.counts = tuple(r.samples for r in manifest.shards)
+        self.first = np.zeros(len(self.counts) + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=self.first[1:])
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self._leases: dict[int, Lease] = {}  # cached shards held in use by open readers
+        self._clock: Any = None  # the running epoch's Prefetcher: eviction's view of the plan
+        self._held: frozenset[int] = frozenset()  # shards a batch is being copied from
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.first[-1])
+
+    @property
+    def local(self) -> bool:
+        """Whether every shard is read from a file this process can map (a local dataset, not
+        read through a cache, whose files may be evicted once let go)."""
+        from .._helpers.storage import is_local
+
+        return self.cache is None and is_local(self.root)
+
+    def url(self, shard: int) -> str:
+        return join(self.root, self.names[shard])
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard, index within the shard)`` of global sample ids."""
+        s = np.searchsorted(self.first, ids, side="right") - 1
+        return s, ids - self.first[s]
+
+    # -- opening ---------------------------------------------------------------------------
+    def reader(self, shard: int, *, index: bool = True) -> ShardReader:
+        """The open reader of ``shard``, opened (fetched into the cache first) if needed.
+        ``index=False``: its index is read when first needed, not now (for a caller that only
+        copies byte ranges it was given)."""
+        r = self._readers.get(shard)
+        if r is not None:
+            return r
+        if self._pid != os.getpid():
+            self._forked()
+        if len(self._readers) >= self.max_open:
+            # first opened, first closed: windows advance monotonically, and under a full
+            # permutation every policy misses alike. Closed before the next opens, so that a
+            # cached shard leaves use before another is fetched. A held shard stays open.
+            old = next((s for s in self._readers if s not in self._held), None)
+            if old is not None:
+                self._close(old)
+        rec = self.manifest.shards[shard]
+        path = url = self.url(shard)
+        lease = None
+        if self.cache is not None:
+            clock = self._clock
+            if clock is not None:
+                clock.advance(shard)
+                for done in clock.done_with(list(self._leases)):  # out of use: evictable
+                    self._close(done)
+            lease = self.cache.acquire(url, rec, clock.rank if clock is not None else None)
+            path = url if lease is None else lease.path  # None: cache full, read uncached
+        try:
+            r = ShardReader(path, name=rec.name, base=int(self.first[shard]),
+                            expected_bytes=rec.bytes, sha256=rec.sha256, verify=self.verify,
+                            samples=rec.samples, lazy=not index)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        self._readers[shard] = r
+        if lease is not None:
+            self._leases[shard] = lease
+        return r
+
+    @contextmanager
+    def hold(self, shards: Iterable[int]) -> Iterator[None]:
+        """Keep these shards open while the block runs (a batch copied from more shards than
+        ``max_open``): opening another closes only shards not held."""
+        before = self._held
+        self._held = before | frozenset(int(s) for s in shards)
+        try:
+            yield
+        finally:
+            self._held = before
+
+    def open_all(self) -> bool:
+        """Open every shard here and keep them open, when they all fit in ``max_open`` and none
+        is read through a cache: worker processes forked from this one inherit the parsed
+        indexes, later epochs reuse them, and no reader is closed under a borrower of its map.
+        True when all are open."""
+        if len(self.names) > self.max_open or self.cache is not None:
+            return False
+        for s in range(len(self.names)):
+            self.reader(s)
+        return True
+
+    def is_open(self, shard: int) -> bool:
+        return shard in self._readers
+
+    def open_readers(self) -> list[ShardReader] | None:
+        """Every shard's reader in shard order when all are open (:meth:`open_all`), else None."""
+        if len(self._readers) != len(self.names):
+            return None
+        return [self._readers[s] for s in range(len(self.names))]
+
+    # -- reading ---------------------------------------------------------------------------
+    def sample(self, g: int) -> dict[str, Any]:
+        """Sample ``g`` (a global id): ``__key__``, ``__shard__``, ``__index__`` and one bytes
+        entry per field (a ``memoryview`` of the shard's map when it is local)."""
+        s = int(np.searchsorted(self.first, g, side="right")) - 1
+        if not 0 <= g < self.num_samples:
+            raise IndexError(f"sample id {g} is outside the dataset ({self.num_samples} samples)")
+        return self.reader(s).sample(int(g - self.first[s]))
+
+    def check(self, shards: Iterable[int]) -> None:
+        """Raise :class:`ShardFormatError` naming the shard if one of these open shards changed
+        size since it was opened (see :meth:`ShardReader.check`): called before a batch reads
+        from the maps, so that a truncation is an error, not a ``SIGBUS``."""
+        readers = self._readers
+        for s in shards:
+            r = readers.get(int(s))
+            if r is not None:
+                r.check()
+
+    def drop_pages(self) -> None:
+        """Unmap the touched pages of every open shard's map (:meth:`ShardReader.drop_pages`)."""
+        for r in self._readers.values():
+            r.drop_pages()
+
+    # -- an epoch of one reader (rank, worker) ---------------------------------------------
+    def begin(self, plan: Plan, next_plan: Plan, split: Split, world: World, batch_size: int,
+              worker: int, workers: int) -> None:
+        """Start prefetching this reader's shards of the epoch into the cache (no cache: nothing
+        to do). :meth:`end` stops it; a cached shard stays leased while its reader is open."""
+        if self.cache is None:
+            return
+        if self._pid != os.getpid():
+            self._forked()
+        from ..caches._prefetch import Prefetcher
+
+        shards = self.manifest.shards
+        p = Prefetcher.for_reader(self.cache, [self.url(s) for s in range(len(shards))], shards,
+                                  plan, next_plan, split, world, batch_size, worker, workers)
+        self._clock = p
+        p.start()
+
+    def end(self) -> None:
+        """Stop this epoch's prefetching and release what it held in use (cached shards)."""
+        p, self._clock = self._clock, None
+        if p is None:
+            return
+        p.close()
+        for shard in list(self._leases):
+            self._close(shard)
+        assert self.cache is not None
+        self.cache.trim(p.rank)
+
+    def close(self) -> None:
+        """Close every open shard and release its lease."""
+        self.end()
+        for shard in list(self._readers):
+            self._close(shard)
+
+    def _close(self, shard: int) -> None:
+        r = self._readers.pop(shard, None)
+        if r is not None:
+            r.close()
+        lease = self._leases.pop(shard, None)
+        if lease is not None:
+            lease.release()
+
+    def _forked(self) -> None:
+        # A copy inherited by fork. Uncached readers are kept: their maps and parsed indexes
+        # are valid here (what open_all is for). Cached ones are dropped with their leases,
+        # which are the parent's locks and bookkeeping (closing the inherited descriptor
+        # leaves the parent's lock in place).
+        self._pid = os.getpid()
+        self._clock = None
+        if self.cache is None:
+            return
+        for lease in self._leases.values():
+            lease.release()
+        self._leases.clear()
+        self._readers.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_readers"] = OrderedDict()  # maps do not cross processes; reopened on demand
+        state["_leases"] = {}  # nor do locks
+        state["_clock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()

@@ -1,0 +1,171 @@
+"""The ``workers`` executor: the batch loop run inside DataLoader worker processes.
+
+Each worker runs :func:`~feedpipe.stream._batch_loop.batch_loop` over its share of the epoch (batch ``t``
+of a rank goes to worker ``t % num_workers``, the order in which the DataLoader hands batches
+back) and yields whole batches with a :class:`WorkerMeta`; the DataLoader is built with
+``batch_size=None``, so it neither batches nor collates again. :class:`WorkerBatches`, in the
+training process, finishes each batch as its route's sink says: references resolved into bytes
+(``refs-workers``), worker buffers handed back once let go (``rows-workers``), integer arrays
+made tensors (``samples-workers``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
+from ._refs import RefFetch
+from ._store_gather import Finished
+from ._worker_rows import RowRelease, WorkerRing
+
+if TYPE_CHECKING:
+    from ._dataset import FeedDataset
+    from ._refs import Resolver
+    from ._routes import Route
+
+
+class WorkerMeta:
+    """What travels with each batch from a worker: its process id, the samples its transform
+    left out since the last batch, and the ticket of the ring buffer it was written in."""
+
+    __slots__ = ("pid", "skipped", "ticket")
+
+    def __init__(self, pid: int, skipped: int, ticket: Any) -> None:
+        self.pid, self.skipped, self.ticket = pid, skipped, ticket
+
+    def __reduce__(self) -> Any:
+        return WorkerMeta, (self.pid, self.skipped, self.ticket)
+
+
+class WorkerSource(IterableDataset):
+    """The DataLoader-facing side: in each worker, the batch loop of ``route`` over the worker's
+    share of the dataset's current epoch.
+
+    Args:
+        dataset: the dataset (its epoch, resume point and batch size are read at each pass,
+            from shared memory, so persistent workers follow ``set_epoch``/``load_state_dict``).
+        route: the route (a ``workers`` one).
+        collate_fn: the sink of ``samples-workers``; the BatchCollator of ``rows-workers``.
+        fields: the manifest's fields, for the default collation of raw samples.
+        depth: ring buffers per worker (``rows-workers``); ``0``: a fresh buffer per batch.
+    """
+
+    def __init__(self, dataset: FeedDataset, route: Route, collate_fn: Any, *,
+                 fields: tuple[str, ...] = (), default: bool = True, depth: int = 0) -> None:
+        super().__init__()
+        self.dataset, self.route, self.collate_fn = dataset, route, collate_fn
+        self.fields, self.default, self.depth = fields, default, depth
+        self._ring: WorkerRing | None = None
+        self._ring_pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_ring"], state["_ring_pid"] = None, 0  # a worker makes its own
+        return state
+
+    def __iter__(self) -> Iterator[tuple[Any, WorkerMeta]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        ds, route, pid = self.dataset, self.route, os.getpid()
+        skips = Skips()
+        ring = None
+        with EpochReader(ds, worker, workers) as reader:
+            maker: Any
+            if route.fetch == "refs":
+                fetch: Callable[[np.ndarray], Any] = RefFetch(ds.shards, reader.plan.epoch,
+                                                              ds.seed)
+                maker = Finished()
+            else:
+                fetch = SampleFetch(ds, reader.plan.epoch, stored=ds.decoded is not None)
+                if route.sink == "rows":
+                    if self.depth and info is not None:
+                        if self._ring is None or self._ring_pid != pid:
+                            self._ring, self._ring_pid = WorkerRing(self.collate_fn,
+                                                                    self.depth), pid
+                        ring = self._ring
+                        ring.send_table = True  # a new epoch: the training process may have
+                        # dropped the table it had
+                    maker = RowMaker(ds, ring if ring is not None else self.collate_fn,
+                                     into=True, skips=skips, drop=ds.shards.drop_pages)
+                else:
+                    maker = CollateMaker(ds, self.collate_fn, skips=skips, to_bytes=True,
+                                         fields=self.fields, default=self.default)
+            told = 0
+            for batch in batch_loop(reader.batches(), fetch, maker):
+                meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket())
+                told = skips.count
+                yield batch, meta
+
+
+def as_is(batch: Any) -> Any:
+    """The DataLoader's ``collate_fn`` with ``batch_size=None``: the worker's batch as it is
+    (the default would turn tuples into lists)."""
+    return batch
+
+
+class WorkerBatches:
+    """The training process's side: the DataLoader's ``(batch, meta)`` pairs finished as the
+    route's sink says, with the workers' process ids and skipped samples counted in ``stats``."""
+
+    def __init__(self, loader: Any, route: Route, stats: dict[str, Any], *,
+                 resolver: Resolver | None = None, release: RowRelease | None = None,
+                 pin: bool = False) -> None:
+        self.loader, self.route, self.stats = loader, route, stats
+        self.resolver, self.release, self.pin = resolver, release, pin
+
+    def __iter__(self) -> Iterator[Any]:
+        sink, stats = self.route.sink, self.stats
+        pids: set[int] = stats.setdefault("worker_pids", set())
+        ctx = self.loader.multiprocessing_context
+        stats["start_method"] = (ctx.get_start_method() if ctx is not None
+                                 else torch.multiprocessing.get_start_method())
+        stats["prefetch_factor"] = self.loader.prefetch_factor
+        release, resolver = self.release, self.resolver
+        it = iter(self.loader)
+        try:
+            for batch, meta in it:
+                pids.add(meta.pid)
+                stats["skipped"] = stats.get("skipped", 0) + meta.skipped
+                if sink == "resolve":
+                    batch = resolver(batch)  # type: ignore[misc]
+                elif sink == "rows":
+                    if type(batch) is list:  # pin_memory made the (images, labels) tuple a list
+                        batch = tuple(batch)
+                    if release is not None:
+                        release.receive(batch, meta.ticket)
+                else:
+                    batch = _arrays_to_tensors(batch, self.pin)
+                yield batch
+                del batch
+                if release is not None:
+                    # the loop has moved on from the batch before this one: hand it back now,
+                    # before the DataLoader gives its worker another task
+                    release.poll()
+        finally:  # also when the loop stops early
+            if release is not None:
+                release.close()
+            del it  # a DataLoader iterator shuts its (non-persistent) workers down when it goes
+
+
+def _arrays_to_tensors(batch: Any, pin: bool) -> Any:
+    """The integer arrays the default collation makes in a worker, as tensors (zero-copy)."""
+    if type(batch) is dict:
+        for k, v in batch.items():
+            if type(v) is np.ndarray:
+                t = torch.from_numpy(v)
+                batch[k] = t.pin_memory() if pin else t
+            elif type(v) is dict:
+                _arrays_to_tensors(v, pin)
+    return batch
+
+
+def ring_depth(prefetch_factor: int | None) -> int:
+    """Buffers a worker keeps for ``rows-workers``: ``prefetch_factor`` batches in flight, one the
+    loop holds, one not yet seen released, and one spare."""
+    return (prefetch_factor or 2) + 3

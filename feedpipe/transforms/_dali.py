@@ -1,0 +1,343 @@
+"""The optional DALI stage (``pip install 'feedpipe[dali]'``): decode, crop, resize and normalise
+feedpipe's own planned batches with NVIDIA DALI, on the GPU or (``device_id=None``) the CPU.
+
+feedpipe stays in charge of *what* is read: the stage is fed through ``fn.external_source`` with
+the batches of encoded bytes a :class:`~feedpipe.FeedLoader` yields (plan order, resumption,
+caches unchanged), and DALI only does the pixel work::
+
+    FeedLoader batches of encoded images (JPEG, PNG, WebP)
+      ──► host: crop window + flip per sample (ImageSpec, seeded as in the CPU ImagePipeline)
+      ──► DALI: decoders.image_slice (nvJPEG "mixed" on GPU, ROI decode) ─► resize
+                ─► crop_mirror_normalize
+      ──► torch tensors
+
+**Formats.** DALI's image decoder reads JPEG (grey and CMYK too), PNG (every mode, 16-bit
+included) and WebP, and gives three RGB channels with the CPU pipeline's conventions
+(:mod:`feedpipe.transforms._decode`): alpha dropped, EXIF orientation not applied
+(``adjust_orientation=False``), 16-bit rounded to 8 bits (the CPU pipeline keeps the high byte:
+one grey level apart at most). It cannot read AVIF or HEIC: a batch holding one is refused on the
+host with a :class:`~feedpipe.errors.DecodeError` naming the sample, before DALI sees it (decode
+those with the CPU :class:`~feedpipe.transforms._pipeline.ImagePipeline`, or convert them). As on the CPU,
+a sample's image is the first of the stage's ``image_field`` fields it has, so batches mixing
+``jpg`` and ``png`` samples work.
+
+The crop windows are computed on the host from the image header with the same
+:meth:`ImageSpec.geometry` and :func:`~feedpipe.transforms._pipeline.sample_rng` as the CPU pipeline, so a
+sample gets the same crop and flip on either path, in any worker or rank, and after a resume.
+DALI's own random operators are not used: their draws follow DALI's batch order, not the plan.
+
+Output: on the GPU, DALI's buffers are copied into torch tensors with ``feed_ndarray`` on torch's
+current stream (a device-to-device copy ordered before the consumer's kernels, no host sync, no
+host round trip). The copy is needed: DALI recycles its output buffers at the next ``run()``. With
+``device_id=None`` everything is on the CPU and the tensors are CPU tensors.
+
+DALI is imported when the stage first builds its pipeline, never at ``import feedpipe``.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .._helpers.dependency import require
+from ..errors import DecodeError
+from ._decode import IMAGE_FIELDS, image_format, image_size
+from ._pipeline import ImageSpec, parse_label, scratch_rng
+
+_DALI_FORMATS = ("jpeg", "png", "webp")  # what fn.decoders.image_slice reads of ours
+
+
+class DaliBatch(NamedTuple):
+    """One batch out of the DALI stage."""
+
+    images: torch.Tensor
+    """``(B, 3, size, size)``: ``float32`` normalised, or ``uint8`` with ``spec.mean=None``; on
+    ``cuda:<device_id>``, or the CPU with ``device_id=None``."""
+    labels: torch.Tensor
+    """``(B,)`` ``int64``, on the same device as ``images``."""
+    indices: torch.Tensor
+    """``(B,)`` ``int64`` global sample ids (``__index__``) on the CPU; ``-1`` where unknown."""
+
+
+def _column(batch: Any, key: str, n: int, default: int) -> np.ndarray:
+    v = batch.get(key) if isinstance(batch, dict) else None
+    if v is None:
+        return np.full(n, default, dtype=np.int64)
+    if isinstance(v, torch.Tensor):
+        return v.reshape(-1).numpy().astype(np.int64, copy=False)
+    return np.asarray(v, dtype=np.int64).reshape(-1)
+
+
+_BUILT: weakref.WeakSet[Any] = weakref.WeakSet()  # the pipelines this module has built
+_KEPT: list[Any] = []  # in a forked child: every pipeline alive at the fork, never finalised
+_HOOKED = False
+
+
+def _keep_pipelines_in_forked_children() -> None:
+    """Make every process forked from here keep the DALI pipelines it inherits alive.
+
+    A forked child has none of DALI's threads, so a pipeline finalised there (by the garbage
+    collector, ``Pipeline.__del__`` -> ``Shutdown``) crashes it. It happened in a worker of a
+    process pool started well after the pipeline was dropped, not only in DataLoader workers,
+    so the guard is on fork itself: the child holds a reference to each pipeline (those built
+    here and those DALI tracks) and exits without finalising them.
+    """
+    global _HOOKED
+    if _HOOKED or not hasattr(os, "register_at_fork"):
+        return
+
+    def in_child() -> None:
+        from nvidia.dali import Pipeline
+
+        tracked = (ref() for ref in list(getattr(Pipeline, "_pipes", ())))
+        _KEPT.extend({id(p): p for p in (*_BUILT, *tracked) if p is not None}.values())
+
+    os.register_at_fork(after_in_child=in_child)
+    _HOOKED = True
+
+
+class DaliStage:
+    """Iterate :class:`DaliBatch` es made by DALI from an iterable of encoded batches.
+
+    Args:
+        batches: an iterable of batches, each a dict with a list of encoded images (JPEG, PNG
+            or WebP bytes) under ``image_field``, labels under ``label_field`` and optionally
+            ``__index__``, ``__seed__``, ``__epoch__`` (what :class:`~feedpipe.FeedLoader`
+            yields), or an ``(images, labels)`` pair. Iterated once per pass over the stage.
+        batch_size: the largest batch (default: ``batches.batch_size``).
+        spec: what to do to each image (:class:`~feedpipe.transforms._pipeline.ImageSpec`).
+        device_id: the CUDA device (nvJPEG "mixed" decoding); ``None``: DALI on the CPU only.
+        num_threads: DALI's CPU threads.
+        prefetch: batches DALI works ahead (its ``prefetch_queue_depth``).
+        image_field: the batch field holding the images, or a sequence of fields of which each
+            sample's first non-``None`` one is used (default:
+            :data:`~feedpipe.transforms._decode.IMAGE_FIELDS`).
+        label_field: the batch field holding the labels.
+
+    ``state_dict()`` / ``load_state_dict()`` pass through to ``batches`` (a FeedLoader), but
+    report the position after the last batch *this stage handed out*, not after the ones DALI
+    prefetched, so a checkpoint resumes exactly.
+
+    Example:
+        >>> from feedpipe import FeedDataset, FeedLoader
+        >>> loader = FeedLoader(FeedDataset("shards/example"), batch_size=8)
+        >>> stage = DaliStage(loader, spec=ImageSpec(size=32, train=False), device_id=None)
+        >>> b = next(iter(stage))                                  # doctest: +SKIP
+        >>> tuple(b.images.shape), b.labels.tolist()[:3]           # doctest: +SKIP
+        ((8, 3, 32, 32), [0, 0, 0])
+    """
+
+    def __init__(
+        self,
+        batches: Iterable[Any],
+        *,
+        batch_size: int | None = None,
+        spec: ImageSpec | None = None,
+        device_id: int | None = 0,
+        num_threads: int = 2,
+        prefetch: int = 2,
+        image_field: str | Sequence[str] = IMAGE_FIELDS,
+        label_field: str = "cls",
+    ) -> None:
+        if batch_size is None:
+            batch_size = getattr(batches, "batch_size", None)
+            if batch_size is None:
+                raise TypeError("DaliStage needs batch_size= (the iterable has no .batch_size)")
+        if batch_size < 1 or num_threads < 1 or prefetch < 1:
+            raise ValueError("batch_size, num_threads and prefetch must be at least 1")
+        self.batches = batches
+        mark = getattr(batches, "mark_fork_unsafe", None)
+        if callable(mark):  # a FeedLoader: it refuses to fork workers beside DALI's threads
+            mark("DALI's threads (a DaliStage fed by this loader)")
+        self.batch_size = int(batch_size)
+        self.spec = spec if spec is not None else ImageSpec()
+        self.device_id = device_id
+        self.num_threads = num_threads
+        self.prefetch = prefetch
+        self.image_field = (image_field,) if isinstance(image_field, str) else tuple(image_field)
+        if not self.image_field:
+            raise ValueError("image_field must name at least one field")
+        self.label_field = label_field
+        self._pipe: Any = None
+        self._it: Iterator[Any] | None = None
+        self._fed: deque[dict[str, Any] | None] = deque()
+        self._state: dict[str, Any] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        if self.device_id is None:
+            return torch.device("cpu")
+        return torch.device("cuda", self.device_id)
+
+    # -- the host side: what DALI is fed --------------------------------------------------
+    def _split(self, batch: Any) -> tuple[list[Any], list[Any], Any]:
+        if not isinstance(batch, dict):
+            images, labels = batch
+            return list(images), list(labels), None
+        fields = [f for f in self.image_field if f in batch]
+        if self.label_field not in batch:
+            raise DecodeError(f"a batch fed to the DALI stage has no {self.label_field!r} "
+                              f"field (it has {sorted(batch)})")
+        if not fields:
+            raise DecodeError(f"a batch fed to the DALI stage has none of the image fields "
+                              f"{list(self.image_field)} (it has {sorted(batch)})")
+        labels = list(batch[self.label_field])
+        columns = [batch[f] for f in fields]
+        images = []
+        for i in range(len(labels)):
+            image = next((c[i] for c in columns if c[i] is not None), None)
+            if image is None:
+                key = batch.get("__key__", [None] * len(labels))[i]
+                raise DecodeError(f"sample {key!r} in a batch fed to the DALI stage has none of "
+                                  f"the image fields {list(self.image_field)}")
+            images.append(image)
+        return images, labels, batch
+
+    def encode_batch(self, batch: Any) -> tuple[Any, ...]:
+        """The arrays one batch feeds to DALI: encoded images, crop anchors ``(x, y)``, crop
+        shapes ``(w, h)``, mirror flags, labels, sample ids. Pure host work, no DALI needed."""
+        jpegs, labels, meta = self._split(batch)
+        n = len(jpegs)
+        if not 0 < n <= self.batch_size:
+            raise ValueError(f"a batch of {n} samples for a DaliStage of batch_size "
+                             f"{self.batch_size}")
+        index = _column(meta, "__index__", n, -1)
+        seed = _column(meta, "__seed__", n, 0)
+        epoch = _column(meta, "__epoch__", n, 0)
+        spec = self.spec
+        data = [np.frombuffer(j, dtype=np.uint8) for j in jpegs]
+        anchors = np.empty((n, 2), dtype=np.int32)
+        shapes = np.empty((n, 2), dtype=np.int32)
+        mirror = np.zeros(n, dtype=np.int32)
+        for i, j in enumerate(jpegs):
+            try:
+                fmt = image_format(j)
+                if fmt not in _DALI_FORMATS:
+                    raise DecodeError(
+                        "DALI's image decoder reads JPEG, PNG and WebP, not this "
+                        + (f"{fmt.upper()} image" if fmt != "unknown" else
+                           f"data (it starts with {bytes(j[:8])!r})")
+                        + "; decode such images on the CPU with feedpipe.ImagePipeline, or "
+                        "convert them to one of those formats")
+                h, w = image_size(j)
+            except DecodeError as e:
+                key = meta.get("__key__", [None] * n)[i] if meta is not None else None
+                raise DecodeError(f"sample {key!r} (id {index[i]}) in a batch fed to the DALI "
+                                  f"stage (which crops from image headers): {e}") from e
+            rng = scratch_rng(seed[i], epoch[i], index[i]) if spec.train else None
+            box, flip = spec.geometry(h, w, rng)
+            anchors[i] = box.left, box.top
+            shapes[i] = box.width, box.height
+            mirror[i] = flip
+        try:
+            label = np.array([parse_label(v) for v in labels], dtype=np.int64)
+        except ValueError as e:
+            raise DecodeError(f"a label in a batch fed to the DALI stage is not an integer: "
+                              f"{e}") from e
+        return data, anchors, shapes, mirror, label, index
+
+    def _source(self) -> tuple[Any, ...]:
+        if self._it is None:
+            raise StopIteration
+        batch = next(self._it)  # StopIteration ends DALI's epoch
+        state = getattr(self.batches, "state_dict", None)
+        self._fed.append(state() if state is not None else None)
+        return self.encode_batch(batch)
+
+    # -- the DALI side -------------------------------------------------------------------
+    def _build(self) -> Any:
+        dali = require("nvidia.dali", purpose="the DALI stage (feedpipe.dali)")
+        from nvidia.dali import fn, types
+
+        spec = self.spec
+        gpu = self.device_id is not None
+        _keep_pipelines_in_forked_children()
+        pipe = dali.Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
+                             device_id=self.device_id, prefetch_queue_depth=self.prefetch)
+        _BUILT.add(pipe)
+        with pipe:
+            jpegs, anchor, shape, mirror, labels, index = fn.external_source(
+                source=self._source, num_outputs=6, batch=True,
+                dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.INT64,
+                       types.INT64])
+            images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="WH",
+                                             device="mixed" if gpu else "cpu",
+                                             output_type=types.RGB, adjust_orientation=False)
+            images = fn.resize(images, size=[spec.size, spec.size], antialias=True)
+            if spec.mean is None:
+                images = fn.crop_mirror_normalize(images, mirror=mirror, dtype=types.UINT8,
+                                                  output_layout="CHW")
+            else:
+                images = fn.crop_mirror_normalize(
+                    images, mirror=mirror, dtype=types.FLOAT, output_layout="CHW",
+                    mean=[255.0 * m for m in spec.mean],
+                    std=[255.0 * s for s in spec.std])  # type: ignore[union-attr]
+            if gpu:
+                labels = labels.gpu()
+            pipe.set_outputs(images, labels, index)
+        pipe.build()
+        return pipe
+
+    def _to_torch(self, out: Any, device: torch.device) -> torch.Tensor:
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        t = out.as_tensor()
+        arr = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=device)
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        # enqueued on torch's stream after DALI's work: ordered before the consumer's kernels
+        feed_ndarray(t, arr, cuda_stream=stream)
+        return arr
+
+    def __iter__(self) -> Iterator[DaliBatch]:
+        if self._pipe is None:
+            self._pipe = self._build()
+        pipe = self._pipe
+        self._fed.clear()
+        state = getattr(self.batches, "state_dict", None)
+        self._state = state() if state is not None else None
+        self._it = iter(self.batches)
+        done = False
+        try:
+            while True:
+                try:
+                    images, labels, index = pipe.run()
+                except StopIteration:
+                    break
+                out = DaliBatch(self._to_torch(images, self.device),
+                                self._to_torch(labels, self.device),
+                                self._to_torch(index, torch.device("cpu")))
+                self._state = self._fed.popleft()
+                yield out
+            done = True
+        finally:
+            self._it = None
+            if done:
+                pipe.reset()
+            else:
+                # left early (break, error): DALI still holds prefetched batches of this pass;
+                # a new pipeline is simpler and safer than draining them
+                self._pipe = None
+
+    # -- the loader protocol -------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batches.set_epoch(epoch)  # type: ignore[attr-defined]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped loader's state after the last batch this stage handed out."""
+        if self._state is not None:
+            return self._state
+        return self.batches.state_dict()  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.batches.load_state_dict(state_dict)  # type: ignore[attr-defined]
+        self._state = None
+        self._pipe = None

@@ -1,0 +1,274 @@
+"""Image decoding for every format a sample may hold: JPEG, PNG, WebP, AVIF, HEIC (and what else
+OpenCV reads), always to an HWC ``uint8`` RGB array of three channels.
+
+The format is read from the bytes (:func:`image_format`), not from the field's name: a PNG
+stored as ``.jpg`` in a scraped dataset decodes as a PNG.
+
+=========  ================================  =============================================
+format     decoder                           why (``benchmarks/bench_image_formats.py``)
+=========  ================================  =============================================
+JPEG       feedpipe's window decoder, or     the fast path of :mod:`feedpipe.transforms._ops`
+           simplejpeg (libjpeg-turbo)        (grey, CMYK and YCCK JPEGs too)
+PNG        OpenCV (``cv2.imdecode``)         the fastest, or level with Pillow (not a core
+                                             dependency), on every mode; pyvips is slower
+WebP       OpenCV                            the fastest; Pillow and pyvips are slower
+AVIF       Pillow where it has AVIF, else    Pillow's decoder is the faster where both
+           OpenCV where built with libavif   exist
+HEIC/HEIF  pillow-heif (libheif)             the one HEIC decoder that pip installs
+other      OpenCV, if it reads the bytes     BMP, TIFF, PNM, JPEG 2000 come for free
+=========  ================================  =============================================
+
+The measured figures are in ``benchmarks/results/image_formats.md``.
+:func:`image_decoders` says which library decodes each format on this machine. OpenCV is a
+dependency; Pillow and pillow-heif are the ``images`` extra (``pip install 'feedpipe[images]'``),
+imported on first use; a HEIC image without pillow-heif (or an AVIF image with neither decoder)
+is a :class:`~feedpipe.errors.MissingDependencyError` with the pip line, not a decode error:
+skipping it would drop every such image.
+
+What every decoder is made to agree on:
+
+- **Three channels, RGB.** Grey is replicated, palettes expanded.
+- **Alpha is dropped**, not composited: the colour under a transparent pixel is kept as stored.
+  That is what Pillow's ``convert("RGB")``, torchvision's ``ImageReadMode.RGB``, webdataset's
+  ``"rgb8"`` and DALI's ``output_type=RGB`` do, so a model sees the same pixels on every path.
+- **16-bit channels are scaled to 8 bits** by keeping the high byte (``x >> 8``, libpng's
+  stripping). DALI's decoder rounds instead: at most one grey level apart.
+- **EXIF orientation is not applied**: pixels as stored, as torchvision's ``ImageFolder``
+  (Pillow's ``open``) and webdataset give them, and as the JPEG window decoder must (its crop is
+  chosen from the header's size). HEIC's rotation and mirror properties (``irot``/``imir``) are
+  part of the coded image in that format, and libheif applies them.
+- **A corrupt or truncated image is a** :class:`~feedpipe.errors.DecodeError` (OpenCV returns
+  nothing for it, libjpeg's warnings are errors), never a grey or partial picture.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._helpers.dependency import require
+from ..errors import DecodeError, MissingDependencyError
+from ._ops import decode_jpeg, jpeg_size, opencv, window_decoder
+
+IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "avif", "heic", "heif")
+"""The fields :class:`~feedpipe.transforms._pipeline.ImagePipeline` and the DALI stage look in by default,
+in this order: the first one a sample has is its image."""
+
+_NAMES = {"jpeg": "JPEG", "png": "PNG", "webp": "WebP", "avif": "AVIF", "heic": "HEIC/HEIF"}
+_PNG = b"\x89PNG\r\n\x1a\n"
+_AVIF_BRANDS = {b"avif", b"avis"}
+_HEIF_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs", b"mif1",
+                b"msf1"}
+_PIL_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, SyntaxError, EOFError)
+
+
+def image_format(data: Any) -> str:
+    """The format of encoded image bytes from their first bytes: ``"jpeg"``, ``"png"``,
+    ``"webp"``, ``"avif"``, ``"heic"`` (HEIF with HEVC or another non-AV1 brand), or
+    ``"unknown"``.
+
+    Example:
+        >>> image_format(b"\\x89PNG\\r\\n\\x1a\\n..."), image_format(b"GIF89a")
+        ('png', 'unknown')
+    """
+    head = bytes(data[:64])
+    if head[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if head[:8] == _PNG:
+        return "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[4:8] == b"ftyp":
+        major = head[8:12]
+        box = min(int.from_bytes(head[:4], "big"), len(head))
+        compatible = {head[i:i + 4] for i in range(16, box - 3, 4)}
+        if major in _AVIF_BRANDS:
+            return "avif"
+        if major in _HEIF_BRANDS:  # the generic brands (mif1, msf1) also start AVIF files
+            generic = major in (b"mif1", b"msf1")
+            return "avif" if generic and compatible & _AVIF_BRANDS else "heic"
+        if compatible & _AVIF_BRANDS:
+            return "avif"
+        if compatible & _HEIF_BRANDS:
+            return "heic"
+    return "unknown"
+
+
+def image_size(data: Any) -> tuple[int, int]:
+    """``(height, width)`` of a JPEG, PNG or WebP from its header, without decoding; a
+    :class:`~feedpipe.errors.DecodeError` for another format or a header too short to say."""
+    fmt = image_format(data)
+    if fmt == "jpeg":
+        return jpeg_size(data)
+    head = bytes(data[:32])
+    if fmt == "png" and len(head) >= 24 and head[12:16] == b"IHDR":
+        return int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")
+    if fmt == "webp" and len(head) >= 30:
+        chunk = head[12:16]
+        if chunk == b"VP8 " and head[23:26] == b"\x9d\x01\x2a":
+            return (int.from_bytes(head[28:30], "little") & 0x3FFF,
+                    int.from_bytes(head[26:28], "little") & 0x3FFF)
+        if chunk == b"VP8L" and head[20] == 0x2F:
+            bits = int.from_bytes(head[21:25], "little")
+            return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
+        if chunk == b"VP8X":
+            return (int.from_bytes(head[27:30], "little") + 1,
+                    int.from_bytes(head[24:27], "little") + 1)
+    what = _NAMES.get(fmt, "an image of unknown format")
+    raise DecodeError(f"cannot read the size of {what} ({len(data)} bytes) from its header")
+
+
+def image_field_of(sample: Mapping[str, Any], fields: Sequence[str]) -> str | None:
+    """The first of ``fields`` that ``sample`` holds (a ``None`` value counts as absent)."""
+    for field in fields:
+        if sample.get(field) is not None:
+            return field
+    return None
+
+
+def decode_image(data: Any) -> np.ndarray:
+    """Decode image bytes of any supported format to an HWC ``uint8`` RGB array (see the module
+    docstring for the decoder of each format and the conventions they share).
+
+    Raises:
+        DecodeError: corrupt, truncated or unreadable bytes.
+        MissingDependencyError: a HEIC (or AVIF) image and no library here that decodes it.
+
+    Example:
+        >>> import cv2, numpy as np
+        >>> rgba = np.zeros((6, 8, 4), np.uint8); rgba[..., 0] = 255  # red, transparent
+        >>> png = cv2.imencode(".png", rgba[..., [2, 1, 0, 3]])[1].tobytes()
+        >>> img = decode_image(png)
+        >>> img.shape, img.dtype, img[0, 0].tolist()
+        ((6, 8, 3), dtype('uint8'), [255, 0, 0])
+    """
+    fmt = image_format(data)
+    if fmt == "jpeg":
+        return decode_jpeg(data)
+    if fmt == "heic":
+        return _decode_heif(data)
+    if fmt == "avif":
+        library = _avif_library()
+        if library is None:
+            raise MissingDependencyError(
+                "decoding AVIF images needs Pillow >= 11.3 or an OpenCV built with libavif; "
+                "neither is installed. Install it with: pip install 'feedpipe[images]'")
+        if library == "pillow":
+            return _decode_pillow(data, fmt)
+    return _decode_opencv(data, fmt)
+
+
+def image_decoders() -> dict[str, str | None]:
+    """Which library decodes each format here (``None``: none installed), e.g. for a report.
+
+    Example:
+        >>> image_decoders()["png"]
+        'opencv'
+    """
+    try:
+        import pillow_heif  # noqa: F401
+        heif: str | None = "pillow-heif"
+    except ImportError:
+        heif = None
+    return {"jpeg": window_decoder() or "simplejpeg",
+            "png": "opencv", "webp": "opencv", "avif": _avif_library(), "heic": heif,
+            "other": "opencv"}
+
+
+# -- the decoders -------------------------------------------------------------------------
+_AVIF: list[str | None] = []  # the AVIF decoder once chosen
+
+
+def _avif_library() -> str | None:
+    """``"pillow"`` where Pillow has its AVIF plugin, else ``"opencv"`` where OpenCV was built
+    with libavif, else ``None``; looked up once."""
+    if not _AVIF:
+        choice: str | None = None
+        try:
+            from PIL import features
+
+            if features.check("avif"):
+                choice = "pillow"
+        except ImportError:
+            pass
+        if choice is None:
+            cv2 = opencv()
+            built = cv2.getBuildInformation() if cv2 is not None else ""
+            if re.search(r"^\s*AVIF:\s*(?!NO\b)\S", built, re.MULTILINE):
+                choice = "opencv"
+        _AVIF.append(choice)
+    return _AVIF[0]
+
+
+def _undecodable(data: Any, fmt: str, why: object = "") -> DecodeError:
+    if fmt not in _NAMES:
+        return DecodeError(f"not a JPEG, PNG, WebP, AVIF or HEIC image, nor another format "
+                           f"OpenCV reads ({len(data)} bytes, starting {bytes(data[:8])!r})")
+    why = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(why))
+    return DecodeError(f"cannot decode this {_NAMES[fmt]} image ({len(data)} bytes)"
+                       + (f": {why}" if why else "") + "; it is corrupt or truncated")
+
+
+def _decode_opencv(data: Any, fmt: str) -> np.ndarray:
+    cv2 = opencv()
+    if cv2 is None:
+        raise MissingDependencyError("decoding PNG and WebP images needs OpenCV. Install it "
+                                     "with: pip install opencv-python-headless")
+    buf = np.frombuffer(data, np.uint8)
+    rgb = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.11
+    flags = (cv2.IMREAD_COLOR if rgb is None else rgb) | cv2.IMREAD_IGNORE_ORIENTATION
+    try:
+        img = cv2.imdecode(buf, flags) if len(buf) else None
+    except cv2.error as e:
+        raise _undecodable(data, fmt, str(e).strip().splitlines()[-1]) from e
+    if img is None:
+        raise _undecodable(data, fmt)
+    if rgb is None:
+        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    return img
+
+
+def _decode_pillow(data: Any, fmt: str) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            rgb = im if im.mode == "RGB" else im.convert("RGB")
+            return np.array(rgb)  # writable (np.asarray's view of Pillow's bytes is not)
+    except (*_PIL_ERRORS, Image.DecompressionBombError) as e:  # type: ignore[misc]
+        raise _undecodable(data, fmt, e) from e
+
+
+def _decode_heif(data: Any) -> np.ndarray:
+    heif = require("pillow_heif", extra="images", purpose="decoding HEIC/HEIF images")
+    try:
+        img = np.asarray(heif.open_heif(bytes(data), convert_hdr_to_8bit=True))
+    except (*_PIL_ERRORS, RuntimeError) as e:  # type: ignore[misc]
+        raise _undecodable(data, "heic", e) from e
+    if img.ndim == 2:
+        img = img[:, :, None]
+    if img.shape[2] in (1, 2):
+        return np.repeat(img[:, :, :1], 3, axis=2)
+    return np.array(img[:, :, :3])  # writable and contiguous
+
+
+class DecodeImage:
+    """Image bytes of any supported format -> HWC ``uint8`` RGB array (:func:`decode_image`),
+    an op for :class:`~feedpipe.transforms._pipeline.Compose` like :class:`~feedpipe.transforms._ops.DecodeJPEG`.
+
+    Example:
+        >>> import cv2, numpy as np
+        >>> png = cv2.imencode(".png", np.zeros((5, 7), np.uint8))[1].tobytes()
+        >>> DecodeImage()(png).shape
+        (5, 7, 3)
+    """
+
+    def __call__(self, data: Any, rng: np.random.Generator | None = None) -> np.ndarray:
+        return decode_image(data)
+
+    def __repr__(self) -> str:
+        return "DecodeImage()"

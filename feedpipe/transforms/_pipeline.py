@@ -1,0 +1,390 @@
+"""Per-sample transforms: deterministic augmentation seeded from the plan, and the ready
+:class:`ImagePipeline` (sample dict -> ``(CHW tensor, label)``).
+
+**Seeding.** Every random draw for a sample comes from its own generator,
+:func:`sample_rng`\\ ``(seed, epoch, index)``: a ``PCG64`` whose 128-bit state and increment
+are the two halves of the 256-bit ``blake2b("feedpipe-augment", seed, epoch, index)`` digest,
+``index`` being the sample's global id (``__index__``). A sample therefore gets the same crop and flip in a given epoch whichever rank or
+worker reads it, however many there are, and after a resume; another epoch or another sample gets
+independent draws (hashing the three integers avoids the ``seed + epoch`` aliasing, as the plan
+does). The dataset puts ``__seed__`` and ``__epoch__`` in each sample; a sample without them is
+treated as seed 0, epoch 0.
+
+The op classes (:class:`DecodeJPEG`, :class:`RandomResizedCrop`, ...) live in
+:mod:`feedpipe.transforms._ops`, :class:`DecodeImage` (any format) in :mod:`feedpipe.transforms._decode`;
+all are re-exported here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import DecodeError, SampleSkipped
+from ._decode import (
+    IMAGE_FIELDS,
+    DecodeImage,
+    decode_image,
+    image_field_of,
+    image_format,
+)
+from ._ops import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Box,
+    CenterCrop,
+    Compose,
+    DecodeJPEG,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    ToTensor,
+    as_size,
+    decode_window,
+    jpeg_size,
+    normalize_tensor,
+    one_thread,
+    random_resized_crop_box,
+    resize_to_tensor,
+)
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "IMAGE_FIELDS",
+    "Box",
+    "CenterCrop",
+    "Compose",
+    "DecodeImage",
+    "DecodeJPEG",
+    "ImagePipeline",
+    "ImageSpec",
+    "Normalize",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "ToTensor",
+    "parse_label",
+    "rng_of",
+    "sample_rng",
+]
+
+
+def _seed_state(seed: int, epoch: int, index: int) -> dict[str, Any]:
+    """The PCG64 state of sample ``index``'s generator: state and increment straight from a
+    256-bit blake2b digest (seeding through ``SeedSequence`` cost 13 us a sample)."""
+    d = hashlib.blake2b(f"feedpipe-augment\0{int(seed)}\0{int(epoch)}\0{int(index)}".encode(),
+                        digest_size=32).digest()
+    return {"bit_generator": "PCG64",
+            "state": {"state": int.from_bytes(d[:16], "little"),
+                      "inc": int.from_bytes(d[16:], "little") | 1},
+            "has_uint32": 0, "uinteger": 0}
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator of sample ``index``'s augmentation in ``epoch`` of a run seeded ``seed``.
+
+    Example:
+        >>> a = sample_rng(0, 1, 42).random()
+        >>> a == sample_rng(0, 1, 42).random(), a == sample_rng(0, 2, 42).random()
+        (True, False)
+    """
+    bits = np.random.PCG64()
+    bits.state = _seed_state(seed, epoch, index)
+    return np.random.Generator(bits)
+
+
+_SCRATCH = threading.local()  # each thread's reused generator (scratch_rng)
+
+
+def scratch_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """:func:`sample_rng`'s generator, same draws, but this thread's one generator re-seeded
+    instead of a new one (creating a ``PCG64`` costs 13 us, re-seeding 1.5): valid only until
+    the thread's next call, so for a caller that draws everything it needs at once
+    (:class:`ImagePipeline`, the DALI stage) and keeps no reference."""
+    rng = getattr(_SCRATCH, "rng", None)
+    if rng is None:
+        rng = _SCRATCH.rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = _seed_state(seed, epoch, index)
+    return rng
+
+
+def _seed_of(sample: Mapping[str, Any]) -> tuple[int, int, int]:
+    if "__index__" not in sample:
+        raise KeyError("a random transform needs the sample's '__index__' (its global id) to seed "
+                       "its augmentation; samples from FeedDataset carry it")
+    return sample.get("__seed__", 0), sample.get("__epoch__", 0), sample["__index__"]
+
+
+def rng_of(sample: Mapping[str, Any]) -> np.random.Generator:
+    """:func:`sample_rng` of a sample dict (``__seed__``, ``__epoch__``, ``__index__``)."""
+    return sample_rng(*_seed_of(sample))
+
+
+def parse_label(value: Any) -> int:
+    """A class label field (``b"3"``, ``"3"``, ``3``) as an int."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, memoryview):
+        value = value.tobytes()
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What an image pipeline does, shared by the CPU :class:`ImagePipeline` and the DALI stage
+    (:mod:`feedpipe.transforms._dali`), so both take the same crops and flips for the same sample.
+
+    Training: a random-resized crop (``scale`` of the area, aspect in ``ratio``) to ``size`` and a
+    left-right flip with probability ``flip``. Evaluation: the centred square of
+    ``crop_fraction`` of the shorter side (a resize to ``size / crop_fraction`` then a centre crop
+    of ``size``, in one step). ``mean``/``std`` (``[0, 1]`` scale) give normalised ``float32``
+    output; ``mean=None`` gives ``uint8`` (normalise on the device, 4x fewer bytes to move) and
+    ignores ``std``.
+    """
+
+    size: int = 224
+    train: bool = True
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.5
+    crop_fraction: float = 0.875
+    mean: tuple[float, ...] | None = IMAGENET_MEAN
+    std: tuple[float, ...] | None = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        as_size(self.size)
+        RandomResizedCrop(self.size, self.scale, self.ratio)  # validates scale and ratio
+        RandomHorizontalFlip(self.flip)
+        if not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction must be in (0, 1], not {self.crop_fraction!r}")
+        if self.mean is None:
+            object.__setattr__(self, "std", None)  # uint8 output: nothing to divide by
+        elif self.std is None:
+            raise ValueError("normalising needs std as well as mean (mean=None: uint8 output)")
+        else:
+            Normalize(self.mean, self.std)  # type: ignore[arg-type]
+
+    def geometry(self, height: int, width: int,
+                 rng: np.random.Generator | None) -> tuple[Box, bool]:
+        """The crop window (in the ``height`` x ``width`` image) and whether to flip it.
+
+        Draws, in order: the crop (:func:`~feedpipe.transforms._ops.random_resized_crop_box`), then
+        one number for the flip (:class:`RandomHorizontalFlip`); nothing when not training.
+        """
+        if not self.train:
+            side = max(1, int(round(min(height, width) * self.crop_fraction)))
+            return Box((height - side) // 2, (width - side) // 2, side, side), False
+        if rng is None:
+            raise TypeError("a training ImageSpec needs the sample's rng (see sample_rng)")
+        box = random_resized_crop_box(height, width, rng, self.scale, self.ratio)
+        return box, bool(rng.random() < self.flip)
+
+
+class ImagePipeline:
+    """Sample dict -> ``(image, label)``: decode, crop, flip, resize, normalise, in one pass.
+
+    **Formats.** JPEG (RGB, grey, CMYK, YCCK), PNG (RGB, RGBA, palette, grey, 16-bit), WebP,
+    AVIF and HEIC (where their decoder is installed: ``pip install 'feedpipe[images]'``), and what
+    else OpenCV reads; the format is read from the bytes. The output is always three RGB
+    channels: alpha dropped (not composited), grey replicated, 16-bit scaled to 8, EXIF
+    orientation not applied (:mod:`feedpipe.transforms._decode` has the decoders and the reasons).
+    The image is the first of the ``image_field`` fields the sample has, so a dataset mixing
+    ``.jpg`` and ``.png`` files needs no option.
+
+    **JPEG.** The header gives the image size; the crop is chosen there
+    (:meth:`ImageSpec.geometry`), then the JPEG is decoded at the smallest scale (1/8 to 1/2) that
+    still leaves the crop at least ``size`` pixels (only the crop's rows and columns where the C
+    extension is built: :func:`~feedpipe.transforms._ops.decode_window`), the crop resized to
+    ``size`` (antialiased bilinear, ``uint8``) and flipped in the same copy, and normalised
+    straight into a contiguous CHW ``float32`` tensor (``uint8`` CHW with ``mean=None``). Same
+    geometry as ``Compose([DecodeJPEG(), RandomResizedCrop(size), RandomHorizontalFlip(),
+    ToTensor(), Normalize()])`` with the same rng; pixels differ only where the reduced decode
+    kicks in. Other formats are decoded whole (:func:`~feedpipe.transforms._decode.decode_image`), then
+    cropped, resized and normalised the same way.
+
+    **Bad samples.** A corrupt or truncated image, a sample with no image field, or a label that
+    is not an integer raises :class:`~feedpipe.errors.DecodeError` naming the sample's key and
+    shard (``on_error="raise"``, the default). With ``on_error="skip"`` the same message comes as
+    :class:`~feedpipe.errors.SampleSkipped` (a ``DecodeError``): the loader logs it as a
+    warning, counts it in ``stats()["skipped"]`` and leaves the sample out of its batch (as
+    webdataset's ``handler=warn_and_continue``). A missing optional decoder (HEIC without
+    pillow-heif) is never skipped: it is a :class:`~feedpipe.errors.MissingDependencyError`
+    with the pip line.
+
+    Picklable (plain attributes): give it to ``FeedDataset(transform=...)`` and it runs in the
+    workers. Randomness: :func:`rng_of` the sample (see the module docstring).
+
+    Args:
+        size: output side (square).
+        train: random-resized crop and flip; ``False``: centre crop.
+        scale, ratio, flip: the training augmentation (see :class:`ImageSpec`).
+        mean, std: normalisation on the ``[0, 1]`` scale; ``None``: ``uint8`` output.
+        image_field: the field holding the image bytes, or a sequence of fields of which the
+            first the sample has is used. Default: :data:`~feedpipe.transforms._decode.IMAGE_FIELDS`
+            (``"jpg", "jpeg", "png", "webp", "avif", "heic", "heif"``).
+        label_field: the field holding an integer label; ``None``: return the image only.
+        on_error: ``"raise"`` (a :class:`~feedpipe.errors.DecodeError`) or ``"skip"`` (a
+            :class:`~feedpipe.errors.SampleSkipped`, see above) for a bad sample.
+
+    Example:
+        >>> from feedpipe import FeedDataset
+        >>> ds = FeedDataset("shards/example", transform=ImagePipeline(32))
+        >>> image, label = next(iter(ds))
+        >>> tuple(image.shape), image.dtype, label
+        ((3, 32, 32), torch.float32, 0)
+    """
+
+    def __init__(
+        self,
+        size: int = 224,
+        train: bool = True,
+        *,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: float = 0.5,
+        mean: Sequence[float] | None = IMAGENET_MEAN,
+        std: Sequence[float] | None = IMAGENET_STD,
+        image_field: str | Sequence[str] = IMAGE_FIELDS,
+        label_field: str | None = "cls",
+        on_error: str = "raise",
+    ) -> None:
+        spec = ImageSpec(size=size, train=train, scale=(scale[0], scale[1]),
+                         ratio=(ratio[0], ratio[1]), flip=flip,
+                         mean=None if mean is None else tuple(mean),
+                         std=None if std is None else tuple(std))
+        self._init(spec, image_field, label_field, on_error)
+
+    @classmethod
+    def from_spec(cls, spec: ImageSpec, *, image_field: str | Sequence[str] = IMAGE_FIELDS,
+                  label_field: str | None = "cls", on_error: str = "raise") -> ImagePipeline:
+        """An ImagePipeline doing exactly ``spec`` (e.g. a DALI stage's)."""
+        self = cls.__new__(cls)
+        self._init(spec, image_field, label_field, on_error)
+        return self
+
+    def _init(self, spec: ImageSpec, image_field: str | Sequence[str], label_field: str | None,
+              on_error: str) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        fields = (image_field,) if isinstance(image_field, str) else tuple(image_field)
+        if not fields or not all(isinstance(f, str) and f for f in fields):
+            raise ValueError(f"image_field must be a field name or a sequence of them, not "
+                             f"{image_field!r}")
+        self.spec = spec
+        self.image_field = fields
+        self.label_field = label_field
+        self.on_error = on_error
+        self._norm = None if spec.std is None else Normalize(spec.mean or (), spec.std)
+
+    def image(self, data: Any, rng: np.random.Generator | None) -> torch.Tensor:
+        """The transformed CHW image of image bytes ``data`` (``rng`` needed when training)."""
+        with one_thread():
+            return self._image(data, rng)
+
+    def _image(self, data: Any, rng: np.random.Generator | None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        spec = self.spec
+        size = as_size(spec.size)
+        if image_format(data) == "jpeg":
+            h, w = jpeg_size(data)
+            box, flip = spec.geometry(h, w, rng)
+            # decode just large enough that the crop keeps >= size pixels on both axes
+            min_h = math.ceil(h * size[0] / box.height) if box.height > size[0] else h
+            min_w = math.ceil(w * size[1] / box.width) if box.width > size[1] else w
+            window = decode_window(data, h, w, box, min_height=min(min_h, h),
+                                   min_width=min(min_w, w))
+        else:
+            whole = decode_image(data)
+            box, flip = spec.geometry(whole.shape[0], whole.shape[1], rng)
+            window = whole[box.top:box.top + box.height, box.left:box.left + box.width]
+        if self._norm is None:
+            x = resize_to_tensor(window, size, flip=flip, out=out)
+            return x if out is not None else x.contiguous()
+        x = resize_to_tensor(window, size, flip=flip)
+        return normalize_tensor(x, self._norm.mean_tensor, self._norm.std_tensor, out=out)
+
+    def __call__(self, sample: Mapping[str, Any]) -> Any:
+        image, label = self._apply(sample, None)
+        return image if self.label_field is None else (image, label)
+
+    @property
+    def out_shape(self) -> tuple[int, int, int]:
+        """The shape of an output image: ``(3, H, W)``."""
+        return (3, *as_size(self.spec.size))
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """The dtype of an output image: ``uint8`` without ``mean``, else ``float32``."""
+        return torch.uint8 if self._norm is None else torch.float32
+
+    def into(self, sample: Mapping[str, Any], out: torch.Tensor) -> int | None:
+        """Like :meth:`__call__`, but the image is written into ``out`` (a tensor of
+        :attr:`out_shape` and :attr:`out_dtype`, e.g. a row of a batch buffer) instead of a new
+        tensor, saving an allocation and a copy per sample; returns the label (``None`` without
+        a ``label_field``). :class:`~feedpipe.FeedLoader` calls it when its ``collate_fn`` is a
+        :class:`~feedpipe.stream._collator.BatchCollator`. Same pixels as :meth:`__call__`.
+
+        Example:
+            >>> from feedpipe import FeedDataset
+            >>> p = ImagePipeline(32, mean=None)
+            >>> sample = next(iter(FeedDataset("shards/example")))
+            >>> row = torch.empty(p.out_shape, dtype=p.out_dtype)
+            >>> label = p.into(sample, row)
+            >>> bool(torch.equal(row, p(sample)[0])), label
+            (True, 0)
+        """
+        if out.dtype != self.out_dtype or tuple(out.shape) != self.out_shape:
+            raise ValueError(f"out= must be a {self.out_dtype} tensor of shape {self.out_shape}, "
+                             f"not {out.dtype} {tuple(out.shape)}")
+        return self._apply(sample, out)[1]
+
+    def _apply(self, sample: Mapping[str, Any],
+               out: torch.Tensor | None) -> tuple[torch.Tensor, int | None]:
+        """``sample``'s image (into ``out`` when given) and label (``None`` without a
+        ``label_field``). A bad sample raises the DecodeError of ``on_error`` naming it before
+        anything is written into ``out``: the label is read first, and the image is decoded
+        whole or as a window before the resize writes into ``out``."""
+        rng = scratch_rng(*_seed_of(sample)) if self.spec.train else None
+        try:
+            field = image_field_of(sample, self.image_field)
+            if field is None:
+                raise DecodeError(f"has no {self._fields_text()} (it has "
+                                  f"{sorted(k for k in sample if not k.startswith('__'))})")
+            label = None
+            if self.label_field is not None:
+                if self.label_field not in sample:
+                    raise DecodeError(f"has no {self.label_field!r} field (it has "
+                                      f"{sorted(k for k in sample if not k.startswith('__'))})")
+                try:
+                    label = parse_label(sample[self.label_field])
+                except ValueError as e:
+                    raise DecodeError(f"its {self.label_field!r} field is not an integer "
+                                      f"label: {e}") from e
+            with one_thread():
+                image = self._image(sample[field], rng, out)
+        except ValueError as e:  # DecodeError included: add which sample it was
+            message = f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}: {e}"
+            if self.on_error == "skip":
+                raise SampleSkipped(message) from e
+            raise DecodeError(f"{message} (ImagePipeline(on_error='skip') leaves such samples "
+                              f"out of their batch)") from e
+        return image, label
+
+    def _fields_text(self) -> str:
+        fields = self.image_field
+        if len(fields) == 1:
+            return f"{fields[0]!r} field"
+        return "image field (looked for " + ", ".join(map(repr, fields)) + ")"
+
+    def __repr__(self) -> str:
+        return (f"ImagePipeline.from_spec({self.spec!r}, image_field={self.image_field!r}, "
+                f"label_field={self.label_field!r}, on_error={self.on_error!r})")
