@@ -42,7 +42,6 @@ Writes ``benchmarks/results/bench_dask.json`` (``bench_dask-quick.json`` with ``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys

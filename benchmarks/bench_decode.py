@@ -48,7 +48,6 @@ Writes ``benchmarks/results/decode.json`` (``decode-quick.json`` with ``--quick`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -137,9 +136,7 @@ def _make_system(name: str, jpegs: list[bytes]) -> Any:
         return lambda: [one_pil(j) for j in jpegs]
 
     if name.startswith("fp-"):
-        from feedpipe.transforms._pipeline import ImagePipeline
-
-        from feedpipe.transforms._pipeline import ImageSpec
+        from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec
 
         train = name == "fp-train"
         spec = ImageSpec(SIZE, train=True) if train else ImageSpec(SIZE, train=False,

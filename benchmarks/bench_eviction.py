@@ -49,7 +49,6 @@ import urllib.request
 from collections import OrderedDict
 from typing import Any
 
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402

@@ -17,7 +17,6 @@ Writes ``benchmarks/results/bench_listing.json`` (``bench_listing-quick.json`` w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import sys

@@ -222,8 +222,9 @@ def _make_iter(system: str, root: str, urls: list[str], extra: Any = None) -> An
 
         return iter(_once(system, lambda: feedpipe.FeedDataset(root)))
     if system == "fp-dataset-dl2":
-        import feedpipe
         from torch.utils.data import DataLoader
+
+        import feedpipe
 
         return iter(_once(system, lambda: DataLoader(feedpipe.FeedDataset(root), batch_size=None,
                                                      num_workers=2)))

@@ -41,7 +41,6 @@ Writes ``benchmarks/results/tiers.json`` (``tiers-quick.json`` with ``--quick``)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys

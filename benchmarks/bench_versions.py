@@ -31,8 +31,19 @@ import tempfile
 import time
 from typing import Any
 
-from common import (REPO, alternating, emit, environment, fmt, load_spec, median, run_worker,
-                    spread, table, write_results)
+from common import (
+    REPO,
+    alternating,
+    emit,
+    environment,
+    fmt,
+    load_spec,
+    median,
+    run_worker,
+    spread,
+    table,
+    write_results,
+)
 
 PHASES = ("read", "decode")
 BATCH = 256

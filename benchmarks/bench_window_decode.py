@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     import simplejpeg
     import torch
 
-    from feedpipe.transforms import _ops as image_ops
     from feedpipe.diagnostics._env import jpeg_window_decoder
+    from feedpipe.transforms import _ops as image_ops
     from feedpipe.transforms._pipeline import ImagePipeline, jpeg_size, sample_rng
 
     if image_ops._jpegcrop is None:

@@ -24,8 +24,8 @@ _LAZY = {
     "merge": "convert._merge",
     "index": "format._indexer",
     "verify": "format._verify",
-    "ShardWriter": "format._shard_writer",
-    "write_samples": "format._shard_writer",
+    "ShardWriter": "convert._shard_writer",
+    "write_samples": "convert._shard_writer",
     "ShardReader": "format._reader",
     "open_shard": "format._reader",
     "Manifest": "format._manifest",
@@ -103,6 +103,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .convert._merge import merge
     from .convert._options import ShardOptions
     from .convert._shard import shard
+    from .convert._shard_writer import ShardWriter, write_samples
     from .convert._summary import ShardSummary
     from .convert._tables import shard_from
     from .device._cache import DeviceCache
@@ -111,8 +112,8 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .errors import (
         AccessDeniedError,
         CompressedShardError,
-        DecodeError,
         DecodedStoreError,
+        DecodeError,
         DeviceCacheError,
         FeedpipeError,
         FieldTypeError,
@@ -135,7 +136,6 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .format._keys import source_path
     from .format._manifest import Manifest, load_manifest
     from .format._reader import ShardReader, open_shard
-    from .format._shard_writer import ShardWriter, write_samples
     from .format._verify import verify
     from .plan._order import Plan
     from .plan._world import World, detect_world

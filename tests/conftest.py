@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from feedpipe.convert._shard import shard
+from feedpipe.convert._synth import make_image_folder, make_records
 from feedpipe.format._manifest import load_manifest
 from feedpipe.format._reader import ShardReader
-from feedpipe.convert._synth import make_image_folder, make_records
 
 
 def run_feedpipe(

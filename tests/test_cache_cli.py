@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _data import make_dataset
+from conftest import run_feedpipe
 
 from feedpipe import FeedDataset, FunctionIndex
 from feedpipe.transforms._pipeline import ImagePipeline
-
-from _data import make_dataset
-from conftest import run_feedpipe
 
 N = 25
 

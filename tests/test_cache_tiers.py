@@ -15,11 +15,11 @@ import torch
 from _data import make_dataset
 
 from feedpipe import FeedDataset
-from feedpipe.caches._tiers import DECODED, DEVICE, FUNCTION_INDEX, SHARDS, TierStats
 from feedpipe.caches._decoded import DecodedStore
-from feedpipe.device._cache import DeviceCache
 from feedpipe.caches._function_index import FunctionIndex
 from feedpipe.caches._shards import ShardCache
+from feedpipe.caches._tiers import DECODED, DEVICE, FUNCTION_INDEX, SHARDS, TierStats
+from feedpipe.device._cache import DeviceCache
 
 
 class Tier(NamedTuple):

@@ -12,8 +12,8 @@ from conftest import dataset_bytes, method_of, run_feedpipe, write_tree
 
 import feedpipe
 from feedpipe.convert._method import Facts, choose_method
-from feedpipe.errors import MethodError
 from feedpipe.convert._options import ShardOptions
+from feedpipe.errors import MethodError
 
 
 @pytest.mark.parametrize(("facts", "method", "executor"), [

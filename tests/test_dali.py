@@ -14,10 +14,10 @@ from _images import H, W
 from _images import cases as image_cases
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.transforms._dali import DaliStage
+from feedpipe.errors import DecodeError, MissingDependencyError
 from feedpipe.stream._dataset import sample_ids_of
 from feedpipe.stream._loader import StartMethodError
-from feedpipe.errors import DecodeError, MissingDependencyError
+from feedpipe.transforms._dali import DaliStage
 from feedpipe.transforms._ops import jpeg_size
 from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec, rng_of
 

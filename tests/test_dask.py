@@ -18,12 +18,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from feedpipe.cli import _main as cli
-from feedpipe.convert import _shard as convert
 from feedpipe.convert import _dask as dask_convert
-from feedpipe.convert._shard import shard
+from feedpipe.convert import _shard as convert
 from feedpipe.convert._dask import plan_tasks
-from feedpipe.errors import InputError, MissingDependencyError
+from feedpipe.convert._shard import shard
 from feedpipe.convert._sources import FileRef, SampleSpec
+from feedpipe.errors import InputError, MissingDependencyError
 
 distributed = pytest.importorskip("distributed")
 cloudpickle = pytest.importorskip("cloudpickle")

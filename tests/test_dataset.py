@@ -8,14 +8,13 @@ from collections import Counter
 
 import pytest
 import torch
+from _data import make_dataset
 from torch.utils.data import DataLoader
 
 import feedpipe
 from feedpipe import FeedDataset, FeedLoader
 from feedpipe.errors import ManifestError, PlanError, StateError
 from feedpipe.format._reader import ShardReader
-
-from _data import make_dataset
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _data import damage_record, make_dataset
+from _servers import python_server
 from torch.utils.data import DataLoader
 
 from feedpipe import FeedDataset
 from feedpipe.caches._decoded import DecodedStore, read_recorded
 from feedpipe.errors import DecodedStoreError
 from feedpipe.transforms._pipeline import ImagePipeline
-
-from _data import damage_record, make_dataset
-from _servers import python_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CTX = mp.get_context("fork")

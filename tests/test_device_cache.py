@@ -15,9 +15,9 @@ import torch
 
 import feedpipe
 from feedpipe import DeviceCache, FeedDataset
-from feedpipe.stream._dataset import sample_ids_of
 from feedpipe.errors import DeviceCacheError
 from feedpipe.plan._order import Plan, Split
+from feedpipe.stream._dataset import sample_ids_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, os.pardir, "shards", "example")

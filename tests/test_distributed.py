@@ -9,7 +9,6 @@ from collections import Counter
 
 import pytest
 import torch.multiprocessing as mp
-
 from _data import make_dataset
 from _ranks import ddp_rank
 

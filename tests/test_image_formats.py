@@ -18,8 +18,8 @@ from _images import Case, H, W, cases, have_pillow_heif, picture, write_files
 
 import feedpipe
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.stream._collator import BatchCollator
 from feedpipe.errors import DecodeError, MissingDependencyError, SampleSkipped
+from feedpipe.stream._collator import BatchCollator
 from feedpipe.transforms._decode import (
     IMAGE_FIELDS,
     DecodeImage,

@@ -15,8 +15,8 @@ import pytest
 
 import feedpipe
 from feedpipe import errors
-from feedpipe.cli._main import build_parser, parse_size
 from feedpipe._helpers.dependency import install_hint, require
+from feedpipe.cli._main import build_parser, parse_size
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from feedpipe.transforms import _ops as image_ops
+from feedpipe.convert._synth import _image
 from feedpipe.diagnostics import _env as probe_env
 from feedpipe.errors import DecodeError
+from feedpipe.transforms import _ops as image_ops
 from feedpipe.transforms._ops import (
     Box,
     decode_jpeg,
@@ -24,7 +25,6 @@ from feedpipe.transforms._ops import (
     jpeg_scale_num,
     jpeg_size,
 )
-from feedpipe.convert._synth import _image
 from feedpipe.transforms._pipeline import ImagePipeline
 
 HAVE_HEADERS = os.path.exists("/usr/include/jpeglib.h")

@@ -10,17 +10,15 @@ import multiprocessing as mp
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from _servers import python_server
 
 import feedpipe
 from feedpipe import FeedDataset  # imports torch here, not once per forked rank
-from feedpipe.format._manifest import load_manifest
 from feedpipe.convert._synth import make_records
-
-from _servers import python_server
+from feedpipe.format._manifest import load_manifest
 
 CTX = mp.get_context("fork")  # the test process already imported torch: forking is fast
 NODES, RANKS_PER_NODE = 2, 2

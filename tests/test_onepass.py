@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
-from feedpipe.convert import _shard as convert
 from feedpipe.convert import _onepass as onepass
+from feedpipe.convert import _shard as convert
 from feedpipe.errors import FeedpipeError
 
 

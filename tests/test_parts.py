@@ -14,11 +14,11 @@ from conftest import read_dataset, run_feedpipe
 from hypothesis import given
 from hypothesis import strategies as st
 
+from feedpipe.convert._merge import merge
+from feedpipe.convert._parts import parse_part, part_range
 from feedpipe.convert._shard import shard
 from feedpipe.errors import PartsError
 from feedpipe.format._manifest import load_manifest
-from feedpipe.convert._merge import merge
-from feedpipe.convert._parts import parse_part, part_range
 from feedpipe.format._verify import verify
 
 

@@ -18,7 +18,10 @@ import pytest
 from conftest import run_feedpipe
 
 import feedpipe
+from feedpipe.convert._synth import make_image_folder
 from feedpipe.diagnostics import _pagecache as pagecache
+from feedpipe.diagnostics._probe import ProbeReport, generate_file, probe
+from feedpipe.diagnostics._verdict import Figures, decide
 from feedpipe.errors import (
     AccessDeniedError,
     InputError,
@@ -26,9 +29,6 @@ from feedpipe.errors import (
     RemoteError,
     SourceNotFoundError,
 )
-from feedpipe.diagnostics._probe import ProbeReport, generate_file, probe
-from feedpipe.diagnostics._verdict import Figures, decide
-from feedpipe.convert._synth import make_image_folder
 
 QUICK: dict[str, Any] = {"duration": 0.2, "block_sizes": [64 << 10, 1 << 20], "threads": [1, 2],
                          "batch_size": 8, "workers": 1, "show_progress": False}

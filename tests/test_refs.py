@@ -16,8 +16,8 @@ import torch
 from _data import make_dataset
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.stream._batch_loop import EpochReader
 from feedpipe.errors import ShardFormatError, SourceNotFoundError
+from feedpipe.stream._batch_loop import EpochReader
 from feedpipe.stream._refs import BatchRefs, Columns, RefFetch, Resolver
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "shards", "example")

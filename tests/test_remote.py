@@ -12,11 +12,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _data import make_dataset
+from _servers import BUCKET, forget_s3_clients, moto_s3, nginx_binary, nginx_server, python_server
 from torch.utils.data import DataLoader
 
 import feedpipe
 from feedpipe import FeedDataset
 from feedpipe._helpers import retry as retry
+from feedpipe._helpers.storage import filesystem
 from feedpipe.errors import (
     AccessDeniedError,
     MissingDependencyError,
@@ -24,10 +27,6 @@ from feedpipe.errors import (
     ShardFormatError,
     SourceNotFoundError,
 )
-from feedpipe._helpers.storage import filesystem
-
-from _data import make_dataset
-from _servers import BUCKET, forget_s3_clients, moto_s3, nginx_binary, nginx_server, python_server
 
 FAST = retry.RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 

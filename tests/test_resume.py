@@ -10,7 +10,6 @@ import sys
 from collections import Counter
 
 import pytest
-
 from _data import make_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _routes import BATCH, ROUTES, digest, fill_store, ids_of, make
+
 from feedpipe import FeedDataset, FeedLoader, ShardFormatError
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -32,6 +32,8 @@ from hypothesis import strategies as st
 import feedpipe
 from feedpipe.convert import _executors as conversion_executor
 from feedpipe.convert import _shard as convert
+from feedpipe.convert._sources import Source
+from feedpipe.convert._synth import make_records
 from feedpipe.errors import (
     InputError,
     KeyClashError,
@@ -42,8 +44,6 @@ from feedpipe.errors import (
 from feedpipe.format._index import parse_index
 from feedpipe.format._keys import decode_key, encode_key, source_path
 from feedpipe.format._manifest import load_manifest
-from feedpipe.convert._sources import Source
-from feedpipe.convert._synth import make_records
 from feedpipe.format._tar import END_OF_ARCHIVE, Member, member_header, padded, scan
 
 USTAR_MAGIC = b"ustar\x0000"
@@ -794,7 +794,7 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
 _KILL_POINT = r"""
 import os, signal, sys
 import feedpipe.cli._main, feedpipe.convert._shard, feedpipe.format._manifest
-import feedpipe.convert._onepass, feedpipe.format._writer
+import feedpipe.convert._onepass, feedpipe.convert._writer
 what, k, notify = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 calls = []
 
@@ -827,7 +827,7 @@ def write_manifest_hook(*a, **kw):
         hold()
     return got
 
-REAL = {"write_part": feedpipe.format._writer.write_part, "stage_dir": feedpipe.convert._onepass.stage_dir,
+REAL = {"write_part": feedpipe.convert._writer.write_part, "stage_dir": feedpipe.convert._onepass.stage_dir,
         "write_manifest": feedpipe.format._manifest.write_manifest}
 for name, real in REAL.items():
     for mod in list(sys.modules.values()):

@@ -12,16 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _servers import python_server, wait_until
 from torch.utils.data import DataLoader
 
 import feedpipe
 from feedpipe import FeedDataset
-from feedpipe.plan._order import Plan, Split, iter_id_chunks
-from feedpipe.plan._schedule import INF, first_uses, node_timeline
 from feedpipe.caches._shards import ShardCache, default_cache_dir
 from feedpipe.convert._synth import make_records
-
-from _servers import python_server, wait_until
+from feedpipe.plan._order import Plan, Split, iter_id_chunks
+from feedpipe.plan._schedule import INF, first_uses, node_timeline
 
 CTX = mp.get_context("fork")  # the test process already imported torch: forking is fast
 JOIN = 120  # seconds before a child counts as deadlocked

@@ -13,9 +13,9 @@ import pytest
 from conftest import dir_bytes, read_dataset, run_feedpipe, write_tree
 
 import feedpipe
-from feedpipe.errors import InputError
 from feedpipe.convert._listing import list_tree_parallel
 from feedpipe.convert._sources import list_tree
+from feedpipe.errors import InputError
 
 
 def _classes_tree(root: Path, classes: str = "abc", per: int = 3) -> None:

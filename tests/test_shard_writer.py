@@ -19,11 +19,11 @@ import webdataset as wds
 from conftest import read_dataset, write_tree
 
 import feedpipe
+from feedpipe.convert._shard_writer import ShardWriter, write_samples
 from feedpipe.errors import FieldTypeError, InputError, KeyClashError, OutputError
 from feedpipe.format._index import parse_index
 from feedpipe.format._keys import decode_key, encode_key
 from feedpipe.format._manifest import load_manifest
-from feedpipe.format._shard_writer import ShardWriter, write_samples
 
 
 def _fields(s: dict[str, object]) -> dict[str, bytes]:

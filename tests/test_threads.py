@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.stream._collator import BatchCollator
 from feedpipe.errors import DecodeError
+from feedpipe.stream._collator import BatchCollator
 from feedpipe.transforms._pipeline import ImagePipeline
 
 N = 25  # samples of the ds_path fixture (conftest)

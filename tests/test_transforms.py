@@ -15,9 +15,9 @@ import simplejpeg
 import torch
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.stream._collator import BatchCollator
-from feedpipe.errors import DecodeError
 from feedpipe.convert._synth import _image
+from feedpipe.errors import DecodeError
+from feedpipe.stream._collator import BatchCollator
 from feedpipe.transforms._pipeline import (
     IMAGENET_MEAN,
     IMAGENET_STD,

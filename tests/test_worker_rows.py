@@ -16,14 +16,14 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from feedpipe import FeedDataset, FeedLoader
+from feedpipe.errors import DecodeError
 from feedpipe.stream import _batch_loop as batch_loop
 from feedpipe.stream._collator import BatchCollator, shared_empty, storage_refs
-from feedpipe.errors import DecodeError
 from feedpipe.stream._routes import ROUTES
 from feedpipe.stream._shard_set import ShardSet
-from feedpipe.transforms._pipeline import ImagePipeline
 from feedpipe.stream._worker_rows import RowRelease, Ticket, WorkerRing, writes_into
 from feedpipe.stream._worker_source import WorkerBatches, WorkerMeta, as_is, ring_depth
+from feedpipe.transforms._pipeline import ImagePipeline
 
 N = 25  # samples of the ds_path fixture (conftest)
 SIZE = 8

@@ -116,8 +116,8 @@ def read_range(fs: Any, path: str, url: str, start: int, end: int, *, whole: boo
     requested bytes. ``whole=True`` (the range is the entire object) asks with a plain request,
     which such a server serves correctly.
     """
-    from . import retry
     from ..errors import ShardFormatError
+    from . import retry
 
     if whole:
         blob = retry.call(url, lambda: fs.cat_file(path), stop=stop)

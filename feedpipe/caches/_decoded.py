@@ -57,12 +57,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..errors import DecodedStoreError, OutputError
 from .._helpers.file_lock import EXCLUSIVE, SHARED, lock
+from ..errors import DecodedStoreError, OutputError
 from ._record_layout import Layout, LayoutError, flatten
 
 if TYPE_CHECKING:
-    from ._tiers import TierStats
+    from ._stats import TierStats
 
 FORMAT = "feedpipe-decoded"
 VERSION = 1
@@ -372,7 +372,7 @@ class DecodedStore:
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the samples stored and the store's bytes on disk, in
         the shape every cache tier reports (:class:`~feedpipe.caches._tiers.TierStats`)."""
-        from ._tiers import DECODED, TierStats
+        from ._stats import DECODED, TierStats
 
         size = 0
         if os.path.isdir(self.path):

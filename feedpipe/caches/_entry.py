@@ -18,11 +18,11 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
-from ._integrity import IDX, TAR, file_sha256, index_problem, stamp
+from .._helpers.storage import filesystem, read_range
 from ..errors import OutputError, ShardFormatError, SourceNotFoundError
 from ..format._index import index_path
 from ..format._manifest import ShardRecord
-from .._helpers.storage import filesystem, read_range
+from ._integrity import IDX, TAR, file_sha256, index_problem, stamp
 
 CHUNK = 16 << 20  # bytes per ranged GET when filling
 FETCH_ATTEMPTS = 3  # fetches of a file that keeps failing its check before it is named

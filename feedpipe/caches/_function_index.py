@@ -29,12 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._codec import decode, encode
 from ..errors import FeedpipeError
+from ._codec import decode, encode
 from ._fingerprint import fingerprint
 
 if TYPE_CHECKING:
-    from ._tiers import TierStats
+    from ._stats import TierStats
 
 _MAGIC = b"FPL2"
 # py-lmdb refuses to open one environment twice in a process: instances share it.
@@ -335,7 +335,7 @@ class FunctionIndex:
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the entries and bytes on disk, in the shape every
         cache tier reports (:class:`~feedpipe.caches._tiers.TierStats`)."""
-        from ._tiers import FUNCTION_INDEX, TierStats
+        from ._stats import FUNCTION_INDEX, TierStats
 
         s = self.stats()
         return TierStats(FUNCTION_INDEX, s.hits, s.misses, s.db_bytes, s.entries)

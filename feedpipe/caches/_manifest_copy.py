@@ -19,9 +19,9 @@ import os
 import time
 from typing import Any
 
+from .._helpers.storage import is_local
 from ..errors import RemoteError
 from ..format._manifest import Manifest, dataset_root, load_manifest
-from .._helpers.storage import is_local
 
 log = logging.getLogger("feedpipe.cache")
 

@@ -23,8 +23,8 @@ import numpy as np
 from ..format._manifest import ShardRecord
 from ..plan._order import Plan, Split
 from ..plan._schedule import INF, ShardTimeline, node_timeline, worker_uses
-from ._shards import ShardCache, entry_key
 from ..plan._world import World
+from ._shards import ShardCache, entry_key
 
 
 class Prefetcher:

@@ -59,14 +59,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._budget import Budget, scan
-from ._entry import FETCH_ATTEMPTS, PARTS, Entry, NoSpace, Stopped, disk
 from .._helpers.file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
 from ..format._manifest import ShardRecord
+from ._budget import Budget, scan
+from ._entry import FETCH_ATTEMPTS, PARTS, Entry, NoSpace, Stopped, disk
 
 if TYPE_CHECKING:
-    from ._tiers import TierStats
-    from ..format._manifest import Manifest
+    from ._stats import TierStats
 
 __all__ = ["FETCH_ATTEMPTS", "CacheStats", "ShardCache", "default_cache_dir", "entry_key",
            "make_cache"]
@@ -145,15 +144,6 @@ class ShardCache:
         state["_warned"] = set()
         return state
 
-    @staticmethod
-    def manifest_of(url: str, cache_dir: Any = None) -> Manifest:
-        """The manifest of the dataset at ``url``, kept in the cache directory ``cache_dir``
-        (as ``FeedDataset(cache_dir=)`` takes it) so that a warm cache starts while the storage
-        is unreachable: see :func:`feedpipe.caches._manifest_copy.load_manifest_cached`."""
-        from ._manifest_copy import load_manifest_cached
-
-        return load_manifest_cached(url, cache_dir)
-
     # -- files and locks -------------------------------------------------------------------
     def _entry(self, url: str, rec: ShardRecord) -> Entry:
         return Entry(self.path, entry_key(rec, url), url, rec, self.stats)
@@ -196,7 +186,7 @@ class ShardCache:
 
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, and the directory's bytes and entries."""
-        from ._tiers import SHARDS, TierStats
+        from ._stats import SHARDS, TierStats
 
         u = self.usage()
         return TierStats(SHARDS, self.stats.hits, self.stats.misses, u["bytes"], u["entries"])

@@ -26,51 +26,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from ..errors import SourceNotFoundError
+from ._stats import DECODED, FUNCTION_INDEX, SHARDS
 
-SHARDS, FUNCTION_INDEX, DECODED = "L1 shards", "L2 function index", "decoded store"
-DEVICE = "L3 device cache"
 _L1_ENTRY = re.compile(r"^[0-9a-f]{20}-.+\.(tar|idx|lock|tar\.part|idx\.part)$")
 _MANIFEST_COPY = re.compile(r"^manifest-[0-9a-f]{20}\.json$")  # feedpipe.manifest_cache
 
 
-@dataclass(frozen=True)
-class TierStats:
-    """The figures every cache tier reports in one shape (``tier.tier_stats()``): the L1
-    :class:`~feedpipe.caches._shards.ShardCache`, the
-    :class:`~feedpipe.caches._decoded.DecodedStore`, the L2
-    :class:`~feedpipe.caches._function_index.FunctionIndex` and the L3
-    :class:`~feedpipe.device._cache.DeviceCache`.
-
-    Attributes:
-        name: the tier (``"L1 shards"``, ``"decoded store"``, ``"L2 function index"``,
-            ``"L3 device cache"``).
-        hits: lookups this process served from the tier (an L1 shard, a decoded sample, a
-            memoised value, a resident sample).
-        misses: lookups it did not serve (fetched, computed or read elsewhere).
-        bytes: bytes the tier holds (on disk for L1, the decoded store and L2; in device
-            memory for L3).
-        entries: what it holds, in its unit (shards, samples, values, samples).
-
-    Example:
-        >>> s = TierStats("L1 shards", hits=3, misses=1, bytes=4096, entries=4)
-        >>> s.hit_ratio
-        0.75
-    """
-
-    name: str
-    hits: int
-    misses: int
-    bytes: int
-    entries: int
-
-    @property
-    def hit_ratio(self) -> float:
-        """``hits / (hits + misses)``; 0 before any lookup."""
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("path", metavar="PATH", nargs="?", default=None,
                    help="directory to search (default: $XDG_CACHE_HOME/feedpipe, else "
                         "~/.cache/feedpipe)")
-    from ._main import add_json_options
+    from ._output import add_json_options
 
     add_json_options(p, out=True)  # the document: {"path": ..., "tiers": [...]}
 
@@ -76,7 +76,7 @@ def _row(r: Any, root: str) -> list[str]:
 
 def run(a: argparse.Namespace) -> int:
     from ..caches._tiers import cache_clear, cache_stats
-    from ._main import emit
+    from ._output import emit
 
     root = os.path.abspath(a.path or default_root())
     if a.path is None and not os.path.exists(root):  # a first run: nothing cached yet

@@ -23,9 +23,9 @@ def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> d
     import simplejpeg
 
     from ..convert._shard import shard
+    from ..convert._synth import make_image_folder
     from ..stream._dataset import FeedDataset
     from ..stream._loader import FeedLoader
-    from ..convert._synth import make_image_folder
 
     own = workdir is None
     root: str = tempfile.mkdtemp(prefix="feedpipe-demo-") if workdir is None else workdir
@@ -146,8 +146,8 @@ def _cache_steps(out: str, root: str, p: Any) -> dict[str, Any]:
     the decoded store (epoch 2 skips reading and decoding), L2 (a memoised function)."""
     import fsspec
 
-    from ..stream._dataset import FeedDataset
     from ..caches._function_index import FunctionIndex
+    from ..stream._dataset import FeedDataset
     from ..transforms._ops import decode_jpeg
     from ..transforms._pipeline import ImagePipeline
 
@@ -207,8 +207,8 @@ def _device_steps(out: str, p: Any) -> dict[str, Any]:
     DeviceCache serving an epoch by on-device gather. CUDA when present, else the CPU path."""
     import torch
 
-    from ..stream._dataset import FeedDataset
     from ..device._cache import DeviceCache
+    from ..stream._dataset import FeedDataset
     from ..stream._loader import FeedLoader
     from ..transforms._pipeline import ImagePipeline
 

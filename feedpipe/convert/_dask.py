@@ -10,8 +10,8 @@ split into batches of parts, plus one task that joins them once they are done; s
 still spread over every worker. The budget shrinks to a quarter of an even share per worker
 (:data:`TASKS_PER_SLOT`) so that a small job still keeps every worker busy to the end.
 
-Parts and joins are the same functions (:func:`feedpipe.format._writer.write_part`,
-:func:`feedpipe.format._writer.finish_shard`) on the same inputs as on one machine, so the shards, indexes
+Parts and joins are the same functions (:func:`feedpipe.convert._writer.write_part`,
+:func:`feedpipe.convert._writer.finish_shard`) on the same inputs as on one machine, so the shards, indexes
 and manifest are byte-identical to a local run's with the same options.
 
 - **Where files go**: workers read ``src`` and write into ``out`` themselves; both must be visible
@@ -40,7 +40,7 @@ from ..errors import OutputError
 from ..format._manifest import ShardRecord
 from ._shard_plan import sample_size
 from ._sources import SampleSpec, Source
-from ..format._writer import PartResult, finish_shard, write_part
+from ._writer import PartResult, finish_shard, write_part
 
 _PURPOSE = "feedpipe shard --dask"
 CONNECT_TIMEOUT = "30s"

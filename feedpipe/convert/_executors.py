@@ -6,8 +6,8 @@ returns the data bytes it wrote. The implementations: :class:`SerialExecutor` (t
 :class:`PoolExecutor` (a process pool on this machine), :class:`feedpipe.dask_convert.
 DaskExecutor` (tasks on a Dask cluster) and :class:`feedpipe.convert._onepass.StagedExecutor` (shards
 cut from one-pass staging files). :func:`feedpipe.convert._method.choose_method` picks one.
-All of them write the same bytes: parts by :func:`feedpipe.format._writer.write_part`, shards joined by
-:func:`feedpipe.format._writer.finish_shard`, in the plan's order whatever the timing.
+All of them write the same bytes: parts by :func:`feedpipe.convert._writer.write_part`, shards joined by
+:func:`feedpipe.convert._writer.finish_shard`, in the plan's order whatever the timing.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..format._manifest import ShardRecord
 from .._helpers.pool_context import die_with_parent, pool_context
+from ..format._manifest import ShardRecord
 from ._shard_plan import Plan
 from ._sources import Source
-from ..format._writer import PartResult, finish_shard, write_part
+from ._writer import PartResult, finish_shard, write_part
 
 Record = Callable[[int, ShardRecord, list[tuple[str, str]], set[str]], None]
 

@@ -14,10 +14,10 @@ import json
 import os
 from collections.abc import Iterator
 
+from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import InputError, KeyClashError
 from ..format._keys import encode_key, split_source, valid_extension
 from ._sources import FileRef, Listing, SampleSpec, Source, check_source_dir
-from .._helpers.storage import filesystem, is_local, local_path
 
 
 def _rows(manifest_file: str) -> Iterator[tuple[int, dict[str, object]]]:

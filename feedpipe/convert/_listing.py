@@ -32,19 +32,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._helpers.progress import progress
+from .._helpers.storage import filesystem, is_local, local_path
 from ._source_tree import Identity, TreeWalk, identity, root_entries
 from ._sources import (
     FileRef,
     Listing,
     SampleSpec,
-    walk_remote,
     add_class_field,
     check_source_dir,
     classify,
     output_identity,
     printable,
+    walk_remote,
 )
-from .._helpers.storage import filesystem, is_local, local_path
 
 CHUNK_ROWS = 4096  # samples per marshal record of a chunk file: what the parent holds at once
 

@@ -18,10 +18,10 @@ import re
 from typing import Any
 
 from .. import __version__
+from .._helpers.storage import is_local, local_path
 from ..errors import PartsError
 from ..format._manifest import Manifest, ShardRecord, write_manifest, write_wids_index
 from ._parts import PartInfo, part_tag
-from .._helpers.storage import is_local, local_path
 
 _RECORD = re.compile(r"^\.feedpipe-part-(\d{5})-of-(\d{5})\.json$")
 

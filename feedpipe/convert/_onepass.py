@@ -9,7 +9,7 @@ listing does, reads their files in key order and writes their tar members to a *
 in OUT; the sizes come from the reads. The parent then holds the very listing the general path
 would build (same samples, keys and sizes, from the same chunk files: :mod:`feedpipe.convert._listing`),
 plans the same shards with the same fingerprint, and joins each shard from byte ranges of the
-staging files (:func:`feedpipe.format._writer.join_ranges`). The output is the general path's, byte for
+staging files (:func:`feedpipe.convert._writer.join_ranges`). The output is the general path's, byte for
 byte (``tests/test_onepass.py``); what it saves is the ``stat`` per file and the wait between
 listing and writing (``benchmarks/bench_peers.py --phases convert`` measures it).
 
@@ -38,13 +38,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format._index import ShardIndex
-from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
-from ..format._manifest import ShardRecord
 from .._helpers.pool_context import die_with_parent, pool_context
 from .._helpers.progress import progress
+from ..format._index import ShardIndex
+from ..format._manifest import ShardRecord
+from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
 from ._sources import SampleSpec, classify, read_local
-from ..format._writer import hidden, join_ranges, removed_on_error, unlink_quiet, write_members
+from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet, write_members
 
 
 @dataclass

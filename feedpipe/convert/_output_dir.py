@@ -14,11 +14,11 @@ import os
 from typing import Any
 
 from .. import __version__
+from .._helpers.storage import is_local, local_path
 from ..errors import OutputError
 from ..format._manifest import NAME as MANIFEST_NAME
 from ..format._manifest import Manifest, write_manifest, write_wids_index
-from .._helpers.storage import is_local, local_path
-from ..format._writer import output_error
+from ._writer import output_error
 
 STATE_NAME = ".feedpipe-shard-state.json"
 WIDS_NAME = "wids.json"

@@ -27,14 +27,17 @@ from contextlib import closing, nullcontext
 from typing import Any
 
 from .. import __version__
-from ._executors import Executor, Job, PoolExecutor, SerialExecutor
-from ._method import Choice, Facts, choose_method
+from .._helpers.progress import progress
+from .._helpers.storage import is_local, local_path
 from ..errors import InputError, OutputError
+from ..format._manifest import Manifest, ShardRecord
+from ._executors import Executor, Job, PoolExecutor, SerialExecutor
 from ._file_list import list_manifest
 from ._gc_freeze import frozen
-from ..format._manifest import Manifest, ShardRecord
 from ._merge import state_name as part_state_name
+from ._method import Choice, Facts, choose_method
 from ._onepass import StagedExecutor, StagedTree, stage_tree
+from ._options import DEFAULT_MAX_BYTES, ShardOptions  # noqa: F401  (re-exported)
 from ._output_dir import (
     STATE_NAME,
     check_state,
@@ -44,13 +47,10 @@ from ._output_dir import (
     write_dataset_manifest,
 )
 from ._parts import PartInfo, parse_part, part_prefix
-from .._helpers.progress import progress
-from ._options import DEFAULT_MAX_BYTES, ShardOptions  # noqa: F401  (re-exported)
 from ._shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
-from ._summary import ShardSummary
 from ._sources import Listing, SampleSpec, Source, printable
-from .._helpers.storage import is_local, local_path
-from ..format._writer import hidden, load_record, output_error
+from ._summary import ShardSummary
+from ._writer import hidden, load_record, output_error
 
 log = logging.getLogger("feedpipe.convert")
 Records = dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]]

@@ -14,8 +14,8 @@ import hashlib
 import json
 from typing import Any
 
-from ._sources import SampleSpec
 from ..format._tar import BLOCK, END_OF_ARCHIVE, member_header, padded
+from ._sources import SampleSpec
 
 PART_SAMPLES = 1024
 PART_BYTES = 32 << 20

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import KeyClashError, SourceNotFoundError
 from ..format._keys import encode_key, split_source, valid_extension
 from ._source_tree import LINK_LOOP, NOT_REGULAR, Identity, TreeWalk, identity
-from .._helpers.storage import filesystem, is_local, local_path
 
 
 class FileRef(NamedTuple):

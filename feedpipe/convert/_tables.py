@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InputError, KeyClashError, OutputError, SourceNotFoundError
-from ._summary import ShardSummary
-from ..format._shard_writer import DEFAULT_MAX_BYTES, ShardWriter
 from .._helpers.storage import filesystem, is_local, local_path
+from ..errors import InputError, KeyClashError, OutputError, SourceNotFoundError
+from ._shard_writer import DEFAULT_MAX_BYTES, ShardWriter
+from ._summary import ShardSummary
 from ._table_columns import Column, ColumnMap, default_map, override
 
 BATCH_ROWS = 1024
@@ -225,8 +225,8 @@ def write_table(source: TableSource, out: str, *, columns: str | Mapping[str, st
                 prefix: str, on_error: str, show_progress: bool | None, src: str,
                 tool: str = "feedpipe shard") -> ShardSummary:
     """Write every row of ``source`` as a sample in ``out``; the summary."""
-    from ..format._indexer import read_classes
     from .._helpers.progress import progress
+    from ..format._indexer import read_classes
 
     t0 = time.perf_counter()
     names, whence = (read_classes(classes) if classes is not None else (None, None))

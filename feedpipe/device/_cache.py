@@ -22,11 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..stream._dataset import FeedDataset, sample_ids_of
-from ._loader import resolve_device
+from .._helpers.progress import progress
 from ..errors import DeviceCacheError
 from ..plan._order import Plan, Split
-from .._helpers.progress import progress
+from ._loader import resolve_device
 
 Fallback = Callable[[np.ndarray], Any]
 
@@ -71,6 +70,11 @@ class _WithId:
         return (sample["__index__"], out) if isinstance(out, dict) else (sample["__index__"], *out)
 
 
+def _is_dataset(x: Any) -> bool:
+    """A :class:`~feedpipe.FeedDataset` (told by what it offers: this layer sits below it)."""
+    return all(hasattr(x, a) for a in ("shards", "sample_ids", "manifest", "url"))
+
+
 class DatasetFallback:
     """Samples by id from a :class:`FeedDataset` and a transform, read in this process, as one
     batch (the fallback contract of :meth:`DeviceCache.batches`).
@@ -80,7 +84,7 @@ class DatasetFallback:
         transform: the same sample dict -> tensors function the warm-up used.
     """
 
-    def __init__(self, dataset: FeedDataset, transform: Callable[[dict[str, Any]], Any]) -> None:
+    def __init__(self, dataset: Any, transform: Callable[[dict[str, Any]], Any]) -> None:
         self.dataset = dataset
         self.transform = transform
 
@@ -173,7 +177,7 @@ class DeviceCache:
         return dict(zip(self._names, tensors)) if self._names is not None else tuple(tensors)
 
     # -- warm-up -----------------------------------------------------------------------------
-    def warmup(self, source: FeedDataset | Iterable[Any], *, num_samples: int | None = None,
+    def warmup(self, source: Any, *, num_samples: int | None = None,
                transform: Callable[[dict[str, Any]], Any] | None = None, num_workers: int = 0,
                batch_size: int | None = None, warm: Callable[[Any], Any] | None = None,
                fallback: Fallback | None = None, show_progress: bool | None = None,
@@ -198,13 +202,15 @@ class DeviceCache:
             chunk: samples staged on the host per copy to the device.
         """
         items: Iterable[Any]
-        if isinstance(source, FeedDataset):
+        if _is_dataset(source):
             if transform is None:
                 raise DeviceCacheError("warmup(dataset) needs transform=: a function from a sample "
                                        "dict to fixed-shape tensors")
             num_samples = source.manifest.total_samples
-            view = FeedDataset(source.url, shuffle=False, rank=0, world_size=1,
-                               transform=_WithId(transform), verify=source.verify)
+            # the same dataset in manifest order, as one reader (its own class: no import of
+            # the streaming layer, which sits above this one)
+            view = type(source)(source.url, shuffle=False, rank=0, world_size=1,
+                                transform=_WithId(transform), verify=source.verify)
             if num_workers:
                 from torch.utils.data import DataLoader
 
@@ -291,8 +297,8 @@ class DeviceCache:
         """The ids an epoch delivers, from a :class:`FeedDataset` (its current epoch and this
         rank's share, resume point included), a ``Plan`` (one rank), a ``(Plan, Split)`` pair, or
         a sequence of ids."""
-        if isinstance(order, FeedDataset):
-            ids = sample_ids_of(order)
+        if _is_dataset(order):
+            ids = order.sample_ids()
         elif isinstance(order, Plan):
             ids = order.sample_ids(np.arange(order.num_samples))
         elif isinstance(order, tuple) and len(order) == 2 and isinstance(order[0], Plan) \
@@ -407,7 +413,7 @@ class DeviceCache:
     def tier_stats(self) -> Any:
         """Hits and misses since warm-up, the resident samples and the buffers' bytes, in the
         shape every cache tier reports (:class:`~feedpipe.caches._tiers.TierStats`)."""
-        from ..caches._tiers import DEVICE, TierStats
+        from ..caches._stats import DEVICE, TierStats
 
         used = sum(b.numel() * b.element_size() for b in self._buffers)
         return TierStats(DEVICE, self.hits, self.misses, used, self.resident)

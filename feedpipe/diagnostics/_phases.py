@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..format._manifest import dataset_root
 from . import _pagecache as pagecache
 from . import _storage as storage
-from ..format._manifest import dataset_root
 from ._target import Target
 from ._verdict import Figures
 
 if TYPE_CHECKING:
-    from ._probe import ProbeSettings
+    from ._settings import ProbeSettings
 
 
 class Phases:
@@ -194,8 +194,8 @@ def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[
 def directory_pipeline(small: storage.FileSet, decode_fn: Any, custom: bool, d: float,
                        phase: Phases) -> dict[str, Any] | None:
     """Decode alone, on up to 256 of the directory's files (JPEG ones unless ``custom``)."""
-    from . import _pipeline as pipeline
     from ..format._keys import split_source
+    from . import _pipeline as pipeline
 
     samples = []
     for path in small.paths:

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _pagecache as pagecache
 from ..errors import AccessDeniedError, InputError
+from . import _pagecache as pagecache
 
 MB = 1e6
 FOLIO = 2 << 20  # the largest page-cache folio on common kernels (x86-64 PMD)

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import AccessDeniedError, InputError, RemoteError, SourceNotFoundError
 from ..format._keys import split_source
 from ..format._manifest import Manifest, dataset_root, join, load_manifest
 from ._storage import FileSet
-from .._helpers.storage import filesystem, is_local, local_path
 
 LARGE = 1 << 20  # a file this big or bigger is read sequentially
 MAX_SEQ_FILES = 256  # files held open at once by the sequential and random phases

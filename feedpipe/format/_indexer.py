@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import __version__
-from ._compression import compressed_error, compressed_suffix
+from .._helpers.progress import progress
 from ..errors import (
     InputError,
     KeyClashError,
@@ -24,9 +24,9 @@ from ..errors import (
     ShardFormatError,
     SourceNotFoundError,
 )
+from ._compression import compressed_error, compressed_suffix
 from ._index import ShardIndex, check_names, index_from_tar, index_path, write_index
 from ._manifest import NAME, Manifest, ShardRecord, write_manifest, write_wids_index
-from .._helpers.progress import progress
 
 log = logging.getLogger("feedpipe.index")
 

@@ -18,8 +18,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ._compression import compressed_error, compressed_suffix
 from ..errors import ManifestError, SourceNotFoundError
+from ._compression import compressed_error, compressed_suffix
 
 FORMAT = "feedpipe-manifest"
 VERSION = 1

@@ -19,10 +19,10 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import ShardFormatError, SourceNotFoundError
-from ._index import ShardIndex, group_members, index_path, parse_index
 from .._helpers.retry import call as retrying
 from .._helpers.storage import filesystem, is_local, local_path, read_range
+from ..errors import ShardFormatError, SourceNotFoundError
+from ._index import ShardIndex, group_members, index_path, parse_index
 from ._tar import scan
 
 # madvise(2): fault a range of a map in, in one call (Linux 5.14+; Python 3.11's mmap lacks the name)

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from ._compression import MAGIC, compressed_error
 from ..errors import ShardFormatError
+from ._compression import MAGIC, compressed_error
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)

@@ -13,8 +13,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._compression import compressed_suffix
+from .._helpers.progress import progress
+from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import ShardFormatError
+from ._compression import compressed_suffix
 from ._index import (
     ShardIndex,
     index_from_buffer,
@@ -23,8 +25,6 @@ from ._index import (
     parse_index,
 )
 from ._manifest import Manifest, dataset_root, join, load_manifest
-from .._helpers.progress import progress
-from .._helpers.storage import filesystem, is_local, local_path
 
 
 @dataclass(frozen=True)

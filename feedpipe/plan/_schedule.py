@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ._order import Plan, Split, worker_positions, distinct
+from ._order import Plan, Split, distinct, worker_positions
 
 INF = float("inf")
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from concurrent.futures import Future
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
-from ._collate import decode_fields
 from ..errors import DecodeError, SampleSkipped
-from ..transforms._ops import one_thread
 from ..plan._order import iter_ids
+from ..transforms._ops import one_thread
+from ._collate import decode_fields
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor

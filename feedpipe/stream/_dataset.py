@@ -14,14 +14,15 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._collate import Decoder, decoders
 from ..caches._decoded import open_decoded_store
+from ..caches._manifest_copy import load_manifest_cached
+from ..caches._shards import ShardCache, make_cache
 from ..errors import PlanError, StateError
 from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
-from ..caches._shards import ShardCache, make_cache
-from ._shard_set import ShardSet
 from ..plan._world import resolve_world
+from ._collate import Decoder, decoders
+from ._shard_set import ShardSet
 
 log = logging.getLogger("feedpipe")
 
@@ -116,7 +117,7 @@ class FeedDataset(IterableDataset):
         self.url = dataset_root(url)
         cache = make_cache(cache_dir, cache_size)
         # through the cache when there is one: a warm cache starts while the storage is down
-        self.manifest = ShardCache.manifest_of(url, cache_dir)
+        self.manifest = load_manifest_cached(url, cache_dir)
         if self.manifest.total_samples == 0:
             raise PlanError(f"{url}: the dataset holds no samples")
         self.shuffle = shuffle

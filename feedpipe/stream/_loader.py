@@ -12,20 +12,20 @@ therefore resumes every rank of a new job, of any size.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
+from ..device._loader import DeviceLoader
+from ..errors import StartMethodError, StateError
+from ..plan._order import Split
 from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
 from ._collate import collate_samples
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
-from ..device._loader import DeviceLoader
-from ..errors import StartMethodError, StateError
-from ..plan._order import Split
 from ._routes import ROUTES, Config, Route, choose
 from ._worker_rows import RowRelease, writes_into
 from ._worker_source import WorkerBatches, WorkerSource, as_is, ring_depth

@@ -28,22 +28,21 @@ between is an error naming it and the offset, never a short sample or a ``SIGBUS
 
 from __future__ import annotations
 
-from operator import getitem
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
 import mmap
+from collections.abc import Sequence
+from operator import getitem
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ._collate import column
 from ..errors import ShardFormatError
+from ._collate import column
 
 if TYPE_CHECKING:
+    from ..format._reader import ShardReader
     from ._collate import Decoder
     from ._dataset import FeedDataset
-    from ..format._reader import ShardReader
     from ._shard_set import ShardSet
 
 _PAGE = mmap.PAGESIZE

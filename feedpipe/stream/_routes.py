@@ -200,7 +200,7 @@ def refusal(route: Route, config: Config) -> str | None:
     """Why ``route`` cannot serve ``config`` (a sentence), or ``None`` when it can."""
     w, name = config.num_workers, route.name
     if route.executor == "workers" and not w:
-        return f"it runs in worker processes, and num_workers is 0 (pass num_workers=N)"
+        return "it runs in worker processes, and num_workers is 0 (pass num_workers=N)"
     if route.executor != "workers" and w and route.executor != "inline":
         return (f"it runs on threads in the training process, not in the num_workers={w} "
                 "worker processes (pass num_workers=0)")

@@ -26,8 +26,8 @@ from ..format._manifest import Manifest, join
 from ..format._reader import ShardReader
 
 if TYPE_CHECKING:
-    from ..plan._order import Plan, Split
     from ..caches._shards import ShardCache
+    from ..plan._order import Plan, Split
     from ..plan._world import World
 
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ._collator import BatchCollator
 from ..caches._record_layout import Layout, flatten
+from ._collator import BatchCollator
 
 if TYPE_CHECKING:
     from ._dataset import FeedDataset

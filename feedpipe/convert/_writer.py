@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, OutputError
-from ._index import ShardIndex, group_members, write_index
-from ._manifest import ShardRecord
-from ..convert._sources import NotRegularFileError, SampleSpec, Source
-from ._tar import BLOCK, END_OF_ARCHIVE, member_header
+from ..format._index import ShardIndex, group_members, write_index
+from ..format._manifest import ShardRecord
+from ..format._tar import BLOCK, END_OF_ARCHIVE, member_header
+from ._sources import NotRegularFileError, SampleSpec, Source
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _ZEROS = bytes(BLOCK)

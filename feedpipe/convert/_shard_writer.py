@@ -6,7 +6,7 @@ beside each, ``wids.json``, and ``manifest.json`` last. Keys follow the same rul
 relative path whose last component may hold dots, encoded with :func:`feedpipe.format._keys.encode_key`
 so that the WebDataset first-dot rule keeps it one sample (``decode_key`` gives it back). Shards
 are cut by :func:`feedpipe.convert._shard_plan.shard_full`, the rule of ``feedpipe shard``. Field values
-become bytes by :mod:`feedpipe.format._field_encoding` (no pickle).
+become bytes by :mod:`feedpipe.convert._field_encoding` (no pickle).
 
 Parallel writing: each process (a pool worker, a Dask task) writes one *part* with
 ``ShardWriter(out, part=(i, n))`` into the same ``out``; :func:`feedpipe.merge` (or
@@ -25,15 +25,15 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InputError, KeyClashError
+from ..format._index import group_members
+from ..format._keys import encode_key, valid_extension
+from ..format._manifest import Manifest, ShardRecord
+from ..format._tar import BLOCK
 from ._field_encoding import Encoder, encode_field
-from ._index import group_members
-from ._keys import encode_key, valid_extension
-from ._manifest import Manifest, ShardRecord
-from ..convert._output_dir import prepare_out, unlink_quiet, write_dataset_manifest
-from ..convert._parts import PartInfo, parse_part, part_prefix
-from ..convert._options import DEFAULT_MAX_BYTES
-from ..convert._shard_plan import member_size, shard_full
-from ._tar import BLOCK
+from ._options import DEFAULT_MAX_BYTES
+from ._output_dir import prepare_out, unlink_quiet, write_dataset_manifest
+from ._parts import PartInfo, parse_part, part_prefix
+from ._shard_plan import member_size, shard_full
 from ._writer import commit, hidden, output_error, seal, write_members
 
 TOOL = "feedpipe.ShardWriter"
@@ -63,7 +63,7 @@ class ShardWriter:
         classes: class names, recorded in the manifest (what the ``cls`` values index).
         prefix: shard names are ``PREFIX-000000.tar``.
         encoders: per field, a function turning its value into bytes (see
-            :mod:`feedpipe.format._field_encoding`), e.g. ``{"json": lambda v: json.dumps(v).encode()}``.
+            :mod:`feedpipe.convert._field_encoding`), e.g. ``{"json": lambda v: json.dumps(v).encode()}``.
         part: ``(i, n)``: write part ``i`` of ``n`` (see the module docstring).
         merge: with ``part``: the writer that finds all parts finished writes the manifest.
         provenance: entries for the manifest's ``created_by`` (what the samples were made from).
@@ -239,7 +239,7 @@ class ShardWriter:
                 **self.provenance}
 
     def _commit_part(self, m: Manifest, index: int, count: int) -> None:
-        from ..convert._merge import merge_if_complete, write_part_record
+        from ._merge import merge_if_complete, write_part_record
 
         # what every part of one dataset shares (a merge refuses parts that differ)
         same = json.dumps({"tool": TOOL, "options": m.created_by["options"],
