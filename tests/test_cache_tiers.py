@@ -18,7 +18,7 @@ from feedpipe import FeedDataset
 from feedpipe.caches._decoded import DecodedStore
 from feedpipe.caches._function_index import FunctionIndex
 from feedpipe.caches._shards import ShardCache
-from feedpipe.caches._tiers import DECODED, DEVICE, FUNCTION_INDEX, SHARDS, TierStats
+from feedpipe.caches._stats import DECODED, DEVICE, FUNCTION_INDEX, SHARDS, TierStats
 from feedpipe.device._cache import DeviceCache
 
 

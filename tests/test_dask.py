@@ -41,7 +41,7 @@ def cluster() -> Iterator[Any]:
 
 def _restore_write_part() -> None:
     from feedpipe.convert import _dask as dask_convert
-    from feedpipe.format import _writer as writer
+    from feedpipe.convert import _writer as writer
 
     dask_convert.write_part = writer.write_part
 
