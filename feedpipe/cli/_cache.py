@@ -42,7 +42,7 @@ def default_root() -> str:
     return os.path.join(base, "feedpipe")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="show or clear the cache tiers (L1 shards, L2 function "
                                      "index, decoded stores) under a directory",
                        description=DESCRIPTION, epilog=EPILOG,
@@ -62,7 +62,6 @@ def _row(r: Any, root: str) -> list[str]:
     entries = str(r.entries)
     if "samples" in r.details:
         entries = f"{r.entries}/{r.details['samples']}"
-    count = lambda v: "-" if v is None else str(v)
     note = ""
     if r.details.get("leaves"):
         note = ", ".join(r.details["leaves"])
@@ -70,8 +69,12 @@ def _row(r: Any, root: str) -> list[str]:
         note = f"{format_size(r.details['part_bytes'])} downloading"
     elif r.details.get("in_use"):
         note = "in use"
-    return [r.tier, "." if rel == "." else rel, entries, format_size(r.bytes), count(r.hits),
-            count(r.misses), r.action or "", note]
+    return [r.tier, "." if rel == "." else rel, entries, format_size(r.bytes), _count(r.hits),
+            _count(r.misses), r.action or "", note]
+
+
+def _count(v: int | None) -> str:
+    return "-" if v is None else str(v)
 
 
 def run(a: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import OutputError
@@ -15,7 +16,8 @@ MARK = ".feedpipe-demo"  # names a --workdir as one the demo may clear and refil
 MADE = ("images", "shards", "l1", "decoded", "l2")  # what the demo writes in its work directory
 
 
-def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> dict:  # type: ignore[no-untyped-def]
+def demo(workdir: str | None = None, keep: bool = False, *,
+         print_fn: Callable[..., None] = print) -> dict[str, Any]:
     """Make images, shard them, stream them, run two shuffled epochs on two simulated ranks with a
     save/resume in the middle, and check every sample arrived exactly once; then show the cache
     tiers (L1 shards, decoded store, L2 function index) and the device end (DeviceLoader,
@@ -79,7 +81,7 @@ def demo(workdir: str | None = None, keep: bool = False, *, print_fn=print) -> d
                 if epoch == 1 and step == steps // 2:
                     saved = loaders[0].state_dict()  # rank 0's state resumes every rank
                     break
-                for r, it in enumerate(iters):
+                for it in iters:
                     ids += next(it)["__index__"].tolist()
             if saved is not None:
                 p(f"   epoch 1: stopped after {steps // 2} of {steps} steps, saved state "

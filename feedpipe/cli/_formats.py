@@ -10,7 +10,7 @@ from .._helpers.sizes import format_size
 from ._output import add_json_options, emit, parse_size
 
 
-def add_shard(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_shard(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "shard",
         help="convert a small-file dataset into WebDataset tar shards",
@@ -129,7 +129,7 @@ def _shard_text(a: argparse.Namespace, s: Any) -> str:
     return "\n".join(lines)
 
 
-def add_merge(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_merge(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("merge", help="write one manifest for the parts of `shard --part I/N`",
                        description="Join the parts written by `feedpipe shard SRC OUT --part I/N` "
                                    "(I = 0..N-1) under one manifest.json and wids.json. Refuses, "
@@ -161,7 +161,7 @@ def cmd_merge(a: argparse.Namespace) -> int:
     return 0
 
 
-def add_index(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_index(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "index", help="write .idx files and a manifest for existing shards",
         description="Adopt WebDataset shards made by other tools (webdataset's ShardWriter, tar): "
@@ -210,7 +210,7 @@ def cmd_index(a: argparse.Namespace) -> int:
     return 0
 
 
-def add_verify(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify", help="check shards against their indexes and the manifest",
         description="Check every shard of a dataset: size and sha256 against the manifest, every "

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 
 def parse_size(text: str) -> int:
@@ -25,7 +25,7 @@ class Parser(argparse.ArgumentParser):
 
     json_errors = False
 
-    def error(self, message: str):  # type: ignore[no-untyped-def]
+    def error(self, message: str) -> NoReturn:
         if Parser.json_errors:
             print_json({"error": "UsageError", "message": f"{self.prog}: {message}"})
         super().error(message)

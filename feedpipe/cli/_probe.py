@@ -7,7 +7,7 @@ import argparse
 from ._output import add_json_options, emit, int_list, parse_size, size_list
 
 
-def add_probe(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_probe(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "probe",
         help="measure storage and pipeline throughput; say what bounds samples/s",

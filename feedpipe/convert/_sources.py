@@ -14,6 +14,7 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 from .._helpers.storage import filesystem, is_local, local_path
@@ -186,7 +187,7 @@ def walk_remote(root: str) -> Iterator[tuple[str, int]]:
         if size is None:  # HTTP directory listings carry no sizes: ask (a HEAD per file)
             from .._helpers.retry import call
 
-            size = call(f"{root.rstrip('/')}/{rel}", lambda: fs.size(full))
+            size = call(f"{root.rstrip('/')}/{rel}", partial(fs.size, full))
         yield rel, int(size if size is not None else -1)
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 
-def _image(rng, h: int, w: int, cls: int):  # type: ignore[no-untyped-def]
+def _image(rng: Any, h: int, w: int, cls: int) -> Any:
     import numpy as np
 
     base = np.array([(cls * 53) % 256, (cls * 97) % 256, (cls * 151) % 256], dtype=np.float32)

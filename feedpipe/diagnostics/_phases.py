@@ -256,7 +256,10 @@ def figures(t: Target, st: dict[str, Any], pl: dict[str, Any] | None, s: ProbeSe
         basis = (f"sequential, {state}, {seq_best['threads']} thread(s), "
                  f"{seq_best['block_bytes'] >> 10} KiB blocks")
     st["basis"] = basis or None
-    rate = lambda k: (pl.get(k) or {}).get("samples_per_s") if pl else None
+
+    def rate(stage: str) -> float | None:
+        return (pl.get(stage) or {}).get("samples_per_s") if pl else None
+
     h2d = pl.get("h2d") if pl else None
     h2d_sps = (h2d["pinned_gb_per_s"] * 1e9 / h2d["bytes_per_sample"]
                if h2d and h2d.get("bytes_per_sample") else None)
