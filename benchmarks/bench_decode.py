@@ -1,12 +1,12 @@
 """Single-core JPEG decode + resize to 224x224: which decoder and which resize feedpipe's CPU
 pipeline should use, measured.
 
-Every system turns the same JPEG bytes into a 224x224 RGB ``uint8`` image: the centred square of
-the shorter side, resized (antialiased bilinear) to 224 — the evaluation transform without the
-0.875 margin. Three image sets are made with ``feedpipe.convert._synth.make_image_folder`` (quality 85):
-``small`` (20 JPEGs, 160-320 px a side, where no reduced-scale decode is possible) and ``large``
-(20 JPEGs, 640-1280 px, where 3/8 to 1/4 scale decoding applies). The synthetic images carry
-strong pixel noise, about 4 bits per pixel at quality 85, so Huffman decoding, which no scaled
+Every system turns the same JPEG bytes into a 224x224 RGB ``uint8`` image: the centred square of the
+shorter side, resized (antialiased bilinear) to 224 — the evaluation transform without the 0.875
+margin. Three image sets are made with ``make_image_folder`` (``feedpipe/convert/_synth.py``,
+quality 85): ``small`` (20 JPEGs, 160-320 px a side, where no reduced-scale decode is possible) and
+``large`` (20 JPEGs, 640-1280 px, where 3/8 to 1/4 scale decoding applies). The synthetic images
+carry strong pixel noise, about 4 bits per pixel at quality 85, so Huffman decoding, which no scaled
 decode saves, dominates; ``large-smooth`` is the ``large`` set low-passed (1/4 area mean, bicubic
 back up) and re-encoded at quality 85, about 0.5-1 bit per pixel like typical photos. The bits per
 pixel of each set are in the JSON.
@@ -19,8 +19,8 @@ Systems:
     sj-full-floatresize sj-full but resizing in float32 (what a naive uint8->float port does)
     pil-full            Pillow decode, Image.resize(BILINEAR, box=crop) (antialiased)
     pil-draft           Pillow with draft('RGB', size) (libjpeg scaled decode), then resize
-    fp-eval             feedpipe.transforms._pipeline.ImagePipeline (eval, uint8, crop_fraction=1: the same
-                        task), sample dict in, CHW tensor out: what ships
+    fp-eval             feedpipe.ImagePipeline (eval, uint8, crop_fraction=1: the same task),
+                        sample dict in, CHW tensor out: what ships
     fp-train            ImagePipeline(224, train=True): random-resized crop + flip, normalised
                         float32 CHW (per-sample rng included)
     dali-cpu            DALI 'cpu' backend (decoders.image, resize, crop), num_threads=1, fed by
@@ -103,8 +103,8 @@ def _make_system(name: str, jpegs: list[bytes]) -> Any:
                 mh, mw = shorter_side_size(h, w, SIZE)
             img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=mh, min_width=mw,
                                          min_factor=2, fastdct=fast, fastupsample=fast)
-            t, l, s = _center(*img.shape[:2])
-            crop = img[t:t + s, l:l + s]
+            top, left, side = _center(*img.shape[:2])
+            crop = img[top:top + side, left:left + side]
             if floaty:
                 x = torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0).float()
                 x = F.interpolate(x, size=(SIZE, SIZE), mode="bilinear", antialias=True,
@@ -129,14 +129,14 @@ def _make_system(name: str, jpegs: list[bytes]) -> Any:
                 im.draft("RGB", (max(SIZE, -(-w * SIZE // s)), max(SIZE, -(-h * SIZE // s))))
             im = im.convert("RGB")
             w, h = im.size
-            t, l, s = _center(h, w)
-            out = im.resize((SIZE, SIZE), Image.BILINEAR, box=(l, t, l + s, t + s))
+            top, left, side = _center(h, w)
+            out = im.resize((SIZE, SIZE), Image.BILINEAR, box=(left, top, left + side, top + side))
             return np.asarray(out)
 
         return lambda: [one_pil(j) for j in jpegs]
 
     if name.startswith("fp-"):
-        from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec
+        from feedpipe import ImagePipeline, ImageSpec
 
         train = name == "fp-train"
         spec = ImageSpec(SIZE, train=True) if train else ImageSpec(SIZE, train=False,

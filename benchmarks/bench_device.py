@@ -16,8 +16,8 @@ Sections (each a ratio to a peer measured in the same run):
    bytes, against the device memory bandwidth measured by a device-to-device copy of a large
    tensor (bytes copied per second, counted the same way as gathered batch bytes); also a run
    with half the dataset resident and the rest from a host fallback.
-4. **dali**: a hook for DALI GPU decode against the CPU pipeline: runs ``feedpipe.transforms._dali.benchmark``
-   when ``feedpipe.dali`` imports and provides it; otherwise says why it was skipped.
+4. **dali**: DALI decode (``feedpipe.DaliStage``) against the CPU pipeline on the same shards;
+   without nvidia-dali it says why it was skipped.
 
 Timing: one untimed warm-up run, then the median of ``--repeats`` runs. On CUDA a run ends with one
 ``torch.cuda.synchronize()`` (after the loop, never in it).
@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -51,9 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import common  # noqa: E402
 
-from feedpipe.device._cache import DeviceCache  # noqa: E402
-from feedpipe.device._loader import DeviceLoader  # noqa: E402
-from feedpipe.plan._order import Plan  # noqa: E402
+from feedpipe import DeviceCache, DeviceLoader, Plan  # noqa: E402
 
 MB = 1 << 20
 
@@ -79,6 +78,29 @@ def timed(device: torch.device, body: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def event_timed(device: torch.device, body: Callable[[], Any]) -> Callable[[], float]:
+    """A run of ``body`` timed by CUDA events around it: seconds of device time."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+
+    def run() -> float:
+        sync(device)
+        start.record()
+        body()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    return run
+
+
+def copies(dst: torch.Tensor, src: torch.Tensor, reps: int, **kw: Any) -> Callable[[], None]:
+    """``reps`` copies of ``src`` into ``dst`` (the arguments bound now, not at the call)."""
+    def body() -> None:
+        for _ in range(reps):
+            dst.copy_(src, **kw)
+    return body
+
+
 # -- 1. copies ------------------------------------------------------------------------------------
 def bench_copy(device: torch.device, sizes_mb: list[int], repeats: int) -> dict[str, Any]:
     rows = []
@@ -87,8 +109,7 @@ def bench_copy(device: torch.device, sizes_mb: list[int], repeats: int) -> dict[
             src = torch.randint(0, 255, (mb * MB,), dtype=torch.uint8)
             dst = torch.empty_like(src)
             reps = max(1, 512 // mb)
-            sec, runs = median_run(lambda: timed(device, lambda: [dst.copy_(src) for _ in range(reps)]),
-                                   repeats)
+            sec, runs = median_run(partial(timed, device, copies(dst, src, reps)), repeats)
             rows.append({"mb": mb, "host_memcpy_GBps": mb * MB * reps / sec / 1e9})
         return {"mode": "cpu", "rows": rows,
                 "note": "no host-to-device copy without a GPU: host memcpy GB/s only"}
@@ -99,18 +120,8 @@ def bench_copy(device: torch.device, sizes_mb: list[int], repeats: int) -> dict[
         for kind in ("pageable", "pinned"):
             src = torch.randint(0, 255, (n,), dtype=torch.uint8, pin_memory=kind == "pinned")
             reps = max(2, 1024 // mb)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-            def run() -> float:
-                sync(device)
-                start.record()
-                for _ in range(reps):
-                    dst.copy_(src, non_blocking=True)
-                end.record()
-                end.synchronize()
-                return start.elapsed_time(end) / 1e3
-
-            sec, _ = median_run(run, repeats)
+            sec, _ = median_run(event_timed(device, copies(dst, src, reps, non_blocking=True)),
+                                repeats)
             out[f"{kind}_GBps"] = n * reps / sec / 1e9
         rows.append(out)
     ceiling = rows[-1]["pinned_GBps"]
@@ -208,7 +219,8 @@ def _bench_step(device: torch.device, steps: int, batch_shape: tuple[int, ...], 
             "compute_ms_per_step": step.ms, "systems": res,
             "loader_over_resident": ratio, "naive_over_resident":
                 res["naive"]["ms_per_step"] / res["resident"]["ms_per_step"],
-            "within_5pct": ratio <= 1.05 if cuda else None, "device_loader_stats": last.get("stats"),
+            "within_5pct": ratio <= 1.05 if cuda else None,
+            "device_loader_stats": last.get("stats"),
             "torch_threads": torch.get_num_threads()}
 
 
@@ -230,7 +242,7 @@ def bench_cache(device: torch.device, n: int, shape: tuple[int, ...], batch: int
 
         def body() -> None:
             nonlocal acc
-            for img, lbl in c.batches(plan, batch, **kw):
+            for _img, lbl in c.batches(plan, batch, **kw):
                 acc += lbl[0]  # touch the batch so the gather is not left queued
         return timed(device, body)
 
@@ -239,7 +251,7 @@ def bench_cache(device: torch.device, n: int, shape: tuple[int, ...], batch: int
     big = torch.empty(bw_mb * MB, dtype=torch.uint8, device=device)
     dst = torch.empty_like(big)
     reps = 5
-    bw_s, _ = median_run(lambda: timed(device, lambda: [dst.copy_(big) for _ in range(reps)]), repeats)
+    bw_s, _ = median_run(partial(timed, device, copies(dst, big, reps)), repeats)
     bw = bw_mb * MB * reps / bw_s / 1e9
     del big, dst
     gbps = batch_bytes / sec / 1e9
@@ -279,14 +291,9 @@ def make_jpeg_shards(n: int, min_size: int, max_size: int) -> str:
 def bench_dali(device: torch.device, quick: bool, repeats: int) -> dict[str, Any]:
     """Images/s of the DALI stage (GPU "mixed" decode on CUDA, DALI's CPU mode otherwise) and of
     the CPU ImagePipeline in DataLoader workers delivered to the same device by FeedLoader's
-    DeviceLoader, on the same shards with the same ImageSpec. A ``benchmark(root, *, device,
-    quick)`` function in ``feedpipe.dali`` replaces this measurement when it exists."""
-    try:
-        import feedpipe.transforms._dali as dali  # noqa: PLC0415 - optional
-        from feedpipe import FeedDataset, FeedLoader
-        from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec
-    except ImportError as e:
-        return {"skipped": f"feedpipe.dali or feedpipe.transforms do not import here ({e})"}
+    DeviceLoader, on the same shards with the same ImageSpec."""
+    from feedpipe import DaliStage, FeedDataset, FeedLoader, ImagePipeline, ImageSpec
+
     try:
         import nvidia.dali  # noqa: F401, PLC0415
     except ImportError:
@@ -294,13 +301,6 @@ def bench_dali(device: torch.device, quick: bool, repeats: int) -> dict[str, Any
     cuda = device.type == "cuda"
     n = (1024 if quick else 8192) if cuda else (128 if quick else 512)
     root = make_jpeg_shards(n, 160 if cuda else 64, 320 if cuda else 128)
-    hook = getattr(dali, "benchmark", None)
-    if hook is not None:
-        try:
-            return {"source": "feedpipe.transforms._dali.benchmark", **dict(hook(root, device=str(device),
-                                                                      quick=quick))}
-        except Exception as e:  # noqa: BLE001 - report, keep the other sections
-            return {"error": f"feedpipe.transforms._dali.benchmark: {type(e).__name__}: {e}"}
     spec = ImageSpec(size=224 if cuda else 96, train=True)
     batch = 256 if cuda else 64
     workers = max(1, min(8, os.cpu_count() or 1))
@@ -338,15 +338,16 @@ def bench_dali(device: torch.device, quick: bool, repeats: int) -> dict[str, Any
         return run
 
     def run_dali() -> Callable[[], float]:
-        return make_run(dali.DaliStage(feed, spec=spec, device_id=device_id, num_threads=workers),
+        return make_run(DaliStage(feed, spec=spec, device_id=device_id, num_threads=workers),
                         "DALI stage")
 
     def run_dali_premade() -> Callable[[], float]:
-        return make_run(dali.DaliStage(premade, batch_size=batch, spec=spec, device_id=device_id,
+        return make_run(DaliStage(premade, batch_size=batch, spec=spec, device_id=device_id,
                                        num_threads=workers), "DALI stage (premade feed)")
 
     def run_cpu() -> Callable[[], float]:
-        loader = FeedLoader(FeedDataset(root, shuffle=True, transform=ImagePipeline.from_spec(spec)),
+        dataset = FeedDataset(root, shuffle=True, transform=ImagePipeline.from_spec(spec))
+        loader = FeedLoader(dataset,
                             batch_size=batch, num_workers=workers, device=device,
                             persistent_workers=True)
         return make_run(loader, "CPU pipeline")
@@ -368,7 +369,8 @@ def bench_dali(device: torch.device, quick: bool, repeats: int) -> dict[str, Any
 
 # -- report ---------------------------------------------------------------------------------------
 def gpu_env(device: torch.device) -> dict[str, Any]:
-    env: dict[str, Any] = {"torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+    env: dict[str, Any] = {"torch_cuda": torch.version.cuda,
+                           "cuda_available": torch.cuda.is_available()}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update(gpu=p.name, capability=f"{p.major}.{p.minor}", gpu_memory_bytes=p.total_memory,
@@ -394,7 +396,8 @@ def print_report(doc: dict[str, Any]) -> None:
             [[str(r["mb"]), f(r["pageable_GBps"], 1), f(r["pinned_GBps"], 1),
               f(r["pageable_to_ceiling"], 2), f(r["pinned_to_ceiling"], 2),
               f(r["pinned_over_pageable"], 2)] for r in c["rows"]],
-            ["MB", "pageable GB/s", "pinned GB/s", "pageable/ceil", "pinned/ceil", "pinned/pageable"]))
+            ["MB", "pageable GB/s", "pinned GB/s", "pageable/ceil", "pinned/ceil",
+             "pinned/pageable"]))
         print(f"ceiling: {f(c['ceiling_GBps'], 1)} GB/s ({c['ceiling_is']})")
     else:
         print(common.table([[str(r["mb"]), f(r["host_memcpy_GBps"], 1)] for r in c["rows"]],
@@ -404,23 +407,30 @@ def print_report(doc: dict[str, Any]) -> None:
     print(f"\n2. synthetic step ({s['mode']}): {s['matmuls_per_step']} matmuls, "
           f"compute {f(s['compute_ms_per_step'], 1)} ms, batch {list(s['batch_shape'])} uint8 "
           f"({f(s['batch_MB'], 1)} MB), {s['steps']} steps")
-    rows = [[k, f(v["ms_per_step"], 2), f(v["ms_per_step"] / s["systems"]["resident"]["ms_per_step"], 3)]
+    resident_ms = s["systems"]["resident"]["ms_per_step"]
+    rows = [[k, f(v["ms_per_step"], 2), f(v["ms_per_step"] / resident_ms, 3)]
             for k, v in s["systems"].items()]
     print(common.table(rows, ["fed by", "ms/step", "x resident"]))
     st = s["device_loader_stats"] or {}
-    target = ("the 5% target is for CUDA: on the CPU the batch making and the step share cores"
-              if s["within_5pct"] is None else ("within" if s["within_5pct"] else "NOT within") + " 5%")
+    if s["within_5pct"] is None:
+        target = "the 5% target is for CUDA: on the CPU the batch making and the step share cores"
+    else:
+        target = ("within" if s["within_5pct"] else "NOT within") + " 5%"
+    gpu_wait = st.get("gpu_wait_s")
     print(f"DeviceLoader/resident = {f(s['loader_over_resident'], 3)} ({target}); starvation "
           f"{f(st.get('starvation'), 3)}, steady {f(st.get('steady_starvation'), 3)}, "
           f"first wait {f((st.get('first_wait_s') or 0) * 1e3, 1)} ms"
-          + (f", GPU wait {f(st['gpu_wait_s'] * 1e3, 1)} ms" if st.get("gpu_wait_s") is not None else ""))
+          + (f", GPU wait {f(gpu_wait * 1e3, 1)} ms" if gpu_wait is not None else ""))
     k = doc["cache"]
     print(f"\n3. DeviceCache ({k['mode']}): {k['samples']} samples {k['sample_shape']} uint8 + "
-          f"label ({f(k['dataset_MB'], 0)} MB), batch {k['batch']}, warm-up {f(k['warmup_s'], 2)} s")
+          f"label ({f(k['dataset_MB'], 0)} MB), batch {k['batch']}, "
+          f"warm-up {f(k['warmup_s'], 2)} s")
+    half = k["half_resident"]
     print(common.table([
-        ["all resident", f(k["batches_per_s"], 0), f(k["gather_GBps"], 2), f(k["gather_to_copy"], 2)],
-        ["half resident + host fallback", f(k["half_resident"]["batches_per_s"], 0),
-         f(k["half_resident"]["gather_GBps"], 2), f(k["half_resident"]["gather_GBps"] / k["device_copy_GBps"], 2)],
+        ["all resident", f(k["batches_per_s"], 0), f(k["gather_GBps"], 2),
+         f(k["gather_to_copy"], 2)],
+        ["half resident + host fallback", f(half["batches_per_s"], 0),
+         f(half["gather_GBps"], 2), f(half["gather_GBps"] / k["device_copy_GBps"], 2)],
         ["device copy (bandwidth)", "-", f(k["device_copy_GBps"], 2), "1.00"],
     ], ["serving", "batches/s", "GB/s", "x copy"]))
     d = doc["dali"]
@@ -429,8 +439,8 @@ def print_report(doc: dict[str, Any]) -> None:
     else:
         print(f"\n4. decode + augment to {d['size']}px, {d['images']} synthetic JPEGs, batch "
               f"{d['batch']}, {d['workers']} workers/threads (DALI {d['dali_mode']})")
-        print(common.table([[k, f(d.get(f"{k}_images_per_s"), 0),
-                             d.get(f"{k}_error", "")] for k in ("dali", "dali_premade_feed", "cpu_pipeline")],
+        print(common.table([[k, f(d.get(f"{k}_images_per_s"), 0), d.get(f"{k}_error", "")]
+                            for k in ("dali", "dali_premade_feed", "cpu_pipeline")],
                            ["pipeline", "images/s", "error"]))
         if "dali_over_cpu" in d:
             print(f"DALI / CPU pipeline = {f(d['dali_over_cpu'], 2)}")
@@ -448,18 +458,25 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer steps")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
     ap.add_argument("--step-ms", type=float, default=20.0, help="synthetic step compute time")
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/device*.json)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default benchmarks/results/device*.json)")
     args = ap.parse_args()
     want = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if want == "cuda" and not torch.cuda.is_available():
         print("no CUDA device here: use --device cpu (the CPU mode)", file=sys.stderr)
         return 2
-    device = torch.device("cuda", torch.cuda.current_device()) if want == "cuda" else torch.device("cpu")
+    if want == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
     cuda, q = device.type == "cuda", args.quick
     doc: dict[str, Any] = {"benchmark": "bench_device", "mode": device.type, "quick": q,
                            "environment": {**common.environment(), **gpu_env(device)},
                            "args": vars(args)}
-    sizes = ([1, 16, 64] if q else [1, 8, 64, 256]) if cuda else ([1, 16, 64] if q else [1, 16, 128])
+    if cuda:
+        sizes = [1, 16, 64] if q else [1, 8, 64, 256]
+    else:
+        sizes = [1, 16, 64] if q else [1, 16, 128]
     doc["copy"] = bench_copy(device, sizes, args.repeats)
     shape = (256, 3, 224, 224) if cuda else (64, 3, 64, 64)
     doc["step"] = bench_step(device, 30 if q else 100, shape, args.step_ms, args.repeats)

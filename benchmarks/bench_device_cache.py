@@ -96,7 +96,7 @@ def measure(device: torch.device, samples: int, size: int, batch: int, repeats: 
     held: list[Any] = []
 
     def serve_epoch() -> None:
-        for img, lbl in cache.batches(order, batch):
+        for img, _lbl in cache.batches(order, batch):
             held.append(img)  # kept until the run ends: no memory reuse that a copy would not see
         held.clear()
 

@@ -6,12 +6,12 @@ both policies (LRU thrashes on cyclic orders).
 Two parts:
 
 simulation   The node's shard accesses, from the plan itself: every (local rank, worker) opens
-             each shard it reads at its first use in an epoch (``feedpipe.plan._schedule.first_uses``),
-             merged on the node clock (local position; the next epoch continues it). A cache of
-             ``budget`` bytes (equal shards: half of them) is replayed over ``--epochs`` epochs
-             under three policies:
+             each shard it reads at its first use in an epoch (``first_uses`` of
+             ``feedpipe/plan/_schedule.py``), merged on the node clock (local position; the next
+             epoch continues it). A cache of ``budget`` bytes (equal shards: half of them) is
+             replayed over ``--epochs`` epochs under three policies:
                lru      evict the least recently opened shard;
-               plan     what ``feedpipe.shard_cache`` does: evict the shard with the largest
+               plan     what ``feedpipe.ShardCache`` does: evict the shard with the largest
                         ``ShardTimeline.next_use`` (timeline of the current and the next epoch,
                         rebuilt every epoch, as each iterator does);
                optimal  Belady with the whole future of the run (an upper bound).
@@ -90,7 +90,6 @@ def simulate(events: list[tuple[int, int, int]], counts: tuple[int, ...], capaci
     """Per epoch ``(opens, downloads, distinct shards read)`` of a cache of ``capacity``
     shards."""
     n = sum(counts)
-    length = Split(n, world, ranks[0]).length
     per: dict[int, list[int]] = {}
     distinct: dict[int, set[int]] = {}
     cache: OrderedDict[int, None] = OrderedDict()

@@ -259,13 +259,17 @@ def profile(a: argparse.Namespace, cases: list[str]) -> str:
                 "root": os.path.join(base, "peers", "feedpipe"), "src": info["src"],
                 "samples": info["samples"], "expected": _expected(info), "scratch": base,
                 "epochs": 1}
-        r = common.run_worker(SCRIPT, spec, wrap=[spy, "record", "--nonblocking", "--subprocesses", "--format",
-                                                  "raw", "-r", "200", "-o", raw, "--"])
+        wrap = [spy, "record", "--nonblocking", "--subprocesses", "--format", "raw", "-r", "200",
+                "-o", raw, "--"]
+        r = common.run_worker(SCRIPT, spec, wrap=wrap)
         ep = (r.get("epochs") or [{}])[0]
         parts.append(f"##### feedpipe {phase} {ds}, {nw} workers, one epoch under py-spy "
                      f"({ep.get('samples', '?')} samples in {ep.get('seconds', 0):.2f}s with "
                      f"sampling overhead; {r.get('error', 'ok')})\n")
-        parts.append(py_spy_summary(raw, top=18, rate=200) if os.path.exists(raw) else json.dumps(r))
+        if os.path.exists(raw):
+            parts.append(py_spy_summary(raw, top=18, rate=200))
+        else:
+            parts.append(json.dumps(r))
     return "\n".join(parts)
 
 
@@ -362,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         if "ceil" in phases:
             shards = [p for p in common.walk_files(roots["feedpipe"]) if p.endswith(".tar")]
             jpgs = _files_of(info["src"], ".jpg")
-            for p in range(a.passes):
+            for _ in range(a.passes):
                 for which in ("cat", "pyread") + (("jpeg-simplejpeg", "jpeg-pil")
                                                   if ds == "images" else ()):
                     files = jpgs if which.startswith("jpeg") else shards

@@ -11,7 +11,7 @@ subprocess per system-pass; passes alternate the order of the systems.
 
 Systems:
     cat                 ``cat SHARDS > /dev/null`` (MB/s ceiling for a sequential reader)
-    fp-reader           feedpipe.format._reader.ShardReader over every shard in manifest.json, one process
+    fp-reader           feedpipe.ShardReader over every shard in manifest.json, one process
     fp-reader-nocopy    the same, fields only len()'ed: zero-copy delivery cost, bytes untouched
     fp-dataset          feedpipe.FeedDataset(root), one process (when it exists)
     fp-dataset-dl2      DataLoader(FeedDataset(root), batch_size=None, num_workers=2)

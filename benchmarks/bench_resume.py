@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         probe_state = {"version": 1, "epoch": 0, "position": p90, "num_samples": count,
                        "seed": 0, "shuffle": True}
         for window in (None, 32):
-            for p in range(1 if window is None else passes):
+            for _ in range(1 if window is None else passes):
                 record(f"many-shards-w{'all' if window is None else window}", common.run_worker(
                     SCRIPT, {"what": "resume", "root": many_data["root"], "workers": 0,
                              "window": window,

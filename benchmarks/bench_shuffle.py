@@ -13,7 +13,7 @@ batch ``t`` from worker ``t % nw``, skipping exhausted workers):
 
     random          numpy ``Generator.permutation(N)`` as the global order, split over ranks
                     exactly like feedpipe (the reference; ``--ref-trials`` draws)
-    feedpipe        ``feedpipe.plan._order.Plan(counts, seed=0, epoch=e, shuffle=True, window=w)`` and
+    feedpipe        ``feedpipe.Plan(counts, seed=0, epoch=e, shuffle=True, window=w)`` and
                     ``Split``/``iter_ids`` per (rank, worker), for window None (all shards), 32,
                     8, 2
     wds-bN          webdataset 1.0.2's pipeline, run with webdataset's own generators:
@@ -106,7 +106,8 @@ def inversions(a: np.ndarray) -> int:
     return total
 
 
-def stream_measures(batches: list[np.ndarray], per_class: int, shard_samples: int) -> dict[str, float]:
+def stream_measures(batches: list[np.ndarray], per_class: int,
+                    shard_samples: int) -> dict[str, float]:
     ids = np.concatenate(batches)
     n = len(ids)
     full = [b for b in batches if len(b) == BATCH]
@@ -171,7 +172,10 @@ def interleave(per_worker: list[list[np.ndarray]]) -> list[np.ndarray]:
 
 
 # -- systems: each returns, per rank, (rank stream batches, per-worker id streams) ----------------
-def run_random(n: int, world: int, workers: int, seed: int) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+RankStreams = list[tuple[list[np.ndarray], list[np.ndarray]]]
+
+
+def run_random(n: int, world: int, workers: int, seed: int) -> RankStreams:
     from feedpipe.plan._order import Split
 
     perm = np.random.default_rng(seed).permutation(n)
@@ -187,7 +191,7 @@ def run_random(n: int, world: int, workers: int, seed: int) -> list[tuple[list[n
 
 
 def run_feedpipe(counts: tuple[int, ...], world: int, workers: int, epoch: int,
-                 window: int | None, check: bool) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+                 window: int | None, check: bool) -> RankStreams:
     from feedpipe.plan._order import Plan, Split, all_ids, iter_ids
 
     plan = Plan(counts, seed=0, epoch=epoch, shuffle=True, window=window)
@@ -243,7 +247,8 @@ def run_wds(n_shards: int, shard_samples: int, world: int, workers: int, epoch: 
 
 
 # -- driver -------------------------------------------------------------------------------------
-def summarise(obs: list[dict[str, float]], ref: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+def summarise(obs: list[dict[str, float]],
+              ref: dict[str, dict[str, float]] | None) -> dict[str, Any]:
     s: dict[str, Any] = {"n": len(obs)}
     for m in MEASURES:
         xs = np.array([o[m] for o in obs])
@@ -355,12 +360,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{wkey} (ranks x workers), {n:,} samples in class order, {n_shards} shards of "
               f"{a.shard_samples}, batch {BATCH}; {epochs} epochs, reference {trials} draws")
         print(common.table(rows, ["system", "cls/b", "min cls/b", "shd/b", "|r|", "|tau|",
-                                  "disp", "max|z|", "random?", "live", "open", "buffer", "opens LRU",
-                                  "opens FIFO", "touched"]))
+                                  "disp", "max|z|", "random?", "live", "open", "buffer",
+                                  "opens LRU", "opens FIFO", "touched"]))
     print("\ncls/b, min cls/b: mean and per-epoch minimum distinct classes per batch; shd/b: "
           "distinct shards per batch;\n|r|, |tau|: position vs id; disp: normalised mean "
           "displacement; max|z|: largest z-score vs random over the six measures;\nlive: shards "
-          "a worker would need open at once to open each once; open: shards it has open at once (feedpipe: live shards capped at its 64 maps; wds: 1);\n"
+          "a worker would need open at once to open each once; open: shards it has open at once "
+          "(feedpipe: live shards capped at its 64 maps; wds: 1);\n"
           "buffer: samples held in a shuffle buffer per worker; opens LRU/FIFO: shard opens per "
           "worker and epoch with 64 open maps evicted least recently used / first opened "
           "(FeedDataset's policy: LRU at 5c684c9, FIFO in later trees); touched: shards a worker "

@@ -4,12 +4,13 @@ Issue 4: "epoch 1 vs epoch 2 samples/s for: no cache, L1 only, L1 + memmap decod
 over the HTTP server. Target: epoch 2 with the decoded store at least 10x epoch 1 with JPEG
 decoding."
 
-Data: ``--images`` synthetic JPEGs (``feedpipe.convert._synth.make_image_folder``, 256-448 px a side,
-quality 85; noisy, so about 4 bits per pixel), sharded by ``feedpipe shard`` (8 MB shards),
-served by nginx (Debian's nginx-light; ``tests/_http_server.py`` when nginx is missing) from a
-warm page cache. Uncached sample reads are ranged GETs: the access log's counts of the ``.tar``
-requests are in the JSON (``GET 206`` vs ``GET 200``; ``HEAD 200`` is fsspec asking a size). An
-L1 fill fetches a shard of at most 16 MiB with one plain GET, larger ones in 16 MiB ranges.
+Data: ``--images`` synthetic JPEGs (``make_image_folder`` of ``feedpipe/convert/_synth.py``, 256-448
+px a side, quality 85; noisy, so about 4 bits per pixel), sharded by ``feedpipe shard`` (8 MB
+shards), served by nginx (Debian's nginx-light; ``tests/_http_server.py`` when nginx is missing)
+from a warm page cache. Uncached sample reads are ranged GETs: the access log's counts of the
+``.tar`` requests are in the JSON (``GET 206`` vs ``GET 200``; ``HEAD 200`` is fsspec asking a
+size). An L1 fill fetches a shard of at most 16 MiB with one plain GET, larger ones in 16 MiB
+ranges.
 
 Transform: ``ImagePipeline(224, train=False, mean=None)``: JPEG decode (reduced-scale where it
 applies), centre crop, antialiased resize to a 3x224x224 ``uint8`` tensor, and the label.

@@ -201,7 +201,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = head
     for model, res in doc["results"].items():
         syn = res.get("synthetic", {}).get("images_per_s")
-        lines += [f"## {model}", "", TABLE_HEAD, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [f"## {model}", "", TABLE_HEAD,
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for s, r in res.items():
             if "error" in r:
                 lines.append(f"| {s} | - | - | - | - | - | - | - | - | failed: "
@@ -234,11 +235,10 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {b['bar']} | {f(b['ratio'], 3)}{extra} | {met} |")
         lines.append("")
     lines += ["Setups:", ""]
-    for model, res in doc["results"].items():
-        for s, r in res.items():
-            if r.get("setup"):
-                lines.append(f"* {r.get('label', s)}: {r['setup']}")
-        break
+    first = next(iter(doc["results"].values()), {})  # every model runs the same setups
+    for s, r in first.items():
+        if r.get("setup"):
+            lines.append(f"* {r.get('label', s)}: {r['setup']}")
     return "\n".join(lines) + "\n"
 
 

@@ -17,8 +17,9 @@ Usage::
 
     python benchmarks/bench_window_decode.py [--images DIR] [--count 2000] [--rounds 7]
 
-``--images``: a folder tree of JPEGs (default: ``feedpipe.convert._synth.make_image_folder``'s 160-320 px
-images, made in a temp dir). Writes ``benchmarks/results/window_decode.json``.
+``--images``: a folder tree of JPEGs (default: 160-320 px images of ``make_image_folder`` in
+``feedpipe/convert/_synth.py``, made in a temp dir). Writes
+``benchmarks/results/window_decode.json``.
 """
 
 from __future__ import annotations

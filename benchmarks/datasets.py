@@ -2,11 +2,11 @@
 
 Three source datasets (small files on disk), each under ``ROOT/<size>/<name>/src``:
 
-- ``images``: an image-folder tree of JPEGs, 160-320 px per side, 100 class folders, a JSON
-  sidecar on every 10th image (``feedpipe.convert._synth.make_image_folder``). ``quality=78`` gives a mean
-  JPEG of about 16.4 KiB (16.8 kB) for this generator; 77 gives 15.6 KiB, 80 gives 18.4 KiB.
-  Full: 100 classes x 200 = 20,000 images + 2,000 sidecars = 22,000 files.
-- ``tiny``: 200,000 records of 1 KiB (``feedpipe.convert._synth.make_records``), per-sample overhead.
+- ``images``: an image-folder tree of JPEGs, 160-320 px per side, 100 class folders, a JSON sidecar
+  on every 10th image (``make_image_folder`` of ``feedpipe/convert/_synth.py``). ``quality=78``
+  gives a mean JPEG of about 16.4 KiB (16.8 kB) for this generator; 77 gives 15.6 KiB, 80 gives 18.4
+  KiB. Full: 100 classes x 200 = 20,000 images + 2,000 sidecars = 22,000 files.
+- ``tiny``: 200,000 records of 1 KiB (``make_records``, the same module), per-sample overhead.
 - ``big``: 1,000 records of 1 MiB, for MB/s against ``cat``.
 
 ``--quick`` uses a smaller variant of each (2,000 images, 20,000 records, 200 x 1 MiB) under

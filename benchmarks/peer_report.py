@@ -263,7 +263,7 @@ def markdown(doc: dict[str, Any]) -> str:
                             ("jpeg-simplejpeg", "JPEG decode, 1 core, simplejpeg"),
                             ("jpeg-pil", "JPEG decode, 1 core, Pillow")):
             cells = []
-            for d, c in ceil:
+            for _, c in ceil:
                 v = c.get(which)
                 if not v or not v.get("seconds"):
                     cells.append("-")

@@ -10,7 +10,8 @@ Every loader yields batches of 256 and runs shuffled, like a training loop would
     feedpipe-threads  feedpipe's decode with FeedLoader(num_workers=0, transform_threads=N) in
                place of N worker processes (decode phase, N = 2 only)
     files      the original small files: a map-style Dataset (open + read per sample) +
-               torch DataLoader(shuffle=True); decode: PIL + torchvision's transform (PILTrainTransform)
+               torch DataLoader(shuffle=True); decode: PIL + torchvision's transform
+               (PILTrainTransform)
     wds        webdataset.ShardWriter -> WebDataset(shardshuffle=True).shuffle(1000).batched(256)
                + WebLoader; decode: .decode("pil") + the same torchvision transforms
     wids       the wds shards + a wids.json shard list -> wids.ShardListDataset (map-style) +

@@ -16,12 +16,13 @@ all reading the same JPEGs (train_data.py) and delivering batches of ``batch`` i
                      fn.decoders.image_random_crop on "mixed" (nvJPEG), fn.resize,
                      fn.crop_mirror_normalize (float, CHW, mirror coin flip), num_threads=N,
                      DALIClassificationIterator. DALI's CPU backend where there is no GPU
-    feedpipe         (d) FeedDataset(shuffle, ImagePipeline(train, uint8)) + FeedLoader(num_workers=N,
-                     BatchCollator, device=..., persistent_workers): decode in worker processes
-                     into shared batch rows, pinned side-stream copy by DeviceLoader
+    feedpipe         (d) FeedDataset(shuffle, ImagePipeline(train, uint8)) +
+                     FeedLoader(num_workers=N, BatchCollator, device=..., persistent_workers):
+                     decode in worker processes into shared batch rows, pinned side-stream copy by
+                     DeviceLoader
     feedpipe-dali    (e) FeedLoader of raw JPEG bytes (4 workers, persistent) feeding
-                     feedpipe.transforms._dali.DaliStage(ImageSpec(train, uint8), num_threads=N): nvJPEG
-                     decode of feedpipe's planned batches
+                     feedpipe.DaliStage(ImageSpec(train, uint8), num_threads=N): nvJPEG decode of
+                     feedpipe's planned batches
     feedpipe-store   (f) FeedDataset(decoded_cache=...) with the deterministic ImagePipeline
                      (decode + centre crop + resize, uint8): epoch 0 fills the store (not
                      trained on), epoch 1 is measured; random-resized crop + flip on the device
@@ -30,8 +31,7 @@ all reading the same JPEGs (train_data.py) and delivering batches of ``batch`` i
                      gather; random-resized crop + flip on the device
 
 Only feedpipe's public names are used (``feedpipe.FeedDataset``, ``FeedLoader``, ``DeviceCache``,
-``feedpipe.transforms._pipeline.ImagePipeline``/``ImageSpec``, ``feedpipe.stream._collator.BatchCollator``,
-``feedpipe.transforms._dali.DaliStage``).
+``ImagePipeline``, ``ImageSpec``, ``BatchCollator``, ``DaliStage``).
 """
 
 from __future__ import annotations

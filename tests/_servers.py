@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -48,6 +49,10 @@ def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _exited_or_listening(proc: subprocess.Popen[bytes], port: int) -> bool:
+    return proc.poll() is not None or _listening(port)
 
 
 class PyServer:
@@ -131,7 +136,7 @@ def nginx_server(root: str | Path, work: str | Path) -> Iterator[str]:
             proc = subprocess.Popen([binary, "-e", str(work / "error.log"), "-p", str(work),
                                      "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=err)
         try:
-            wait_until(lambda: proc.poll() is not None or _listening(port), 20, "nginx")
+            wait_until(functools.partial(_exited_or_listening, proc, port), 20, "nginx")
         except TimeoutError:
             proc.kill()
             raise

@@ -16,7 +16,7 @@ Rank 0 saves the checkpoint at ``--stop-after`` and at the end of every epoch, a
 start-up for every rank: ranks step in lockstep, so its loader state resumes every rank of the
 next job, whatever its size, and only rank 0 needs to see the file. Each rank appends the sample
 ids it trained on to ``--ids-log`` (JSON lines), so a run can be checked for exactly-once delivery.
-"""
+"""  # noqa: E501 - one line a command: tests/test_train_example.py runs them as printed
 
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ def load(path: str, rank: int) -> dict[str, Any] | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dataset")
     ap.add_argument("--ckpt", default=None,
                     help="checkpoint file, resumed from if it exists (default: "
@@ -85,7 +86,8 @@ def main() -> None:
     ap.add_argument("--stop-after", type=int, default=None,
                     help="save a checkpoint and exit after this many steps of epoch 1 (at its end "
                          "if it has fewer)")
-    ap.add_argument("--ids-log", dest="log", default=None, help="append the trained sample ids here")
+    ap.add_argument("--ids-log", dest="log", default=None,
+                    help="append the trained sample ids here")
     ap.add_argument("--cache-dir", default=None,
                     help="node-local L1 shard cache for a remote dataset (s3://, gs://, http://): "
                          "each node fetches the shards its ranks read once, shared by its ranks")
