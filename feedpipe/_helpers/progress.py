@@ -32,4 +32,5 @@ def progress(total: int | None, desc: str, unit: str = "it", enabled: bool | Non
     from tqdm import tqdm
 
     tqdm.monitor_interval = 0  # no monitor thread: we fork worker processes
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True,
+                file=sys.stderr)

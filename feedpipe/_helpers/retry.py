@@ -90,7 +90,8 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
 
 
 def classify(e: BaseException) -> str:
-    """``"transient"``, ``"denied"``, ``"missing"`` or ``"other"`` for an exception of a remote call.
+    """How a remote call's exception is handled: ``"transient"``, ``"denied"``, ``"missing"``,
+    ``"unresolved"`` or ``"other"``.
 
     Example:
         >>> classify(ConnectionResetError()), classify(PermissionError()), classify(KeyError())

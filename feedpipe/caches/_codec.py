@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-_NONE, _TRUE, _FALSE, _INT, _FLOAT, _STR, _BYTES, _ARRAY, _TENSOR, _TUPLE, _LIST, _DICT, _SCALAR = range(13)
+(_NONE, _TRUE, _FALSE, _INT, _FLOAT, _STR, _BYTES, _ARRAY, _TENSOR, _TUPLE, _LIST, _DICT,
+ _SCALAR) = range(13)
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")

@@ -65,7 +65,8 @@ class Entry:
     Args:
         root: the cache directory.
         key: the entry's name (:func:`feedpipe.caches._shards.entry_key`).
-        url: where the shard comes from; its index is :func:`~feedpipe.format._index.index_path` of it.
+        url: where the shard comes from; its index is
+            :func:`~feedpipe.format._index.index_path` of it.
         rec: the shard's manifest record.
         stats: the cache's counters (``refetched`` is counted here).
     """

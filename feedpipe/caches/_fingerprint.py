@@ -1,10 +1,10 @@
 """Fingerprints of functions: a stable hash of a callable's code and the values it holds.
 
-Used by the L2 function index (:class:`~feedpipe.caches._function_index.FunctionIndex`) and the decoded
-store (``FeedDataset(decoded_cache=)``): their entries are keyed by the fingerprint, so changing
-a function's code, its default arguments, the values it closes over, or (for callable objects and
-``functools.partial``) its parameters makes its old entries unreachable. The same value gives the
-same fingerprint in every process and on every machine.
+Used by the L2 function index (:class:`~feedpipe.caches._function_index.FunctionIndex`) and
+the decoded store (``FeedDataset(decoded_cache=)``). Their entries are keyed by the fingerprint.
+So changing a function's code, its default arguments, the values it closes over, or (for callable
+objects and ``functools.partial``) its parameters makes its old entries unreachable. The same
+value gives the same fingerprint in every process and on every machine.
 
 **What it sees**, recursively: code (of functions, lambdas, methods and the classes of callable
 objects); numbers, strings, bytes, containers; NumPy arrays and torch tensors (values, dtype and

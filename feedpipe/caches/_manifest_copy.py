@@ -5,8 +5,8 @@ storage is unreachable.
 the storage as always, keeping a copy in the cache directory (``manifest-<hash of url>.json``,
 replaced atomically when the storage's differs). When the storage cannot be reached
 (:class:`~feedpipe.errors.RemoteError`: connection refused or reset, timeouts, 5xx, a host name
-that does not resolve; after the bounded retries of :mod:`feedpipe._helpers.retry`), the copy is used and
-one warning (a log record of the ``feedpipe.manifest_cache`` logger) says so. The shards then come
+that does not resolve; after the bounded retries of :mod:`feedpipe._helpers.retry`), the copy is
+used and one warning (a log record of the ``feedpipe.cache`` logger) says so. The shards then come
 from the cache: a shard it does not hold fails with the storage's error. An answer from the
 storage (no such object, access denied) is never overridden by the copy.
 """

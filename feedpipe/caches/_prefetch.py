@@ -1,11 +1,11 @@
 """Prefetching shards into the L1 cache ahead of one reader, guided by the plan.
 
 A :class:`Prefetcher` belongs to one iterator (one rank's worker, one epoch). It knows, from the
-plan, the shards its reader will open and in which order (:func:`feedpipe.plan._schedule.first_uses`),
-and keeps up to ``depth`` of them fetched ahead of the reader in background threads: downloads are
-I/O-bound, so threads, not processes. It is also the clock that eviction consults: the reader's
-position and the node's :class:`~feedpipe.plan._schedule.ShardTimeline` give each cached entry's next
-use.
+plan, the shards its reader will open and in which order
+(:func:`feedpipe.plan._schedule.first_uses`). It keeps up to ``depth`` of them fetched ahead of the
+reader in background threads: downloads are I/O-bound, so threads, not processes. It is also the
+clock that eviction consults: the reader's position and the node's
+:class:`~feedpipe.plan._schedule.ShardTimeline` give each cached entry's next use.
 
 Threads start in :meth:`start` (called by ``FeedDataset.__iter__``, never at import or
 construction) and stop in :meth:`close` (the iterator is exhausted or closed). Prefetching is best

@@ -2,17 +2,20 @@
 
 A directory is recognised by what only that tier writes there:
 
-- **L1 shard cache** (:mod:`feedpipe.caches._shards`): entry files ``<20 hex>-<name>.tar/.idx/.lock``
-  or kept manifests ``manifest-<20 hex>.json``;
-- **L2 function index** (:mod:`feedpipe.caches._function_index`): LMDB's ``data.mdb`` and ``lock.mdb``;
+- **L1 shard cache** (:mod:`feedpipe.caches._shards`): entry files
+  ``<20 hex>-<name>.tar/.idx/.lock`` or kept manifests ``manifest-<20 hex>.json``;
+- **L2 function index** (:mod:`feedpipe.caches._function_index`): LMDB's ``data.mdb`` and
+  ``lock.mdb``;
 - **decoded store** (:mod:`feedpipe.caches._decoded`): a ``meta.json`` of format
   ``feedpipe-decoded``.
 
-Clearing never pulls data from under a running job: L1 evicts every entry no process holds (in-use
-shards stay) and drops its kept manifests; L2 removes its directory when no process has the LMDB environment open, else drops
-every entry in a transaction (LMDB keeps the file and reuses its pages); a decoded store is
-removed when no process has it open, else emptied (every record marked unfilled: readers
-recompute, writers fill it again).
+Clearing never pulls data from under a running job:
+
+- L1 evicts every entry no process holds (in-use shards stay) and drops its kept manifests;
+- L2 removes its directory when no process has the LMDB environment open; else it drops every
+  entry in a transaction (LMDB keeps the file and reuses its pages);
+- a decoded store is removed when no process has it open; else it is emptied (every record marked
+  unfilled: readers recompute, writers fill it again).
 """
 
 from __future__ import annotations
@@ -29,9 +32,7 @@ from ..errors import SourceNotFoundError
 from ._stats import DECODED, FUNCTION_INDEX, SHARDS
 
 _L1_ENTRY = re.compile(r"^[0-9a-f]{20}-.+\.(tar|idx|lock|tar\.part|idx\.part)$")
-_MANIFEST_COPY = re.compile(r"^manifest-[0-9a-f]{20}\.json$")  # feedpipe.manifest_cache
-
-
+_MANIFEST_COPY = re.compile(r"^manifest-[0-9a-f]{20}\.json$")  # caches._manifest_copy
 
 
 @dataclass

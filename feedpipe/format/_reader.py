@@ -2,8 +2,8 @@
 
 A local shard is memory-mapped once and each field is a zero-copy ``memoryview`` of the map. A
 remote shard (any fsspec URL) is read by byte ranges, one range per sample (a sample's members
-are contiguous); transient failures are retried (:mod:`feedpipe._helpers.retry`). Without an ``.idx``
-file the shard is scanned once (slow path, strict: see :mod:`feedpipe.format._tar`).
+are contiguous); transient failures are retried (:mod:`feedpipe._helpers.retry`). Without an
+``.idx`` file the shard is scanned once (slow path, strict: see :mod:`feedpipe.format._tar`).
 
 Every read is checked: a shard smaller than its index or manifest says, a member running past
 the end of the file, a range request that returns the wrong number of bytes, or (with
@@ -25,7 +25,7 @@ from ..errors import ShardFormatError, SourceNotFoundError
 from ._index import ShardIndex, group_members, index_path, parse_index
 from ._tar import scan
 
-# madvise(2): fault a range of a map in, in one call (Linux 5.14+; Python 3.11's mmap lacks the name)
+# madvise(2): fault a range of a map in, in one call (Linux 5.14+; Python 3.11's mmap lacks it)
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 # Bytes a shard's map may have mapped, sample by sample, between two MADV_DONTNEED of the whole
@@ -108,8 +108,8 @@ class ShardReader:
             number is an error.
 
         lazy: read the index when it is first needed (a sample, the length) instead of now,
-            for a caller that only copies byte ranges it already knows (:mod:`feedpipe.stream._refs`):
-            the shard is mapped and no more.
+            for a caller that only copies byte ranges it already knows
+            (:mod:`feedpipe.stream._refs`): the shard is mapped and no more.
 
     Example:
         >>> import feedpipe, glob

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from .._helpers.progress import progress
 from .._helpers.storage import filesystem, is_local, local_path
@@ -77,7 +77,7 @@ class VerifyReport:
                 "warnings": [w.to_dict() for w in self.warnings]}
 
 
-def _open(url: str):  # type: ignore[no-untyped-def]
+def _open(url: str) -> BinaryIO:
     if is_local(url):
         return open(local_path(url), "rb")
     fs, p = filesystem(url)
@@ -115,7 +115,8 @@ def index_problems(idx: ShardIndex, tar: ShardIndex, shard: str,
             by_place = {(o, s): n for o, s, n in zip(tar.offsets, tar.sizes, tar.names)}
         held = by_place.get((off, sz))
         if held is None:
-            text = f"{shard}: index entry {name!r} at offset {off} ({sz} bytes) matches no tar member"
+            text = (f"{shard}: index entry {name!r} at offset {off} ({sz} bytes) matches no "
+                    "tar member")
         elif idx.named and held != name:
             text = f"{shard}: at offset {off} the tar holds {held!r}, the index says {name!r}"
         else:

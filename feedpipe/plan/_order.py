@@ -46,7 +46,8 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 def round_keys(seed: int, epoch: int, stream: int, rounds: int = _ROUNDS) -> np.ndarray:
     """Independent 64-bit keys for one permutation, from ``(seed, epoch, stream)``."""
-    h = hashlib.blake2b(f"feedpipe-plan\0{seed}\0{epoch}\0{stream}".encode(), digest_size=8 * rounds)
+    text = f"feedpipe-plan\0{seed}\0{epoch}\0{stream}"
+    h = hashlib.blake2b(text.encode(), digest_size=8 * rounds)
     return np.frombuffer(h.digest(), dtype="<u8").astype(np.uint64)
 
 
@@ -126,7 +127,7 @@ class Plan:
     _first: np.ndarray = field(init=False, repr=False, compare=False)
     _order: np.ndarray = field(init=False, repr=False, compare=False)
     _wstart: np.ndarray = field(init=False, repr=False, compare=False)
-    _wcum: list[np.ndarray] = field(init=False, repr=False, compare=False)
+    _starts: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         counts = np.asarray(self.counts, dtype=np.int64)
@@ -139,7 +140,8 @@ class Plan:
         object.__setattr__(self, "_first", first)
         if not self.shuffle:
             return
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, self.epoch, 0xF33D])))
+        seq = np.random.SeedSequence([self.seed, self.epoch, 0xF33D])
+        rng = np.random.Generator(np.random.PCG64(seq))
         order = rng.permutation(len(counts))
         w = len(counts) if self.window is None else self.window
         ordered = counts[order]
@@ -171,8 +173,8 @@ class Plan:
         for g in distinct(win)[0]:
             sel = win == g
             lo, hi = int(self._wstart[g]), int(self._wstart[g + 1])
-            perm = feistel((pos[sel] - lo).astype(np.uint64), hi - lo, round_keys(self.seed, self.epoch, int(g)))
-            perm = perm.astype(np.int64)
+            keys = round_keys(self.seed, self.epoch, int(g))
+            perm = feistel((pos[sel] - lo).astype(np.uint64), hi - lo, keys).astype(np.int64)
             a = int(self._starts[g])
             shards = order[a : a + (len(order) if self.window is None else self.window)]
             cum = np.zeros(len(shards) + 1, dtype=np.int64)
@@ -250,7 +252,8 @@ class Split:
         return min(self.start + local * self.world_size, self.num_samples)
 
 
-def worker_positions(split: Split, batch_size: int, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def worker_positions(split: Split, batch_size: int,
+                     ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Global positions of local batches ``ts`` (concatenated) and each batch's length."""
     starts = ts.astype(np.int64) * batch_size
     lens = np.minimum(starts + batch_size, split.length) - starts
@@ -272,8 +275,8 @@ def iter_id_chunks(
     mine = split.worker_batches(batch_size, worker, num_workers)
     group = max(1, chunk // max(batch_size, 1))
     for g in range(0, len(mine), group):
-        ts = np.arange(mine.start + g * mine.step, min(mine.stop, mine.start + (g + group) * mine.step),
-                       mine.step)
+        ts = np.arange(mine.start + g * mine.step,
+                       min(mine.stop, mine.start + (g + group) * mine.step), mine.step)
         pos, _ = worker_positions(split, batch_size, ts)
         yield plan.sample_ids(pos)
 
@@ -285,8 +288,8 @@ def iter_ids(
     mine = split.worker_batches(batch_size, worker, num_workers)
     group = max(1, chunk // max(batch_size, 1))
     for g in range(0, len(mine), group):
-        ts = np.arange(mine.start + g * mine.step, min(mine.stop, mine.start + (g + group) * mine.step),
-                       mine.step)
+        ts = np.arange(mine.start + g * mine.step,
+                       min(mine.stop, mine.start + (g + group) * mine.step), mine.step)
         pos, lens = worker_positions(split, batch_size, ts)
         ids = plan.sample_ids(pos)
         at = 0

@@ -40,7 +40,8 @@ def worker_uses(
         ts = np.arange(mine.start + g * mine.step,
                        min(mine.stop, mine.start + (g + group) * mine.step), mine.step)
         pos, lens = worker_positions(split, batch_size, ts)
-        within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        heads = np.cumsum(lens) - lens  # where each batch starts in the concatenation
+        within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(heads, lens)
         local = np.repeat(ts.astype(np.int64) * batch_size, lens) + within
         shards, _ = plan.shard_of(plan.sample_ids(pos))
         uniq, at = distinct(shards)
