@@ -18,7 +18,7 @@ from feedpipe.errors import DecodeError, MissingDependencyError
 from feedpipe.stream._dataset import sample_ids_of
 from feedpipe.stream._loader import StartMethodError
 from feedpipe.transforms._dali import DaliStage
-from feedpipe.transforms._ops import jpeg_size
+from feedpipe.transforms._jpeg import jpeg_size
 from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec, rng_of
 
 
@@ -147,7 +147,7 @@ def test_epochs_reset_and_early_exit(dali: object) -> None:
     assert torch.equal(images[0], images[2]) and not torch.equal(images[0], images[1])
     # leave a pass early (DALI holds prefetched batches): the next pass starts clean
     stage.set_epoch(1)
-    for b in stage:
+    for _b in stage:
         break
     stage.set_epoch(1)
     assert torch.cat([b.indices for b in stage]).tolist() == orders[1]

@@ -1,7 +1,8 @@
 """Window-only JPEG decoding (the optional C extension ``feedpipe._jpegcrop``, behind
-``feedpipe.transforms._ops.decode_window``): the same pixels as a whole decode sliced to the window, at
-every DCT scale, for every chroma subsampling, progressive and restart-marker JPEGs; errors and
-hostile bytes are ValueErrors or DecodeErrors, never a crash; the GIL is released while decoding."""
+``feedpipe.transforms._jpeg.decode_window``): the same pixels as a whole decode sliced to the
+window, at every DCT scale, for every chroma subsampling, progressive and restart-marker JPEGs;
+errors and hostile bytes are ValueErrors or DecodeErrors, never a crash; the GIL is released while
+decoding."""
 
 from __future__ import annotations
 
@@ -17,14 +18,9 @@ import simplejpeg
 from feedpipe.convert._synth import _image
 from feedpipe.diagnostics import _env as probe_env
 from feedpipe.errors import DecodeError
-from feedpipe.transforms import _ops as image_ops
-from feedpipe.transforms._ops import (
-    Box,
-    decode_jpeg,
-    decode_window,
-    jpeg_scale_num,
-    jpeg_size,
-)
+from feedpipe.transforms import _jpeg as image_ops
+from feedpipe.transforms._geometry import Box, scale_box
+from feedpipe.transforms._jpeg import decode_jpeg, decode_window, jpeg_scale_num, jpeg_size
 from feedpipe.transforms._pipeline import ImagePipeline
 
 HAVE_HEADERS = os.path.exists("/usr/include/jpeglib.h")
@@ -96,8 +92,7 @@ def test_window_at_reduced_scale_equals_the_scaled_decode_sliced(mins: tuple[int
         assert scaled.shape[:2] == (-(-h * k // 8), -(-w * k // 8))
         for box in random_boxes(h, w, rng, 10):
             got = decode_window(data, h, w, box, min_height=mins[0], min_width=mins[1])
-            sb = image_ops.scale_box(box, scaled.shape[0] / h, scaled.shape[1] / w,
-                                     *scaled.shape[:2])
+            sb = scale_box(box, scaled.shape[0] / h, scaled.shape[1] / w, *scaled.shape[:2])
             want = scaled[sb.top:sb.top + sb.height, sb.left:sb.left + sb.width]
             assert np.array_equal(got, want), (name, k, box)
 

@@ -147,23 +147,24 @@ def test_opencv_enlargement_matches_the_torch_path(monkeypatch: pytest.MonkeyPat
                                                    flip: bool) -> None:
     """Enlargements go through OpenCV; the torch path (taken without OpenCV, and for every
     reduction) gives the same image within one grey level, in the same CHW layout."""
-    from feedpipe.transforms import _ops as image_ops
+    from feedpipe.transforms import _opencv
+    from feedpipe.transforms import _resize as image_ops
 
-    if image_ops.opencv() is None:
+    if _opencv.opencv() is None:
         pytest.skip("opencv-python-headless is not installed")
     base = simplejpeg.decode_jpeg(jpeg(90, 70, seed=3), colorspace="RGB")[5:80, 3:60]
     img = {"packed": base, "channels-reversed": base[:, :, ::-1], "one-channel": base[:, :, :1],
            "four-channel": np.concatenate([base, base[:, :, :1]], axis=2)}[view]
     fast = image_ops.resize_to_tensor(img, (224, 200), flip=flip)
     hwc = image_ops.resize_hwc(img, (224, 200))
-    monkeypatch.setattr(image_ops, "_CV2", False)  # as if cv2 did not import
+    monkeypatch.setattr(_opencv, "_CV2", False)  # as if cv2 did not import
     slow = image_ops.resize_to_tensor(img, (224, 200), flip=flip)
     assert fast.shape == slow.shape == (img.shape[2], 224, 200) and fast.is_contiguous()
     assert (fast.int() - slow.int()).abs().max() <= 1
     assert (torch.from_numpy(hwc).permute(2, 0, 1).int() - (slow.flip(2) if flip else slow).int()
             ).abs().max() <= 1
     # a reduction stays on the antialiased torch path, with or without OpenCV
-    monkeypatch.setattr(image_ops, "_CV2", None)
+    monkeypatch.setattr(_opencv, "_CV2", None)
     assert torch.equal(image_ops.resize_to_tensor(img, (40, 30)).contiguous(),
                        _torch_resize(img, (40, 30)))
 
@@ -482,7 +483,8 @@ def test_collator_as_feedloader_collate_fn_in_and_out_of_workers() -> None:
 
 # -- the package stays light ---------------------------------------------------------------
 def test_transform_modules_import_no_dali_or_torchvision() -> None:
-    code = ("import sys, feedpipe, feedpipe.transforms._pipeline, feedpipe.stream._collator, feedpipe.transforms._dali\n"
+    code = ("import sys, feedpipe, feedpipe.transforms._pipeline, feedpipe.stream._collator, "
+            "feedpipe.transforms._dali\n"
             "bad = [m for m in sys.modules if m.startswith(('nvidia.dali', 'torchvision'))]\n"
             "assert not bad, bad\n"
             "assert not __import__('torch').cuda.is_initialized()\n")
@@ -495,7 +497,7 @@ def test_one_thread_restores_the_thread_count_under_concurrent_use() -> None:
     with the thread count it had, whatever order they leave in."""
     import threading
 
-    from feedpipe.transforms._ops import one_thread
+    from feedpipe.transforms._threads import one_thread
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import DecodeError, SampleSkipped
 from ..plan._order import iter_ids
-from ..transforms._ops import one_thread
+from ..transforms._threads import one_thread
 from ._collate import decode_fields
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from ..transforms._ops import one_thread
+from ..transforms._threads import one_thread
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 

@@ -16,14 +16,15 @@ included) and WebP, and gives three RGB channels with the CPU pipeline's convent
 (:mod:`feedpipe.transforms._decode`): alpha dropped, EXIF orientation not applied
 (``adjust_orientation=False``), 16-bit rounded to 8 bits (the CPU pipeline keeps the high byte:
 one grey level apart at most). It cannot read AVIF or HEIC: a batch holding one is refused on the
-host with a :class:`~feedpipe.errors.DecodeError` naming the sample, before DALI sees it (decode
-those with the CPU :class:`~feedpipe.transforms._pipeline.ImagePipeline`, or convert them). As on the CPU,
-a sample's image is the first of the stage's ``image_field`` fields it has, so batches mixing
-``jpg`` and ``png`` samples work.
+host with a :class:`~feedpipe.errors.DecodeError` naming the sample, before DALI sees it. Decode
+those with the CPU :class:`~feedpipe.ImagePipeline`, or convert them. As on the CPU, a sample's
+image is the first of the stage's ``image_field`` fields it has, so batches mixing ``jpg`` and
+``png`` samples work.
 
 The crop windows are computed on the host from the image header with the same
-:meth:`ImageSpec.geometry` and :func:`~feedpipe.transforms._pipeline.sample_rng` as the CPU pipeline, so a
-sample gets the same crop and flip on either path, in any worker or rank, and after a resume.
+:meth:`ImageSpec.geometry` and :func:`~feedpipe.transforms._pipeline.sample_rng` as the CPU
+pipeline. So a sample gets the same crop and flip on either path, in any worker or rank, and
+after a resume.
 DALI's own random operators are not used: their draws follow DALI's batch order, not the plan.
 
 Output: on the GPU, DALI's buffers are copied into torch tensors with ``feed_ndarray`` on torch's
@@ -83,10 +84,10 @@ def _keep_pipelines_in_forked_children() -> None:
     """Make every process forked from here keep the DALI pipelines it inherits alive.
 
     A forked child has none of DALI's threads, so a pipeline finalised there (by the garbage
-    collector, ``Pipeline.__del__`` -> ``Shutdown``) crashes it. It happened in a worker of a
-    process pool started well after the pipeline was dropped, not only in DataLoader workers,
-    so the guard is on fork itself: the child holds a reference to each pipeline (those built
-    here and those DALI tracks) and exits without finalising them.
+    collector: ``Pipeline.__del__`` calls ``Shutdown``) crashes it. Any child forked later is
+    at risk, a process pool's worker started long after the pipeline was dropped as much as a
+    DataLoader's. So the guard is on fork itself: the child holds a reference to each pipeline
+    (those built here and those DALI tracks) and exits without finalising them.
     """
     global _HOOKED
     if _HOOKED or not hasattr(os, "register_at_fork"):

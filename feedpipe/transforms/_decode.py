@@ -7,7 +7,7 @@ stored as ``.jpg`` in a scraped dataset decodes as a PNG.
 =========  ================================  =============================================
 format     decoder                           why (``benchmarks/bench_image_formats.py``)
 =========  ================================  =============================================
-JPEG       feedpipe's window decoder, or     the fast path of :mod:`feedpipe.transforms._ops`
+JPEG       feedpipe's window decoder, or     the fast path of :mod:`feedpipe.transforms._jpeg`
            simplejpeg (libjpeg-turbo)        (grey, CMYK and YCCK JPEGs too)
 PNG        OpenCV (``cv2.imdecode``)         the fastest, or level with Pillow (not a core
                                              dependency), on every mode; pyvips is slower
@@ -52,11 +52,12 @@ import numpy as np
 
 from .._helpers.dependency import require
 from ..errors import DecodeError, MissingDependencyError
-from ._ops import decode_jpeg, jpeg_size, opencv, window_decoder
+from ._jpeg import decode_jpeg, jpeg_size, window_decoder
+from ._opencv import opencv
 
 IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "avif", "heic", "heif")
-"""The fields :class:`~feedpipe.transforms._pipeline.ImagePipeline` and the DALI stage look in by default,
-in this order: the first one a sample has is its image."""
+"""The fields :class:`~feedpipe.transforms._pipeline.ImagePipeline` and the DALI stage look in
+by default, in this order: the first one a sample has is its image."""
 
 _NAMES = {"jpeg": "JPEG", "png": "PNG", "webp": "WebP", "avif": "AVIF", "heic": "HEIC/HEIF"}
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -257,8 +258,9 @@ def _decode_heif(data: Any) -> np.ndarray:
 
 
 class DecodeImage:
-    """Image bytes of any supported format -> HWC ``uint8`` RGB array (:func:`decode_image`),
-    an op for :class:`~feedpipe.transforms._pipeline.Compose` like :class:`~feedpipe.transforms._ops.DecodeJPEG`.
+    """Image bytes of any supported format to an HWC ``uint8`` RGB array (:func:`decode_image`):
+    an op for :class:`~feedpipe.transforms._ops.Compose`, like
+    :class:`~feedpipe.transforms._ops.DecodeJPEG`.
 
     Example:
         >>> import cv2, numpy as np

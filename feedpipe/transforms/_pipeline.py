@@ -1,18 +1,18 @@
 """Per-sample transforms: deterministic augmentation seeded from the plan, and the ready
-:class:`ImagePipeline` (sample dict -> ``(CHW tensor, label)``).
+:class:`ImagePipeline` (a sample dict in, ``(CHW tensor, label)`` out).
 
 **Seeding.** Every random draw for a sample comes from its own generator,
 :func:`sample_rng`\\ ``(seed, epoch, index)``: a ``PCG64`` whose 128-bit state and increment
 are the two halves of the 256-bit ``blake2b("feedpipe-augment", seed, epoch, index)`` digest,
-``index`` being the sample's global id (``__index__``). A sample therefore gets the same crop and flip in a given epoch whichever rank or
-worker reads it, however many there are, and after a resume; another epoch or another sample gets
-independent draws (hashing the three integers avoids the ``seed + epoch`` aliasing, as the plan
-does). The dataset puts ``__seed__`` and ``__epoch__`` in each sample; a sample without them is
-treated as seed 0, epoch 0.
+``index`` being the sample's global id (``__index__``). A sample therefore gets the same crop
+and flip in a given epoch whichever rank or worker reads it, however many there are, and after
+a resume. Another epoch or another sample gets independent draws. Hashing the three integers
+avoids the ``seed + epoch`` aliasing, as the plan does. The dataset puts ``__seed__`` and
+``__epoch__`` in each sample; a sample without them is treated as seed 0, epoch 0.
 
 The op classes (:class:`DecodeJPEG`, :class:`RandomResizedCrop`, ...) live in
-:mod:`feedpipe.transforms._ops`, :class:`DecodeImage` (any format) in :mod:`feedpipe.transforms._decode`;
-all are re-exported here.
+:mod:`feedpipe.transforms._ops`, :class:`DecodeImage` (any format) in
+:mod:`feedpipe.transforms._decode`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ from ._decode import (
     image_field_of,
     image_format,
 )
+from ._geometry import Box, as_size, random_resized_crop_box
+from ._jpeg import decode_window, jpeg_size
 from ._ops import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    Box,
     CenterCrop,
     Compose,
     DecodeJPEG,
@@ -47,14 +48,10 @@ from ._ops import (
     RandomResizedCrop,
     Resize,
     ToTensor,
-    as_size,
-    decode_window,
-    jpeg_size,
     normalize_tensor,
-    one_thread,
-    random_resized_crop_box,
-    resize_to_tensor,
 )
+from ._resize import resize_to_tensor
+from ._threads import one_thread
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -80,7 +77,8 @@ __all__ = [
 
 def _seed_state(seed: int, epoch: int, index: int) -> dict[str, Any]:
     """The PCG64 state of sample ``index``'s generator: state and increment straight from a
-    256-bit blake2b digest (seeding through ``SeedSequence`` cost 13 us a sample)."""
+    256-bit blake2b digest, cheaper per sample than seeding through ``SeedSequence``
+    (``benchmarks/bench_peers.py``, decode phase)."""
     d = hashlib.blake2b(f"feedpipe-augment\0{int(seed)}\0{int(epoch)}\0{int(index)}".encode(),
                         digest_size=32).digest()
     return {"bit_generator": "PCG64",
@@ -106,10 +104,12 @@ _SCRATCH = threading.local()  # each thread's reused generator (scratch_rng)
 
 
 def scratch_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """:func:`sample_rng`'s generator, same draws, but this thread's one generator re-seeded
-    instead of a new one (creating a ``PCG64`` costs 13 us, re-seeding 1.5): valid only until
-    the thread's next call, so for a caller that draws everything it needs at once
-    (:class:`ImagePipeline`, the DALI stage) and keeps no reference."""
+    """:func:`sample_rng`'s generator, same draws, but this thread's one generator re-seeded.
+
+    Re-seeding is cheaper than creating a ``PCG64`` (``benchmarks/bench_peers.py``, decode
+    phase). The generator is valid only until the thread's next call, so this is for a caller
+    that draws everything it needs at once (:class:`ImagePipeline`, the DALI stage) and keeps
+    no reference."""
     rng = getattr(_SCRATCH, "rng", None)
     if rng is None:
         rng = _SCRATCH.rng = np.random.Generator(np.random.PCG64())
@@ -143,12 +143,26 @@ class ImageSpec:
     """What an image pipeline does, shared by the CPU :class:`ImagePipeline` and the DALI stage
     (:mod:`feedpipe.transforms._dali`), so both take the same crops and flips for the same sample.
 
-    Training: a random-resized crop (``scale`` of the area, aspect in ``ratio``) to ``size`` and a
-    left-right flip with probability ``flip``. Evaluation: the centred square of
-    ``crop_fraction`` of the shorter side (a resize to ``size / crop_fraction`` then a centre crop
-    of ``size``, in one step). ``mean``/``std`` (``[0, 1]`` scale) give normalised ``float32``
-    output; ``mean=None`` gives ``uint8`` (normalise on the device, 4x fewer bytes to move) and
-    ignores ``std``.
+    Training: a random-resized crop to ``size`` and a left-right flip. Evaluation: the centred
+    square of ``crop_fraction`` of the shorter side, resized to ``size`` (a resize to ``size /
+    crop_fraction`` then a centre crop of ``size``, in one step).
+
+    Args:
+        size: output side (square).
+        train: random-resized crop and flip; ``False``: centre crop.
+        scale: the training crop's share of the image area, ``(lo, hi)``.
+        ratio: the training crop's aspect ratio range, ``(lo, hi)``, drawn log-uniformly.
+        flip: the probability of a left-right flip when training.
+        crop_fraction: the evaluation crop's side as a fraction of the shorter side.
+        mean: per-channel mean on the ``[0, 1]`` scale: normalised ``float32`` output.
+            ``None``: ``uint8`` output (normalise on the device: a quarter of the bytes to
+            move), and ``std`` is ignored.
+        std: per-channel standard deviation on the ``[0, 1]`` scale.
+
+    Example:
+        >>> spec = ImageSpec(size=32, train=False)
+        >>> spec.geometry(100, 80, None)
+        (Box(top=15, left=5, height=70, width=70), False)
     """
 
     size: int = 224
@@ -177,8 +191,9 @@ class ImageSpec:
                  rng: np.random.Generator | None) -> tuple[Box, bool]:
         """The crop window (in the ``height`` x ``width`` image) and whether to flip it.
 
-        Draws, in order: the crop (:func:`~feedpipe.transforms._ops.random_resized_crop_box`), then
-        one number for the flip (:class:`RandomHorizontalFlip`); nothing when not training.
+        Draws, in order: the crop
+        (:func:`~feedpipe.transforms._geometry.random_resized_crop_box`), then one number for
+        the flip (:class:`RandomHorizontalFlip`); nothing when not training.
         """
         if not self.train:
             side = max(1, int(round(min(height, width) * self.crop_fraction)))
@@ -200,16 +215,17 @@ class ImagePipeline:
     The image is the first of the ``image_field`` fields the sample has, so a dataset mixing
     ``.jpg`` and ``.png`` files needs no option.
 
-    **JPEG.** The header gives the image size; the crop is chosen there
-    (:meth:`ImageSpec.geometry`), then the JPEG is decoded at the smallest scale (1/8 to 1/2) that
-    still leaves the crop at least ``size`` pixels (only the crop's rows and columns where the C
-    extension is built: :func:`~feedpipe.transforms._ops.decode_window`), the crop resized to
-    ``size`` (antialiased bilinear, ``uint8``) and flipped in the same copy, and normalised
-    straight into a contiguous CHW ``float32`` tensor (``uint8`` CHW with ``mean=None``). Same
-    geometry as ``Compose([DecodeJPEG(), RandomResizedCrop(size), RandomHorizontalFlip(),
-    ToTensor(), Normalize()])`` with the same rng; pixels differ only where the reduced decode
-    kicks in. Other formats are decoded whole (:func:`~feedpipe.transforms._decode.decode_image`), then
-    cropped, resized and normalised the same way.
+    **JPEG.** The header gives the image size, and the crop is chosen there
+    (:meth:`ImageSpec.geometry`). The JPEG is decoded at the smallest scale (1/8 to 1/2) that
+    still leaves the crop at least ``size`` pixels; where the C extension is built, only the
+    crop's rows and columns are (:func:`~feedpipe.transforms._jpeg.decode_window`). The crop is
+    resized to ``size`` (antialiased bilinear, ``uint8``) and flipped in the same copy, then
+    normalised straight into a contiguous CHW ``float32`` tensor (``uint8`` CHW with
+    ``mean=None``). The geometry is that of ``Compose([DecodeJPEG(), RandomResizedCrop(size),
+    RandomHorizontalFlip(), ToTensor(), Normalize()])`` with the same rng; pixels differ only
+    where the reduced decode kicks in. Other formats are decoded whole
+    (:func:`~feedpipe.transforms._decode.decode_image`), then cropped, resized and normalised the
+    same way.
 
     **Bad samples.** A corrupt or truncated image, a sample with no image field, or a label that
     is not an integer raises :class:`~feedpipe.errors.DecodeError` naming the sample's key and
@@ -229,8 +245,9 @@ class ImagePipeline:
         scale, ratio, flip: the training augmentation (see :class:`ImageSpec`).
         mean, std: normalisation on the ``[0, 1]`` scale; ``None``: ``uint8`` output.
         image_field: the field holding the image bytes, or a sequence of fields of which the
-            first the sample has is used. Default: :data:`~feedpipe.transforms._decode.IMAGE_FIELDS`
-            (``"jpg", "jpeg", "png", "webp", "avif", "heic", "heif"``).
+            first the sample has is used. Default:
+            :data:`~feedpipe.transforms._decode.IMAGE_FIELDS` (``"jpg", "jpeg", "png", "webp",
+            "avif", "heic", "heif"``).
         label_field: the field holding an integer label; ``None``: return the image only.
         on_error: ``"raise"`` (a :class:`~feedpipe.errors.DecodeError`) or ``"skip"`` (a
             :class:`~feedpipe.errors.SampleSkipped`, see above) for a bad sample.

@@ -1,0 +1,114 @@
+"""JPEG decoding: whole images at reduced scale, and crop windows only.
+
+Why these libraries (``benchmarks/bench_decode.py`` compares them): simplejpeg (libjpeg-turbo)
+is the fastest JPEG decoder that installs from the registry without a system library. It
+decodes at 1/2, 1/4 or 1/8 scale when the target is small, which saves IDCT and resize work.
+Where the optional C extension ``feedpipe._jpegcrop`` is built (it links the system's
+libjpeg-turbo), :func:`decode_window` decodes only a crop's rows and iMCU columns, with the same
+pixels (``benchmarks/bench_window_decode.py``). Where it is not built, simplejpeg decodes the
+whole image.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import simplejpeg
+
+from ..errors import DecodeError
+from ._geometry import Box, Size, scale_box
+
+try:  # optional C extension (setup.py): window-only JPEG decoding
+    from .. import _jpegcrop
+except ImportError:  # pragma: no cover - where it did not build, simplejpeg decodes whole images
+    _jpegcrop = None
+
+
+def window_decoder() -> str | None:
+    """The window-only JPEG decoder's module name where the C extension was built, else None
+    (simplejpeg then decodes whole images)."""
+    return None if _jpegcrop is None else "feedpipe._jpegcrop"
+
+
+def jpeg_size(data: Any) -> Size:
+    """``(height, width)`` from a JPEG header, without decoding."""
+    try:
+        h, w, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError as e:
+        raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
+    return int(h), int(w)
+
+
+def decode_jpeg(data: Any, *, min_height: int = 0, min_width: int = 0, fastdct: bool = False,
+                fastupsample: bool = False) -> np.ndarray:
+    """Decode JPEG bytes to an HWC ``uint8`` RGB array, at reduced scale when allowed.
+
+    With ``min_height``/``min_width``, libjpeg-turbo decodes at the smallest scale ``k/8`` that
+    keeps the image at least that large. It does so only at factors of 2 or more
+    (``min_factor=2``): factors between 1 and 2 decode slower than full size.
+    """
+    try:
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fastdct,
+                                      fastupsample=fastupsample, min_height=int(min_height),
+                                      min_width=int(min_width), min_factor=2)
+    except ValueError as e:
+        raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
+
+
+def scaled_size(height: int, width: int, k: int) -> Size:
+    """The size libjpeg decodes a ``height`` x ``width`` JPEG to at scale ``k/8`` (rounded up)."""
+    return -(-height * k // 8), -(-width * k // 8)
+
+
+def jpeg_scale_num(height: int, width: int, min_height: int = 0, min_width: int = 0) -> int:
+    """The DCT scale ``k/8`` (returns ``k``) a decode at ``min_height``/``min_width`` uses.
+
+    That is the smallest ``k`` in 1..4 that keeps the image at least that large (libjpeg rounds
+    sizes up), else 8 (full size); 8 without minimums. It is the same choice as
+    :func:`decode_jpeg`'s (simplejpeg, ``min_factor=2``)."""
+    if min_height <= 0 and min_width <= 0:
+        return 8
+    for k in (1, 2, 3, 4):
+        dh, dw = scaled_size(height, width, k)
+        if dh >= min_height and dw >= min_width:
+            return k
+    return 8
+
+
+def decode_window(data: Any, height: int, width: int, box: Box, *, min_height: int = 0,
+                  min_width: int = 0) -> np.ndarray:
+    """The pixels of window ``box`` of a ``height`` x ``width`` JPEG: an HWC ``uint8`` RGB view.
+
+    Decoded at the scale :func:`jpeg_scale_num` picks for ``min_height``/``min_width``; the box
+    is scaled with it (:func:`~feedpipe.transforms._geometry.scale_box`). The result is what
+    :func:`decode_jpeg` with those minimums gives, sliced to the scaled box. With the C
+    extension built, only the window's rows and iMCU columns are decoded (libjpeg-turbo's
+    ``jpeg_skip_scanlines``/``jpeg_crop_scanline``). Otherwise, or when the extension refuses
+    the data (a CMYK JPEG, say), simplejpeg decodes the whole image, and its error, if any, is
+    the one raised (:class:`DecodeError`).
+
+    Example:
+        >>> import simplejpeg, numpy as np
+        >>> jpg = simplejpeg.encode_jpeg(np.full((64, 48, 3), 200, np.uint8))
+        >>> decode_window(jpg, 64, 48, Box(8, 4, 20, 30)).shape
+        (20, 30, 3)
+    """
+    k = jpeg_scale_num(height, width, min_height, min_width)
+    dh, dw = scaled_size(height, width, k)
+    if k != 8:
+        box = scale_box(box, dh / height, dw / width, dh, dw)
+    if _jpegcrop is not None:
+        try:
+            pixels, row_width, x = _jpegcrop.decode_crop(data, box.top, box.left, box.height,
+                                                         box.width, k)
+        except (ValueError, TypeError, OverflowError):
+            pass  # simplejpeg below: same image, or the error users get without the extension
+        else:
+            rows = np.frombuffer(pixels, np.uint8).reshape(box.height, row_width, 3)
+            return rows[:, x:x + box.width]
+    img = decode_jpeg(data, min_height=min_height, min_width=min_width)
+    if img.shape[:2] != (dh, dw):
+        raise DecodeError(f"the JPEG decoded to {img.shape[:2]}, not the {height}x{width} (at "
+                          f"{k}/8) its header gave")
+    return img[box.top:box.top + box.height, box.left:box.left + box.width]

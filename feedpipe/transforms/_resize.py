@@ -1,0 +1,93 @@
+"""Resizing HWC ``uint8`` images, into CHW tensors or HWC arrays.
+
+An enlargement (the usual case for a random-resized crop) goes through OpenCV's
+``cv2.resize`` (bilinear, fixed-point SIMD) and ``cv2.split`` straight into CHW planes. It is
+faster than the torch path and within one grey level of it (``benchmarks/bench_resize.py``). A
+reduction keeps ``torch.nn.functional.interpolate`` on ``uint8`` channels-last tensors with
+``antialias=True``: OpenCV's bilinear does not antialias, and its area filter is slower than
+torch's. Without OpenCV every resize takes the torch path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ._geometry import Size
+from ._opencv import opencv
+from ._threads import one_thread
+
+
+def _enlarge_hwc(img: np.ndarray, size: Size, flip: bool) -> np.ndarray | None:
+    """``img`` resized up to ``size`` (and flipped) by OpenCV, HWC ``uint8``; ``None`` when this
+    is not an enlargement of a 1-4 channel ``uint8`` image or OpenCV is missing."""
+    if (img.ndim != 3 or img.dtype != np.uint8 or not 1 <= img.shape[2] <= 4
+            or img.shape[0] > size[0] or img.shape[1] > size[1] or 0 in img.shape):
+        return None
+    cv2 = opencv()
+    if cv2 is None:
+        return None
+    c = img.shape[2]
+    if img.strides[2] != 1 or img.strides[1] != c or img.strides[0] <= 0:
+        img = np.ascontiguousarray(img)  # cv2 reads rows of packed pixels only
+    out = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
+    if flip:
+        out = cv2.flip(out, 1)
+    return out.reshape(size[0], size[1], c)  # cv2 drops a single channel's axis
+
+
+def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Resize an HWC ``uint8`` array (any strides) to a ``(C, H, W)`` ``uint8`` tensor, flipping
+    left-right on the way.
+
+    With ``out`` (a ``(C, H, W)`` ``uint8`` tensor, e.g. a row of a batch buffer) the result is
+    written there and ``out`` is returned. An enlargement is done by OpenCV and split into a
+    contiguous CHW tensor (see the module docstring), straight into ``out`` when it is
+    contiguous. Otherwise torch: the one copy it needs anyway (a dense channels-last input) also
+    does the flip, and ``uint8`` channels-last is torch's vectorised interpolation path (no
+    float round trip). The result is then in channels-last memory, or copied into ``out``.
+
+    Example:
+        >>> import numpy as np
+        >>> resize_to_tensor(np.zeros((10, 8, 3), np.uint8), (20, 16)).shape
+        torch.Size([3, 20, 16])
+    """
+    if out is not None and (out.dtype != torch.uint8 or tuple(out.shape) != (
+            img.shape[2] if img.ndim == 3 else 1, size[0], size[1])):
+        raise ValueError(f"out= must be a uint8 tensor of shape {(img.shape[2], *size)}, not "
+                         f"{out.dtype} {tuple(out.shape)}")
+    up = _enlarge_hwc(img, size, flip)
+    if up is not None:
+        chw = out if out is not None and out.is_contiguous() else torch.empty(
+            (up.shape[2], size[0], size[1]), dtype=torch.uint8)
+        planes = chw.numpy()
+        if up.shape[2] == 1:
+            planes[0] = up[:, :, 0]
+        else:
+            opencv().split(up, list(planes))
+        if out is not None and chw is not out:
+            out.copy_(chw)
+        return chw if out is None else out
+    if min(img.strides) < 0:  # torch takes no negative strides (a channel-reversed view)
+        img = np.ascontiguousarray(img)
+    with one_thread():
+        x = torch.from_numpy(img)
+        x = x.flip(1) if flip else x.contiguous()
+        x = x.unsqueeze(0).permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels-last
+        if (x.shape[2], x.shape[3]) != size:
+            x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+        if out is not None:
+            return out.copy_(x[0])
+        return x[0]
+
+
+def resize_hwc(img: np.ndarray, size: Size) -> np.ndarray:
+    """Resize an HWC ``uint8`` array to ``size`` (bilinear, antialiased); HWC ``uint8`` out."""
+    if img.shape[:2] == size:
+        return img
+    up = _enlarge_hwc(img, size, False)
+    if up is not None:
+        return up
+    return resize_to_tensor(img, size).permute(1, 2, 0).numpy()
