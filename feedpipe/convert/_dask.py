@@ -1,28 +1,28 @@
 """``feedpipe shard --dask ADDRESS``: write the shards as tasks on an existing Dask cluster.
 
-The client lists and plans exactly as a local run does (:mod:`feedpipe.convert._shard`), then groups the
-plan's shard parts into coarse tasks (:func:`plan_tasks`, pure): a task costs the cluster a
-fixed amount of coordination whatever it does, about as much as writing one part
-(``benchmarks/bench_dask.py``), so a task writes whole shards, as many consecutive ones as fit in
-a budget of :data:`TASK_FILES` files and :data:`TASK_BYTES` bytes, and commits each as soon as
-its parts are written. Only a shard larger than twice the budget is
-split into batches of parts, plus one task that joins them once they are done; so a few big shards
-still spread over every worker. The budget shrinks to a quarter of an even share per worker
-(:data:`TASKS_PER_SLOT`) so that a small job still keeps every worker busy to the end.
+The client lists and plans exactly as a local run does (:mod:`~feedpipe.convert._shard`). Then
+:func:`plan_tasks` (pure) groups the plan's shard parts into coarse tasks. A task costs the
+cluster a fixed amount of coordination whatever it does, about as much as writing one part
+(``benchmarks/bench_dask.py``). So a task writes whole shards: as many consecutive ones as fit
+in a budget of :data:`TASK_FILES` files and :data:`TASK_BYTES` bytes. It commits each shard as
+soon as its parts are written. Only a shard larger than twice the budget is split into batches
+of parts, plus one task that joins them once they are done; so a few big shards still spread
+over every worker. The budget shrinks to a quarter of an even share per worker
+(:data:`TASKS_PER_SLOT`), so that a small job still keeps every worker busy to the end.
 
-Parts and joins are the same functions (:func:`feedpipe.convert._writer.write_part`,
-:func:`feedpipe.convert._writer.finish_shard`) on the same inputs as on one machine, so the shards, indexes
-and manifest are byte-identical to a local run's with the same options.
+Parts and joins are the same functions on the same inputs as on one machine
+(:func:`~feedpipe.convert._writer.write_part`, :func:`~feedpipe.convert._writer.finish_shard`).
+So the shards, indexes and manifest are byte-identical to a local run's with the same options.
 
-- **Where files go**: workers read ``src`` and write into ``out`` themselves; both must be visible
-  at the same paths on every worker (a shared filesystem, or an fsspec URL for ``src``). A worker
-  that cannot see ``out`` fails its task with a message that says so.
-- **Failures**: a failed task is retried ``retries`` times (``Client.submit(retries=...)``); a
-  task on a worker that dies is rescheduled by Dask itself. Part files are hidden temp files named
-  after the client's pid, so a retry overwrites its own earlier attempt and never a shard; a retry
-  of a task that had already committed a shard commits the same bytes again.
+- **Where files go**: workers read ``src`` and write into ``out`` themselves. Both must be
+  visible at the same paths on every worker (a shared filesystem, or an fsspec URL for ``src``).
+  A worker that cannot see ``out`` fails its task with a message that says so.
+- **Failures**: a failed task is retried ``retries`` times (``Client.submit(retries=...)``); Dask
+  reschedules a task whose worker dies. Part files are hidden temp files named after the
+  client's pid, so a retry overwrites its own partial output and never a shard. A retry of a
+  task that had already committed a shard commits the same bytes again.
 - **Atomicity and resume**: a shard exists under its final name only when complete (the join's
-  rename); ``--resume`` reuses committed shards, whatever machine or task wrote them.
+  rename). ``--resume`` reuses committed shards, whatever machine or task wrote them.
 - **Progress**: the client's progress bar counts the files of finished tasks.
 
 ``dask`` is imported only here and only when asked for (extra ``feedpipe[dask]``).

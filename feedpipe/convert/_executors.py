@@ -1,13 +1,17 @@
 """Conversion executors: who writes the shards of a plan, behind one small protocol.
 
-An executor gets a :class:`Job` (the plan, the shards still to write, where their parts go)
-and writes every shard of ``job.todo``, calling ``job.record`` as each one is committed; it
-returns the data bytes it wrote. The implementations: :class:`SerialExecutor` (this process),
-:class:`PoolExecutor` (a process pool on this machine), :class:`feedpipe.dask_convert.
-DaskExecutor` (tasks on a Dask cluster) and :class:`feedpipe.convert._onepass.StagedExecutor` (shards
-cut from one-pass staging files). :func:`feedpipe.convert._method.choose_method` picks one.
-All of them write the same bytes: parts by :func:`feedpipe.convert._writer.write_part`, shards joined by
-:func:`feedpipe.convert._writer.finish_shard`, in the plan's order whatever the timing.
+An executor gets a :class:`Job`: the plan, the shards still to write, and where their parts go.
+It writes every shard of ``job.todo`` and calls ``job.record`` as each one is committed. It
+returns the data bytes it wrote. :func:`~feedpipe.convert._method.choose_method` picks one of:
+
+- :class:`SerialExecutor`: this process.
+- :class:`PoolExecutor`: a process pool on this machine.
+- :class:`~feedpipe.convert._dask.DaskExecutor`: tasks on a Dask cluster.
+- :class:`~feedpipe.convert._onepass.StagedExecutor`: shards cut from one-pass staging files.
+
+All of them write the same bytes. Parts are written by :func:`~feedpipe.convert._writer.write_part`
+and joined into shards by :func:`~feedpipe.convert._writer.finish_shard`, in the plan's order
+whatever the timing.
 """
 
 from __future__ import annotations
@@ -88,9 +92,9 @@ class SerialExecutor:
         return "in this process" + (f", {self.why}" if self.why else "")
 
 
-# Plans handed to forked pool workers by inheritance, by token: a worker forked while its plan is
-# here reads its parts from its copy of the parent's memory instead of unpickling them (unpickling
-# a sample costs more than writing a small file: benchmarks/bench_convert.py --profile).
+# Plans handed to forked pool workers by inheritance, by token. A worker forked while its plan is
+# here reads its parts from its copy of the parent's memory rather than unpickling them: unpickling
+# a sample costs more than writing a small file (benchmarks/bench_convert.py --profile).
 _FORK_PLANS: dict[int, Plan] = {}
 _fork_tokens = itertools.count()
 
@@ -105,9 +109,9 @@ def _write_inherited(token: int, i: int, j: int, source: Source, path: str,
 
 
 class PoolExecutor:
-    """Parts written by ``workers`` processes, each shard joined in this process as soon as its
-    parts are in. A plan of one part is written in this process (a pool would only add its
-    start-up), and the summary says so."""
+    """Parts written by ``workers`` processes; each shard is joined in this process as soon as
+    its parts are in. A plan of one part is written in this process, since a pool would only add
+    its start-up; the summary says so."""
 
     name = "pool"
 

@@ -10,13 +10,14 @@ from contextlib import contextmanager
 @contextmanager
 def frozen() -> Iterator[None]:
     """Keep the objects alive now out of the cyclic garbage collector's full collections until
-    the block ends (``gc.freeze()``): a conversion's listing is three objects per input file,
-    none garbage, and every full collection that the parent's later allocations trigger would
-    walk them again (``benchmarks/bench_convert.py --profile`` shows it). Left alone when the
-    caller has frozen objects itself (this would unfreeze them) or has turned the collector off.
-    The collector is process-wide: objects another thread freezes during a conversion are
-    unfrozen with the listing at its end (they stay alive either way; only collection is
-    deferred)."""
+    the block ends (``gc.freeze()``).
+
+    A conversion's listing is three objects per input file, none garbage. Every full collection
+    that the parent's later allocations trigger would walk them again
+    (``benchmarks/bench_convert.py --profile``). Nothing is done when the caller has frozen
+    objects itself (this would unfreeze them) or has turned the collector off. The collector is
+    process-wide: objects another thread freezes during a conversion are unfrozen with the
+    listing at its end. They stay alive either way; only their collection is deferred."""
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return

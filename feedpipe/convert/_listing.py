@@ -1,20 +1,20 @@
 """Listing big source trees: in parallel per top-level directory, streamed through sorted chunks.
 
-A tree of millions of files is listed by one task per top-level directory (processes for a local
-tree, threads for an fsspec URL, whose listing waits on the network). Each task groups its files
-into samples (:func:`feedpipe.convert._sources.classify`), sorts them by key and writes them to a *chunk*
-file in a private temporary directory (length-prefixed ``marshal`` records of up to
-:data:`CHUNK_ROWS` samples each: plain tuples of str and int, which load without running code and
-several times faster than JSON lines); the parent keeps per-chunk counts only.
-Iterating a :class:`TreeListing` streams the samples from the chunks in global key order, so no
-process holds a Python object per file of the whole tree: a task holds one top-level directory,
-the parent one sample at a time.
+A tree of millions of files is listed by one task per top-level directory: processes for a local
+tree, threads for an fsspec URL (whose listing waits on the network). Each task groups its files
+into samples (:func:`~feedpipe.convert._sources.classify`), sorts them by key and writes them to
+a *chunk* file in a private temporary directory. A chunk holds length-prefixed ``marshal``
+records of up to :data:`CHUNK_ROWS` samples each: plain tuples of str and int, which load
+without running code (unlike pickle) and without parsing text (unlike JSON). The parent keeps
+per-chunk counts only. Iterating a :class:`TreeListing` streams the samples from the
+chunks in global key order. So no process holds a Python object per file of the whole tree: a
+task holds one top-level directory, the parent one sample at a time.
 
-The result is exactly :func:`feedpipe.convert._sources.list_tree`'s: the same samples in the same order, the
-same problems in the same (walk) order, the same classes and count of hidden files. Keys of one
-top-level directory all start with that directory's encoded name and a ``/``, so the chunks of
-directories cover disjoint, consecutive key ranges: the stream chains them in order and merges
-only the root directory's own files in between.
+The result is exactly :func:`~feedpipe.convert._sources.list_tree`'s: the same samples in the
+same order, the same problems in the same (walk) order, the same classes and count of hidden
+files. Keys of one top-level directory all start with that directory's encoded name and a
+``/``. So the chunks of directories cover disjoint, consecutive key ranges: the stream chains
+them in order and merges only the root directory's own files in between.
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def write_chunk(entries: Iterable[tuple[str, int]], top: str, path: str,
 
 def write_rows(path: str, rows: Iterable[tuple[str, list[tuple[str, str, int]]]]) -> None:
     """Write a chunk file: ``rows`` (``(key, [(ext, path, size), ...])``, sorted by key) as
-    length-prefixed ``marshal`` records of up to :data:`CHUNK_ROWS` rows (read by :func:`_rows`)."""
+    length-prefixed ``marshal`` records of up to :data:`CHUNK_ROWS` rows (read by
+    :func:`_rows`)."""
     it = iter(rows)
     with open(path, "wb") as f:
         while batch := list(itertools.islice(it, CHUNK_ROWS)):
@@ -196,9 +197,9 @@ class TreeListing:
     def to_listing(self) -> Listing:
         """Everything in memory, as :func:`feedpipe.convert._sources.list_tree` returns it.
 
-        The cyclic garbage collector is paused while the list is built: it holds three objects
-        per sample, none garbage, and the full collections that a growing heap triggers would
-        walk them again and again (``benchmarks/bench_listing.py``)."""
+        The cyclic garbage collector is paused while the list is built. The list holds three
+        objects per sample, none garbage, and the full collections that a growing heap triggers
+        would walk them again and again (``benchmarks/bench_listing.py``)."""
         paused = gc.isenabled()
         gc.disable()
         try:
@@ -252,7 +253,8 @@ def list_tree_parallel(
     Example:
         >>> import tempfile, pathlib
         >>> d = pathlib.Path(tempfile.mkdtemp())
-        >>> _ = (d / "b").mkdir(), (d / "b" / "x.txt").write_text("1"), (d / "a.txt").write_text("2")
+        >>> _ = (d / "b").mkdir(), (d / "b" / "x.txt").write_text("1")
+        >>> _ = (d / "a.txt").write_text("2")
         >>> with list_tree_parallel(str(d), workers=1) as t:
         ...     [s.key for s in t]
         ['a', 'b/x']

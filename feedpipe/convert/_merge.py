@@ -1,13 +1,14 @@
-"""``feedpipe merge OUT``: one manifest for the parts of a ``feedpipe shard --part I/N`` conversion.
+"""``feedpipe merge OUT``: one manifest for the parts of a ``feedpipe shard --part I/N`` run.
 
 A part that finishes writes its *part record* ``OUT/.feedpipe-part-IIIII-of-NNNNN.json``
 atomically, after all its shards are committed: the record is the part's commit point. It holds
-the part's shard records (names, sample counts, sizes, sha256), fields, classes, skipped inputs and
-the dataset fingerprint (:mod:`feedpipe.convert._parts`). :func:`merge` checks that all N records exist,
-agree on the fingerprint and that every shard they name is on disk with its recorded size; then it
-writes ``wids.json`` and ``manifest.json`` (atomically, the manifest last) listing the parts'
-shards in part order. The ``.idx`` files already sit beside the shards. Merging twice, or by two
-processes at once, writes the same bytes.
+the part's shard records (names, sample counts, sizes, sha256), fields, classes, skipped inputs
+and the dataset fingerprint (:mod:`~feedpipe.convert._parts`).
+
+:func:`merge` checks that all N records exist and agree on the fingerprint, and that every shard
+they name is on disk with its recorded size. Then it writes ``wids.json`` and ``manifest.json``
+(atomically, the manifest last), listing the parts' shards in part order. The ``.idx`` files
+already sit beside the shards. Merging twice, or by two processes at once, writes the same bytes.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def merge(out: str, *, parts: int | None = None) -> Manifest:
         parts: the expected N (default: read from the part records).
 
     Returns:
-        The merged :class:`~feedpipe.format._manifest.Manifest`.
+        The merged :class:`feedpipe.Manifest`.
 
     Raises:
         PartsError: naming every part that is missing or unfinished, a part made from other
@@ -109,9 +110,10 @@ def merge(out: str, *, parts: int | None = None) -> Manifest:
 
     Example:
         >>> import tempfile, pathlib
-        >>> from feedpipe.convert._shard import shard
+        >>> from feedpipe import shard
         >>> d = pathlib.Path(tempfile.mkdtemp())
-        >>> _ = (d / "src").mkdir(), (d / "src" / "a.txt").write_text("1"), (d / "src" / "b.txt").write_text("2")
+        >>> (d / "src").mkdir()
+        >>> _ = (d / "src" / "a.txt").write_text("1"), (d / "src" / "b.txt").write_text("2")
         >>> for i in range(2):
         ...     _ = shard(str(d / "src"), str(d / "out"), part=(i, 2), workers=1)
         >>> merge(str(d / "out")).total_samples

@@ -57,9 +57,9 @@ def choose_method(f: Facts) -> Choice:
     =============  ====================================================  ========  ========
 
     The one-pass staging gives back a tree it cannot convert byte for byte as the general
-    method would (see :mod:`feedpipe.convert._onepass`): files at the root, fewer top-level directories
-    than workers, links, bad inputs. Both methods write the same shards and indexes; the
-    manifest records which one ran.
+    method would (see :mod:`~feedpipe.convert._onepass`): files at the root, fewer top-level
+    directories than workers, links, bad inputs. Both methods write the same shards and indexes.
+    The manifest records which one ran.
 
     Raises:
         MethodError: a forced method that cannot serve the input, saying why.

@@ -1,30 +1,41 @@
 """One-pass conversion of a local tree of top-level directories: list, read and stage each
 directory in one go, then cut the shards out of the staged bytes.
 
-The general path of :func:`feedpipe.shard` lists the whole tree first (a ``stat`` per file for
-its size), plans the shards, and only then reads every file in a pool. For a local source whose
-files all sit in top-level directories (an image-folder layout, a tree of records), one worker
-per directory here walks it without a ``stat``, groups and sorts its samples exactly as the
-listing does, reads their files in key order and writes their tar members to a *staging* file
-in OUT; the sizes come from the reads. The parent then holds the very listing the general path
-would build (same samples, keys and sizes, from the same chunk files: :mod:`feedpipe.convert._listing`),
-plans the same shards with the same fingerprint, and joins each shard from byte ranges of the
-staging files (:func:`feedpipe.convert._writer.join_ranges`). The output is the general path's, byte for
-byte (``tests/test_onepass.py``); what it saves is the ``stat`` per file and the wait between
-listing and writing (``benchmarks/bench_peers.py --phases convert`` measures it).
+The general path of :func:`feedpipe.shard` lists the whole tree first, with a ``stat`` per file
+for its size. Only then does it plan the shards and read every file in a pool. Here, for a local
+source whose files all sit in top-level directories (an image-folder layout, a tree of records),
+one worker per directory:
+
+1. walks it without a ``stat``;
+2. groups and sorts its samples exactly as the listing does;
+3. reads their files in key order and writes their tar members to a *staging* file in OUT (the
+   sizes come from the reads).
+
+The parent then holds the very listing the general path would build: the same samples, keys and
+sizes, from the same chunk files (:mod:`~feedpipe.convert._listing`). It plans the same shards
+with the same fingerprint and joins each shard from byte ranges of the staging files
+(:func:`~feedpipe.convert._writer.join_ranges`). The output is the general path's, byte for byte
+(``tests/test_onepass.py``). What it saves is the ``stat`` per file and the wait between listing
+and writing (``benchmarks/bench_peers.py --phases convert``).
 
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
-which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
-no extension, unreadable, not UTF-8), a symbolic link or special file, an unlistable directory,
-a directory that may hold feedpipe output (``manifest.json``, ``.feedpipe-*`` files),
-files at the root, a ``cls`` file under ``labels_from_dirs``, a class directory without samples,
-and fewer top-level directories than workers (a directory is one worker's work, and OUT must
-hold a directory's staged bytes beside the shards cut from it: each staging file goes as soon
-as its last shard is committed, so OUT needs room for the data plus about its largest
-top-level directory). Nothing is committed before the plan's fingerprint is saved (as on the
-general path), so a run killed while staging leaves only hidden temp files, which ``--resume``
-or a new run removes; the work done so far is lost (``--resume`` then takes the general path,
-which keeps whatever shards were committed).
+which owns the error messages and the ``on_error`` policy:
+
+- a bad input of any kind (zero-byte, no extension, unreadable, not UTF-8);
+- a symbolic link or special file, or a directory that cannot be listed;
+- a directory that may hold feedpipe output (``manifest.json``, ``.feedpipe-*`` files);
+- files at the root;
+- a ``cls`` file under ``labels_from_dirs``, or a class directory without samples;
+- fewer top-level directories than workers.
+
+A directory is one worker's work. OUT holds a directory's staged bytes beside the shards cut
+from it, and each staging file goes as soon as its last shard is committed. So OUT needs room
+for the data plus about its largest top-level directory.
+
+Nothing is committed before the plan's fingerprint is saved, as on the general path. A run
+killed while staging leaves only hidden temp files, which ``--resume`` or a new run removes. The
+work done so far is lost: ``--resume`` then takes the general path, which keeps the shards
+already committed.
 """
 
 from __future__ import annotations
@@ -49,9 +60,10 @@ from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet, write_
 
 @dataclass
 class StagedDir:
-    """One top-level directory, staged: its listing chunk, its staging file and, per sample in
-    key order, its key, where it starts in the file and where its members start (each list
-    ends with the totals), and per member its field, tar name, data offset and size."""
+    """One top-level directory, staged: its listing chunk and its staging file.
+
+    Per sample in key order: its key, where it starts in the file and where its members start
+    (each list ends with the totals). Per member: its field, tar name, data offset and size."""
 
     chunk: Chunk
     path: str
@@ -89,8 +101,9 @@ class Cut:
 
 
 def shard_index(cuts: list[Cut], bases: list[int]) -> ShardIndex:
-    """The index of a shard joined from ``cuts``, each landed at ``bases[i]`` (what
-    :func:`feedpipe.format._index.group_members` would make of its members, without parsing names)."""
+    """The index of a shard joined from ``cuts``, each landed at ``bases[i]``: what
+    :func:`~feedpipe.format._index.group_members` would make of its members, without parsing
+    their names."""
     idx = ShardIndex([], [0], [], [], [], [])
     for cut, base in zip(cuts, bases):
         m = len(idx.exts)
@@ -198,9 +211,9 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
 
 
 class StagedTree:
-    """A staged tree: ``listing`` (a :class:`~feedpipe.convert._listing.TreeListing`, sizes as read)
-    and the staged directories in the listing's order. :meth:`join` cuts shards out of them;
-    :meth:`close` removes every staging and chunk file."""
+    """A staged tree: ``listing`` (a :class:`~feedpipe.convert._listing.TreeListing`, sizes as
+    read) and the staged directories in the listing's order. :meth:`join` cuts shards out of
+    them; :meth:`close` removes every staging and chunk file."""
 
     def __init__(self, listing: TreeListing, dirs: list[StagedDir], paths: list[str],
                  pool: ProcessPoolExecutor | None) -> None:
@@ -367,7 +380,7 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                        key=lambda sd: sd.chunk.first or "")
         if any(a.chunk.last >= b.chunk.first  # type: ignore[operator]
                for a, b in zip(order, order[1:])):
-            # cannot happen with feedpipe's key encoding (see feedpipe.listing)
+            # cannot happen with feedpipe's key encoding (see feedpipe.convert._listing)
             said.append("the key ranges of two top-level directories overlap")
             return None
         ok = True

@@ -23,9 +23,9 @@ OUTPUT_OPTIONS = ("max_bytes", "max_samples", "shuffle", "seed", "on_error", "pr
 class ShardOptions:
     """Everything :func:`feedpipe.shard` can be told besides ``src`` and ``out``.
 
-    The first eight decide the output bytes (they are recorded in the manifest and in the plan's
-    fingerprint, so a ``resume`` refuses other values); the rest decide how the run goes and
-    never change the output.
+    The first eight decide the output bytes. They are recorded in the manifest and in the plan's
+    fingerprint, so a ``resume`` refuses other values. The rest decide how the run goes and never
+    change the output. Bad values raise ``ValueError`` on construction.
 
     Args:
         max_bytes: target shard size; a shard exceeds it only to hold one sample larger than it.
@@ -43,7 +43,8 @@ class ShardOptions:
             :func:`feedpipe.convert._method.choose_method`); a forced method that cannot serve
             the input is refused, saying why.
         part: ``"I/N"`` or ``(I, N)``: convert only part I (0-based) of a deterministic
-            partition into N (see :mod:`feedpipe.convert._parts`); :func:`feedpipe.merge` joins them.
+            partition into N (see :mod:`~feedpipe.convert._parts`); :func:`feedpipe.merge`
+            joins them.
         merge: with ``part``: the part that finds all N parts finished writes the manifest.
         dask: a ``dask.distributed`` scheduler address or ``Client``: write the shards as tasks
             on that cluster (see :mod:`feedpipe.convert._dask`).
@@ -57,6 +58,15 @@ class ShardOptions:
             :mod:`feedpipe.convert._table_columns`).
         classes: a Parquet source's class names (a list, ``"a,b,c"`` or a file with one per
             line; default: a categorical label column's categories).
+
+    Example:
+        >>> opts = ShardOptions(max_samples=1000, workers=4)
+        >>> opts.output_options()["max_samples"], opts.with_overrides({"resume": True}).resume
+        (1000, True)
+        >>> ShardOptions(on_error="ignore")
+        Traceback (most recent call last):
+        ...
+        ValueError: on_error must be 'raise' or 'skip', not 'ignore'
     """
 
     max_bytes: int = DEFAULT_MAX_BYTES

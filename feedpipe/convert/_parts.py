@@ -1,13 +1,14 @@
-"""``feedpipe shard --part I/N``: a deterministic partition of a conversion into N independent parts.
+"""``feedpipe shard --part I/N``: a deterministic partition of a conversion into N parts.
 
-Every part lists the whole source (in parallel, streamed: :mod:`feedpipe.convert._listing`) and so knows
-the global sample order: sorted by key, or the ``--shuffle`` permutation of it, exactly the order
-of a single ``feedpipe shard`` run. Part ``I`` (0-based) of ``N`` takes positions
+Every part lists the whole source (in parallel, streamed: :mod:`~feedpipe.convert._listing`). So
+it knows the global sample order: sorted by key, or the ``--shuffle`` permutation of it, exactly
+the order of a single ``feedpipe shard`` run. Part ``I`` (0-based) of ``N`` takes positions
 ``[T*I//N, T*(I+1)//N)`` of that order (``T`` samples) and keeps only those samples in memory.
-Its shards are named ``PREFIX-pIIIIIofNNNNN-SSSSSS.tar``, so parts never collide, and its state
-and temporary files carry the same part tag, so N parts may write into one directory at once.
+
+Its shards are named ``PREFIX-pIIIIIofNNNNN-SSSSSS.tar``, so parts never collide. Its state and
+temporary files carry the same part tag, so N parts may write into one directory at once.
 Concatenated in part order, the parts hold the single run's samples in the single run's order;
-only the shard boundaries differ. :mod:`feedpipe.convert._merge` joins them under one manifest.
+only the shard boundaries differ. :mod:`~feedpipe.convert._merge` joins them under one manifest.
 
 Every part also hashes the whole listing and the options (the *dataset fingerprint*), so a merge
 refuses parts made from different inputs or options.
@@ -100,9 +101,9 @@ def select(
     """Stream ``samples`` (``total`` of them, sorted by key) and keep part ``index``'s share in
     its final order; return it with the dataset fingerprint (of all samples and ``options``).
 
-    With ``shuffle`` the global order is :func:`feedpipe.convert._shard_plan.shuffle_permutation`'s, as
-    for a single run.
-    Memory: this part's samples and, with ``shuffle``, one int64 per sample in numpy.
+    With ``shuffle`` the global order is
+    :func:`~feedpipe.convert._shard_plan.shuffle_permutation`'s, as for a single run. Memory:
+    this part's samples and, with ``shuffle``, one int64 per sample in numpy.
     """
     lo, hi = part_range(total, index, count)
     h = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
@@ -134,8 +135,10 @@ def select(
 def list_part(
     listing: Any, index: int, count: int, *, shuffle: bool, seed: int, options: dict[str, Any]
 ) -> tuple[Listing, PartInfo]:
-    """Part ``index`` of ``count`` of a listing (a :class:`~feedpipe.convert._listing.TreeListing` or an
-    in-memory :class:`~feedpipe.convert._sources.Listing`): its samples in final order, all problems."""
+    """Part ``index`` of ``count`` of a listing: its samples in final order, and all problems.
+
+    ``listing`` is a :class:`~feedpipe.convert._listing.TreeListing` or an in-memory
+    :class:`~feedpipe.convert._sources.Listing`."""
     if isinstance(listing, Listing):
         samples, total = listing.samples, len(listing.samples)
     else:

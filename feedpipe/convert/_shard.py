@@ -1,20 +1,23 @@
 """``feedpipe shard``: convert a small-file dataset into WebDataset shards.
 
-A conversion is planned completely before its shards are written: samples are listed and sorted
-(and shuffled with ``seed`` if asked), then cut into shards by ``max_bytes``/``max_samples``
-using the exact tar sizes, and each shard into parts (:mod:`feedpipe.convert._shard_plan`). An executor
-(:mod:`feedpipe.convert._executors`) writes the parts and joins them into shards in order, so
-the bytes of every shard depend on the inputs and options only, never on ``workers``, the
-executor or timing. A run killed at any moment resumes with ``resume=True``: committed shards
-are kept, everything else is redone.
+A conversion is planned in full before any shard is written. Samples are listed and sorted, and
+shuffled with ``seed`` if asked. They are cut into shards by ``max_bytes`` and ``max_samples``
+using exact tar sizes, and each shard into parts (:mod:`~feedpipe.convert._shard_plan`). An
+executor (:mod:`~feedpipe.convert._executors`) writes the parts and joins them into shards in
+order. So the bytes of a shard depend on the inputs and options only, never on ``workers``, the
+executor or timing. A run killed at any moment resumes with ``resume=True``: committed shards are
+kept and the rest is redone.
 
-The *method* (:func:`feedpipe.convert._method.choose_method`, one table of choices) is
-``general`` (list, plan, then write: in this process, a process pool or a Dask cluster),
-``one-pass`` (a fresh run over a local tree of top-level directories: each directory listed,
-read and staged by one worker, the shards cut from the staged bytes, :mod:`feedpipe.convert._onepass`)
-or ``table`` (Parquet, :mod:`feedpipe.convert._tables`). ``general`` and ``one-pass`` write the
-same shards and indexes byte for byte and the same plan fingerprint, so either resumes the
-other's run; the manifest's ``created_by.method`` says which one wrote it.
+One table chooses the *method* (:func:`~feedpipe.convert._method.choose_method`):
+
+- ``general``: list, plan, then write (in this process, a process pool or a Dask cluster).
+- ``one-pass``: a fresh run over a local tree of top-level directories. One worker lists, reads
+  and stages each directory; the shards are cut from the staged bytes
+  (:mod:`~feedpipe.convert._onepass`).
+- ``table``: a Parquet source (:mod:`~feedpipe.convert._tables`).
+
+``general`` and ``one-pass`` write the same shards, indexes and plan fingerprint, so either
+resumes the other's run. The manifest's ``created_by.method`` names the one that wrote it.
 """
 
 from __future__ import annotations
@@ -64,12 +67,11 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
         src: a local directory or fsspec URL (a folder tree; with ``manifest``, the root the
             manifest's paths are relative to), or a Parquet file or directory of them.
         out: a local directory, missing or empty (or holding an interrupted run with ``resume``).
-        options: a :class:`~feedpipe.convert._options.ShardOptions` (default: its defaults).
+        options: a :class:`feedpipe.ShardOptions` (default: its defaults).
         **overrides: any of its fields by name, over ``options`` (``workers=2, resume=True``).
 
     Returns:
-        A :class:`~feedpipe.convert._summary.ShardSummary`; its ``method`` and ``executor`` say how
-        the run went.
+        A :class:`feedpipe.ShardSummary`. Its ``method`` and ``executor`` say how the run went.
 
     Raises:
         MethodError: a forced ``method`` that cannot serve the input, saying why.
@@ -287,7 +289,8 @@ def _check_not_empty(src: str, opts: ShardOptions, listing: Any, total: int) -> 
 
 
 def _report_outputs(src: str, out: str, listing: Any) -> None:
-    """Say which directories the listing skipped as output (:mod:`feedpipe.convert._source_tree`)."""
+    """Say which directories the listing skipped as output (see
+    :mod:`~feedpipe.convert._source_tree`)."""
     if is_local(src) and is_local(out):
         real_src, real_out = os.path.realpath(local_path(src)), os.path.realpath(local_path(out))
         if real_out != real_src and os.path.commonpath([real_src, real_out]) == real_src:
@@ -301,11 +304,12 @@ def _report_outputs(src: str, out: str, listing: Any) -> None:
 
 def _stage(src: str, out: str, opts: ShardOptions, workers: int,
            why: list[str]) -> StagedTree | None:
-    """:func:`feedpipe.convert._onepass.stage_tree` into ``out``, or ``None`` (the reason appended to
-    ``why``) for the general method, which then fails (or not) exactly as it would have: a bad
-    source or output directory is its to report (unless one-pass was forced), an output inside
-    the source would be listed by the walk, and an output directory made here for nothing is
-    removed again."""
+    """Stage ``src`` into ``out`` (:func:`~feedpipe.convert._onepass.stage_tree`), or return
+    ``None`` for the general method and append the reason to ``why``.
+
+    The general method then fails, or not, exactly as it would have. It reports a bad source or
+    output directory (unless one-pass was forced). An output inside the source is left to its
+    walk. An output directory made here for nothing is removed again."""
     if not os.path.isdir(src):
         why.append("the source is not a local directory")
         return None

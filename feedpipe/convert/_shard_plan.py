@@ -1,11 +1,11 @@
 """Planning a conversion: samples cut into shards, shards into parts, and the plan's fingerprint.
 
-Everything here is pure. A plan is ``plan[shard][part] -> [SampleSpec, ...]``: shards hold at
+Everything here is pure. A plan is ``plan[shard][part] -> [SampleSpec, ...]``. A shard holds at
 most ``max_samples`` samples and ``max_bytes`` bytes of tar (exact member sizes, the end of
-archive included; a shard exceeds ``max_bytes`` only to hold one sample larger than it), and each
-shard is cut into parts of at most ``part_samples`` samples and :data:`PART_BYTES` bytes, the
-unit one worker writes. The fingerprint hashes the options that decide the output bytes and the
-plan, so a resumed run can tell whether it continues the same conversion.
+archive included). It exceeds ``max_bytes`` only to hold one sample larger than it. Each shard
+is cut into parts of at most ``part_samples`` samples and :data:`PART_BYTES` bytes: the unit one
+worker writes. The fingerprint hashes the plan and the options that decide the output bytes, so
+a resumed run can tell whether it continues the same conversion.
 """
 
 from __future__ import annotations

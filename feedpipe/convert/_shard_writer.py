@@ -1,18 +1,23 @@
 """``feedpipe.ShardWriter``: write samples that live in memory as a feedpipe dataset.
 
-The output is what ``feedpipe shard`` writes: tar shards (ustar/GNU headers, no PAX) committed
-atomically (a hidden temp file, hashed as it is written, renamed once whole), a DALI v1.2 ``.idx``
-beside each, ``wids.json``, and ``manifest.json`` last. Keys follow the same rule: a key is a
-relative path whose last component may hold dots, encoded with :func:`feedpipe.format._keys.encode_key`
-so that the WebDataset first-dot rule keeps it one sample (``decode_key`` gives it back). Shards
-are cut by :func:`feedpipe.convert._shard_plan.shard_full`, the rule of ``feedpipe shard``. Field values
-become bytes by :mod:`feedpipe.convert._field_encoding` (no pickle).
+The output is what ``feedpipe shard`` writes:
+
+- tar shards (ustar/GNU headers, no PAX), committed atomically: a hidden temp file, hashed as it
+  is written, renamed once whole;
+- a DALI v1.2 ``.idx`` beside each shard;
+- ``wids.json``, and ``manifest.json`` last.
+
+Keys follow the same rule. A key is a relative path whose last component may hold dots. It is
+encoded with :func:`~feedpipe.format._keys.encode_key`, so that the WebDataset first-dot rule
+keeps it one sample (``decode_key`` gives it back). Shards are cut by
+:func:`~feedpipe.convert._shard_plan.shard_full`, the rule of ``feedpipe shard``. Field values
+become bytes by :mod:`~feedpipe.convert._field_encoding` (no pickle).
 
 Parallel writing: each process (a pool worker, a Dask task) writes one *part* with
-``ShardWriter(out, part=(i, n))`` into the same ``out``; :func:`feedpipe.merge` (or
-``merge=True`` on the writers, the last one to finish merges) then writes the manifest, exactly
-as for ``feedpipe shard --part I/N``. Keys must then be unique across parts (each writer sees
-only its own).
+``ShardWriter(out, part=(i, n))`` into the same ``out``. Then :func:`feedpipe.merge` writes the
+manifest, exactly as for ``feedpipe shard --part I/N`` (or ``merge=True`` on the writers: the
+last one to finish merges). Keys must then be unique across parts, since each writer sees only
+its own.
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ class ShardWriter:
         classes: class names, recorded in the manifest (what the ``cls`` values index).
         prefix: shard names are ``PREFIX-000000.tar``.
         encoders: per field, a function turning its value into bytes (see
-            :mod:`feedpipe.convert._field_encoding`), e.g. ``{"json": lambda v: json.dumps(v).encode()}``.
+            :mod:`~feedpipe.convert._field_encoding`), e.g.
+            ``{"json": lambda v: json.dumps(v).encode()}``.
         part: ``(i, n)``: write part ``i`` of ``n`` (see the module docstring).
         merge: with ``part``: the writer that finds all parts finished writes the manifest.
         provenance: entries for the manifest's ``created_by`` (what the samples were made from).
@@ -282,9 +288,19 @@ class ShardWriter:
 
 
 def write_samples(samples: Iterable[Mapping[str, Any]], out: str, **options: Any) -> Manifest:
-    """Write ``samples`` with one :class:`ShardWriter` (``options`` are its arguments); the
-    manifest, or with ``part=`` the part's. A top-level function, so a process pool or a Dask
-    task can run it on a share of the samples:
+    """Write ``samples`` with one :class:`ShardWriter`.
+
+    A top-level function, so that a process pool or a Dask task can run it on a share of the
+    samples.
+
+    Args:
+        samples: dicts, each with a ``__key__`` and its fields (see :meth:`ShardWriter.write`).
+        out: the output directory, as for :class:`ShardWriter`.
+        **options: the other arguments of :class:`ShardWriter` (``max_samples=``, ``part=``,
+            ``merge=``, ...).
+
+    Returns:
+        The dataset's manifest, or with ``part=`` the part's.
 
     Example:
         >>> import tempfile, os

@@ -2,16 +2,16 @@
 
 Symbolic links are followed, to files and to directories, as ``torchvision``'s ``ImageFolder``
 does: a class directory that is a link to another disk is a class like any other. A link that
-leads back to a directory the walk is already inside (a link to an ancestor, or a cycle of links)
-would never end; it is reported as a bad input naming the link (size :data:`LINK_LOOP`), and the
-walk goes on. Entries that are not regular files (FIFOs, sockets, devices) are reported with size
-:data:`NOT_REGULAR`, entries that cannot be stat'ed or listed with :data:`UNREADABLE`; the
-listing's ``classify`` turns those sizes into reasons.
+leads back to a directory the walk is already inside (a link to an ancestor, or a cycle of
+links) would never end. It is reported as a bad input naming the link (size :data:`LINK_LOOP`),
+and the walk goes on. Entries that are not regular files (FIFOs, sockets, devices) are reported
+with size :data:`NOT_REGULAR`; entries that cannot be stat'ed or listed, with
+:data:`UNREADABLE`. The listing's ``classify`` turns those sizes into reasons.
 
-A directory inside the source that holds a feedpipe dataset or a conversion under way (its
-``manifest.json``, a resume state or a part record), and the run's own output directory, are
-*output directories*: the walk skips them (reporting those it recognised by their content in
-``outputs``), so that converting a tree that holds its own shards never makes the shards a class.
+*Output directories* are skipped: the run's own output directory, and any directory inside the
+source that holds a feedpipe dataset or a conversion under way (its ``manifest.json``, a resume
+state or a part record). Those recognised by their content are reported in ``outputs``. So
+converting a tree that holds its own shards never makes the shards a class.
 
 The walk order is deterministic: entries sorted by name, a directory's files before its
 subdirectories.

@@ -1,10 +1,11 @@
 """The inputs of ``feedpipe shard``: samples of files, how a listed file becomes one
 (:func:`classify`), reading a source file, and listing a folder tree or image-folder layout on a
-local path or any fsspec URL (:mod:`feedpipe.convert._file_list` lists a JSONL/CSV file of samples).
+local path or any fsspec URL. (:mod:`~feedpipe.convert._file_list` lists a JSONL/CSV file of
+samples.)
 
-Listing produces :class:`SampleSpec` objects in a deterministic order (sorted by key) and a list
-of problems (bad inputs) that the converter's ``on_error`` policy decides about. Nothing is read
-here except directory entries.
+Listing produces :class:`SampleSpec` objects in a deterministic order (sorted by key), and a list
+of problems (bad inputs) for the converter's ``on_error`` policy. Listing reads directory entries
+only.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from ._source_tree import LINK_LOOP, NOT_REGULAR, Identity, TreeWalk, identity
 
 
 class FileRef(NamedTuple):
-    """One input file of a sample: its field (extension), path and listed size. A named tuple,
-    not a frozen dataclass: a conversion makes two per input file, and a dataclass's
-    ``__init__`` costs several times a tuple's."""
+    """One input file of a sample: its field (extension), path and listed size.
+
+    A named tuple, not a frozen dataclass: a conversion makes two per input file, and a tuple is
+    cheaper to make (``benchmarks/bench_convert.py --profile``)."""
 
     ext: str
     path: str  # relative to the source root, or an absolute path / URL (manifest mode)
@@ -79,8 +81,8 @@ class Source:
         """The bytes of ``rel``; ``size``: what the listing saw (a hint, the file decides)."""
         root = self._local_root
         if root is not None and "://" not in rel and not rel.startswith("/"):
-            # a relative path of a local root: :meth:`path`'s checks cost about as much as
-            # reading a small file, and a conversion reads one per input file
+            # a relative path of a local root, without :meth:`path`'s checks: they cost about
+            # as much as reading a small file (benchmarks/bench_convert.py --profile)
             return read_local(root + rel, size)
         p = self.path(rel)
         if is_local(p):
@@ -124,15 +126,15 @@ def not_regular(path: str, mode: int) -> NotRegularFileError:
 
 
 def read_local(path: str, size: int = -1) -> bytes:
-    """A local regular file's bytes, in one ``read`` when ``size`` is right (asking one byte
-    more: a regular file's read comes back short only at its end), else until a read finds
-    nothing.
+    """A local regular file's bytes, in one ``read`` when ``size`` is right, else until a read
+    finds nothing.
 
-    The file is opened non-blocking and its type checked after the open, so a FIFO, socket or
-    device (also one swapped in after the listing) raises :class:`NotRegularFileError` instead
-    of blocking or reading forever. Without Python's buffered file object: for the many small
-    files of a conversion this is the cheaper read (``benchmarks/bench_convert.py``). A file
-    that is longer or shorter than ``size`` is read whole all the same."""
+    The read asks for one byte more than ``size``: a regular file's read comes back short only
+    at its end. A file longer or shorter than ``size`` is read whole all the same. The file is
+    opened non-blocking and its type checked after the open. So a FIFO, socket or device (also
+    one swapped in after the listing) raises :class:`NotRegularFileError` rather than blocking
+    or reading forever. Python's buffered file object is left out: for the many small files of
+    a conversion this is the cheaper read (``benchmarks/bench_convert.py``)."""
     fd = os.open(path, _OPEN_FLAGS)
     try:
         mode = os.fstat(fd).st_mode
@@ -209,7 +211,8 @@ def check_source_dir(src: str) -> None:
         raise SourceNotFoundError(f"{src}: source is not a directory")
 
 
-def classify(rel: str, size: int, *, labels_from_dirs: bool = False) -> tuple[str, FileRef] | str | None:
+def classify(rel: str, size: int, *,
+             labels_from_dirs: bool = False) -> tuple[str, FileRef] | str | None:
     """What one listed file is (pure): ``None`` for a hidden file (ignored), a reason string for a
     bad input, else its sample key and :class:`FileRef`.
 

@@ -10,11 +10,39 @@ from typing import Any
 class ShardSummary:
     """The outcome of :func:`feedpipe.shard` (and :func:`feedpipe.shard_from`).
 
-    ``files`` counts the source files read (for a table source: its rows); ``method`` is the
-    conversion method taken (``general``, ``one-pass``, ``table``: see
-    :func:`feedpipe.convert._method.choose_method`), ``executor`` what wrote the shards and
-    ``why`` why not one pass where it was tried, in words; ``columns`` the column-to-field
-    mapping of a table source, one line per column."""
+    Args:
+        out: the output directory.
+        shards: shards in the dataset (or the part).
+        samples: samples written.
+        files: source files read (for a table source: its rows).
+        bytes: bytes of the shards.
+        skipped: inputs left out under ``on_error="skip"``.
+        reused_shards: shards kept from an interrupted run (``resume``).
+        seconds: the run's wall time.
+        files_per_s: ``files`` over ``seconds``.
+        mb_per_s: ``bytes`` over ``seconds``, in MB/s.
+        skipped_inputs: ``{"path", "reason"}`` of each input left out.
+        part: ``"I/N"`` of a ``part`` run.
+        merged: this part found all parts finished and wrote the manifest.
+        method: the conversion method taken: ``general``, ``one-pass`` or ``table`` (see
+            :func:`~feedpipe.convert._method.choose_method`).
+        executor: what wrote the shards, in words.
+        why: why not one pass, where it was tried, in words.
+        columns: a table source's column-to-field mapping, one line per column.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> from feedpipe import shard
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "src").mkdir(), (d / "src" / "a.txt").write_text("hi")
+        >>> s = shard(str(d / "src"), str(d / "out"), workers=1)
+        >>> s.shards, s.samples, s.method, s.executor
+        (1, 1, 'general', 'in this process, one worker')
+        >>> print(s.why)  # doctest: +ELLIPSIS
+        one pass gave the tree back: files at the top of the tree ...
+        >>> sorted(s.to_dict())[:3]
+        ['bytes', 'columns', 'executor']
+    """
 
     out: str
     shards: int
@@ -27,12 +55,13 @@ class ShardSummary:
     files_per_s: float
     mb_per_s: float
     skipped_inputs: list[dict[str, str]] = field(default_factory=list)
-    part: str | None = None  # "I/N" of a --part run
-    merged: bool = False  # this part found all parts finished and wrote the manifest
+    part: str | None = None
+    merged: bool = False
     method: str = "general"
     executor: str = ""
     why: str = ""
     columns: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict (``feedpipe shard --json``)."""
         return asdict(self)

@@ -1,11 +1,12 @@
 """Tables as a source: Parquet files (``feedpipe shard data.parquet OUT``) and Hugging Face
 datasets (:func:`shard_from`), written through :class:`feedpipe.ShardWriter`.
 
-A table's columns become fields by :mod:`feedpipe.convert._table_columns` (printed, overridable with
-``columns=``/``--columns``). Rows are read in batches (``pyarrow``; a ``datasets.Dataset`` is
-Arrow underneath) and written in order, one sample per row, in one process. A row that cannot be
-a sample (a class name not in the class list, a value of no known kind) stops the run with its
-file and row named, or with ``on_error="skip"`` is left out and listed in the manifest.
+A table's columns become fields by :mod:`~feedpipe.convert._table_columns` (printed, and
+overridable with ``columns=``/``--columns``). Rows are read in batches (``pyarrow``; a
+``datasets.Dataset`` is Arrow underneath) and written in order, one sample per row, in one
+process. A row that cannot be a sample (a class name not in the class list, a value of no known
+kind) stops the run with its file and row named. With ``on_error="skip"`` it is left out and
+listed in the manifest.
 
 ``pyarrow`` (extra ``parquet``) and ``datasets`` are imported only here and only when used.
 """
@@ -297,9 +298,9 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
     Args:
         dataset: a ``datasets.Dataset`` (or ``IterableDataset``) of one split.
         out: a local directory, missing or empty.
-        columns: overrides of the column-to-field mapping (see :mod:`feedpipe.convert._table_columns`),
-            ``"img=jpg,label=cls"`` or a dict; the mapping taken is in the summary's
-            ``columns``.
+        columns: overrides of the column-to-field mapping (see
+            :mod:`~feedpipe.convert._table_columns`), ``"img=jpg,label=cls"`` or a dict; the
+            mapping taken is in the summary's ``columns``.
         classes: class names (a list, a comma-separated string or a file with one per line);
             default: a ``ClassLabel`` column's names.
         max_bytes, max_samples, prefix: as for :func:`feedpipe.shard`.
@@ -308,7 +309,18 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
         show_progress: a progress bar over rows (default: when stderr is a terminal).
 
     Returns:
-        A :class:`~feedpipe.convert._summary.ShardSummary` (``method="table"``).
+        A :class:`feedpipe.ShardSummary` (``method="table"``).
+
+    Example:
+        >>> import os, tempfile, datasets
+        >>> ds = datasets.Dataset.from_dict({"text": ["a cat", "a dog"], "label": [0, 1]})
+        >>> s = shard_from(ds, os.path.join(tempfile.mkdtemp(), "ds"))
+        >>> s.samples, s.method
+        (2, 'table')
+        >>> for line in s.columns:  # the column-to-field mapping taken
+        ...     print(line)
+        column   text -> text   (text)
+        column   label -> cls   (integer label)
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")

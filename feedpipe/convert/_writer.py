@@ -155,10 +155,12 @@ def finish_shard(
 def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
                 index: Callable[[list[int]], ShardIndex],
                 skipped: list[tuple[str, str]]) -> tuple[ShardRecord, ShardIndex]:
-    """Join byte ranges of files (``(path, start, length)``, -1: to the end; each a run of
-    whole tar members) into the shard ``out_dir/name`` atomically: ``index(bases)`` (where each
-    range starts in the shard) gives its index; the index and the ``--resume`` record are
-    written first, the ``.tar`` appears by rename last. Its record and index."""
+    """Join byte ranges of files into the shard ``out_dir/name`` atomically; its record and
+    index.
+
+    ``ranges`` are ``(path, start, length)`` (-1: to the end), each a run of whole tar members.
+    ``index(bases)`` gives the shard's index from where each range starts in the shard. The
+    index and the ``--resume`` record are written first; the ``.tar`` appears by rename last."""
     final = os.path.join(out_dir, name)
     tmp = hidden(out_dir, name, f".tmp-{os.getpid()}")
     h = hashlib.sha256()
