@@ -120,7 +120,8 @@ def test_stats_before_any_cache_exists_says_there_is_none(tmp_path: Path) -> Non
         assert out.returncode == 0, out.stderr
         assert out.stderr == ""
     table = run_feedpipe("cache", "stats", env=env)
-    assert "no feedpipe cache" in table.stdout and str(tmp_path / "xdg" / "feedpipe") in table.stdout
+    assert "no feedpipe cache" in table.stdout
+    assert str(tmp_path / "xdg" / "feedpipe") in table.stdout
     doc = json.loads(run_feedpipe("cache", "stats", "--json", env=env).stdout)
     assert doc == {"path": str(tmp_path / "xdg" / "feedpipe"), "tiers": []}
 

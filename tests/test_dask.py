@@ -1,7 +1,8 @@
-"""``feedpipe shard --dask``: the writing as tasks on a real ``dask.distributed`` cluster of 2 worker
-processes on 127.0.0.1; byte-identical to the local path (whole-shard tasks and shards split over
-tasks), retried after a failing task and after a worker dies, resumable, and a clear pip line when
-dask is missing. The grouping of parts into tasks is a pure function, checked with Hypothesis."""
+"""``feedpipe shard --dask``: the writing as tasks on a real ``dask.distributed`` cluster of 2
+worker processes on 127.0.0.1; byte-identical to the local path (whole-shard tasks and shards split
+over tasks), retried after a failing task and after a worker dies, resumable, and a clear pip line
+when dask is missing. The grouping of parts into tasks is a pure function, checked with
+Hypothesis."""
 
 from __future__ import annotations
 

@@ -35,13 +35,14 @@ def test_unshuffled_iteration_is_manifest_order_with_raw_bytes(ds_path: str) -> 
     expected = []
     for rec in m.shards:
         with ShardReader(os.path.join(ds_path, rec.name)) as r:
-            expected += [(s["__key__"], s["__shard__"], bytes(s["jpg"]), bytes(s["cls"])) for s in r]
+            expected += [(s["__key__"], s["__shard__"], bytes(s["jpg"]), bytes(s["cls"]))
+                         for s in r]
     got = [(s["__key__"], s["__shard__"], bytes(s["jpg"]), bytes(s["cls"])) for s in samples]
     assert got == expected
     assert isinstance(samples[0]["jpg"], memoryview)
     src = os.path.join(os.path.dirname(ds_path), "src")
     first = samples[0]
-    with open(os.path.join(src, feedpipe.format._keys.source_path(first["__key__"], "jpg")), "rb") as f:
+    with open(os.path.join(src, feedpipe.source_path(first["__key__"], "jpg")), "rb") as f:
         assert f.read() == bytes(first["jpg"])
 
 

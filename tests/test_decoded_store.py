@@ -93,10 +93,12 @@ def test_later_epochs_equal_the_first_without_shards_or_decoding(
 
 def test_over_http_a_complete_store_makes_no_request(ds_path: str, truth: dict,
                                                      tmp_path: Path) -> None:
-    """With the L1 cache too: once the store is complete, an epoch fetches and prefetches nothing."""
+    """With the L1 cache too: once the store is complete, an epoch fetches and prefetches
+    nothing."""
     with python_server(Path(ds_path).parent) as server:
-        ds = FeedDataset(f"{server.url}/shards", shuffle=True, transform=Decode(str(tmp_path / "c")),
-                         cache_dir=tmp_path / "l1", decoded_cache=tmp_path / "dec")
+        ds = FeedDataset(f"{server.url}/shards", shuffle=True,
+                         transform=Decode(str(tmp_path / "c")), cache_dir=tmp_path / "l1",
+                         decoded_cache=tmp_path / "dec")
         assert epoch(ds, 0) == truth
         assert any(v["requests"] for v in server.stats().values())
         server.reset()

@@ -44,7 +44,8 @@ class Fallback:
 
     def __call__(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         self.asked += ids.tolist()
-        return torch.stack([image(i) for i in ids.tolist()]), torch.as_tensor(ids, dtype=torch.int64)
+        images = torch.stack([image(i) for i in ids.tolist()])
+        return images, torch.as_tensor(ids, dtype=torch.int64)
 
 
 def delivered(batches: Any, device: str) -> list[int]:
@@ -127,7 +128,8 @@ def test_dict_samples_come_back_as_dicts() -> None:
 
 
 def test_misuse_is_reported_clearly() -> None:
-    assert issubclass(DeviceCacheError, ValueError) and feedpipe.DeviceCacheError is DeviceCacheError
+    assert issubclass(DeviceCacheError, ValueError)
+    assert feedpipe.DeviceCacheError is DeviceCacheError
     cache = DeviceCache(1 << 20, device="cpu")
     with pytest.raises(DeviceCacheError, match="warmup"):
         cache.batches([0], 1)

@@ -44,7 +44,7 @@ def nested_batch(i: int) -> dict[str, Any]:
     return {
         "img": torch.full((2, 3), i, dtype=torch.uint8),
         "pair": Pair(base.t(), None),  # non-contiguous
-        "list": [torch.tensor(i), "key-%d" % i, 3.5, torch.zeros(0, dtype=torch.int16)],
+        "list": [torch.tensor(i), f"key-{i}", 3.5, torch.zeros(0, dtype=torch.int16)],
         "tuple": (torch.tensor([i % 2 == 0]), (torch.tensor([i], dtype=torch.float16),)),
         "od": OrderedDict(b=torch.tensor([i, i]), a=i),
         "name": f"batch{i}",
@@ -52,7 +52,7 @@ def nested_batch(i: int) -> dict[str, Any]:
 
 
 def to_cpu(obj: Any) -> Any:
-    from feedpipe.device._loader import map_tensors
+    from feedpipe.device._placement import map_tensors
 
     return map_tensors(lambda t: t.cpu(), obj)
 
@@ -75,7 +75,7 @@ def assert_same(a: Any, b: Any) -> None:
 
 def tensors_of(obj: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    from feedpipe.device._loader import map_tensors
+    from feedpipe.device._placement import map_tensors
 
     map_tensors(out.append, obj)
     return out
@@ -96,7 +96,8 @@ def test_nested_structures_values_and_order_are_preserved(device: str) -> None:
 def test_plain_tensors_and_tuples_pass_and_other_values_go_through(device: str) -> None:
     src = [torch.arange(5) * i for i in range(4)] + [(torch.ones(2), "x"), None, 7]
     got = list(DeviceLoader(src, device=device, depth=1))
-    assert [to_cpu(g).tolist() for g in got[:4]] == [(torch.arange(5) * i).tolist() for i in range(4)]
+    assert [to_cpu(g).tolist() for g in got[:4]] == [(torch.arange(5) * i).tolist()
+                                                     for i in range(4)]
     assert got[4][1] == "x" and got[4][0].device.type == device
     assert got[5:] == [None, 7]
 
@@ -104,7 +105,8 @@ def test_plain_tensors_and_tuples_pass_and_other_values_go_through(device: str) 
 @pytest.mark.parametrize("device", DEVICES)
 def test_pinned_staging_is_allocated_once_and_reused(device: str) -> None:
     # 20 batches of two tensors and a smaller last one: the ring holds depth slots of 2 buffers
-    src = [(torch.rand(8, 16), torch.arange(8)) for _ in range(20)] + [(torch.rand(3, 16), torch.arange(3))]
+    src = [(torch.rand(8, 16), torch.arange(8)) for _ in range(20)]
+    src.append((torch.rand(3, 16), torch.arange(3)))
     loader = DeviceLoader(src, device=device, depth=3)
     for g, want in zip(loader, src):
         assert_same(to_cpu(g), want)
@@ -250,8 +252,7 @@ def test_an_abandoned_iterator_is_cleaned_up_by_garbage_collection() -> None:
 
 def test_loader_is_freed_after_del_and_releases_its_batches() -> None:
     loader = DeviceLoader(Endless(), device="cpu")
-    for b in loader:
-        break
+    b = next(iter(loader))
     ref, bref = weakref.ref(loader), weakref.ref(b)
     del loader, b
     gc.collect()
@@ -380,7 +381,7 @@ def test_cuda_path_control_flow_with_mocked_cuda(monkeypatch: pytest.MonkeyPatch
     the ``cuda`` parametrisations on a GPU machine."""
     import contextlib
 
-    import feedpipe.device._loader as dl
+    from feedpipe.device._stager import PinnedStager
 
     calls = Counter()
 
@@ -421,8 +422,8 @@ def test_cuda_path_control_flow_with_mocked_cuda(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(torch.Tensor, "record_stream",
                         lambda self, s: calls.update(["record_stream"]), raising=False)
     monkeypatch.setattr(torch, "empty", empty)
-    real_init = dl._PinnedStager.__init__
-    monkeypatch.setattr(dl._PinnedStager, "__init__",
+    real_init = PinnedStager.__init__
+    monkeypatch.setattr(PinnedStager, "__init__",
                         lambda self, device, depth: real_init(self, torch.device("meta"), depth))
 
     src = [(torch.rand(8, 16), {"y": torch.arange(8), "s": "x"}) for _ in range(20)]

@@ -1,5 +1,5 @@
-"""Malformed and unusual tar shards and indexes (issue 23, defects 6, 7, 8, 11, 13, 14, 16; issue 22,
-compressed shards): ``feedpipe index``, ``feedpipe verify`` and the reader's scan agree with
+"""Malformed and unusual tar shards and indexes (issue 23, defects 6, 7, 8, 11, 13, 14, 16; issue
+22, compressed shards): ``feedpipe index``, ``feedpipe verify`` and the reader's scan agree with
 ``tarfile`` where the bytes are sound, and otherwise refuse with the named error naming the file
 and leave nothing half-written behind."""
 

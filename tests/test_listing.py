@@ -1,5 +1,6 @@
-"""The parallel, streamed listing (:mod:`feedpipe.convert._listing`) equals the one-process listing exactly:
-samples, order, problems, classes, hidden files; locally with worker processes and over fsspec."""
+"""The parallel, streamed listing (:mod:`feedpipe.convert._listing`) equals the one-process
+listing exactly: samples, order, problems, classes, hidden files; locally with worker processes
+and over fsspec."""
 
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ def test_manifest_listing_a_shard_twice_is_refused(sharded_copy: Path) -> None:
         doc["total_samples"] += doc["shards"][0]["samples"]
 
     _edit(sharded_copy, dup)
-    msg = r"manifest\.json: shard 'data-000000\.tar' is listed twice \(shards\[0\] and shards\[5\]\)"
+    msg = (r"manifest\.json: shard 'data-000000\.tar' is listed twice "
+           r"\(shards\[0\] and shards\[5\]\)")
     with pytest.raises(ManifestError, match=msg):
         load_manifest(str(sharded_copy))
     with pytest.raises(ManifestError, match=msg):

@@ -1,10 +1,11 @@
 """No module of the package reads another module's private names: an AST scan of feedpipe/.
 
 A private name (``_x``, not ``__x__``) may be used on ``self``/``cls``, on a name defined in the
-same module, or where it is an attribute the module's own classes define; private *modules* (``feedpipe/_x.py``, ``from . import _jpegcrop``) may be
-imported; what is refused is ``obj._attr`` on an object another module made and ``from .m import
-_name``. Attributes of third-party objects whose public API is spelled with an underscore
-(``namedtuple._make``, ``argparse._SubParsersAction``, torch's ``storage._cdata``) are listed.
+same module, or where it is an attribute the module's own classes define; private *modules*
+(``feedpipe/_x.py``, ``from . import _jpegcrop``) may be imported; what is refused is ``obj._attr``
+on an object another module made and ``from .m import _name``. Attributes of third-party objects
+whose public API is spelled with an underscore (``namedtuple._make``,
+``argparse._SubParsersAction``, torch's ``storage._cdata``) are listed.
 """
 
 from __future__ import annotations

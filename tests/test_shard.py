@@ -427,8 +427,8 @@ def test_pool_workers_inherit_the_plan_or_get_it_pickled(
     assert outs["fork"] == outs["spawn"]
     assert conversion_executor._FORK_PLANS == {}
     with pytest.raises(RuntimeError, match="not forked from"):
-        conversion_executor._write_inherited(10**9, 0, 0, Source(str(records_folder)), str(tmp_path / "x"),
-                                 "raise")
+        conversion_executor._write_inherited(10**9, 0, 0, Source(str(records_folder)),
+                                             str(tmp_path / "x"), "raise")
 
 
 def test_shuffle_mixes_order_deterministically(records_folder: Path, tmp_path: Path) -> None:
@@ -827,7 +827,8 @@ def write_manifest_hook(*a, **kw):
         hold()
     return got
 
-REAL = {"write_part": feedpipe.convert._writer.write_part, "stage_dir": feedpipe.convert._onepass.stage_dir,
+REAL = {"write_part": feedpipe.convert._writer.write_part,
+        "stage_dir": feedpipe.convert._onepass.stage_dir,
         "write_manifest": feedpipe.format._manifest.write_manifest}
 for name, real in REAL.items():
     for mod in list(sys.modules.values()):

@@ -1,6 +1,7 @@
-"""The L1 shard cache with real processes against a counting HTTP server on 127.0.0.1: one download
-per shard and node, damaged entries fetched again, a killed download recovered, eight processes
-under a tight budget, a full disk; and the plan-derived schedule that drives prefetch and eviction."""
+"""The L1 shard cache with real processes against a counting HTTP server on 127.0.0.1: one
+download per shard and node, damaged entries fetched again, a killed download recovered, eight
+processes under a tight budget, a full disk; and the plan-derived schedule that drives prefetch
+and eviction."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ JOIN = 120  # seconds before a child counts as deadlocked
 
 
 def entries(cache: Path, suffix: str) -> list[str]:
-    return sorted(p.name for p in cache.iterdir() if p.name.endswith(suffix)) if cache.exists() else []
+    if not cache.exists():
+        return []
+    return sorted(p.name for p in cache.iterdir() if p.name.endswith(suffix))
 
 
 def disk_bytes(cache: Path) -> int:
@@ -246,7 +249,8 @@ def test_killed_download_leaves_nothing_that_blocks_the_next_run(
     server.reset()
     reports = run_processes([(f"{server.url}/big", {"cache_dir": str(cache)}, 1, 0, want)])
     assert reports[0].get("error") is None and (reports[0]["n"], reports[0]["bad"]) == (24, 0)
-    assert served(server, "big")["data-000000.tar"] == (data / "big" / "data-000000.tar").stat().st_size
+    size = (data / "big" / "data-000000.tar").stat().st_size
+    assert served(server, "big")["data-000000.tar"] == size
     assert entries(cache, ".tar") and not entries(cache, ".part")
 
 
@@ -306,7 +310,8 @@ def test_plan_aware_eviction_keeps_what_the_next_epoch_needs_first(
     assert sc.stats.hits - before >= 6
 
 
-def test_prefetch_threads_start_with_iteration_and_stop_with_it(server: Any, tmp_path: Path) -> None:
+def test_prefetch_threads_start_with_iteration_and_stop_with_it(server: Any,
+                                                                tmp_path: Path) -> None:
     def ours() -> list[str]:
         return [t.name for t in threading.enumerate() if t.name.startswith("feedpipe-")]
 
