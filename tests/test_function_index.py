@@ -19,6 +19,7 @@ from feedpipe import FeedDataset, FeedLoader
 from feedpipe.caches._codec import decode, encode
 from feedpipe.caches._fingerprint import fingerprint
 from feedpipe.caches._function_index import FunctionIndex
+from feedpipe.caches._memo_record import content_hash, unpack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -273,7 +274,7 @@ def test_sigkill_mid_write_recovers(tmp_path) -> None:  # type: ignore[no-untype
     with env.begin() as txn:
         assert txn.stat()["entries"] >= 50
         for _, raw in txn.cursor():
-            value, _ = FunctionIndex._unpack(raw)  # every committed entry is whole
+            value, _ = unpack(raw)  # every committed entry is whole
             assert value.shape == (5000,)
     env.close()
     idx = FunctionIndex(path, lru_items=0)
@@ -303,12 +304,10 @@ def test_disk_full_degrades_to_computing(tmp_path) -> None:  # type: ignore[no-u
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]
     # what was stored before the disk filled is intact: some entries, each whole and right
-    from feedpipe.caches._function_index import content_hash
-
     byte_of = {content_hash(bytes([i])): i for i in range(100)}
     env = lmdb.open(path, readonly=True, lock=False)
     with env.begin() as txn:
-        stored = {byte_of[bytes(k)[16:]]: FunctionIndex._unpack(bytes(v))[0] for k, v in txn.cursor()}
+        stored = {byte_of[bytes(k)[16:]]: unpack(bytes(v))[0] for k, v in txn.cursor()}
     env.close()
     assert 0 < len(stored) < 100
     for i, value in stored.items():

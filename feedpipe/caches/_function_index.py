@@ -1,27 +1,28 @@
 """The L2 tier: a persistent, content-addressed memo of deterministic per-sample functions.
 
-An entry's key is ``fingerprint(function) + xxh3_128(input bytes)``: the same input anywhere in
-the dataset (or in another dataset) is computed and stored once, and changing the function's code
-or parameters makes its old entries unreachable.
+An entry's key is ``fingerprint(function) + xxh3_128(input bytes)``
+(:mod:`feedpipe.caches._memo_record`). The same input anywhere in the dataset (or in another
+dataset) is computed and stored once. Changing the function's code or parameters makes its old
+entries unreachable.
 
-**What the fingerprint cannot see** (:mod:`feedpipe.caches._fingerprint`): it hashes the function's code
-and every value it holds or closes over (tensors, arrays, modules, dataclasses included), but not
-module globals the function reads, files or environment variables read at call time, nor the code
-of C extensions it calls. When one of those changes, the old entries would still be served: give
-``wrap(fn, version=...)`` a new value (or clear the index: ``feedpipe cache clear PATH``). Values are stored with the safe codec of
+**What the fingerprint cannot see** (:mod:`feedpipe.caches._fingerprint`): it hashes the
+function's code and every value it holds or closes over (tensors, arrays, modules, dataclasses
+included). It does not see module globals the function reads, files or environment variables
+read at call time, nor the code of C extensions it calls. When one of those changes, the old
+entries would still be served: give ``wrap(fn, version=...)`` a new value (or clear the index:
+``feedpipe cache clear PATH``). Values are stored with the safe codec of
 :mod:`feedpipe.caches._codec` (never pickle) behind a checksum; a damaged entry is recomputed.
 
-Concurrency: LMDB serialises writers with a robust cross-process lock and lets any number of
-readers run beside them. The environment is opened lazily in each process (after a DataLoader
-fork), writes are batched and committed when ``batch_writes`` accumulate, on ``flush()``, and
-when a worker process exits. When the map is full it is grown and the write retried; when the
-disk is full the index warns once and keeps computing without storing.
+Concurrency (:mod:`feedpipe.caches._lmdb_env`): LMDB serialises writers across processes and
+lets readers run beside them. The environment is opened lazily in each process (after a
+DataLoader fork). Writes are batched and committed when ``batch_writes`` accumulate, on
+``flush()``, and when a worker process exits. When the map is full it is grown and the write
+retried; when the disk is full the index warns once and keeps computing without storing.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import warnings
 from collections import OrderedDict
@@ -30,40 +31,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FeedpipeError
-from ._codec import decode, encode
 from ._fingerprint import fingerprint
+from ._lmdb_env import open_env, read, release, share, shared, write
+from ._memo_record import content_hash, pack, unpack
 
 if TYPE_CHECKING:
     from ._stats import TierStats
 
-_MAGIC = b"FPL2"
-# py-lmdb refuses to open one environment twice in a process: instances share it.
-_ENVS: dict[str, tuple[int, Any, int]] = {}  # path -> (pid, env, users)
-_HEAD = struct.Struct("<4sQH")  # magic, xxh64 of payload, length of origin key
-
-
-def content_hash(data: Any, fields: Sequence[str] | None = None) -> bytes:
-    """xxh3-128 of the input: bytes as they are; for a sample dict, the named fields (default:
-    every field not starting with ``__``) in sorted order; anything else through the codec."""
-    import xxhash
-
-    h = xxhash.xxh3_128()
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        h.update(data)
-    elif isinstance(data, dict):
-        names = sorted(fields if fields is not None else (k for k in data if not k.startswith("__")))
-        for k in names:
-            v = data[k]
-            b = v if isinstance(v, (bytes, bytearray, memoryview)) else encode(v)
-            h.update(f"{k}\0{len(b)}\0".encode())
-            h.update(b)
-    else:
-        h.update(encode(data))
-    return h.digest()
-
 
 @dataclass
 class IndexStats:
+    """Per process: ``hits`` (of which ``lru_hits`` from the in-process LRU), ``misses``
+    (computed), ``dedup`` (hits on an entry another sample stored), ``damaged`` (records that
+    failed their checksum), ``stored`` and ``bytes_stored``; and, from disk, ``entries`` and
+    ``db_bytes``."""
+
     hits: int = 0
     lru_hits: int = 0
     misses: int = 0
@@ -146,13 +128,12 @@ class FunctionIndex:
             self._lru.clear()
             self._pending.clear()
         os.makedirs(self.path, exist_ok=True)
-        shared = _ENVS.get(self.path)
-        if shared is not None and shared[0] == os.getpid():
-            _ENVS[self.path] = (shared[0], shared[1], shared[2] + 1)
-            self._env, self._pid = shared[1], os.getpid()
-            return shared[1]
+        env = shared(self.path)
+        if env is not None:
+            self._env, self._pid = env, os.getpid()
+            return env
         try:
-            env = self._open_env(lmdb)
+            env = open_env(self.path, self.map_size)
         except lmdb.Error as e:
             if isinstance(e, (lmdb.CorruptedError, lmdb.InvalidError, lmdb.VersionMismatchError)):
                 broken = f"{self.path}.broken-{os.getpid()}"
@@ -161,27 +142,13 @@ class FunctionIndex:
                               "and started empty", RuntimeWarning, stacklevel=3)
                 return self._open()
             raise FeedpipeError(f"{self.path}: cannot open the function index: {e}") from e
-        _ENVS[self.path] = (os.getpid(), env, 1)
-        env.reader_check()  # free reader slots of processes that died
+        share(self.path, env)
         self._env, self._pid = env, os.getpid()
         import multiprocessing.util as mpu
 
-        mpu.Finalize(self, FunctionIndex._flush_env, args=(env, self._pending, self), exitpriority=10)
+        # a worker process commits its pending entries when it exits
+        mpu.Finalize(self, write, args=(env, self._pending, self), exitpriority=10)
         return env
-
-    def _open_env(self, lmdb: Any) -> Any:
-        # Opening begins a transaction; if another process grows the map at that moment LMDB
-        # answers MDB_MAP_RESIZED. A fresh open reads the new size, so try again a few times.
-        def attempt() -> Any:
-            return lmdb.open(self.path, map_size=self.map_size, subdir=True, max_dbs=0,
-                             sync=False, metasync=False, readahead=False, lock=True)
-
-        for _ in range(7):
-            try:
-                return attempt()
-            except lmdb.MapResizedError:
-                continue
-        return attempt()
 
     # -- lookups and stores --------------------------------------------------------------
     def _lookup(self, key: bytes, origin: str | None) -> tuple[bool, Any]:
@@ -196,11 +163,11 @@ class FunctionIndex:
                 return True, value
             raw = self._pending.get(key)
         if raw is None:
-            raw = self._get_raw(key)
+            raw = read(self._open(), key)
         if raw is None:
             return False, None
         try:
-            value, first_origin = self._unpack(raw)
+            value, first_origin = unpack(raw)
         except ValueError:
             self._stats.damaged += 1
             return False, None
@@ -209,18 +176,6 @@ class FunctionIndex:
             self._stats.dedup += 1
         self._remember(key, value, first_origin)
         return True, value
-
-    def _get_raw(self, key: bytes) -> bytes | None:
-        import lmdb
-
-        env = self._open()
-        for _ in range(3):
-            try:
-                with env.begin(buffers=False) as txn:
-                    return txn.get(key)
-            except lmdb.MapResizedError:
-                env.set_mapsize(0)  # another process grew the map: adopt its size
-        return None
 
     def _remember(self, key: bytes, value: Any, origin: str | None) -> None:
         if self.lru_items <= 0:
@@ -231,33 +186,11 @@ class FunctionIndex:
             while len(self._lru) > self.lru_items:
                 self._lru.popitem(last=False)
 
-    @staticmethod
-    def _pack(value: Any, origin: str | None) -> bytes:
-        import xxhash
-
-        payload = encode(value)
-        o = (origin or "").encode("utf-8")[:65535]
-        return _HEAD.pack(_MAGIC, xxhash.xxh64_intdigest(payload), len(o)) + o + payload
-
-    @staticmethod
-    def _unpack(raw: bytes) -> tuple[Any, str]:
-        import xxhash
-
-        if len(raw) < _HEAD.size:
-            raise ValueError("short record")
-        magic, check, olen = _HEAD.unpack_from(raw)
-        if magic != _MAGIC:
-            raise ValueError("bad magic")
-        payload = raw[_HEAD.size + olen :]
-        if xxhash.xxh64_intdigest(payload) != check:
-            raise ValueError("checksum mismatch")
-        return decode(payload), raw[_HEAD.size : _HEAD.size + olen].decode("utf-8", "replace")
-
     def _put(self, key: bytes, value: Any, origin: str | None) -> None:
         self._remember(key, value, origin)
         if not self._store:
             return
-        raw = self._pack(value, origin)
+        raw = pack(value, origin)
         with self._lock:
             self._pending[key] = raw
             self._stats.stored += 1
@@ -272,33 +205,8 @@ class FunctionIndex:
                 self._pending.clear()
                 return
             env = self._open()
-            if not FunctionIndex._flush_env(env, self._pending, self):
+            if not write(env, self._pending, self):
                 self._store = False
-
-    @staticmethod
-    def _flush_env(env: Any, pending: dict[bytes, bytes], owner: Any = None) -> bool:
-        import lmdb
-
-        if not pending:
-            return True
-        for _ in range(40):
-            try:
-                with env.begin(write=True) as txn:
-                    for k, v in pending.items():
-                        txn.put(k, v)
-                pending.clear()
-                return True
-            except lmdb.MapFullError:
-                env.set_mapsize(env.info()["map_size"] * 2)
-            except lmdb.MapResizedError:
-                env.set_mapsize(0)
-            except lmdb.Error as e:
-                pending.clear()
-                warnings.warn(f"{env.path()}: function index cannot store entries any more ({e}); "
-                              "values are still computed, but not kept", RuntimeWarning)
-                return False
-        pending.clear()
-        return False
 
     # -- the public surface ---------------------------------------------------------------
     def wrap(self, fn: Callable[..., Any], *, fields: Sequence[str] | None = None,
@@ -334,7 +242,7 @@ class FunctionIndex:
 
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the entries and bytes on disk, in the shape every
-        cache tier reports (:class:`~feedpipe.caches._tiers.TierStats`)."""
+        cache tier reports (:class:`~feedpipe.caches._stats.TierStats`)."""
         from ._stats import FUNCTION_INDEX, TierStats
 
         s = self.stats()
@@ -353,13 +261,7 @@ class FunctionIndex:
         """Commit pending entries and release this instance's use of the environment."""
         self.flush()
         if self._env is not None and self._pid == os.getpid():
-            pid, env, users = _ENVS.get(self.path, (0, None, 0))
-            if env is self._env:
-                if users <= 1:
-                    del _ENVS[self.path]
-                    env.close()
-                else:
-                    _ENVS[self.path] = (pid, env, users - 1)
+            release(self.path, self._env)
         self._env = None
 
     def __enter__(self) -> FunctionIndex:
@@ -367,12 +269,6 @@ class FunctionIndex:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def open_here(path: str) -> bool:
-    """Whether this process has the LMDB environment at ``path`` open (its table of shared
-    environments; ``feedpipe cache clear`` refuses to remove one in use)."""
-    return path in _ENVS
 
 
 class Memoized:

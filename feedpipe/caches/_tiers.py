@@ -159,7 +159,7 @@ def cache_stats(path: str | os.PathLike[str]) -> list[TierReport]:
 def _lmdb_in_use(path: str) -> bool:
     """Whether a process has the environment open: LMDB holds a shared ``fcntl`` lock on
     ``lock.mdb`` for as long as an environment is open (in this process too, by our table)."""
-    from ._function_index import open_here
+    from ._lmdb_env import open_here
 
     if open_here(path):
         return True
