@@ -1,9 +1,10 @@
 """The measurement phases of ``feedpipe probe``, in the order they run, and the translation of
 their figures into the verdict's :class:`~feedpipe.diagnostics._verdict.Figures`.
 
-Order matters: the cold sequential sweep runs first (before anything this probe does warms the
-page cache), then the warm sweep, small files, random reads; on datasets the pipeline stages, the
-FeedLoader worker scaling (workers are forked) and only then host-to-device (the first CUDA call).
+Order matters. The cold sequential sweep runs first, before anything this probe does warms the
+page cache. Then come the warm sweep, small files and random reads. On datasets the pipeline
+stages follow, then the FeedLoader worker scaling (workers are forked), and only then
+host-to-device (the first CUDA call).
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """The pipeline half of ``feedpipe probe``: each stage's samples/s, measured alone.
 
-Stages, in the order a sample meets them: **read** (:class:`ShardReader` slicing a sample out of
-its shard and copying its fields, as a worker does before handing it over), **decode** (the
-``decode`` callable, by default JPEG fields with simplejpeg; one core), **batch**
-(:func:`collate_samples` on decoded samples, stacking tensors; images of different sizes are
-copied into slots of one shape, as a resize transform would give them), **host-to-device**
-(pinned and pageable copies, CUDA only), and the whole :class:`FeedLoader` at several
-``num_workers`` (scaling).
+The stages, in the order a sample meets them:
+
+- **read**: :class:`ShardReader` slices a sample out of its shard and copies its fields, as a
+  worker does before handing it over;
+- **decode**: the ``decode`` callable (by default JPEG fields with simplejpeg), on one core;
+- **batch**: :func:`collate_samples` on decoded samples, stacking tensors. Images of different
+  sizes are copied into slots of one shape, as a resize transform would give them;
+- **host-to-device**: pinned and pageable copies (CUDA only);
+- the whole :class:`FeedLoader` at several ``num_workers`` (scaling).
 
 Each stage loops until its own deadline and always completes at least one unit of work. Worker
-processes are started (fork) before anything touches CUDA, and the host-to-device stage runs last.
+processes are started (fork) before anything touches CUDA; the host-to-device stage runs last.
 """
 
 from __future__ import annotations
@@ -130,10 +132,12 @@ def list_collate(samples: list[Any]) -> list[Any]:
 
 
 class SlotCollate:
-    """Batches of decoded images of different sizes as one ``uint8`` tensor per image field:
-    each image is copied into a slot of one shape (centre-cropped where larger, zero-padded
-    where smaller), the fixed shape a resize transform gives a training pipeline's images.
-    Other fields as :func:`~feedpipe.stream._loader.collate_samples`. Picklable (runs in workers)."""
+    """Batches of decoded images of different sizes as one ``uint8`` tensor per image field.
+
+    Each image is copied into a slot of one shape, centre-cropped where larger and zero-padded
+    where smaller: the fixed shape a resize transform gives a training pipeline's images. Other
+    fields are collated as :func:`~feedpipe.stream._loader.collate_samples` does. Picklable, so
+    it runs in workers."""
 
     def __init__(self, slots: dict[str, tuple[int, ...]]) -> None:
         self.slots = slots

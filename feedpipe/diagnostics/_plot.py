@@ -2,11 +2,15 @@
 one PNG drawn from the report dict alone. Needs the ``plot`` extra (matplotlib), imported only
 here.
 
-Panels, each only where the probe measured its figures: sequential read curves (MB/s by block
-size, a line per cache state and thread count) or, for a directory of small files, their
-open+read rates; and the stage bars (samples/s on a linear axis from zero, the bounding stage in
-red, the ceiling and the accelerator's demand as lines). Legends sit below their axes, never on
-the curves; a bar far beyond the ceiling is cut at the axis edge and labelled with its value.
+Each panel is drawn only where the probe measured its figures:
+
+- sequential read curves: MB/s by block size, a line per cache state and thread count (for a
+  directory of small files: their open+read rates instead);
+- the stage bars: samples/s on a linear axis from zero, the bounding stage in red, the ceiling
+  and the accelerator's demand as lines.
+
+Legends sit below their axes, never on the curves. A bar far beyond the ceiling is cut at the
+axis edge and labelled with its value.
 """
 
 from __future__ import annotations

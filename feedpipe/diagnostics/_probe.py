@@ -1,13 +1,18 @@
 """``feedpipe probe``: how fast the storage and each pipeline stage deliver, which stage bounds
 samples/s, and what to change.
 
-The facade: it resolves the target (:mod:`feedpipe.diagnostics._target`), runs the storage phases
-(:mod:`feedpipe.diagnostics._storage`, cold then warm, page cache state measured with
-:mod:`feedpipe.diagnostics._pagecache`), the pipeline phases on shard datasets
-(:mod:`feedpipe.diagnostics._pipeline`), decides (:mod:`feedpipe.diagnostics._verdict`, pure) and reports
-(:mod:`feedpipe.diagnostics._report` table, JSON, :mod:`feedpipe.diagnostics._plot` PNG). Every phase stops at
-its own deadline of ``duration`` seconds; nothing is written except the outputs asked for and,
-with ``generate``, one test file in a temp dir that is deleted afterwards.
+The facade, in the order it runs:
+
+1. resolve the target (:mod:`~feedpipe.diagnostics._target`);
+2. the storage phases, cold then warm (:mod:`~feedpipe.diagnostics._storage`), with the page
+   cache state measured (:mod:`~feedpipe.diagnostics._pagecache`);
+3. the pipeline phases on shard datasets (:mod:`~feedpipe.diagnostics._pipeline`);
+4. the verdict (:mod:`~feedpipe.diagnostics._verdict`, pure);
+5. the report: a table (:mod:`~feedpipe.diagnostics._report`), JSON, a PNG
+   (:mod:`~feedpipe.diagnostics._plot`).
+
+Every phase stops at its own deadline of ``duration`` seconds. Nothing is written except the
+outputs asked for and, with ``generate``, one test file in a temp dir that is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -39,22 +44,38 @@ VERSION = 1
 
 
 class ProbeReport:
-    """What a probe measured and decided: ``to_dict()`` (the ``--json`` document), ``table()``."""
+    """What a probe measured and decided; :func:`probe` makes one.
+
+    Args:
+        doc: the report as a dict (the ``--json`` document): ``target``, ``settings``,
+            ``storage``, ``pipeline``, ``verdict``, ``environment``, ``phases``, ``elapsed_s``.
+
+    Example:
+        >>> r = probe(generate=1 << 20, duration=0.05, block_sizes=[1 << 16], threads=[1])
+        >>> r.verdict["bounding_stage"], sorted(r.to_dict())[:3]
+        ('storage', ['elapsed_s', 'environment', 'format'])
+        >>> print(r.table().splitlines()[0])  # doctest: +ELLIPSIS
+        feedpipe probe  .../probe-data.bin
+    """
 
     def __init__(self, doc: dict[str, Any]) -> None:
         self.doc = doc
 
     @property
     def verdict(self) -> dict[str, Any]:
+        """The verdict: the bounding stage, the ceiling, the advice."""
         return self.doc["verdict"]
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a dict (the ``--json`` document)."""
         return self.doc
 
     def to_json(self) -> str:
+        """The report as JSON text (no NaN or infinity: such figures are ``null``)."""
         return json.dumps(_finite(self.doc), indent=1, allow_nan=False) + "\n"
 
     def table(self) -> str:
+        """The report as a table for a terminal."""
         from ._report import table
 
         return table(self.doc)

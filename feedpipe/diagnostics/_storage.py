@@ -1,16 +1,16 @@
-"""The storage half of ``feedpipe probe``: sequential read MB/s over block sizes and thread counts,
-small-file open+read rate, random read latency; cold (pages dropped first) and warm.
+"""The storage half of ``feedpipe probe``: sequential read MB/s over block sizes and thread
+counts, small-file open+read rate, random read latency; cold (pages dropped first) and warm.
 
-Every measurement is a loop that stops at its own deadline (a cell ends once its in-flight reads
-return, so it can overrun by one block per thread). Local files are read with ``os.preadv`` into
-one preallocated page-aligned buffer per thread (no allocation in the timed loop, the GIL released
-during the read), which is what ``fio --ioengine=psync`` does; other URLs are read by byte ranges
+Every measurement is a loop that stops at its own deadline. A cell ends once its in-flight reads
+return, so it can overrun by one block per thread. Local files are read with ``os.preadv`` into
+one preallocated page-aligned buffer per thread, as ``fio --ioengine=psync`` does: no allocation
+in the timed loop, and the GIL released during the read. Other URLs are read by byte ranges
 through fsspec (``fs.cat_file(path, start, end)``), where no local page cache applies.
 
 Sequential reads treat the files as one concatenation: thread ``t`` of ``T`` reads the ``t``-th
 ``1/T`` of it, block by block (fio's ``numjobs`` with ``offset_increment``). Cold cells drop the
-files' pages first and stop at the end of their region; warm cells read a window that was read
-(warmed) beforehand and wrap around in it.
+files' pages first and stop at the end of their region. Warm cells read a window that was read
+(warmed) beforehand, and wrap around in it.
 """
 
 from __future__ import annotations
@@ -102,9 +102,11 @@ class _Open:
 
 
 def _buffer(n: int) -> memoryview:
-    """A page-aligned read buffer (anonymous mmap). Alignment matters: the kernel copies from the
-    page cache into an unaligned buffer up to twice as slowly (fio with its default unaligned
-    buffers read cached data at half the speed of dd here), and that is not the storage."""
+    """A page-aligned read buffer (anonymous mmap).
+
+    Alignment matters: the kernel copies from the page cache into an unaligned buffer more
+    slowly, and that cost is not the storage's (``benchmarks/bench_probe_fio.py`` runs fio with
+    ``--iomem_align`` for the same reason)."""
     return memoryview(mmap.mmap(-1, n))
 
 
@@ -235,9 +237,11 @@ def _read_files(files: FileSet, paths: Sequence[str], deadline: float, cold: boo
 
 def small_files(files: FileSet, seconds: float, *, cold: bool, threads: int = 1) -> dict[str, Any]:
     """Open, read whole and close one file after another, cycling through ``files`` until the
-    deadline; ``threads`` threads take every ``threads``-th file each. ``cold``: each file's pages
-    are dropped between open and read (inside the timing: an fadvise costs about a
-    microsecond); directory entries and inodes stay cached."""
+    deadline; ``threads`` threads take every ``threads``-th file each.
+
+    ``cold``: each file's pages are dropped between open and read, inside the timing (an
+    fadvise is a small part of a file's open and read). Directory entries and inodes stay
+    cached."""
     threads = max(1, min(threads, len(files.paths)))
     results: list[list[Any]] = [[0, 0, 0, ""] for _ in range(threads)]
     t0 = time.perf_counter()
@@ -270,9 +274,11 @@ def small_files(files: FileSet, seconds: float, *, cold: bool, threads: int = 1)
 def random_reads(files: FileSet, block: int, seconds: float, *, cold: bool,
                  window: int | None = None, seed: int = 0) -> dict[str, Any]:
     """Single-threaded reads of ``block`` bytes at random block-aligned offsets (queue depth 1),
-    each timed alone. ``cold``: readahead is off and the 2 MiB-aligned span around each read is
-    dropped just before the read (outside the timing); otherwise reads stay in ``[0, window)``,
-    which should be warm."""
+    each timed alone.
+
+    ``cold``: readahead is off, and the 2 MiB-aligned span around each read is dropped just
+    before the read (outside the timing). Otherwise reads stay in ``[0, window)``, which should
+    be warm."""
     import numpy as np
 
     window = files.total if window is None or cold else min(window, files.total)

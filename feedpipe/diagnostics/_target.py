@@ -1,9 +1,9 @@
-"""What ``feedpipe probe`` was pointed at: a single file, a directory of (small) files, or a shard
-dataset (a directory or URL holding ``manifest.json``), local or behind any fsspec URL.
+"""What ``feedpipe probe`` was pointed at: a single file, a directory of (small) files, or a
+shard dataset (a directory or URL holding ``manifest.json``), local or behind any fsspec URL.
 
-Resolving a target is the probe's only look at the tree: it lists at most ``max_files`` files and
-stops listing at a deadline, so a bucket of a hundred million objects costs seconds, not hours.
-Bad targets fail here with one clear message: missing (:class:`SourceNotFoundError`), empty
+Resolving a target is the probe's only look at the tree. It lists at most ``max_files`` files
+and stops listing at a deadline, so a huge bucket costs no more than the deadline. Bad targets
+fail here with one clear message: missing (:class:`SourceNotFoundError`), empty
 (:class:`InputError`), permission denied (:class:`AccessDeniedError`) or unreachable
 (:class:`RemoteError`).
 """

@@ -1,12 +1,12 @@
 """The probe's verdict: which stage bounds samples/s, the predicted ceiling, the accelerator
 utilisation a step time would see, and what to change. A pure function of measured figures.
 
-The model. Storage delivers ``storage`` samples/s whatever the CPU does (its reads overlap
-computation). The CPU stages (read, decode, batch) run one after another inside each DataLoader
-worker, so with ``P = min(workers, cpus)`` busy processes they give
-``P / (1/read + 1/decode + 1/batch)`` samples/s together; the bounding one among them is the
-slowest (it takes the largest share of each sample's CPU time). Host-to-device copies run on the
-copy engine, apart. The ceiling is the least of storage, CPU and host-to-device.
+The model. Storage delivers ``storage`` samples/s whatever the CPU does: its reads overlap
+computation. The CPU stages (read, decode, batch) run one after another inside each DataLoader
+worker. So with ``P = min(workers, cpus)`` busy processes they give
+``P / (1/read + 1/decode + 1/batch)`` samples/s together. The bounding one among them is the
+slowest: it takes the largest share of each sample's CPU time. Host-to-device copies run apart,
+on the copy engine. The ceiling is the least of storage, CPU and host-to-device.
 """
 
 from __future__ import annotations
