@@ -24,10 +24,11 @@ includes listing the tree in Python; neither fsyncs the same way: ShardWriter ne
 Usage::
 
     python benchmarks/bench_convert.py [--quick] [--passes N] [--datasets images,tiny]
-                                       [--profile] [--root /tmp/feedpipe-bench]
+                                       [--profile] [--root DIR]
 
-Writes ``benchmarks/results/bench_convert.json`` (``bench_convert-quick.json`` with ``--quick``)
-and, with ``--profile``, ``benchmarks/results/bench_convert-profile.txt``.
+``--root`` holds the datasets of ``datasets.py`` (default: ``feedpipe-bench`` under the system
+temp dir). Writes ``benchmarks/results/bench_convert.json`` (``bench_convert-quick.json`` with
+``--quick``) and, with ``--profile``, ``benchmarks/results/bench_convert-profile.txt``.
 """
 
 from __future__ import annotations

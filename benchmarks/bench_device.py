@@ -28,6 +28,9 @@ Usage::
     python benchmarks/bench_device.py --device cpu    # the CPU mode: no GPU figure
     python benchmarks/bench_device.py --quick         # smaller sizes, fewer steps
 
+``--root DIR`` holds the DALI section's synthetic JPEG shards, made once (default:
+``feedpipe-bench-device`` under the system temp dir).
+
 Writes ``benchmarks/results/device.json`` (``device-cpu.json`` in CPU mode, ``-quick`` suffixed
 with ``--quick``) with the environment.
 """
@@ -273,22 +276,22 @@ def bench_cache(device: torch.device, n: int, shape: tuple[int, ...], batch: int
 
 
 # -- 4. DALI decode vs the CPU pipeline -----------------------------------------------------------
-def make_jpeg_shards(n: int, min_size: int, max_size: int) -> str:
-    """``n`` synthetic JPEGs in 8 class folders, sharded once into a cache directory."""
-    from feedpipe.convert._shard import shard
+def make_jpeg_shards(root: str, n: int, min_size: int, max_size: int) -> str:
+    """``n`` synthetic JPEGs in 8 class folders, sharded once into a directory under ``root``."""
+    from feedpipe import shard
     from feedpipe.convert._synth import make_image_folder
 
-    root = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"feedpipe-bench-device-{n}-{max_size}")
-    out = os.path.join(root, "shards")
+    where = os.path.join(root, f"jpegs-{n}-{max_size}")
+    out = os.path.join(where, "shards")
     if not os.path.exists(os.path.join(out, "manifest.json")):
-        src = os.path.join(root, "images")
+        src = os.path.join(where, "images")
         make_image_folder(src, classes=8, per_class=n // 8, min_size=min_size, max_size=max_size,
                           seed=0)
         shard(src, out, max_samples=256, labels_from_dirs=True, show_progress=False)
     return out
 
 
-def bench_dali(device: torch.device, quick: bool, repeats: int) -> dict[str, Any]:
+def bench_dali(device: torch.device, quick: bool, repeats: int, root: str) -> dict[str, Any]:
     """Images/s of the DALI stage (GPU "mixed" decode on CUDA, DALI's CPU mode otherwise) and of
     the CPU ImagePipeline in DataLoader workers delivered to the same device by FeedLoader's
     DeviceLoader, on the same shards with the same ImageSpec."""
@@ -300,7 +303,7 @@ def bench_dali(device: torch.device, quick: bool, repeats: int) -> dict[str, Any
         return {"skipped": "nvidia-dali is not installed: pip install 'feedpipe[dali]'"}
     cuda = device.type == "cuda"
     n = (1024 if quick else 8192) if cuda else (128 if quick else 512)
-    root = make_jpeg_shards(n, 160 if cuda else 64, 320 if cuda else 128)
+    root = make_jpeg_shards(root, n, 160 if cuda else 64, 320 if cuda else 128)
     spec = ImageSpec(size=224 if cuda else 96, train=True)
     batch = 256 if cuda else 64
     workers = max(1, min(8, os.cpu_count() or 1))
@@ -460,6 +463,9 @@ def main() -> int:
     ap.add_argument("--step-ms", type=float, default=20.0, help="synthetic step compute time")
     ap.add_argument("--out", default=None,
                     help="JSON path (default benchmarks/results/device*.json)")
+    ap.add_argument("--root", default=common.default_root("device"),
+                    help="where the DALI section's JPEG shards are made once "
+                         "(default: %(default)s)")
     args = ap.parse_args()
     want = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if want == "cuda" and not torch.cuda.is_available():
@@ -486,7 +492,7 @@ def main() -> int:
     else:
         doc["cache"] = bench_cache(device, 5000 if q else 20000, (3, 32, 32), 256, args.repeats,
                                    64 if q else 256)
-    doc["dali"] = bench_dali(device, q, args.repeats)
+    doc["dali"] = bench_dali(device, q, args.repeats, args.root)
     print_report(doc)
     name = "device" + ("" if cuda else "-cpu") + ("-quick" if q else "")
     path = args.out or common.write_results(name, doc)

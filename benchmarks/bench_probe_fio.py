@@ -1,9 +1,9 @@
 """Trust check for ``feedpipe probe``: its sequential-read MB/s against ``fio`` on the same file,
 block size and thread count, cold and warm.
 
-A random (incompressible) file of ``--size`` bytes (2 GiB by default) is generated and fsync'ed in
-a temp dir under ``--dir`` (``/tmp``) and deleted at the end, whatever happens. For each block size
-and thread count, each pass runs both tools, alternating which goes first:
+A random (incompressible) file of ``--size`` bytes (2 GiB by default) is generated and fsync'ed in a
+temp dir under ``--dir`` (the system temp dir) and deleted at the end, whatever happens. For each
+block size and thread count, each pass runs both tools, alternating which goes first:
 
     probe   ``python -m feedpipe probe FILE --block-sizes B --threads T --duration D --json -``:
             its cold cell (pages dropped with posix_fadvise(DONTNEED), each thread reads its
@@ -36,7 +36,7 @@ Usage::
 
     python benchmarks/bench_probe_fio.py [--size 2GiB] [--blocks 1MiB,16MiB] [--threads 1,4]
                                          [--duration 10] [--passes 3] [--settle 5]
-                                         [--dir /tmp] [--name probe_fio]
+                                         [--dir DIR] [--name probe_fio]
 
 Writes ``benchmarks/results/NAME.json``. Needs ``fio`` (Debian: ``apt-get install fio``).
 """

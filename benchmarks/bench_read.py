@@ -63,10 +63,11 @@ Usage::
 
     python benchmarks/bench_read.py [--quick] [--passes 3] [--datasets images,tiny,big]
                                     [--systems ...] [--shard-mb 64] [--min-seconds 1]
-                                    [--profile] [--root /tmp/feedpipe-bench]
+                                    [--profile] [--root DIR]
 
-Writes ``benchmarks/results/bench_read.json`` (``bench_read-quick.json`` with ``--quick``) and,
-with ``--profile``, ``benchmarks/results/bench_read-profile.txt``.
+``--root`` holds the datasets of ``datasets.py`` (default: ``feedpipe-bench`` under the system
+temp dir). Writes ``benchmarks/results/bench_read.json`` (``bench_read-quick.json`` with
+``--quick``) and, with ``--profile``, ``benchmarks/results/bench_read-profile.txt``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Resume cost: continue a 1,000,000-sample epoch at 90% with ``FeedLoader.load_state_dict`` vs
 reading up to 90% (a naive skip-by-reading resume).
 
-Dataset: 1,000,000 records of 16 bytes (``feedpipe.convert._synth.make_records(size=16)`` into
-``ROOT/resume-src``, one file each), sharded by ``feedpipe.shard(src, out, workers=2)`` with the
-default options (256 MB shards: 4 shards of ~262,000 samples, 1 KiB of tar per sample) into
-``ROOT/resume-shards``. Both are generated once and cached (a ``.complete.json`` marker records
-the parameters; generation goes to a temp dir that is renamed at the end). ``--quick``: 100,000
-records (``resume-src-quick`` / ``resume-shards-quick``). The shards and indexes are read once,
-untimed, before the measurements: the page cache is warm.
+Dataset: 1,000,000 records of 16 bytes (``make_records(size=16)`` of ``feedpipe/convert/_synth.py``
+into ``ROOT/resume-src``, one file each), sharded by ``feedpipe.shard(src, out, workers=2)`` with
+the default options (256 MB shards: 4 shards of ~262,000 samples, 1 KiB of tar per sample) into
+``ROOT/resume-shards``. Both are generated once and cached (a ``.complete.json`` marker records the
+parameters; generation goes to a temp dir that is renamed at the end). ``--quick``: 100,000 records
+(``resume-src-quick`` / ``resume-shards-quick``). The shards and indexes are read once, untimed,
+before the measurements: the page cache is warm.
 
 Every measurement is a fresh interpreter (``FeedDataset`` + ``FeedLoader`` built there; imports
 not timed), ``FeedDataset(root, shuffle=True, seed=0)``, ``FeedLoader(ds, batch_size=256,
@@ -38,9 +38,10 @@ maps, so its LRU reopens (maps and re-parses the ``.idx`` of) a shard for most s
 
 Usage::
 
-    python benchmarks/bench_resume.py [--quick] [--passes 2] [--root /tmp/feedpipe-bench]
+    python benchmarks/bench_resume.py [--quick] [--passes 2] [--root DIR]
                                       [--no-many-shards] [--probe-batches 4]
 
+``--root`` defaults to ``feedpipe-bench`` under the system temp dir (``tempfile.gettempdir()``).
 Writes ``benchmarks/results/bench_resume.json`` (``bench_resume-quick.json`` with ``--quick``).
 """
 
@@ -52,6 +53,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -60,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
-DEFAULT_ROOT = "/tmp/feedpipe-bench"
+DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "feedpipe-bench")
 BATCH = 256
 MARKER = ".complete.json"
 

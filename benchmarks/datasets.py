@@ -16,7 +16,9 @@ dataset behind. Same parameters, same bytes.
 
 Usage::
 
-    python benchmarks/datasets.py [--root /tmp/feedpipe-bench] [--quick] [--only images,tiny,big]
+    python benchmarks/datasets.py [--root DIR] [--quick] [--only images,tiny,big]
+
+``--root`` defaults to ``feedpipe-bench`` under the system temp dir (``tempfile.gettempdir()``).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
-DEFAULT_ROOT = "/tmp/feedpipe-bench"
+DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "feedpipe-bench")
 MARKER = ".complete.json"
 JPEG_QUALITY = 78
 

@@ -4,8 +4,9 @@
 #
 #   here:   bash benchmarks/fio_elsewhere.sh pack        # writes .fio.tar.xz (fio + its shared
 #                                                        # libraries + this host's ld.so, ~23 MB)
-#   there:  bash benchmarks/fio_elsewhere.sh run [ARGS]  # unpacks it, puts a `fio` wrapper first
-#                                                        # on PATH, runs bench_probe_fio.py ARGS
+#   there:  bash benchmarks/fio_elsewhere.sh run [ARGS]  # unpacks it into a temp dir, puts a
+#                                                        # `fio` wrapper first on PATH, runs
+#                                                        # bench_probe_fio.py ARGS
 #
 # The wrapper starts the packed fio through the packed dynamic loader with only the packed
 # libraries, so the target's own glibc version does not matter. The same steps, typed inline,
@@ -26,7 +27,8 @@ pack)
     ;;
 run)
     shift
-    dest=/tmp/fio-packed
+    dest=$(mktemp -d -t feedpipe-fio.XXXXXX)
+    trap 'rm -rf "$dest"' EXIT
     mkdir -p "$dest/bin"
     tar xJf .fio.tar.xz -C "$dest"
     printf '#!/bin/sh\nexec %s/fiopack/lib/ld-linux-x86-64.so.2 --library-path %s/fiopack/lib %s/fiopack/fio "$@"\n' \

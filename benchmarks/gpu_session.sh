@@ -24,7 +24,7 @@
 # Needs a CUDA build of torch, torchvision, numpy, opencv, psutil, pytest, hypothesis and
 # matplotlib importable (the GPU image has them). feedpipe's other dependencies, where the
 # machine has no package registry, come as wheels in .whl/ (ignored by git), installed with
-# --no-index into /tmp/site. Made on a machine with pip and a registry, for CPython 3.12:
+# --no-index into a fresh temp dir (mktemp). Made on a machine with pip and a registry, for CPython 3.12:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #     --platform manylinux2014_x86_64 -d .whl lmdb simplejpeg webdataset braceexpand
@@ -44,13 +44,15 @@ status=0
 
 setup() {
   if compgen -G ".whl/*.whl" >/dev/null; then
+    site=$(mktemp -d -t feedpipe-site.XXXXXX)
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+      --target "$site" .whl/*.whl && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
   fi
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   # the optional window decoder (needs libjpeg headers); feedpipe decodes whole JPEGs without it
-  $py setup.py -q build_ext --inplace >/tmp/build_ext.log 2>&1 \
-    || echo "feedpipe._jpegcrop did not build (whole-image decode): $(tail -n 1 /tmp/build_ext.log)"
+  build_log=$(mktemp -t feedpipe-build-ext.XXXXXX)
+  $py setup.py -q build_ext --inplace >"$build_log" 2>&1 \
+    || echo "feedpipe._jpegcrop did not build (whole-image decode): $(tail -n 1 "$build_log")"
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     $py - <<'PY'
