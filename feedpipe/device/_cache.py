@@ -16,7 +16,7 @@ their places in the batch, so every planned sample is still delivered once and i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,8 +24,9 @@ import torch
 
 from .._helpers.progress import progress
 from ..errors import DeviceCacheError
-from ..plan._order import Plan, Split
-from ._loader import resolve_device
+from ._epoch_ids import epoch_ids
+from ._fallback import DatasetFallback, WithId, is_dataset
+from ._placement import resolve_device
 
 Fallback = Callable[[np.ndarray], Any]
 
@@ -35,66 +36,22 @@ Fallback = Callable[[np.ndarray], Any]
 _EPOCH_FIELD_BYTES = 64
 
 
-def _as_fields(out: Any) -> dict[str, Any] | tuple[Any, ...]:
-    """A transform's output as fields: a mapping stays one, a tuple is one, else one field."""
-    if isinstance(out, Mapping):
-        return dict(out)
-    return out if isinstance(out, tuple) else (out,)
-
-
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a 2-D ``(len(t), sample numel)`` tensor (a view when ``t`` is contiguous)."""
     return t.reshape(len(t), int(np.prod(t.shape[1:], dtype=np.int64)))
 
 
 def _wide_rows(t: torch.Tensor) -> torch.Tensor:
-    """The rows of contiguous ``t`` reinterpreted as the widest integer type that divides a row:
-    a gather moves the same bytes as 8-byte elements instead of, for uint8 images, 1-byte ones
-    (far fewer elements for the indexing kernel; several times faster on a GPU)."""
+    """The rows of contiguous ``t`` reinterpreted as the widest integer type that divides a row.
+
+    A gather then moves the same bytes as 8-byte elements instead of, for uint8 images, 1-byte
+    ones: far fewer elements for the indexing kernel (``benchmarks/bench_device_cache.py``)."""
     rows = _rows(t)
     row_bytes = rows.shape[1] * t.element_size()
     for wide in (torch.int64, torch.int32, torch.int16):
         if wide.itemsize > t.element_size() and row_bytes % wide.itemsize == 0:
             return rows.view(wide)
     return rows
-
-
-class _WithId:
-    """Picklable wrapper: a FeedDataset transform whose output keeps the sample's global id."""
-
-    def __init__(self, transform: Callable[[dict[str, Any]], Any]) -> None:
-        self.transform = transform
-
-    def __call__(self, sample: dict[str, Any]) -> tuple[Any, ...]:
-        out = _as_fields(self.transform(sample))
-        return (sample["__index__"], out) if isinstance(out, dict) else (sample["__index__"], *out)
-
-
-def _is_dataset(x: Any) -> bool:
-    """A :class:`~feedpipe.FeedDataset` (told by what it offers: this layer sits below it)."""
-    return all(hasattr(x, a) for a in ("shards", "sample_ids", "manifest", "url"))
-
-
-class DatasetFallback:
-    """Samples by id from a :class:`FeedDataset` and a transform, read in this process, as one
-    batch (the fallback contract of :meth:`DeviceCache.batches`).
-
-    Args:
-        dataset: the dataset the ids refer to.
-        transform: the same sample dict -> tensors function the warm-up used.
-    """
-
-    def __init__(self, dataset: Any, transform: Callable[[dict[str, Any]], Any]) -> None:
-        self.dataset = dataset
-        self.transform = transform
-
-    def __call__(self, ids: np.ndarray) -> dict[str, torch.Tensor] | tuple[torch.Tensor, ...]:
-        shards = self.dataset.shards  # the dataset's open shards, random access by id
-        rows = [_as_fields(self.transform(shards.sample(g)))
-                for g in np.asarray(ids, dtype=np.int64).tolist()]
-        if isinstance(rows[0], dict):
-            return {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}
-        return tuple(torch.stack([torch.as_tensor(v) for v in col]) for col in zip(*rows))
 
 
 class DeviceCache:
@@ -173,7 +130,7 @@ class DeviceCache:
     def _gather(self, index: torch.Tensor) -> list[torch.Tensor]:
         return [self._take(f, index) for f in range(len(self._rows))]
 
-    def _structure(self, tensors: list[torch.Tensor]) -> Any:
+    def _structure(self, tensors: Sequence[torch.Tensor | None]) -> Any:
         return dict(zip(self._names, tensors)) if self._names is not None else tuple(tensors)
 
     # -- warm-up -----------------------------------------------------------------------------
@@ -202,7 +159,7 @@ class DeviceCache:
             chunk: samples staged on the host per copy to the device.
         """
         items: Iterable[Any]
-        if _is_dataset(source):
+        if is_dataset(source):
             if transform is None:
                 raise DeviceCacheError("warmup(dataset) needs transform=: a function from a sample "
                                        "dict to fixed-shape tensors")
@@ -210,7 +167,7 @@ class DeviceCache:
             # the same dataset in manifest order, as one reader (its own class: no import of
             # the streaming layer, which sits above this one)
             view = type(source)(source.url, shuffle=False, rank=0, world_size=1,
-                                transform=_WithId(transform), verify=source.verify)
+                                transform=WithId(transform), verify=source.verify)
             if num_workers:
                 from torch.utils.data import DataLoader
 
@@ -224,7 +181,7 @@ class DeviceCache:
                 if not hasattr(source, "__len__"):
                     raise DeviceCacheError("warmup(iterable) needs num_samples= (ids lie in "
                                            "[0, num_samples)) when the iterable has no len()")
-                num_samples = len(source)  # type: ignore[arg-type]
+                num_samples = len(source)
         self._reset(int(num_samples), fallback)
         dev = self.device
         stage: list[torch.Tensor] = []
@@ -294,26 +251,10 @@ class DeviceCache:
 
     # -- serving -----------------------------------------------------------------------------
     def epoch_ids(self, order: Any) -> np.ndarray:
-        """The ids an epoch delivers, from a :class:`FeedDataset` (its current epoch and this
-        rank's share, resume point included), a ``Plan`` (one rank), a ``(Plan, Split)`` pair, or
-        a sequence of ids."""
-        if _is_dataset(order):
-            ids = order.sample_ids()
-        elif isinstance(order, Plan):
-            ids = order.sample_ids(np.arange(order.num_samples))
-        elif isinstance(order, tuple) and len(order) == 2 and isinstance(order[0], Plan) \
-                and isinstance(order[1], Split):
-            ids = order[0].sample_ids(order[1].positions(0, order[1].length))
-        elif isinstance(order, torch.Tensor):
-            ids = order.detach().to("cpu", torch.int64).numpy()
-        else:
-            ids = np.asarray(order, dtype=np.int64)
-        if ids.ndim != 1:
-            raise DeviceCacheError(f"an epoch's ids must be one-dimensional, not shape {ids.shape}")
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_samples):
-            raise DeviceCacheError(f"the epoch asks for ids outside [0, {self.num_samples}) "
-                                   f"(min {ids.min()}, max {ids.max()})")
-        return ids
+        """The ids an epoch delivers, from a :class:`~feedpipe.FeedDataset` (its current epoch
+        and this rank's share, resume point included), a ``Plan`` (one rank), a ``(Plan, Split)``
+        pair, or a sequence of ids (:func:`~feedpipe.device._epoch_ids.epoch_ids`)."""
+        return epoch_ids(order, self.num_samples)
 
     def batches(self, order: Any, batch_size: int, *, fallback: Fallback | None = None
                 ) -> Iterator[Any]:

@@ -12,9 +12,9 @@ How a batch travels on CUDA:
    when a larger tensor arrives). Before it overwrites a slot, the producer waits for the event of
    the copy that last read it; that host wait happens in the producer thread, never in the loop.
    A tensor that is already pinned (``DataLoader(pin_memory=True)``, a pinned
-   :class:`~feedpipe.stream._collator.BatchCollator` ring) is copied from directly, and the loader keeps
-   it referenced until that slot's event shows the copy finished: its owner may refill a buffer
-   as soon as nobody references it, and must not do so under an asynchronous copy.
+   :class:`~feedpipe.BatchCollator` ring) is copied from directly. The loader keeps it
+   referenced until that slot's event shows the copy finished: its owner may refill a buffer as
+   soon as nobody references it, and must not do so under an asynchronous copy.
 3. The staged tensors are copied with ``non_blocking=True`` on a dedicated side stream into device
    tensors allocated on that stream, and an event is recorded after the batch's last copy. The
    (batch, event) pair goes into a queue of ``depth`` entries: with the batch in the loop, up to
@@ -27,6 +27,9 @@ How a batch travels on CUDA:
 Without CUDA (``device="cpu"``, or no CUDA device present) the same thread prefetches ``depth``
 batches ahead and yields them as they are, on the CPU.
 
+Steps 1 and 4 are here, steps 2 and 3 in :mod:`feedpipe.device._stager`, the thread and its
+queue in :mod:`feedpipe.device._producer`.
+
 What "waiting" means: ``wait_s`` is host time blocked in ``next()``. On CUDA the host usually runs
 ahead of the GPU, so a GPU-bound loop shows little host wait even when the GPU stalls on a copy;
 ``time_gpu=True`` measures that stall on the GPU itself. The producer is not throttled to the GPU:
@@ -37,230 +40,16 @@ as the GPU catches up.
 
 from __future__ import annotations
 
-import collections
-import itertools
-import queue
-import threading
 import time
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-_END = object()
-
-
-class _Failure:
-    """An exception raised in the producer thread, carried to the consumer."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` as a ``torch.device``; a CUDA request on a machine without CUDA becomes the CPU
-    (the documented fallback of the device tier). Touches CUDA only when CUDA was asked for."""
-    d = torch.device("cuda" if device is None else device)
-    if d.type == "cuda":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        if d.index is None:
-            d = torch.device("cuda", torch.cuda.current_device())
-    return d
-
-
-def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
-    """``obj`` with ``fn`` applied to every tensor in it; containers keep their type and order
-    (tuples, named tuples, lists, mappings), anything else passes through unchanged."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, Mapping):
-        out = {k: map_tensors(fn, v) for k, v in obj.items()}
-        if type(obj) is dict:
-            return out
-        try:
-            return type(obj)(out)
-        except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
-            return out
-    if isinstance(obj, tuple):
-        items = [map_tensors(fn, v) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, list):
-        return [map_tensors(fn, v) for v in obj]
-    return obj
-
-
-@dataclass
-class _Stats:
-    """Consumer-side timings of one pass. Host clock only; GPU events are read in ``stats()``."""
-
-    steps: int = 0
-    wait_s: float = 0.0
-    first_wait_s: float = 0.0
-    max_wait_s: float = 0.0
-    t_start: float | None = None  # the first next() was entered
-    t_first: float | None = None  # the first batch was handed out
-    t_last: float | None = None  # the last batch was handed out
-    gpu_wait_ms: float = 0.0
-    gpu_pending: collections.deque = field(default_factory=collections.deque)
-
-    def waited(self, t0: float, t1: float) -> None:
-        w = t1 - t0
-        if self.t_start is None:
-            self.t_start, self.t_first, self.first_wait_s = t0, t1, w
-        self.wait_s += w
-        self.max_wait_s = max(self.max_wait_s, w)
-
-
-class _PinnedStager:
-    """The pinned ring and the side stream (CUDA only). ``__call__`` runs in the producer thread."""
-
-    def __init__(self, device: torch.device, depth: int) -> None:
-        self.device = device
-        self.depth = depth
-        self.stream = torch.cuda.Stream(device)
-        self.slots: list[dict[int, torch.Tensor]] = [{} for _ in range(depth)]
-        self.events: list[torch.cuda.Event | None] = [None] * depth
-        self.held: list[list[torch.Tensor]] = [[] for _ in range(depth)]  # pinned sources in flight
-        self.n = 0
-        self.pinned_allocs = 0
-
-    @property
-    def pinned_bytes(self) -> int:
-        return sum(b.numel() for slot in self.slots for b in slot.values())
-
-    def _staged(self, bufs: dict[int, torch.Tensor], i: int, t: torch.Tensor) -> torch.Tensor:
-        nbytes = t.numel() * t.element_size()
-        buf = bufs.get(i)
-        if buf is None or buf.numel() < nbytes:
-            # A smaller tensor (the last batch of an epoch) reuses the buffer; a larger one
-            # replaces it (the slot's last copy has finished: __call__ waited for its event).
-            buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
-            bufs[i] = buf
-            self.pinned_allocs += 1
-        view = buf[:nbytes].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        return view
-
-    def __call__(self, batch: Any) -> tuple[Any, torch.cuda.Event, list[torch.Tensor]]:
-        s = self.n % self.depth
-        self.n += 1
-        if self.events[s] is not None:
-            # The copy that last read slot s has finished (almost always long ago): a host wait,
-            # but in the producer thread, so the training loop never sees it.
-            self.events[s].synchronize()
-        bufs, fresh, held, pos = self.slots[s], [], [], itertools.count()
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            i = next(pos)
-            if t.device == self.device:
-                return t
-            if t.device.type != "cpu" or t.is_pinned():
-                src = t
-                held.append(t)  # copied from asynchronously: referenced until the copy is done
-            else:
-                src = self._staged(bufs, i, t)  # a CPU copy: the source is free right after
-            out = torch.empty(t.shape, dtype=t.dtype, device=self.device)  # on the side stream
-            out.copy_(src, non_blocking=True)
-            fresh.append(out)
-            return out
-
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            out = map_tensors(move, batch)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        self.events[s] = event
-        self.held[s] = held  # the previous holders of slot s are released: their copy is done
-        return out, event, fresh
-
-    def release(self) -> None:
-        """Wait for the copies in flight, then drop the buffers and held sources (not in a loop:
-        at close)."""
-        for e in self.events:
-            if e is not None:
-                e.synchronize()
-        self.slots, self.held, self.events = [], [], []
-
-
-def _produce(source: Iterator[Any], stage: Callable[[Any], Any] | None, q: queue.Queue,
-             stop: threading.Event) -> None:
-    """The producer thread: fill ``q`` until the source ends, fails, or ``stop`` is set.
-
-    After the consumer sets ``stop`` it empties the queue once, so the one ``put`` this loop may
-    still make finds room and the loop sees ``stop`` right after: no timeout polling is needed.
-    """
-    try:
-        while not stop.is_set():
-            try:
-                batch = next(source)
-            except StopIteration:
-                q.put(_END)
-                return
-            q.put(batch if stage is None else stage(batch))
-            del batch
-    except BaseException as e:  # noqa: BLE001 - everything goes to the consumer
-        if not stop.is_set():
-            q.put(_Failure(e))
-    finally:
-        close = getattr(source, "close", None)
-        if close is not None:  # a generator source runs its finally blocks in the thread that ran it
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - the pass is over; nothing is left to report to
-                pass
-
-
-def _drain(q: queue.Queue) -> None:
-    while True:
-        try:
-            q.get_nowait()
-        except queue.Empty:
-            return
-
-
-class _Run:
-    """One pass: the producer thread and its queue."""
-
-    def __init__(self, source: Iterator[Any], stage: Callable[[Any], Any] | None, depth: int) -> None:
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
-        self.closed = False
-        self.thread = threading.Thread(target=_produce, args=(source, stage, self.queue, self.stop),
-                                       name="feedpipe-DeviceLoader", daemon=True)
-        self.thread.start()
-
-    def get(self, stats: _Stats) -> Any:
-        if self.closed:
-            raise RuntimeError("this DeviceLoader pass was closed (a new pass was started, or "
-                               "close() was called)")
-        t0 = time.perf_counter()
-        item = self.queue.get()
-        if item is not _END:  # waiting for the end of the source is not waiting for data
-            stats.waited(t0, time.perf_counter())
-        if isinstance(item, _Failure):
-            exc = item.exc
-            if hasattr(exc, "add_note"):
-                exc.add_note("(raised in the DeviceLoader producer thread while reading the source)")
-            raise exc  # the same object: its type, message and the producer's traceback
-        return item
-
-    def close(self, timeout: float) -> bool:
-        """Stop the producer and drop prefetched batches. True when the thread has ended."""
-        self.closed = True
-        self.stop.set()
-        _drain(self.queue)
-        self.thread.join(timeout)
-        _drain(self.queue)
-        if self.thread.is_alive():
-            warnings.warn(f"the DeviceLoader producer is still inside the source's next() after "
-                          f"{timeout:.0f}s; it is a daemon thread and stops when that returns",
-                          RuntimeWarning, stacklevel=3)
-            return False
-        return True
+from ._pass_stats import PassStats
+from ._placement import resolve_device
+from ._producer import END, Producer
+from ._stager import PinnedStager
 
 
 class DeviceLoader:
@@ -306,9 +95,9 @@ class DeviceLoader:
         self.shutdown_timeout = shutdown_timeout
         self._requested = device
         self._device: torch.device | None = None  # resolved on first use: no CUDA call here
-        self._stager: _PinnedStager | None = None
-        self._run: _Run | None = None
-        self._stats = _Stats()
+        self._stager: PinnedStager | None = None
+        self._run: Producer | None = None
+        self._stats = PassStats()
 
     @property
     def device(self) -> torch.device:
@@ -326,14 +115,14 @@ class DeviceLoader:
         device = self.device
         cuda = device.type == "cuda"
         if cuda and self._stager is None:
-            self._stager = _PinnedStager(device, self.depth)
-        stats = self._stats = _Stats()
-        run = self._run = _Run(source, self._stager if cuda else None, self.depth)
+            self._stager = PinnedStager(device, self.depth)
+        stats = self._stats = PassStats()
+        run = self._run = Producer(source, self._stager if cuda else None, self.depth)
         del source  # the producer thread owns it now; it is freed when that thread ends
         try:
             while True:
                 item = run.get(stats)
-                if item is _END:
+                if item is END:
                     return
                 batch = self._hand_off(item, stats) if cuda else item
                 del item
@@ -343,7 +132,8 @@ class DeviceLoader:
         finally:
             self._close_run(run)
 
-    def _hand_off(self, item: tuple[Any, torch.cuda.Event, list[torch.Tensor]], stats: _Stats) -> Any:
+    def _hand_off(self, item: tuple[Any, torch.cuda.Event, list[torch.Tensor]],
+                  stats: PassStats) -> Any:
         batch, event, fresh = item
         stream = torch.cuda.current_stream(self.device)
         if self.time_gpu:
@@ -366,7 +156,7 @@ class DeviceLoader:
             t.record_stream(stream)
         return batch
 
-    def _close_run(self, run: _Run) -> None:
+    def _close_run(self, run: Producer) -> None:
         if not run.close(self.shutdown_timeout) and self._run is run:
             self._stager = None  # the stuck thread may still write into it: never reuse it
         if self._run is run:
@@ -408,8 +198,9 @@ class DeviceLoader:
         count the staging ring (0 on the CPU).
         """
         s = self._stats
-        wall = (s.t_last - s.t_start) if s.steps and s.t_start is not None else 0.0
-        steady = (s.t_last - s.t_first) if s.steps > 1 and s.t_first is not None else 0.0
+        last = s.t_last if s.t_last is not None else 0.0  # set with the first step
+        wall = (last - s.t_start) if s.steps and s.t_start is not None else 0.0
+        steady = (last - s.t_first) if s.steps > 1 and s.t_first is not None else 0.0
         gpu_wait_s = None
         if self.time_gpu and self._device is not None and self._device.type == "cuda":
             while s.gpu_pending:
