@@ -63,7 +63,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from feedpipe import FeedDataset, FeedLoader, FunctionIndex
-    from feedpipe.caches._decoded import read_recorded
+    from feedpipe.caches._decoded_files import read_recorded
     from feedpipe.transforms._pipeline import ImagePipeline
 
     torch.set_num_threads(1)

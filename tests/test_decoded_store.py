@@ -22,7 +22,8 @@ from _servers import python_server
 from torch.utils.data import DataLoader
 
 from feedpipe import FeedDataset
-from feedpipe.caches._decoded import DecodedStore, read_recorded
+from feedpipe.caches._decoded import DecodedStore
+from feedpipe.caches._decoded_files import read_recorded
 from feedpipe.errors import DecodedStoreError
 from feedpipe.transforms._pipeline import ImagePipeline
 

@@ -5,21 +5,11 @@ image after a deterministic resize, and its label) for every sample in one recor
 The first epoch fills it, whichever worker or rank of the node computes a sample; later epochs
 read records directly, without opening a shard or calling the transform.
 
-**Layout.** A store is the directory ``ROOT/<fp>``, where ``fp`` is the fingerprint
-(:mod:`feedpipe.caches._fingerprint`) of the transform's code and parameters and of the dataset (its
-shards' names, sample counts and content hashes): changing the transform's parameters or the
-data selects another, empty store. Inside::
-
-    meta.json          format, samples, the record layout (feedpipe.record_layout), dataset
-    data-<l>.bin       samples x record bytes (preallocated: a full disk shows at creation)
-    state-<l>.bin      one uint64 per sample: 0 = empty, else the xxh3-64 of the record (never 0)
-    stats.json         hits, misses, fills, damaged: recorded by each iterator when it ends
-    use.lock           held shared by every process that has the store open (``clear`` skips it)
-    create.lock        serialises creation, stats updates and clearing
-
-``<l>`` hashes the layout, so stores of different layouts never share a file. The first sample
-stored fixes the layout; a sample of another shape or dtype is a :class:`DecodedStoreError` naming
-its key.
+**Layout** (:mod:`feedpipe.caches._decoded_files`). A store is the directory ``ROOT/<fp>``,
+``fp`` the fingerprint of the transform and of the dataset: changing either selects another,
+empty store. It holds one record file and one file of state words, mapped shared by every
+process. The first sample stored fixes the record layout; a sample of another shape or dtype is a
+:class:`DecodedStoreError` naming its key.
 
 **Concurrency and crashes.** A writer copies the record into the shared mapping, then stores its
 checksum in the sample's state word (one aligned 8-byte store). A reader copies the record and
@@ -36,37 +26,45 @@ computing without storing, so no write into a mapping can hit a full disk later.
 The transform must be deterministic per sample: a random augmentation would be frozen at the draw
 of the epoch that stored it. Put augmentation after the store (on the batch or on the device).
 
-**What the fingerprint cannot see** (:mod:`feedpipe.caches._fingerprint`): the transform's code and every
-value it holds are hashed (tensors, arrays, ``nn.Module`` parameters and buffers, dataclass
-fields included), but not module globals it reads, files or environment variables read at call
-time, nor the code of C extensions. When one of those changes, change a value the fingerprint
-sees: a ``version`` attribute on the transform object (``t.version = 2``; on a plain function
-too), or ``DecodedStore.for_transform(..., version=)``; or clear the store (``feedpipe cache
-clear``).
+**What the fingerprint cannot see** (:mod:`feedpipe.caches._fingerprint`): the transform's code
+and every value it holds are hashed (tensors, arrays, ``nn.Module`` parameters and buffers,
+dataclass fields included). Module globals it reads, files or environment variables read at call
+time, and the code of C extensions are not. When one of those changes, change a value the
+fingerprint sees: a ``version`` attribute on the transform object (``t.version = 2``; on a plain
+function too), or ``DecodedStore.for_transform(..., version=)``; or clear the store
+(``feedpipe cache clear``).
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import os
-import sys
 import warnings
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .._helpers.file_lock import EXCLUSIVE, SHARED, lock
 from ..errors import DecodedStoreError, OutputError
+from ._decoded_files import (
+    FORMAT,
+    FULL,
+    VERSION,
+    Mapped,
+    add_recorded,
+    allocate,
+    checksum,
+    data_files,
+    map_shared,
+    meta_tmp,
+    publish_meta,
+    read_meta,
+)
 from ._record_layout import Layout, LayoutError, flatten
+from ._record_pool import RecordPool
 
 if TYPE_CHECKING:
     from ._stats import TierStats
-
-FORMAT = "feedpipe-decoded"
-VERSION = 1
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def default_decoded_dir() -> str:
@@ -148,9 +146,9 @@ class DecodedStore:
         self._pid = -1
         self._use: int | None = None
         self._maps: list[Any] = []
-        self._m: _Mapped | None = None
+        self._m: Mapped | None = None
         self._disabled = False
-        self._pool = _RecordPool()
+        self._pool = RecordPool()
 
     def __getstate__(self) -> dict[str, Any]:  # maps and locks do not cross processes
         return {"path": self.path, "samples": self.samples, "dataset": self.dataset}
@@ -162,12 +160,6 @@ class DecodedStore:
     # -- files ---------------------------------------------------------------------------------
     def _p(self, name: str) -> str:
         return os.path.join(self.path, name)
-
-    def _files(self, layout: Layout) -> tuple[str, str]:
-        import xxhash
-
-        tag = xxhash.xxh3_64_hexdigest(layout.ident().encode())[:12]
-        return self._p(f"data-{tag}.bin"), self._p(f"state-{tag}.bin")
 
     def _attach(self) -> bool:
         """Open the store in this process (after a fork too); True when it has a layout."""
@@ -181,46 +173,26 @@ class DecodedStore:
             return True
         if self._disabled or not os.path.exists(self._p("meta.json")):
             return False
-        return self._map(self._read_meta())
+        return self._map(read_meta(self.path, self.samples))
 
     def _mark_in_use(self) -> None:
         if self._use is None:
             self._use = lock(self._p("use.lock"), SHARED)
 
-    def _read_meta(self) -> Layout | None:
-        try:
-            with open(self._p("meta.json"), encoding="utf-8") as f:
-                doc = json.load(f)
-            if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-                return None
-            if doc.get("samples") != self.samples:
-                return None
-            return Layout.from_json(doc["layout"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
     def _map(self, layout: Layout | None) -> bool:
-        import mmap
-
         if layout is None:
             return False
-        data, state = self._files(layout)
+        data, state = data_files(self.path, layout)
         try:
             if (os.path.getsize(data) != self.samples * layout.record
                     or os.path.getsize(state) != self.samples * 8):
                 return False
             self._mark_in_use()
-            maps = []
-            for name in (data, state):
-                fd = os.open(name, os.O_RDWR | os.O_CLOEXEC)
-                try:
-                    maps.append(mmap.mmap(fd, 0, mmap.MAP_SHARED))
-                finally:
-                    os.close(fd)
+            maps = map_shared((data, state))
         except FileNotFoundError:
             return False
         self._maps = maps
-        self._m = _Mapped(layout, np.frombuffer(maps[0], dtype=np.uint8).reshape(
+        self._m = Mapped(layout, np.frombuffer(maps[0], dtype=np.uint8).reshape(
             self.samples, layout.record), np.frombuffer(maps[1], dtype=np.uint64))
         return True
 
@@ -228,34 +200,27 @@ class DecodedStore:
         """Make the store's files for ``layout`` (or adopt the ones another process made)."""
         try:
             os.makedirs(self.path, exist_ok=True)
-            fd = lock(self._p("create.lock"), EXCLUSIVE)
+            fd = cast(int, lock(self._p("create.lock"), EXCLUSIVE))
         except OSError as e:
-            if e.errno in _FULL:
+            if e.errno in FULL:
                 return self._degrade(e)
             raise OutputError(e.errno, f"{self.path}: cannot create the decoded store "
                                        f"({e.strerror}); pass decoded_cache= a writable "
                                        "directory") from e
         try:
-            if self._map(self._read_meta()):
+            if self._map(read_meta(self.path, self.samples)):
                 return None
-            data, state = self._files(layout)
+            data, state = data_files(self.path, layout)
             try:
                 for name, size in ((data, self.samples * layout.record),
                                    (state, self.samples * 8)):
-                    self._allocate(name, size)
-                meta = {"format": FORMAT, "version": VERSION, "samples": self.samples,
-                        "layout": layout.to_json(), "dataset": self.dataset}
-                tmp = self._p(f"meta.json.{os.getpid()}")
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump(meta, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self._p("meta.json"))  # publishes the store
+                    allocate(name, size)
+                publish_meta(self.path, self.samples, layout, self.dataset)
             except OSError as e:
-                for name in (data, state, self._p(f"meta.json.{os.getpid()}")):
+                for name in (data, state, meta_tmp(self.path)):
                     if os.path.exists(name):
                         os.unlink(name)
-                if e.errno in _FULL:
+                if e.errno in FULL:
                     return self._degrade(e)
                 raise OutputError(e.errno, f"{self.path}: cannot write the decoded store "
                                            f"({e.strerror})") from e
@@ -263,16 +228,6 @@ class DecodedStore:
         finally:
             os.close(fd)
         return None
-
-    @staticmethod
-    def _allocate(name: str, size: int) -> None:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            if os.fstat(fd).st_size != size:
-                os.ftruncate(fd, 0)  # a leftover of another layout attempt: start zeroed
-            os.posix_fallocate(fd, 0, size)  # blocks exist now: mapped writes cannot fail
-        finally:
-            os.close(fd)
 
     def _degrade(self, error: OSError) -> None:
         self._disabled = True
@@ -296,7 +251,7 @@ class DecodedStore:
             return None
         # served from the copy the checksum is taken of, into a recycled buffer
         rec = self._pool.copy_of(m.records[index])
-        if _checksum(rec) != check:
+        if checksum(rec) != check:
             self.stats.damaged += 1
             self.stats.misses += 1
             return None
@@ -328,7 +283,7 @@ class DecodedStore:
                 f"itself changed, clear the store: feedpipe cache clear {self.path}")
         rec = m.records[index]
         m.layout.pack(rec, leaves)
-        m.state[index] = _checksum(rec)  # the commit point: after the whole record
+        m.state[index] = checksum(rec)  # the commit point: after the whole record
         self.stats.fills += 1
         return m.layout.unpack(rec.copy())
 
@@ -353,9 +308,9 @@ class DecodedStore:
         bad = []
         for j, (g, c) in enumerate(zip(ids.tolist(), checks)):
             rec = records[g]
-            np.copyto(head[j], rec[:h])  # row by row: np.take copies byte by byte, 4x slower
+            np.copyto(head[j], rec[:h])  # row by row: np.take copies byte by byte
             np.copyto(tail[j], rec[h:])
-            if c == 0 or _checksum(head[j], tail[j]) != c:
+            if c == 0 or checksum(head[j], tail[j]) != c:
                 bad.append(j)
         damaged = sum(1 for j in bad if checks[j] != 0)
         self.stats.hits += len(checks) - len(bad)
@@ -371,7 +326,7 @@ class DecodedStore:
 
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the samples stored and the store's bytes on disk, in
-        the shape every cache tier reports (:class:`~feedpipe.caches._tiers.TierStats`)."""
+        the shape every cache tier reports (:class:`~feedpipe.caches._stats.TierStats`)."""
         from ._stats import DECODED, TierStats
 
         size = 0
@@ -395,17 +350,11 @@ class DecodedStore:
         if not any(delta.values()) or not os.path.exists(self._p("meta.json")):
             return
         try:
-            fd = lock(self._p("create.lock"), EXCLUSIVE)
+            fd = cast(int, lock(self._p("create.lock"), EXCLUSIVE))
         except OSError:
             return
         try:
-            doc = read_recorded(self.path)
-            for k, v in delta.items():
-                doc[k] = doc.get(k, 0) + v
-            tmp = self._p(f"stats.json.{os.getpid()}")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(doc, f)
-            os.replace(tmp, self._p("stats.json"))
+            add_recorded(self.path, delta)
             self._recorded = DecodedStats(**self.stats.as_dict())
         except OSError:
             pass  # counters are a courtesy: never fail a training run over them
@@ -425,69 +374,6 @@ class DecodedStore:
         if self._use is not None and self._pid == os.getpid():
             os.close(self._use)
         self._use = None
-
-
-class _RecordPool:
-    """Record-sized buffers reused once nothing refers to them any more (a sample's arrays are
-    views of its record buffer; they die once the batch is collated).
-
-    A fresh 150 KB allocation per hit is an ``mmap`` of fresh pages or heap that glibc trims
-    back after every batch: either way the copy page-faults on every 4 KiB it writes. Measured
-    serving 2,000 records of 224x224x3 in a process that had not itself allocated large
-    buffers before: 0.17 s of copying per epoch instead of 0.05 s.
-    """
-
-    _CAP = 256 << 20  # bytes kept at most; beyond that, hits allocate as before
-
-    def __init__(self) -> None:
-        self._bufs: list[np.ndarray] = []
-        self._at = 0
-        probe = [np.empty(1, np.uint8)]
-        self._free = sys.getrefcount(probe[0])  # a buffer only the list refers to
-
-    def copy_of(self, src: np.ndarray) -> np.ndarray:
-        bufs, n = self._bufs, len(self._bufs)
-        for k in range(min(n, 4)):  # from where the last was found: hits die in order
-            i = (self._at + k) % n
-            # more references than the list's: a sample still holds a view of it
-            if sys.getrefcount(bufs[i]) == self._free and bufs[i].shape == src.shape:
-                self._at = i + 1
-                np.copyto(bufs[i], src)
-                return bufs[i]
-        out = src.copy()
-        if out.nbytes and (n + 1) * out.nbytes <= self._CAP:
-            bufs.append(out)
-        return out
-
-
-class _Mapped(NamedTuple):
-    """A store open in this process: its layout, records and state words (shared mappings)."""
-
-    layout: Layout
-    records: np.ndarray  # samples x record bytes
-    state: np.ndarray  # samples x uint64
-
-
-def _checksum(rec: np.ndarray, rest: np.ndarray | None = None) -> int:
-    """A record's checksum (never 0: 0 marks "not stored"); ``rest``: the record continues
-    there (the same value as for the two joined)."""
-    import xxhash
-
-    if rest is None:
-        return xxhash.xxh3_64_intdigest(rec) or 1
-    h = xxhash.xxh3_64(rec)
-    h.update(rest)
-    return h.intdigest() or 1
-
-
-def read_recorded(path: str) -> dict[str, int]:
-    """The counters recorded in a store directory's ``stats.json`` (empty when none)."""
-    try:
-        with open(os.path.join(path, "stats.json"), encoding="utf-8") as f:
-            doc = json.load(f)
-        return {k: int(v) for k, v in doc.items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}
 
 
 def open_decoded_store(decoded_cache: Any, transform: Any, manifest: Any) -> DecodedStore | None:

@@ -122,7 +122,7 @@ def _index_stats(path: str) -> TierReport:
 def _decoded_stats(path: str) -> TierReport:
     import numpy as np
 
-    from ._decoded import read_recorded
+    from ._decoded_files import read_recorded
     from ._record_layout import Layout
 
     with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
