@@ -16,8 +16,8 @@ from conftest import run_feedpipe
 
 from feedpipe.cli._main import build_parser
 
-# subcommands whose --help must end with an Examples: block
-WITH_EXAMPLES = ["shard", "index", "verify", "probe", "demo", "cache"]
+# subcommands whose --help must end with an Examples: block (every one)
+WITH_EXAMPLES = ["cache", "demo", "index", "merge", "probe", "shard", "verify"]
 
 
 def run_into_closed_pipe(*args: object, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -39,6 +39,7 @@ def subcommands() -> list[str]:
 
 def test_the_subcommands_this_file_covers() -> None:
     assert subcommands() == ["cache", "demo", "index", "merge", "probe", "shard", "verify"]
+    assert WITH_EXAMPLES == subcommands()
 
 
 @pytest.mark.parametrize("name", WITH_EXAMPLES)
@@ -47,6 +48,8 @@ def test_help_ends_with_examples(name: str) -> None:
     assert h.returncode == 0, h.stderr
     examples = h.stdout[h.stdout.rindex("Examples:"):]
     assert examples.count(f"feedpipe {name}") >= 2, examples
+    # the block ends the help: nothing but indented example lines after its heading
+    assert all(line.startswith("  ") for line in examples.splitlines()[1:]), examples
     assert "--json" in h.stdout
 
 

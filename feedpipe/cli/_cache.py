@@ -1,5 +1,5 @@
-"""``feedpipe cache stats|clear [PATH]``: a thin shell over :func:`feedpipe.caches._tiers.cache_stats`
-and :func:`feedpipe.caches._tiers.cache_clear`."""
+"""``feedpipe cache stats|clear [PATH]``: a thin shell over :func:`feedpipe.cache_stats` and
+:func:`feedpipe.cache_clear`."""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ holds; an L2 index or a decoded store is deleted when no process has it open, el
 emptied in place (LMDB entries dropped; decoded records marked unfilled)."""
 
 EPILOG = """\
+Exit status: 0 (also when nothing has been cached yet under the default root), or 2
+when a PATH given is not a directory.
+
 Examples:
   feedpipe cache stats                      # the default cache root, ~/.cache/feedpipe
   feedpipe cache stats /dev/shm/fp --json
-  feedpipe cache clear /scratch/feedpipe-cache
-
-Exit status: 0 (also when nothing has been cached yet under the default root), or 2
-when a PATH given is not a directory."""
+  feedpipe cache clear /scratch/feedpipe-cache"""
 
 
 def default_root() -> str:

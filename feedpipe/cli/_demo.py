@@ -18,10 +18,25 @@ MADE = ("images", "shards", "l1", "decoded", "l2")  # what the demo writes in it
 
 def demo(workdir: str | None = None, keep: bool = False, *,
          print_fn: Callable[..., None] = print) -> dict[str, Any]:
-    """Make images, shard them, stream them, run two shuffled epochs on two simulated ranks with a
-    save/resume in the middle, and check every sample arrived exactly once; then show the cache
-    tiers (L1 shards, decoded store, L2 function index) and the device end (DeviceLoader,
-    DeviceCache). Returns the figures."""
+    """Run the whole pipeline on a small synthetic dataset, saying what happens as it runs.
+
+    It makes images, shards them and streams them. It runs two shuffled epochs on two simulated
+    ranks, with a save and a resume in the middle, and checks that every sample arrived exactly
+    once. Then it shows the cache tiers (L1 shards, decoded store, L2 function index) and the
+    device end (DeviceLoader, DeviceCache). ``feedpipe demo`` runs it; an example here would
+    start worker processes, so the command's test runs it instead (``tests/test_demo.py``).
+
+    Args:
+        workdir: where to work, kept afterwards (default: a temp dir, removed at the end). A
+            directory an earlier demo used is reused: its images, shards and caches are made
+            anew. A directory holding other files of those names is refused.
+        keep: keep the temp work directory.
+        print_fn: where the running commentary goes (default: :func:`print`).
+
+    Returns:
+        The figures: ``workdir``, ``kept``, ``samples``, ``shards``, ``streamed``, ``epochs``,
+        ``exactly_once``, ``tiers`` and ``device`` (the ``--json`` document).
+    """
     import simplejpeg
 
     from ..convert._shard import shard
@@ -96,7 +111,8 @@ def demo(workdir: str | None = None, keep: bool = False, *,
             seen[epoch] = ids
             per_rank[epoch] = [len(ld.dataset) for ld in loaders]
             dup = sum(c - 1 for c in counts.values() if c > 1)
-            p(f"{'4.' if epoch == 0 else '  '} epoch {epoch}: {len(ids)} samples over ranks {per_rank[epoch]} per rank, "
+            p(f"{'4.' if epoch == 0 else '  '} epoch {epoch}: {len(ids)} samples over ranks "
+              f"{per_rank[epoch]} per rank, "
               f"{len(counts)} distinct of {s.samples}, repeats {dup}, "
               f"first ids {ids[:6]}")
         same = seen[0] == seen[1]
@@ -178,8 +194,9 @@ def _cache_steps(out: str, root: str, p: Any) -> dict[str, Any]:
         c = l1.cache.stats  # type: ignore[union-attr]
     finally:
         fs.rm(remote.rsplit("/", 1)[0], recursive=True)
-    p(f"6. L1 shard cache (budget 1 MB, dataset {sum(r.bytes for r in l1.manifest.shards) / 1e6:.2f}"
-      f" MB, shards from memory:// standing in for a remote store): 2 epochs, {c.fills} "
+    size = sum(r.bytes for r in l1.manifest.shards)
+    p(f"6. L1 shard cache (budget 1 MB, dataset {size / 1e6:.2f} MB, shards from memory:// "
+      f"standing in for a remote store): 2 epochs, {c.fills} "
       f"downloads ({c.prefetched} prefetched ahead), {c.hits} reads from the cache, "
       f"{c.evictions} evictions of the shard needed furthest ahead")
 

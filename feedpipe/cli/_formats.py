@@ -23,23 +23,23 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
             "--workers is."
         ),
         epilog=(
-            "Manifest files (--manifest): JSONL objects or CSV rows. Column 'key' (optional) "
-            "names the sample; 'path' is a file stored under its own extension; '<ext>_path' "
-            "is a file stored as field <ext>; every other column is a scalar field stored as "
-            "UTF-8 text. Relative paths are taken from SRC.\n\nExamples:\n"
+            "Manifest files (--manifest): JSONL objects or CSV rows. Column 'key' (optional)\n"
+            "names the sample; 'path' is a file stored under its own extension; '<ext>_path' is\n"
+            "a file stored as field <ext>; every other column is a scalar field stored as UTF-8\n"
+            "text. Relative paths are taken from SRC.\n\n"
+            "Past one machine: with --part, N runs (any machines, at once or not) each convert\n"
+            "a deterministic share of the inputs into their own shards in the shared OUT, named\n"
+            "PREFIX-pIIIIIofNNNNN-*.tar. The merged dataset has the same samples in the same\n"
+            "order whatever N is. With --dask, SRC and OUT must be at the same paths on every\n"
+            "worker; the output is byte-identical to a local run.\n\n"
+            "Examples:\n"
             "  feedpipe shard ./images ./shards --labels-from-dirs --max-bytes 256MB\n"
             "  feedpipe shard s3://bucket/raw ./shards --manifest rows.jsonl --shuffle --seed 1\n"
             "  feedpipe shard train.parquet ./shards --columns image=jpg,label=cls\n"
-            "  feedpipe shard ./images ./shards --resume     # after an interrupted run\n\n"
-            "Past one machine:\n"
+            "  feedpipe shard ./images ./shards --resume     # after an interrupted run\n"
             "  feedpipe shard SRC OUT --part 2/8 --merge     # part 2 of 0..7, e.g. a Slurm array\n"
             "  feedpipe merge OUT                            # or let the last part --merge\n"
-            "  feedpipe shard SRC OUT --dask tcp://sched:8786   # tasks on a Dask cluster\n"
-            "--part: N runs (any machines, at once or not) each convert a deterministic share of\n"
-            "the inputs into their own shards (PREFIX-pIIIIIofNNNNN-*.tar) in the shared OUT; the\n"
-            "merged dataset has the same samples in the same order whatever N is. --dask: SRC\n"
-            "and OUT must be at the same paths on every worker; the output is byte-identical to\n"
-            "a local run."
+            "  feedpipe shard SRC OUT --dask tcp://sched:8786   # tasks on a Dask cluster"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -134,21 +134,20 @@ def add_merge(sub: argparse._SubParsersAction) -> None:
                        description="Join the parts written by `feedpipe shard SRC OUT --part I/N` "
                                    "(I = 0..N-1) under one manifest.json and wids.json. Refuses, "
                                    "naming the part, when a part is missing, unfinished, made "
-                                   "from other inputs or options, or has lost a shard.",
+                                   "from other inputs or options, or has lost a shard. Parts "
+                                   "written by feedpipe.ShardWriter(out, part=(i, n)) merge the "
+                                   "same way.",
                        epilog="Examples:\n"
                               "  feedpipe merge ./shards             # after every "
                               "`feedpipe shard SRC ./shards --part I/N`\n"
                               "  feedpipe merge ./shards --parts 8   # refuse unless all 8 "
                               "parts are there\n"
-                              "  feedpipe merge ./shards --json | jq .total_samples\n"
-                              "Parts written by feedpipe.ShardWriter(out, part=(i, n)) merge "
-                              "the same way.",
+                              "  feedpipe merge ./shards --json | jq .total_samples",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="the directory the parts wrote into")
     p.add_argument("--parts", type=int, default=None, metavar="N",
                    help="the expected number of parts (default: read from the part records)")
     add_json_options(p, out=True)
-
 
 
 def cmd_merge(a: argparse.Namespace) -> int:
@@ -189,7 +188,6 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-
 def cmd_index(a: argparse.Namespace) -> int:
     from ..format._indexer import index_dataset
 
@@ -227,7 +225,6 @@ def add_verify(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dataset", metavar="DATASET", help="dataset root (path or fsspec URL)")
     add_json_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
 
 
 def cmd_verify(a: argparse.Namespace) -> int:

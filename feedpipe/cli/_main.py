@@ -42,13 +42,13 @@ def _cmd_cache(a: argparse.Namespace) -> int:
 
 
 _DEMO_EXAMPLES = """\
+The JSON document: {"workdir", "kept", "samples", "shards", "streamed", "epochs",
+"exactly_once", "tiers": {"l1", "decoded", "l2"}, "device"}.
+
 Examples:
   feedpipe demo
   feedpipe demo --workdir ./feedpipe-demo     # keep the images, shards and caches to look at
-  feedpipe demo --json | jq .exactly_once     # the figures as JSON; the commentary on stderr
-
-The JSON document: {"workdir", "kept", "samples", "shards", "streamed", "epochs",
-"exactly_once", "tiers": {"l1", "decoded", "l2"}, "device"}."""
+  feedpipe demo --json | jq .exactly_once     # the figures as JSON; the commentary on stderr"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"feedpipe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_shard(sub)
-
     add_merge(sub)
     add_index(sub)
     add_verify(sub)

@@ -32,10 +32,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_json_options(p: argparse.ArgumentParser, *, out: bool = False) -> None:
-    """The machine-readable output options every subcommand that prints a result takes:
-    ``--json`` (one JSON document on stdout instead of the text; an error becomes
-    ``{"error": <class name>, "message": ...}`` with the same exit status) and, with ``out``,
-    ``--json-out FILE`` (the same document written to FILE, the text still printed)."""
+    """Add the machine-readable output options that every subcommand printing a result takes.
+
+    ``--json`` prints one JSON document on stdout instead of the text. An error becomes
+    ``{"error": <class name>, "message": ...}``, with the same exit status. With ``out``,
+    ``--json-out FILE`` writes the same document to FILE, and the text is still printed."""
     p.add_argument("--json", action="store_true",
                    help="print the result as one JSON document on stdout instead of text (an "
                         "error too: {\"error\": CLASS, \"message\": ...}, same exit status)")
@@ -72,10 +73,12 @@ def write_json_file(path: str, record: Any) -> None:
 
 
 def emit(a: argparse.Namespace, record: Any, text: str | Callable[[], str] | None) -> None:
-    """Hand a subcommand's result to the user: ``record`` (JSON-serialisable) goes to
-    ``--json-out FILE`` when given, then to stdout as JSON under ``--json``, else ``text`` (a
-    string, or a function making it, for text that costs something to build; ``None``: the
-    command has printed its text already) is printed."""
+    """Hand a subcommand's result to the user.
+
+    ``record`` (JSON-serialisable) goes to ``--json-out FILE`` when given, then to stdout as
+    JSON under ``--json``. Otherwise ``text`` is printed: a string, or a function making it (for
+    text that costs something to build); ``None`` when the command has printed its text
+    already."""
     out = getattr(a, "json_out", None)
     if out:
         write_json_file(out, record)
