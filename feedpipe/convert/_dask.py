@@ -5,8 +5,8 @@ The client lists and plans exactly as a local run does (:mod:`~feedpipe.convert.
 cluster a fixed amount of coordination whatever it does, about as much as writing one part
 (``benchmarks/bench_dask.py``). So a task writes whole shards: as many consecutive ones as fit
 in a budget of :data:`TASK_FILES` files and :data:`TASK_BYTES` bytes. It commits each shard as
-soon as its parts are written. Only a shard larger than twice the budget is split into batches
-of parts, plus one task that joins them once they are done; so a few big shards still spread
+soon as its parts are written. Only a shard larger than twice the budget is split: into batches
+of parts, plus one task that joins them once they are done. So a few big shards still spread
 over every worker. The budget shrinks to a quarter of an even share per worker
 (:data:`TASKS_PER_SLOT`), so that a small job still keeps every worker busy to the end.
 

@@ -34,9 +34,11 @@ Record = Callable[[int, ShardRecord, list[tuple[str, str]], set[str]], None]
 
 @dataclass
 class Job:
-    """The shards still to write: ``todo`` (indices into ``plan``), their ``names``, the temp
-    path of each part (``part_paths[i, j]``), the output directory, the ``on_error`` policy, a
-    progress ``bar`` (counts files) and ``record(i, rec, skipped, fields)`` for each commit."""
+    """The shards still to write.
+
+    ``todo`` holds indices into ``plan``; ``names`` and ``part_paths[i, j]`` (a part's temp
+    path) say where the shards and their parts go. ``bar`` is a progress bar counting files;
+    ``record(i, rec, skipped, fields)`` is called for each commit."""
 
     source: Source
     plan: Plan
@@ -93,7 +95,7 @@ class SerialExecutor:
 
 
 # Plans handed to forked pool workers by inheritance, by token. A worker forked while its plan is
-# here reads its parts from its copy of the parent's memory rather than unpickling them: unpickling
+# here reads its parts from its copy of the parent's memory, without unpickling them. Unpickling
 # a sample costs more than writing a small file (benchmarks/bench_convert.py --profile).
 _FORK_PLANS: dict[int, Plan] = {}
 _fork_tokens = itertools.count()

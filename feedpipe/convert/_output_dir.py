@@ -2,9 +2,10 @@
 its manifest written last.
 
 A conversion keeps a hidden *state* file in OUT (``.feedpipe-shard-state.json``, or one per
-``--part``) from its start until it has written the manifest: it holds the plan's fingerprint, so
-a ``--resume`` knows whether it continues the same conversion. Temporary files are hidden
-(``.NAME.tmp-PID``, ``.NAME.partJJJJJ.tmp-PID``) and removed on error or by the next run.
+``--part``) from its start until it has written the manifest. The file holds the plan's
+fingerprint, so a ``--resume`` knows whether it continues the same conversion. Temporary files
+are hidden (``.NAME.tmp-PID``, ``.NAME.partJJJJJ.tmp-PID``) and removed on error or by the next
+run.
 """
 
 from __future__ import annotations

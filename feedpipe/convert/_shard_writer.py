@@ -128,9 +128,11 @@ class ShardWriter:
     # ------------------------------------------------------------------ writing
 
     def write(self, sample: Mapping[str, Any]) -> str:
-        """Add one sample: ``__key__`` (a str) and one entry per field (the extension); other
-        ``__dunder__`` entries (``__shard__``, ``__index__``, as a reader yields them) are not
-        stored, nor are fields whose value is ``None``. Returns the key as stored (encoded)."""
+        """Add one sample: ``__key__`` (a str) and one entry per field (the extension).
+
+        Other ``__dunder__`` entries (``__shard__``, ``__index__``, as a reader yields them) are
+        not stored, nor are fields whose value is ``None``. Returns the key as stored
+        (encoded)."""
         if self._closed:
             raise ValueError("this ShardWriter is closed")
         n = len(self._keys)

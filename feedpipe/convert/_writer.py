@@ -2,10 +2,10 @@
 
 A shard is written as one or more *parts* (runs of complete tar members, no end-of-archive
 blocks), each by one worker process. When every part of a shard is done, :func:`finish_shard`
-joins them into a hidden temp file, appends the end-of-archive blocks, hashes it, writes the
-index, and renames: the ``.idx`` first, the ``.tar`` last. A shard is committed exactly when its
-``.tar`` exists under its final name, so a reader never sees half a shard, and a run killed at
-any moment can resume by redoing only uncommitted shards.
+joins them into a hidden temp file and appends the end-of-archive blocks. It hashes the file,
+writes the index, and renames: the ``.idx`` first, the ``.tar`` last. A shard is committed
+exactly when its ``.tar`` exists under its final name. So a reader never sees half a shard, and
+a run killed at any moment resumes by redoing only the uncommitted shards.
 """
 
 from __future__ import annotations
@@ -46,9 +46,11 @@ def output_error(e: OSError, path: str) -> OutputError:
 
 @contextmanager
 def removed_on_error(path: str, named: str | None = None) -> Iterator[None]:
-    """Remove the file ``path`` if the block fails in any way; an ``OSError`` leaves as an
-    :class:`OutputError` naming ``named`` (default ``path``: the file the user knows, such as
-    the shard a temp file becomes), an ``OutputError`` as it is."""
+    """Remove the file ``path`` if the block fails in any way.
+
+    An ``OSError`` leaves as an :class:`OutputError` naming ``named``: the file the user knows,
+    such as the shard a temp file becomes (default ``path``). An ``OutputError`` leaves as it
+    is."""
     try:
         yield
     except OutputError:
