@@ -19,14 +19,11 @@ with the same fingerprint and joins each shard from byte ranges of the staging f
 and writing (``benchmarks/bench_peers.py --phases convert``).
 
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
-which owns the error messages and the ``on_error`` policy:
-
-- a bad input of any kind (zero-byte, no extension, unreadable, not UTF-8);
-- a symbolic link or special file, or a directory that cannot be listed;
-- a directory that may hold feedpipe output (``manifest.json``, ``.feedpipe-*`` files);
-- files at the root;
-- a ``cls`` file under ``labels_from_dirs``, or a class directory without samples;
-- fewer top-level directories than workers.
+which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
+no extension, unreadable, not UTF-8); a link, a special file or an unlistable directory; a
+directory that may hold feedpipe output (``manifest.json``, ``.feedpipe-*`` files); files at
+the root; a ``cls`` file under ``labels_from_dirs``, or a class directory without samples;
+fewer top-level directories than workers.
 
 A directory is one worker's work. OUT holds a directory's staged bytes beside the shards cut
 from it, and each staging file goes as soon as its last shard is committed. So OUT needs room
