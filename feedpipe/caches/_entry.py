@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -44,6 +45,22 @@ class Stopped(Exception):
     """A prefetch was cancelled (its iterator closed)."""
 
 
+def entry_key(rec: ShardRecord, url: str) -> str:
+    """The entry name of a shard: its content hash (else a hash of URL and size) and file name.
+
+    Naming an entry after the shard's content lets two datasets holding the same shard share it,
+    and a changed shard never matches a stale entry.
+
+    Example:
+        >>> entry_key(ShardRecord("train/data-000001.tar", 10, 4096, "ab" * 32), "s3://b/x")
+        'abababababababababab-data-000001'
+    """
+    ident = rec.sha256 or hashlib.sha256(f"{url}\0{rec.bytes}".encode()).hexdigest()
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", rec.name.rsplit("/", 1)[-1])
+    base = base.removesuffix(".tar")
+    return f"{ident[:20]}-{base}"
+
+
 def disk(where: str, fn: Callable[..., Any], *args: Any) -> Any:
     """A local file operation in the cache directory ``where``: a full disk becomes
     :class:`NoSpace`, other failures a clear :class:`OutputError` (remote errors never pass
@@ -64,7 +81,7 @@ class Entry:
 
     Args:
         root: the cache directory.
-        key: the entry's name (:func:`feedpipe.caches._shards.entry_key`).
+        key: the entry's name (:func:`entry_key`).
         url: where the shard comes from; its index is
             :func:`~feedpipe.format._index.index_path` of it.
         rec: the shard's manifest record.

@@ -1,8 +1,8 @@
 """The L1 file tier: shards fetched once per node into a local directory, read from there with mmap.
 
 **Layout.** Everything is derivable from the directory; there is no index file a crash could
-corrupt. An entry is named after the shard's content (its manifest sha256) and file name, so two
-datasets holding the same shard share it and a changed shard never matches a stale entry::
+corrupt. An entry is named after the shard's content and file name
+(:func:`~feedpipe.caches._entry.entry_key`)::
 
     <key>.tar   the shard   (the commit point: an entry exists once this name exists)
     <key>.idx   its index   (when the source has one)
@@ -12,8 +12,8 @@ datasets holding the same shard share it and a changed shard never matches a sta
                            :mod:`feedpipe.caches._manifest_copy`)
     .budget, .reader-*     the node-wide accounting (:mod:`feedpipe.caches._budget`)
 
-**Locks** (``fcntl.flock`` on ``<key>.lock``; the kernel drops the locks of a dead process, so a
-crash never leaves a lock that blocks the next run):
+**Locks** (``fcntl.flock`` on ``<key>.lock``). The kernel drops the locks of a dead process, so
+a crash never leaves a lock that blocks the next run.
 
 - a reader holds ``LOCK_SH`` while it maps the shard: the entry is *in use*;
 - a filler holds ``LOCK_EX`` while it downloads: readers of that shard wait for it (one download
@@ -22,21 +22,22 @@ crash never leaves a lock that blocks the next run):
 
 **Checks** (:mod:`feedpipe.caches._integrity`). Fills write ``.part`` files and check them before
 the rename publishes them: the shard's size and sha256 against the manifest, the index against
-the manifest's index hash or else the shard's tar headers. A file that fails is fetched again, up
-to :data:`FETCH_ATTEMPTS` fetches in all, then a :class:`ShardFormatError` names it, its URL and
-the cache. A checked file carries a *stamp* in its mtime (an index's also hashes its content),
-so a file damaged in the cache directory is noticed on its next use, checked again and fetched
-again when wrong: nothing unchecked is ever served.
+the manifest's index hash or else the shard's tar headers. A file that fails is fetched again,
+up to :data:`~feedpipe.caches._entry.FETCH_ATTEMPTS` fetches in all. Then a
+:class:`ShardFormatError` names it, its URL and the cache. A checked file carries a *stamp* in
+its mtime (an index's also hashes its content). So a file damaged in the cache directory is
+noticed on its next use, checked again and fetched again when wrong: nothing unchecked is ever
+served.
 
 **Budget** (``size`` bytes: the apparent size of every file in the directory: entries, downloads
 under way, manifest copies, the ledger). Admissions are serialised node-wide, and a download
 reserves its full size when it starts. A fill first makes room: it evicts unlocked entries, the
-one whose next use in the plan lies furthest ahead first (entries the plan never uses, e.g. of
-other datasets, before all others). When the entries in use leave no room, a reader's download
-(never a prefetch) still goes ahead if the directory then holds at most ``size + R x`` that
-shard, ``R`` being the processes reading through the directory at that moment (every DataLoader
-worker of every rank is one); else that shard is read from the source with range requests,
-uncached, with a warning once per process. So, at every moment a download starts::
+one needed furthest ahead first (:mod:`feedpipe.caches._eviction`). When the entries in use
+leave no room, a reader's download (never a prefetch) still goes ahead if the directory then
+holds at most ``size + R x`` that shard. ``R`` is the number of processes reading through the
+directory at that moment (every DataLoader worker of every rank is one). Else that shard is read
+from the source with range requests, uncached, with a warning once per process. So, at every
+moment a download starts::
 
     bytes in the directory <= size + R x the largest entry (shard + index)
 
@@ -50,44 +51,26 @@ given once per process, and that shard is read from the source with range reques
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import threading
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._helpers.file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
 from ..format._manifest import ShardRecord
 from ._budget import Budget, scan
-from ._entry import FETCH_ATTEMPTS, PARTS, Entry, NoSpace, Stopped, disk
+from ._entry import PARTS, Entry, NoSpace, Stopped, disk, entry_key
+from ._eviction import INF, Rank, evict_until, remove_leftovers
 
 if TYPE_CHECKING:
     from ._stats import TierStats
-
-__all__ = ["FETCH_ATTEMPTS", "CacheStats", "ShardCache", "default_cache_dir", "entry_key",
-           "make_cache"]
-
-INF = float("inf")
-_TMP = re.compile(r"\.tmp-(\d+)$")  # a temporary file of process <pid>
-
-Rank = Callable[[str], float]  # entry key -> next use (INF when unknown)
 
 
 def default_cache_dir() -> str:
     """``$XDG_CACHE_HOME/feedpipe/shards`` (or ``~/.cache/feedpipe/shards``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "feedpipe", "shards")
-
-
-def entry_key(rec: ShardRecord, url: str) -> str:
-    """The entry name of a shard: its content hash (else a hash of URL and size) and file name."""
-    ident = rec.sha256 or hashlib.sha256(f"{url}\0{rec.bytes}".encode()).hexdigest()
-    base = re.sub(r"[^A-Za-z0-9._-]", "_", rec.name.rsplit("/", 1)[-1])
-    base = base.removesuffix(".tar")
-    return f"{ident[:20]}-{base}"
 
 
 @dataclass
@@ -209,41 +192,17 @@ class ShardCache:
         self.stats.evictions += 1
         return freed
 
-    def _evict_until(self, budget: int, entries: dict[str, int], total: int, rank: Rank,
-                     keep: str | None = None, before: float | None = None) -> int | None:
-        """Evict unlocked entries, furthest next use first, until ``total <= budget``; the
-        bytes left. ``None`` when the next victim is needed no later than ``before`` (a
-        prefetch gives up rather than evict a shard needed before the one it fetches)."""
-        for k in sorted((k for k in entries if k != keep), key=lambda k: (-rank(k), k)):
-            if total <= budget:
-                break
-            if before is not None and rank(k) <= before:
-                return None
-            freed = self._evict(k)
-            if freed is not None:
-                total -= freed
-        return total
-
     def trim(self, rank: Rank | None = None) -> int:
         """Evict unused entries (furthest next use first) until the budget holds, remove
         downloads and temporary files abandoned by killed processes, and stop counting this
         process among the readers. Returns the bytes on disk afterwards."""
         rank = rank or (lambda k: INF)
         self._budget.unregister()
-        for name in os.listdir(self.path) if os.path.isdir(self.path) else ():
-            key = next((name[: -len(s)] for s in PARTS if name.endswith(s)), None)
-            if key is not None:
-                fd = self._lock(key, EXCLUSIVE, block=False)
-                if fd is not None:  # nobody is filling it: a leftover
-                    for s in PARTS:
-                        _unlink(self._p(key, s))
-                    os.close(fd)
-            elif (m := _TMP.search(name)) and not _alive(int(m.group(1))):
-                _unlink(os.path.join(self.path, name))
+        remove_leftovers(self.path, lambda key: self._lock(key, EXCLUSIVE, block=False))
         entries, parts, other = self._scan()
         total = sum(entries.values()) + parts + other
         if self.size is not None:
-            total = self._evict_until(self.size, entries, total, rank) or 0
+            total = evict_until(self.size, entries, total, rank, self._evict) or 0
         return total
 
     # -- filling -------------------------------------------------------------------------
@@ -259,8 +218,8 @@ class ShardCache:
             total = sum(entries.values()) + parts + other - own
             readers = self._budget.readers()
             if self.size is not None and total + incoming > self.size:
-                left = self._evict_until(self.size - incoming, entries, total, rank, entry.key,
-                                         None if demand else rank(entry.key))
+                left = evict_until(self.size - incoming, entries, total, rank, self._evict,
+                                   keep=entry.key, before=None if demand else rank(entry.key))
                 if left is None:
                     return False
                 total = left
@@ -391,23 +350,6 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except FileNotFoundError:
         return 0
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def make_cache(cache_dir: Any, cache_size: Any) -> ShardCache | None:
