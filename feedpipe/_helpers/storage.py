@@ -32,13 +32,17 @@ _INHERITED: list[Any] = []  # in a forked child: the parent's HTTP connection po
 def _leave_parent_connections_alone() -> None:
     """After a fork, in the child: never close the parent's HTTP connections.
 
-    A fork shares the parent's epoll set. fsspec's async filesystems (HTTP, s3) close their
-    aiohttp session when collected (a ``weakref.finalize``), fsspec drops its cached instances
-    in a process with a new pid, and an aiohttp connector closes its pooled connections when
-    collected; each of these, run in a forked DataLoader worker, unregisters the parent's sockets
-    from that shared epoll set, and the parent's next request on a pooled connection waits
-    forever. So: disarm those finalizers, and keep the inherited connectors and sessions
-    referenced for the child's lifetime (worker processes end with ``os._exit``).
+    A fork shares the parent's epoll set. In a forked DataLoader worker, each of these
+    unregisters the parent's sockets from that shared set:
+
+    - fsspec's async filesystems (HTTP, s3) close their aiohttp session when collected (a
+      ``weakref.finalize``);
+    - fsspec drops its cached instances in a process with a new pid;
+    - an aiohttp connector closes its pooled connections when collected.
+
+    The parent's next request on a pooled connection would then wait forever. So: disarm those
+    finalizers, and keep the inherited connectors and sessions referenced for the child's
+    lifetime (worker processes end with ``os._exit``).
     """
     import gc
     import sys

@@ -13,11 +13,12 @@ buffers, plain attributes, submodules, train/eval mode); dataclass fields, ``__s
 ``__dict__`` of any object; attributes set on a function.
 
 **What it cannot see**: module globals a function reads (``co_names`` gives their names, not
-their values), files or environment variables read at call time, the code of C extensions, and
-the state of objects that have none of the above (their ``repr``, when it shows a memory address,
-differs in every process: such entries are never found again, and a warning says so). When
-something it cannot see changes, change something it can: ``FunctionIndex.wrap(fn, version=2)``,
-or a ``version`` attribute on the transform object (or function) given to ``decoded_cache=``.
+their values), files or environment variables read at call time, the code of C extensions. Nor
+the state of objects that have none of the above: their ``repr``, when it shows a memory
+address, differs in every process, so such entries are never found again (a warning says so).
+When something it cannot see changes, change something it can:
+``FunctionIndex.wrap(fn, version=2)``, or a ``version`` attribute on the transform object (or
+function) given to ``decoded_cache=``.
 """
 
 from __future__ import annotations

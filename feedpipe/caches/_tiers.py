@@ -147,6 +147,12 @@ _STATS = {SHARDS: _shards_stats, FUNCTION_INDEX: _index_stats, DECODED: _decoded
 def cache_stats(path: str | os.PathLike[str]) -> list[TierReport]:
     """Describe every cache tier under ``path``.
 
+    Args:
+        path: a directory holding cache tiers (e.g. ``~/.cache/feedpipe``, a ``cache_dir=``).
+
+    Raises:
+        SourceNotFoundError: ``path`` is not a directory.
+
     Example:
         >>> import tempfile
         >>> cache_stats(tempfile.mkdtemp())
@@ -231,6 +237,12 @@ _CLEAR = {SHARDS: _clear_shards, FUNCTION_INDEX: _clear_index, DECODED: _clear_d
 def cache_clear(path: str | os.PathLike[str]) -> list[TierReport]:
     """Clear every cache tier under ``path`` (see the module docstring for what stays); returns
     each tier's state afterwards, with ``action`` saying what was done.
+
+    Args:
+        path: a directory holding cache tiers (e.g. ``~/.cache/feedpipe``, a ``cache_dir=``).
+
+    Raises:
+        SourceNotFoundError: ``path`` is not a directory.
 
     Example:
         >>> import tempfile

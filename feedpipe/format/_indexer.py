@@ -204,12 +204,24 @@ def index(
         classes: class names for the manifest (what ``cls`` values index), as
             ``feedpipe shard --labels-from-dirs`` records them: a list, a comma-separated
             string, or the path of a file with one name per line.
+        show_progress: a progress bar (default: when stderr is a terminal).
 
     Raises:
         KeyClashError: the same key appears twice (in one shard or in two).
         ShardFormatError: a shard is truncated or corrupted (names the shard and offset);
             CompressedShardError for ``.tar.gz``/``.tgz`` shards (says how to convert).
         SourceNotFoundError: a shard is missing or is not a regular file.
+
+    Example:
+        >>> import io, os, tarfile, tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> with tarfile.open(os.path.join(d, "a.tar"), "w", format=tarfile.USTAR_FORMAT) as t:
+        ...     for name in ("s0.txt", "s1.txt"):
+        ...         info = tarfile.TarInfo(name); info.size = 2
+        ...         t.addfile(info, io.BytesIO(b"hi"))
+        >>> m = index([d], show_progress=False)
+        >>> m.total_samples, sorted(os.listdir(d))
+        (2, ['a.idx', 'a.tar', 'manifest.json', 'wids.json'])
     """
     return index_dataset(shards, root=root, manifest=manifest, classes=classes,
                          show_progress=show_progress).manifest

@@ -2,13 +2,16 @@
 
 WebDataset splits a tar member path into ``key`` (everything up to the first ``.`` of the last
 path component) and ``extension`` (the rest). Source files such as ``a/cat.v2.jpg`` would be
-split in the wrong place, so feedpipe encodes the stem of a source path into a key that contains
-no ``.`` in its last component and no whitespace (the DALI index is space-separated):
-``%`` -> ``%25``, ``.`` (last component only) -> ``%2E``, whitespace, control characters and
-``\\`` -> ``%XX`` (a backslash is an ordinary file-name character on POSIX; folding it into
-``/`` would merge ``a\\b.jpg`` with ``a/b.jpg``). The encoding is injective, so two different
-source stems never clash, and :func:`source_path` turns a key and an extension back into the
-source's relative path.
+split in the wrong place. So feedpipe encodes the stem of a source path into a key with no ``.``
+in its last component and no whitespace (the DALI index is space-separated):
+
+- ``%`` -> ``%25``;
+- ``.`` (last component only) -> ``%2E``;
+- whitespace, control characters and ``\\`` -> ``%XX`` (a backslash is an ordinary file-name
+  character on POSIX; folding it into ``/`` would merge ``a\\b.jpg`` with ``a/b.jpg``).
+
+The encoding is injective, so two different source stems never clash. :func:`source_path` turns
+a key and an extension back into the source's relative path.
 
 All functions here are pure.
 """
@@ -60,6 +63,10 @@ def decode_key(key: str) -> str:
 
 def source_path(key: str, ext: str) -> str:
     """The relative source path a ``(key, ext)`` pair was made from.
+
+    Args:
+        key: a sample key (``__key__``), as ``feedpipe shard`` encoded it.
+        ext: a field name (the member's extension).
 
     Example:
         >>> source_path("a/cat%2Ev2", "jpg")

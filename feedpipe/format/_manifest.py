@@ -28,6 +28,8 @@ NAME = "manifest.json"
 
 @dataclass
 class ShardRecord:
+    """One shard of a dataset as its manifest lists it."""
+
     name: str  # relative to the dataset root
     samples: int
     bytes: int
@@ -36,6 +38,21 @@ class ShardRecord:
 
 @dataclass
 class Manifest:
+    """What a shard dataset holds: ``manifest.json`` at its root (see the module docstring).
+
+    Args:
+        shards: the shards, in the order their samples are numbered.
+        fields: the field names (extensions) samples carry.
+        classes: the class names ``cls`` values index, when the dataset has labels.
+        skipped: the source files a conversion left out, each with its reason.
+        created_by: the tool, its version and options.
+
+    Example:
+        >>> m = Manifest([ShardRecord("data-000000.tar", 3, 10240)], fields=["jpg"])
+        >>> m.total_samples, Manifest.from_json(m.to_json()) == m
+        (3, True)
+    """
+
     shards: list[ShardRecord]
     fields: list[str] = field(default_factory=list)
     classes: list[str] | None = None
@@ -44,9 +61,11 @@ class Manifest:
 
     @property
     def total_samples(self) -> int:
+        """Samples over all shards."""
         return sum(s.samples for s in self.shards)
 
     def to_json(self) -> str:
+        """The text of ``manifest.json``."""
         doc = {
             "format": FORMAT,
             "version": VERSION,
@@ -221,6 +240,11 @@ def load_manifest(root: str) -> Manifest:
             files, shards without a manifest, a single shard); the message says what to run.
         CompressedShardError: ``root`` is, or holds only, compressed shards.
         ManifestError: the manifest is malformed (names the file and the field).
+
+    Example:
+        >>> m = load_manifest("shards/example")
+        >>> len(m.shards), m.total_samples
+        (3, 24)
     """
     from .._helpers.storage import read_bytes  # local import: storage pulls in fsspec
 

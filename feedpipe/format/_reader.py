@@ -29,15 +29,15 @@ from ._tar import scan
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 # Bytes a shard's map may have mapped, sample by sample, between two MADV_DONTNEED of the whole
-# map. Every page touched through a map counts in the process's RSS until unmapped: a shuffled
-# epoch over 20,000 JPEGs (330 MB of shards) left the image pipeline at 776 MB peak RSS, where a
-# loader that read()s its files into buffers showed the same page cache as no RSS at all.
-# Dropping the map's pages (the page cache keeps them; the next touch is a minor fault) bounds
-# what each open shard adds to RSS. A touch maps more than the sample: the kernel maps the
-# cached pages around a fault too (fault-around, 64 KiB), and where the page cache holds large
-# folios (ext4 on Linux 6.18 here) the whole folio: 32 random 17 KB samples of a shard mapped
-# 27 MB. So each sample is charged its span plus 1 MiB. Safe for views already handed out: the
-# map is of a file opened read-only, so a dropped page reads back the same bytes.
+# map. Every page touched through a map counts in the process's RSS until unmapped, where a
+# loader that read()s its files into buffers shows the same page cache as no RSS at all. So a
+# shuffled epoch would grow RSS towards the size of every shard it touched. Dropping the map's
+# pages bounds what each open shard adds to RSS: the page cache keeps them, and the next touch
+# is a minor fault (peak RSS: benchmarks/bench_peers.py, its memory phase). A touch maps more
+# than the sample: the kernel maps the cached pages around a fault too (fault-around), and where
+# the page cache holds large folios, the whole folio. So each sample is charged its span plus
+# _FAULT_AROUND. Safe for views already handed out: the map is of a file opened read-only, so a
+# dropped page reads back the same bytes.
 DROP_EVERY = 4 << 20
 _FAULT_AROUND = 1 << 20
 ADVISE_GAP = 1 << 16  # byte ranges closer than this are advised as one
@@ -106,7 +106,6 @@ class ShardReader:
             index entry against the tar header in front of it.
         samples: the number of samples the manifest records; an index that lists another
             number is an error.
-
         lazy: read the index when it is first needed (a sample, the length) instead of now,
             for a caller that only copies byte ranges it already knows
             (:mod:`feedpipe.stream._refs`): the shard is mapped and no more.
@@ -376,5 +375,15 @@ def _willneed(mm: mmap.mmap, lo: int, hi: int) -> None:
 
 
 def open_shard(url: str, **kwargs: Any) -> ShardReader:
-    """Open one shard for random access (see :class:`ShardReader`)."""
+    """Open one shard for random access.
+
+    Args:
+        url: a local path or fsspec URL of a ``.tar`` shard.
+        **kwargs: :class:`ShardReader`'s keyword arguments (``verify=``, ``expected_bytes=``...).
+
+    Example:
+        >>> with open_shard("shards/example/data-000000.tar") as r:
+        ...     len(r), bytes(r.sample(0)["cls"])
+        (10, b'0')
+    """
     return ShardReader(url, **kwargs)

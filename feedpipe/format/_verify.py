@@ -245,12 +245,21 @@ def _unlisted(root: str, m: Manifest) -> list[Problem]:
 def verify(root: str, *, show_progress: bool | None = None) -> VerifyReport:
     """Check every shard of the dataset at ``root``: size, sha256, tar headers, index.
 
+    Args:
+        root: the dataset directory or URL (or its ``manifest.json``).
+        show_progress: a progress bar (default: when stderr is a terminal).
+
     Returns:
         A :class:`VerifyReport`: ``report.ok`` is true when the dataset is sound;
         ``report.problems`` and ``report.warnings`` are :class:`Problem` records.
 
     Raises:
         ManifestError, SourceNotFoundError: ``root`` holds no usable manifest.
+
+    Example:
+        >>> report = verify("shards/example", show_progress=False)
+        >>> report.ok, report.shards, report.samples
+        (True, 3, 24)
     """
     m = load_manifest(root)
     root = dataset_root(root)

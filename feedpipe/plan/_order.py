@@ -6,7 +6,7 @@ workers, never on the machine. The shards are put in a random order, cut into *w
 ``window`` consecutive shards (``None``: one window holding the whole dataset), and the samples of
 each window are permuted by a keyed Feistel network. The permutation is computed on the fly for any
 run of positions, so planning costs O(shards) memory, never O(samples): no Python object per
-sample, and 100 million samples plan as fast as 100.
+sample (benchmarks/bench_plan.py).
 
 Keys come from ``blake2b("feedpipe-plan", seed, epoch)``: no ``seed + epoch`` aliasing, and the
 same integers give the same order with any numpy on any machine.
@@ -88,7 +88,7 @@ def feistel(x: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
 def distinct(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct values of a 1-D integer array and where each first occurs: what
     ``np.unique(a, return_index=True)`` gives, without the ``numpy.ma`` import it makes on
-    first use (0.02-0.12 s, paid inside whichever epoch first calls it).
+    first use (a cost paid inside whichever epoch first calls it).
 
     Example:
         >>> [x.tolist() for x in distinct(np.array([5, 2, 5, 7, 2]))]
@@ -107,7 +107,8 @@ class Plan:
 
     Args:
         counts: samples per shard, in manifest order.
-        seed, epoch: what the order is a function of (with ``counts``, ``shuffle``, ``window``).
+        seed: the run's seed; the order is a function of it and of the other arguments.
+        epoch: the epoch; each epoch has its own order.
         shuffle: ``False`` keeps manifest order.
         window: shards whose samples are mixed together (``None``: the whole dataset). A smaller
             window keeps each worker on fewer shards at once (for remote or cached reading) at the

@@ -27,7 +27,18 @@ _LOCAL_ENV = (
 
 @dataclass(frozen=True)
 class World:
-    """Where this process stands among the training ranks."""
+    """Where this process stands among the training ranks.
+
+    Args:
+        rank: this process's rank, ``0 .. world_size - 1``.
+        world_size: the number of training processes.
+        local_rank: this process's rank on its node.
+        local_world_size: the training processes on this node.
+
+    Example:
+        >>> World(rank=1, world_size=2)
+        World(rank=1, world_size=2, local_rank=0, local_world_size=1)
+    """
 
     rank: int = 0
     world_size: int = 1
@@ -48,7 +59,17 @@ def _int_env(name: str) -> int | None:
 
 def detect_world() -> World:
     """The world from an initialised ``torch.distributed``, else the launcher's variables, else a
-    single process."""
+    single process.
+
+    Reads ``RANK``/``WORLD_SIZE`` (torchrun), ``SLURM_PROCID``/``SLURM_NTASKS``,
+    ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE`` or ``PMI_RANK``/``PMI_SIZE``, and the
+    matching local variables. Takes no argument: this is the one place that looks.
+
+    Example:
+        >>> w = detect_world()
+        >>> 0 <= w.rank < w.world_size
+        True
+    """
     local_rank, local_size = 0, 1
     for r_name, s_name in _LOCAL_ENV:
         r = _int_env(r_name)
