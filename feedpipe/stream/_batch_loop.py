@@ -2,12 +2,16 @@
 
 For each batch of ids the plan gives a reader (a rank, or one of its worker processes), the loop
 *fetches* (:class:`SampleFetch`, :class:`~feedpipe.stream._refs.RefFetch`,
-:class:`~feedpipe.stream._store_gather.GatherFetch`) and hands what it fetched to a *maker*, which
-*computes* and *sinks* it into a batch (:class:`CollateMaker`, :class:`RowMaker`, or a route's
-own). With a thread pool (the ``threads`` executor) a maker starts a batch's per-sample work on
-the pool and the loop keeps ``ahead`` batches in flight; with none (``inline``) the work is done
-as the batch is started. The ``workers`` executor runs this same loop inside each DataLoader
-worker process (:mod:`feedpipe.stream._worker_source`). :mod:`feedpipe.stream._routes` names the combinations.
+:class:`~feedpipe.stream._store_gather.GatherFetch`). It hands what it fetched to a *maker*,
+which *computes* and *sinks* it into a batch (:class:`CollateMaker`, :class:`RowMaker`, or a
+route's own). With a thread pool (the ``threads`` executor) a maker starts a batch's per-sample
+work on the pool, and the loop keeps ``ahead`` batches in flight. With none (``inline``) the
+work is done as the batch is started. The ``workers`` executor runs this same loop inside each
+DataLoader worker process (:mod:`feedpipe.stream._worker_source`).
+:mod:`feedpipe.stream._routes` names the combinations.
+
+The loop reads a dataset through :class:`LoopDataset`, what it needs of one; a
+:class:`~feedpipe.FeedDataset` has it.
 
 A transform may leave a sample out by raising :class:`~feedpipe.errors.SampleSkipped`: the
 makers log a warning naming it, count it and deliver the batch without it.
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,13 +32,17 @@ from ..errors import DecodeError, SampleSkipped
 from ..plan._order import iter_ids
 from ..transforms._threads import one_thread
 from ._collate import decode_fields
+from ._worker_rows import WorkerRing
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
+    from ..caches._decoded import DecodedStore
+    from ..plan._order import Plan, Split
+    from ..plan._world import World
+    from ._collate import Decoder
     from ._collator import BatchCollator
-    from ._dataset import FeedDataset
-    from ._worker_rows import WorkerRing
+    from ._shard_set import ShardSet
 
 log = logging.getLogger("feedpipe")
 
@@ -46,7 +54,40 @@ DROP_ROWS = 16
 Item = tuple[int, Any, bool]  # (global id, sample dict or finished output, finished)
 
 
+class LoopDataset(Protocol):
+    """What the batch loop reads from a dataset: its shards and decoded store, its transform and
+    ``decode=`` fields, its seed and world, and its plan of the current epoch."""
+
+    @property
+    def shards(self) -> ShardSet: ...
+
+    @property
+    def decoded(self) -> DecodedStore | None: ...
+
+    @property
+    def transform(self) -> Callable[[dict[str, Any]], Any] | None: ...
+
+    @property
+    def decode(self) -> Mapping[str, Decoder]: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def world(self) -> World: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def plan(self, epoch: int | None = None) -> Plan: ...
+
+    def split(self) -> Split: ...
+
+
 class Maker(Protocol):
+    """The compute and sink parts of a route: ``start`` a fetched batch (on ``pool`` when
+    given), then ``finish`` it into the batch the loop yields."""
+
     def start(self, fetched: Any, pool: ThreadPoolExecutor | None) -> Any: ...
 
     def finish(self, pending: Any) -> Any: ...
@@ -70,7 +111,7 @@ class EpochReader:
     ``workers``): the ids of each of its batches, in order, and, as a context manager, the shard
     prefetching into the cache and the decoded store's bookkeeping around reading them."""
 
-    def __init__(self, dataset: FeedDataset, worker: int = 0, workers: int = 1) -> None:
+    def __init__(self, dataset: LoopDataset, worker: int = 0, workers: int = 1) -> None:
         self.dataset = dataset
         self.plan = dataset.plan()
         self.split = dataset.split()
@@ -104,7 +145,7 @@ class SampleFetch:
     ``stored=True``, its transform output when the decoded store holds it. Before returning it
     checks that no shard it read from was truncated since it was opened."""
 
-    def __init__(self, dataset: FeedDataset, epoch: int, *, stored: bool) -> None:
+    def __init__(self, dataset: LoopDataset, epoch: int, *, stored: bool) -> None:
         self.shards = dataset.shards
         self.epoch, self.seed = epoch, dataset.seed
         self.store = dataset.decoded if stored else None
@@ -179,7 +220,7 @@ class CollateMaker:
     batch leaves this process). ``fields``: the manifest's fields, passed to the default
     collation of raw samples so that every batch has every field."""
 
-    def __init__(self, dataset: FeedDataset, collate_fn: Callable[[list[Any]], Any], *,
+    def __init__(self, dataset: LoopDataset, collate_fn: Callable[[list[Any]], Any], *,
                  skips: Skips, to_bytes: bool = False, fields: Sequence[str] = (),
                  default: bool = True) -> None:
         self.transform = dataset.transform
@@ -227,18 +268,20 @@ class CollateMaker:
 
 
 class RowMaker:
-    """sink=rows: each sample's image written into its row of a batch buffer of ``buffers`` (a
-    :class:`~feedpipe.BatchCollator`, or a worker's :class:`~feedpipe.stream._worker_rows.WorkerRing`),
-    its label into the labels: by the transform itself (``into=True``: ``transform.into(sample,
-    row)``, no per-sample tensor) or copied from its output. A skipped sample's row is filled by
-    the rows after it (the batch is that much shorter). ``drop`` unmaps the shard pages read so
-    far, every :data:`DROP_ROWS` rows and after each batch."""
+    """sink=rows: each sample's image written into its row of a batch buffer of ``buffers``.
 
-    def __init__(self, dataset: FeedDataset, buffers: BatchCollator | WorkerRing, *, into: bool,
+    ``buffers`` is a :class:`~feedpipe.BatchCollator`, or a worker's
+    :class:`~feedpipe.stream._worker_rows.WorkerRing`. The transform writes the row itself
+    (``into=True``: ``transform.into(sample, row)``, no per-sample tensor), or its output is
+    copied there; the label goes into the labels. A skipped sample's row is filled by the rows
+    after it (the batch is that much shorter). ``drop`` unmaps the shard pages read so far,
+    every :data:`DROP_ROWS` rows and after each batch."""
+
+    def __init__(self, dataset: LoopDataset, buffers: BatchCollator | WorkerRing, *, into: bool,
                  skips: Skips, drop: Callable[[], None] | None = None) -> None:
         self.transform = dataset.transform
         self.buffers = buffers
-        self.collator = getattr(buffers, "collator", buffers)
+        self.collator = buffers.collator if isinstance(buffers, WorkerRing) else buffers
         self.into = into
         self.skips = skips
         self.drop = drop

@@ -92,7 +92,7 @@ def collate_samples(samples: Sequence[Any], fields: Sequence[str] = ()) -> Any:
         return [bytes(c) for c in samples]
     from torch.utils.data import default_collate
 
-    return default_collate(samples)
+    return default_collate(list(samples))
 
 
 def column(col: list[Any], in_worker: bool = False) -> Any:

@@ -1,20 +1,20 @@
 """``BatchCollator``: collation into preallocated batch tensors, reused safely.
 
-A ``collate_fn`` that allocates a fresh batch tensor each step costs an allocation (a pinned one is
-slow: ``cudaHostAlloc`` pins page by page) and a page-fault sweep per batch. ``BatchCollator`` keeps
-a ring of up to ``depth`` ``(images, labels)`` buffers and fills a free one each call, allocating
-another only while every buffer it has is still held (a loop that drops each batch runs on two).
+A ``collate_fn`` that allocates a fresh batch tensor each step pays an allocation and a
+page-fault sweep per batch; a pinned allocation is slow (``cudaHostAlloc`` pins page by page).
+``BatchCollator`` keeps a ring of up to ``depth`` ``(images, labels)`` buffers and fills a free
+one each call. It allocates another only while every buffer it has is still held (a loop that
+drops each batch runs on two).
 
-**Why reuse is safe.** Handing out a buffer and later overwriting it would corrupt a batch the
-training loop still holds (the loop variable still references batch ``i`` while batch ``i + 1`` is
-collated; a prefetcher may hold several). So every batch handed out is a *view* of its buffer, and
-before a buffer is refilled the collator checks that no tensor outside the ring still shares its
-storage (torch's storage use count), nor a Python storage object of it (``x.untyped_storage()``
-kept after its tensors are gone: its reference count). A buffer still in use is never
-overwritten: that slot gets a fresh allocation instead (counted in :meth:`stats` as
-``replaced``; raise ``depth`` if it grows).
-``depth`` is a speed knob, not a correctness condition. Where torch lacks the use count, every
-batch is a fresh allocation (correct, just slower).
+**Why reuse is safe.** Overwriting a buffer would corrupt a batch the training loop still holds:
+the loop variable still references batch ``i`` while batch ``i + 1`` is collated, and a
+prefetcher may hold several. So every batch handed out is a *view* of its buffer. Before a
+buffer is refilled, the collator checks that no tensor outside the ring still shares its storage
+(torch's storage use count), nor a Python storage object of it (``x.untyped_storage()`` kept
+after its tensors are gone: its reference count). A buffer still in use is never overwritten:
+that slot gets a fresh allocation instead, counted in :meth:`stats` as ``replaced`` (raise
+``depth`` if it grows). ``depth`` is a speed knob, not a correctness condition. Where torch
+lacks the use count, every batch is a fresh allocation (correct, just slower).
 
 What the check cannot see: an asynchronous copy *out* of a buffer (``.to("cuda",
 non_blocking=True)``) whose source tensor was already dropped. A consumer that copies
@@ -23,11 +23,11 @@ as :class:`feedpipe.DeviceLoader` does.
 
 **Worker processes.** In a DataLoader worker, batches travel to the main process through shared
 memory that the worker would overwrite on reuse, and the worker cannot see the main process's
-references; so there the collator falls back to ``default_collate`` (a fresh shared-memory batch
-each time, no pinning: workers never touch CUDA), and the DataLoader's own ``pin_memory=True``
-path pins in the main process. The ring, and pinning, apply with ``num_workers=0``. (A transform
-that writes in place, behind :class:`~feedpipe.FeedLoader`, gets a worker-side ring whose buffers
-the main process hands back: :class:`feedpipe.stream._worker_rows.WorkerRing`.)
+references. So there the collator falls back to ``default_collate``: a fresh shared-memory batch
+each time, no pinning (workers never touch CUDA). The DataLoader's own ``pin_memory=True`` path
+pins in the main process. The ring, and pinning, apply with ``num_workers=0``. A transform that
+writes in place, behind :class:`~feedpipe.FeedLoader`, gets a worker-side ring whose buffers the
+main process hands back (:class:`feedpipe.stream._worker_rows.WorkerRing`).
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
     except (AttributeError, RuntimeError):  # no private constructor: the public way
         return torch.empty(shape, dtype=dtype).share_memory_()
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+    # torch's stubs lack the (source, offset, size) overload that set_ has
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]
 
 
 class _Slot:
@@ -170,9 +171,9 @@ class BatchCollator:
 
     def _slot(self) -> _Slot:
         # A free buffer first (from the one after the last used), then an empty slot, and only
-        # then a replacement: a loop that drops each batch before the next runs on two buffers,
-        # so the ring's memory (38.5 MB a buffer for 256 x 3x224x224 uint8) is spent, and its
-        # pages first touched, only as far as the consumer actually holds batches.
+        # then a replacement. A loop that drops each batch before the next runs on two buffers,
+        # so the ring's memory is spent, and its pages first touched, only as far as the
+        # consumer actually holds batches.
         ring, depth = self._ring, self.depth
         empty = None
         for k in range(depth):
@@ -196,9 +197,9 @@ class BatchCollator:
         return slot
 
     def buffer(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(images, labels)`` views of the first ``n`` rows of a free buffer, for a caller that
-        fills a batch in place (:mod:`feedpipe.stream._store_gather`); counted as a batch. The caller
-        returns them (or the images alone) as the batch, as :meth:`__call__` would."""
+        """``(images, labels)`` views of the first ``n`` rows of a free buffer, counted as a
+        batch. For a caller that fills a batch in place (:mod:`feedpipe.stream._store_gather`):
+        it returns them (or the images alone) as the batch, as :meth:`__call__` would."""
         if not 0 < n <= self.batch_size:
             raise ValueError(f"a buffer of {n} rows from a BatchCollator of batch_size "
                              f"{self.batch_size}")
@@ -225,8 +226,8 @@ class BatchCollator:
             return tuple(out) if paired else out
         slot = self._slot()
         images, labels = slot.images[:n], slot.labels[:n]
-        # per-image copies are too small for torch's intra-op threads; on a busy 2-core machine
-        # their barriers made a batch of 256 224x224 images take 0.1-1.6 s instead of 7 ms
+        # per-image copies are too small for torch's intra-op threads: on a busy machine their
+        # barriers cost more than the copies (transforms._threads.one_thread says why)
         with one_thread():
             for j, s in enumerate(samples):
                 self.fill(images, labels, j, s, paired)

@@ -1,6 +1,8 @@
-"""``FeedDataset``: the streaming ``IterableDataset``. A thin facade: the plan decides what each
-rank and worker reads (:mod:`feedpipe.plan._order`), the :class:`~feedpipe.ShardSet` reads it, and the
-batch loop (:mod:`feedpipe.stream._batch_loop`) turns it into samples or batches."""
+"""``FeedDataset``: the streaming ``IterableDataset``.
+
+A thin facade. The plan decides what each rank and worker reads (:mod:`feedpipe.plan._order`),
+the :class:`~feedpipe.ShardSet` reads it, and the batch loop (:mod:`feedpipe.stream._batch_loop`)
+turns it into samples or batches."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from ..errors import PlanError, StateError
 from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
 from ..plan._world import resolve_world
+from ._batch_loop import CollateMaker, EpochReader, SampleFetch, Skips, batch_loop
 from ._collate import Decoder, decoders
 from ._shard_set import ShardSet
 
@@ -52,11 +55,12 @@ class FeedDataset(IterableDataset):
     """Stream a feedpipe (or ``feedpipe index``-ed WebDataset) shard dataset.
 
     Each epoch every sample is delivered exactly once over all ranks and workers, in an order that
-    depends on ``(dataset, seed, epoch)`` only; every rank gets the same number of samples (see
-    :mod:`feedpipe.plan._order`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__`` (global
-    sample id), ``__epoch__`` and ``__seed__`` (for reproducible per-sample augmentation), and one
-    raw-bytes entry per field (zero-copy ``memoryview`` of a local shard in the process that reads
-    it; ``bytes`` when a worker process must send a raw sample to the main process).
+    depends on ``(dataset, seed, epoch)`` only. Every rank gets the same number of samples (see
+    :mod:`feedpipe.plan._order`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__``
+    (global sample id), ``__epoch__`` and ``__seed__`` (for reproducible per-sample
+    augmentation), and one raw-bytes entry per field. A field is a zero-copy ``memoryview`` of a
+    local shard in the process that reads it, ``bytes`` when a worker process must send a raw
+    sample to the main process.
 
     Args:
         url: dataset root (local path or fsspec URL) holding ``manifest.json``.
@@ -69,15 +73,16 @@ class FeedDataset(IterableDataset):
         decode: fields to decode before the transform (and in raw batches), e.g.
             ``{"cls": int, "txt": str, "json": "json"}``: a field name to ``int``, ``float``,
             ``str`` (UTF-8), ``"json"`` or a callable taking the field's bytes.
-        shuffle_window: shards mixed together (``None``: all). See :class:`feedpipe.plan._order.Plan`.
-        rank, world_size: explicit world; detected from ``torch.distributed`` or the launcher's
+        shuffle_window: shards mixed together (``None``: all). See :class:`feedpipe.Plan`.
+        rank: this process's rank; detected from ``torch.distributed`` or the launcher's
             environment when not given.
+        world_size: the number of ranks; detected as ``rank`` is.
         verify: check every shard against the manifest's hash, and its index against its tar
             headers, when it is first opened: every byte served has been checked.
         max_open_shards: shard maps a process keeps open at once.
         cache_dir: the node-local L1 shard cache (:mod:`feedpipe.caches._shards`): a directory,
             ``True``/``"auto"`` for ``$XDG_CACHE_HOME/feedpipe/shards``, or a
-            :class:`~feedpipe.caches._shards.ShardCache`. Shards are fetched there once per node
+            :class:`~feedpipe.ShardCache`. Shards are fetched there once per node
             (prefetched ahead of use, evicted by the plan) and read with mmap. ``None``: remote
             shards are read with range requests.
         cache_size: the cache's byte budget (``"20GB"``, ``"512MiB"`` or an int; ``None``: no
@@ -258,8 +263,6 @@ class FeedDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         """This reader's samples of the epoch (a DataLoader worker's share when in one), each
         transformed when there is a transform: the ``samples`` route, unbatched."""
-        from ._batch_loop import CollateMaker, EpochReader, SampleFetch, Skips, batch_loop
-
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         with EpochReader(self, worker, workers) as reader:
@@ -278,5 +281,6 @@ class FeedDataset(IterableDataset):
 
 
 def sample_ids_of(ds: FeedDataset) -> np.ndarray:
-    """The ids this rank delivers this epoch with ``num_workers=0`` (:meth:`FeedDataset.sample_ids`)."""
+    """The ids this rank delivers this epoch with ``num_workers=0``
+    (:meth:`FeedDataset.sample_ids`)."""
     return ds.sample_ids()

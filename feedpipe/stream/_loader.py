@@ -53,13 +53,13 @@ class FeedLoader:
     Args:
         dataset: the :class:`FeedDataset`.
         batch_size: samples per batch.
-        num_workers: DataLoader worker processes (0: read in this process). They start by
-            the process's start method, as the DataLoader's do (``multiprocessing_context=``
-            chooses another); they never touch CUDA. In a process that runs DALI's threads (a
-            :class:`~feedpipe.transforms._dali.DaliStage` fed by this loader has started) forking is unsafe
-            and refused with a :class:`StartMethodError` naming the fix.
-        collate_fn: default :func:`~feedpipe.stream._collate.collate_samples` (raw samples: every field
-            of the manifest in every batch, ``None`` where a sample lacks it). A
+        num_workers: DataLoader worker processes (0: read in this process). They start by the
+            process's start method, as the DataLoader's do (``multiprocessing_context=`` chooses
+            another); they never touch CUDA. In a process that runs DALI's threads (a
+            :class:`~feedpipe.DaliStage` fed by this loader has started), forking is unsafe: it
+            is refused with a :class:`~feedpipe.StartMethodError` naming the fix.
+        collate_fn: default :func:`~feedpipe.stream._collate.collate_samples` (raw samples:
+            every field of the manifest in every batch, ``None`` where a sample lacks it). A
             :class:`~feedpipe.BatchCollator` collates into reused preallocated buffers.
         device: deliver batches on this device through a :class:`DeviceLoader` (background
             prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only).
@@ -73,11 +73,11 @@ class FeedLoader:
         route: ``"auto"`` or a route's name (:data:`feedpipe.stream._routes.ROUTES`); a route that
             cannot serve the configuration is refused with a sentence saying why.
         reuse_buffers: with ``rows-workers``, each worker reuses its shared-memory batch
-            buffers once this process no longer holds the batch (:mod:`feedpipe.stream._worker_rows`).
-            This process sees its own references only: pass ``False`` if batches are handed on
-            to another process without a copy. On that route ``prefetch_factor`` defaults to 1
-            (a worker makes whole batches; one in flight keeps it busy, and one buffer fewer is
-            held per worker).
+            buffers once this process no longer holds the batch
+            (:mod:`feedpipe.stream._worker_rows`). This process sees its own references only:
+            pass ``False`` if batches are handed on to another process without a copy. On that
+            route ``prefetch_factor`` defaults to 1: a worker makes whole batches, one in flight
+            keeps it busy, and one buffer fewer is held per worker.
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
@@ -176,7 +176,7 @@ class FeedLoader:
     def mark_fork_unsafe(self, reason: str) -> None:
         """Say that this process now runs threads that make forking unsafe (``reason`` names
         them): worker processes started by ``fork`` from here on are refused with a sentence
-        naming the fix. :class:`~feedpipe.transforms._dali.DaliStage` calls this when it starts DALI."""
+        naming the fix. :class:`~feedpipe.DaliStage` calls this when it starts DALI."""
         self._fork_unsafe = reason
 
     # -- epochs ----------------------------------------------------------------------------
@@ -334,8 +334,8 @@ class FeedLoader:
         ``reused``, ``released``) on ``rows-workers``, and with ``device=`` the
         :class:`DeviceLoader`'s figures under ``device``."""
         route = self.route
-        out = dict(self._stats) if self._stats else {"route": route.name, "batches": 0,
-                                                     "skipped": 0}
+        out: dict[str, Any] = dict(self._stats) if self._stats else {
+            "route": route.name, "batches": 0, "skipped": 0}
         out["parts"] = {"fetch": route.fetch, "compute": route.compute,
                         "executor": route.executor, "sink": route.sink}
         if "worker_pids" in out:

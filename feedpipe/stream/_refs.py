@@ -2,28 +2,31 @@
 
 With no transform and the default collation, a batch of raw samples is fully described by where
 its members lie in the shards. Building the batch from that description skips what the general
-path pays per sample: a dict and a ``memoryview`` per field, collation's walk over every sample's
-keys and, with DataLoader workers, a pickle of every field's bytes, a pipe and an unpickle of them
-in the training process (``benchmarks/bench_read.py`` measures both).
+path pays per sample: a dict and a ``memoryview`` per field, and collation's walk over every
+sample's keys. With DataLoader workers it also skips a pickle of every field's bytes, a pipe and
+an unpickle of them in the training process (``benchmarks/bench_read.py`` measures both).
 
-* :class:`RefFetch` runs where the plan is (the training process, or a DataLoader worker): for
-  each batch of ids a :class:`BatchRefs` holding, per sample, its shard, global id and key and,
-  per field, the member's offset and size (``-1``: the sample lacks that field); a few kB for 256
-  samples, whatever their size. When every shard is open here it plans from :class:`Columns`, the
-  whole index as arrays over global sample ids (a few array gathers per batch); otherwise sample
-  by sample from the shards' indexes. It also asks the kernel to read the batch's byte ranges
-  ahead (``MADV_WILLNEED``), so that the process that copies them seldom waits on storage.
-* :class:`Resolver` runs in the training process: it copies the members out of its own read-only
-  maps of the shards (opened through the dataset's :class:`~feedpipe.ShardSet`) into ``bytes``
-  and assembles the batch :func:`~feedpipe.stream._collate.collate_samples` makes from the same samples
-  (same keys, same types, every field of the manifest, ``decode=`` fields decoded).
+* :class:`RefFetch` runs where the plan is (the training process, or a DataLoader worker). For
+  each batch of ids it makes a :class:`BatchRefs`: per sample, its shard, global id and key;
+  per field, the member's offset and size (``-1``: the sample lacks that field). That is a few
+  kB per batch, whatever the samples' size. When every shard is open here it plans from
+  :class:`Columns`, the whole index as arrays over global sample ids (a few array gathers per
+  batch); otherwise sample by sample from the shards' indexes. It also asks the kernel to read
+  the batch's byte ranges ahead (``MADV_WILLNEED``), so that the process that copies them
+  seldom waits on storage.
+* :class:`Resolver` runs in the training process. It copies the members out of its own
+  read-only maps of the shards (opened through the dataset's :class:`~feedpipe.ShardSet`) into
+  ``bytes``. It assembles the batch :func:`~feedpipe.stream._collate.collate_samples` makes
+  from the same samples: same keys, same types, every field of the manifest, ``decode=``
+  fields decoded.
 
-Only local, uncached shards qualify (both processes must map the same file; a cached shard may be
-evicted once a worker lets go of it): :func:`feedpipe.stream._routes.refusal` says so. Integrity holds as
-on the general path: shards are opened through :class:`~feedpipe.format._reader.ShardReader` (size,
-index and, with ``verify=True``, hash and headers checked), and the resolver checks every member
-against the end of the file and each shard's size before it copies, so a shard truncated in
-between is an error naming it and the offset, never a short sample or a ``SIGBUS``.
+Only local, uncached shards qualify: both processes must map the same file, and a cached shard
+may be evicted once a worker lets go of it (:func:`feedpipe.stream._routes.refusal` says so).
+Integrity holds as on the general path. Shards are opened through
+:class:`~feedpipe.ShardReader` (size, index and, with ``verify=True``, hash and headers
+checked). The resolver checks every member against the end of the file and each shard's size
+before it copies, so a shard truncated in between is an error naming it and the offset, never a
+short sample or a ``SIGBUS``.
 """
 
 from __future__ import annotations
@@ -83,8 +86,8 @@ class Columns:
 
     Per field: the member's offset (``-1`` where the sample lacks it) and size; per sample: its
     key, the byte span of its members, and its fields in member order (to order a batch's
-    fields as :func:`~feedpipe.stream._collate.collate_samples` does). Built from open readers in the
-    training process.
+    fields as :func:`~feedpipe.stream._collate.collate_samples` does). Built from open readers
+    in the training process.
     """
 
     def __init__(self, readers: Sequence[ShardReader]) -> None:

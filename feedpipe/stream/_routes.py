@@ -22,7 +22,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Route:
-    """One named combination of the four parts (see the module docstring)."""
+    """One named combination of the four parts (see the module docstring).
+
+    Args:
+        name: the route's name, as ``FeedLoader(route=...)`` takes it (:data:`ROUTES`).
+        fetch: ``samples``, ``refs`` or ``gather``.
+        compute: ``none``, ``call`` or ``into``.
+        executor: ``inline``, ``threads`` or ``workers``.
+        sink: ``collate``, ``rows`` or ``resolve``.
+
+    Example:
+        >>> print(ROUTES["rows-workers"])
+        rows-workers (fetch=samples, compute=into, executor=workers, sink=rows)
+    """
 
     name: str
     fetch: str
@@ -115,10 +127,10 @@ def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
         'refs'
         >>> choose(Config(num_workers=2, transform=True))[0].name
         'samples-workers'
-        >>> choose(Config(transform=True), "refs")
+        >>> choose(Config(transform=True), "refs")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: route 'refs' cannot serve this loader: it delivers raw samples, and the dataset has a transform
+        ValueError: route 'refs' cannot serve this loader: it delivers raw samples, and the ...
     """
     if route != "auto":
         picked = ROUTES.get(route)

@@ -1,12 +1,12 @@
 """The ``workers`` executor: the batch loop run inside DataLoader worker processes.
 
-Each worker runs :func:`~feedpipe.stream._batch_loop.batch_loop` over its share of the epoch (batch ``t``
-of a rank goes to worker ``t % num_workers``, the order in which the DataLoader hands batches
-back) and yields whole batches with a :class:`WorkerMeta`; the DataLoader is built with
-``batch_size=None``, so it neither batches nor collates again. :class:`WorkerBatches`, in the
-training process, finishes each batch as its route's sink says: references resolved into bytes
-(``refs-workers``), worker buffers handed back once let go (``rows-workers``), integer arrays
-made tensors (``samples-workers``).
+Each worker runs :func:`~feedpipe.stream._batch_loop.batch_loop` over its share of the epoch:
+batch ``t`` of a rank goes to worker ``t % num_workers``, the order in which the DataLoader hands
+batches back. It yields whole batches, each with a :class:`WorkerMeta`. The DataLoader is built
+with ``batch_size=None``, so it neither batches nor collates again. :class:`WorkerBatches`, in
+the training process, finishes each batch as its route's sink says: references resolved into
+bytes (``refs-workers``), worker buffers handed back once let go (``rows-workers``), integer
+arrays made tensors (``samples-workers``).
 """
 
 from __future__ import annotations

@@ -263,20 +263,21 @@ class DaliStage:
                              device_id=self.device_id, prefetch_queue_depth=self.prefetch)
         _BUILT.add(pipe)
         with pipe:
+            dt = types.DALIDataType
             jpegs, anchor, shape, mirror, labels, index = fn.external_source(
                 source=self._source, num_outputs=6, batch=True,
-                dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.INT64,
-                       types.INT64])
-            images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="WH",
-                                             device="mixed" if gpu else "cpu",
-                                             output_type=types.RGB, adjust_orientation=False)
+                dtype=[dt.UINT8, dt.INT32, dt.INT32, dt.INT32, dt.INT64, dt.INT64])
+            images: Any = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="WH",
+                                                  device="mixed" if gpu else "cpu",
+                                                  output_type=types.DALIImageType.RGB,
+                                                  adjust_orientation=False)
             images = fn.resize(images, size=[spec.size, spec.size], antialias=True)
             if spec.mean is None:
-                images = fn.crop_mirror_normalize(images, mirror=mirror, dtype=types.UINT8,
+                images = fn.crop_mirror_normalize(images, mirror=mirror, dtype=dt.UINT8,
                                                   output_layout="CHW")
             else:
                 images = fn.crop_mirror_normalize(
-                    images, mirror=mirror, dtype=types.FLOAT, output_layout="CHW",
+                    images, mirror=mirror, dtype=dt.FLOAT, output_layout="CHW",
                     mean=[255.0 * m for m in spec.mean],
                     std=[255.0 * s for s in spec.std])  # type: ignore[union-attr]
             if gpu:

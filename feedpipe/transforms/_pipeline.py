@@ -95,9 +95,9 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
         >>> a == sample_rng(0, 1, 42).random(), a == sample_rng(0, 2, 42).random()
         (True, False)
     """
-    bits = np.random.PCG64()
-    bits.state = _seed_state(seed, epoch, index)
-    return np.random.Generator(bits)
+    rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = _seed_state(seed, epoch, index)
+    return rng
 
 
 _SCRATCH = threading.local()  # each thread's reused generator (scratch_rng)
@@ -185,7 +185,7 @@ class ImageSpec:
         elif self.std is None:
             raise ValueError("normalising needs std as well as mean (mean=None: uint8 output)")
         else:
-            Normalize(self.mean, self.std)  # type: ignore[arg-type]
+            Normalize(self.mean, self.std)
 
     def geometry(self, height: int, width: int,
                  rng: np.random.Generator | None) -> tuple[Box, bool]:
