@@ -90,7 +90,8 @@ def _make_system(name: str, jpegs: list[bytes]) -> Any:
         import torch
         import torch.nn.functional as F
 
-        from feedpipe.transforms._ops import resize_to_tensor, shorter_side_size
+        from feedpipe.transforms._geometry import shorter_side_size
+        from feedpipe.transforms._resize import resize_to_tensor
 
         reduced = name.startswith("sj-reduced")
         fast = name == "sj-reduced-fast"

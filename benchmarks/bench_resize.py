@@ -1,5 +1,5 @@
 """Crop + resize to 224 + flip into a CHW ``uint8`` image, on one core: the torch path against the
-OpenCV path that :func:`feedpipe.transforms._ops.resize_to_tensor` takes for enlargements.
+OpenCV path that :func:`feedpipe.transforms._resize.resize_to_tensor` takes for enlargements.
 
 The images are decoded once (untimed) from the ``--quick`` peer dataset's JPEGs (160-320 px, made
 by ``datasets.py`` under ``--root``, bench_peers.py's default root unless given) or from
@@ -44,7 +44,7 @@ import datasets  # noqa: E402
 def _images(n: int, root: str) -> list[Any]:
     import numpy as np
 
-    from feedpipe.transforms._ops import decode_jpeg
+    from feedpipe.transforms._jpeg import decode_jpeg
 
     src = os.path.join(datasets.dataset_dir(root, True, "images"), "src")
     files = sorted(glob.glob(os.path.join(src, "*", "*.jpg")))[:n]
@@ -76,13 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from feedpipe.transforms import _ops as image_ops
-    from feedpipe.transforms._ops import random_resized_crop_box, resize_to_tensor
+    from feedpipe.transforms import _opencv
+    from feedpipe.transforms._geometry import random_resized_crop_box
+    from feedpipe.transforms._resize import resize_to_tensor
 
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     torch.set_num_threads(1)
-    if image_ops._opencv() is None:
+    if _opencv.opencv() is None:
         raise SystemExit("opencv-python-headless is not installed")
     rng = np.random.default_rng(0)
     work = []
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             work.append((crop, bool(rng.random() < 0.5)))
 
     def run(system: str) -> list[Any]:
-        image_ops._CV2 = False if system == "torch" else None
+        _opencv._CV2 = False if system == "torch" else None
         return [resize_to_tensor(c, (224, 224), flip=f).contiguous() for c, f in work]
 
     outs = {s: run(s) for s in ("torch", "opencv")}  # warm-up, and the outputs to compare
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             times[s].append(per[s])
         ratios.append(per["torch"] / per["opencv"])
         r += 1
-    image_ops._CV2 = None
+    _opencv._CV2 = None
     doc = {
         "environment": common.environment(),
         "task": "random-resized crop of a decoded 160-320 px image -> 224x224 CHW uint8, flip "

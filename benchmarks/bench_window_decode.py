@@ -3,10 +3,11 @@ random-resized crops ``ImagePipeline(224, train=True)`` draws.
 
 Two comparisons on the same JPEGs and the same crop boxes (``sample_rng(0, 1, i)`` per image):
     decode      ``simplejpeg.decode_jpeg`` + slice to the box, against
-                ``image_ops.decode_window`` (the C extension decoding the box only)
+                ``decode_window`` of ``feedpipe/transforms/_jpeg.py`` (the C extension decoding
+                the box only)
     pipeline    ``ImagePipeline(224, train=True, mean=None)`` per sample (header, crop draw,
                 decode, resize, flip, CHW ``uint8``) with the extension, against the same with
-                ``image_ops._jpegcrop = None`` (simplejpeg's whole decode)
+                that module's ``_jpegcrop`` set to ``None`` (simplejpeg's whole decode)
 
 Rounds alternate the order of the two sides; each round times one pass over all images per side.
 Reported: the median over rounds of each side's microseconds per image, and the median per-round
@@ -59,11 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     import simplejpeg
     import torch
 
+    from feedpipe import ImagePipeline
     from feedpipe.diagnostics._env import jpeg_window_decoder
-    from feedpipe.transforms import _ops as image_ops
-    from feedpipe.transforms._pipeline import ImagePipeline, jpeg_size, sample_rng
+    from feedpipe.transforms import _jpeg
+    from feedpipe.transforms._jpeg import jpeg_size
+    from feedpipe.transforms._pipeline import sample_rng
 
-    if image_ops._jpegcrop is None:
+    if _jpeg._jpegcrop is None:
         raise SystemExit("feedpipe._jpegcrop is not built here: nothing to compare")
     torch.set_num_threads(1)
     tmp = None
@@ -83,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     boxes = [pipe.spec.geometry(h, w, sample_rng(0, 1, i))[0] for i, (h, w) in enumerate(heads)]
     for d, (h, w), b in zip(jpegs, heads, boxes):  # untimed: the same pixels
         whole = simplejpeg.decode_jpeg(d, colorspace="RGB")
-        if not np.array_equal(image_ops.decode_window(d, h, w, b),
+        if not np.array_equal(_jpeg.decode_window(d, h, w, b),
                               whole[b.top:b.top + b.height, b.left:b.left + b.width]):
             raise SystemExit(f"window pixels differ from the whole decode's for box {b}")
-    ext = image_ops._jpegcrop
+    ext = _jpeg._jpegcrop
     samples = [{"jpg": d, "__index__": i, "__epoch__": 1} for i, d in enumerate(jpegs)]
 
     def whole_decode() -> None:
@@ -96,15 +99,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def window_decode() -> None:
         for d, (h, w), b in zip(jpegs, heads, boxes):
-            image_ops.decode_window(d, h, w, b)
+            _jpeg.decode_window(d, h, w, b)
 
     def pipeline(with_ext: bool) -> None:
-        image_ops._jpegcrop = ext if with_ext else None
+        _jpeg._jpegcrop = ext if with_ext else None
         try:
             for s in samples:
                 pipe(s)
         finally:
-            image_ops._jpegcrop = ext
+            _jpeg._jpegcrop = ext
 
     cases = {"decode": {"whole": whole_decode, "window": window_decode},
              "pipeline": {"whole": lambda: pipeline(False), "window": lambda: pipeline(True)}}
