@@ -303,11 +303,13 @@ class DeviceCache:
             yield self._structure(out)
 
     def _serve_resident(self, index: torch.Tensor, batch_size: int) -> Iterator[Any]:
-        """An epoch whose every sample is resident. A field of at most ``_EPOCH_FIELD_BYTES`` a
-        sample (a label) is gathered for the whole epoch in one kernel and each batch takes a
-        slice of it (a view: no kernel), so a batch costs one gather per larger field: with
-        images and labels, one kernel a batch. Each batch's fields are fresh tensors (index_select
-        allocates them): the caller owns them, as it owned the per-sample copies."""
+        """An epoch whose every sample is resident.
+
+        A field of at most ``_EPOCH_FIELD_BYTES`` a sample (a label) is gathered for the whole
+        epoch in one kernel, and each batch takes a slice of it (a view: no kernel). So a batch
+        costs one gather per larger field: with images and labels, one kernel a batch. Each
+        batch's fields are fresh tensors (index_select allocates them): the caller owns them, as
+        it owned the per-sample copies."""
         if not len(index):
             return
         parts = index.split(batch_size)  # views of the epoch's on-device index

@@ -7,10 +7,11 @@ How a batch travels on CUDA:
    on the caller's thread (``iter(source)``), so a ``DataLoader`` forks its workers there, before
    this loader starts a thread or touches CUDA.
 2. Each CPU tensor of the batch (any nesting of tuples, lists, dicts; other values pass through)
-   is copied by the CPU into slot ``n % depth`` of a pinned staging ring: one page-locked buffer
-   per tensor position in the batch, allocated once and reused for every later batch (grown only
-   when a larger tensor arrives). Before it overwrites a slot, the producer waits for the event of
-   the copy that last read it; that host wait happens in the producer thread, never in the loop.
+   is copied by the CPU into slot ``n % depth`` of a pinned staging ring. A slot holds one
+   page-locked buffer per tensor position in the batch, allocated once and reused for every later
+   batch (grown only when a larger tensor arrives). Before it overwrites a slot, the producer
+   waits for the event of the copy that last read it; that host wait happens in the producer
+   thread, never in the loop.
    A tensor that is already pinned (``DataLoader(pin_memory=True)``, a pinned
    :class:`~feedpipe.BatchCollator` ring) is copied from directly. The loader keeps it
    referenced until that slot's event shows the copy finished: its owner may refill a buffer as

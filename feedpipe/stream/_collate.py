@@ -64,14 +64,14 @@ def decode_fields(sample: dict[str, Any], decode: Mapping[str, Decoder]) -> None
 def collate_samples(samples: Sequence[Any], fields: Sequence[str] = ()) -> Any:
     """Default collation: tensors and numbers are stacked as by torch's ``default_collate``; raw
     bytes fields (``bytes``/``memoryview``) become lists of ``bytes``; keys stay lists of str. A
-    field that only some samples have becomes a list with ``None`` where it is missing, and each
-    of ``fields`` (the manifest's fields, for raw samples) is in every batch, all ``None`` where
-    no sample of the batch has it.
+    field that only some samples have becomes a list with ``None`` where it is missing. Each of
+    ``fields`` (the manifest's fields, for raw samples) is in every batch, all ``None`` where no
+    sample of the batch has it.
 
     In a DataLoader worker, integer fields of sample dicts (``__index__``, ``__epoch__``,
-    ``__seed__``, labels) become ``int64`` numpy arrays instead: a tensor leaves a worker as a
+    ``__seed__``, labels) become ``int64`` numpy arrays instead. A tensor leaves a worker as a
     shared-memory file descriptor with a socket handshake each, which for a few bytes costs more
-    than pickling them; the loader turns them into tensors in the training process.
+    than pickling them. The loader turns them into tensors in the training process.
 
     Example:
         >>> b = collate_samples([{"cls": 1, "jpg": b"a"}, {"cls": 2}], fields=["jpg", "json"])

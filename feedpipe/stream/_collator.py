@@ -45,10 +45,11 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def storage_refs(t: torch.Tensor) -> int | None:
-    """How many tensors share ``t``'s storage (``None`` where torch does not say), with one
-    more for every Python storage object of it that someone keeps (``x.untyped_storage()``
-    held without any tensor): those are counted by Python, not in the storage's use count, so
-    they are added here from the storage object's reference count."""
+    """How many tensors share ``t``'s storage (``None`` where torch does not say).
+
+    The count has one more for every Python storage object of it that someone keeps
+    (``x.untyped_storage()`` held without any tensor). Python counts those, not the storage's
+    use count, so they are added here from the storage object's reference count."""
     if _use_count is None:
         return None
     storage = t.untyped_storage()

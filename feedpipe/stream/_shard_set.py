@@ -1,9 +1,10 @@
 """``ShardSet``: the one sample source every read path goes through.
 
-A dataset's shards, opened on demand: it maps each shard once (:class:`ShardReader`), fetches it
-into the node's L1 cache first when there is one (holding a lease on the cached file while it is
-open, and prefetching ahead of the plan), verifies it when asked, and closes the shard opened
-longest ago once ``max_open`` are open. Everything that reads samples uses its public methods:
+A dataset's shards, opened on demand. It maps each shard once (:class:`ShardReader`) and
+verifies it when asked. Where there is a node's L1 cache, it fetches the shard there first,
+prefetches ahead of the plan, and holds a lease on the cached file while it is open. Once
+``max_open`` are open, it closes the shard opened longest ago. Everything that reads samples
+uses its public methods:
 :class:`~feedpipe.FeedDataset`, every batch route of :class:`~feedpipe.FeedLoader` and
 :class:`~feedpipe.DeviceCache`.
 
@@ -144,7 +145,7 @@ class ShardSet:
 
     def open_all(self) -> bool:
         """Open every shard here and keep them open, when they all fit in ``max_open`` and none
-        is read through a cache: worker processes forked from this one inherit the parsed
+        is read through a cache. Worker processes forked from this one inherit the parsed
         indexes, later epochs reuse them, and no reader is closed under a borrower of its map.
         True when all are open."""
         if len(self.names) > self.max_open or self.cache is not None:

@@ -3,9 +3,9 @@
 
 Serving a store sample by sample costs, per sample, a record copy (the checksum is taken of the
 copy, so what is served is what was checked), rebuilding the output's tree, and the collator's
-copy into the batch buffer: two copies and Python work on every sample. When the store's records
-are an image (array or tensor of the collator's shape and dtype) and an integer label, or a bare
-image, a batch is instead:
+copy into the batch buffer: two copies and Python work on every sample. Some stores hold an
+image (array or tensor of the collator's shape and dtype) and an integer label, or a bare image.
+From those, a batch is instead:
 
 1. the state words of its sample ids, then their records, read in that order (as
    :meth:`DecodedStore.get` reads them): each record's image bytes straight into its row of the

@@ -1,9 +1,9 @@
-"""The optional DALI stage (``pip install 'feedpipe[dali]'``): decode, crop, resize and normalise
-feedpipe's own planned batches with NVIDIA DALI, on the GPU or (``device_id=None``) the CPU.
+"""The optional DALI stage (``pip install 'feedpipe[dali]'``).
 
-feedpipe stays in charge of *what* is read: the stage is fed through ``fn.external_source`` with
-the batches of encoded bytes a :class:`~feedpipe.FeedLoader` yields (plan order, resumption,
-caches unchanged), and DALI only does the pixel work::
+It decodes, crops, resizes and normalises feedpipe's own planned batches with NVIDIA DALI, on the
+GPU or (``device_id=None``) the CPU. feedpipe stays in charge of *what* is read: the stage is fed
+through ``fn.external_source`` with the batches of encoded bytes a :class:`~feedpipe.FeedLoader`
+yields (plan order, resumption, caches unchanged). DALI only does the pixel work::
 
     FeedLoader batches of encoded images (JPEG, PNG, WebP)
       ──► host: crop window + flip per sample (ImageSpec, seeded as in the CPU ImagePipeline)
@@ -22,7 +22,7 @@ image is the first of the stage's ``image_field`` fields it has, so batches mixi
 ``png`` samples work.
 
 The crop windows are computed on the host from the image header with the same
-:meth:`ImageSpec.geometry` and :func:`~feedpipe.transforms._pipeline.sample_rng` as the CPU
+:meth:`ImageSpec.geometry` and :func:`~feedpipe.transforms._seeding.sample_rng` as the CPU
 pipeline. So a sample gets the same crop and flip on either path, in any worker or rank, and
 after a resume.
 DALI's own random operators are not used: their draws follow DALI's batch order, not the plan.
@@ -49,7 +49,8 @@ import torch
 from .._helpers.dependency import require
 from ..errors import DecodeError
 from ._decode import IMAGE_FIELDS, image_format, image_size
-from ._pipeline import ImageSpec, parse_label, scratch_rng
+from ._pipeline import ImageSpec, parse_label
+from ._seeding import scratch_rng
 
 _DALI_FORMATS = ("jpeg", "png", "webp")  # what fn.decoders.image_slice reads of ours
 

@@ -2,7 +2,7 @@
 
 Every op is a callable ``op(x, rng=None)`` on HWC ``uint8`` numpy arrays or CHW tensors.
 Deterministic ops ignore ``rng``. Random ops draw from the ``numpy.random.Generator`` they are
-given (see :func:`feedpipe.transforms._pipeline.sample_rng`) and refuse to run without one, so
+given (see :func:`feedpipe.transforms._seeding.sample_rng`) and refuse to run without one, so
 no augmentation ever depends on hidden global state. The decoders, crop windows and resizes
 they use live in :mod:`~feedpipe.transforms._jpeg`, :mod:`~feedpipe.transforms._geometry` and
 :mod:`~feedpipe.transforms._resize`.

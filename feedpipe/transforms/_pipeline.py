@@ -1,14 +1,9 @@
-"""Per-sample transforms: deterministic augmentation seeded from the plan, and the ready
-:class:`ImagePipeline` (a sample dict in, ``(CHW tensor, label)`` out).
+"""The ready image transform: :class:`ImagePipeline` (a sample dict in, ``(CHW tensor, label)``
+out) and the :class:`ImageSpec` it shares with the DALI stage.
 
-**Seeding.** Every random draw for a sample comes from its own generator,
-:func:`sample_rng`\\ ``(seed, epoch, index)``: a ``PCG64`` whose 128-bit state and increment
-are the two halves of the 256-bit ``blake2b("feedpipe-augment", seed, epoch, index)`` digest,
-``index`` being the sample's global id (``__index__``). A sample therefore gets the same crop
-and flip in a given epoch whichever rank or worker reads it, however many there are, and after
-a resume. Another epoch or another sample gets independent draws. Hashing the three integers
-avoids the ``seed + epoch`` aliasing, as the plan does. The dataset puts ``__seed__`` and
-``__epoch__`` in each sample; a sample without them is treated as seed 0, epoch 0.
+Every random draw for a sample comes from its own generator, seeded from the plan
+(:mod:`feedpipe.transforms._seeding`), so a sample gets the same crop and flip whichever rank or
+worker reads it, and after a resume.
 
 The op classes (:class:`DecodeJPEG`, :class:`RandomResizedCrop`, ...) live in
 :mod:`feedpipe.transforms._ops`, :class:`DecodeImage` (any format) in
@@ -17,9 +12,7 @@ The op classes (:class:`DecodeJPEG`, :class:`RandomResizedCrop`, ...) live in
 
 from __future__ import annotations
 
-import hashlib
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +44,7 @@ from ._ops import (
     normalize_tensor,
 )
 from ._resize import resize_to_tensor
+from ._seeding import rng_of, sample_rng, scratch_rng, seed_of
 from ._threads import one_thread
 
 __all__ = [
@@ -73,60 +67,6 @@ __all__ = [
     "rng_of",
     "sample_rng",
 ]
-
-
-def _seed_state(seed: int, epoch: int, index: int) -> dict[str, Any]:
-    """The PCG64 state of sample ``index``'s generator: state and increment straight from a
-    256-bit blake2b digest, cheaper per sample than seeding through ``SeedSequence``
-    (``benchmarks/bench_peers.py``, decode phase)."""
-    d = hashlib.blake2b(f"feedpipe-augment\0{int(seed)}\0{int(epoch)}\0{int(index)}".encode(),
-                        digest_size=32).digest()
-    return {"bit_generator": "PCG64",
-            "state": {"state": int.from_bytes(d[:16], "little"),
-                      "inc": int.from_bytes(d[16:], "little") | 1},
-            "has_uint32": 0, "uinteger": 0}
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The generator of sample ``index``'s augmentation in ``epoch`` of a run seeded ``seed``.
-
-    Example:
-        >>> a = sample_rng(0, 1, 42).random()
-        >>> a == sample_rng(0, 1, 42).random(), a == sample_rng(0, 2, 42).random()
-        (True, False)
-    """
-    rng = np.random.Generator(np.random.PCG64())
-    rng.bit_generator.state = _seed_state(seed, epoch, index)
-    return rng
-
-
-_SCRATCH = threading.local()  # each thread's reused generator (scratch_rng)
-
-
-def scratch_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """:func:`sample_rng`'s generator, same draws, but this thread's one generator re-seeded.
-
-    Re-seeding is cheaper than creating a ``PCG64`` (``benchmarks/bench_peers.py``, decode
-    phase). The generator is valid only until the thread's next call, so this is for a caller
-    that draws everything it needs at once (:class:`ImagePipeline`, the DALI stage) and keeps
-    no reference."""
-    rng = getattr(_SCRATCH, "rng", None)
-    if rng is None:
-        rng = _SCRATCH.rng = np.random.Generator(np.random.PCG64())
-    rng.bit_generator.state = _seed_state(seed, epoch, index)
-    return rng
-
-
-def _seed_of(sample: Mapping[str, Any]) -> tuple[int, int, int]:
-    if "__index__" not in sample:
-        raise KeyError("a random transform needs the sample's '__index__' (its global id) to seed "
-                       "its augmentation; samples from FeedDataset carry it")
-    return sample.get("__seed__", 0), sample.get("__epoch__", 0), sample["__index__"]
-
-
-def rng_of(sample: Mapping[str, Any]) -> np.random.Generator:
-    """:func:`sample_rng` of a sample dict (``__seed__``, ``__epoch__``, ``__index__``)."""
-    return sample_rng(*_seed_of(sample))
 
 
 def parse_label(value: Any) -> int:
@@ -237,7 +177,7 @@ class ImagePipeline:
     with the pip line.
 
     Picklable (plain attributes): give it to ``FeedDataset(transform=...)`` and it runs in the
-    workers. Randomness: :func:`rng_of` the sample (see the module docstring).
+    workers. Randomness: :func:`rng_of` the sample (:mod:`feedpipe.transforms._seeding`).
 
     Args:
         size: output side (square).
@@ -344,11 +284,13 @@ class ImagePipeline:
         return torch.uint8 if self._norm is None else torch.float32
 
     def into(self, sample: Mapping[str, Any], out: torch.Tensor) -> int | None:
-        """Like :meth:`__call__`, but the image is written into ``out`` (a tensor of
-        :attr:`out_shape` and :attr:`out_dtype`, e.g. a row of a batch buffer) instead of a new
-        tensor, saving an allocation and a copy per sample; returns the label (``None`` without
-        a ``label_field``). :class:`~feedpipe.FeedLoader` calls it when its ``collate_fn`` is a
-        :class:`~feedpipe.stream._collator.BatchCollator`. Same pixels as :meth:`__call__`.
+        """Like :meth:`__call__`, but the image is written into ``out``; returns the label
+        (``None`` without a ``label_field``).
+
+        ``out`` is a tensor of :attr:`out_shape` and :attr:`out_dtype`, e.g. a row of a batch
+        buffer: no new tensor, so an allocation and a copy per sample are saved. The pixels are
+        :meth:`__call__`'s. :class:`~feedpipe.FeedLoader` calls it when its ``collate_fn`` is a
+        :class:`~feedpipe.BatchCollator`.
 
         Example:
             >>> from feedpipe import FeedDataset
@@ -370,7 +312,7 @@ class ImagePipeline:
         ``label_field``). A bad sample raises the DecodeError of ``on_error`` naming it before
         anything is written into ``out``: the label is read first, and the image is decoded
         whole or as a window before the resize writes into ``out``."""
-        rng = scratch_rng(*_seed_of(sample)) if self.spec.train else None
+        rng = scratch_rng(*seed_of(sample)) if self.spec.train else None
         try:
             field = image_field_of(sample, self.image_field)
             if field is None:
