@@ -166,6 +166,10 @@ def decode_image(data: Any) -> np.ndarray:
 def image_decoders() -> dict[str, str | None]:
     """Which library decodes each format here (``None``: none installed), e.g. for a report.
 
+    Returns:
+        ``{format: library}`` for ``"jpeg"``, ``"png"``, ``"webp"``, ``"avif"``, ``"heic"`` and
+        ``"other"`` (what OpenCV reads besides).
+
     Example:
         >>> image_decoders()["png"]
         'opencv'

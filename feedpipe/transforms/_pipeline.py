@@ -182,8 +182,11 @@ class ImagePipeline:
     Args:
         size: output side (square).
         train: random-resized crop and flip; ``False``: centre crop.
-        scale, ratio, flip: the training augmentation (see :class:`ImageSpec`).
-        mean, std: normalisation on the ``[0, 1]`` scale; ``None``: ``uint8`` output.
+        scale: the training crop's share of the image area (see :class:`ImageSpec`).
+        ratio: the training crop's aspect ratio range.
+        flip: the probability of a left-right flip when training.
+        mean: per-channel mean on the ``[0, 1]`` scale; ``None``: ``uint8`` output.
+        std: per-channel standard deviation on the ``[0, 1]`` scale.
         image_field: the field holding the image bytes, or a sequence of fields of which the
             first the sample has is used. Default:
             :data:`~feedpipe.transforms._decode.IMAGE_FIELDS` (``"jpg", "jpeg", "png", "webp",
