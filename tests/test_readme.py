@@ -1,0 +1,238 @@
+"""README.md's snippets run as a reader runs them, so that none can rot.
+
+Every fenced ``python`` block runs, in README order, each in a fresh interpreter
+(``python snippet.py``, so ``if __name__ == "__main__":`` and worker processes behave as in a
+user's script), all in one temporary working directory that the tutorial fills (``images/``,
+``shards/``, ``ckpt.pt``, ...): a later snippet uses what an earlier one made, as it does for the
+reader. A ``bash`` block runs too when the line before its fence is ``<!-- test_readme: run -->``
+(an HTML comment: invisible on the rendered page).
+
+A block is skipped, with its reason, when it holds a line
+``# not run by tests/test_readme.py: needs <X>`` (a GPU, S3, a cluster, ...), or a line
+``# needs the <extra> extra`` and that extra's package is not installed. Selecting one block
+(``-k L123``) first runs the runnable blocks above it, as its setup.
+
+Also checked: the two commands at the top are the ones ``.ci/run`` extracts, the snippets use
+only the public API, every extra named exists, every linked file exists, and neither README.md
+nor docs/ holds an absolute path of one machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md")) if (ROOT / "docs").is_dir() else []
+RUN_MARK = "<!-- test_readme: run -->"
+NOT_RUN = re.compile(r"#\s*not run by tests/test_readme\.py:\s*(needs .+)$", re.M)
+NEEDS_EXTRA = re.compile(r"#\s*needs the (\w+) extra", re.M)
+# the module that tells an extra is installed
+EXTRA_MODULE = {"dali": "nvidia.dali", "s3": "s3fs", "gcs": "gcsfs", "http": "aiohttp",
+                "dask": "distributed", "images": "pillow_heif", "parquet": "pyarrow",
+                "hub": "datasets", "plot": "matplotlib"}
+TIMEOUT = 300
+
+DEMO_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
+            "pip install -e . && feedpipe demo")
+TEST_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
+            "pip install -e '.[test]' && python -m pytest -q")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block of the README: its language, first line number and text."""
+
+    lang: str
+    line: int
+    text: str
+    marked: bool  # preceded by RUN_MARK
+
+    @property
+    def id(self) -> str:
+        return f"L{self.line}-{self.lang}"
+
+    def runnable(self) -> bool:
+        return self.lang == "python" or (self.lang == "bash" and self.marked)
+
+    def skip_reason(self) -> str | None:
+        m = NOT_RUN.search(self.text)
+        if m:
+            return m.group(1)
+        for extra in NEEDS_EXTRA.findall(self.text):
+            module = EXTRA_MODULE.get(extra)
+            if module is None:
+                continue  # an unknown extra is caught by test_extras_named_exist
+            if not installed(module):
+                return f"needs the {extra} extra (pip install 'feedpipe[{extra}]')"
+        return None
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package (nvidia for nvidia.dali) is missing
+        return False
+
+
+def blocks(path: Path = README) -> list[Block]:
+    out: list[Block] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^```(\w*)\s*$", lines[i])
+        if not m:
+            i += 1
+            continue
+        start = i
+        prev = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        i += 1
+        body = []
+        while i < len(lines) and not lines[i].startswith("```"):
+            body.append(lines[i])
+            i += 1
+        out.append(Block(m.group(1), start + 1, "\n".join(body) + "\n", prev == RUN_MARK))
+        i += 1
+    return out
+
+
+RUNNABLE = [b for b in blocks() if b.runnable()]
+
+
+@dataclass
+class Session:
+    """The shared working directory and which blocks have run there (and how)."""
+
+    workdir: Path
+    env: dict[str, str]
+    done: dict[str, str | None] = field(default_factory=dict)  # id -> None (ok) or the error
+
+
+def _run(block: Block, s: Session) -> str | None:
+    """Run ``block`` in the session's directory; ``None`` when it succeeded, else its output."""
+    if block.lang == "python":
+        script = s.workdir / f"readme_{block.line}.py"
+        script.write_text(block.text, encoding="utf-8")
+        cmd = [sys.executable, str(script)]
+    else:
+        cmd = ["bash", "-e", "-o", "pipefail", "-c", block.text]
+    try:
+        r = subprocess.run(cmd, cwd=s.workdir, env=s.env, capture_output=True, text=True,
+                           timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        return f"timed out after {TIMEOUT} s\n{e.stdout or ''}\n{e.stderr or ''}"
+    if r.returncode != 0:
+        return f"exit status {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
+    work = tmp_path_factory.mktemp("readme")
+    env = dict(os.environ)
+    # the venv's bin first (feedpipe, torchrun), the user's caches kept out of the way
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["XDG_CACHE_HOME"] = str(work / ".cache")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("PYTHONPATH", None)
+    return Session(work, env)
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
+def test_readme_snippet_runs(block: Block, session: Session) -> None:
+    reason = block.skip_reason()
+    if reason is not None:
+        pytest.skip(f"README line {block.line}: {reason}")
+    for earlier in RUNNABLE[:RUNNABLE.index(block)]:  # what the reader ran before this one
+        if earlier.id not in session.done and earlier.skip_reason() is None:
+            session.done[earlier.id] = _run(earlier, session)
+    failed_before = [k for k, v in session.done.items() if v is not None]
+    if block.id not in session.done:
+        session.done[block.id] = _run(block, session)
+    error = session.done[block.id]
+    if error is not None:
+        note = (f" (earlier snippets failed too: {', '.join(failed_before)})"
+                if failed_before else "")
+        pytest.fail(f"README.md line {block.line} ({block.lang}) failed{note}:\n"
+                    f"{block.text}\n{error}")
+
+
+def test_readme_opens_with_the_two_commands_ci_runs() -> None:
+    """The commands under the two opening sentences, byte for byte; ``.ci/run`` extracts the
+    second from the first ``bash`` block after "Install and run the tests"."""
+    text = README.read_text(encoding="utf-8")
+    for sentence, cmd in (("Install and run the demo on a built-in synthetic dataset:", DEMO_CMD),
+                          ("Install and run the tests:", TEST_CMD)):
+        assert f"{sentence}\n\n```bash\n{cmd}\n```\n" in text, sentence
+    first = text.index("```bash")
+    assert text.index("Install and run the demo") < first < text.index("Install and run the tests")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "/^Install and run the tests/" in ci
+
+
+def test_snippets_use_only_the_public_api() -> None:
+    """``from feedpipe import ...`` and ``feedpipe.X``: no subpackage or private module path."""
+    private = re.compile(r"\bfeedpipe\.(?:_\w+|format|plan|caches|transforms|stream|device|"
+                         r"convert|diagnostics|cli|errors)\b")
+    for b in blocks():
+        if b.lang == "python":
+            assert not private.search(b.text), f"README line {b.line}: {private.search(b.text)}"
+    import feedpipe
+
+    for b in blocks():
+        if b.lang != "python":
+            continue
+        for name in re.findall(r"\bfeedpipe\.([A-Za-z_]\w*)", b.text):
+            assert hasattr(feedpipe, name), f"README line {b.line}: feedpipe.{name} does not exist"
+        for names in re.findall(r"^from feedpipe import (\([^)]*\)|.+)$", b.text, re.M):
+            for name in names.strip("()").replace("\n", " ").split(","):
+                name = name.split(" as ")[0].strip()
+                if name:
+                    assert hasattr(feedpipe, name), f"README line {b.line}: {name} is not public"
+
+
+def _extras() -> set[str]:
+    """The extras of pyproject.toml (its ``[project.optional-dependencies]`` keys)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    return set(re.findall(r"^(\w+)\s*=", section, re.M))
+
+
+def test_extras_named_exist() -> None:
+    """Every ``feedpipe[extra]`` the README and docs name is an extra of pyproject.toml, and so is
+    every extra a snippet says it needs."""
+    extras = _extras()
+    assert {"test", "dali", "s3"} <= extras
+    for doc in [README, *DOCS]:
+        text = doc.read_text(encoding="utf-8")
+        for group in re.findall(r"feedpipe\[([\w,]+)\]", text):
+            for extra in group.split(","):
+                assert extra in extras, f"{doc.name}: feedpipe[{extra}] is not an extra"
+        for extra in NEEDS_EXTRA.findall(text):
+            assert extra in extras and extra in EXTRA_MODULE, f"{doc.name}: needs the {extra} extra"
+
+
+def test_every_linked_file_exists_and_no_machine_path() -> None:
+    for doc in [README, *DOCS]:
+        text = doc.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
+        for m in re.finditer(r"(?<![\w.~$])/(?:work|home|Users|root|tmp)/\S*", text):
+            pytest.fail(f"{doc.name}: an absolute path of one machine: {m.group(0)}")
+
+
+def test_readme_snippets_are_found() -> None:
+    """The extraction sees the tutorial (a test over zero snippets would pass vacuously)."""
+    langs = [b.lang for b in RUNNABLE]
+    assert langs.count("python") >= 10 and "bash" in langs
+
