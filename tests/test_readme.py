@@ -220,13 +220,23 @@ def test_extras_named_exist() -> None:
             assert extra in extras and extra in EXTRA_MODULE, f"{doc.name}: needs the {extra} extra"
 
 
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of ``doc``'s headings (lower case, punctuation dropped, spaces to -)."""
+    text = re.sub(r"^```.*?^```", "", doc.read_text(encoding="utf-8"), flags=re.M | re.S)
+    heads = re.findall(r"^#+ (.+)$", text, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
 def test_every_linked_file_exists_and_no_machine_path() -> None:
     for doc in [README, *DOCS]:
         text = doc.read_text(encoding="utf-8")
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
             if "://" in target:
                 continue
-            assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
+            path = doc.parent / target if target else doc
+            assert path.exists(), f"{doc.name}: broken link {target}"
+            if anchor and path.suffix == ".md":
+                assert anchor in _anchors(path), f"{doc.name}: no heading for #{anchor} in {path}"
         for m in re.finditer(r"(?<![\w.~$])/(?:work|home|Users|root|tmp)/\S*", text):
             pytest.fail(f"{doc.name}: an absolute path of one machine: {m.group(0)}")
 
