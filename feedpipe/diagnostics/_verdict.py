@@ -150,8 +150,8 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
                    "fixed-shape samples) so that later epochs skip decoding.")
         if f.jpeg and f.cuda:
             out.append("Move JPEG decoding to this machine's GPU with DALI (pip install "
-                       "'feedpipe[dali]'): nvJPEG decodes thousands of images/s per GPU and "
-                       "frees the CPU cores.")
+                       "'feedpipe[dali]'): nvJPEG decodes on the GPU and frees the CPU cores "
+                       "(`feedpipe probe` on the GPU machine shows the decode stage's rate).")
         elif f.jpeg:
             out.append("Decode fewer pixels: JPEG decoding costs in proportion to the pixels, so "
                        "store the images near the size you train at (downscale them once before "
