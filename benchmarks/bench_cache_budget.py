@@ -73,8 +73,7 @@ def reader(q: Any, url: str, cache: str, budget: int | None, seed: int, epochs: 
     try:
         from torch.utils.data import DataLoader
 
-        from feedpipe import FeedDataset
-        from feedpipe.caches._shards import ShardCache
+        from feedpipe import FeedDataset, ShardCache
 
         ds = FeedDataset(url, cache_dir=ShardCache(cache, budget, prefetch=2), shuffle=True,
                          seed=seed, shuffle_window=max_open, max_open_shards=max_open)
@@ -105,7 +104,7 @@ def make_data(root: str, shards: int, per_shard: int, size: int) -> str:
 
 def run(url: str, server: str, cache: str, budget: int | None, a: argparse.Namespace,
         truth: dict[str, str]) -> dict[str, Any]:
-    from feedpipe.caches._shards import ShardCache
+    from feedpipe import ShardCache
 
     shutil.rmtree(cache, ignore_errors=True)
     urllib.request.urlopen(urllib.request.Request(server + "/__reset__", data=b"",

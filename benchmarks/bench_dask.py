@@ -101,7 +101,7 @@ def _dask_run(n: int, fn: Any) -> dict[str, Any]:
 
 
 def worker(spec: dict[str, Any]) -> int:
-    from feedpipe.convert._shard import shard
+    from feedpipe import shard
 
     system, src = spec["system"], spec["src"]
     out = tempfile.mkdtemp(prefix="bench-dask-", dir=spec["work"])

@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from feedpipe.transforms._pipeline import ImagePipeline
+    from feedpipe import ImagePipeline
 
     encoded = _encode(_images(args.count, args.height, args.width))
     decoders = _decoders()

@@ -76,12 +76,10 @@ WORKERS = (0, 2)
 
 def _have_store() -> str | None:
     try:
-        import importlib
-
-        importlib.import_module("feedpipe.decoded_store")
+        from feedpipe import DecodedStore  # noqa: F401
         return None
     except ImportError as e:
-        return f"feedpipe.decoded_store is not in this tree yet ({e})"
+        return f"this feedpipe has no decoded store ({e})"
 
 
 def _run_epochs(spec: dict[str, Any]) -> dict[str, Any]:

@@ -138,7 +138,7 @@ def _manifest_shards(root: str) -> list[tuple[str, str, int, int]]:
 
 
 def _fp_reader_iter(root: str) -> Any:
-    from feedpipe.format._reader import ShardReader
+    from feedpipe import ShardReader
 
     for path, name, base, nbytes in _manifest_shards(root):
         r = ShardReader(path, name=name, base=base, expected_bytes=nbytes)
@@ -157,7 +157,7 @@ def _reader_dataset(root: str) -> Any:
         def __iter__(self):  # type: ignore[no-untyped-def]
             info = tud.get_worker_info()
             wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-            from feedpipe.format._reader import ShardReader
+            from feedpipe import ShardReader
 
             for path, name, base, nbytes in _manifest_shards(root)[wid::nw]:
                 r = ShardReader(path, name=name, base=base, expected_bytes=nbytes)
@@ -170,7 +170,7 @@ def _reader_dataset(root: str) -> Any:
 
 
 def _first_sample(root: str) -> dict[str, Any]:
-    from feedpipe.format._reader import ShardReader
+    from feedpipe import ShardReader
 
     path, name, base, nbytes = _manifest_shards(root)[0]
     with ShardReader(path, name=name, base=base, expected_bytes=nbytes) as r:

@@ -62,9 +62,8 @@ BATCH = 64
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from feedpipe import FeedDataset, FeedLoader, FunctionIndex
+    from feedpipe import FeedDataset, FeedLoader, FunctionIndex, ImagePipeline
     from feedpipe.caches._decoded_files import read_recorded
-    from feedpipe.transforms._pipeline import ImagePipeline
 
     torch.set_num_threads(1)
     system, tmp = spec["system"], spec["tmp"]

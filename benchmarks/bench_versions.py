@@ -53,8 +53,12 @@ def worker(spec: dict[str, Any]) -> None:
     from peer_memory import PeakMemory
 
     import feedpipe
-    from feedpipe.stream._collator import BatchCollator
-    from feedpipe.transforms._pipeline import ImagePipeline
+
+    try:
+        from feedpipe import BatchCollator, ImagePipeline
+    except ImportError:  # a tree from before these names were exported (the flat layout)
+        from feedpipe.collator import BatchCollator
+        from feedpipe.transforms import ImagePipeline
 
     root, phase = spec["shards"], spec["phase"]
     with PeakMemory() as mem:

@@ -291,7 +291,7 @@ def loader(system: str, phase: str, root: str, kind: str, nw: int, meta: dict[st
     field = main_field(kind)
     if system == "feedpipe":
         import feedpipe
-        from feedpipe.transforms._pipeline import ImagePipeline
+        from feedpipe import ImagePipeline
 
         tf = ImagePipeline(SIZE, train=True, mean=None) if decode else None
         ds = feedpipe.FeedDataset(root, shuffle=True, seed=0, transform=tf)
@@ -300,7 +300,7 @@ def loader(system: str, phase: str, root: str, kind: str, nw: int, meta: dict[st
         return _Epochs(lambda e: (fl.set_epoch(e), iter(fl))[1])
     if system == "feedpipe-threads":
         import feedpipe
-        from feedpipe.transforms._pipeline import ImagePipeline
+        from feedpipe import ImagePipeline
 
         if not decode:
             raise SystemExit("feedpipe-threads runs the decode phase only")
@@ -314,7 +314,7 @@ def loader(system: str, phase: str, root: str, kind: str, nw: int, meta: dict[st
         # resize to 224, uint8): epoch 1 fills it, epoch 2 reads records. Random augmentation
         # belongs after the store (on the batch or the device); none is applied here.
         import feedpipe
-        from feedpipe.transforms._pipeline import ImagePipeline
+        from feedpipe import ImagePipeline
 
         ds = feedpipe.FeedDataset(root, shuffle=True, seed=0, decoded_cache=meta["store_dir"],
                                   transform=ImagePipeline(SIZE, train=False, mean=None))
@@ -406,7 +406,7 @@ def loader(system: str, phase: str, root: str, kind: str, nw: int, meta: dict[st
 def _fp_collate() -> Any:
     """feedpipe's image batch collation: preallocated, reused batch buffers (BatchCollator; in a
     worker process it falls back to torch's default_collate)."""
-    from feedpipe.stream._collator import BatchCollator
+    from feedpipe import BatchCollator
 
     return BatchCollator(BATCH, (3, SIZE, SIZE))
 

@@ -249,7 +249,7 @@ class Dali(System):
 
 
 def _collator(ctx: Context) -> Any:
-    from feedpipe.stream._collator import BatchCollator
+    from feedpipe import BatchCollator
 
     return BatchCollator(ctx.batch, (3, ctx.size, ctx.size))
 
@@ -273,7 +273,7 @@ class Feedpipe(_Loader):
 
     def __init__(self, ctx: Context) -> None:
         import feedpipe
-        from feedpipe.transforms._pipeline import ImagePipeline
+        from feedpipe import ImagePipeline
 
         self.ctx = ctx
         nw = ctx.workers
@@ -294,8 +294,7 @@ class FeedpipeDali(_Loader):
 
     def __init__(self, ctx: Context) -> None:
         import feedpipe
-        from feedpipe.transforms._dali import DaliStage
-        from feedpipe.transforms._pipeline import ImageSpec
+        from feedpipe import DaliStage, ImageSpec
 
         self.ctx = ctx
         nw = min(4, ctx.workers)
@@ -322,7 +321,7 @@ class FeedpipeStore(_Loader):
 
     def __init__(self, ctx: Context) -> None:
         import feedpipe
-        from feedpipe.transforms._pipeline import ImagePipeline
+        from feedpipe import ImagePipeline
 
         self.ctx = ctx
         nw = ctx.workers
@@ -361,7 +360,7 @@ class FeedpipeCache(System):
         import time
 
         import feedpipe
-        from feedpipe.transforms._pipeline import ImagePipeline
+        from feedpipe import ImagePipeline
 
         t0 = time.perf_counter()
         st = self.cache.warmup(feedpipe.FeedDataset(self.ctx.shards),

@@ -18,7 +18,7 @@ DEST = os.path.join(HERE, "..", "shards", "example")
 
 
 def build(dest: str) -> None:
-    from feedpipe.convert._shard import shard
+    from feedpipe import shard
     from feedpipe.convert._synth import make_image_folder
 
     with tempfile.TemporaryDirectory() as tmp:

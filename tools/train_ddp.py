@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 import feedpipe
-from feedpipe.errors import StateError
+from feedpipe import StateError
 
 
 def features(sample: dict) -> tuple[torch.Tensor, int, int]:
