@@ -46,7 +46,7 @@ SIZES = {"1KiB": 1 << 10, "16KiB": 16 << 10, "110KiB": 110 << 10, "1MiB": 1 << 2
 def candidates() -> dict[str, Callable[[bytes], Any]]:
     import xxhash
 
-    from feedpipe.caches._function_index import content_hash
+    from feedpipe.caches._memo_record import content_hash
 
     out: dict[str, Callable[[bytes], Any]] = {
         "xxh3-128": xxhash.xxh3_128_digest,

@@ -355,7 +355,7 @@ class DeviceCache:
 
     def tier_stats(self) -> Any:
         """Hits and misses since warm-up, the resident samples and the buffers' bytes, in the
-        shape every cache tier reports (:class:`~feedpipe.caches._tiers.TierStats`)."""
+        shape every cache tier reports (:class:`~feedpipe.caches._stats.TierStats`)."""
         from ..caches._stats import DEVICE, TierStats
 
         used = sum(b.numel() * b.element_size() for b in self._buffers)
