@@ -105,3 +105,25 @@ def test_worker_errors_keep_their_class_and_message(sharded_copy: Path) -> None:
                     num_workers=2)
     with pytest.raises(ShardFormatError, match=tar.name):
         list(ld)
+
+
+class CutsItsShard:
+    """A transform that, at sample ``at``, cuts that sample's shard to 512 bytes and then reads
+    the sample's bytes: past the new end of the map, which kills its process with SIGBUS. The
+    race of a shard cut between a batch's size check and its decode, made certain."""
+
+    def __init__(self, root: str, at: int) -> None:
+        self.root, self.at = root, at
+
+    def __call__(self, sample: dict) -> int:
+        if sample["__index__"] == self.at:
+            os.truncate(os.path.join(self.root, sample["__shard__"]), 512)
+        return len(bytes(sample["jpg"]))
+
+
+def test_a_worker_killed_reading_a_cut_shard_is_the_named_error(sharded_copy: Path) -> None:
+    ds = FeedDataset(str(sharded_copy), transform=CutsItsShard(str(sharded_copy), at=3))
+    ld = FeedLoader(ds, batch_size=2, num_workers=2, route="samples-workers")
+    with pytest.raises(ShardFormatError, match=r"data-000000\.tar: the shard changed") as e:
+        list(ld)
+    assert "a worker process died reading it" in str(e.value)

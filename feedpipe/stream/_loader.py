@@ -309,7 +309,7 @@ class FeedLoader:
             release = self._releases[route.name] = RowRelease(
                 bool(kwargs.get("persistent_workers", False)))
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
-                                 release=release, pin=self._pin)
+                                 release=release, pin=self._pin, shards=self.dataset.shards)
 
     def _check_start_method(self) -> None:
         if self._fork_unsafe is None or "multiprocessing_context" in self._kwargs:

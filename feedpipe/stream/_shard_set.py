@@ -182,6 +182,27 @@ class ShardSet:
             if r is not None:
                 r.check()
 
+    def changed(self) -> str | None:
+        """The first local shard whose file no longer has the manifest's size, said as an error
+        message, or ``None``. For a worker process that died reading (a read past the new end of
+        a truncated map is a ``SIGBUS``): the training process names the shard instead.
+        Remote and cached shards are not looked at (their files are not the user's to cut)."""
+        if not self.local:
+            return None
+        from .._helpers.storage import local_path
+
+        for s, rec in enumerate(self.manifest.shards):
+            url = self.url(s)
+            try:
+                size = os.stat(local_path(url)).st_size
+            except OSError as e:
+                return f"{url}: the shard cannot be read any more ({e.strerror})"
+            if size != rec.bytes:
+                return (f"{url}: the shard changed while it was being read: {size} bytes now, "
+                        f"{rec.bytes} in the manifest (truncated or rewritten in place); "
+                        "restore it (or re-fetch the dataset) and resume from the last checkpoint")
+        return None
+
     def drop_pages(self) -> None:
         """Unmap the touched pages of every open shard's map (:meth:`ShardReader.drop_pages`)."""
         for r in self._readers.values():

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..errors import ShardFormatError
 from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
 from ._refs import RefFetch
 from ._store_gather import Finished
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ._dataset import FeedDataset
     from ._refs import Resolver
     from ._routes import Route
+    from ._shard_set import ShardSet
 
 
 class WorkerMeta:
@@ -115,9 +117,10 @@ class WorkerBatches:
 
     def __init__(self, loader: Any, route: Route, stats: dict[str, Any], *,
                  resolver: Resolver | None = None, release: RowRelease | None = None,
-                 pin: bool = False) -> None:
+                 pin: bool = False, shards: ShardSet | None = None) -> None:
         self.loader, self.route, self.stats = loader, route, stats
         self.resolver, self.release, self.pin = resolver, release, pin
+        self.shards = shards  # to name a shard cut under a worker that died reading it
 
     def __iter__(self) -> Iterator[Any]:
         sink, stats = self.route.sink, self.stats
@@ -129,7 +132,17 @@ class WorkerBatches:
         release, resolver = self.release, self.resolver
         it = iter(self.loader)
         try:
-            for batch, meta in it:
+            while True:
+                try:
+                    batch, meta = next(it)
+                except StopIteration:
+                    break
+                except RuntimeError as e:  # a worker died: a shard cut under its map?
+                    why = self.shards.changed() if self.shards is not None else None
+                    if why is None:
+                        raise
+                    raise ShardFormatError(f"{why} (a worker process died reading it: {e})") \
+                        from e
                 pids.add(meta.pid)
                 stats["skipped"] = stats.get("skipped", 0) + meta.skipped
                 if sink == "resolve":
