@@ -146,6 +146,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
     return Session(work, env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
 def test_readme_snippet_runs(block: Block, session: Session) -> None:
     reason = block.skip_reason()
