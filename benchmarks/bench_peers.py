@@ -32,8 +32,7 @@ Ceilings in the same run: ``cat`` of the feedpipe shards, a Python ``readinto`` 
 4 KiB-aligned 1 MiB buffer over the same shards, and single-core JPEG decode (simplejpeg and
 Pillow, full-size, one CPU pinned).
 
-Usage, from the checkout, in a separate venv holding the peers (the README's "Performance"
-section)::
+Usage, from the checkout, in a separate venv holding the peers (docs/performance.md)::
 
     python3 -m venv .bench-venv && . .bench-venv/bin/activate
     pip install torch==2.13.0 && pip install -e '.[test,bench]' torch==2.13.0

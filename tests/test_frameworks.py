@@ -40,7 +40,8 @@ class Recorder(pl.LightningModule):
 
 
 def trainer(tmp_path: Path, **kw: object) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+    kw.setdefault("devices", 1)
+    return pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=str(tmp_path), **kw)
 
 
@@ -110,3 +111,46 @@ def test_accelerate_prepare_save_state_and_load_state(ds_path: str, tmp_path: Pa
     assert done + rest == full
     nxt = [i for b in ld2 for i in b["__index__"].tolist()]  # the next epoch, by itself
     assert sorted(nxt) == list(range(N)) and nxt != full
+
+
+class RankRecorder(Recorder):
+    """Recorder that writes what each rank trained on to a file (its processes are spawned)."""
+
+    def __init__(self, out: str) -> None:
+        super().__init__()
+        self.out = out
+
+    def on_train_end(self) -> None:
+        import json
+        import os
+
+        with open(os.path.join(self.out, f"rank{self.global_rank}.json"), "w") as f:
+            json.dump(self.seen, f)
+
+
+def test_lightning_ddp_gives_each_rank_its_share(ds_path: str, tmp_path: Path) -> None:
+    """Two ranks launched by Lightning itself (ddp_spawn on CPU): the FeedLoader, made before
+    fit with no rank given, learns the world from torch.distributed when it is iterated, so
+    the ranks share the epoch instead of each training on all of it."""
+    import json
+
+    ld = loader(ds_path)
+    assert ld.dataset.world.world_size == 1  # nothing says otherwise yet
+    trainer(tmp_path, max_epochs=2, enable_checkpointing=False, devices=2,
+            strategy="ddp_spawn").fit(RankRecorder(str(tmp_path)), train_dataloaders=ld)
+    ranks = [by_epoch(json.loads((tmp_path / f"rank{r}.json").read_text())) for r in (0, 1)]
+    for epoch in (0, 1):
+        a, b = ranks[0][epoch], ranks[1][epoch]
+        assert len(a) == len(b) == 13  # 25 samples over 2 ranks: one repeated as padding
+        assert set(a) | set(b) == set(range(N)) and len(set(a) & set(b)) <= 1
+    assert ranks[0][0] != ranks[0][1]
+
+
+def test_a_world_size_without_a_rank_is_refused_when_iterated(ds_path: str,
+                                                              monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    ld = loader(ds_path)
+    with pytest.raises(ValueError, match="WORLD_SIZE=2 says there are 2 ranks, but neither RANK"):
+        next(iter(ld))

@@ -307,7 +307,8 @@ def test_disk_full_degrades_to_computing(tmp_path) -> None:  # type: ignore[no-u
     byte_of = {content_hash(bytes([i])): i for i in range(100)}
     env = lmdb.open(path, readonly=True, lock=False)
     with env.begin() as txn:
-        stored = {byte_of[bytes(k)[16:]]: unpack(bytes(v))[0] for k, v in txn.cursor()}
+        stored = {byte_of[bytes(k)[16:]]: unpack(bytes(v))[0]
+                  for k, v in txn.cursor()}
     env.close()
     assert 0 < len(stored) < 100
     for i, value in stored.items():

@@ -188,8 +188,10 @@ def _cache_steps(out: str, root: str, p: Any) -> dict[str, Any]:
         with open(os.path.join(out, name), "rb") as f:
             fs.pipe(f"{remote}/{name}", f.read())
     try:
+        # shards mixed two at a time (shuffle_window=2), two open at once: what a reader holds
+        # fits the budget smaller than the dataset, which is met by evicting
         l1 = FeedDataset(remote, shuffle=True, seed=7, cache_dir=os.path.join(root, "l1"),
-                         cache_size="1MB")
+                         cache_size="1MB", max_open_shards=2, shuffle_window=2)
         two_epochs(l1)
         c = l1.cache.stats  # type: ignore[union-attr]
     finally:

@@ -184,7 +184,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                    help="class names to record in the manifest (what the 'cls' values index), "
                         "as `feedpipe shard --labels-from-dirs` records them: a comma-separated "
                         "list, or a file with one name per line (an existing file wins)")
-    add_json_options(p)
+    add_json_options(p, out=True)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -223,7 +223,7 @@ def add_verify(sub: argparse._SubParsersAction) -> None:
                "key, message}], warnings: [...]}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", metavar="DATASET", help="dataset root (path or fsspec URL)")
-    add_json_options(p)
+    add_json_options(p, out=True)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -126,8 +126,9 @@ def _pipeline(doc: dict[str, Any]) -> list[str]:
             lines.append(f"  {label:<16}{_num(per_core[k]):>17}   {_num(cap):>14}{mark}")
     batch = (pl or {}).get("batch") or {}
     if batch.get("tensors"):
-        lines.append("Batches stacked: " + ", ".join(f"{k} {v}" for k, v in batch["tensors"].items()
-                                                     if not k.startswith("__"))
+        tensors = batch["tensors"]
+        shown = {k: v for k, v in tensors.items() if not k.startswith("__")} or tensors
+        lines.append("Batches stacked: " + ", ".join(f"{k} {v}" for k, v in shown.items())
                      + f" ({_size(batch['tensor_bytes'])} per batch)")
     if pl and pl.get("loader"):
         parts = [f"{r['workers']} workers: " + (_num(r.get("samples_per_s")) + "/s"

@@ -57,13 +57,20 @@ def _int_env(name: str) -> int | None:
     return int(value)
 
 
-def detect_world() -> World:
+def detect_world(*, strict: bool = False) -> World:
     """The world from an initialised ``torch.distributed``, else the launcher's variables, else a
     single process.
 
     Reads ``RANK``/``WORLD_SIZE`` (torchrun), ``SLURM_PROCID``/``SLURM_NTASKS``,
     ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE`` or ``PMI_RANK``/``PMI_SIZE``, and the
-    matching local variables. Takes no argument: this is the one place that looks.
+    matching local variables. This is the one place that looks.
+
+    Args:
+        strict: refuse (:class:`~feedpipe.errors.PlanError`) a world that says it has several
+            ranks (``WORLD_SIZE`` above 1) without saying which one this process is (no
+            ``RANK``, ``torch.distributed`` not initialised), as a launcher that initialises
+            ``torch.distributed`` later leaves it (Lightning's own): reading as rank 0 of 1
+            there would give every rank the whole epoch.
 
     Example:
         >>> w = detect_world()
@@ -83,6 +90,14 @@ def detect_world() -> World:
         r, s = _int_env(r_name), _int_env(s_name)
         if r is not None and s is not None:
             return World(r, s, local_rank, max(local_size, 1))
+    size = _int_env("WORLD_SIZE")
+    if strict and size is not None and size > 1:
+        raise PlanError(
+            f"WORLD_SIZE={size} says there are {size} ranks, but neither RANK nor an "
+            "initialised torch.distributed says which one this process is; start it with "
+            "torchrun (which sets RANK), iterate the loader after torch.distributed is "
+            "initialised (Lightning does so by the time it trains), or pass FeedDataset(rank=, "
+            "world_size=)")
     return World()
 
 

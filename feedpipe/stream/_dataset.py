@@ -22,7 +22,7 @@ from ..caches._shards import ShardCache, make_cache
 from ..errors import PlanError, StateError
 from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
-from ..plan._world import resolve_world
+from ..plan._world import detect_world, resolve_world
 from ._batch_loop import CollateMaker, EpochReader, SampleFetch, Skips, batch_loop
 from ._collate import Decoder, decoders
 from ._shard_set import ShardSet
@@ -132,15 +132,11 @@ class FeedDataset(IterableDataset):
         self.decode: dict[str, Decoder] = decoders(decode)
         self.shuffle_window = shuffle_window
         self.world = resolve_world(rank, world_size)
+        self._world_given = rank is not None
         self.verify = verify
         self.max_open_shards = max(1, max_open_shards)
         self.identity = dataset_identity(self.manifest)
-        if drop_last and self.manifest.total_samples < self.world.world_size:
-            raise PlanError(
-                f"{url}: {self.manifest.total_samples} samples cannot give each of "
-                f"{self.world.world_size} ranks one with drop_last=True; use drop_last=False "
-                "(pads by repeating samples) or fewer ranks"
-            )
+        self._check_world()
         # Epoch, resume position, batch size and whole-batches flag live in shared memory so
         # that persistent workers see set_epoch() and load_state_dict() made after they started.
         self._shared = torch.zeros(4, dtype=torch.int64).share_memory_()
@@ -154,6 +150,26 @@ class FeedDataset(IterableDataset):
     @property
     def epoch(self) -> int:
         return int(self._shared[_EPOCH])
+
+    def _check_world(self) -> None:
+        if self.drop_last and self.manifest.total_samples < self.world.world_size:
+            raise PlanError(
+                f"{self.url}: {self.manifest.total_samples} samples cannot give each of "
+                f"{self.world.world_size} ranks one with drop_last=True; use drop_last=False "
+                "(pads by repeating samples) or fewer ranks")
+
+    def refresh_world(self) -> None:
+        """Detect the world again, where ``rank=``/``world_size=`` were not given: a launcher may
+        initialise ``torch.distributed`` after the dataset was made (Lightning's own does, before
+        it trains). :class:`FeedLoader` calls this as each pass starts and for ``len()``, in the
+        training process; a world that names no rank is refused then
+        (:func:`~feedpipe.plan._world.detect_world`, ``strict``)."""
+        if self._world_given:
+            return
+        world = detect_world(strict=True)
+        if world != self.world:
+            self.world = world
+            self._check_world()
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order from the next iteration on (clears a pending resume point)."""
@@ -265,6 +281,8 @@ class FeedDataset(IterableDataset):
         transformed when there is a transform: the ``samples`` route, unbatched."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is None:
+            self.refresh_world()
         with EpochReader(self, worker, workers) as reader:
             fetch = SampleFetch(self, reader.plan.epoch, stored=self.decoded is not None)
             maker = CollateMaker(self, list, skips=Skips(), to_bytes=info is not None,

@@ -193,6 +193,7 @@ class FeedLoader:
     def __len__(self) -> int:
         """Batches of this rank in a whole epoch (a resumed epoch yields only the rest)."""
         d = self.dataset
+        d.refresh_world()
         whole = Split(d.manifest.total_samples, d.world.world_size, d.world.rank, 0,
                       d.drop_last, self.drop_last)
         return whole.batches(self.batch_size)
@@ -202,6 +203,7 @@ class FeedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
+        ds.refresh_world()
         if self._done() and not self._epoch_chosen:  # a new pass after a complete epoch
             ds.set_epoch(ds.epoch + 1)
         self._epoch_chosen = False
