@@ -127,3 +127,46 @@ def test_a_worker_killed_reading_a_cut_shard_is_the_named_error(sharded_copy: Pa
     with pytest.raises(ShardFormatError, match=r"data-000000\.tar: the shard changed") as e:
         list(ld)
     assert "a worker process died reading it" in str(e.value)
+
+
+THREADS_SCRIPT = textwrap.dedent("""
+    import glob, os, sys, threading
+    from feedpipe import BatchCollator, FeedDataset, FeedLoader, ShardFormatError
+
+    path = sys.argv[1]
+    cut = threading.Event()
+
+    class WaitsForTheCut:
+        # the samples of the second batch are decoded on a pool thread only once the test has
+        # cut every shard: the race of a shard cut while the pool works ahead, made certain
+        def __call__(self, sample):
+            if sample["__index__"] in (2, 3):
+                cut.wait(60)
+            return bytes(sample["jpg"])[-4:]
+
+    ld = FeedLoader(FeedDataset(path, transform=WaitsForTheCut()), batch_size=2,
+                    transform_threads=2, collate_fn=list)
+    it = iter(ld)
+    next(it)
+    for tar in glob.glob(os.path.join(path, "*.tar")):
+        os.truncate(tar, 512)
+    cut.set()
+    try:
+        for _ in it:
+            pass
+    except ShardFormatError as e:
+        print("named:", str(e)[:200])
+        sys.exit(0)
+    print("no error")
+    sys.exit(3)
+""")
+
+
+def test_transform_threads_never_read_a_shard_cut_under_them(sharded_copy: Path,
+                                                             tmp_path: Path) -> None:
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(sharded_copy)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert "named:" in proc.stdout and ".tar" in proc.stdout

@@ -143,13 +143,18 @@ class SampleFetch:
     """fetch=samples: each id's sample dict from the dataset's :class:`~feedpipe.ShardSet`
     (with ``__epoch__`` and ``__seed__``, and its ``decode=`` fields decoded), or, with
     ``stored=True``, its transform output when the decoded store holds it. Before returning it
-    checks that no shard it read from was truncated since it was opened."""
+    checks that no shard it read from was truncated since it was opened. With ``copy=True``
+    the fields are copied out of the maps right after that check (``bytes``, not views): for
+    an executor that reads them later on other threads of this process, where a read past the
+    end of a shard cut in the meantime would kill the process (``SIGBUS``)."""
 
-    def __init__(self, dataset: LoopDataset, epoch: int, *, stored: bool) -> None:
+    def __init__(self, dataset: LoopDataset, epoch: int, *, stored: bool,
+                 copy: bool = False) -> None:
         self.shards = dataset.shards
         self.epoch, self.seed = epoch, dataset.seed
         self.store = dataset.decoded if stored else None
         self.decode = dataset.decode
+        self.copy = copy
 
     def __call__(self, ids: np.ndarray) -> list[Item]:
         shards = self.shards
@@ -170,6 +175,10 @@ class SampleFetch:
                 decode_fields(x, decode)
             out.append((g, x, False))
         shards.check(set(s_of.tolist()))
+        if self.copy:
+            for _, x, done in out:
+                if not done:
+                    _bytes_of(x)
         return out
 
 

@@ -261,7 +261,8 @@ class FeedLoader:
                 fetch = GatherFetch(ds, epoch, self.collate_fn)  # type: ignore[arg-type]
                 maker = Finished()
             else:
-                fetch = SampleFetch(ds, epoch, stored=ds.decoded is not None)
+                fetch = SampleFetch(ds, epoch, stored=ds.decoded is not None,
+                                    copy=route.executor == "threads")
                 if route.sink == "rows":
                     maker = RowMaker(ds, self.collate_fn,  # type: ignore[arg-type]
                                      into=route.compute == "into", skips=skips,
