@@ -113,37 +113,47 @@ def test_accelerate_prepare_save_state_and_load_state(ds_path: str, tmp_path: Pa
     assert sorted(nxt) == list(range(N)) and nxt != full
 
 
-class RankRecorder(Recorder):
-    """Recorder that writes what each rank trained on to a file (its processes are spawned)."""
-
-    def __init__(self, out: str) -> None:
-        super().__init__()
-        self.out = out
-
-    def on_train_end(self) -> None:
-        import json
-        import os
-
-        with open(os.path.join(self.out, f"rank{self.global_rank}.json"), "w") as f:
-            json.dump(self.seen, f)
-
-
-def test_lightning_ddp_gives_each_rank_its_share(ds_path: str, tmp_path: Path) -> None:
-    """Two ranks launched by Lightning itself (ddp_spawn on CPU): the FeedLoader, made before
-    fit with no rank given, learns the world from torch.distributed when it is iterated, so
-    the ranks share the epoch instead of each training on all of it."""
+def test_lightning_ddp_launcher_gives_each_rank_its_share(ds_path: str, tmp_path: Path) -> None:
+    """Two ranks started by Lightning's own launcher (strategy="ddp" on CPU, gloo): the
+    FeedLoader, made before fit with no rank given, learns the world when it is iterated, so the
+    ranks share each epoch instead of each training on all of it."""
     import json
+    import os
+    import subprocess
+    import sys
 
-    ld = loader(ds_path)
-    assert ld.dataset.world.world_size == 1  # nothing says otherwise yet
-    trainer(tmp_path, max_epochs=2, enable_checkpointing=False, devices=2,
-            strategy="ddp_spawn").fit(RankRecorder(str(tmp_path)), train_dataloaders=ld)
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, os.path.join(here, "_lightning_ddp.py"), ds_path,
+                           str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          cwd=here, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [by_epoch(json.loads((tmp_path / f"rank{r}.json").read_text())) for r in (0, 1)]
     for epoch in (0, 1):
         a, b = ranks[0][epoch], ranks[1][epoch]
         assert len(a) == len(b) == 13  # 25 samples over 2 ranks: one repeated as padding
         assert set(a) | set(b) == set(range(N)) and len(set(a) & set(b)) <= 1
     assert ranks[0][0] != ranks[0][1]
+
+
+def _epoch_in_another_process(ds: FeedDataset, out: object) -> None:
+    ds.attach()  # as a loader does before a pass
+    ds.set_epoch(7)
+    out.put(ds.epoch)  # type: ignore[attr-defined]
+
+
+def test_a_dataset_sent_to_another_rank_keeps_its_epoch_to_itself(ds_path: str) -> None:
+    """A copy of a dataset sent to a spawned process (as Lightning's ddp_spawn sends the loader
+    to each rank) shares the sender's epoch memory until it is attached: it takes its own."""
+    import torch.multiprocessing as mp
+
+    ds = FeedDataset(ds_path)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_epoch_in_another_process, args=(ds, out))
+    p.start()
+    assert out.get(timeout=120) == 7
+    p.join(timeout=120)
+    assert p.exitcode == 0 and ds.epoch == 0
 
 
 def test_a_world_size_without_a_rank_is_refused_when_iterated(ds_path: str,

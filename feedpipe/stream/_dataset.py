@@ -140,6 +140,7 @@ class FeedDataset(IterableDataset):
         # Epoch, resume position, batch size and whole-batches flag live in shared memory so
         # that persistent workers see set_epoch() and load_state_dict() made after they started.
         self._shared = torch.zeros(4, dtype=torch.int64).share_memory_()
+        self._owner = os.getpid()  # the process whose workers share _shared
         self._shared[_BATCH] = 1
         self.cache = cache
         self.shards = ShardSet(self.url, self.manifest, cache=cache, verify=verify,
@@ -158,12 +159,22 @@ class FeedDataset(IterableDataset):
                 f"{self.world.world_size} ranks one with drop_last=True; use drop_last=False "
                 "(pads by repeating samples) or fewer ranks")
 
-    def refresh_world(self) -> None:
-        """Detect the world again, where ``rank=``/``world_size=`` were not given: a launcher may
-        initialise ``torch.distributed`` after the dataset was made (Lightning's own does, before
-        it trains). :class:`FeedLoader` calls this as each pass starts and for ``len()``, in the
-        training process; a world that names no rank is refused then
-        (:func:`~feedpipe.plan._world.detect_world`, ``strict``)."""
+    def attach(self) -> None:
+        """Make this dataset the one of the process that iterates it. :class:`FeedLoader` calls
+        this as each pass starts and for ``len()``; a DataLoader worker never does.
+
+        1. The epoch, resume point and batch size live in shared memory, for this process's own
+           worker processes. A copy sent to another training process (a rank spawned by a
+           launcher, as Lightning's ``ddp_spawn`` does) would share them with its sender: it
+           takes a memory of its own first, so that ranks never advance each other's epoch.
+        2. Where ``rank=``/``world_size=`` were not given, the world is detected again: a
+           launcher may initialise ``torch.distributed`` after the dataset was made (Lightning's
+           own does, before it trains). A world that names no rank is refused here
+           (:func:`~feedpipe.plan._world.detect_world`, ``strict``).
+        """
+        if self._owner != os.getpid() and get_worker_info() is None:
+            self._shared = self._shared.clone().share_memory_()
+            self._owner = os.getpid()
         if self._world_given:
             return
         world = detect_world(strict=True)
@@ -282,7 +293,7 @@ class FeedDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:
-            self.refresh_world()
+            self.attach()
         with EpochReader(self, worker, workers) as reader:
             fetch = SampleFetch(self, reader.plan.epoch, stored=self.decoded is not None)
             maker = CollateMaker(self, list, skips=Skips(), to_bytes=info is not None,

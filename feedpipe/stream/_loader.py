@@ -193,7 +193,7 @@ class FeedLoader:
     def __len__(self) -> int:
         """Batches of this rank in a whole epoch (a resumed epoch yields only the rest)."""
         d = self.dataset
-        d.refresh_world()
+        d.attach()
         whole = Split(d.manifest.total_samples, d.world.world_size, d.world.rank, 0,
                       d.drop_last, self.drop_last)
         return whole.batches(self.batch_size)
@@ -203,7 +203,7 @@ class FeedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
-        ds.refresh_world()
+        ds.attach()
         if self._done() and not self._epoch_chosen:  # a new pass after a complete epoch
             ds.set_epoch(ds.epoch + 1)
         self._epoch_chosen = False
