@@ -20,7 +20,7 @@ import feedpipe
 from feedpipe import FeedDataset
 from feedpipe.caches._shards import ShardCache, default_cache_dir
 from feedpipe.convert._synth import make_records
-from feedpipe.plan._order import Plan, Split, iter_id_chunks
+from feedpipe.plan._order import Plan, Split, iter_ids
 from feedpipe.plan._schedule import INF, first_uses, node_timeline
 
 CTX = mp.get_context("fork")  # the test process already imported torch: forking is fast
@@ -160,7 +160,7 @@ def test_first_uses_and_timeline_match_brute_force(shuffle: bool, window: int | 
     plan, nxt = Plan(counts, 3, 0, shuffle, window), Plan(counts, 3, 1, shuffle, window)
     splits = [Split(n, 2, r) for r in range(2)]
     # first uses of worker 1 of rank 0
-    seq = [int(s) for ids in iter_id_chunks(plan, splits[0], bs, 1, workers)
+    seq = [int(s) for ids in iter_ids(plan, splits[0], bs, 1, workers)
            for s in plan.shard_of(ids)[0]]
     got = [s for _, sh in first_uses(plan, splits[0], bs, 1, workers) for s in sh.tolist()]
     assert got == list(dict.fromkeys(seq))

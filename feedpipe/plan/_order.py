@@ -266,31 +266,27 @@ def worker_positions(split: Split, batch_size: int,
     return local + split.start, lens
 
 
-def iter_id_chunks(
-    plan: Plan, split: Split, batch_size: int, worker: int, num_workers: int, chunk: int = 16384
-) -> Iterator[np.ndarray]:
-    """For one worker, the global sample ids it delivers, in order, about ``chunk`` at a time.
+def batch_groups(split: Split, batch_size: int, worker: int, num_workers: int,
+                 chunk: int = 16384) -> Iterator[np.ndarray]:
+    """One worker's local batch numbers, about ``chunk`` samples' worth at a time: numpy's
+    per-call overhead is paid per group, not per batch.
 
-    Vectorised over many batches: numpy's per-call overhead is paid per chunk, not per batch.
+    Example:
+        >>> [g.tolist() for g in batch_groups(Split(12, 1, 0), 2, 1, 2, chunk=4)]
+        [[1, 3], [5]]
     """
     mine = split.worker_batches(batch_size, worker, num_workers)
     group = max(1, chunk // max(batch_size, 1))
     for g in range(0, len(mine), group):
-        ts = np.arange(mine.start + g * mine.step,
-                       min(mine.stop, mine.start + (g + group) * mine.step), mine.step)
-        pos, _ = worker_positions(split, batch_size, ts)
-        yield plan.sample_ids(pos)
+        yield np.arange(mine.start + g * mine.step,
+                        min(mine.stop, mine.start + (g + group) * mine.step), mine.step)
 
 
 def iter_ids(
     plan: Plan, split: Split, batch_size: int, worker: int, num_workers: int, chunk: int = 16384
 ) -> Iterator[np.ndarray]:
     """For one worker, the global sample ids of each of its batches, in order."""
-    mine = split.worker_batches(batch_size, worker, num_workers)
-    group = max(1, chunk // max(batch_size, 1))
-    for g in range(0, len(mine), group):
-        ts = np.arange(mine.start + g * mine.step,
-                       min(mine.stop, mine.start + (g + group) * mine.step), mine.step)
+    for ts in batch_groups(split, batch_size, worker, num_workers, chunk):
         pos, lens = worker_positions(split, batch_size, ts)
         ids = plan.sample_ids(pos)
         at = 0

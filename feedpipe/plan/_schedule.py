@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ._order import Plan, Split, distinct, worker_positions
+from ._order import Plan, Split, batch_groups, distinct, worker_positions
 
 INF = float("inf")
 
@@ -34,11 +34,7 @@ def worker_uses(
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """``(shards, first, last)`` per chunk of one worker's epoch: the shards the chunk reads
     (ordered by first use) with the local positions of their first and last use in it."""
-    mine = split.worker_batches(batch_size, worker, num_workers)
-    group = max(1, chunk // max(batch_size, 1))
-    for g in range(0, len(mine), group):
-        ts = np.arange(mine.start + g * mine.step,
-                       min(mine.stop, mine.start + (g + group) * mine.step), mine.step)
+    for ts in batch_groups(split, batch_size, worker, num_workers, chunk):
         pos, lens = worker_positions(split, batch_size, ts)
         heads = np.cumsum(lens) - lens  # where each batch starts in the concatenation
         within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(heads, lens)
