@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from .._helpers.cache_home import cache_home
 from .._helpers.file_lock import EXCLUSIVE, SHARED, lock
 from ..errors import DecodedStoreError, OutputError
 from ._decoded_files import (
@@ -69,8 +70,7 @@ if TYPE_CHECKING:
 
 def default_decoded_dir() -> str:
     """``$XDG_CACHE_HOME/feedpipe/decoded`` (or ``~/.cache/feedpipe/decoded``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "feedpipe", "decoded")
+    return cache_home("decoded")
 
 
 @dataclass

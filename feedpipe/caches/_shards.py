@@ -57,6 +57,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._helpers.cache_home import cache_home
 from .._helpers.file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
 from ..format._manifest import ShardRecord
 from ._budget import Budget, scan
@@ -69,8 +70,7 @@ if TYPE_CHECKING:
 
 def default_cache_dir() -> str:
     """``$XDG_CACHE_HOME/feedpipe/shards`` (or ``~/.cache/feedpipe/shards``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "feedpipe", "shards")
+    return cache_home("shards")
 
 
 @dataclass

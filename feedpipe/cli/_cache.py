@@ -7,6 +7,7 @@ import argparse
 import os
 from typing import Any
 
+from .._helpers.cache_home import cache_home
 from .._helpers.sizes import format_size
 
 DESCRIPTION = """\
@@ -38,8 +39,7 @@ Examples:
 def default_root() -> str:
     """``$XDG_CACHE_HOME/feedpipe`` (or ``~/.cache/feedpipe``): where ``cache_dir=True`` and
     ``decoded_cache=True`` put their tiers."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "feedpipe")
+    return cache_home()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
