@@ -82,7 +82,7 @@ run_part() {
         $py -m pytest -q -p no:cacheprovider -rs tests/test_device_loader.py \
           tests/test_device_cache.py tests/test_device_cache_serving.py tests/test_dali.py \
           tests/test_transforms.py tests/test_demo.py \
-          "tests/test_dataset.py::test_workers_start_from_a_forkserver_once_cuda_is_initialised"
+          tests/test_fork_after_cuda.py "tests/test_dataset.py::test_the_start_method_is_the_users"
       } 2>&1 | tee "$out/gpu-tests.txt" | tail -n 30 ;;
     cache)
       echo "== DeviceCache serving bandwidth"

@@ -462,8 +462,8 @@ def test_in_place_workers_keep_one_batch_in_flight_unless_told(ds_path: str) -> 
 
 
 def test_worker_buffers_come_back_to_spawned_workers(ds_path: str) -> None:
-    # with workers started by spawn (as after CUDA: forkserver), the dataset and each worker's
-    # table travel pickled; the batches are the same and buffers still come back
+    # with workers started by spawn (as a user may ask, or must beside DALI), the dataset and
+    # each worker's table travel pickled; the batches are the same and buffers still come back
     fl = loader(ds_path, pipeline(OnlyInto), num_workers=2, multiprocessing_context="spawn",
                 persistent_workers=True)
     for e in (1, 2):
