@@ -27,10 +27,11 @@ class Counted:
     """ImagePipeline (eval, uint8) that appends each key it computes to a file (counts calls
     across worker processes)."""
 
-    def __init__(self, calls: str, bare: bool = False) -> None:
+    def __init__(self, calls: str, bare: bool = False, normalise: bool = False) -> None:
         self.calls, self.bare = calls, bare
-        self.pipeline = ImagePipeline(SIZE, train=False, mean=None,
-                                      label_field=None if bare else "cls")
+        kw: dict[str, Any] = {} if normalise else {"mean": None}  # normalised: float32
+        self.pipeline = ImagePipeline(SIZE, train=False, label_field=None if bare else "cls",
+                                      **kw)
 
     def __call__(self, sample: dict[str, Any]) -> Any:
         with open(self.calls, "a") as f:
@@ -119,6 +120,37 @@ def test_gathered_batches_equal_the_per_sample_path(ds_path: str, tmp_path: Path
         assert slow.stats()["route"] == route
         assert spy.calls == 7  # the per-sample routes gather nothing
     assert len(calls.read_text().splitlines()) == N  # nor compute anything
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_float_images_are_gathered_too(ds_path: str, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch, bare: bool) -> None:
+    """ImagePipeline's default output (normalised float32) with a BatchCollator of that dtype:
+    records are gathered byte-wise into the float buffers."""
+    def make(route: str) -> FeedLoader:
+        pipe = Counted(str(tmp_path / "calls"), bare, normalise=True)
+        assert pipe.pipeline.out_dtype == torch.float32
+        ds = FeedDataset(ds_path, shuffle=True, seed=5, transform=pipe,
+                         decoded_cache=str(tmp_path / "store"))
+        return FeedLoader(ds, batch_size=4, route=route,
+                          collate_fn=BatchCollator(4, (3, SIZE, SIZE), torch.float32))
+
+    filled = copies(make("samples"))
+    spy = Spy(monkeypatch)
+    gathered = copies(make("gather"))
+    assert spy.calls == 7 and same(gathered, filled)
+    assert (gathered[0] if bare else gathered[0][0]).dtype == torch.float32
+
+
+def test_stats_after_the_pass_that_filled_the_store_describe_that_pass(
+        ds_path: str, tmp_path: Path) -> None:
+    fill = loader(ds_path, tmp_path / "store", tmp_path / "calls", workers=0)
+    assert fill.route.name == "samples"
+    list(fill)
+    assert fill.route.name == "gather"  # the next pass
+    stats = fill.stats()
+    assert stats["route"] == "samples" and stats["batches"] == 7
+    assert stats["parts"]["fetch"] != "gather" and stats["parts"]["compute"] != "none"
 
 
 def test_a_damaged_or_missing_record_is_recomputed_and_stored_again(

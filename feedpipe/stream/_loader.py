@@ -336,7 +336,8 @@ class FeedLoader:
         ``workers`` route, ``buffers`` (worker batch buffers received,
         ``reused``, ``released``) on ``rows-workers``, and with ``device=`` the
         :class:`DeviceLoader`'s figures under ``device``."""
-        route = self.route
+        # the pass that ran (the store it filled may send the next pass another way)
+        route = self._last if self._stats and self._last is not None else self.route
         out: dict[str, Any] = dict(self._stats) if self._stats else {
             "route": route.name, "batches": 0, "skipped": 0}
         out["parts"] = {"fetch": route.fetch, "compute": route.compute,

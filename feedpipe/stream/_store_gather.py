@@ -73,7 +73,7 @@ class GatherFetch:
     def __call__(self, ids: np.ndarray) -> Any:
         n, h = len(ids), self.head
         images, labels = self.collator.buffer(n)
-        heads = images.numpy().reshape(n, h)
+        heads = images.numpy().reshape(n, -1).view(np.uint8)  # records are bytes: any dtype
         tails = self.tails[:n]
         for j in self.store.gather(ids, heads, tails).tolist():
             self.layout.pack(self.record, flatten(self._recompute(int(ids[j])))[1])
@@ -90,13 +90,8 @@ class GatherFetch:
         miss path, as the per-sample route computes and stores it)."""
         ds = self.dataset
         shards = ds.shards
-        sample = shards.sample(g)
-        sample["__epoch__"] = self.epoch
-        sample["__seed__"] = ds.seed
-        if ds.decode:
-            from ._collate import decode_fields
-
-            decode_fields(sample, ds.decode)
+        sample = ds.sample(g)
+        sample["__epoch__"] = self.epoch  # the pass's epoch
         out = ds.transform(sample)  # type: ignore[misc]
         s = int(shards.locate(np.asarray([g]))[0][0])
         return self.store.put(g, out, key=sample["__key__"], shard=shards.names[s])
