@@ -176,3 +176,28 @@ def test_warmup_from_a_feeddataset_serves_its_epoch(num_workers: int,
     st = cache.stats()
     assert st["hits"] + st["misses"] == len(want)
     assert st["misses"] == sum(1 for i in want if i >= capacity_samples)  # manifest-order fill
+
+
+def decoded_head(sample: dict[str, Any]) -> tuple[torch.Tensor, int, int]:
+    """head_bytes over a dataset made with ``decode={"cls": int}`` (the label is an int)."""
+    assert isinstance(sample["cls"], int), sample["cls"]
+    return torch.frombuffer(bytearray(bytes(sample["jpg"])[-32:]), dtype=torch.uint8), \
+        sample["cls"], sample["__index__"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_warmup_and_fallback_see_the_samples_the_dataset_delivers(num_workers: int,
+                                                                  tmp_path: Any) -> None:
+    """The dataset's decode= and shard cache hold for the warm-up and for the default fallback:
+    a transform written for the dataset's samples gets the same samples there."""
+    truth = {s["__index__"]: head_bytes(s) for s in FeedDataset(EXAMPLE)}
+    cache = DeviceCache(9 * (32 + 8 + 8), device="cpu")  # 9 of 24 resident: the rest falls back
+    ds = FeedDataset(EXAMPLE, shuffle=True, seed=2, decode={"cls": int},
+                     cache_dir=str(tmp_path / "l1"))
+    cache.warmup(ds, transform=decoded_head, num_workers=num_workers, show_progress=False)
+    got = []
+    for head, label, index in cache.batches(ds, 5):
+        for h, lab, i in zip(head, label.tolist(), index.tolist()):
+            assert torch.equal(h, truth[i][0]) and lab == truth[i][1]
+            got.append(i)
+    assert sorted(got) == list(range(24)) and cache.stats()["misses"] == 15

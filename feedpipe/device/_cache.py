@@ -164,10 +164,7 @@ class DeviceCache:
                 raise DeviceCacheError("warmup(dataset) needs transform=: a function from a sample "
                                        "dict to fixed-shape tensors")
             num_samples = source.manifest.total_samples
-            # the same dataset in manifest order, as one reader (its own class: no import of
-            # the streaming layer, which sits above this one)
-            view = type(source)(source.url, shuffle=False, rank=0, world_size=1,
-                                transform=WithId(transform), verify=source.verify)
+            view = source.in_order(WithId(transform))  # decode=, cache and verify kept
             if num_workers:
                 from torch.utils.data import DataLoader
 

@@ -25,7 +25,7 @@ def as_fields(out: Any) -> dict[str, Any] | tuple[Any, ...]:
 def is_dataset(x: Any) -> bool:
     """Whether ``x`` is a :class:`~feedpipe.FeedDataset`, told by what it offers: this layer
     sits below the streaming one and does not import it."""
-    return all(hasattr(x, a) for a in ("shards", "sample_ids", "manifest", "url"))
+    return all(hasattr(x, a) for a in ("sample", "in_order", "sample_ids", "manifest"))
 
 
 class WithId:
@@ -57,8 +57,8 @@ class DatasetFallback:
         self.transform = transform
 
     def __call__(self, ids: np.ndarray) -> dict[str, torch.Tensor] | tuple[torch.Tensor, ...]:
-        shards = self.dataset.shards  # the dataset's open shards, random access by id
-        rows = [as_fields(self.transform(shards.sample(g)))
+        ds = self.dataset  # its open shards, random access by id, decode= applied
+        rows = [as_fields(self.transform(ds.sample(g)))
                 for g in np.asarray(ids, dtype=np.int64).tolist()]
         if isinstance(rows[0], dict):
             dicts = cast(list[dict[str, Any]], rows)  # the transform gives one kind of output

@@ -24,7 +24,7 @@ from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
 from ..plan._world import detect_world, resolve_world
 from ._batch_loop import CollateMaker, EpochReader, SampleFetch, Skips, batch_loop
-from ._collate import Decoder, decoders
+from ._collate import Decoder, decode_fields, decoders
 from ._shard_set import ShardSet
 
 log = logging.getLogger("feedpipe")
@@ -220,6 +220,29 @@ class FeedDataset(IterableDataset):
         """
         plan, split = self.plan(), self.split()
         return plan.sample_ids(split.positions(0, split.length))
+
+    def sample(self, g: int) -> dict[str, Any]:
+        """Sample ``g`` (a global id) as the transform sees it: read from its shard, with
+        ``__epoch__`` and ``__seed__``, the ``decode=`` fields decoded.
+
+        Example:
+            >>> FeedDataset("shards/example", decode={"cls": int}).sample(3)["cls"]
+            0
+        """
+        x = self.shards.sample(int(g))
+        x["__epoch__"] = self.epoch
+        x["__seed__"] = self.seed
+        if self.decode:
+            decode_fields(x, self.decode)
+        return x
+
+    def in_order(self, transform: Callable[[dict[str, Any]], Any] | None) -> FeedDataset:
+        """This dataset read whole in manifest order by one reader (rank 0 of 1, no shuffle),
+        each sample through ``transform``; its ``decode=``, ``verify``, shard cache and open
+        shard limit kept (what :meth:`~feedpipe.DeviceCache.warmup` reads)."""
+        return type(self)(self.url, rank=0, world_size=1, transform=transform,
+                          decode=self.decode, verify=self.verify,
+                          max_open_shards=self.max_open_shards, cache_dir=self.cache)
 
     # -- resumption (FeedLoader knows what the loop consumed) ------------------------------
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
