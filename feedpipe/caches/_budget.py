@@ -42,9 +42,7 @@ def _forget_inherited() -> None:
     """In a forked child: the registrations are the parent's; let go of the child's copies of
     their descriptors (the parent's locks stay, and the child registers itself when it reads)."""
     for b in list(_budgets):
-        fd, b._fd, b._mine = b._fd, None, None
-        if fd is not None:
-            os.close(fd)
+        b._let_go_inherited()
 
 
 def scan(path: str) -> tuple[dict[str, int], int, int]:
@@ -117,6 +115,11 @@ class Budget:
                 os.unlink(mine)  # before the close: a counter never sees it unlocked
             except FileNotFoundError:
                 pass
+            os.close(fd)
+
+    def _let_go_inherited(self) -> None:
+        fd, self._fd, self._mine = self._fd, None, None
+        if fd is not None:
             os.close(fd)
 
     @property

@@ -36,7 +36,7 @@ from ._lmdb_env import open_env, read, release, share, shared, write
 from ._memo_record import content_hash, pack, unpack
 
 if TYPE_CHECKING:
-    from ._stats import TierStats
+    from ._tally import TierStats
 
 
 @dataclass
@@ -105,7 +105,7 @@ class FunctionIndex:
         self._pid = -1
         self._lru: OrderedDict[bytes, tuple[Any, str | None]] = OrderedDict()
         self._pending: dict[bytes, bytes] = {}
-        self._stats = IndexStats()
+        self._tally = IndexStats()
         self._store = True
         self._lock = threading.RLock()
 
@@ -155,11 +155,11 @@ class FunctionIndex:
         with self._lock:
             if key in self._lru:
                 self._lru.move_to_end(key)
-                self._stats.hits += 1
-                self._stats.lru_hits += 1
+                self._tally.hits += 1
+                self._tally.lru_hits += 1
                 value, first_origin = self._lru[key]
                 if origin is not None and first_origin and first_origin != origin:
-                    self._stats.dedup += 1
+                    self._tally.dedup += 1
                 return True, value
             raw = self._pending.get(key)
         if raw is None:
@@ -169,11 +169,11 @@ class FunctionIndex:
         try:
             value, first_origin = unpack(raw)
         except ValueError:
-            self._stats.damaged += 1
+            self._tally.damaged += 1
             return False, None
-        self._stats.hits += 1
+        self._tally.hits += 1
         if origin is not None and first_origin and first_origin != origin:
-            self._stats.dedup += 1
+            self._tally.dedup += 1
         self._remember(key, value, first_origin)
         return True, value
 
@@ -193,8 +193,8 @@ class FunctionIndex:
         raw = pack(value, origin)
         with self._lock:
             self._pending[key] = raw
-            self._stats.stored += 1
-            self._stats.bytes_stored += len(raw)
+            self._tally.stored += 1
+            self._tally.bytes_stored += len(raw)
             if len(self._pending) >= self.batch_writes:
                 self.flush()
 
@@ -235,15 +235,15 @@ class FunctionIndex:
         """This process's hits, misses, dedup count, stored bytes, plus the entries on disk."""
         self.flush()
         env = self._open()
-        s = IndexStats(**self._stats.__dict__)
+        s = IndexStats(**self._tally.__dict__)
         s.entries = env.stat()["entries"]
         s.db_bytes = _dir_bytes(self.path)
         return s
 
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the entries and bytes on disk, in the shape every
-        cache tier reports (:class:`~feedpipe.caches._stats.TierStats`)."""
-        from ._stats import FUNCTION_INDEX, TierStats
+        cache tier reports (:class:`~feedpipe.caches._tally.TierStats`)."""
+        from ._tally import FUNCTION_INDEX, TierStats
 
         s = self.stats()
         return TierStats(FUNCTION_INDEX, s.hits, s.misses, s.db_bytes, s.entries)
@@ -285,7 +285,7 @@ class Memoized:
         found, value = self.index._lookup(key, origin)
         if found:
             return value
-        self.index._stats.misses += 1
+        self.index._tally.misses += 1
         value = self.fn(data)
         self.index._put(key, value, origin)
         return value
