@@ -1,5 +1,6 @@
 """A transform that raises SampleSkipped leaves that sample out of its batch, on every route that
-runs a transform: a warning names it, stats() counts it, nothing else is lost."""
+runs a transform: a warning names it, stats() counts it, nothing else is lost. A batch that
+loses every sample is left out whole (one rank), or refused (several ranks)."""
 
 from __future__ import annotations
 
@@ -67,11 +68,54 @@ def test_without_skip_the_corrupt_sample_stops_the_epoch_naming_it(broken: str) 
         list(FeedLoader(ds, batch_size=4))
 
 
-def test_a_batch_with_every_sample_skipped_is_an_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("route,kw", ROUTES)
+def test_a_batch_whose_every_sample_is_skipped_is_left_out(broken: str, route: str,
+                                                           kw: dict) -> None:
+    """batch_size=1 (the case a DataLoader user meets first): each corrupt sample is a whole
+    batch. The epoch goes on without it, len() stays the plan's and a resume point taken after
+    it is exact."""
+    pipe = ImagePipeline(8, train=False, mean=None, on_error="skip")
+
+    def loader() -> FeedLoader:
+        return FeedLoader(FeedDataset(broken, transform=pipe), batch_size=1,
+                          collate_fn=BatchCollator(1, (3, 8, 8)), route=route, **kw)
+
+    ld = loader()
+    got = [int(y) for _, y in ld]
+    assert got == [i for i in range(N) if i not in CORRUPT] and len(ld) == N
+    stats = ld.stats()
+    assert (stats["batches"], stats["left_out"], stats["skipped"]) == (N - 3, 3, 3)
+
+    part = loader()
+    it = iter(part)
+    head = [int(next(it)[1]) for _ in range(6)]  # ids 0-4 and 7: past the left-out 5 and 6
+    state = part.state_dict()
+    it.close()
+    assert head == [0, 1, 2, 3, 4, 7] and state["position"] == 8
+    rest = loader()
+    rest.load_state_dict(state)
+    assert head + [int(y) for _, y in rest] == got
+
+
+def test_a_dataset_read_directly_leaves_skipped_samples_out(broken: str) -> None:
+    from torch.utils.data import DataLoader
+
+    ds = FeedDataset(broken, transform=ImagePipeline(8, train=False, mean=None,
+                                                     on_error="skip"))
+    labels = torch.cat([y for _, y in DataLoader(ds, batch_size=4)]).tolist()
+    assert labels == [i for i in range(N) if i not in CORRUPT]
+
+
+def test_with_several_ranks_a_batch_left_out_whole_is_an_error(tmp_path: Path) -> None:
+    """A rank that yielded fewer batches than the others would hang DDP's collectives."""
     out = tmp_path / "all-bad"
     with ShardWriter(str(out)) as w:
-        for i in range(4):
+        for i in range(8):
             w.write({"__key__": f"s{i}", "jpg": b"\xff\xd8\xff" + bytes(20), "cls": i})
-    ds = FeedDataset(str(out), transform=ImagePipeline(8, mean=None, on_error="skip"))
-    with pytest.raises(DecodeError, match="every one of the 4 samples of a batch"):
+    pipe = ImagePipeline(8, mean=None, on_error="skip")
+    ds = FeedDataset(str(out), transform=pipe, rank=1, world_size=2)
+    with pytest.raises(DecodeError, match="rank 1: every one of the 4 samples.*2 ranks.*larger "
+                                          "batch_size.*--on-error skip"):
         list(FeedLoader(ds, batch_size=4))
+    alone = FeedLoader(FeedDataset(str(out), transform=pipe), batch_size=4)
+    assert list(alone) == [] and alone.stats()["left_out"] == 2

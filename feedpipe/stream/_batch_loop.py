@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from ..errors import DecodeError, SampleSkipped
+from ..errors import SampleSkipped
 from ..plan._order import iter_ids
 from ..transforms._threads import one_thread
-from ._collate import decode_fields
+from ._collate import LeftOut, decode_fields
 from ._worker_rows import WorkerRing
 
 if TYPE_CHECKING:
@@ -96,7 +96,8 @@ class Maker(Protocol):
 def batch_loop(batches: Iterator[np.ndarray], fetch: Callable[[np.ndarray], Any], maker: Maker,
                pool: ThreadPoolExecutor | None = None, ahead: int = 0) -> Iterator[Any]:
     """The one loop: ``maker.finish(maker.start(fetch(ids), pool))`` for each batch of ids,
-    with up to ``ahead`` batches started beyond the one being finished."""
+    with up to ``ahead`` batches started beyond the one being finished. A batch whose every
+    sample the transform left out comes as a :class:`~feedpipe.stream._collate.LeftOut`."""
     pending: deque[Any] = deque()
     for ids in batches:
         pending.append(maker.start(fetch(ids), pool))
@@ -208,11 +209,6 @@ def _attempt(fn: Callable[[Any], Any], x: Any) -> Any:
         return _Skipped(e)
 
 
-def _all_skipped(n: int) -> DecodeError:
-    return DecodeError(f"every one of the {n} samples of a batch was left out by the transform "
-                       "(SampleSkipped): the data or the transform is broken, not a few files")
-
-
 def _bytes_of(x: Any) -> Any:
     if isinstance(x, dict):
         for k, v in x.items():
@@ -255,19 +251,21 @@ class CollateMaker:
         items, pending = pending
         outs: list[Any] = []
         store = self.store
+        last: _Skipped | None = None
         for j, o in enumerate(pending):
             if isinstance(o, Future):
                 o = o.result()
             if type(o) is _Skipped:
                 self.skips.note(o.error)
+                last = o
                 continue
             if items is not None and not items[j][2]:
                 g, x, _ = items[j]
                 s = int(np.searchsorted(self.first, g, side="right")) - 1
                 o = store.put(g, o, key=x["__key__"], shard=self.names[s])  # type: ignore[union-attr]
             outs.append(_bytes_of(o) if self.to_bytes else o)
-        if not outs:
-            raise _all_skipped(len(pending))
+        if last is not None and not outs:
+            return LeftOut(len(pending), str(last.error))
         if self.fields:
             batch = self.collate_fn(outs, self.fields)  # type: ignore[call-arg]
         else:
@@ -345,7 +343,9 @@ class RowMaker:
             if type(r) is _Skipped:
                 self.skips.note(r.error)
         if not keep:
-            raise _all_skipped(len(results))
+            if self.drop is not None:
+                self.drop()
+            return LeftOut(len(results), str(results[-1].error))
         paired = {results[j] for j in keep}
         if len(paired) != 1:
             raise ValueError("the transform returned a label for some samples of a batch and "

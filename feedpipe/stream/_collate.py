@@ -1,4 +1,5 @@
-"""The default collation of samples into a batch, and the per-field decoding of raw samples."""
+"""The default collation of samples into a batch, the per-field decoding of raw samples, and
+the batch a transform left wholly out."""
 
 from __future__ import annotations
 
@@ -10,6 +11,22 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 Decoder = Callable[[bytes], Any]
+
+
+class LeftOut:
+    """What the batch loop makes of a batch whose every sample its transform left out
+    (:class:`~feedpipe.errors.SampleSkipped`): a batch of the plan with nothing in it.
+    :class:`~feedpipe.FeedLoader` counts it where it counts batches (so that a resume point
+    stays exact) and yields nothing for it. ``samples``: how many were left out; ``why``: the
+    last one's error."""
+
+    __slots__ = ("samples", "why")
+
+    def __init__(self, samples: int, why: str) -> None:
+        self.samples, self.why = samples, why
+
+    def __reduce__(self) -> Any:
+        return LeftOut, (self.samples, self.why)
 
 _NAMED: dict[Any, Decoder] = {
     int: int,

@@ -24,7 +24,7 @@ from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
 from ..plan._world import detect_world, resolve_world
 from ._batch_loop import CollateMaker, EpochReader, SampleFetch, Skips, batch_loop
-from ._collate import Decoder, decode_fields, decoders
+from ._collate import Decoder, LeftOut, decode_fields, decoders
 from ._shard_set import ShardSet
 
 log = logging.getLogger("feedpipe")
@@ -322,7 +322,8 @@ class FeedDataset(IterableDataset):
             maker = CollateMaker(self, list, skips=Skips(), to_bytes=info is not None,
                                  default=False)
             for outs in batch_loop(reader.batches(), fetch, maker):
-                yield from outs
+                if type(outs) is not LeftOut:
+                    yield from outs
 
     def close(self) -> None:
         """Close the shards this process has open (their leases in the cache released)."""

@@ -20,10 +20,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..device._loader import DeviceLoader
-from ..errors import StartMethodError, StateError
+from ..errors import DecodeError, StartMethodError, StateError
 from ..plan._order import Split
 from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
-from ._collate import collate_samples
+from ._collate import LeftOut, collate_samples
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
 from ._routes import ROUTES, Config, Route, choose
@@ -226,9 +226,31 @@ class FeedLoader:
         # over, never for the batches its thread prefetched
         for batch in source:
             self._batches += 1
-            self._stats["batches"] = self._batches
+            if type(batch) is LeftOut:
+                self._left_out(batch)
+                continue
+            self._stats["batches"] += 1
             yield batch
         self._finished = True
+
+    def _left_out(self, batch: LeftOut) -> None:
+        """A batch of the plan whose every sample the transform left out: nothing to yield. With
+        several ranks that is refused: this rank would yield fewer batches than the others and
+        their collectives (DDP's gradient all-reduce) would wait forever."""
+        self._stats["left_out"] = self._stats.get("left_out", 0) + 1
+        world = self.dataset.world
+        if world.world_size > 1:
+            raise DecodeError(
+                f"rank {world.rank}: every one of the {batch.samples} samples of a batch was left "
+                f"out by the transform (the last: {batch.why}); with {world.world_size} ranks "
+                "this rank would yield fewer batches than the others and their collectives would "
+                "wait forever. Use a larger batch_size, or rewrite the dataset without the broken "
+                "files (`feedpipe shard SRC OUT --on-error skip`; `feedpipe verify OUT`).")
+        if "left_out" not in self._noted:  # each sample has had its own warning
+            self._noted.add("left_out")
+            log.warning("feedpipe: a batch of %d samples was left out whole (the transform "
+                        "skipped each of them); the loop goes on with the next batch, and "
+                        "stats()['left_out'] counts such batches", batch.samples)
 
     def _source(self, route: Route) -> Iterator[Any]:
         if route.executor == "workers":
@@ -331,7 +353,8 @@ class FeedLoader:
     def stats(self) -> dict[str, Any]:
         """This pass's figures: ``route`` (its name) and ``parts`` (fetch, compute, executor,
         sink), ``batches`` received, ``skipped`` samples (:class:`~feedpipe.errors.SampleSkipped`),
-        ``worker_pids`` (the worker processes that made batches), ``start_method`` (how
+        ``left_out`` (when any: batches of the plan the transform left wholly out, yielded as
+        nothing), ``worker_pids`` (the worker processes that made batches), ``start_method`` (how
         they were started) and ``prefetch_factor`` (batches in flight per worker) on a
         ``workers`` route, ``buffers`` (worker batch buffers received,
         ``reused``, ``released``) on ``rows-workers``, and with ``device=`` the

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ._collate import LeftOut
 from ._collator import BatchCollator, shared_empty, storage_refs
 
 
@@ -162,6 +163,10 @@ class RowRelease:
             self._tables.clear()
 
     def _hold(self, batch: Any, released: Any, slot: int, token: int) -> None:
+        if type(batch) is LeftOut:  # the transform left out every row: nothing holds it
+            released[slot] = token
+            self._counts["released"] += 1
+            return
         images, labels = batch if isinstance(batch, tuple) else (batch, None)
         if not images.is_shared():  # pinned (copied) on the way: the buffer is not held here
             released[slot] = token

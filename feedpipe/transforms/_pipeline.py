@@ -172,7 +172,9 @@ class ImagePipeline:
     shard (``on_error="raise"``, the default). With ``on_error="skip"`` the same message comes as
     :class:`~feedpipe.errors.SampleSkipped` (a ``DecodeError``): the loader logs it as a
     warning, counts it in ``stats()["skipped"]`` and leaves the sample out of its batch (as
-    webdataset's ``handler=warn_and_continue``). A missing optional decoder (HEIC without
+    webdataset's ``handler=warn_and_continue``). A batch that loses every sample is left out
+    whole (``stats()["left_out"]``), except with several ranks, where it is an error: the ranks
+    must yield as many batches each. A missing optional decoder (HEIC without
     pillow-heif) is never skipped: it is a :class:`~feedpipe.errors.MissingDependencyError`
     with the pip line.
 
