@@ -170,3 +170,22 @@ def test_transform_threads_never_read_a_shard_cut_under_them(sharded_copy: Path,
                           text=True, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
     assert "named:" in proc.stdout and ".tar" in proc.stdout
+
+
+def test_verify_says_which_shards_it_cannot_hash(sharded_copy: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A manifest entry without a sha256 cannot be checked byte for byte: verify=True says so,
+    naming the shard, instead of serving it as verified."""
+    import json
+
+    manifest = sharded_copy / "manifest.json"
+    m = json.loads(manifest.read_text())
+    m["shards"][1]["sha256"] = None
+    manifest.write_text(json.dumps(m))
+    with caplog.at_level("WARNING", logger="feedpipe"):
+        FeedDataset(str(sharded_copy), verify=True)
+    said = [r.getMessage() for r in caplog.records if "sha256" in r.getMessage()]
+    assert len(said) == 1 and m["shards"][1]["name"] in said[0] and "feedpipe index" in said[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="feedpipe"):
+        FeedDataset(str(sharded_copy))  # nothing claimed without verify=True
+    assert not [r for r in caplog.records if "sha256" in r.getMessage()]

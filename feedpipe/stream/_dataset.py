@@ -78,7 +78,8 @@ class FeedDataset(IterableDataset):
             environment when not given.
         world_size: the number of ranks; detected as ``rank`` is.
         verify: check every shard against the manifest's hash, and its index against its tar
-            headers, when it is first opened: every byte served has been checked.
+            headers, when it is first opened: every byte served has been checked (a shard the
+            manifest gives no sha256 for is named in a warning: its bytes cannot be).
         max_open_shards: shard maps a process keeps open at once.
         cache_dir: the node-local L1 shard cache (:mod:`feedpipe.caches._shards`): a directory,
             ``True``/``"auto"`` for ``$XDG_CACHE_HOME/feedpipe/shards``, or a
@@ -134,6 +135,13 @@ class FeedDataset(IterableDataset):
         self.world = resolve_world(rank, world_size)
         self._world_given = rank is not None
         self.verify = verify
+        unhashed = [r.name for r in self.manifest.shards if r.sha256 is None] if verify else []
+        if unhashed:
+            log.warning("feedpipe: %s: verify=True cannot check the bytes of %d shard(s) (%s%s): "
+                        "the manifest records no sha256 for them (their index entries are still "
+                        "checked against the tar headers); `feedpipe index DIR` records the "
+                        "hashes", self.url, len(unhashed), ", ".join(unhashed[:3]),
+                        ", ..." if len(unhashed) > 3 else "")
         self.max_open_shards = max(1, max_open_shards)
         self.identity = dataset_identity(self.manifest)
         self._check_world()
