@@ -14,6 +14,7 @@ from _images import H, W
 from _images import cases as image_cases
 
 from feedpipe import FeedDataset, FeedLoader
+from feedpipe._helpers import fork_safety
 from feedpipe.errors import DecodeError, MissingDependencyError
 from feedpipe.stream._dataset import sample_ids_of
 from feedpipe.stream._loader import StartMethodError
@@ -31,7 +32,12 @@ def _dali_importable() -> bool:
 
 
 @pytest.fixture
-def dali() -> object:
+def dali(monkeypatch: pytest.MonkeyPatch) -> object:
+    """DALI, imported (or the test skipped). A DaliStage that builds its pipeline marks the
+    process unsafe to fork from; the mark is undone after the test so that the suite's later
+    tests, which fork workers beside these tests' finished pipelines as before, are not refused
+    (test_a_built_pipeline_refuses_forking_loaders_process_wide checks the mark itself)."""
+    monkeypatch.setattr(fork_safety, "_reason", None)
     return pytest.importorskip("nvidia.dali", reason="nvidia.dali cannot be imported")
 
 
@@ -199,6 +205,23 @@ def test_fed_by_feedloader_workers_and_by_plain_pairs(dali: object) -> None:
     assert [b.images.shape for b in out] == [(8, 3, 16, 16)] * 3
     assert all((b.indices == -1).all() for b in out)
     assert torch.cat([b.labels for b in out]).tolist() == [int(bytes(s["cls"])) for s in samples]
+
+
+@pytest.mark.dali
+@pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
+def test_a_built_pipeline_refuses_forking_loaders_process_wide(dali: object) -> None:
+    """Once DALI's threads run in the process, any loader that would fork workers is refused,
+    not only the one feeding the stage; one told to use a forkserver still runs."""
+    other = FeedLoader(FeedDataset(EXAMPLE), batch_size=4, num_workers=2, route="samples-workers")
+    assert len(list(other)) == 6  # before DALI runs: forked
+    samples = list(FeedDataset(EXAMPLE))
+    pairs = [([bytes(s["jpg"]) for s in samples[:8]], [bytes(s["cls"]) for s in samples[:8]])]
+    list(DaliStage(pairs, batch_size=8, spec=ImageSpec(size=16), device_id=None))
+    with pytest.raises(StartMethodError, match="DaliStage runs in this process.*forkserver"):
+        next(iter(other))
+    told = FeedLoader(FeedDataset(EXAMPLE), batch_size=4, num_workers=2,
+                      route="samples-workers", multiprocessing_context="forkserver")
+    assert len(list(told)) == 6 and told.stats()["start_method"] == "forkserver"
 
 
 # -- formats: what DALI's decoder reads, and what it does not ----------------------------------

@@ -101,9 +101,22 @@ def test_the_start_method_is_the_users(ds_path: str, monkeypatch) -> None:  # ty
     unsafe = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2,
                         route="samples-workers")
     unsafe.mark_fork_unsafe("DALI's threads")
-    with pytest.raises(feedpipe.stream._loader.StartMethodError,
+    with pytest.raises(feedpipe.StartMethodError,
                        match="multiprocessing_context='forkserver'.*picklable.*__main__"):
         next(iter(unsafe))
+
+
+def test_an_unset_start_method_is_the_platforms_default(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Nobody chose a method: the platform's default decides whether workers would fork (fork on
+    Linux before Python 3.14, forkserver from 3.14), read without fixing it."""
+    import multiprocessing
+
+    from feedpipe._helpers.fork_safety import default_start_method
+
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: None)
+    for methods in (["forkserver", "spawn", "fork"], ["fork", "spawn", "forkserver"]):
+        monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda m=methods: m)
+        assert default_start_method() == methods[0]
 
 
 def test_len_and_balance_over_ranks(ds_path: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from .._helpers.fork_safety import default_start_method, process_fork_unsafe
 from ..device._loader import DeviceLoader
 from ..errors import DecodeError, StartMethodError, StateError
 from ..plan._order import Split
@@ -174,9 +175,11 @@ class FeedLoader:
         return choose(self._config(), self._route_arg)[0]
 
     def mark_fork_unsafe(self, reason: str) -> None:
-        """Say that this process now runs threads that make forking unsafe (``reason`` names
-        them): worker processes started by ``fork`` from here on are refused with a sentence
-        naming the fix. :class:`~feedpipe.DaliStage` calls this when it starts DALI."""
+        """Say that this loader will feed threads that make forking unsafe (``reason`` names
+        them): its worker processes started by ``fork`` are refused with a sentence naming the
+        fix. :class:`~feedpipe.DaliStage` calls this on the loader it is given; once it has
+        built its pipeline, every loader of the process is refused the same way
+        (:mod:`feedpipe._helpers.fork_safety`)."""
         self._fork_unsafe = reason
 
     # -- epochs ----------------------------------------------------------------------------
@@ -337,13 +340,14 @@ class FeedLoader:
                                  release=release, pin=self._pin, shards=self.dataset.shards)
 
     def _check_start_method(self) -> None:
-        if self._fork_unsafe is None or "multiprocessing_context" in self._kwargs:
+        unsafe = self._fork_unsafe or process_fork_unsafe()
+        if unsafe is None or "multiprocessing_context" in self._kwargs:
             return
-        if torch.multiprocessing.get_start_method(allow_none=True) not in (None, "fork"):
+        if default_start_method() != "fork":
             return
         raise StartMethodError(
             f"FeedLoader(num_workers={self.num_workers}) would fork its worker processes from "
-            f"a process that runs {self._fork_unsafe}, which can deadlock them. Pass "
+            f"a process that runs {unsafe}, which can deadlock them. Pass "
             "multiprocessing_context='forkserver' (or 'spawn'): then the transform and "
             "collate_fn must be picklable (no lambdas or local functions) and the script must "
             "start under `if __name__ == \"__main__\":`; or use num_workers=0 / "

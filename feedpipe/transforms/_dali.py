@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from .._helpers.dependency import require
+from .._helpers.fork_safety import mark_process_fork_unsafe
 from ..errors import DecodeError
 from ._decode import IMAGE_FIELDS, image_format, image_size
 from ._pipeline import ImageSpec, parse_label
@@ -254,12 +255,14 @@ class DaliStage:
 
     # -- the DALI side -------------------------------------------------------------------
     def _build(self) -> Any:
-        dali = require("nvidia.dali", purpose="the DALI stage (feedpipe.dali)")
+        dali = require("nvidia.dali", purpose="the DALI stage (feedpipe.DaliStage)")
         from nvidia.dali import fn, types
 
         spec = self.spec
         gpu = self.device_id is not None
         _keep_pipelines_in_forked_children()
+        # from here DALI's threads run in this process: no loader of it may fork workers
+        mark_process_fork_unsafe("DALI's threads (a DaliStage runs in this process)")
         pipe = dali.Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                              device_id=self.device_id, prefetch_queue_depth=self.prefetch)
         _BUILT.add(pipe)
