@@ -12,13 +12,17 @@ from typing import Any
 
 import torch
 
-# route -> (family, what it needs): "raw" routes deliver raw sample dicts (default collation);
-# "img" routes deliver (images, labels) batches of a BatchCollator, labels being global ids.
+# case -> (family, what it needs); a case is a route's name, or ROUTE:fn for a second setup
+# of it. "raw" routes deliver raw sample dicts (default collation); "img" routes deliver
+# (images, labels) batches of a BatchCollator, labels being global ids; "fn" cases run the
+# transform as a function with the default collation (the way DataLoader users write it).
 ROUTES = {
     "refs": ("raw", "inline"),
     "refs-workers": ("raw", "workers"),
     "samples": ("raw", "inline"),
     "samples-workers": ("raw", "workers"),
+    "samples:fn": ("fn", "inline"),
+    "samples-workers:fn": ("fn", "workers"),
     "rows": ("img", "inline"),
     "rows-threads": ("img", "threads"),
     "rows-workers": ("img", "workers"),
@@ -57,17 +61,25 @@ class IdImages:
         return int(sample["__index__"])
 
 
-def make(route: str, path: str, *, world: int = 1, rank: int = 0, workers: int = 0,
+def route_of(case: str) -> str:
+    """The route a case of :data:`ROUTES` runs."""
+    return case.split(":")[0]
+
+
+def make(case: str, path: str, *, world: int = 1, rank: int = 0, workers: int = 0,
          store: str | None = None, mark: str | None = None, reference: bool = False,
          seed: int = 11, **extra: Any) -> Any:
-    """The FeedLoader of ``route`` (or, with ``reference=True``, of the reference route for it:
+    """The FeedLoader of ``case`` (or, with ``reference=True``, of the reference route for it:
     ``samples`` in this process, same dataset and collation)."""
     from feedpipe import FeedDataset, FeedLoader
     from feedpipe.stream._collator import BatchCollator
 
-    family, executor = ROUTES[route]
+    family, executor = ROUTES[case]
+    route = route_of(case)
     ds_kw: dict[str, Any] = {"shuffle": True, "seed": seed, "rank": rank, "world_size": world}
     ld_kw: dict[str, Any] = {"batch_size": BATCH}
+    if family == "fn":  # a random crop: the seeds must follow the samples too
+        ds_kw["transform"] = IdImages(train=True, mark=mark)
     if family == "img":  # the gather route calls no transform: it marks no process
         ds_kw["transform"] = IdImages(train=route != "gather",
                                       mark=None if route == "gather" else mark)
@@ -132,9 +144,9 @@ def _plain(v: Any) -> Any:
 
 
 def resume(args: dict[str, Any]) -> dict[str, Any]:
-    """In this (new) process: the route's loader of ``args``, loaded with ``args["state"]``,
+    """In this (new) process: the case's loader of ``args``, loaded with ``args["state"]``,
     iterated to the end of the epoch; the batches' digests and ids."""
-    ld = make(args["route"], args["path"], world=args.get("world", 1), rank=args.get("rank", 0),
+    ld = make(args["case"], args["path"], world=args.get("world", 1), rank=args.get("rank", 0),
               workers=args.get("workers", 0), store=args.get("store"))
     ld.load_state_dict(args["state"])
     batches = list(ld)

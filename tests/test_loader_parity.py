@@ -87,7 +87,9 @@ def test_drop_last_drops_each_ranks_short_batch(ds_path: str, route: str, worker
         counts.append(len(batches))
         seen += ids(batches)
     assert len(set(counts)) == 1  # every rank the same number of batches
-    assert max(Counter(seen).values()) == 1 or world > 1
+    c = Counter(seen)
+    # a sample repeats only as the padding that evens the ranks out, never more
+    assert sum(c.values()) - len(c) <= per_rank * world - N and max(c.values()) <= 2
 
 
 def test_drop_last_resumes_exactly(ds_path: str) -> None:

@@ -51,3 +51,6 @@ def test_elastic_resume_delivers_the_rest_exactly_once(ds_path: str, world2: int
     repeats = sum(c.values()) - 63
     assert repeats == (-(63 - 24) % world2), "only the new world's padding may repeat"
     assert not set(first["ids"]) & set(rest["ids"][: 63 - 24 - world2]), "seen twice"
+    # each rank read through its own real worker processes, before and after
+    assert [len(p) for p in first["pids"]] == [2, 2]
+    assert [len(p) for p in rest["pids"]] == [workers2] * world2

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _routes import BATCH, ROUTES, digest, fill_store, ids_of, make
+from _routes import BATCH, ROUTES, digest, fill_store, ids_of, make, route_of
 
 from feedpipe import FeedDataset, FeedLoader, ShardFormatError
 
@@ -67,28 +67,28 @@ def test_same_batches_as_the_reference_route(route: str, world: int, sharded: Pa
             mark.mkdir()
             ld = make(route, str(sharded), world=world, rank=rank, workers=workers, store=store,
                       mark=str(mark))
-            assert ld.route.name == route
+            assert ld.route.name == route_of(route)
             got = list(ld)
             want = list(make(route, str(sharded), world=world, rank=rank, reference=True))
             assert len(got) == len(want) == len(ld)
             for g, w in zip(got, want):
                 assert same(g, w), f"{route}: a batch differs from the reference route's"
             stats = ld.stats()
-            assert stats["route"] == route and stats["batches"] == len(ld)
+            assert stats["route"] == route_of(route) and stats["batches"] == len(ld)
             ran = {int(p.name) for p in mark.iterdir()}
             if ROUTES[route][1] == "workers":
                 pids = set(stats["worker_pids"])
                 assert len(pids) == workers and os.getpid() not in pids
-                if ROUTES[route][0] == "img":  # the transform itself ran there
+                if ROUTES[route][0] in ("img", "fn"):  # the transform itself ran there
                     assert ran == pids
-            elif ROUTES[route][0] == "img" and route != "gather":
+            elif ROUTES[route][0] in ("img", "fn") and route != "gather":
                 assert ran == {os.getpid()}
 
 
 def rank_ids(route: str, path: str, world: int, workers: int, store: str, stop: int | None,
-             state: dict | None = None) -> tuple[list[int], dict]:
-    """Every rank of ``world`` in lockstep for ``stop`` batches (None: the epoch); their ids and
-    rank 0's state."""
+             state: dict | None = None) -> tuple[list[int], dict, list[list[int]]]:
+    """Every rank of ``world`` in lockstep for ``stop`` batches (None: the epoch); their ids,
+    rank 0's state and each rank's worker pids."""
     loaders = [make(route, path, world=world, rank=r, workers=workers, store=store)
                for r in range(world)]
     if state is not None:
@@ -104,7 +104,7 @@ def rank_ids(route: str, path: str, world: int, workers: int, store: str, stop: 
         except StopIteration:
             break
         steps += 1
-    return ids, loaders[0].state_dict()
+    return ids, loaders[0].state_dict(), [ld.stats().get("worker_pids", []) for ld in loaders]
 
 
 @pytest.mark.parametrize("route", ALL)
@@ -117,7 +117,7 @@ def test_mid_epoch_resume_in_a_new_process(route: str, sharded: Path, store: str
     state = first.state_dict()
     assert state["position"] == 3 * BATCH
     del it
-    args = {"route": route, "path": str(sharded), "workers": workers, "store": store,
+    args = {"case": route, "path": str(sharded), "workers": workers, "store": store,
             "state": state}
     proc = subprocess.run([sys.executable, os.path.join(HERE, "_routes.py"), json.dumps(args)],
                           capture_output=True, text=True, timeout=300, cwd=HERE)
@@ -137,9 +137,13 @@ def test_elastic_resume_delivers_the_rest_exactly_once(route: str, world2: int, 
     if workers == 0:
         workers2 = 0
     n = FeedDataset(str(sharded)).manifest.total_samples
-    first, state = rank_ids(route, str(sharded), 2, workers, store, stop=2)
+    first, state, pids = rank_ids(route, str(sharded), 2, workers, store, stop=2)
     assert state["position"] == 2 * BATCH * 2
-    rest, _ = rank_ids(route, str(sharded), world2, workers2, store, stop=None, state=state)
+    rest, _, pids2 = rank_ids(route, str(sharded), world2, workers2, store, stop=None,
+                              state=state)
+    if workers:  # real worker processes on every rank, before and after
+        assert [len(p) for p in pids] == [workers] * 2
+        assert [len(p) for p in pids2] == [workers2] * world2
     c = Counter(first + rest)
     assert set(c) == set(range(n)), "a sample was lost"
     assert sum(c.values()) - n == (-(n - state["position"]) % world2), "only padding repeats"
