@@ -1,9 +1,10 @@
 """Conversion on a Dask cluster: files/s with 1, 2 and 4 worker processes against the local
 process pool, and Dask's coordination overhead per task.
 
-Source: ``--files`` records of ``--size`` bytes in 40 top-level directories (``feedpipe.synth``),
-read once untimed so they are in the page cache. Every system-pass runs in a fresh interpreter
-(``common.run_worker``); passes alternate the order of the systems.
+Source: ``--files`` records of ``--size`` bytes in 40 top-level directories
+(``feedpipe.convert._synth``), read once untimed so they are in the page cache. Every
+system-pass runs in a fresh interpreter (``common.run_worker``); passes alternate the order of
+the systems.
 
 Systems:
     local-w1, local-w2   ``feedpipe.shard(src, out, workers=N)`` (the local process pool)
@@ -27,7 +28,7 @@ process CPU time is read before and after:
                        (a worker's process CPU includes its own share of coordination: the
                        no-op runs show how much)
 
-``feedpipe.dask_convert`` groups parts into tasks of ~4,096 files / 64 MiB (whole shards where
+``feedpipe.convert._dask`` groups parts into tasks of ~4,096 files / 64 MiB (whole shards where
 they fit), so tasks take hundreds of milliseconds against ~10-20 ms of coordination each. With
 2 cores the conversion cannot scale past 2 workers; the figures show whether the time goes into
 the work (CPU) or into coordination.

@@ -310,9 +310,10 @@ def bench_dali(device: torch.device, quick: bool, repeats: int, root: str) -> di
 
     device_id = device.index if cuda else None
     # DALI's own threads decode; FeedLoader's workers read the shards and collate the encoded
-    # bytes (started from a forkserver once CUDA is up: see FeedLoader)
+    # bytes. They start from a forkserver: forking beside DALI's threads is refused
     feed = FeedLoader(FeedDataset(root, shuffle=True), batch_size=batch,
-                      num_workers=min(4, workers), persistent_workers=True)
+                      num_workers=min(4, workers), persistent_workers=True,
+                      multiprocessing_context="forkserver")
     # the same bytes premade in memory: what DALI does when its feed costs nothing
     samples = list(FeedDataset(root, shuffle=False))
     premade = [([bytes(s["jpg"]) for s in samples[i:i + batch]],

@@ -10,10 +10,11 @@ Part 1, ``decoders``: every candidate turns the same encoded bytes into an HWC `
               cache off)
     pillow-heif  ``pillow_heif.open_heif`` (HEIC only; where it imports)
     simplejpeg   (the JPEG row only: today's JPEG decoder, for reference)
-Formats (``feedpipe.synth``'s noisy gradients, 500 x 375 like an average ImageNet photo, made in
-memory): PNG RGB, RGBA, palette, grey, 16-bit RGB; WebP lossy, lossless; AVIF; HEIC; JPEG RGB and
-CMYK. A decoder that cannot read a format is left out of its row. Each decoder's pixels are
-compared (untimed) with OpenCV's: the maximum absolute difference is in the table.
+Formats (``feedpipe.convert._synth``'s noisy gradients, 500 x 375 like an average ImageNet
+photo, made in memory): PNG RGB, RGBA, palette, grey, 16-bit RGB; WebP lossy, lossless; AVIF;
+HEIC; JPEG RGB and CMYK. A decoder that cannot read a format is left out of its row. Each
+decoder's pixels are compared (untimed) with OpenCV's: the maximum absolute difference is in the
+table.
 
 Part 2, ``pipeline``: ``ImagePipeline(224, train=True, mean=None)`` per sample on each format's
 bytes (random-resized crop, flip, CHW ``uint8``), as a ratio to the JPEG row.

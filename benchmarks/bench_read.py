@@ -19,13 +19,13 @@ Systems:
                         shards w::n with ShardReader and turns each memoryview into bytes (a
                         memoryview cannot be pickled back to the main process)
     fp-loader           FeedLoader(FeedDataset(root), batch_size=256), one process (batches built
-                        from the shard index: see feedpipe/raw_batches.py)
+                        from the shard index: the refs route, feedpipe/stream/_refs.py)
     fp-loader-dl2       FeedLoader(FeedDataset(root), batch_size=256, num_workers=2): the
                         recommended way. With every shard fitting in max_open_shards (as
                         here) the training process plans each batch from the index columns
                         and starts no worker; otherwise workers plan each batch and send where
                         its members are (a few kB). The training process copies the bytes out
-                        of its maps of the shards (feedpipe/raw_batches.py; the consumer loop
+                        of its maps of the shards (feedpipe/stream/_refs.py; the consumer loop
                         takes the batches apart into sample dicts)
     wds                 webdataset.WebDataset(urls, shardshuffle=False), one process
     wds-loader-dl2      WebLoader(WebDataset(urls, shardshuffle=False).batched(256,

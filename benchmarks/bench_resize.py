@@ -3,7 +3,7 @@ OpenCV path that :func:`feedpipe.transforms._resize.resize_to_tensor` takes for 
 
 The images are decoded once (untimed) from the ``--quick`` peer dataset's JPEGs (160-320 px, made
 by ``datasets.py`` under ``--root``, bench_peers.py's default root unless given) or from
-``feedpipe.synth`` images when that folder is absent (said on stderr); every image gets
+``feedpipe.convert._synth`` images when that folder is absent (said on stderr); every image gets
 the random-resized crop box and flip that ``ImagePipeline`` would draw (torchvision's algorithm,
 scale 0.08-1). Only crops that fit inside 224x224 (enlargements, the OpenCV case) are timed;
 ``--all`` times reductions too, which both paths send through torch.

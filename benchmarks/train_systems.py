@@ -298,16 +298,19 @@ class FeedpipeDali(_Loader):
 
         self.ctx = ctx
         nw = min(4, ctx.workers)
+        # workers beside DALI's threads must not fork (FeedLoader refuses it): a forkserver
         raw = feedpipe.FeedLoader(feedpipe.FeedDataset(ctx.shards, shuffle=True, seed=0),
                                   batch_size=ctx.batch, num_workers=nw,
-                                  persistent_workers=nw > 0)
+                                  persistent_workers=nw > 0,
+                                  **({"multiprocessing_context": "forkserver"} if nw else {}))
         self.loader = DaliStage(raw, spec=ImageSpec(size=ctx.size, train=True, mean=None),
                                 device_id=(ctx.device.index or 0) if ctx.cuda else None,
                                 num_threads=max(1, ctx.workers))
         self.raw = raw
         self.setup = (f"FeedLoader(FeedDataset(shuffle=True), num_workers={nw}, "
-                      f"persistent_workers={nw > 0}) of JPEG bytes -> DaliStage(ImageSpec("
-                      f"{ctx.size}, train=True, mean=None), num_threads={max(1, ctx.workers)}, "
+                      f"persistent_workers={nw > 0}, forkserver) of JPEG bytes -> "
+                      f"DaliStage(ImageSpec({ctx.size}, train=True, mean=None), "
+                      f"num_threads={max(1, ctx.workers)}, "
                       f"{'nvJPEG mixed' if ctx.cuda else 'DALI CPU'})")
 
     def unpack(self, b: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,3 +51,31 @@ def test_quick_run_trains_every_cpu_system_on_every_sample(tmp_path: Path) -> No
     assert res["feedpipe-cache"]["stats"]["cache"]["hit_ratio"] == 1.0
     bars = doc["bars"]["tiny"]
     assert len(bars) == 3 and all(b["counts"] is False for b in bars)  # CPU: shown, not judged
+
+
+@pytest.mark.slow
+@pytest.mark.dali
+def test_quick_run_of_the_dali_systems(tmp_path: Path) -> None:
+    """The DALI systems (c) and (e), in DALI's CPU mode, train a whole epoch on every sample
+    once (the CPU run leaves them out: DALI is an extra)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:  # no `nvidia` namespace at all
+        found = False
+    if not found:
+        pytest.skip("nvidia.dali is not installed (the `dali` extra)")
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--root", str(tmp_path / "root"), "--out", str(out),
+         "--images", str(IMAGES), "--batch", "16", "--workers", "1",
+         "--systems", "dali,feedpipe-dali"],
+        check=False, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((out / "bench_train-quick.json").read_text())["results"]["tiny"]
+    assert list(res) == ["dali", "feedpipe-dali"]
+    for name, sysres in res.items():
+        assert "error" not in sysres, (name, sysres.get("error"), sysres.get("traceback"))
+        assert sysres["delivered"] == IMAGES, name
+        assert sysres["label_counts"] == [IMAGES // CLASSES] * CLASSES, name

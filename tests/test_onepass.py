@@ -1,4 +1,4 @@
-"""The one-pass conversion of local trees (feedpipe.onepass): the general path's output byte for
+"""The one-pass conversion of local trees (feedpipe.convert._onepass): the general path's output byte for
 byte, the general path whenever anything is unusual, and nothing left behind when it fails."""
 
 from __future__ import annotations

@@ -387,7 +387,7 @@ def _mapped_kb(path: str) -> int | None:
 
 
 def test_drop_pages_unmaps_what_was_read_and_views_stay_valid(sharded: Path) -> None:
-    # (feedpipe.row_batches drops the maps' pages while a batch is decoded: the samples of a
+    # (the rows routes drop the maps' pages while a batch is decoded: the samples of a
     # whole batch are handed out before any is read)
     m = load_manifest(str(sharded))
     path = str(sharded / m.shards[0].name)

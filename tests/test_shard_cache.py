@@ -258,7 +258,7 @@ def test_killed_download_leaves_nothing_that_blocks_the_next_run(
 def test_the_budget_holds_for_every_reader_on_the_node(
         data: Path, server: Any, expected: dict[str, bytes], tmp_path: Path, procs: int,
         workers: int, max_open: int) -> None:
-    """Byte-identical samples, no deadlock, and the node-wide bound of feedpipe.shard_cache: the
+    """Byte-identical samples, no deadlock, and the node-wide bound of feedpipe.caches._shards: the
     directory never holds more than budget + one entry per reader (a process, or a DataLoader
     worker) reading through it, however many shards each keeps open; and <= budget once nothing
     is in use."""
