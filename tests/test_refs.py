@@ -276,3 +276,14 @@ def test_column_plans_equal_the_per_sample_plans(ds_path: str, url: str, shuffle
     assert any("json" in r.fields and list(r.fields).index("json") >= r.first
                for r in plan_refs(ds, 0, 1, columns))
     assert np.all(columns.offsets["jpg"] >= 0)  # every sample has its image
+
+
+def test_stats_say_how_the_refs_route_planned(ds_path: str) -> None:
+    """The refs route plans from the index columns when every shard fits in max_open_shards,
+    else sample by sample; stats() names which."""
+    fits = FeedLoader(FeedDataset(ds_path, shuffle=True), batch_size=4, route="refs")
+    few = FeedLoader(FeedDataset(ds_path, shuffle=True, max_open_shards=2), batch_size=4,
+                     route="refs")
+    ids = [b["__index__"].tolist() for b in fits]
+    assert ids == [b["__index__"].tolist() for b in few]
+    assert fits.stats()["refs_plan"] == "columns" and few.stats()["refs_plan"] == "per-sample"

@@ -278,6 +278,7 @@ class FeedLoader:
                 fetch = RefFetch(ds.shards, epoch, ds.seed, columns=self._columns,
                                  advise=self._columns is not None)
                 maker = Resolver(ds, pin_memory=self._pin)
+                stats["refs_plan"] = "columns" if self._columns is not None else "per-sample"
                 if self._columns is not None:  # planned (and read-ahead advised) early
                     ahead = 2
             elif route.fetch == "gather":
@@ -360,7 +361,9 @@ class FeedLoader:
         ``left_out`` (when any: batches of the plan the transform left wholly out, yielded as
         nothing), ``worker_pids`` (the worker processes that made batches), ``start_method`` (how
         they were started) and ``prefetch_factor`` (batches in flight per worker) on a
-        ``workers`` route, ``buffers`` (worker batch buffers received,
+        ``workers`` route, ``refs_plan`` on ``refs`` (``columns``: every shard fits in
+        ``max_open_shards``, so batches are planned from the index columns; else
+        ``per-sample``), ``buffers`` (worker batch buffers received,
         ``reused``, ``released``) on ``rows-workers``, and with ``device=`` the
         :class:`DeviceLoader`'s figures under ``device``."""
         # the pass that ran (the store it filled may send the next pass another way)
