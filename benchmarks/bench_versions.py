@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -174,14 +175,25 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, ["phase", f"{a.before} /s", "tree /s", "pass ratio", f"{a.before} MB",
                         "tree MB", "RSS ratio", "bar"])
     print(text)
-    doc = {"benchmark": "bench_versions", "before": a.before, "passes": passes,
-           "environment": environment(shards), "summary": summary, "bars": bars,
+    command = "python benchmarks/bench_versions.py " + " ".join(
+        shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
+    env = environment(shards)
+    doc = {"benchmark": "bench_versions", "command": command.strip(), "before": a.before,
+           "passes": passes,
+           "environment": env, "summary": summary, "bars": bars,
            "runs": {f"{k[0]}/{k[1]}": v for k, v in runs.items()}, "errors": errors,
            "elapsed_seconds": time.perf_counter() - t_start}
     path = write_results(a.name, doc)
     with open(path[:-5] + ".md", "w", encoding="utf-8") as f:
+        git = env.get("git") or {}
         f.write(f"# {a.before} against the working tree ({passes} alternating passes)\n\n")
-        f.write("```\n" + text + "\n```\n")
+        f.write(f"`{command.strip()}`, {env.get('date_utc', '?')}, working tree at "
+                f"{str(git.get('revision', '?'))[:7]}{' (dirty)' if git.get('dirty') else ''}, "
+                f"{env.get('cpu_count', '?')} cores, load average at the start "
+                f"{env.get('loadavg_at_start', '?')}.\n\n")
+        f.write("```\n" + text + "\n```\n\n")
+        f.write("Bar: the median of the per-pass ratios, >= 0.9x the rate and <= 1.1x the peak "
+                "RSS of the ref, in every phase.\n")
     print(f"results written to {path}")
     return 1 if errors or not all(b["met"] for b in bars.values()) else 0
 
