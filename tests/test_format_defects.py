@@ -125,6 +125,19 @@ def test_pax_size_and_path_are_applied(tmp_path: Path) -> None:
     assert _read(p) == tarfile_members(raw)
 
 
+@pytest.mark.parametrize(("raw", "what"), [
+    (header("a.bin", 0, size_field=b"\xff" * 12) + END, "corrupted tar header at offset 0"),
+    (header("a.bin", 100), "truncated: member at offset 0 needs 100 bytes"),
+    (pax(b"3 a\n") + member("a.txt", b"hi") + END, "malformed PAX record at offset 0"),
+], ids=["bad-size", "cut-member", "bad-pax"])
+def test_a_damaged_shard_says_what_to_do(tmp_path: Path, raw: bytes, what: str) -> None:
+    p = _shard(tmp_path, raw)
+    with pytest.raises(ShardFormatError) as ei:
+        feedpipe.index([str(p)], show_progress=False)
+    msg = str(ei.value)
+    assert f"{p}: {what}" in msg and "re-copy" in msg and "`feedpipe verify" in msg, msg
+
+
 # -- defects 11 and 13: named errors, nothing left behind ---------------------------------------
 def test_index_of_a_directory_named_like_a_shard(tmp_path: Path) -> None:
     p = _shard(tmp_path, member("a.txt", b"hi") + END, "a.tar")

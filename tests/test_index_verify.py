@@ -16,7 +16,7 @@ import webdataset as wds
 from conftest import run_feedpipe
 
 import feedpipe
-from feedpipe.errors import KeyClashError, ShardFormatError
+from feedpipe.errors import InputError, KeyClashError, ShardFormatError
 from feedpipe.format._index import parse_index
 from feedpipe.format._keys import split_member
 from feedpipe.format._manifest import load_manifest
@@ -145,6 +145,34 @@ def test_index_duplicate_keys_across_shards(tmp_path: Path) -> None:
     assert not (d / "manifest.json").exists()
 
 
+def test_index_checks_classes_against_the_labels(tmp_path: Path) -> None:
+    """``--classes`` must cover every ``cls`` value, and a missing file is not a class name."""
+    d = tmp_path / "labelled"
+    d.mkdir()
+    with wds.TarWriter(str(d / "a.tar")) as sink:
+        for i in range(8):
+            sink.write({"__key__": f"s{i}", "txt": b"x", "cls": str(i % 4).encode()})
+    with pytest.raises(InputError) as ei:
+        feedpipe.index([str(d)], classes="a,b", show_progress=False)
+    msg = str(ei.value)
+    assert "cls 2" in msg and "'s2'" in msg and "a.tar" in msg and "2 classes" in msg, msg
+    r = run_feedpipe("index", d, "--classes", "a,b")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cls 2" in r.stderr
+    assert not (d / "manifest.json").exists() and not (d / "a.idx").exists()
+    r = run_feedpipe("index", d, "--classes", tmp_path / "nosuch.txt")
+    assert r.returncode == 2 and "nosuch.txt" in r.stderr and "no such file" in r.stderr
+    assert "--classes cat,dog" in r.stderr, r.stderr
+    assert not (d / "manifest.json").exists()
+    with pytest.raises(InputError, match="no such file"):
+        feedpipe.index([str(d)], classes="nosuch.txt", show_progress=False)
+    m = feedpipe.index([str(d)], classes="a,b,c,d", show_progress=False)
+    assert m.classes == ["a", "b", "c", "d"]
+    with wds.TarWriter(str(d / "a.tar")) as sink:  # a name where an index belongs
+        sink.write({"__key__": "t", "txt": b"x", "cls": b"cat"})
+    with pytest.raises(InputError, match=r"a\.tar: sample 't': cls 'cat' is not an integer"):
+        feedpipe.index([str(d)], classes="cat,dog", show_progress=False)
+
+
 def test_index_refuses_member_names_with_whitespace(tmp_path: Path) -> None:
     """The DALI index is space-separated: a foreign shard whose names hold spaces is refused with
     advice rather than indexed wrongly."""
@@ -233,6 +261,45 @@ def test_verify_missing_shard(sharded_copy: Path) -> None:
     (sharded_copy / "data-000004.tar").unlink()
     r = run_feedpipe("verify", sharded_copy)
     assert r.returncode == 1 and "data-000004.tar: shard is missing" in r.stdout
+
+
+def test_verify_reports_a_key_in_two_shards(tmp_path: Path) -> None:
+    """Two parts that wrote the same keys, under one manifest (as `feedpipe merge` wrote it before
+    it checked keys): each sample would be read twice an epoch."""
+    from feedpipe.convert._shard_writer import write_samples
+    from feedpipe.format._index import format_index
+    from feedpipe.format._indexer import _scan
+    from feedpipe.format._manifest import Manifest, ShardRecord, write_manifest
+
+    out = tmp_path / "par"
+    parts = [write_samples(({"__key__": f"{j:04d}", "txt": "x"} for j in range(5)), str(out),
+                           part=(i, 2)) for i in (0, 1)]
+    write_manifest(str(out), Manifest(parts[0].shards + parts[1].shards, fields=["txt"]))
+    first, second = (str(out / rec.name) for p in parts for rec in p.shards)
+    report = feedpipe.verify(str(out))
+    assert not report.ok
+    assert [(p.kind, p.shard, p.key) for p in report.problems] == [
+        ("duplicate-key", second, "0000")]
+    assert first in str(report.problems[0]) and "5 sample keys" in str(report.problems[0])
+    r = run_feedpipe("verify", out)
+    assert r.returncode == 1 and "PROBLEM" in r.stdout and "'0000'" in r.stdout, r.stdout
+    doc = json.loads(run_feedpipe("verify", out, "--json").stdout)
+    assert doc["ok"] is False and [(p["kind"], p["shard"], p["key"]) for p in doc["problems"]] \
+        == [("duplicate-key", second, "0000")]
+    # a key twice in one shard (not consecutive: two samples)
+    d = tmp_path / "one"
+    d.mkdir()
+    with wds.TarWriter(str(d / "s.tar")) as sink:
+        for key in ("a", "b", "a"):
+            sink.write({"__key__": key, "txt": b"x"})
+    with pytest.raises(KeyClashError, match=r"'a'"):
+        feedpipe.index([str(d)], show_progress=False)
+    idx, size, sha = _scan(str(d / "s.tar"))
+    write_manifest(str(d), Manifest([ShardRecord("s.tar", 3, size, sha)]))
+    (d / "s.idx").write_text(format_index(idx))
+    report = feedpipe.verify(str(d))
+    assert [(p.kind, Path(p.shard).name, p.key) for p in report.problems] == [
+        ("duplicate-key", "s.tar", "a")]
 
 
 def test_verify_remote_dataset(sharded: Path) -> None:

@@ -172,3 +172,54 @@ def test_verify_warns_about_an_unlisted_tar(sharded_copy: Path) -> None:
     r = run_feedpipe("verify", sharded_copy)
     assert r.returncode == 0 and "extra.tar" in r.stdout and "not listed" in r.stdout
     assert ": OK\n" not in r.stdout
+
+
+def test_verify_warns_about_an_unlisted_tar_in_a_subdirectory(sharded_copy: Path) -> None:
+    (sharded_copy / "old" / "deeper").mkdir(parents=True)
+    shutil.copy(sharded_copy / "data-000000.tar", sharded_copy / "old" / "deeper" / "x.tar")
+    (sharded_copy / "other").mkdir()  # another dataset below this one: its shards are its own
+    shutil.copy(sharded_copy / "data-000000.tar", sharded_copy / "other" / "y.tar")
+    shutil.copy(sharded_copy / "manifest.json", sharded_copy / "other" / "manifest.json")
+    report = feedpipe.verify(str(sharded_copy))
+    assert report.ok and [(w.kind, w.shard) for w in report.warnings] == [
+        ("unlisted", str(sharded_copy / "old" / "deeper" / "x.tar"))]
+    doc = json.loads(run_feedpipe("verify", sharded_copy, "--json").stdout)
+    assert [w["shard"] for w in doc["warnings"]] == [str(sharded_copy / "old/deeper/x.tar")]
+
+
+def test_a_directory_named_like_a_shard_is_not_counted_as_one(tmp_path: Path) -> None:
+    (tmp_path / "data.tar").mkdir()
+    with pytest.raises(SourceNotFoundError) as ei:
+        feedpipe.FeedDataset(str(tmp_path))
+    msg = str(ei.value)
+    assert "no .tar shards" in msg and "feedpipe index" not in msg and "'data.tar/'" in msg, msg
+    (tmp_path / "a.tar").write_bytes(b"")
+    with pytest.raises(SourceNotFoundError, match=r"but 1 \.tar shard \("):
+        feedpipe.FeedDataset(str(tmp_path))
+
+
+# -- errors that say what to do ------------------------------------------------------------------
+def test_a_bad_shard_record_says_to_re_create_the_manifest(sharded_copy: Path) -> None:
+    _edit(sharded_copy, lambda doc: doc["shards"][0].update(samples="50"))
+    with pytest.raises(ManifestError, match=r"shards\[0\]\.samples must be a non-negative "
+                                            r"integer, not '50' .*`feedpipe index"):
+        load_manifest(str(sharded_copy))
+
+
+def test_a_missing_or_cut_shard_says_what_to_do(sharded_copy: Path) -> None:
+    from feedpipe.errors import ShardFormatError
+    from feedpipe.format._reader import ShardReader
+
+    (sharded_copy / "data-000004.tar").unlink()
+    with pytest.raises(SourceNotFoundError, match=r"data-000004\.tar: shard not found.*"
+                                                  r"re-copy.*`feedpipe verify"):
+        ShardReader(str(sharded_copy / "data-000004.tar"))
+    shard = sharded_copy / "data-000001.tar"
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(size - 512)
+    with pytest.raises(ShardFormatError, match=r"shard is truncated: .*the manifest says "
+                                               rf"{size} .*re-copy.*`feedpipe verify"):
+        ShardReader(str(shard), expected_bytes=size)
+    r = run_feedpipe("index", sharded_copy / "nosuch.tar")
+    assert r.returncode == 2 and "shard not found" in r.stderr and "check the path" in r.stderr

@@ -92,6 +92,47 @@ def test_link_loops_raise_naming_the_link_or_are_skipped(tmp_path: Path) -> None
     assert s.samples == 9 and [x["path"] for x in s.skipped_inputs] == ["a/up"]
 
 
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_chain_of_links_that_loops_is_named_a_loop(tmp_path: Path, workers: int) -> None:
+    """``b -> a/c`` and ``a/c -> ../b``: no directory is ever reached (stat fails with ELOOP), so
+    it is not the ancestor case, but it is a loop all the same, not a permission problem."""
+    src = tmp_path / "src"
+    write_tree(src, ["a/f.txt"])
+    (src / "b").symlink_to("a/c")
+    (src / "a" / "c").symlink_to("../b")
+    keys, problems, _ = _listing(src, workers)
+    assert keys == ["a/f"]
+    assert [p for p, _ in problems] == ["b", "a/c"]  # (walk order: the root's entries first)
+    assert all("symbolic link loop" in reason for _, reason in problems), problems
+    r = run_feedpipe("shard", src, tmp_path / "o", "--workers", str(max(workers, 1)))
+    assert r.returncode == 2 and "symbolic link loop" in r.stderr, r.stderr
+    assert "permission" not in r.stderr
+
+
+@pytest.mark.parametrize(("workers", "method"), [(1, "general"), (2, "general"), (2, "one-pass")])
+def test_two_images_grouped_into_one_sample_are_announced_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, workers: int, method: str) -> None:
+    """cat/x.jpg and cat/x.png share a stem: one sample with both fields (documented), which an
+    ImageFolder would count as two images. Said once per run, with the count; bytes unchanged."""
+    src = tmp_path / "src"
+    files = write_tree(src, ["cat/x.jpg", "cat/x.png", "cat/y.jpg", "dog/z.webp", "dog/z.jpeg",
+                             "dog/w.jpg", "dog/w.json"])
+    caplog.set_level(logging.WARNING, logger="feedpipe")
+    s = feedpipe.shard(str(src), str(tmp_path / "o"), labels_from_dirs=True, workers=workers,
+                       method=method)
+    assert s.samples == 4 and s.method == method
+    got = {str(x["__key__"]): x for x in read_dataset(tmp_path / "o")}
+    assert got["cat/x"]["jpg"] == files["cat/x.jpg"] and got["cat/x"]["png"] == files["cat/x.png"]
+    warned = [r for r in caplog.records if "image" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING, caplog.messages
+    msg = warned[0].getMessage()
+    assert "2 samples" in msg and "cat/x" in msg and "jpg" in msg and "png" in msg, msg
+    assert "ImagePipeline" in msg and "image_field" in msg, msg
+    caplog.clear()
+    feedpipe.shard(str(src), str(tmp_path / "again"), workers=workers, max_samples=1)
+    assert len([r for r in caplog.records if "image" in r.getMessage()]) == 1
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_an_output_directory_inside_the_source_is_skipped_never_a_class(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, workers: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import webdataset as wds
-from conftest import read_dataset, write_tree
+from conftest import read_dataset, run_feedpipe, write_tree
 
 import feedpipe
 from feedpipe.convert._shard_writer import ShardWriter, write_samples
@@ -128,6 +128,34 @@ def test_bad_samples_are_refused_and_nothing_is_written(
     assert os.listdir(out) == []  # the committed part removed too: no dataset, no temp file
 
 
+def test_a_class_name_as_cls_is_stored_as_its_index_or_refused(tmp_path: Path) -> None:
+    """With ``classes`` given, a str ``cls`` is a class name: stored as its index (what the
+    manifest's classes say cls values are), or refused; it used to be stored as text."""
+    with ShardWriter(str(tmp_path / "o"), classes=["a", "b"]) as w:
+        w.write({"__key__": "k0", "cls": "b"})
+        w.write({"__key__": "k1", "cls": 0})
+        with pytest.raises(InputError, match=r"'k2'.*cls 'c' is not one of the 2 classes "
+                                             r"\['a', 'b'\]"):
+            w.write({"__key__": "k2", "cls": "c"})
+        with pytest.raises(InputError, match=r"cls -1 is not an index into the 2 classes"):
+            w.write({"__key__": "k3", "cls": np.int64(-1)})
+    assert [s["cls"] for s in read_dataset(tmp_path / "o")] == [b"1", b"0"]
+    with ShardWriter(str(tmp_path / "free")) as w:  # no classes: a str is text, as before
+        w.write({"__key__": "k", "cls": "b"})
+    assert read_dataset(tmp_path / "free")[0]["cls"] == b"b"
+
+
+def test_shard_from_an_iterable_of_dicts_points_to_write_samples(tmp_path: Path) -> None:
+    """shard_from takes a Hugging Face dataset; sample dicts go through write_samples (a plain
+    sentence, before the datasets extra is asked for)."""
+    samples = ({"__key__": str(i), "txt": "x"} for i in range(2))
+    for given, name in [(samples, "generator"), ([{"__key__": "0", "txt": "x"}], "list")]:
+        with pytest.raises(TypeError, match=rf"shard_from takes a Hugging Face datasets\.Dataset"
+                                            rf".*not a {name}.*feedpipe\.write_samples"):
+            feedpipe.shard_from(given, str(tmp_path / "o"))
+    assert not (tmp_path / "o").exists()
+
+
 def test_duplicate_keys_are_refused_naming_both(tmp_path: Path) -> None:
     with ShardWriter(str(tmp_path / "o"), max_samples=1) as w:
         w.write({"__key__": "a.b", "jpg": b"1"})
@@ -215,6 +243,32 @@ def test_parts_of_different_options_are_not_merged(tmp_path: Path) -> None:
     write_samples([make_sample(1)], str(out), part=(1, 2), max_samples=5)
     with pytest.raises(feedpipe.PartsError, match="other inputs or options"):
         feedpipe.merge(str(out))
+
+
+def _copied_parts(out: Path, *, merge: bool = False) -> list[Any]:
+    """Two parts that each wrote keys 0000..0004 (each writer sees only its own keys)."""
+    return [write_samples(({"__key__": f"{j:04d}", "txt": "x"} for j in range(5)), str(out),
+                          part=(i, 2), merge=merge) for i in (0, 1)]
+
+
+def test_merge_refuses_a_key_written_by_two_parts(tmp_path: Path) -> None:
+    out = tmp_path / "par"
+    _copied_parts(out)
+    with pytest.raises(feedpipe.PartsError) as ei:
+        feedpipe.merge(str(out))
+    msg = str(ei.value)
+    assert "'0000'" in msg and "data-p00000of00002-000000.tar" in msg, msg
+    assert "data-p00001of00002-000000.tar" in msg and "distinct keys" in msg, msg
+    assert not (out / "manifest.json").exists()
+    r = run_feedpipe("merge", out)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "'0000'" in r.stderr
+    # merge=True: the last writer's merge refuses; both parts stay committed, no temp file
+    other = tmp_path / "auto"
+    with pytest.raises(feedpipe.PartsError, match="'0000'"):
+        _copied_parts(other, merge=True)
+    names = sorted(os.listdir(other))
+    assert "manifest.json" not in names and not [n for n in names if ".tmp" in n]
+    assert len([n for n in names if n.endswith(".tar")]) == 2
 
 
 @pytest.mark.dali

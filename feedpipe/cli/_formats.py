@@ -17,7 +17,8 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
         description=(
             "Convert a small-file dataset into WebDataset tar shards with DALI indexes and a "
             "manifest.json. Files sharing a relative directory and stem form one sample "
-            "(cls/0001.jpg + cls/0001.json); keys are encoded so that dots, spaces and unicode "
+            "(cls/0001.jpg + cls/0001.json; two images, cls/x.jpg + cls/x.png, make one sample "
+            "too, with a warning); keys are encoded so that dots, spaces and unicode "
             "survive the WebDataset first-dot rule (a/cat.v2.jpg stays one sample, field 'jpg'). "
             "Output is deterministic: the same inputs and options give the same bytes whatever "
             "--workers is."
@@ -134,7 +135,9 @@ def add_merge(sub: argparse._SubParsersAction) -> None:
                        description="Join the parts written by `feedpipe shard SRC OUT --part I/N` "
                                    "(I = 0..N-1) under one manifest.json and wids.json. Refuses, "
                                    "naming the part, when a part is missing, unfinished, made "
-                                   "from other inputs or options, or has lost a shard. Parts "
+                                   "from other inputs or options, or has lost a shard, and, "
+                                   "naming the key and both shards, when two parts hold one "
+                                   "sample key. Parts "
                                    "written by feedpipe.ShardWriter(out, part=(i, n)) merge the "
                                    "same way.",
                        epilog="Examples:\n"
@@ -166,8 +169,9 @@ def add_index(sub: argparse._SubParsersAction) -> None:
         description="Adopt WebDataset shards made by other tools (webdataset's ShardWriter, tar): "
                     "read every tar header once, write a DALI v1.2 .idx beside each shard and a "
                     "manifest.json (with sha256 of each shard) at the dataset root. Every shard "
-                    "is checked before anything is written: a truncated or malformed shard, or "
-                    "a key found twice, is named and nothing is written. Compressed shards "
+                    "is checked before anything is written: a truncated or malformed shard, a "
+                    "key found twice (in one shard or two), or a cls value outside --classes, "
+                    "is named and nothing is written. Compressed shards "
                     "(.tar.gz, .tgz) are refused: decompress them first.",
         epilog="Examples:\n"
                "  feedpipe index ./shards                       # every *.tar in the directory\n"
@@ -183,7 +187,9 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--classes", metavar="NAMES|FILE", default=None,
                    help="class names to record in the manifest (what the 'cls' values index), "
                         "as `feedpipe shard --labels-from-dirs` records them: a comma-separated "
-                        "list, or a file with one name per line (an existing file wins)")
+                        "list, or a file with one name per line (an existing file wins; a value "
+                        "like a path, e.g. classes.txt, must be one). Every cls value must be "
+                        "an index into them")
     add_json_options(p, out=True)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -212,10 +218,11 @@ def add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify", help="check shards against their indexes and the manifest",
         description="Check every shard of a dataset: size and sha256 against the manifest, every "
-                    "tar header, every .idx entry against the headers. Exit 0 when sound, 1 "
-                    "with each problem's shard, offset and kind otherwise. Warnings say what was "
-                    "not checked: a shard the manifest gives no sha256 for, a .tar beside the "
-                    "shards that the manifest does not list.",
+                    "tar header, every .idx entry against the headers, and that no sample key "
+                    "is held by two samples (in one shard or two). Exit 0 when sound, 1 "
+                    "with each problem's shard, offset or key, and kind otherwise. Warnings say "
+                    "what was not checked: a shard the manifest gives no sha256 for, a .tar "
+                    "below the dataset root that the manifest does not list.",
         epilog="Examples:\n"
                "  feedpipe verify ./shards\n"
                "  feedpipe verify s3://bucket/shards\n"

@@ -5,8 +5,9 @@ atomically, after all its shards are committed: the record is the part's commit 
 the part's shard records (names, sample counts, sizes, sha256), fields, classes, skipped inputs
 and the dataset fingerprint (:mod:`~feedpipe.convert._parts`).
 
-:func:`merge` checks that all N records exist and agree on the fingerprint, and that every shard
-they name is on disk with its recorded size. Then it writes ``wids.json`` and ``manifest.json``
+:func:`merge` checks that all N records exist and agree on the fingerprint, that every shard
+they name is on disk with its recorded size, and that no sample key is in two shards (each
+writer of parts sees only its own keys). Then it writes ``wids.json`` and ``manifest.json``
 (atomically, the manifest last), listing the parts' shards in part order. The ``.idx`` files
 already sit beside the shards. Merging twice, or by two processes at once, writes the same bytes.
 """
@@ -20,7 +21,9 @@ from typing import Any
 
 from .. import __version__
 from .._helpers.storage import is_local, local_path
-from ..errors import PartsError
+from ..errors import PartsError, ShardFormatError
+from ..format._index import index_from_tar, index_path, parse_index
+from ..format._key_registry import KeyRegistry
 from ..format._manifest import Manifest, ShardRecord, write_manifest, write_wids_index
 from ._parts import PartInfo, part_tag
 
@@ -85,6 +88,25 @@ def _load(path: str, label: str) -> dict[str, Any]:
     return doc
 
 
+def _keys(out: str, name: str, label: str) -> list[str]:
+    """The sample keys of the committed shard ``name``: from its ``.idx`` (written before the
+    shard was renamed into place), else from its tar headers."""
+    path = os.path.join(out, name)
+    try:
+        with open(index_path(path), "rb") as f:
+            idx = parse_index(f.read(), index_path(path))
+        if idx.named:
+            return idx.keys
+    except (OSError, ShardFormatError):
+        pass
+    try:
+        with open(path, "rb") as f:
+            return index_from_tar(f, os.path.getsize(path), path).keys
+    except (OSError, ShardFormatError) as e:
+        raise PartsError(f"part {label}: shard {path} cannot be read ({e}); rerun the part with "
+                         "--resume") from e
+
+
 def _why_missing(out: str, index: int, count: int) -> str:
     tag = part_tag(index, count)
     shards = [n for n in os.listdir(out) if n.endswith(".tar") and f"-{tag}-" in n]
@@ -106,7 +128,8 @@ def merge(out: str, *, parts: int | None = None) -> Manifest:
 
     Raises:
         PartsError: naming every part that is missing or unfinished, a part made from other
-            inputs or options, or a part whose shard is missing or has the wrong size.
+            inputs or options, a part whose shard is missing or has the wrong size, or a sample
+            key found in two shards (naming the key and both shards).
 
     Example:
         >>> import tempfile, pathlib
@@ -146,6 +169,8 @@ def merge(out: str, *, parts: int | None = None) -> Manifest:
     shards: list[ShardRecord] = []
     fields: set[str] = set()
     skipped = list(first["manifest"]["skipped"][: first["listing_skipped"]])
+    keys = KeyRegistry()
+    part_of: dict[str, int] = {}
     for i, doc in enumerate(docs):
         m = Manifest.from_json(json.dumps(doc["manifest"]))
         for rec in m.shards:
@@ -155,9 +180,20 @@ def merge(out: str, *, parts: int | None = None) -> Manifest:
                 got = "missing" if size is None else f"{size} bytes, {rec.bytes} recorded"
                 raise PartsError(f"cannot merge {out}: part {i}/{n}: shard {rec.name} is {got}; "
                                  "rerun the part with --resume")
+            keys.add(rec.name, _keys(out, rec.name, f"{i}/{n}"))
+            part_of[rec.name] = i
         shards += m.shards
         fields |= set(m.fields)
         skipped += m.skipped[doc["listing_skipped"]:]
+    clashes = keys.clashes(lambda name: _keys(out, name, f"{part_of[name]}/{n}"))
+    if clashes:
+        c = clashes[0]
+        raise PartsError(
+            f"cannot merge {out}: {len(clashes)} sample key(s) written twice, e.g. {c.key!r} in "
+            f"{c.first} (part {part_of[c.first]}/{n}) and {c.second} (part "
+            f"{part_of[c.second]}/{n}); keys must be unique in a dataset and each writer sees "
+            "only its own: rewrite the parts with distinct keys (e.g. prefixed with the part "
+            "number), then merge")
     created = dict(first["manifest"]["created_by"])
     tool = created.get("tool", "feedpipe shard")
     created.update({"tool": f"{tool} --part + feedpipe merge" if tool == "feedpipe shard"

@@ -51,7 +51,7 @@ from ._output_dir import (
 )
 from ._parts import PartInfo, parse_part, part_prefix
 from ._shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
-from ._sources import Listing, SampleSpec, Source, printable
+from ._sources import Listing, SampleSpec, Source, printable, several_images
 from ._summary import ShardSummary
 from ._writer import hidden, load_record, output_error
 
@@ -132,6 +132,8 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     ``choice``, and commit the dataset (or the part)."""
     samples = _drop_problems(listing, opts.on_error)
     _report_outputs(src, out, listing)
+    if opts.manifest is None:  # (a file list pairs files on purpose)
+        _report_several_images(samples)
     part_of = None if part_info is None else (part_info.index, part_info.count)
     name_prefix = opts.prefix if part_of is None else part_prefix(opts.prefix, *part_of)
     state = STATE_NAME if part_of is None else part_state_name(*part_of)
@@ -300,6 +302,25 @@ def _report_outputs(src: str, out: str, listing: Any) -> None:
     for rel in listing.outputs:
         log.warning("feedpipe shard: skipped %s/%s: it holds feedpipe output (shards, a "
                     "manifest or a conversion under way), not source data", printable(src), rel)
+
+
+def _report_several_images(samples: list[SampleSpec]) -> None:
+    """Say, once a run, that files sharing a stem made samples of two images: an ImageFolder
+    counts each file as an image, and ImagePipeline decodes one image a sample."""
+    from ..transforms._decode import IMAGE_FIELDS
+
+    count, spec = several_images(samples, IMAGE_FIELDS)
+    if spec is None:
+        return
+    exts = [f.ext for f in spec.files]
+    taken = next(f for f in IMAGE_FIELDS if f in exts)
+    shown = " + ".join(printable(f.path) for f in spec.files if f.ext in IMAGE_FIELDS)
+    log.warning("feedpipe shard: %d sample%s hold%s two or more images (files that share a stem "
+                "are one sample), e.g. %s: the sample holds both, where an ImageFolder counts "
+                "each file as an image, and ImagePipeline takes the first of its image_field "
+                "list (here %s); give each image its own stem if each is a sample",
+                count, "s" * (count > 1), "" if count > 1 else "s",
+                shown, taken)
 
 
 def _stage(src: str, out: str, opts: ShardOptions, workers: int,

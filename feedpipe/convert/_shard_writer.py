@@ -17,7 +17,8 @@ Parallel writing: each process (a pool worker, a Dask task) writes one *part* wi
 ``ShardWriter(out, part=(i, n))`` into the same ``out``. Then :func:`feedpipe.merge` writes the
 manifest, exactly as for ``feedpipe shard --part I/N`` (or ``merge=True`` on the writers: the
 last one to finish merges). Keys must then be unique across parts, since each writer sees only
-its own.
+its own: the merge refuses a key found in two parts, naming it and both shards (the parts stay
+as they are, to be rewritten).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from numbers import Integral
 from typing import Any
 
 from .. import __version__
@@ -65,7 +67,9 @@ class ShardWriter:
         max_samples: at most this many samples per shard.
         max_bytes: target shard size in bytes (or a size such as ``"256MB"``); a shard exceeds
             it only to hold one sample larger than it.
-        classes: class names, recorded in the manifest (what the ``cls`` values index).
+        classes: class names, recorded in the manifest (what the ``cls`` values index). A
+            ``cls`` given as a name of the list is stored as its index; a name not in the list,
+            or an index out of range, is refused.
         prefix: shard names are ``PREFIX-000000.tar``.
         encoders: per field, a function turning its value into bytes (see
             :mod:`~feedpipe.convert._field_encoding`), e.g.
@@ -104,6 +108,10 @@ class ShardWriter:
             raise ValueError(f"encoders: {bad[0]!r} cannot be a field name")
         self.max_samples = max_samples
         self.classes = None if classes is None else [str(c) for c in classes]
+        self._class_index = {c: i for i, c in enumerate(self.classes or ())}
+        if self.classes is not None and len(self._class_index) != len(self.classes):
+            dup = sorted({c for c in self.classes if self.classes.count(c) > 1})
+            raise ValueError(f"classes: repeated class name(s) {dup}; give each class once")
         self.prefix = prefix
         self.encoders = dict(encoders or {})
         self.part = None if part is None else parse_part(part)
@@ -147,12 +155,13 @@ class ShardWriter:
             if not valid_extension(ext) or ext.startswith("."):
                 raise InputError(f"{where}field {ext!r} cannot be a tar member extension (no "
                                  "spaces, '/', '%' or leading '.'); rename it")
+            if ext == "cls":
+                value = self._cls(value, where)
             data = encode_field(ext, value, self.encoders, where)
             if data is not None:
                 blobs.append((ext, data))
         if not blobs:
             raise InputError(f"{where}no field to store (every value is None or there is none)")
-        self._check_cls(sample, where)
         first = self._keys.get(key)
         if first is not None:
             raise KeyClashError(f"duplicate sample key {key!r}: sample #{n} and sample #{first} "
@@ -171,12 +180,23 @@ class ShardWriter:
         self._fields.update(ext for ext, _ in blobs)
         return key
 
-    def _check_cls(self, sample: Mapping[str, Any], where: str) -> None:
-        cls = sample.get("cls")
-        if self.classes is not None and isinstance(cls, int) and not isinstance(cls, bool) \
-                and not 0 <= cls < len(self.classes):
-            raise InputError(f"{where}cls {cls} is not an index into the {len(self.classes)} "
-                             "classes given; fix the label or the class list")
+    def _cls(self, value: Any, where: str) -> Any:
+        """The ``cls`` value to store: with ``classes`` given (and no encoder for ``cls``), a
+        class name becomes its index, and an index must be one of the classes'."""
+        if self.classes is None or "cls" in self.encoders:
+            return value
+        n = len(self.classes)
+        if isinstance(value, str):
+            if value not in self._class_index:
+                shown = ", ".join(map(repr, self.classes[:8])) + (", ..." if n > 8 else "")
+                raise InputError(f"{where}cls {value!r} is not one of the {n} classes [{shown}]; "
+                                 "give a class name of the list, or its index")
+            return self._class_index[value]
+        if isinstance(value, Integral) and not isinstance(value, bool) \
+                and not 0 <= int(value) < n:
+            raise InputError(f"{where}cls {value} is not an index into the {n} classes given; "
+                             "fix the label or the class list")
+        return value
 
     def _write(self, data: bytes) -> None:
         self._hash.update(data)
@@ -233,6 +253,10 @@ class ShardWriter:
             raise
         self._closed = True
         self.manifest = m
+        if self.part is not None and self.merge:  # (the part stands whatever the merge says)
+            from ._merge import merge_if_complete
+
+            merge_if_complete(self.out, self.part[1])
         return m
 
     def skip(self, what: str, reason: str) -> None:
@@ -247,7 +271,7 @@ class ShardWriter:
                 **self.provenance}
 
     def _commit_part(self, m: Manifest, index: int, count: int) -> None:
-        from ._merge import merge_if_complete, write_part_record
+        from ._merge import write_part_record
 
         # what every part of one dataset shares (a merge refuses parts that differ)
         same = json.dumps({"tool": TOOL, "options": m.created_by["options"],
@@ -258,8 +282,6 @@ class ShardWriter:
             write_part_record(self.out, info, m, 0)
         except OSError as e:
             raise output_error(e, self.out) from e
-        if self.merge:
-            merge_if_complete(self.out, info.count)
 
     def abort(self) -> None:
         """Stop without a manifest: remove the shard being written and every shard and index

@@ -4,8 +4,10 @@ Symbolic links are followed, to files and to directories, as ``torchvision``'s `
 does: a class directory that is a link to another disk is a class like any other. A link that
 leads back to a directory the walk is already inside (a link to an ancestor, or a cycle of
 links) would never end. It is reported as a bad input naming the link (size :data:`LINK_LOOP`),
-and the walk goes on. Entries that are not regular files (FIFOs, sockets, devices) are reported
-with size :data:`NOT_REGULAR`; entries that cannot be stat'ed or listed, with
+and the walk goes on. So is a chain of links that leads back to itself, and so to no file or
+directory at all (``b -> a/c``, ``a/c -> ../b``: the system refuses to follow it, ``ELOOP``),
+with size :data:`LINK_CYCLE`. Entries that are not regular files (FIFOs, sockets, devices) are
+reported with size :data:`NOT_REGULAR`; entries that cannot be stat'ed or listed, with
 :data:`UNREADABLE`. The listing's ``classify`` turns those sizes into reasons.
 
 *Output directories* are skipped: the run's own output directory, and any directory inside the
@@ -19,6 +21,7 @@ subdirectories.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -27,6 +30,7 @@ from collections.abc import Iterator
 UNREADABLE = -1  # cannot stat or list it (permission, broken link)
 NOT_REGULAR = -2  # a FIFO, socket or device
 LINK_LOOP = -3  # a link to a directory the walk is inside
+LINK_CYCLE = -4  # a chain of links that leads back to itself (ELOOP)
 
 Identity = tuple[int, int]  # (st_dev, st_ino) of a directory
 
@@ -122,8 +126,8 @@ class TreeWalk:
                     return None
                 return ident
             st = e.stat()
-        except OSError:
-            return UNREADABLE
+        except OSError as err:
+            return LINK_CYCLE if err.errno == errno.ELOOP else UNREADABLE
         return st.st_size if stat.S_ISREG(st.st_mode) else NOT_REGULAR
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import KeyClashError, SourceNotFoundError
 from ..format._keys import encode_key, split_source, valid_extension
-from ._source_tree import LINK_LOOP, NOT_REGULAR, Identity, TreeWalk, identity
+from ._source_tree import LINK_CYCLE, LINK_LOOP, NOT_REGULAR, Identity, TreeWalk, identity
 
 
 class FileRef(NamedTuple):
@@ -235,6 +235,9 @@ def classify(rel: str, size: int, *,
     if size == LINK_LOOP:
         return ("symbolic link to a directory it is inside (a loop); remove the link or point it "
                 "elsewhere")
+    if size == LINK_CYCLE:
+        return ("symbolic link loop: its chain of links leads back to itself; remove a link of "
+                "the chain or point it elsewhere")
     if size < 0:  # before the extension checks: it may be an unreadable directory
         return "cannot stat or list it (permission or broken link)"
     stem, ext = split_source(rel)
@@ -247,6 +250,26 @@ def classify(rel: str, size: int, *,
     if labels_from_dirs and "/" not in rel:
         return "file is not inside a class directory (--labels-from-dirs)"
     return encode_key(stem), FileRef(ext, rel, size)
+
+
+def several_images(samples: Iterable[SampleSpec],
+                   image_fields: Sequence[str]) -> tuple[int, SampleSpec | None]:
+    """How many samples hold more than one of ``image_fields`` (files sharing a stem, such as
+    ``cat/x.jpg`` and ``cat/x.png``, are one sample), and the first of them (pure).
+
+    Example:
+        >>> two = SampleSpec("x", [FileRef("jpg", "x.jpg", 1), FileRef("png", "x.png", 1)])
+        >>> one = SampleSpec("y", [FileRef("jpg", "y.jpg", 1), FileRef("json", "y.json", 1)])
+        >>> several_images([one, two], ("jpg", "png"))[0]
+        1
+    """
+    wanted = frozenset(image_fields)
+    count, first = 0, None
+    for spec in samples:
+        if len(files := spec.files) > 1 and sum(f.ext in wanted for f in files) > 1:
+            count += 1
+            first = first or spec
+    return count, first
 
 
 def add_class_field(spec: SampleSpec, index: dict[str, int]) -> None:

@@ -296,7 +296,8 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
     ``out``, through the writer of ``feedpipe shard``.
 
     Args:
-        dataset: a ``datasets.Dataset`` (or ``IterableDataset``) of one split.
+        dataset: a ``datasets.Dataset`` (or ``IterableDataset``) of one split. Samples that
+            are dicts already go through :func:`feedpipe.write_samples` instead.
         out: a local directory, missing or empty.
         columns: overrides of the column-to-field mapping (see
             :mod:`~feedpipe.convert._table_columns`), ``"img=jpg,label=cls"`` or a dict; the
@@ -311,6 +312,10 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
     Returns:
         A :class:`feedpipe.ShardSummary` (``method="table"``).
 
+    Raises:
+        TypeError: ``dataset`` is not a Hugging Face dataset (a generator or list of dicts:
+            the message points to ``write_samples``).
+
     Example:
         >>> import os, tempfile, datasets
         >>> ds = datasets.Dataset.from_dict({"text": ["a cat", "a dog"], "label": [0, 1]})
@@ -324,6 +329,12 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    if not hasattr(dataset, "features") and not isinstance(dataset, Mapping):
+        # (a DatasetDict is a dict of splits: dataset_source names its splits)
+        raise TypeError(
+            "shard_from takes a Hugging Face datasets.Dataset or IterableDataset (one split), "
+            f"not a {type(dataset).__name__}; for samples as dicts ({{'__key__': ..., 'jpg': "
+            "...}) use feedpipe.write_samples(samples, out) or a feedpipe.ShardWriter")
     from .._helpers.dependency import require
 
     require("datasets", extra="hub", purpose="feedpipe.shard_from")

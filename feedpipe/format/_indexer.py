@@ -11,6 +11,7 @@ import glob
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from ..errors import (
 )
 from ._compression import compressed_error, compressed_suffix
 from ._index import ShardIndex, check_names, index_from_tar, index_path, write_index
+from ._key_registry import KeyRegistry
 from ._manifest import NAME, Manifest, ShardRecord, write_manifest, write_wids_index
 
 log = logging.getLogger("feedpipe.index")
@@ -72,7 +74,8 @@ def _expand(shards: Sequence[str]) -> list[str]:
             if not found:
                 raise SourceNotFoundError(f"{s}: no shard matches")
         elif not os.path.exists(s):
-            raise SourceNotFoundError(f"{s}: shard not found")
+            raise SourceNotFoundError(f"{s}: shard not found; check the path (a directory "
+                                      "indexes every .tar in it; quote a glob: 'shards/*.tar')")
         else:
             found = [s]
         for p in found:
@@ -86,20 +89,43 @@ def _expand(shards: Sequence[str]) -> list[str]:
     return out
 
 
+_NAMES_FILE = re.compile(r"\.(txt|lst|list|names|csv|tsv|json|ya?ml)$", re.IGNORECASE)
+
+
+def looks_like_a_file(spec: str) -> bool:
+    """Whether a ``--classes`` value with no comma is meant as a file (pure): it holds a path
+    separator or ends with a file suffix (``classes.txt``), which a class name hardly does.
+
+    Example:
+        >>> [looks_like_a_file(s) for s in ("classes.txt", "lists/names", "cat", "a.b,c")]
+        [True, True, False, False]
+    """
+    return "," not in spec and ("/" in spec or os.sep in spec or bool(_NAMES_FILE.search(spec)))
+
+
 def read_classes(spec: str | Sequence[str]) -> tuple[list[str], str]:
     """Class names from ``--classes``: a file with one name per line when ``spec`` names an
     existing file, else a comma-separated list; and a note of which it was.
 
     Raises:
-        InputError: an empty, blank or repeated name.
+        InputError: an empty, blank or repeated name; a value that looks like a file path
+            (:func:`looks_like_a_file`) but names no file.
     """
     if not isinstance(spec, str):
         names, source = list(spec), "the list given"
     elif os.path.isfile(spec):
-        with open(spec, encoding="utf-8") as f:
-            names, source = [ln.strip() for ln in f.read().splitlines()], spec
+        try:
+            with open(spec, encoding="utf-8") as f:
+                names, source = [ln.strip() for ln in f.read().splitlines()], spec
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"--classes {spec}: cannot read the file ({e}); give a UTF-8 text "
+                             "file with one class name per line") from e
         while names and not names[-1]:
             names.pop()
+    elif looks_like_a_file(spec):
+        raise InputError(f"--classes {spec}: no such file; give the path of a file with one "
+                         "class name per line, or the names inline as a comma-separated list "
+                         "(--classes cat,dog)")
     else:
         names, source = [n.strip() for n in spec.split(",")], "the comma-separated list"
     if not names or not all(names):
@@ -109,6 +135,36 @@ def read_classes(spec: str | Sequence[str]) -> tuple[list[str], str]:
     if dup:
         raise InputError(f"--classes from {source}: repeated class name(s) {dup}")
     return names, source
+
+
+def _check_labels(path: str, idx: ShardIndex, names: list[str], source: str | None) -> None:
+    """Refuse a ``cls`` value of the shard at ``path`` that is not an index into ``names``
+    (the class names ``--classes`` records: what the ``cls`` values index)."""
+    last = len(names) - 1
+    try:
+        with open(path, "rb") as f:
+            for i, key in enumerate(idx.keys):
+                for m in range(idx.starts[i], idx.starts[i + 1]):
+                    if idx.exts[m] != "cls":
+                        continue
+                    f.seek(idx.offsets[m])
+                    text = f.read(idx.sizes[m]).decode("utf-8", "replace").strip()
+                    try:
+                        value: int | None = int(text)
+                    except ValueError:
+                        value = None
+                    if value is None:
+                        raise InputError(
+                            f"{path}: sample {key!r}: cls {text!r} is not an integer, so not an "
+                            f"index into the classes given (--classes from {source}); index the "
+                            "shards without --classes, or store class indexes")
+                    if not 0 <= value <= last:
+                        raise InputError(
+                            f"{path}: sample {key!r}: cls {value} is outside the {len(names)} "
+                            f"classes given (0..{last}, --classes from {source}); give every "
+                            "class name, in the order of the indexes")
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the shard ({e.strerror or e})") from e
 
 
 def _scan(path: str) -> tuple[ShardIndex, int, str]:
@@ -143,7 +199,8 @@ def index_dataset(
     records: list[ShardRecord] = []
     indexes: list[tuple[str, ShardIndex]] = []
     fields: set[str] = set()
-    seen: dict[str, str] = {}
+    keys = KeyRegistry()
+    by_rel: dict[str, ShardIndex] = {}
     bar = progress(len(paths), "index", "shard", show_progress)
     for path in paths:
         rel = os.path.relpath(os.path.abspath(path), root)
@@ -154,18 +211,23 @@ def index_dataset(
         if not len(idx):
             raise ShardFormatError(f"{path}: shard holds no samples")
         check_names(idx.names, path)
-        for key in idx.keys:
-            if key in seen:
-                raise KeyClashError(
-                    f"duplicate sample key {key!r}: in {seen[key]} and in {rel} (samples must "
-                    "have unique keys; keys of one sample must be consecutive in a shard)"
-                )
-            seen[key] = rel
+        if names is not None:
+            _check_labels(path, idx, names, source)
+        keys.add(rel, idx.keys)
+        by_rel[rel] = idx
         indexes.append((index_path(path), idx))
         records.append(ShardRecord(rel.replace(os.sep, "/"), len(idx), size, sha))
         fields |= idx.fields()
         bar.update(1)
     bar.close()
+    clashes = keys.clashes(lambda rel: by_rel[rel].keys)
+    if clashes:
+        c = clashes[0]
+        where = f"twice in {c.first}" if c.first == c.second else f"in {c.first} and in {c.second}"
+        raise KeyClashError(
+            f"duplicate sample key {c.key!r}: {where} ({len(clashes)} sample(s) repeat a key); "
+            "keys must be unique in a dataset and a sample's members consecutive in its shard: "
+            "leave a copied shard out, or rewrite the samples with distinct keys")
     m = Manifest(
         shards=records,
         fields=sorted(fields),
@@ -203,11 +265,14 @@ def index(
         manifest: also write ``manifest.json`` (and ``wids.json``).
         classes: class names for the manifest (what ``cls`` values index), as
             ``feedpipe shard --labels-from-dirs`` records them: a list, a comma-separated
-            string, or the path of a file with one name per line.
+            string, or the path of a file with one name per line. Every ``cls`` value of the
+            shards must be an index into them.
         show_progress: a progress bar (default: when stderr is a terminal).
 
     Raises:
         KeyClashError: the same key appears twice (in one shard or in two).
+        InputError: a ``cls`` value that is not an index into ``classes`` (names the value, the
+            key and the shard), or ``classes`` that looks like a file path but names no file.
         ShardFormatError: a shard is truncated or corrupted (names the shard and offset);
             CompressedShardError for ``.tar.gz``/``.tgz`` shards (says how to convert).
         SourceNotFoundError: a shard is missing or is not a regular file.

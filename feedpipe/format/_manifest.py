@@ -111,16 +111,14 @@ class Manifest:
             created_by=_typed(doc, "created_by", dict, where, "an object"),
         )
         if not all(isinstance(x, dict) for x in m.skipped):
-            raise ManifestError(f"{where}: \"skipped\" must be a list of objects")
+            raise _edited(where, "\"skipped\" must be a list of objects")
         total = doc.get("total_samples", m.total_samples)
         if not _is_count(total):
-            raise ManifestError(f"{where}: \"total_samples\" must be a non-negative integer, "
-                                f"not {total!r}")
+            raise _edited(where, f"\"total_samples\" must be a non-negative integer, not "
+                                 f"{total!r}")
         if total != m.total_samples:
-            raise ManifestError(
-                f"{where}: total_samples {total} does not match the shard list "
-                f"({m.total_samples})"
-            )
+            raise _edited(where, f"total_samples {total} does not match the shard list "
+                                 f"({m.total_samples})")
         return m
 
 
@@ -136,7 +134,7 @@ def _typed(doc: dict[str, Any], key: str, kind: type, where: str, what: str) -> 
     if v is None:
         return kind()
     if not isinstance(v, kind):
-        raise ManifestError(f"{where}: \"{key}\" must be {what}, not {v!r}")
+        raise _edited(where, f"\"{key}\" must be {what}, not {v!r}")
     return v
 
 
@@ -145,42 +143,52 @@ def _strings(doc: dict[str, Any], key: str, where: str, default: Any) -> Any:
     if v is None and default is None:
         return None
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise ManifestError(f"{where}: \"{key}\" must be a list of strings"
-                            f"{' or null' if default is None else ''}, not {v!r}")
+        raise _edited(where, f"\"{key}\" must be a list of strings"
+                             f"{' or null' if default is None else ''}, not {v!r}")
     return list(v)
+
+
+def _edited(where: str, what: str) -> ManifestError:
+    """A wrong field of a manifest: most likely edited by hand; a new one is a command away
+    (a part record, which ``where`` may name as well, says its own remedy)."""
+    if not where.endswith(NAME):
+        return ManifestError(f"{where}: {what}")
+    root = where[: -len(NAME)].rstrip("/") or "."
+    return ManifestError(f"{where}: {what} (edited by hand? re-create the manifest with "
+                         f"`feedpipe index {root}`)")
 
 
 def _shard_list(shards: object, where: str) -> list[ShardRecord]:
     """The shard records, each field checked (type, range, a relative name, listed once)."""
     if not isinstance(shards, list):
-        raise ManifestError(f"{where}: \"shards\" must be a list of shard records, not "
-                            f"{type(shards).__name__}")
+        raise _edited(where, f"\"shards\" must be a list of shard records, not "
+                             f"{type(shards).__name__}")
     out: list[ShardRecord] = []
     first: dict[str, int] = {}
     for i, s in enumerate(shards):
-        at = f"{where}: shards[{i}]"
+        at = f"shards[{i}]"
         if not isinstance(s, dict):
-            raise ManifestError(f"{at} must be an object with {', '.join(_SHARD_KEYS)}, not "
-                                f"{s!r}")
+            raise _edited(where, f"{at} must be an object with {', '.join(_SHARD_KEYS)}, not "
+                                 f"{s!r}")
         for k in s:
             if k not in _SHARD_KEYS:
-                raise ManifestError(f"{at}: unknown key {k!r} (a shard record has "
-                                    f"{', '.join(_SHARD_KEYS)})")
+                raise _edited(where, f"{at}: unknown key {k!r} (a shard record has "
+                                     f"{', '.join(_SHARD_KEYS)})")
         for k in ("name", "samples", "bytes"):
             if k not in s:
-                raise ManifestError(f"{at}: missing {k!r}")
+                raise _edited(where, f"{at}: missing {k!r}")
         name, sha = s["name"], s.get("sha256")
         if (not isinstance(name, str) or not name or name.startswith("/") or "://" in name
                 or ".." in name.split("/")):
-            raise ManifestError(f"{at}.name must be a shard path relative to the dataset root "
-                                f"(no leading '/', no '..'), not {name!r}")
+            raise _edited(where, f"{at}.name must be a shard path relative to the dataset root "
+                                 f"(no leading '/', no '..'), not {name!r}")
         for k in ("samples", "bytes"):
             if not _is_count(s[k]):
-                raise ManifestError(f"{at}.{k} must be a non-negative integer, not {s[k]!r}")
+                raise _edited(where, f"{at}.{k} must be a non-negative integer, not {s[k]!r}")
         if sha is not None and not (isinstance(sha, str) and len(sha) == 64
                                     and not sha.strip("0123456789abcdef")):
-            raise ManifestError(f"{at}.sha256 must be 64 lowercase hex digits or null, not "
-                                f"{sha!r}")
+            raise _edited(where, f"{at}.sha256 must be 64 lowercase hex digits or null, not "
+                                 f"{sha!r}")
         if name in first:
             raise ManifestError(
                 f"{where}: shard {name!r} is listed twice (shards[{first[name]}] and "
@@ -277,7 +285,7 @@ def _not_a_dataset(root: str, url: str) -> Exception:
                 f"`feedpipe index {parent}` first)")
         return SourceNotFoundError(f"{root}: is a file, not a dataset: pass the directory "
                                    "holding manifest.json (or the manifest.json itself)")
-    if kind == "dir":
+    if kind == "dir":  # (a directory's entry ends with "/": data.tar/ is no shard)
         tars = [n for n in entries if n.endswith(".tar")]
         packed = [n for n in entries if compressed_suffix(n)]
         if packed and not tars:
@@ -288,10 +296,11 @@ def _not_a_dataset(root: str, url: str) -> Exception:
                 f"(made by another tool?): run `feedpipe index {root}` to write their indexes "
                 "and a manifest")
         if entries:
+            many = f"{len(entries)} entries" if len(entries) > 1 else "1 entry"
             return SourceNotFoundError(
                 f"{root}: no manifest.json and no .tar shards: this looks like a source tree "
-                f"({len(entries)} entries, e.g. {entries[0]!r}), not a shard dataset; convert it "
-                f"first: `feedpipe shard {root} OUT`, then use OUT")
+                f"({many}, e.g. {entries[0]!r}), not a shard dataset; convert it first: "
+                f"`feedpipe shard {root} OUT`, then use OUT")
         return SourceNotFoundError(f"{root}: is empty: no manifest.json and no shards")
     return SourceNotFoundError(
         f"{url}: no manifest.json; is this a feedpipe dataset? For shards made by other tools run "
@@ -299,8 +308,9 @@ def _not_a_dataset(root: str, url: str) -> Exception:
 
 
 def _look_at(root: str) -> tuple[str | None, list[str]]:
-    """``("missing" | "file" | "dir" | None, visible entries of a directory)``; None when the
-    storage cannot say (a listing refused, an HTTP server)."""
+    """``("missing" | "file" | "dir" | None, visible entries of a directory)``, each directory
+    among the entries with a trailing ``/``; None when the storage cannot say (a listing
+    refused, an HTTP server)."""
     from .._helpers.storage import filesystem, is_local, local_path
 
     try:
@@ -310,12 +320,15 @@ def _look_at(root: str) -> tuple[str | None, list[str]]:
                 return "missing", []
             if not os.path.isdir(p):
                 return "file", []
-            return "dir", sorted(n for n in os.listdir(p) if not n.startswith("."))
+            with os.scandir(p) as it:
+                return "dir", sorted(e.name + "/" * e.is_dir() for e in it
+                                     if not e.name.startswith("."))
         fs, p = filesystem(root)
         info = fs.info(p)
         if info.get("type") != "directory":
             return "file", []
-        names = [x.rstrip("/").rsplit("/", 1)[-1] for x in fs.ls(p, detail=False)]
+        names = [x["name"].rstrip("/").rsplit("/", 1)[-1] + "/" * (x.get("type") == "directory")
+                 for x in fs.ls(p, detail=True)]
         return "dir", sorted(n for n in names if not n.startswith("."))
     except FileNotFoundError:
         return "missing", []

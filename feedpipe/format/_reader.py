@@ -23,7 +23,7 @@ from .._helpers.retry import call as retrying
 from .._helpers.storage import filesystem, is_local, local_path, read_range
 from ..errors import ShardFormatError, SourceNotFoundError
 from ._index import ShardIndex, group_members, index_path, parse_index
-from ._tar import scan
+from ._tar import DAMAGED, scan
 
 # madvise(2): fault a range of a map in, in one call (Linux 5.14+; Python 3.11's mmap lacks it)
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
@@ -60,6 +60,11 @@ def _load_index(url: str, size: int, open_stream: Any) -> ShardIndex:
     return parse_index(text, ipath)
 
 
+# what a missing shard's message ends with
+MISSING = ("re-copy or re-fetch the dataset (or re-create its manifest with `feedpipe index`); "
+           "`feedpipe verify DIR` checks every shard")
+
+
 def map_local(url: str) -> tuple[mmap.mmap | None, int]:
     """A local shard mapped read-only, and its size (no map for an empty file)."""
     fd, mm, size = _open_mapped(url)
@@ -72,7 +77,7 @@ def _open_mapped(url: str) -> tuple[int, mmap.mmap | None, int]:
     try:
         fd = os.open(local_path(url), os.O_RDONLY)
     except FileNotFoundError as e:
-        raise SourceNotFoundError(f"{url}: shard not found") from e
+        raise SourceNotFoundError(f"{url}: shard not found; {MISSING}") from e
     except IsADirectoryError as e:
         raise ShardFormatError(f"{url}: is a directory, not a shard") from e
     try:
@@ -89,7 +94,7 @@ def check_size(url: str, size: int, expected: int) -> None:
         what = "truncated" if size < expected else "larger than expected"
         raise ShardFormatError(
             f"{url}: shard is {what}: {size} bytes, the manifest says {expected} "
-            f"(difference at offset {min(size, expected)})"
+            f"(difference at offset {min(size, expected)}); {DAMAGED}"
         )
 
 
@@ -150,7 +155,7 @@ class ShardReader:
             try:
                 self.size = retrying(url, lambda: int(self._fs.size(self._path)))
             except SourceNotFoundError as e:
-                raise SourceNotFoundError(f"{url}: shard not found ({e})") from e
+                raise SourceNotFoundError(f"{url}: shard not found ({e}); {MISSING}") from e
             opener = lambda: self._fs.open(self._path, "rb")  # noqa: E731
         self._opener = opener
         self._samples = samples
@@ -181,11 +186,11 @@ class ShardReader:
             bad = next(o for o, s in zip(index.offsets, index.sizes) if o + s > self.size)
             raise ShardFormatError(
                 f"{self.url}: truncated: a member at offset {bad} runs past the end of the file "
-                f"({self.size} bytes; the index needs {index.end})")
+                f"({self.size} bytes; the index needs {index.end}); {DAMAGED}")
         if self._samples is not None and len(index) != self._samples:
             raise ShardFormatError(
                 f"{self.url}: the index lists {len(index)} samples, the manifest "
-                f"{self._samples}")
+                f"{self._samples}; `feedpipe verify DIR` says which is wrong")
         self._keys = index.keys
         self._starts = index.starts
         self._exts = index.exts
@@ -205,7 +210,7 @@ class ShardReader:
         if h.hexdigest() != want:
             raise ShardFormatError(
                 f"{self.url}: content hash mismatch (sha256 {h.hexdigest()[:16]}..., the manifest "
-                f"says {want[:16]}...): the shard is corrupted"
+                f"says {want[:16]}...): the shard is corrupted; {DAMAGED}"
             )
 
     def _verify_headers(self, opener: Any) -> None:

@@ -105,6 +105,17 @@ class Member:
     size: int
 
 
+# what a damaged shard's message ends with: what to do about it
+DAMAGED = ("re-copy or re-fetch the shard, or re-create it from the source (`feedpipe shard`); "
+           "`feedpipe verify DIR` checks every shard")
+
+
+def damaged(where: str, offset: int | None, kind: str, message: str) -> ShardFormatError:
+    """:func:`format_error` for bytes that are damaged (cut short, corrupted), saying what to
+    do."""
+    return format_error(where, offset, kind, f"{message}; {DAMAGED}")
+
+
 def format_error(where: str, offset: int | None, kind: str, message: str,
                  cls: type[ShardFormatError] = ShardFormatError) -> ShardFormatError:
     """``cls(message)`` carrying the shard, the offset and the kind of problem (``"truncated"``,
@@ -173,8 +184,8 @@ def _pax_records(data: bytes, size: int, where: str, pos: int) -> dict[str, byte
     """The ``"<length> <key>=<value>\\n"`` records of a PAX header's ``size`` bytes of data
     (``data`` holds them and the padding); anything else is refused rather than guessed at."""
     def bad(why: str) -> ShardFormatError:
-        return format_error(where, pos, "header",
-                            f"{where}: malformed PAX record at offset {pos} ({why})")
+        return damaged(where, pos, "header",
+                       f"{where}: malformed PAX record at offset {pos} ({why})")
 
     out: dict[str, bytes] = {}
     body = data[:size]
@@ -210,9 +221,9 @@ def _long_name(data: bytes, size: int, where: str, pos: int) -> bytes:
     if cut >= 0:
         return body[:cut]
     if size < len(data) and data[size] != 0:  # readers would run on into the padding
-        raise format_error(where, pos, "header",
-                           f"{where}: malformed GNU long-name record at offset {pos} "
-                           "(the name is not NUL-terminated)")
+        raise damaged(where, pos, "header",
+                      f"{where}: malformed GNU long-name record at offset {pos} "
+                      "(the name is not NUL-terminated)")
     return body
 
 
@@ -257,30 +268,30 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str) -> Itera
                     raise compressed_error(where, kind)
         if len(block) < BLOCK or block == _ZERO:
             if ext_at is not None:
-                raise format_error(
+                raise damaged(
                     where, ext_at, "truncated",
                     f"{where}: truncated: the extension header at offset {ext_at} is followed "
                     f"by {'the end of the archive' if block else 'the end of the file'} at "
                     f"offset {pos}, not by a member")
             if block and len(block) < BLOCK:
-                raise format_error(where, pos, "truncated",
-                                   f"{where}: truncated tar header at offset {pos}")
+                raise damaged(where, pos, "truncated",
+                              f"{where}: truncated tar header at offset {pos}")
             if block:
                 _check_tail(read_at, pos, total, where)
             return  # end-of-archive block, or the file ends on a block boundary (as tar accepts)
         if not _checksum_ok(block):
-            raise format_error(where, pos, "header",
-                               f"{where}: corrupted tar header at offset {pos} (checksum mismatch)")
+            raise damaged(where, pos, "header",
+                          f"{where}: corrupted tar header at offset {pos} (checksum mismatch)")
         for field, lo, hi in _FIELDS:
             if _number(block[lo:hi]) is None:
-                raise format_error(where, pos, "header",
-                                   f"{where}: corrupted tar header at offset {pos} (bad {field} "
-                                   f"field {block[lo:hi]!r})")
+                raise damaged(where, pos, "header",
+                              f"{where}: corrupted tar header at offset {pos} (bad {field} "
+                              f"field {block[lo:hi]!r})")
         size = _number(block[124:136])
         if size is None or size < 0:
-            raise format_error(where, pos, "header",
-                               f"{where}: corrupted tar header at offset {pos} (bad size field "
-                               f"{block[124:136]!r})")
+            raise damaged(where, pos, "header",
+                          f"{where}: corrupted tar header at offset {pos} (bad size field "
+                          f"{block[124:136]!r})")
         typeflag = block[156:157]
         data_off = pos + BLOCK
         if typeflag in _EXTENSIONS:
@@ -295,9 +306,9 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str) -> Itera
             end = data_off + padded(size)
             data = read_at(data_off, padded(size)) if end <= total else b""
             if len(data) < padded(size):
-                raise format_error(where, pos, "truncated",
-                                   f"{where}: truncated: extension header at offset {pos} needs "
-                                   f"{padded(size)} bytes of data but the file ends at {total}")
+                raise damaged(where, pos, "truncated",
+                              f"{where}: truncated: extension header at offset {pos} needs "
+                              f"{padded(size)} bytes of data but the file ends at {total}")
             if typeflag == b"L":
                 long_name = _long_name(data, size, where, pos)
             elif typeflag == b"x":
@@ -319,16 +330,16 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str) -> Itera
         if pax is not None and "size" in pax:
             raw = pax["size"]
             if not raw.isdigit():
-                raise format_error(where, ext_at, "header",
-                                   f"{where}: bad PAX size {raw!r} in the extended header at "
-                                   f"offset {ext_at}")
+                raise damaged(where, ext_at, "header",
+                              f"{where}: bad PAX size {raw!r} in the extended header at "
+                              f"offset {ext_at}")
             size = int(raw)
         own_name = _cstr(block[0:100])
         regular = typeflag in _REGULAR or (typeflag == b"\0" and not own_name.endswith(b"/"))
         if regular or typeflag not in _NO_DATA and typeflag != b"\0":
             skip = padded(size)  # unknown types: their data is skipped, as tar readers do
             if data_off + skip > total:
-                raise format_error(
+                raise damaged(
                     where, pos, "truncated",
                     f"{where}: truncated: member at offset {pos} needs {size} bytes of data"
                     f"{f' and {skip - size} of padding' if skip > size else ''} but the file "
@@ -359,7 +370,7 @@ def _check_tail(read_at: Callable[[int, int], bytes], pos: int, total: int, wher
         rest = chunk.lstrip(b"\0")
         if rest:
             nz = at + len(chunk) - len(rest)
-            raise format_error(
+            raise damaged(
                 where, pos, "header",
                 f"{where}: data after the end-of-archive block at offset {pos} (a non-zero byte "
                 f"at {nz}): a zeroed header, or archives concatenated; tar readers stop at the "
@@ -382,8 +393,8 @@ def _member_name(block: bytes, own: bytes, long_name: bytes | None,
     prefix = _cstr(block[345:500])
     if prefix:
         if block[257:263] != b"ustar\0":
-            raise format_error(where, pos, "header",
-                               f"{where}: corrupted tar header at offset {pos} (a name prefix "
-                               "without the ustar magic)")
+            raise damaged(where, pos, "header",
+                          f"{where}: corrupted tar header at offset {pos} (a name prefix "
+                          "without the ustar magic)")
         own = prefix + b"/" + own
     return _text(own, where, pos, "member name")

@@ -2,8 +2,9 @@
 
 Each shard's size and sha256 are compared with the manifest, its tar headers are read with the
 one tar parser (:mod:`feedpipe.format._tar`) and its ``.idx`` is compared entry by entry with the
-index those headers give. What cannot be checked is said as a warning: a shard the manifest gives
-no hash for, a ``.tar`` beside the shards that the manifest does not list.
+index those headers give. A sample key held by two samples (of one shard or two) is a problem: an
+epoch would read the sample twice. What cannot be checked is said as a warning: a shard the
+manifest gives no hash for, a ``.tar`` below the dataset root that the manifest does not list.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._index import (
     index_path,
     parse_index,
 )
+from ._key_registry import KeyRegistry
 from ._manifest import Manifest, dataset_root, join, load_manifest
 
 
@@ -34,7 +36,8 @@ class Problem:
 
     Kinds: ``missing``, ``size``, ``sha256``, ``truncated``, ``header``, ``unsupported``,
     ``compressed``, ``index`` (the ``.idx`` is missing or unreadable), ``index-entry`` (an entry
-    differs from the tar headers), ``index-count``, ``samples`` (the manifest's count differs);
+    differs from the tar headers), ``index-count``, ``samples`` (the manifest's count differs),
+    ``duplicate-key`` (a key that an earlier sample holds, in this shard or another);
     as warnings: ``unchecked`` (no sha256 in the manifest), ``unlisted`` (a shard file the
     manifest does not list).
     """
@@ -172,9 +175,10 @@ def check_index(idx: ShardIndex, data: Any, where: str, *, index_name: str | Non
 
 
 def verify_shard(url: str, samples: int | None, nbytes: int | None,
-                 sha256: str | None) -> list[Problem]:
+                 sha256: str | None, keys: KeyRegistry | None = None) -> list[Problem]:
     """Problems found in one shard (empty when sound): size and sha256 against the manifest's
-    (when given), every tar header, and the ``.idx`` against the headers."""
+    (when given), every tar header, and the ``.idx`` against the headers. ``keys``: where the
+    keys the headers give are recorded (for :func:`duplicate_problems`)."""
     problems: list[Problem] = []
     try:
         size = _size(url)
@@ -199,6 +203,8 @@ def verify_shard(url: str, samples: int | None, nbytes: int | None,
             tar = index_from_tar(f, size, url)
     except ShardFormatError as e:
         return problems + [Problem.from_error(url, e)]
+    if keys is not None:
+        keys.add(url, tar.keys)
     ipath = index_path(url)
     try:
         with _open(ipath) as f:
@@ -216,30 +222,78 @@ def verify_shard(url: str, samples: int | None, nbytes: int | None,
     return problems
 
 
+def duplicate_problems(keys: KeyRegistry) -> list[Problem]:
+    """One problem per pair of shards that hold a key twice (the later shard, an example key and
+    how many), from the keys :func:`verify_shard` recorded."""
+    def keys_of(url: str) -> list[str]:
+        with _open(url) as f:
+            return index_from_tar(f, _size(url), url).keys
+
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for c in keys.clashes(keys_of):
+        pairs.setdefault((c.first, c.second), []).append(c.key)
+    out = []
+    for (first, second), found in pairs.items():
+        n = f"{len(found)} sample key{'s' * (len(found) > 1)}"
+        where = (f"{n} held by two samples of this shard (members of one sample not consecutive?)"
+                 if first == second else f"{n} also in {first}")
+        out.append(Problem(second, "duplicate-key", (
+            f"{second}: {where}, e.g. {found[0]!r}: such a sample is read twice an epoch; remove "
+            "a copied shard, or rewrite the samples with distinct keys"), None, found[0]))
+    return out
+
+
 def _unlisted(root: str, m: Manifest) -> list[Problem]:
-    """Shard files (plain or compressed tars) beside the listed ones that the manifest omits."""
+    """Shard files (plain or compressed tars) below ``root`` that the manifest omits. Hidden
+    directories, and directories holding a manifest of their own (another dataset), are not
+    looked into."""
     listed = {rec.name for rec in m.shards}
-    folders = sorted({rec.name.rpartition("/")[0] for rec in m.shards} | {""})
-    found: list[str] = []
-    for folder in folders:
-        url = join(root, folder) if folder else root
-        try:
-            if is_local(url):
-                names = sorted(e.name for e in os.scandir(local_path(url)) if e.is_file())
-            else:
-                fs, p = filesystem(url)
-                names = sorted(x.rstrip("/").rsplit("/", 1)[-1] for x in fs.ls(p, detail=False))
-        except (OSError, NotImplementedError, ValueError) as e:
-            return [Problem(url, "unlisted", f"{url}: cannot list the directory to look for "
-                                             f"shards the manifest does not list ({e})")]
-        for n in names:
-            rel = f"{folder}/{n}" if folder else n
-            if (n.endswith(".tar") or compressed_suffix(n)) and rel not in listed:
-                found.append(rel)
+    try:
+        found = [rel for rel in _shard_files(root) if rel not in listed]
+    except (OSError, NotImplementedError, ValueError) as e:
+        return [Problem(root, "unlisted", f"{root}: cannot list the directory to look for "
+                                          f"shards the manifest does not list ({e})")]
     return [Problem(join(root, rel), "unlisted",
                     f"{join(root, rel)}: a shard file not listed in the manifest: not checked, and "
                     "not read by FeedDataset (remove it, or run `feedpipe index` to list it)")
             for rel in found]
+
+
+def _shard_files(root: str) -> list[str]:
+    """The relative names of the files below ``root`` named like shards, sorted."""
+    def is_shard(name: str) -> bool:
+        return name.endswith(".tar") or compressed_suffix(name) is not None
+
+    out: list[str] = []
+    if is_local(root):
+        top = local_path(root)
+        for here, dirs, files in os.walk(top, onerror=_raise):
+            rel = os.path.relpath(here, top)
+            if rel != "." and "manifest.json" in files:
+                dirs[:] = []
+                continue
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            out += [prefix + n for n in files if is_shard(n)]
+        return sorted(out)
+    fs, p = filesystem(root)
+    base = p.rstrip("/") + "/"
+    paths = [x for x in fs.find(p) if x.startswith(base)]
+    nested = {x[len(base):].rpartition("/")[0] for x in paths if x.endswith("/manifest.json")}
+    nested.discard("")
+    for x in paths:
+        rel = x[len(base):]
+        parts = rel.split("/")
+        if any(d.startswith(".") for d in parts[:-1]) or any(
+                rel.startswith(n + "/") for n in nested):
+            continue
+        if is_shard(parts[-1]):
+            out.append(rel)
+    return sorted(out)
+
+
+def _raise(e: OSError) -> None:
+    raise e
 
 
 def verify(root: str, *, show_progress: bool | None = None) -> VerifyReport:
@@ -264,10 +318,11 @@ def verify(root: str, *, show_progress: bool | None = None) -> VerifyReport:
     m = load_manifest(root)
     root = dataset_root(root)
     report = VerifyReport(root)
+    keys = KeyRegistry()
     bar = progress(len(m.shards), "verify", "shard", show_progress)
     for rec in m.shards:
         url = join(root, rec.name)
-        report.problems += verify_shard(url, rec.samples, rec.bytes, rec.sha256)
+        report.problems += verify_shard(url, rec.samples, rec.bytes, rec.sha256, keys)
         if rec.sha256 is None:
             report.warnings.append(Problem(
                 url, "unchecked",
@@ -277,5 +332,6 @@ def verify(root: str, *, show_progress: bool | None = None) -> VerifyReport:
         report.samples += rec.samples
         bar.update(1)
     bar.close()
+    report.problems += duplicate_problems(keys)
     report.warnings += _unlisted(root, m)
     return report
