@@ -1,5 +1,6 @@
-"""The one-pass conversion of local trees (feedpipe.convert._onepass): the general path's output byte for
-byte, the general path whenever anything is unusual, and nothing left behind when it fails."""
+"""The one-pass conversion of local trees (feedpipe.convert._onepass): the general path's output
+byte for byte, the general path whenever anything is unusual, and nothing left behind when it
+fails."""
 
 from __future__ import annotations
 
