@@ -81,7 +81,6 @@ def demo(workdir: str | None = None, keep: bool = False, *,
 
         world, batch = 2, 16
         seen: dict[int, list[int]] = {}
-        per_rank: dict[int, list[int]] = {}
         for epoch in (0, 1):
             ids: list[int] = []
             saved = None
@@ -92,12 +91,16 @@ def demo(workdir: str | None = None, keep: bool = False, *,
                 ld.set_epoch(epoch)
                 iters.append(iter(ld))
             steps = len(loaders[0])
+            per_rank = [0] * world  # samples each rank trained on before a stop
             for step in range(steps):
                 if epoch == 1 and step == steps // 2:
                     saved = loaders[0].state_dict()  # rank 0's state resumes every rank
                     break
-                for it in iters:
-                    ids += next(it)["__index__"].tolist()
+                for r, it in enumerate(iters):
+                    got = next(it)["__index__"].tolist()
+                    ids += got
+                    per_rank[r] += len(got)
+            where = f" over {world} ranks ({per_rank} per rank)"
             if saved is not None:
                 p(f"   epoch 1: stopped after {steps // 2} of {steps} steps, saved state "
                   f"{{epoch: {saved['epoch']}, position: {saved['position']}}}; resuming with 1 "
@@ -105,14 +108,17 @@ def demo(workdir: str | None = None, keep: bool = False, *,
                 resumed = FeedLoader(FeedDataset(out, shuffle=True, seed=7, rank=0, world_size=1),
                                      batch_size=batch)
                 resumed.load_state_dict(saved)
+                after = 0
                 for b in resumed:
-                    ids += b["__index__"].tolist()
+                    got = b["__index__"].tolist()
+                    ids += got
+                    after += len(got)
+                where = (f", {per_rank} on {world} ranks before the stop and {after} on 1 "
+                         "rank after the resume")
             counts = Counter(ids)
             seen[epoch] = ids
-            per_rank[epoch] = [len(ld.dataset) for ld in loaders]
             dup = sum(c - 1 for c in counts.values() if c > 1)
-            p(f"{'4.' if epoch == 0 else '  '} epoch {epoch}: {len(ids)} samples over ranks "
-              f"{per_rank[epoch]} per rank, "
+            p(f"{'4.' if epoch == 0 else '  '} epoch {epoch}: {len(ids)} samples{where}, "
               f"{len(counts)} distinct of {s.samples}, repeats {dup}, "
               f"first ids {ids[:6]}")
         same = seen[0] == seen[1]
@@ -242,15 +248,20 @@ def _device_steps(out: str, p: Any) -> dict[str, Any]:
         n += len(labels)
         shape = (tuple(images.shape), str(images.dtype).replace("torch.", ""), str(images.device))
         time.sleep(step_s)
-    st = loader.stats() or {}
+    starvation, steady = _starvation(loader.stats())
     where = "CUDA: pinned buffers, side-stream copies" if device == "cuda" else \
         "no CUDA here: background prefetch, CPU tensors"
     p(f"9. FeedLoader(device={device!r}) [{where}]: {n} images decoded, random-resized-cropped "
       f"and flipped to 48x48 in 2 worker processes; batches {shape[0] if shape else '-'} "
       f"{shape[1] if shape else ''} on {shape[2] if shape else device}")
-    p(f"   with a {step_s * 1e3:.0f} ms step the loop waited for data "
-      f"{st.get('starvation', 0.0):.1%} of the time ({st.get('steady_starvation', 0.0):.1%} "
-      f"after the first batch): the data-starvation fraction")
+    if starvation is None:
+        p("   the time spent waiting for data could not be measured: the DeviceLoader timed no "
+          "step")
+    else:
+        after = (f"{steady:.1%} after the first batch" if steady is not None
+                 else "one batch only: no figure without it")
+        p(f"   with a {step_s * 1e3:.0f} ms step the loop waited for data {starvation:.1%} of "
+          f"the time ({after}): the data-starvation fraction")
 
     evalpipe = ImagePipeline(48, train=False, mean=None)
     per_sample = 3 * 48 * 48 + 8
@@ -264,5 +275,18 @@ def _device_steps(out: str, p: Any) -> dict[str, Any]:
       f"samples in {cs['bytes_used'] / 1e6:.2f} MB of preallocated buffers; an epoch of "
       f"{served} samples was served by on-device gather, hit ratio {cs['hit_ratio']:.2f} (the "
       "rest read and decoded through the normal path)")
-    return {"device": device, "delivered": n, "starvation": st.get("starvation"),
-            "cache_hit_ratio": cs["hit_ratio"], "cache_resident": cs["resident"]}
+    return {"device": device, "delivered": n, "starvation": starvation,
+            "steady_starvation": steady, "cache_hit_ratio": cs["hit_ratio"],
+            "cache_resident": cs["resident"]}
+
+
+def _starvation(stats: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The DeviceLoader's data-starvation fractions from ``FeedLoader.stats()`` (they live under
+    ``"device"``): the whole pass, and the pass after its first batch. ``None`` for a figure the
+    loader could not measure (the DeviceLoader reports 0.0 then, which would read as "never
+    waited"): no timed step, or a single batch for the second."""
+    dev = stats.get("device") or {}
+    steps, wall = dev.get("steps") or 0, dev.get("wall_s") or 0.0
+    if steps < 1 or wall <= 0 or dev.get("starvation") is None:
+        return None, None
+    return dev["starvation"], dev.get("steady_starvation") if steps > 1 else None
