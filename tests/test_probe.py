@@ -132,7 +132,7 @@ def test_cli_json_schema_on_a_shard_dataset(dataset: Path) -> None:
     assert set(doc["storage"]["random_read"]) == {"cold", "warm"}
     assert [x["workers"] for x in doc["pipeline"]["loader"]] == [0, 1, 2]
     assert all(x.get("samples_per_s") for x in doc["pipeline"]["loader"]), doc["pipeline"]
-    assert doc["pipeline"]["decode"]["samples"] > 0  # JPEG fields: the default decoder ran
+    assert doc["pipeline"]["decode"]["samples"] > 0  # image fields: the default decoder ran
     v = doc["verdict"]
     assert v["bounding_stage"] in v["stage_samples_per_s"]
     assert v["demand_samples_per_s"] == pytest.approx(8 / 0.05)
@@ -312,7 +312,7 @@ def test_batch_stage_stacks_tensors_of_images_of_different_sizes(dataset: Path) 
     from feedpipe.format._manifest import load_manifest
 
     _, kept = pp.read_stage(str(dataset), load_manifest(str(dataset)), 0.05)
-    _, decoded = pp.decode_stage(kept, pp.JpegDecode(["jpg"]), 0.05)
+    _, decoded = pp.decode_stage(kept, pp.ImageDecode(["jpg"]), 0.05)
     assert len({d["jpg"].shape for d in decoded}) > 1
     collate, note = pp.choose_collate(decoded, 8)
     assert "differ in size" in note
@@ -328,6 +328,80 @@ def test_batch_stage_stacks_tensors_of_images_of_different_sizes(dataset: Path) 
     fig = pp.batch_stage(decoded, collate, 8, 0.05)
     assert fig["tensors"]["jpg"] == f"uint8[8, {h}, {w}, 3]"
     assert fig["tensor_bytes"] >= 8 * h * w * 3
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README tutorial's kind of tree: JPEGs with a PNG every 5th sample, in 3 classes."""
+    import cv2
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("mixed")
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog", "zebra"):
+        (root / "images" / c).mkdir(parents=True)
+        for i in range(10):
+            img = rng.integers(0, 256, size=(24 + i % 3, 32, 3), dtype=np.uint8)
+            cv2.imwrite(str(root / "images" / c / f"{i:04d}.{'png' if i % 5 == 0 else 'jpg'}"),
+                        img)
+    feedpipe.shard(str(root / "images"), str(root / "shards"), max_samples=8,
+                   labels_from_dirs=True, workers=1, show_progress=False)
+    return root / "shards"
+
+
+def test_batch_stage_stacks_the_image_whichever_field_holds_it(mixed: Path) -> None:
+    """Samples holding a ``jpg`` or a ``png``: every sample's image is decoded and goes into one
+    uint8 tensor, as ImagePipeline takes the first image field a sample has. The batch stage
+    used to stack only ``__index__`` there, with no note, and time building lists."""
+    import torch
+
+    from feedpipe.diagnostics import _pipeline as pp
+    from feedpipe.format._manifest import load_manifest
+    from feedpipe.transforms._decode import decode_image
+
+    manifest = load_manifest(str(mixed))
+    assert {"jpg", "png"} <= set(manifest.fields)
+    _, kept = pp.read_stage(str(mixed), manifest, 0.05)
+    decode = pp.ImageDecode(manifest.fields)
+    assert decode.fields == ["jpg", "png"]
+    decoded = [decode(s) for s in kept]
+    collate, note = pp.choose_collate(decoded, 8)
+    assert "jpg" in note and "png" in note and "image" in note, note
+    rows = [s for s in kept if s.get("png") is not None][:2] + [
+        s for s in kept if s.get("jpg") is not None][:6]
+    batch = collate([decode(s) for s in rows])
+    image = batch["image"]
+    assert isinstance(image, torch.Tensor) and image.dtype == torch.uint8
+    assert tuple(image.shape[::3]) == (8, 3)
+    h, w = image.shape[1:3]
+    for i, s in enumerate(rows):  # each sample's own image, centre-cropped into its slot
+        a = decode_image(s["png"] if s.get("png") is not None else s["jpg"])
+        hh, ww = min(h, a.shape[0]), min(w, a.shape[1])
+        y, x = (a.shape[0] - hh) // 2, (a.shape[1] - ww) // 2
+        assert (image[i, :hh, :ww].numpy() == a[y:y + hh, x:x + ww]).all()
+    assert "jpg" not in batch and "png" not in batch  # not also left behind as lists
+
+
+def test_probe_of_a_tree_mixing_jpg_and_png_batches_every_image(mixed: Path) -> None:
+    doc = probe(str(mixed), **QUICK).to_dict()
+    tensors = doc["pipeline"]["batch"]["tensors"]
+    images = [t for t in tensors.values() if t.startswith("uint8[8, ")]
+    assert len(images) == 1 and images[0].endswith(", 3]"), tensors
+    assert doc["pipeline"]["decode"]["samples"] > 0
+    assert doc["settings"]["decode"] and "png" in doc["settings"]["decode"]
+
+
+def test_a_batch_that_leaves_decoded_arrays_unstacked_says_so() -> None:
+    """Whatever the batch cannot stack, a note says the figure leaves it out (never silence)."""
+    import numpy as np
+
+    from feedpipe.diagnostics import _pipeline as pp
+
+    decoded = [{"__index__": i, "depth": np.zeros((2, 3), np.float32) if i % 2 else None}
+               for i in range(8)]
+    collate, note = pp.choose_collate(decoded, 8)
+    assert "depth" in note and "not" in note, note
+    assert not pp.describe_batch(collate(decoded))["tensors"].get("depth")
 
 
 def test_plot_panels_fit_what_was_measured(dataset: Path, tmp_path: Path) -> None:
@@ -393,7 +467,7 @@ def test_verdict_names_the_slowest_stage_and_the_combined_cpu_ceiling() -> None:
 def test_verdict_storage_bound_advises_the_l1_cache() -> None:
     v = decide(_figures(storage=100.0, storage_mb_per_s=1.0))
     assert v.bounding_stage == "storage" and v.ceiling_samples_per_s == 100.0
-    assert any("L1 cache" in a for a in v.advice)
+    assert any("L1 shard cache" in a for a in v.advice)
     v = decide(_figures(storage=100.0, fits_in_memory=True))
     assert any("/dev/shm" in a for a in v.advice)
 
@@ -403,6 +477,39 @@ def test_verdict_advises_more_workers_only_when_cores_are_idle() -> None:
     assert few.parallelism == 2
     assert any("num_workers=8" in a for a in few.advice)
     assert not any("more DataLoader workers" in a for a in decide(_figures()).advice)
+
+
+def test_verdict_worker_advice_follows_what_was_measured() -> None:
+    """The figures of a probe on a 2-core machine (--workers 1): 0 workers measured fastest. The
+    advice used to say "Use more DataLoader workers" (a prediction from the stage rates) and, in
+    the next line, that num_workers=0 was fastest."""
+    measured = {0: 33_903.0, 1: 21_284.0, 2: 24_469.0}
+    v = decide(_figures(cpus=2, workers=1, loader=measured))
+    assert v.bounding_stage == "decode"
+    assert not any("more DataLoader workers" in a or "would raise" in a for a in v.advice), v.advice
+    fastest = [a for a in v.advice if "num_workers=0 was fastest" in a]
+    assert len(fastest) == 1 and "21,284 at num_workers=1" in fastest[0], v.advice
+    # measurements that agree with the prediction: more workers, with the measured figure
+    agree = decide(_figures(cpus=8, workers=1, loader={0: 900.0, 1: 1_000.0, 2: 1_900.0}))
+    more = [a for a in agree.advice if "more DataLoader workers" in a]
+    assert len(more) == 1 and "num_workers=2" in more[0] and "1,900" in more[0], agree.advice
+    assert not any("was fastest" in a for a in agree.advice if a not in more)
+    # nothing measured beyond the planned count: the prediction alone, as before
+    assert any("num_workers=8 would raise" in a
+               for a in decide(_figures(workers=2, loader={0: 1.0, 1: 2.0, 2: 3.0})).advice)
+
+
+def test_verdict_names_the_caches_as_the_readme_glossary_does() -> None:
+    """L1 is the shard cache (cache_dir=); decoded samples go to the decoded store
+    (decoded_cache=). The decode advice called the decoded store "the L1 memmap"."""
+    advice = [a for kw in ({}, {"storage": 100.0}, {"storage": 100.0, "fits_in_memory": True},
+                           {"read": 100.0})
+              for a in decide(_figures(**kw)).advice]
+    assert any("decoded_cache=" in a for a in advice)
+    for a in advice:
+        if "L1" in a:
+            assert a.count("L1") == a.count("L1 shard cache") and "cache_dir=" in a, a
+        assert "memmap" not in a, a
 
 
 def test_verdict_host_to_device_and_utilisation() -> None:

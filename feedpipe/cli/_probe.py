@@ -16,7 +16,7 @@ def add_probe(sub: argparse._SubParsersAction) -> None:
             "manifest.json, or any fsspec URL): sequential read MB/s over block sizes and\n"
             "threads, small-file open+read rate, random read latency p50/p99, cold (pages\n"
             "dropped with posix_fadvise) and warm; on shard datasets each pipeline stage's\n"
-            "samples/s (read, JPEG decode per core, batching, host-to-device when CUDA is\n"
+            "samples/s (read, image decode per core, batching, host-to-device when CUDA is\n"
             "present) and FeedLoader worker scaling. Ends with the bounding stage, the predicted\n"
             "ceiling, the accelerator utilisation for --step-time, and advice.\n\n"
             "Each phase stops after --duration seconds. Nothing is written except --json-out,\n"

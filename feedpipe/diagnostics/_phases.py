@@ -162,12 +162,17 @@ def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[
         out["read"], kept = pipeline.read_stage(src, manifest, d)
         out["read"]["resident_before"] = before
     decoded = kept
+    skipped = decode_fn.skipped if isinstance(decode_fn, pipeline.ImageDecode) else []
+    if skipped:
+        out["notes"].append(f"{', '.join(skipped)} not decoded: no library here decodes that "
+                            "format (pip install 'feedpipe[images]'); the decode and batch "
+                            "figures leave those images out")
     if decode_fn is not None:
         with phase("decode"):
             out["decode"], decoded = pipeline.decode_stage(kept, decode_fn, d)
     else:
-        out["notes"].append("no JPEG field: decode stage not measured (pass decode= to measure "
-                            "your own decoder)")
+        out["notes"].append("no image field decodable here: decode stage not measured (pass "
+                            "decode= to measure your own decoder)")
     collate, note = pipeline.choose_collate(decoded, s.batch_size)
     if note:
         out["notes"].append(note)
@@ -194,14 +199,16 @@ def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[
 
 def directory_pipeline(small: storage.FileSet, decode_fn: Any, custom: bool, d: float,
                        phase: Phases) -> dict[str, Any] | None:
-    """Decode alone, on up to 256 of the directory's files (JPEG ones unless ``custom``)."""
+    """Decode alone, on up to 256 of the directory's files (image files this machine decodes,
+    unless ``custom``)."""
     from ..format._keys import split_source
     from . import _pipeline as pipeline
 
     samples = []
+    decodable = set(pipeline.ImageDecode(list(pipeline.IMAGE_FORMATS)).fields)
     for path in small.paths:
         stem, ext = split_source(path)
-        if custom or ext.lower() in pipeline.JPEG:
+        if custom or ext.lower() in decodable:
             try:
                 with open(path, "rb") if small.fs is None else small.fs.open(path, "rb") as f:
                     samples.append({"__key__": stem, ext: f.read()})
@@ -212,7 +219,7 @@ def directory_pipeline(small: storage.FileSet, decode_fn: Any, custom: bool, d: 
     if not samples:
         return None
     if not custom:
-        decode_fn = pipeline.JpegDecode([next(k for k in s if k != "__key__") for s in samples])
+        decode_fn = pipeline.ImageDecode([next(k for k in s if k != "__key__") for s in samples])
     with phase("decode"):
         fig, _ = pipeline.decode_stage(samples, decode_fn, d)
     note = ("a directory: only decoding is measured (reading is the small-file figure); shard "

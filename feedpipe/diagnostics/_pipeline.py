@@ -4,9 +4,11 @@ The stages, in the order a sample meets them:
 
 - **read**: :class:`ShardReader` slices a sample out of its shard and copies its fields, as a
   worker does before handing it over;
-- **decode**: the ``decode`` callable (by default JPEG fields with simplejpeg), on one core;
+- **decode**: the ``decode`` callable (by default every image field, decoded as ImagePipeline
+  decodes it), on one core;
 - **batch**: :func:`collate_samples` on decoded samples, stacking tensors. Images of different
-  sizes are copied into slots of one shape, as a resize transform would give them;
+  sizes, or held in different fields (``jpg`` in some samples, ``png`` in others), are copied
+  into slots of one shape, as a resize transform would give them;
 - **host-to-device**: pinned and pageable copies (CUDA only);
 - the whole :class:`FeedLoader` at several ``num_workers`` (scaling).
 
@@ -25,29 +27,56 @@ from ..format._manifest import Manifest, join
 from ..format._reader import ShardReader
 
 JPEG = ("jpg", "jpeg")
+# an image field's extension -> its format (the names image_decoders() answers for)
+IMAGE_FORMATS = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "avif": "avif",
+                 "heic": "heic", "heif": "heic"}
 Decode = Callable[[dict[str, Any]], Any]
 
 
-class JpegDecode:
-    """The default decoder: every JPEG field of a sample becomes an ``HxWx3`` uint8 array
-    (simplejpeg); other fields pass through. Picklable, so worker processes can use it."""
+def _ext(field: str) -> str:
+    return field.lower().rsplit(".", 1)[-1]
+
+
+def image_fields(fields: Sequence[str]) -> list[str]:
+    """The image fields among ``fields``, in the order ImagePipeline looks for a sample's image
+    (``jpg, jpeg, png, webp, avif, heic, heif``; a compound name such as ``left.png`` by its
+    last extension)."""
+    order = list(IMAGE_FORMATS)
+    found = {f for f in fields if _ext(f) in IMAGE_FORMATS}
+    return sorted(found, key=lambda f: (order.index(_ext(f)), f))
+
+
+def jpeg_fields(fields: Sequence[str]) -> list[str]:
+    return [f for f in image_fields(fields) if _ext(f) in JPEG]
+
+
+class ImageDecode:
+    """The default decoder: every image field of a sample becomes an ``HxWx3`` uint8 RGB array,
+    decoded as ImagePipeline decodes it (:func:`~feedpipe.transforms._decode.decode_image`: JPEG
+    with simplejpeg, PNG and WebP with OpenCV); other fields pass through. An image field of a
+    format that no library here decodes (AVIF, HEIC without the ``images`` extra) is left as
+    bytes and named in ``skipped``. Picklable, so worker processes can use it."""
 
     def __init__(self, fields: Sequence[str]) -> None:
-        self.fields = sorted({f for f in fields if f.lower().rsplit(".", 1)[-1] in JPEG})
+        from ..transforms._decode import image_decoders
+
+        have = image_decoders()
+        found = image_fields(fields)
+        self.fields = [f for f in found if have.get(IMAGE_FORMATS[_ext(f)])]
+        self.skipped = [f for f in found if f not in self.fields]
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
-        import simplejpeg
+        from ..transforms._decode import decode_image
 
         out = dict(sample)
         for f in self.fields:
             v = out.get(f)
             if v is not None:
-                out[f] = simplejpeg.decode_jpeg(v, colorspace="RGB")
+                out[f] = decode_image(v)
         return out
 
-
-def jpeg_fields(fields: Sequence[str]) -> list[str]:
-    return JpegDecode(fields).fields
+    def __repr__(self) -> str:
+        return f"ImageDecode({self.fields!r})"
 
 
 def _nbytes(obj: Any) -> int:
@@ -131,87 +160,132 @@ def list_collate(samples: list[Any]) -> list[Any]:
     return samples
 
 
+def _is_image(v: Any) -> bool:
+    import numpy as np
+
+    return isinstance(v, np.ndarray) and v.ndim in (2, 3) and v.dtype == np.uint8
+
+
 class SlotCollate:
-    """Batches of decoded images of different sizes as one ``uint8`` tensor per image field.
+    """Batches of decoded images as one ``uint8`` tensor per slot, whatever their sizes and
+    whichever image field a sample holds.
 
-    Each image is copied into a slot of one shape, centre-cropped where larger and zero-padded
-    where smaller: the fixed shape a resize transform gives a training pipeline's images. Other
-    fields are collated as :func:`~feedpipe.stream._loader.collate_samples` does. Picklable, so
-    it runs in workers."""
+    ``slots`` maps a batch field to ``(fields, shape)``: each sample's image is the first of
+    ``fields`` it holds (as ImagePipeline takes a sample's image), copied into a slot of
+    ``shape``, centre-cropped where larger and zero-padded where smaller (the fixed shape a
+    resize transform gives a training pipeline's images); a sample with none of them leaves its
+    row zero. The other fields are collated as
+    :func:`~feedpipe.stream._collate.collate_samples` does. Picklable, so it runs in workers."""
 
-    def __init__(self, slots: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, slots: dict[str, tuple[tuple[str, ...], tuple[int, ...]]]) -> None:
         self.slots = slots
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         import numpy as np
         import torch
 
-        from ..stream._loader import collate_samples
+        from ..stream._collate import collate_samples
 
-        out = collate_samples([{k: v for k, v in s.items() if k not in self.slots}
-                               for s in samples])
-        for f, shape in self.slots.items():
+        taken = {f for fields, _ in self.slots.values() for f in fields}
+        out = collate_samples([{k: v for k, v in s.items() if k not in taken} for s in samples])
+        for name, (fields, shape) in self.slots.items():
             dst = np.zeros((len(samples), *shape), dtype=np.uint8)
             batch = torch.from_numpy(dst)
             for i, s in enumerate(samples):
-                a = np.asarray(s[f])
+                v = next((s[f] for f in fields if s.get(f) is not None), None)
+                if v is None:
+                    continue
+                a = np.asarray(v)
                 if a.ndim == len(shape) - 1:
                     a = a[..., None]  # greyscale into a colour slot
                 h, w = min(a.shape[0], shape[0]), min(a.shape[1], shape[1])
                 y, x = (a.shape[0] - h) // 2, (a.shape[1] - w) // 2
                 dst[i, :h, :w] = a[y : y + h, x : x + w]
-            out[f] = batch
+            out[name] = batch
         return out
 
 
-def _slots(decoded: Sequence[Any]) -> dict[str, tuple[int, ...]]:
-    """Image fields (2-D or 3-D uint8 arrays) of dict samples whose shapes differ -> the slot
-    shape: the median height and width, the most channels."""
+def _image_slot(decoded: Sequence[Any]
+                ) -> tuple[dict[str, tuple[tuple[str, ...], tuple[int, ...]]], list[str]]:
+    """The slot the decoded images of dict samples go into, and what the batch stage's note
+    says about it; no slot where :func:`collate_samples` stacks them as they are (one image
+    field in every sample, one shape).
+
+    The slot's shape: the median height and width, the most channels. Its field: the image
+    field's name, or ``image`` where samples hold their image in different fields (a tree
+    mixing ``.jpg`` and ``.png``)."""
     import numpy as np
 
-    if not decoded or not isinstance(decoded[0], dict):
-        return {}
-    out: dict[str, tuple[int, ...]] = {}
-    for f, v in decoded[0].items():
-        if not (isinstance(v, np.ndarray) and v.ndim in (2, 3) and v.dtype == np.uint8):
-            continue
-        shapes = [s[f].shape for s in decoded if isinstance(s.get(f), np.ndarray)]
-        if len(set(shapes)) < 2:
-            continue
-        h = int(np.median([x[0] for x in shapes]))
-        w = int(np.median([x[1] for x in shapes]))
-        c = max((x[2] if len(x) == 3 else 1) for x in shapes)
-        out[f] = (h, w, c) if v.ndim == 3 or c > 1 else (h, w)
-    return out
+    dicts = [s for s in decoded if isinstance(s, dict)]
+    if not dicts or len(dicts) < len(decoded):
+        return {}, []
+    names = image_fields([k for k in dict.fromkeys(k for s in dicts for k in s)
+                          if any(_is_image(s.get(k)) for s in dicts)])
+    if not names:
+        return {}, []
+    images = [next((s[f] for f in names if _is_image(s.get(f))), None) for s in dicts]
+    arrays = [a for a in images if a is not None]
+    shapes = {a.shape for a in arrays}
+    if len(names) == 1 and len(arrays) == len(dicts) and len(shapes) == 1:
+        return {}, []
+    h = int(np.median([a.shape[0] for a in arrays]))
+    w = int(np.median([a.shape[1] for a in arrays]))
+    c = max((a.shape[2] if a.ndim == 3 else 1) for a in arrays)
+    shape = (h, w, c) if c > 1 or any(a.ndim == 3 for a in arrays) else (h, w)
+    name = names[0]
+    notes = []
+    if len(names) > 1:
+        name = "image" if all("image" not in s for s in dicts) else "__image__"
+        notes.append(f"samples hold their image in different fields ({', '.join(names)}): "
+                     f"batches stack each sample's first of them, as ImagePipeline takes it, "
+                     f"in one tensor named {name!r}")
+    if len(shapes) > 1:
+        notes.append(f"decoded images differ in size: batches stack them as uint8 tensors of "
+                     f"one shape ({name} {'x'.join(map(str, shape))}: the median size, "
+                     "centre-cropped or zero-padded), as a resize transform would")
+    if len(arrays) < len(dicts):
+        notes.append(f"{len(dicts) - len(arrays)} of {len(dicts)} samples read hold no decoded "
+                     "image: their rows of the image tensor stay zero")
+    return {name: (tuple(names), shape)}, notes
+
+
+def _unstacked(samples: Sequence[Any], batch: Any) -> list[str]:
+    """Fields holding arrays or tensors in some of ``samples`` that ``batch`` did not make one
+    tensor of."""
+    import numpy as np
+    import torch
+
+    if not isinstance(batch, dict):
+        return []
+    arrays = {k for s in samples if isinstance(s, dict) for k, v in s.items()
+              if isinstance(v, (np.ndarray, torch.Tensor))}
+    return sorted(k for k in arrays if not isinstance(batch.get(k), torch.Tensor))
 
 
 def choose_collate(decoded: Sequence[Any],
                    batch_size: int) -> tuple[Callable[[list[Any]], Any], str]:
-    """:func:`collate_samples` when it can stack the decoded samples; a :class:`SlotCollate`
-    when images of different sizes are what stops it; :func:`list_collate` (and a note) when
-    nothing can stack them."""
-    from ..stream._loader import collate_samples
+    """How the batch stage batches ``decoded`` samples, and a note saying what it does not
+    plainly stack. :func:`collate_samples` when it stacks them as they are; a
+    :class:`SlotCollate` when decoded images differ in size or in the field holding them;
+    :func:`list_collate` when nothing can stack them. Arrays that still stay out of a tensor
+    are named in the note: the batch figure leaves out their copy."""
+    from ..stream._collate import collate_samples
 
     first = list(decoded[: max(2, batch_size)])
+    slots, notes = _image_slot(decoded)
+    collate: Callable[[list[Any]], Any] = SlotCollate(slots) if slots else collate_samples
     try:
-        collate_samples(first)
-        return collate_samples, ""
+        batch = collate(first)
     except Exception as e:  # noqa: BLE001 - any refusal means "cannot stack these as they are"
-        refused = type(e).__name__
-    slots = _slots(decoded)
-    if slots:
-        try:
-            SlotCollate(slots)(first)
-        except Exception as e:  # noqa: BLE001
-            refused = type(e).__name__
-        else:
-            what = ", ".join(f"{f} {'x'.join(map(str, sh))}" for f, sh in slots.items())
-            return SlotCollate(slots), (
-                f"decoded images differ in size: batches stack them as uint8 tensors of one "
-                f"shape ({what}: the median size, centre-cropped or zero-padded), as a resize "
-                "transform would")
-    return list_collate, (f"decoded samples cannot be stacked ({refused}); batches are lists, "
-                          "so the batch figure leaves out the copy into tensors")
+        return list_collate, (f"decoded samples cannot be stacked ({type(e).__name__}); batches "
+                              "are lists, so the batch figure leaves out the copy into tensors")
+    taken = {f for fields, _ in slots.values() for f in fields}  # the slots stacked these
+    left = [f for f in _unstacked(first, batch) if f not in taken]
+    if left:
+        notes.append(f"decoded {', '.join(left)} not stacked into tensors (missing in some "
+                     "samples or of another type): batches hold them as lists, so the batch "
+                     "figure leaves out their copy into tensors")
+    return collate, "; ".join(notes)
 
 
 def describe_batch(batch: Any) -> dict[str, Any]:

@@ -188,8 +188,8 @@ def probe(
         generate: write a test file of this many bytes in a temp dir, probe it, delete it.
         json_path: write the report as JSON there (``"-"``: standard output).
         plot_path: write a PNG there (needs the ``plot`` extra: matplotlib).
-        decode: ``sample dict -> decoded sample``, the decode stage (default: JPEG fields with
-            simplejpeg); also run inside FeedLoader workers.
+        decode: ``sample dict -> decoded sample``, the decode stage (default: every image
+            field, decoded as ImagePipeline decodes it); also run inside FeedLoader workers.
         show_progress: a progress bar (default: when stderr is a terminal).
 
     Returns:
@@ -248,8 +248,9 @@ def _run(url: str, settings: ProbeSettings, decode: Callable[[dict[str, Any]], A
     seq, small = t.sequential_set(), t.small_set()
     can_drop = t.local and pagecache.can_drop()
     decode_fn = decode
-    if decode_fn is None and pipeline.jpeg_fields(t.fields):
-        decode_fn = pipeline.JpegDecode(t.fields)
+    if decode_fn is None and pipeline.image_fields(t.fields):
+        default = pipeline.ImageDecode(t.fields)
+        decode_fn = default if default.fields else None
     # measured worker counts; more than 4 per core only measures contention
     loaders = sorted({0, 1, 2, min(plan_workers, 4 * cpus)}) if t.kind == "dataset" else []
     mem_avail = memory().get("available_bytes", 0)
@@ -288,7 +289,7 @@ def _decode_name(given: Any, used: Any) -> str | None:
     if used is None:
         return None
     if given is None:
-        return "jpeg fields with simplejpeg"
+        return f"image fields ({', '.join(used.fields)}) decoded as ImagePipeline decodes them"
     return getattr(given, "__qualname__", type(given).__name__)
 
 

@@ -15,6 +15,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 CPU_STAGES = ("read", "decode", "batch")
+# the README glossary's terms: L1 is the shard cache (cache_dir=); decoded samples go to the
+# decoded store, which is no numbered tier
+DECODED_STORE = ("FeedDataset(..., decoded_cache=DIR): the transform's fixed-shape outputs kept "
+                 "on local disk")
 
 
 @dataclass(frozen=True)
@@ -122,32 +126,22 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
         out.append(f"Shard the small files: `feedpipe shard {f.target} OUT` then train from OUT. "
                    f"Opening files one by one gives {_fmt(f.small_files_per_s)} files/s"
                    f"{mean}, {_fmt(f.small_file_mb_per_s or 0)} MB/s{seq}.")
-    if bound in CPU_STAGES and f.workers < f.cpus:
-        more = p / sum(1 / r for r in cpu_rates.values()) * f.cpus / p
-        out.append(f"Use more DataLoader workers: num_workers={f.workers} keeps {p} of {f.cpus} "
-                   f"cores busy; num_workers={f.cpus} would raise the CPU ceiling to about "
-                   f"{_fmt(more)} samples/s.")
-    if len(f.loader) >= 2:
-        best_w = max(f.loader, key=lambda w: f.loader[w])
-        if best_w < max(f.loader) and f.loader[best_w] > 1.2 * f.loader[max(f.loader)]:
-            out.append(f"Measured: num_workers={best_w} was fastest here "
-                       f"({_fmt(f.loader[best_w])} samples/s); more workers than free cores "
-                       "only add contention.")
+    out += _worker_advice(f, bound, p, cpu_rates)
     if bound == "storage" and f.kind != "file":
         where = "the remote store" if f.remote else "this storage"
         if f.fits_in_memory:
             out.append(f"Storage bounds ({f.storage_basis}), but the dataset fits in memory: keep "
-                       "it in the page cache or enable the L1 cache on /dev/shm "
+                       "it in the page cache or put the L1 shard cache on /dev/shm "
                        "(FeedDataset(..., cache_dir='/dev/shm/feedpipe')) so later epochs read "
                        "from memory.")
         else:
-            out.append(f"Storage bounds ({f.storage_basis}): enable the L1 cache "
+            out.append(f"Storage bounds ({f.storage_basis}): enable the L1 shard cache "
                        "(FeedDataset(..., cache_dir=LOCAL_NVME_DIR, cache_size=...)) so that "
                        f"epochs after the first read local disk instead of {where}, or the "
-                       "decoded store so that they skip reading and decoding.")
+                       f"decoded store ({DECODED_STORE}) so that they skip reading and decoding.")
     if bound == "decode":
-        out.append("Decoding bounds: enable the decoded store (the L1 memmap of decoded "
-                   "fixed-shape samples) so that later epochs skip decoding.")
+        out.append(f"Decoding bounds: enable the decoded store ({DECODED_STORE}) so that later "
+                   "epochs skip decoding.")
         if f.jpeg and f.cuda:
             out.append("Move JPEG decoding to this machine's GPU with DALI (pip install "
                        "'feedpipe[dali]'): nvJPEG decodes on the GPU and frees the CPU cores "
@@ -159,7 +153,8 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
                        "crop window where it can.")
     if bound == "read":
         out.append("The shard reader bounds: use larger samples or fewer fields per sample, or "
-                   "enable the decoded store / DeviceCache so that later epochs skip reading.")
+                   f"enable the decoded store ({DECODED_STORE}) or the L3 DeviceCache so that "
+                   "later epochs skip reading.")
     if bound == "batch":
         out.append("Batching bounds: return fixed-shape tensors from the transform so that "
                    "collation is one stack, not per-sample Python objects.")
@@ -183,3 +178,34 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
         out.append("Nothing to change was found; pass --step-time to see the accelerator "
                    "utilisation for your model.")
     return out
+
+
+def _worker_advice(f: Figures, bound: str | None, p: int,
+                   cpu_rates: dict[str, float]) -> list[str]:
+    """What to do with ``num_workers``. Measured FeedLoader rates decide (a difference under
+    20% is taken for noise); the stage rates' prediction is given only where no measurement
+    speaks against it, so the two never disagree."""
+    rates = f.loader
+    best = max(rates, key=lambda w: rates[w]) if rates else None
+    told = ", ".join(f"{_fmt(rates[w])} at num_workers={w}" for w in sorted(rates))
+    predicted = None
+    if bound in CPU_STAGES and f.workers < f.cpus:
+        ceiling = f.cpus / sum(1 / r for r in cpu_rates.values())
+        predicted = (f"by the stage rates num_workers={f.cpus} would raise the CPU ceiling to "
+                     f"about {_fmt(ceiling)} samples/s")
+    planned = max((v for w, v in rates.items() if w <= f.workers), default=0.0)
+    if best is not None and best > f.workers and rates[best] > 1.2 * planned:
+        more = (f"; {predicted}" if predicted and f.cpus > best else "")
+        return [f"Use more DataLoader workers: num_workers={best} was fastest here (samples/s: "
+                f"{told}), more than the {f.workers} planned for{more}."]
+    if best is not None and len(rates) >= 2 and best < max(rates) and \
+            rates[best] > 1.2 * rates[max(rates)]:
+        return [f"Measured: num_workers={best} was fastest here (samples/s: {told}): more "
+                f"worker processes did not make batches faster on this machine, so keep "
+                f"num_workers={best}."]
+    if best is not None and any(w > f.workers for w in rates):
+        return []  # more workers were measured and were not faster: no prediction against that
+    if predicted:
+        return [f"Use more DataLoader workers: num_workers={f.workers} keeps {p} of {f.cpus} "
+                f"cores busy; {predicted}."]
+    return []
