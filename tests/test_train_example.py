@@ -83,11 +83,14 @@ def test_the_docstring_walkthrough_runs_as_written_then_on_another_dataset(
     assert "checkpoint at epoch 1 step 2" in outs[1]
     assert "resumed from runs/example.pt at epoch 1, position 16" in outs[2]
     assert "epoch 1: 2 steps per rank" in outs[2]  # 8 samples left, 1 rank, batches of 4
+    # the ids log lies in runs/, which no one made beforehand (every rank crashed with
+    # FileNotFoundError at its first step); it shows both epochs exactly once over both jobs
+    exactly_once(checkout / "runs" / "ids.jsonl", 24)
 
     data = other_dataset(checkout)
     log = checkout / "ids.jsonl"
     first, second = (c.replace("shards/example", str(data)).replace(" --ckpt runs/example.pt", "")
-                     + f" --ids-log {log}" for c in cmds[1:])
+                     .replace("runs/ids.jsonl", str(log)) for c in cmds[1:])
     out = sh(first.replace("--stop-after 2", "--stop-after 5"), checkout)
     assert "no checkpoint at runs/other-" in out and "checkpoint at epoch 1 step 5" in out
     out = sh(second, checkout)

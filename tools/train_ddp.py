@@ -4,8 +4,8 @@ Run it on 2 CPU processes (gloo) from the checkout, stop it part-way through epo
 on 1 process (another world size: elastic resumption):
 
     python tools/make_example.py
-    torchrun --nproc_per_node=2 tools/train_ddp.py shards/example --ckpt runs/example.pt --stop-after 2
-    torchrun --nproc_per_node=1 tools/train_ddp.py shards/example --ckpt runs/example.pt
+    torchrun --nproc_per_node=2 tools/train_ddp.py shards/example --ckpt runs/example.pt --stop-after 2 --ids-log runs/ids.jsonl
+    torchrun --nproc_per_node=1 tools/train_ddp.py shards/example --ckpt runs/example.pt --ids-log runs/ids.jsonl
 
 Any dataset made by ``feedpipe shard SRC OUT --labels-from-dirs`` works the same (fields ``jpg``
 and ``cls``). Without ``--ckpt`` the checkpoint is ``runs/<dataset name>-<hash of its path or
@@ -98,6 +98,10 @@ def main() -> None:
     ap.add_argument("--cache-size", default=None, help="the cache's byte budget, e.g. 200GB")
     a = ap.parse_args()
     ckpt_path = a.ckpt or default_ckpt(a.dataset)
+    if a.log:
+        # every rank appends to the log, so every rank makes its directory: exist_ok makes the
+        # ranks that lose the race to create it carry on
+        os.makedirs(os.path.dirname(a.log) or ".", exist_ok=True)
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
