@@ -9,11 +9,14 @@ reader. A ``bash`` block runs too when the line before its fence is ``<!-- test_
 
 A block is skipped, with its reason, when it holds a line
 ``# not run by tests/test_readme.py: needs <X>`` (a GPU, S3, a cluster, ...), or a line
-``# needs the <extra> extra`` and that extra's package is not installed. Selecting one block
+``# needs the <extra> extra`` and that extra's package is not installed, or a line
+``# needs the <package> package (pip install <package>)`` and that package is not installed
+(a framework no extra of feedpipe's brings, such as Lightning). Selecting one block
 (``-k L123``) first runs the runnable blocks above it, as its setup.
 
 Also checked: the two commands at the top are the ones ``.ci/run`` extracts, the snippets use
-only the public API, every extra named exists, every linked file exists, and neither README.md
+only the public API, a snippet importing what the README's install (``pip install -e .``) lacks
+says what it needs, every extra named exists, every linked file exists, and neither README.md
 nor docs/ holds an absolute path of one machine.
 """
 
@@ -35,6 +38,7 @@ DOCS = sorted((ROOT / "docs").glob("*.md")) if (ROOT / "docs").is_dir() else []
 RUN_MARK = "<!-- test_readme: run -->"
 NOT_RUN = re.compile(r"#\s*not run by tests/test_readme\.py:\s*(needs .+)$", re.M)
 NEEDS_EXTRA = re.compile(r"#\s*needs the (\w+) extra", re.M)
+NEEDS_PACKAGE = re.compile(r"#\s*needs the ([\w-]+) package \(pip install \1\)", re.M)
 # the module that tells an extra is installed
 EXTRA_MODULE = {"dali": "nvidia.dali", "s3": "s3fs", "gcs": "gcsfs", "http": "aiohttp",
                 "dask": "distributed", "images": "pillow_heif", "parquet": "pyarrow",
@@ -73,6 +77,9 @@ class Block:
                 continue  # an unknown extra is caught by test_extras_named_exist
             if not installed(module):
                 return f"needs the {extra} extra (pip install 'feedpipe[{extra}]')"
+        for package in NEEDS_PACKAGE.findall(self.text):
+            if not installed(package.replace("-", "_")):
+                return f"needs the {package} package (pip install {package})"
         return None
 
 
@@ -219,6 +226,51 @@ def test_extras_named_exist() -> None:
                 assert extra in extras, f"{doc.name}: feedpipe[{extra}] is not an extra"
         for extra in NEEDS_EXTRA.findall(text):
             assert extra in extras and extra in EXTRA_MODULE, f"{doc.name}: needs the {extra} extra"
+
+
+# what ``pip install -e .`` installs (after ``pip install torch``), by import name
+CORE_MODULES = {"feedpipe", "numpy", "torch", "fsspec", "lmdb", "simplejpeg", "cv2", "tqdm",
+                "xxhash"}
+
+
+def _unnamed_imports(path: Path = README) -> list[tuple[int, str]]:
+    """``(line, module)`` of each module a runnable python snippet imports that neither the
+    standard library nor the README's install provides, and that the snippet does not name with
+    ``# needs the <extra> extra`` or ``# needs the <package> package (pip install ...)``."""
+    import ast
+
+    out = []
+    for b in blocks(path):
+        if b.lang != "python" or NOT_RUN.search(b.text):
+            continue
+        named = {EXTRA_MODULE.get(e, e).split(".")[0] for e in NEEDS_EXTRA.findall(b.text)}
+        named |= {p.replace("-", "_") for p in NEEDS_PACKAGE.findall(b.text)}
+        for node in ast.walk(ast.parse(b.text)):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [node.module]
+            else:
+                continue
+            for mod in (m.split(".")[0] for m in mods):
+                if mod not in sys.stdlib_module_names and mod not in CORE_MODULES | named:
+                    out.append((b.line, mod))
+    return out
+
+
+def test_a_snippet_says_what_it_needs_beyond_the_install() -> None:
+    """The Lightning and accelerate snippets failed with ModuleNotFoundError after the README's
+    own install, saying nothing of what to install."""
+    assert _unnamed_imports() == []
+
+
+def test_packages_a_snippet_needs_come_with_the_test_extra() -> None:
+    """So that the test run of ``pip install -e '.[test]'`` runs those snippets, not skips."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    test_extra = section.split("\ntest = [", 1)[1].split("]\n", 1)[0]
+    for package in NEEDS_PACKAGE.findall(README.read_text(encoding="utf-8")):
+        assert f'"{package}' in test_extra, f"{package} is not in the test extra"
 
 
 def _anchors(doc: Path) -> set[str]:
