@@ -182,7 +182,8 @@ def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[
         with phase(f"loader, {w} workers"):
             out["loader"].append(pipeline.loader_stage(src, decode_fn, collate, s.batch_size,
                                                        w, d))
-    # only now may CUDA be asked about: the loader's workers were forked from a CUDA-free parent
+    # CUDA is asked about after the loader stages, so that they measure a process (and forked
+    # workers) that never touched CUDA, as a CPU-only storage check runs
     import torch
 
     out["cuda"] = cuda = torch.cuda.is_available()
