@@ -46,6 +46,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common
+import render_results
 
 CTX = mp.get_context("fork")
 
@@ -208,8 +209,11 @@ def main() -> int:
     os.makedirs(common.RESULTS, exist_ok=True)
     with open(os.path.join(common.RESULTS, f"{name}.md"), "w", encoding="utf-8") as f:
         f.write(f"# L1 cache budget, node-wide\n\n```\n{text}```\n")
-    return common.finish(name, doc, [text], [], bool(errors) or any(
+    rc = common.finish(name, doc, [text], [], bool(errors) or any(
         r["wrong_samples"] for r in results.values()), t_start)
+    render_results.render(os.path.join(common.RESULTS, name + ".json"), force=True,
+                          parts=("png",))  # its chart (the .md is above)
+    return rc
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 import datasets  # noqa: E402
+import render_results  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 SYSTEMS = ("feedpipe-w2", "feedpipe-w1", "wds-shardwriter", "tar")
@@ -319,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.profile:
             prof = _profile(ds, info, labels, work)
             profiles.append(prof)
-    return common.finish(name, doc, text_out, profiles, bool(failed), t_start)
+    rc = common.finish(name, doc, text_out, profiles, bool(failed), t_start)
+    render_results.render(os.path.join(common.RESULTS, name + ".json"), force=True)
+    return rc
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 SYSTEMS = ("local-w1", "local-w2", "dask-1", "dask-2", "dask-4")
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                       "max_bytes": MAX_BYTES, "noop_tasks": NOOP_TASKS},
            "stats": stats, "runs": runs}
     path = common.write_results("bench_dask-quick" if a.quick else "bench_dask", doc)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
     rows = [[s, common.fmt(stats[s]["files_per_s"]), common.fmt(stats[s]["wall_s"], 2),
              common.fmt(stats[s]["client_s"], 2),
              common.fmt(stats[s].get("ratio_to_local_w2"), 2), common.fmt(stats[s]["tasks"]),

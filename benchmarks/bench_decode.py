@@ -57,6 +57,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 SIZE = 224
@@ -336,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     path = common.write_results("decode-quick" if a.quick else "decode", doc)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
     print(common.table(rows, ["set/system", "images/s", "pass spread", "x sj-full",
                               "ratio spread", "diff"]))
     print(f"wrote {path}")

@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 from feedpipe import DeviceCache, DeviceLoader, Plan  # noqa: E402
 
@@ -503,6 +504,7 @@ def main() -> int:
 
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
     print(f"\nwrote {path}")
     return 0
 

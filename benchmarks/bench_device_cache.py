@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common
+import render_results
 
 from feedpipe import DeviceCache
 
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     path = common.write_results(name, doc)
     with open(os.path.join(common.RESULTS, name + ".md"), "w", encoding="utf-8") as fh:
         fh.write(text)
+    render_results.render(path, force=True, parts=("png",))  # its chart (the .md is above)
     print(f"wrote {path}")
     return 0
 

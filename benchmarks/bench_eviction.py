@@ -52,6 +52,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 from feedpipe.plan._order import Plan, Split  # noqa: E402
 from feedpipe.plan._schedule import first_uses, node_timeline  # noqa: E402
@@ -231,6 +232,7 @@ def main() -> None:
            "simulation": {"shards": shards, "samples_per_shard": per_shard, "rows": sim},
            "real": real, "environment": common.environment()}
     path = common.write_results("eviction-quick" if a.quick else "eviction", doc)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
     header = ["world", "order", "LRU all", "plan all", "optimal all", "LRU warm", "plan warm",
               "optimal warm", "LRU refetch", "plan refetch"]
     rows = [[r["shape"], r["order"]] + [f"{r[p]['all']:.3f}" for p in ("lru", "plan", "optimal")]

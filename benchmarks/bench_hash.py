@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 SIZES = {"1KiB": 1 << 10, "16KiB": 16 << 10, "110KiB": 110 << 10, "1MiB": 1 << 20}
 
@@ -110,6 +111,7 @@ def main() -> int:
            "versions": {m: common._version(m) for m in ("xxhash", "blake3")},
            "environment": common.environment(), "summary": summary, "times_s": times}
     path = common.write_results("hash-quick" if a.quick else "hash", doc)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
     print(common.table(rows, ["size", "hash", "us/sample", "GB/s", "vs xxh3-128"]))
     print(f"wrote {path}")
     return 0

@@ -49,6 +49,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common
+import render_results
 
 Decoder = Callable[[bytes], Any]
 
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     md = _markdown(doc)
     with open(path[:-len(".json")] + ".md", "w", encoding="utf-8") as f:
         f.write(md)
+    render_results.render(path, force=True, parts=("png",))  # its chart (the .md is above)
     print(md)
     print(f"wrote {path}")
     return 0

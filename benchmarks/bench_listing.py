@@ -27,6 +27,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 SYSTEMS = ("list_tree", "parallel-w1", "parallel-w2")
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
            "params": {"files": a.files, "dirs": a.dirs, "passes": a.passes},
            "stats": stats, "runs": runs}
     path = common.write_results("bench_listing-quick" if a.quick else "bench_listing", doc)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
     rows = [[s, common.fmt(stats[s]["files_per_s"]), common.fmt(stats[s]["wall_s"], 2),
              common.fmt(stats[s]["ratio_to_list_tree"], 2),
              common.fmt(stats[s]["rss_growth_mb"], 1), common.fmt(stats[s]["maxrss_mb"], 1)]

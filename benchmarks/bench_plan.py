@@ -50,6 +50,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 BATCH = 256
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
            "results": res, "targets": {"seconds": TARGET_S, "bytes": TARGET_BYTES},
            "verdict": verdict, "seconds": time.perf_counter() - t0}
     path = common.write_results("bench_plan-quick" if a.quick else "bench_plan", doc)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
 
     mb = lambda b: "-" if b is None else f"{b / 1e6:,.1f}"  # noqa: E731
     rows = []

@@ -56,6 +56,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 from feedpipe.cli._main import parse_size  # noqa: E402
 from feedpipe.diagnostics._probe import generate_file  # noqa: E402
@@ -178,6 +179,7 @@ def main() -> int:
                                        "--invalidate=1; warm: --invalidate=0 --time_based"},
            "summary": summary, "runs": runs}
     out = common.write_results(a.name, doc)
+    render_results.render(out, force=True)  # the Markdown and chart beside it
     print()
     print(common.table(rows, ["block x threads", "cache", "fio MB/s", "probe MB/s",
                               "diff % of fio"]))

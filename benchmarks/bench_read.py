@@ -85,6 +85,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 import datasets  # noqa: E402
+import render_results  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 SYSTEMS = ("cat", "fp-reader", "fp-reader-nocopy", "fp-dataset", "fp-dataset-dl2",
@@ -656,7 +657,9 @@ def main(argv: list[str] | None = None) -> int:
         text_out.append(block)
         if a.profile:
             profiles.append(_profile(ds, sh, dl, work))
-    return common.finish(name, doc, text_out, profiles, bool(failed), t_start)
+    rc = common.finish(name, doc, text_out, profiles, bool(failed), t_start)
+    render_results.render(os.path.join(common.RESULTS, name + ".json"), force=True)
+    return rc
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 import datasets  # noqa: E402
+import render_results  # noqa: E402
 
 
 def _images(n: int, root: str) -> list[Any]:
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                         "max": int(max(int(d.max()) for d in diffs))},
     }
     path = common.write_results("resize", doc)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
     print(f"{len(work)} crops, {r} rounds: torch {doc['ms_per_image']['torch']:.3f} ms, opencv "
           f"{doc['ms_per_image']['opencv']:.3f} ms per image ({doc['torch_over_opencv']:.2f}x); "
           f"difference mean {doc['grey_levels']['mean']:.3f}, max {doc['grey_levels']['max']} "

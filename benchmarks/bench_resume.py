@@ -60,6 +60,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "feedpipe-bench")
@@ -317,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
            "summary": summary, "naive_resume_s": naive, "runs": runs,
            "seconds": time.perf_counter() - t0}
     path = common.write_results("bench_resume-quick" if a.quick else "bench_resume", doc)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
 
     f = lambda x, d=2: common.fmt(x, d)  # noqa: E731
     rows = []

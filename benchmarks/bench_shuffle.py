@@ -75,6 +75,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 BATCH = 256
 WORLDS = ((1, 2), (2, 2))
@@ -340,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - t0,
     }
     path = common.write_results("bench_shuffle-quick" if a.quick else "bench_shuffle", doc)
+    render_results.render(path, force=True)  # the Markdown and chart beside it
 
     for wkey, res in results.items():
         rows = []

@@ -52,6 +52,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 SYSTEMS = ["none", "l1", "l1+decoded", "l2", "l1+l2"]
 SIZE = 224
@@ -209,6 +210,7 @@ def main() -> int:
                "dataset_bytes": data_bytes, "server": server.name,
                "environment": common.environment(tmp), "summary": summary, "runs": runs}
         path = common.write_results("tiers-quick" if a.quick else "tiers", doc)
+        render_results.render(path, force=True)  # the Markdown and chart beside it
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print_table(summary, server.name, a)

@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import render_results  # noqa: E402
 
 
 def _jpegs(folder: str, count: int) -> list[bytes]:
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
+    render_results.render(args.out, force=True, benchmark="window_decode")  # .md and .png
     print(f"wrote {args.out}")
     if tmp is not None:
         tmp.cleanup()
