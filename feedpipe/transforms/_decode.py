@@ -9,8 +9,8 @@ format     decoder                           why (``benchmarks/bench_image_forma
 =========  ================================  =============================================
 JPEG       feedpipe's window decoder, or     the fast path of :mod:`feedpipe.transforms._jpeg`
            simplejpeg (libjpeg-turbo)        (grey, CMYK and YCCK JPEGs too)
-PNG        OpenCV (``cv2.imdecode``)         the fastest, or level with Pillow (not a core
-                                             dependency), on every mode; pyvips is slower
+PNG        OpenCV (``cv2.imdecode``)         the fastest, or level with Pillow and pyvips
+                                             (neither a core dependency), on every mode
 WebP       OpenCV                            the fastest; Pillow and pyvips are slower
 AVIF       Pillow where it has AVIF, else    Pillow's decoder is the faster where both
            OpenCV where built with libavif   exist
