@@ -32,6 +32,7 @@ import tempfile
 import time
 from typing import Any
 
+import render_results
 from common import (
     REPO,
     alternating,
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         f.write("```\n" + text + "\n```\n\n")
         f.write("Bar: the median of the per-pass ratios, >= 0.9x the rate and <= 1.1x the peak "
                 "RSS of the ref, in every phase.\n")
+    render_results.render(path, force=True, parts=("png",))  # the chart beside them
     print(f"results written to {path}")
     return 1 if errors or not all(b["met"] for b in bars.values()) else 0
 
