@@ -33,10 +33,9 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import result_charts  # noqa: E402
-from result_tables import RAW, Writer, scalar_list  # noqa: E402
+# beside it in benchmarks/ (on the path when a script there runs, or as the test imports it)
+import result_charts
+from result_tables import RAW, Writer, scalar_list
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -17,6 +17,10 @@ from feedpipe.convert._synth import make_image_folder, make_records
 from feedpipe.format._manifest import load_manifest
 from feedpipe.format._reader import ShardReader
 
+# a script run by tests/test_fork_after_cuda.py, with no __main__ guard on purpose: importing it
+# (as --doctest-modules would) runs it
+collect_ignore = ["_fork_script.py"]
+
 
 def run_feedpipe(
     *args: object, timeout: float = 120, **kw: object

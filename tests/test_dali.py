@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,7 +39,7 @@ def dali(monkeypatch: pytest.MonkeyPatch) -> object:
     process unsafe to fork from; the mark is undone after the test so that the suite's later
     tests, which fork workers beside these tests' finished pipelines as before, are not refused
     (test_a_built_pipeline_refuses_forking_loaders_process_wide checks the mark itself)."""
-    monkeypatch.setattr(fork_safety, "_reason", None)
+    monkeypatch.setattr(fork_safety, "_marks", [])
     return pytest.importorskip("nvidia.dali", reason="nvidia.dali cannot be imported")
 
 
@@ -207,21 +209,53 @@ def test_fed_by_feedloader_workers_and_by_plain_pairs(dali: object) -> None:
     assert torch.cat([b.labels for b in out]).tolist() == [int(bytes(s["cls"])) for s in samples]
 
 
+PROCESS_WIDE = """
+import gc
+import sys
+
+from feedpipe import FeedDataset, FeedLoader, StartMethodError
+from feedpipe.transforms._dali import DaliStage
+from feedpipe.transforms._pipeline import ImageSpec
+
+if __name__ == "__main__":
+    example = sys.argv[1]
+    other = FeedLoader(FeedDataset(example), batch_size=4, num_workers=2,
+                       route="samples-workers")
+    assert len(list(other)) == 6  # before DALI runs: forked
+    samples = list(FeedDataset(example))
+    pairs = [([bytes(s["jpg"]) for s in samples[:8]], [bytes(s["cls"]) for s in samples[:8]])]
+    stage = DaliStage(pairs, batch_size=8, spec=ImageSpec(size=16), device_id=None)
+    list(stage)
+    try:
+        next(iter(other))
+    except StartMethodError as e:
+        print("refused:", e)
+    told = FeedLoader(FeedDataset(example), batch_size=4, num_workers=2,
+                      route="samples-workers", multiprocessing_context="forkserver")
+    print("told:", len(list(told)), told.stats()["start_method"])
+    del stage  # its pipeline shuts DALI's threads down: forking is safe again
+    gc.collect()
+    print("after:", len(list(other)), other.stats()["start_method"])
+"""
+
+
 @pytest.mark.dali
 @pytest.mark.skipif(not _dali_importable(), reason="nvidia.dali cannot be imported")
-def test_a_built_pipeline_refuses_forking_loaders_process_wide(dali: object) -> None:
-    """Once DALI's threads run in the process, any loader that would fork workers is refused,
-    not only the one feeding the stage; one told to use a forkserver still runs."""
-    other = FeedLoader(FeedDataset(EXAMPLE), batch_size=4, num_workers=2, route="samples-workers")
-    assert len(list(other)) == 6  # before DALI runs: forked
-    samples = list(FeedDataset(EXAMPLE))
-    pairs = [([bytes(s["jpg"]) for s in samples[:8]], [bytes(s["cls"]) for s in samples[:8]])]
-    list(DaliStage(pairs, batch_size=8, spec=ImageSpec(size=16), device_id=None))
-    with pytest.raises(StartMethodError, match="DaliStage runs in this process.*forkserver"):
-        next(iter(other))
-    told = FeedLoader(FeedDataset(EXAMPLE), batch_size=4, num_workers=2,
-                      route="samples-workers", multiprocessing_context="forkserver")
-    assert len(list(told)) == 6 and told.stats()["start_method"] == "forkserver"
+def test_a_built_pipeline_refuses_forking_loaders_process_wide(dali: object,
+                                                               tmp_path: Path) -> None:
+    """While DALI's threads run in a process, any loader of it that would fork workers is
+    refused, not only the one feeding the stage; one told to use a forkserver still runs; once
+    the stage is gone, forking is allowed again. In a fresh interpreter: this one has run DALI
+    already."""
+    script = tmp_path / "process_wide.py"
+    script.write_text(PROCESS_WIDE)
+    run = subprocess.run([sys.executable, str(script), EXAMPLE], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert any(line.startswith("refused:") and "DaliStage runs in this process" in line
+               and "forkserver" in line for line in lines), run.stdout
+    assert "told: 6 forkserver" in lines and "after: 6 fork" in lines, run.stdout
 
 
 # -- formats: what DALI's decoder reads, and what it does not ----------------------------------

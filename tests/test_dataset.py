@@ -104,6 +104,24 @@ def test_the_start_method_is_the_users(ds_path: str, monkeypatch) -> None:  # ty
     with pytest.raises(feedpipe.StartMethodError,
                        match="multiprocessing_context='forkserver'.*picklable.*__main__"):
         next(iter(unsafe))
+    told_fork = FeedLoader(FeedDataset(ds_path), batch_size=3, num_workers=2,
+                           route="samples-workers", multiprocessing_context="fork")
+    told_fork.mark_fork_unsafe("DALI's threads")
+    with pytest.raises(feedpipe.StartMethodError, match="would fork"):
+        next(iter(told_fork))  # a fork asked for by name is no safer
+
+
+def test_a_warm_up_with_workers_is_refused_beside_dali(ds_path: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from feedpipe._helpers import fork_safety
+
+    monkeypatch.setattr(fork_safety, "_marks", [])
+    fork_safety.mark_process_fork_unsafe("DALI's threads (a DaliStage runs in this process)")
+    cache = feedpipe.DeviceCache(10_000, device="cpu")
+    with pytest.raises(feedpipe.StartMethodError, match="warm up with num_workers=0"):
+        cache.warmup(FeedDataset(ds_path), transform=lambda s: torch.zeros(2),
+                     num_workers=2, show_progress=False)
+    assert cache.warmup(FeedDataset(ds_path), transform=lambda s: torch.zeros(2),
+                        show_progress=False)["resident"] == 25
 
 
 def test_an_unset_start_method_is_the_platforms_default(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -17,10 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from feedpipe._helpers.fork_safety import default_start_method
+
 SCRIPT = Path(__file__).with_name("_fork_script.py")
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+FORK = pytest.mark.skipif(default_start_method() != "fork",
+                          reason=f"the platform starts processes by {default_start_method()!r}, "
+                                 "not fork: a guard-less script with a lambda cannot run there")
 
 
+@FORK
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[CUDA, pytest.mark.cuda])])
 def test_a_laptop_script_runs_unchanged_after_cuda_init(ds_path: str, tmp_path: Path,
                                                         device: str) -> None:

@@ -569,3 +569,31 @@ def test_dropping_a_files_pages_makes_it_cold(tmp_path: Path) -> None:
 def test_public_names() -> None:
     assert callable(feedpipe.probe) and feedpipe.probe is probe
     assert feedpipe.ProbeReport is ProbeReport
+
+
+def test_the_batch_slot_skips_fields_left_undecoded() -> None:
+    """A sample whose first image field is still bytes (no decoder for it) gives its slot the
+    next decoded image, or a zero row."""
+    import numpy as np
+
+    from feedpipe.diagnostics._pipeline import SlotCollate
+
+    img = np.full((4, 4, 3), 7, np.uint8)
+    collate = SlotCollate({"image": (("heic", "png"), (4, 4, 3))})
+    out = collate([{"heic": b"undecoded", "png": img, "__index__": 0},
+                   {"heic": b"undecoded", "__index__": 1}])
+    assert out["image"][0].eq(7).all() and out["image"][1].eq(0).all()
+
+
+def test_undecodable_images_still_get_the_install_hint(dataset: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every image field of a format no library here decodes (HEIC without the images extra):
+    the note says which and how to install a decoder."""
+    from feedpipe.diagnostics import _pipeline
+    from feedpipe.transforms import _decode
+
+    monkeypatch.setattr(_decode, "image_decoders", lambda: {})
+    report = feedpipe.probe(str(dataset), duration=0.05, batch_size=4, workers=1,
+                            show_progress=False)
+    notes = report.to_dict()["pipeline"]["notes"]
+    assert any("jpg" in n and "feedpipe[images]" in n for n in notes), notes
+    assert _pipeline.ImageDecode(["jpg"]).skipped == ["jpg"]

@@ -98,12 +98,34 @@ def test_a_batch_whose_every_sample_is_skipped_is_left_out(broken: str, route: s
 
 
 def test_a_dataset_read_directly_leaves_skipped_samples_out(broken: str) -> None:
+    """One rank: left out. Several: refused, since a DataLoader over ranks that deliver
+    different numbers of samples can make different numbers of batches (DDP would hang)."""
     from torch.utils.data import DataLoader
 
-    ds = FeedDataset(broken, transform=ImagePipeline(8, train=False, mean=None,
-                                                     on_error="skip"))
-    labels = torch.cat([y for _, y in DataLoader(ds, batch_size=4)]).tolist()
+    pipe = ImagePipeline(8, train=False, mean=None, on_error="skip")
+    labels = torch.cat([y for _, y in DataLoader(FeedDataset(broken, transform=pipe),
+                                                 batch_size=4)]).tolist()
     assert labels == [i for i in range(N) if i not in CORRUPT]
+    ranked = FeedDataset(broken, transform=pipe, rank=1, world_size=2)
+    with pytest.raises(DecodeError, match="rank 1: .*2 ranks, read directly"):
+        list(DataLoader(ranked, batch_size=4))
+
+
+def test_left_out_batches_pass_a_device_loader_and_free_worker_buffers(broken: str) -> None:
+    pipe = ImagePipeline(8, train=False, mean=None, on_error="skip")
+    on_device = FeedLoader(FeedDataset(broken, transform=pipe), batch_size=1,
+                           collate_fn=BatchCollator(1, (3, 8, 8)), device="cpu")
+    assert [int(y) for _, y in on_device] == [i for i in range(N) if i not in CORRUPT]
+    assert on_device.stats()["left_out"] == 3
+    ring = FeedLoader(FeedDataset(broken, transform=pipe), batch_size=1, num_workers=2,
+                      collate_fn=BatchCollator(1, (3, 8, 8)), route="rows-workers",
+                      persistent_workers=True)
+    for _ in range(2):  # the second epoch reuses what the first handed back
+        got = [int(y) for _, y in ring]
+    assert got == [i for i in range(N) if i not in CORRUPT]
+    buffers = ring.stats()["buffers"]  # the left-out batches' buffers came back too
+    assert buffers["batches"] == 2 * N and buffers["released"] >= 2 * N - 1
+    assert buffers["reused"] > 0
 
 
 def test_with_several_ranks_a_batch_left_out_whole_is_an_error(tmp_path: Path) -> None:

@@ -1,26 +1,30 @@
-"""Whether this process runs threads that make a ``fork`` unsafe (DALI's, once a
-:class:`~feedpipe.DaliStage` has built its pipeline): every :class:`~feedpipe.FeedLoader` of the
+"""Whether this process runs threads that make a ``fork`` unsafe (DALI's, while a
+:class:`~feedpipe.DaliStage`'s pipeline is alive): every :class:`~feedpipe.FeedLoader` of the
 process reads it before it forks worker processes. A forked child does not inherit the threads,
-so the mark holds only in the process that made it."""
+so a mark holds only in the process that made it."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable
 
-_reason: str | None = None
-_pid = 0
+# (reason, whether the threads still run, the pid that marked)
+_marks: list[tuple[str, Callable[[], bool], int]] = []
 
 
-def mark_process_fork_unsafe(reason: str) -> None:
-    """Say that this process now runs ``reason`` (threads a forked child could deadlock on)."""
-    global _reason, _pid
-    _reason, _pid = reason, os.getpid()
+def mark_process_fork_unsafe(reason: str, running: Callable[[], bool] = lambda: True) -> None:
+    """Say that this process runs ``reason`` (threads a forked child could deadlock on) for as
+    long as ``running()`` is true."""
+    pid = os.getpid()
+    if not any(r == reason and p == pid for r, _, p in _marks):
+        _marks.append((reason, running, pid))
 
 
 def process_fork_unsafe() -> str | None:
-    """What makes forking from this process unsafe, or ``None``."""
-    return _reason if _pid == os.getpid() else None
+    """What makes forking from this process unsafe now, or ``None``."""
+    pid = os.getpid()
+    return next((r for r, running, p in _marks if p == pid and running()), None)
 
 
 def default_start_method() -> str:

@@ -36,7 +36,7 @@ from ._lmdb_env import open_env, read, release, share, shared, write
 from ._memo_record import content_hash, pack, unpack
 
 if TYPE_CHECKING:
-    from ._tally import TierStats
+    from ._stats import TierStats
 
 
 @dataclass
@@ -242,8 +242,8 @@ class FunctionIndex:
 
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the entries and bytes on disk, in the shape every
-        cache tier reports (:class:`~feedpipe.caches._tally.TierStats`)."""
-        from ._tally import FUNCTION_INDEX, TierStats
+        cache tier reports (:class:`~feedpipe.caches._stats.TierStats`)."""
+        from ._stats import FUNCTION_INDEX, TierStats
 
         s = self.stats()
         return TierStats(FUNCTION_INDEX, s.hits, s.misses, s.db_bytes, s.entries)

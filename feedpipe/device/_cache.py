@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._helpers.fork_safety import default_start_method, process_fork_unsafe
 from .._helpers.progress import progress
-from ..errors import DeviceCacheError
+from ..errors import DeviceCacheError, StartMethodError
 from ._epoch_ids import epoch_ids
 from ._fallback import DatasetFallback, WithId, is_dataset
 from ._placement import resolve_device
@@ -167,6 +168,13 @@ class DeviceCache:
             view = source.in_order(WithId(transform))  # decode=, cache and verify kept
             if num_workers:
                 from torch.utils.data import DataLoader
+
+                unsafe = process_fork_unsafe()
+                if unsafe is not None and default_start_method() == "fork":
+                    raise StartMethodError(
+                        f"DeviceCache.warmup(num_workers={num_workers}) would fork its worker "
+                        f"processes from a process that runs {unsafe}, which can deadlock "
+                        "them: warm up with num_workers=0, or before the DaliStage starts.")
 
                 items = DataLoader(view, batch_size=None, num_workers=num_workers)
             else:

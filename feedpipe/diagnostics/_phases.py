@@ -171,8 +171,11 @@ def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[
         with phase("decode"):
             out["decode"], decoded = pipeline.decode_stage(kept, decode_fn, d)
     else:
-        out["notes"].append("no image field decodable here: decode stage not measured (pass "
-                            "decode= to measure your own decoder)")
+        missing = pipeline.ImageDecode(t.fields).skipped if decode_fn is None else []
+        why = (f" ({', '.join(missing)}: no library here decodes that format; pip install "
+               "'feedpipe[images]')" if missing else "")
+        out["notes"].append(f"no image field decodable here{why}: decode stage not measured "
+                            "(pass decode= to measure your own decoder)")
     collate, note = pipeline.choose_collate(decoded, s.batch_size)
     if note:
         out["notes"].append(note)

@@ -173,8 +173,8 @@ class SlotCollate:
     ``slots`` maps a batch field to ``(fields, shape)``: each sample's image is the first of
     ``fields`` it holds (as ImagePipeline takes a sample's image), copied into a slot of
     ``shape``, centre-cropped where larger and zero-padded where smaller (the fixed shape a
-    resize transform gives a training pipeline's images); a sample with none of them leaves its
-    row zero. The other fields are collated as
+    resize transform gives a training pipeline's images); a sample with none of them decoded
+    leaves its row zero. The other fields are collated as
     :func:`~feedpipe.stream._collate.collate_samples` does. Picklable, so it runs in workers."""
 
     def __init__(self, slots: dict[str, tuple[tuple[str, ...], tuple[int, ...]]]) -> None:
@@ -192,7 +192,7 @@ class SlotCollate:
             dst = np.zeros((len(samples), *shape), dtype=np.uint8)
             batch = torch.from_numpy(dst)
             for i, s in enumerate(samples):
-                v = next((s[f] for f in fields if s.get(f) is not None), None)
+                v = next((s[f] for f in fields if _is_image(s.get(f))), None)
                 if v is None:
                     continue
                 a = np.asarray(v)

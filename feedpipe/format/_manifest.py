@@ -154,8 +154,10 @@ def _edited(where: str, what: str) -> ManifestError:
     if not where.endswith(NAME):
         return ManifestError(f"{where}: {what}")
     root = where[: -len(NAME)].rstrip("/") or "."
-    return ManifestError(f"{where}: {what} (edited by hand? re-create the manifest with "
-                         f"`feedpipe index {root}`)")
+    return ManifestError(f"{where}: {what} (edited by hand? restore it from where the dataset "
+                         f"came from, or re-create it with `feedpipe index {root}`: that reads "
+                         "the .tar files directly in it; give --classes again if it had class "
+                         "names)")
 
 
 def _shard_list(shards: object, where: str) -> list[ShardRecord]:

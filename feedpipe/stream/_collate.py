@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
+from ..errors import DecodeError
+
 Decoder = Callable[[bytes], Any]
 
 
@@ -27,6 +29,18 @@ class LeftOut:
 
     def __reduce__(self) -> Any:
         return LeftOut, (self.samples, self.why)
+
+
+def left_out_error(batch: LeftOut, rank: int, world_size: int, how: str) -> DecodeError:
+    """The refusal of a left-out batch on one of several ranks: that rank would deliver less
+    than the others, and their collectives (DDP's gradient all-reduce) would wait forever."""
+    return DecodeError(
+        f"rank {rank}: every one of the {batch.samples} samples of a batch was left out by the "
+        f"transform (the last: {batch.why}); with {world_size} ranks, {how}, this rank would "
+        "yield fewer batches than the others and their collectives would wait forever. Read "
+        "through FeedLoader with a larger batch_size (a batch that keeps one sample keeps its "
+        "place), or rewrite the dataset without the broken files (`feedpipe shard SRC OUT "
+        "--on-error skip`; `feedpipe verify OUT`).")
 
 _NAMED: dict[Any, Decoder] = {
     int: int,

@@ -24,7 +24,7 @@ from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
 from ..plan._world import detect_world, resolve_world
 from ._batch_loop import CollateMaker, EpochReader, SampleFetch, Skips, batch_loop
-from ._collate import Decoder, LeftOut, decode_fields, decoders
+from ._collate import Decoder, LeftOut, decode_fields, decoders, left_out_error
 from ._shard_set import ShardSet
 
 log = logging.getLogger("feedpipe")
@@ -139,8 +139,9 @@ class FeedDataset(IterableDataset):
         if unhashed:
             log.warning("feedpipe: %s: verify=True cannot check the bytes of %d shard(s) (%s%s): "
                         "the manifest records no sha256 for them (their index entries are still "
-                        "checked against the tar headers); `feedpipe index DIR` records the "
-                        "hashes", self.url, len(unhashed), ", ".join(unhashed[:3]),
+                        "checked against the tar headers); a manifest written by `feedpipe "
+                        "shard`, `feedpipe index` or ShardWriter records the hashes", self.url,
+                        len(unhashed), ", ".join(unhashed[:3]),
                         ", ..." if len(unhashed) > 3 else "")
         self.max_open_shards = max(1, max_open_shards)
         self.identity = dataset_identity(self.manifest)
@@ -330,8 +331,12 @@ class FeedDataset(IterableDataset):
             maker = CollateMaker(self, list, skips=Skips(), to_bytes=info is not None,
                                  default=False)
             for outs in batch_loop(reader.batches(), fetch, maker):
-                if type(outs) is not LeftOut:
-                    yield from outs
+                if type(outs) is LeftOut:
+                    if self.world.world_size > 1:
+                        raise left_out_error(outs, self.world.rank, self.world.world_size,
+                                             "read directly (a DataLoader batches what comes)")
+                    continue
+                yield from outs
 
     def close(self) -> None:
         """Close the shards this process has open (their leases in the cache released)."""

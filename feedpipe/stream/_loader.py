@@ -21,10 +21,10 @@ from torch.utils.data import DataLoader
 
 from .._helpers.fork_safety import default_start_method, process_fork_unsafe
 from ..device._loader import DeviceLoader
-from ..errors import DecodeError, StartMethodError, StateError
+from ..errors import StartMethodError, StateError
 from ..plan._order import Split
 from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
-from ._collate import LeftOut, collate_samples
+from ._collate import LeftOut, collate_samples, left_out_error
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
 from ._routes import ROUTES, Config, Route, choose
@@ -177,8 +177,8 @@ class FeedLoader:
     def mark_fork_unsafe(self, reason: str) -> None:
         """Say that this loader will feed threads that make forking unsafe (``reason`` names
         them): its worker processes started by ``fork`` are refused with a sentence naming the
-        fix. :class:`~feedpipe.DaliStage` calls this on the loader it is given; once it has
-        built its pipeline, every loader of the process is refused the same way
+        fix. :class:`~feedpipe.DaliStage` calls this on the loader it is given; while its
+        pipeline is alive, every loader of the process is refused the same way
         (:mod:`feedpipe._helpers.fork_safety`)."""
         self._fork_unsafe = reason
 
@@ -243,12 +243,7 @@ class FeedLoader:
         self._stats["left_out"] = self._stats.get("left_out", 0) + 1
         world = self.dataset.world
         if world.world_size > 1:
-            raise DecodeError(
-                f"rank {world.rank}: every one of the {batch.samples} samples of a batch was left "
-                f"out by the transform (the last: {batch.why}); with {world.world_size} ranks "
-                "this rank would yield fewer batches than the others and their collectives would "
-                "wait forever. Use a larger batch_size, or rewrite the dataset without the broken "
-                "files (`feedpipe shard SRC OUT --on-error skip`; `feedpipe verify OUT`).")
+            raise left_out_error(batch, world.rank, world.world_size, "through FeedLoader")
         if "left_out" not in self._noted:  # each sample has had its own warning
             self._noted.add("left_out")
             log.warning("feedpipe: a batch of %d samples was left out whole (the transform "
@@ -342,9 +337,14 @@ class FeedLoader:
 
     def _check_start_method(self) -> None:
         unsafe = self._fork_unsafe or process_fork_unsafe()
-        if unsafe is None or "multiprocessing_context" in self._kwargs:
+        if unsafe is None:
             return
-        if default_start_method() != "fork":
+        ctx = self._kwargs.get("multiprocessing_context")
+        if ctx is None:
+            method = default_start_method()
+        else:
+            method = ctx if isinstance(ctx, str) else ctx.get_start_method()
+        if method != "fork":
             return
         raise StartMethodError(
             f"FeedLoader(num_workers={self.num_workers}) would fork its worker processes from "

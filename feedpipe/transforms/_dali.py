@@ -261,8 +261,10 @@ class DaliStage:
         spec = self.spec
         gpu = self.device_id is not None
         _keep_pipelines_in_forked_children()
-        # from here DALI's threads run in this process: no loader of it may fork workers
-        mark_process_fork_unsafe("DALI's threads (a DaliStage runs in this process)")
+        # from here DALI's threads run in this process, until its pipelines are gone: no loader
+        # of it may fork workers meanwhile
+        mark_process_fork_unsafe("DALI's threads (a DaliStage runs in this process)",
+                                 lambda: len(_BUILT) > 0)
         pipe = dali.Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                              device_id=self.device_id, prefetch_queue_depth=self.prefetch)
         _BUILT.add(pipe)
