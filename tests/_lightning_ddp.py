@@ -17,7 +17,11 @@ from feedpipe import FeedDataset, FeedLoader
 
 
 class Recorder(pl.LightningModule):
-    def __init__(self, out: str) -> None:
+    """A tiny model that records the ids of every batch it trains on, per epoch (tests/
+    test_frameworks.py uses it in-process too); with ``out``, each rank writes them there when
+    training ends."""
+
+    def __init__(self, out: str | None = None) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
         self.seen: list[tuple[int, list[int]]] = []
@@ -32,6 +36,8 @@ class Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def on_train_end(self) -> None:
+        if self.out is None:
+            return
         with open(os.path.join(self.out, f"rank{self.global_rank}.json"), "w") as f:
             json.dump(self.seen, f)
 

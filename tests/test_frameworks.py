@@ -15,28 +15,13 @@ from feedpipe import FeedDataset, FeedLoader
 N = 25  # ds_path: 25 samples
 pl = pytest.importorskip("lightning.pytorch", reason="lightning is in the test extra")
 
+from _lightning_ddp import Recorder  # noqa: E402  (after the skip: it imports lightning)
+
 
 def loader(path: str, workers: int = 0) -> FeedLoader:
     ds = FeedDataset(path, shuffle=True, seed=5, decode={"cls": int})
     return FeedLoader(ds, batch_size=4, num_workers=workers,
                       route="samples-workers" if workers else "auto")
-
-
-class Recorder(pl.LightningModule):
-    """A tiny model that records the ids of every batch it trains on, per epoch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.seen: list[tuple[int, list[int]]] = []
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        self.seen.append((self.current_epoch, batch["__index__"].tolist()))
-        x = batch["cls"].float().unsqueeze(1)
-        return torch.nn.functional.mse_loss(self.layer(x), x)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def trainer(tmp_path: Path, **kw: object) -> pl.Trainer:
