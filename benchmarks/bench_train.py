@@ -251,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=None, help=f"comma-separated of {','.join(MODELS)}")
     ap.add_argument("--systems", default=None, help=f"comma-separated of {','.join(SYSTEMS)}")
     ap.add_argument("--images", type=int, default=None, help="dataset size (default 50,000)")
+    ap.add_argument("--classes", type=int, default=None, help="classes (default 1,000)")
     ap.add_argument("--batch", type=int, default=None, help="batch size (256; quick 32)")
     ap.add_argument("--size", type=int, default=None, help="training image side (224; quick 64)")
     ap.add_argument("--workers", type=int, default=None, help="workers/threads (all CPUs; quick 2)")
@@ -279,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = dict(train_data.QUICK if q else train_data.FULL)
     if a.images:
         spec["images"] = a.images
+    if a.classes:
+        spec["classes"] = a.classes
     models = (a.models or ("tiny" if q else ",".join(MODELS))).split(",")
     systems = (a.systems or ",".join(QUICK_SYSTEMS if q else SYSTEMS)).split(",")
     if "synthetic" in systems:  # the ceiling first

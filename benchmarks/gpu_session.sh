@@ -13,6 +13,19 @@
 #                     "all"; name them to run them
 #   bash benchmarks/gpu_session.sh tests cache train-resnet50   # some parts (setup always runs)
 #
+# The device session of a lent GPU machine (15 minutes of device time in all, start and idle
+# counted): one command of at most 8 minutes of wall time, so that a rerun still fits:
+#   bash benchmarks/gpu_session.sh budget
+#     the CUDA and DALI tests (fork after CUDA included), DeviceCache serving bandwidth, a set of
+#     20,000 JPEGs of 500x375 in 100 classes (IMAGES=, CLASSES=), then ResNet-50 and ViT-B/16 at
+#     batch 256 over systems a, b, d and f (synthetic, torchvision, feedpipe's CPU path, its
+#     decoded store and DeviceCache; DALI's wheel cannot travel) without torch.compile (a compile
+#     per system process would not fit), 8 warm-up and 30 measured steps; each part under its
+#     own time limit, the wall time of each part and of the whole written to budget.txt.
+#   QUICK=1 bash benchmarks/gpu_session.sh budget
+#     its CPU rehearsal (tests/test_gpu_session.py runs it): the same parts and files with
+#     bench_train's and bench_device_cache's --quick sizes and the fork-after-CUDA test file.
+#
 # Where one command may run at most 10 minutes, run it as three:
 #   bash benchmarks/gpu_session.sh tests cache data
 #   bash benchmarks/gpu_session.sh train-resnet50
@@ -96,6 +109,8 @@ run_part() {
       echo "== bench_train $model"
       $py benchmarks/bench_train.py --models "$model" --root "$root" --out "$out" \
         --name "bench_train-$model" ${IMAGES:+--images "$IMAGES"} 2>&1 | tail -n 40 ;;
+    budget)
+      budget ;;
     demo)
       $py -m feedpipe demo 2>&1 | tee "$out/gpu-demo.txt" | tail -n 6 ;;
     probe)
@@ -108,6 +123,46 @@ run_part() {
     *)
       echo "unknown part $1" >&2; return 2 ;;
   esac
+}
+
+# One part's wall time, appended to budget.txt: name, seconds, exit status.
+timed() {
+  local name=$1 limit=$2 t0=$SECONDS rc=0
+  shift 2
+  timeout --kill-after=10 "$limit" "$@" || rc=$?
+  echo "$name $((SECONDS - t0)) s (limit $limit s) rc=$rc" | tee -a "$out/budget.txt"
+  return $rc
+}
+
+budget() {
+  local t0=$SECONDS rc=0 bench cache tests model
+  : > "$out/budget.txt"
+  if [ -n "${QUICK:-}" ]; then
+    bench=(--quick --images "${IMAGES:-96}" --batch 16 --workers 1)
+    cache=(--quick --device cpu)
+    tests=(tests/test_fork_after_cuda.py)
+    models=(tiny)
+  else
+    bench=(--images "${IMAGES:-20000}" --classes "${CLASSES:-100}" --compile off --warmup 8
+           --steps 30 --timeout 75
+           --systems synthetic,torchvision,feedpipe,feedpipe-store,feedpipe-cache)
+    cache=()
+    tests=(-m "cuda or dali" tests/)
+    models=(resnet50 vit_b_16)
+  fi
+  timed tests 120 $py -m pytest -q -p no:cacheprovider -rs "${tests[@]}" \
+    > "$out/gpu-tests.txt" 2>&1 || rc=1
+  tail -n 3 "$out/gpu-tests.txt"
+  timed cache 40 $py benchmarks/bench_device_cache.py "${cache[@]}" --name device_cache-gpu \
+    --out "$out" > "$out/device_cache-gpu.log" 2>&1 || rc=1
+  for model in "${models[@]}"; do
+    timed "train-$model" 150 $py benchmarks/bench_train.py --models "$model" --root "$root" \
+      --out "$out" --name "bench_train-$model" "${bench[@]}" \
+      > "$out/bench_train-$model.log" 2>&1 || rc=1
+    tail -n 12 "$out/bench_train-$model.log"
+  done
+  echo "budget $((SECONDS - t0)) s wall in all" | tee -a "$out/budget.txt"
+  return $rc
 }
 
 setup

@@ -184,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=default_root(), help="cache directory (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="the small CPU variant")
     ap.add_argument("--images", type=int, default=None, help="number of images")
+    ap.add_argument("--classes", type=int, default=None, help="number of classes")
     a = ap.parse_args(argv)
     spec = dict(QUICK if a.quick else FULL)
     if a.images:
         spec["images"] = a.images
+    if a.classes:
+        spec["classes"] = a.classes
     info = ensure(a.root, spec)
     print(json.dumps(info, indent=1))
     return 0
