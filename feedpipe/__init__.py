@@ -36,6 +36,7 @@ _LAZY = {
     "detect_world": "plan._world",
     "FeedDataset": "stream._dataset",
     "FeedLoader": "stream._loader",
+    "check_ledger": "stream._ledger_check",
     "ShardSet": "stream._shard_set",
     "BatchCollator": "stream._collator",
     "Route": "stream._routes",
@@ -141,6 +142,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .plan._world import World, detect_world
     from .stream._collator import BatchCollator
     from .stream._dataset import FeedDataset
+    from .stream._ledger_check import check_ledger
     from .stream._loader import FeedLoader
     from .stream._routes import Route
     from .stream._shard_set import ShardSet

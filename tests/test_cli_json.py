@@ -17,7 +17,7 @@ from conftest import run_feedpipe
 from feedpipe.cli._main import build_parser
 
 # subcommands whose --help must end with an Examples: block (every one)
-WITH_EXAMPLES = ["cache", "demo", "index", "merge", "probe", "shard", "verify"]
+WITH_EXAMPLES = ["cache", "demo", "index", "ledger", "merge", "probe", "shard", "verify"]
 
 
 def run_into_closed_pipe(*args: object, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -38,7 +38,8 @@ def subcommands() -> list[str]:
 
 
 def test_the_subcommands_this_file_covers() -> None:
-    assert subcommands() == ["cache", "demo", "index", "merge", "probe", "shard", "verify"]
+    assert subcommands() == ["cache", "demo", "index", "ledger", "merge", "probe", "shard",
+                             "verify"]
     assert WITH_EXAMPLES == subcommands()
 
 
@@ -60,6 +61,7 @@ def test_help_ends_with_examples(name: str) -> None:
     ("verify", "{tmp}/nope"),
     ("probe", "{tmp}/nope"),
     ("cache", "stats", "{tmp}/nope"),
+    ("ledger", "{tmp}/nope"),
 ])
 def test_an_error_under_json_is_a_json_record_with_the_same_status(
         args: tuple[str, ...], tmp_path: Path) -> None:
@@ -119,6 +121,7 @@ def test_a_closed_stdout_ends_every_subcommand_quietly(sharded: Path, image_fold
         "demo": ["demo", "--workdir", tmp_path / "demo", "--json"],
         "probe": ["probe", small, "--duration", "0.05", "--no-progress", "--json"],
         "cache": ["cache", "stats", tmp_path, "--json"],
+        "ledger": ["ledger", tmp_path / "nope", "--json"],
         "cache (text)": ["cache", "stats", tmp_path],
         "verify (text)": ["verify", sharded, "--no-progress"],
     }

@@ -41,6 +41,12 @@ def _cmd_cache(a: argparse.Namespace) -> int:
     return run(a)
 
 
+def _cmd_ledger(a: argparse.Namespace) -> int:
+    from ._ledger import run
+
+    return run(a)
+
+
 _DEMO_EXAMPLES = """\
 The JSON document: {"workdir", "kept", "samples", "shards", "streamed", "epochs",
 "exactly_once", "tiers": {"l1", "decoded", "l2"}, "device"}.
@@ -80,11 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     from ._cache import add_parser as _add_cache
 
     _add_cache(sub)
+    from ._ledger import add_parser as _add_ledger
+
+    _add_ledger(sub)
     return parser
 
 
 _COMMANDS = {"shard": cmd_shard, "merge": cmd_merge, "index": cmd_index, "verify": cmd_verify,
-             "demo": _cmd_demo, "probe": cmd_probe, "cache": _cmd_cache}
+             "demo": _cmd_demo, "probe": cmd_probe, "cache": _cmd_cache,
+             "ledger": _cmd_ledger}
 
 
 def _failed(args: argparse.Namespace, e: BaseException, message: str, status: int) -> int:

@@ -12,6 +12,7 @@ therefore resumes every rank of a new job, of any size.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,6 +28,7 @@ from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips
 from ._collate import LeftOut, collate_samples, left_out_error
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
+from ._ledger import Ledger
 from ._routes import ROUTES, Config, Route, choose
 from ._worker_rows import RowRelease, writes_into
 from ._worker_source import WorkerBatches, WorkerSource, as_is, ring_depth
@@ -79,6 +81,11 @@ class FeedLoader:
             pass ``False`` if batches are handed on to another process without a copy. On that
             route ``prefetch_factor`` defaults to 1: a worker makes whole batches, one in flight
             keeps it busy, and one buffer fewer is held per worker.
+        ledger: a directory where this loader records, per epoch and rank, which sample ids the
+            training loop received (:mod:`feedpipe.stream._ledger`), so that ``feedpipe ledger
+            DIR`` (:func:`~feedpipe.check_ledger`) can prove a whole run, with its stops,
+            resumes and changes of world size, exactly-once. Every run of one job passes the same
+            directory. Its ``state_dict()`` then carries a ``ledger`` mark.
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
@@ -105,6 +112,7 @@ class FeedLoader:
         drop_last: bool = False,
         route: str = "auto",
         reuse_buffers: bool = True,
+        ledger: str | os.PathLike[str] | None = None,
         **loader_kwargs: Any,
     ) -> None:
         if not isinstance(dataset, FeedDataset):
@@ -145,6 +153,11 @@ class FeedLoader:
         self._batches = 0
         self._finished = False
         self._epoch_chosen = False
+        self._ledger = None if ledger is None else Ledger(ledger, {
+            "digest": dataset.identity["digest"], "counts": [int(c) for c in dataset.shards.counts],
+            "seed": dataset.seed, "shuffle": dataset.shuffle, "window": dataset.shuffle_window,
+            "drop_last": dataset.drop_last})
+        self._resumed_from: dict[str, Any] | None = None
         choose(self._config(), route)  # a forced route that cannot serve is refused here
 
     # -- the route -------------------------------------------------------------------------
@@ -225,16 +238,28 @@ class FeedLoader:
                 self._device_loader = DeviceLoader(source, self._device, self.depth)
             self._device_loader.iterable = source
             source = self._device_loader
+        ledger = self._ledger
+        if ledger is not None:
+            ledger.begin(ds.plan(), self._split, self.batch_size, self._resumed_from)
+            self._resumed_from = None
         # counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
         # over, never for the batches its thread prefetched
-        for batch in source:
-            self._batches += 1
-            if type(batch) is LeftOut:
-                self._left_out(batch)
-                continue
-            self._stats["batches"] += 1
-            yield batch
-        self._finished = True
+        try:
+            for batch in source:
+                self._batches += 1
+                if ledger is not None:
+                    ledger.batch(self._batches - 1)
+                if type(batch) is LeftOut:
+                    self._left_out(batch)
+                    continue
+                self._stats["batches"] += 1
+                yield batch
+            self._finished = True
+            if ledger is not None:
+                ledger.finish()
+        finally:
+            if ledger is not None:
+                ledger.end()
 
     def _left_out(self, batch: LeftOut) -> None:
         """A batch of the plan whose every sample the transform left out: nothing to yield. With
@@ -395,8 +420,11 @@ class FeedLoader:
         if self._done():
             state = self.dataset.state_dict(consumed=0)
             state["epoch"] = self.dataset.epoch + 1
-            return state
-        return self.dataset.state_dict(consumed=self.position)
+        else:
+            state = self.dataset.state_dict(consumed=self.position)
+        if self._ledger is not None:
+            state["ledger"] = self._ledger.mark(state["epoch"], state["position"])
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any], *, strict: bool = True) -> None:
         """Continue exactly after what the saved loop consumed, with any number of ranks or
@@ -405,6 +433,9 @@ class FeedLoader:
         if not isinstance(state_dict, dict) or "position" not in state_dict:
             raise StateError("not a FeedLoader state (no 'position')")
         self.dataset.load_state_dict(state_dict, strict=strict)
+        mark = state_dict.get("ledger")
+        self._resumed_from = dict(mark) if isinstance(mark, dict) else {
+            "lineage": None, "epoch": self.dataset.epoch, "position": int(state_dict["position"])}
         self._split = self.dataset.split()
         self._batches = 0
         self._finished = False

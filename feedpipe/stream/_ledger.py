@@ -1,0 +1,234 @@
+"""The delivery ledger: which sample ids each rank's training loop received, per epoch, written
+as it goes so that a killed run leaves a valid record (``FeedLoader(ledger=DIR)``).
+
+Layout of ``DIR``::
+
+    ledger.json                      the dataset it belongs to: identity digest, shard sample
+                                     counts, seed, shuffle, window, drop_last
+    e000003/r00001-<run>-000.part    one part: one run's pass over epoch 3 on rank 1
+
+A *run* is one FeedLoader in one process (a random id). A *lineage* is what every rank of one job
+shares without talking to each other: the state the job started from (a fresh start, or the mark of
+the state it was loaded with), so all ranks of a job resumed from one checkpoint have the same
+lineage. A *part* is the span of one epoch that one run delivered on one rank, from the position it
+started at (0, or the resume point it was loaded with) to where it stopped. Each part file is one
+JSON header line followed by the zlib-compressed bitmap of the ids delivered (``N / 8`` bytes
+before compression for ``N`` samples). It is rewritten whole through a temporary file and a rename
+at each flush (about once a second while batches arrive, at every ``state_dict()``, at the epoch's
+end and when the pass stops), so a SIGKILL at any moment leaves the previous flush intact.
+
+The ids recorded are the plan's ids of the batches the loop received (the loader counts batches
+as the training loop takes them, never the prefetched ones): the ledger proves that the resumes,
+restarts and changes of world size of a whole run combined to exactly-once, which no test of the
+loader alone can. ``state_dict()`` carries a mark ``{"lineage", "epoch", "position"}`` so that
+a later run resumed from it says where it came from; :func:`check_ledger`
+(:mod:`feedpipe.stream._ledger_check`) uses the marks to tell a rollback (what a run delivered
+after the checkpoint another run resumed from is discarded with it) from a replay (a run restarted
+from an older checkpoint than one saved since).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import time
+import uuid
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ..errors import StateError
+from ..plan._order import Plan, Split
+
+LEDGER_VERSION = 1
+FLUSH_SECONDS = 1.0
+FRESH = "fresh"  # the lineage of a job that started from nothing
+
+
+def lineage_of(mark: dict[str, Any] | None) -> str:
+    """The lineage of a job started from ``mark`` (``None``: a fresh start): the same on every
+    rank that loaded the same state."""
+    if mark is None:
+        return FRESH
+    key = json.dumps([mark.get("lineage"), mark.get("epoch"), mark.get("position")])
+    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+
+
+def part_path(root: str, epoch: int, rank: int, run: str, seq: int) -> str:
+    return os.path.join(root, f"e{epoch:06d}", f"r{rank:05d}-{run}-{seq:03d}.part")
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """``data`` at ``path`` through a temporary file beside it and a rename."""
+    d = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_part(path: str) -> tuple[dict[str, Any], np.ndarray]:
+    """A part file's header and its delivered-ids bitmap (packed, little bit order)."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    head, sep, body = raw.partition(b"\n")
+    if not sep:
+        raise ValueError("no header line")
+    header = json.loads(head)
+    if not isinstance(header, dict) or header.get("version") != LEDGER_VERSION:
+        raise ValueError(f"not a version-{LEDGER_VERSION} ledger part")
+    bits = np.frombuffer(zlib.decompress(body), dtype=np.uint8)
+    if len(bits) != (int(header["samples"]) + 7) // 8:
+        raise ValueError(f"its bitmap has {len(bits)} bytes, {header['samples']} samples need "
+                         f"{(int(header['samples']) + 7) // 8}")
+    return header, bits
+
+
+class Ledger:
+    """One FeedLoader's ledger writer (see the module docstring).
+
+    Args:
+        root: the ledger directory (made if missing); every run of one training job writes into
+            the same one.
+        dataset: what the ledger belongs to: ``{"digest", "counts", "seed", "shuffle", "window",
+            "drop_last"}``. A directory already holding another dataset's ledger is refused.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], dataset: dict[str, Any]) -> None:
+        self.root = os.fspath(root)
+        os.makedirs(self.root, exist_ok=True)
+        self.info = {"version": LEDGER_VERSION, **dataset}
+        self.samples = int(sum(dataset["counts"]))
+        meta = os.path.join(self.root, "ledger.json")
+        try:
+            with open(meta, encoding="utf-8") as fh:
+                have = json.load(fh)
+        except FileNotFoundError:
+            write_atomic(meta, json.dumps(self.info, indent=1).encode())
+        except ValueError as e:
+            raise StateError(f"{meta} is not a feedpipe ledger ({e}): give FeedLoader(ledger=) "
+                             "a directory of its own") from e
+        else:
+            if have != self.info:
+                what = [k for k in self.info if have.get(k) != self.info[k]]
+                raise StateError(
+                    f"{self.root} holds the ledger of another dataset or order (its "
+                    f"{', '.join(what) or 'format'} differ): a ledger records one training "
+                    "job; give this one another directory")
+        self.run = uuid.uuid4().hex[:12]
+        self.lineage = FRESH
+        self.origin: dict[str, Any] | None = None
+        self._seq = 0
+        self._header: dict[str, Any] | None = None
+        self._bits = np.zeros(0, dtype=np.uint8)
+        self._path = ""
+        self._plan: Plan | None = None
+        self._split: Split | None = None
+        self._batch = 1
+        self._last_flush = 0.0
+        self._dirty = False
+
+    # -- a part ----------------------------------------------------------------------------
+    def begin(self, plan: Plan, split: Split, batch_size: int,
+              resumed_from: dict[str, Any] | None) -> None:
+        """Start the part of one pass (``split`` gives this rank's share from its start);
+        ``resumed_from``: the mark of the state the loader was just loaded with."""
+        self.end()
+        if resumed_from is not None:
+            self.origin = dict(resumed_from)
+            self.lineage = lineage_of(self.origin)
+        self._plan, self._split, self._batch = plan, split, int(batch_size)
+        self._bits = np.zeros((self.samples + 7) // 8, dtype=np.uint8)
+        self._path = part_path(self.root, plan.epoch, split.rank, self.run, self._seq)
+        self._seq += 1
+        os.makedirs(os.path.dirname(self._path), exist_ok=True)
+        self._header = {
+            "version": LEDGER_VERSION, "run": self.run, "host": socket.gethostname(),
+            "pid": os.getpid(), "created": time.time(), "lineage": self.lineage,
+            "origin": self.origin, "epoch": plan.epoch,
+            "rank": split.rank, "world_size": split.world_size, "start": split.start,
+            "length": split.length, "batch_size": self._batch,
+            "whole_batches": split.whole_batches, "samples": self.samples,
+            "reached": 0, "delivered": 0, "padding": [],
+            "dropped": [], "marks": [], "finished": False}
+        self._flush()
+
+    def batch(self, t: int) -> None:
+        """The loop received local batch ``t`` of this pass (batches arrive in order)."""
+        split, header = self._split, self._header
+        if split is None or header is None or self._plan is None:
+            return
+        lo = t * self._batch
+        hi = min(lo + self._batch, split.length)
+        if hi <= lo:
+            return
+        ids = self._plan.sample_ids(split.positions(lo, hi))
+        pad = np.arange(lo, hi, dtype=np.int64) * split.world_size + split.rank \
+            >= split.remaining
+        if pad.any():
+            header["padding"].extend(int(i) for i in ids[pad])
+            ids = ids[~pad]
+        np.bitwise_or.at(self._bits, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
+        header["delivered"] += len(ids)
+        header["reached"] = hi
+        self._dirty = True
+        now = time.monotonic()
+        if now - self._last_flush >= FLUSH_SECONDS:
+            self._flush(now)
+
+    def mark(self, epoch: int, position: int) -> dict[str, Any]:
+        """A state is being saved that resumes at global ``position`` of ``epoch`` (the next
+        epoch's start after a finished one): flush, and return the mark that a run resumed from
+        this state names."""
+        header = self._header
+        if header is not None:
+            header["marks"].append([int(epoch), int(position)])
+            self._dirty = True
+            self._flush()
+        return {"lineage": self.lineage, "epoch": int(epoch), "position": int(position)}
+
+    def finish(self) -> None:
+        """The pass reached the end of this rank's share: record what was dropped by design
+        (a short last batch with ``drop_last=True``, the positions no rank gets with the
+        dataset's ``drop_last=True``) and flush."""
+        split, header = self._split, self._header
+        if split is None or header is None or self._plan is None:
+            return
+        dropped: list[int] = []
+        if header["reached"] < split.length:
+            ids = self._plan.sample_ids(split.positions(header["reached"], split.length))
+            dropped.extend(int(i) for i in ids)
+        if split.rank == 0 and split.dropped:
+            lo = split.start + split.length * split.world_size
+            dropped.extend(int(i) for i in self._plan.sample_ids(
+                np.arange(lo, split.num_samples, dtype=np.int64)))
+        header["dropped"] = dropped
+        header["finished"] = True
+        self._dirty = True
+        self._flush()
+
+    def end(self) -> None:
+        """The pass stopped (finished or not): flush what it delivered."""
+        if self._header is not None and self._dirty:
+            self._flush()
+
+    def _flush(self, now: float | None = None) -> None:
+        header = self._header
+        if header is None:
+            return
+        header["flushed"] = time.time()
+        data = json.dumps(header).encode() + b"\n" + zlib.compress(self._bits.tobytes(), 1)
+        write_atomic(self._path, data)
+        self._last_flush = time.monotonic() if now is None else now
+        self._dirty = False
