@@ -20,6 +20,7 @@ makers log a warning naming it, count it and deliver the batch without it.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -93,18 +94,69 @@ class Maker(Protocol):
     def finish(self, pending: Any) -> Any: ...
 
 
+class PartTimes:
+    """Seconds the batch loop spent in each part of a route, added up over a pass: ``fetch``
+    (reading ids' samples or references), ``compute`` (starting each batch: the transform where
+    it runs inline; with a thread pool, also the wait for the pool's transforms and the batch's
+    collation after them, which cannot be told apart from this thread) and ``sink`` (finishing
+    each batch: collation, writing rows, resolving references). Timed once per batch."""
+
+    __slots__ = ("fetch", "compute", "sink")
+
+    def __init__(self) -> None:
+        self.fetch = self.compute = self.sink = 0.0
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        return self.fetch, self.compute, self.sink
+
+    def add(self, t: tuple[float, float, float]) -> None:
+        self.fetch += t[0]
+        self.compute += t[1]
+        self.sink += t[2]
+
+
 def batch_loop(batches: Iterator[np.ndarray], fetch: Callable[[np.ndarray], Any], maker: Maker,
-               pool: ThreadPoolExecutor | None = None, ahead: int = 0) -> Iterator[Any]:
+               pool: ThreadPoolExecutor | None = None, ahead: int = 0,
+               times: PartTimes | None = None) -> Iterator[Any]:
     """The one loop: ``maker.finish(maker.start(fetch(ids), pool))`` for each batch of ids,
     with up to ``ahead`` batches started beyond the one being finished. A batch whose every
-    sample the transform left out comes as a :class:`~feedpipe.stream._collate.LeftOut`."""
+    sample the transform left out comes as a :class:`~feedpipe.stream._collate.LeftOut`.
+    ``times``: where the seconds of each part are added (:class:`PartTimes`)."""
     pending: deque[Any] = deque()
-    for ids in batches:
-        pending.append(maker.start(fetch(ids), pool))
-        while len(pending) > ahead:
+    if times is None:
+        for ids in batches:
+            pending.append(maker.start(fetch(ids), pool))
+            while len(pending) > ahead:
+                yield maker.finish(pending.popleft())
+        while pending:
             yield maker.finish(pending.popleft())
+        return
+    clock = time.perf_counter
+    waits_on_pool = pool is not None
+    for ids in batches:
+        t0 = clock()
+        fetched = fetch(ids)
+        t1 = clock()
+        pending.append(maker.start(fetched, pool))
+        t2 = clock()
+        times.fetch += t1 - t0
+        times.compute += t2 - t1
+        while len(pending) > ahead:
+            t3 = clock()
+            out = maker.finish(pending.popleft())
+            if waits_on_pool:
+                times.compute += clock() - t3
+            else:
+                times.sink += clock() - t3
+            yield out
     while pending:
-        yield maker.finish(pending.popleft())
+        t3 = clock()
+        out = maker.finish(pending.popleft())
+        if waits_on_pool:
+            times.compute += clock() - t3
+        else:
+            times.sink += clock() - t3
+        yield out
 
 
 class EpochReader:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -24,7 +25,15 @@ from .._helpers.fork_safety import default_start_method, process_fork_unsafe
 from ..device._loader import DeviceLoader
 from ..errors import StartMethodError, StateError
 from ..plan._order import Split
-from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
+from ._batch_loop import (
+    CollateMaker,
+    EpochReader,
+    PartTimes,
+    RowMaker,
+    SampleFetch,
+    Skips,
+    batch_loop,
+)
 from ._collate import LeftOut, collate_samples, left_out_error
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
@@ -158,6 +167,8 @@ class FeedLoader:
             "seed": dataset.seed, "shuffle": dataset.shuffle, "window": dataset.shuffle_window,
             "drop_last": dataset.drop_last})
         self._resumed_from: dict[str, Any] | None = None
+        self._times = PartTimes()
+        self._clock = [0.0, 0.0]  # this pass: seconds waited for batches, its wall time
         choose(self._config(), route)  # a forced route that cannot serve is refused here
 
     # -- the route -------------------------------------------------------------------------
@@ -218,6 +229,10 @@ class FeedLoader:
         return self._finished or self._batches >= self._split.batches(self.batch_size) > 0
 
     def __iter__(self) -> Iterator[Any]:
+        clock = time.perf_counter
+        t_start = clock()
+        self._times = PartTimes()
+        timing = self._clock = [0.0, 0.0]  # waited, wall
         ds = self.dataset
         ds.attach()
         if self._done() and not self._epoch_chosen:  # a new pass after a complete epoch
@@ -244,8 +259,19 @@ class FeedLoader:
             self._resumed_from = None
         # counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
         # over, never for the batches its thread prefetched
+        it = iter(source)
+        waited = clock() - t_start  # the route's setup is part of the wait for the first batch
         try:
-            for batch in source:
+            while True:
+                t0 = clock()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                finally:
+                    t1 = clock()
+                    waited += t1 - t0
+                    timing[0], timing[1] = waited, t1 - t_start
                 self._batches += 1
                 if ledger is not None:
                     ledger.batch(self._batches - 1)
@@ -322,7 +348,8 @@ class FeedLoader:
                                           thread_name_prefix="feedpipe-transform")
                 ahead = 2
             try:
-                for batch in batch_loop(reader.batches(), fetch, maker, pool, ahead):
+                for batch in batch_loop(reader.batches(), fetch, maker, pool, ahead,
+                                        times=self._times):
                     stats["skipped"] = skips.count
                     if self._pin and route.sink != "resolve":
                         batch = _pinned(batch)
@@ -358,7 +385,8 @@ class FeedLoader:
             release = self._releases[route.name] = RowRelease(
                 bool(kwargs.get("persistent_workers", False)))
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
-                                 release=release, pin=self._pin, shards=self.dataset.shards)
+                                 release=release, pin=self._pin, shards=self.dataset.shards,
+                                 times=self._times)
 
     def _check_start_method(self) -> None:
         unsafe = self._fork_unsafe or process_fork_unsafe()
@@ -404,7 +432,29 @@ class FeedLoader:
             out["buffers"] = release.stats()
         if self._device_loader is not None:
             out["device"] = self._device_loader.stats()
+        out["time"], out["bound"] = self._time_figures(route)
         return out
+
+    def _time_figures(self, route: Route) -> tuple[dict[str, Any], str | None]:
+        """``time``: seconds of this pass per part, and ``bound``: the part that bounds it."""
+        t = self._times
+        waited, wall = self._clock
+        times: dict[str, Any] = {
+            "fetch": t.fetch, "compute": t.compute, "sink": t.sink, "wait": waited,
+            "step": max(0.0, wall - waited), "wall": wall}
+        if route.executor == "workers":
+            times["parts_in"] = f"{self.num_workers} worker processes (their seconds added up)"
+        elif route.executor == "threads":
+            times["parts_in"] = (f"this process, compute with {self.transform_threads} "
+                                 "threads (the wait for them)")
+        else:
+            times["parts_in"] = "this process"
+        if wall <= 0.0:
+            return times, None
+        if times["step"] >= waited:
+            return times, "step"
+        parts = {k: times[k] for k in ("fetch", "compute", "sink")}
+        return times, max(parts, key=parts.__getitem__)
 
     # -- resumption ------------------------------------------------------------------------
     @property

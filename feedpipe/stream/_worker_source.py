@@ -20,7 +20,15 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ShardFormatError
-from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
+from ._batch_loop import (
+    CollateMaker,
+    EpochReader,
+    PartTimes,
+    RowMaker,
+    SampleFetch,
+    Skips,
+    batch_loop,
+)
 from ._refs import RefFetch
 from ._store_gather import Finished
 from ._worker_rows import RowRelease, WorkerRing
@@ -34,15 +42,17 @@ if TYPE_CHECKING:
 
 class WorkerMeta:
     """What travels with each batch from a worker: its process id, the samples its transform
-    left out since the last batch, and the ticket of the ring buffer it was written in."""
+    left out since the last batch, the ticket of the ring buffer it was written in, and the
+    seconds its batch loop spent in fetch, compute and sink since the last batch."""
 
-    __slots__ = ("pid", "skipped", "ticket")
+    __slots__ = ("pid", "skipped", "ticket", "times")
 
-    def __init__(self, pid: int, skipped: int, ticket: Any) -> None:
-        self.pid, self.skipped, self.ticket = pid, skipped, ticket
+    def __init__(self, pid: int, skipped: int, ticket: Any,
+                 times: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+        self.pid, self.skipped, self.ticket, self.times = pid, skipped, ticket, times
 
     def __reduce__(self) -> Any:
-        return WorkerMeta, (self.pid, self.skipped, self.ticket)
+        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times)
 
 
 class WorkerSource(IterableDataset):
@@ -99,8 +109,11 @@ class WorkerSource(IterableDataset):
                     maker = CollateMaker(ds, self.collate_fn, skips=skips, to_bytes=True,
                                          fields=self.fields, default=self.default)
             told = 0
-            for batch in batch_loop(reader.batches(), fetch, maker):
-                meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket())
+            times = PartTimes()
+            for batch in batch_loop(reader.batches(), fetch, maker, times=times):
+                meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket(),
+                                  times.as_tuple())
+                times.fetch = times.compute = times.sink = 0.0
                 told = skips.count
                 yield batch, meta
 
@@ -117,8 +130,10 @@ class WorkerBatches:
 
     def __init__(self, loader: Any, route: Route, stats: dict[str, Any], *,
                  resolver: Resolver | None = None, release: RowRelease | None = None,
-                 pin: bool = False, shards: ShardSet | None = None) -> None:
+                 pin: bool = False, shards: ShardSet | None = None,
+                 times: PartTimes | None = None) -> None:
         self.loader, self.route, self.stats = loader, route, stats
+        self.times = times  # the workers' part times, added up
         self.resolver, self.release, self.pin = resolver, release, pin
         self.shards = shards  # to name a shard cut under a worker that died reading it
 
@@ -145,6 +160,8 @@ class WorkerBatches:
                         from e
                 pids.add(meta.pid)
                 stats["skipped"] = stats.get("skipped", 0) + meta.skipped
+                if self.times is not None:
+                    self.times.add(meta.times)
                 if sink == "resolve":
                     batch = resolver(batch)  # type: ignore[misc]
                 elif sink == "rows":
