@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -44,11 +45,13 @@ def pillow_pixels(data: bytes) -> np.ndarray:
     """
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as im:
-        if im.mode.startswith("I;16"):
-            grey = (np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8)
-            return np.repeat(grey[:, :, None], 3, axis=2)
-        return np.asarray(im.convert("RGB"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Pillow's advice to its own users
+        with Image.open(io.BytesIO(data)) as im:
+            if im.mode.startswith("I;16"):
+                grey = (np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8)
+                return np.repeat(grey[:, :, None], 3, axis=2)
+            return np.asarray(im.convert("RGB"))
 
 
 def centre_square(img: np.ndarray) -> np.ndarray:
