@@ -21,10 +21,7 @@ import pytest
 from _corpora import PILLOW, pillow_pixels
 from conftest import run_feedpipe
 
-from feedpipe import FeedDataset
-from feedpipe.format._keys import source_path
-from feedpipe.format._manifest import load_manifest
-from feedpipe.transforms._pipeline import ImagePipeline
+from feedpipe import FeedDataset, ImagePipeline, ImageSpec, load_manifest, source_path
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -136,8 +133,6 @@ def test_every_image_of_the_tree_reaches_training(sharded: tuple[Path, Path, str
     """Issue 34 (``.JPEG`` field names): the default ImagePipeline reads every image, upper-case
     extensions included, with ImageFolder's label and Pillow's pixels (an evaluation crop of
     the whole shorter side, at its own size)."""
-    from feedpipe.transforms._pipeline import ImageSpec
-
     src, out, _ = sharded
     _, want = imagefolder_rule(src)
     seen = {}

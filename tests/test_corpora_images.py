@@ -25,11 +25,8 @@ import numpy as np
 import pytest
 from _corpora import PILLOW, WEBDATASET, centre_square, pillow_pixels, sha256, vendored
 
-from feedpipe import FeedDataset
-from feedpipe.convert._shard import shard
-from feedpipe.errors import DecodeError, SampleSkipped
+from feedpipe import DecodeError, FeedDataset, ImagePipeline, ImageSpec, SampleSkipped, shard
 from feedpipe.transforms._decode import decode_image
-from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec
 
 PIL = pytest.importorskip("PIL", reason="Pillow (the reference reader) is not installed")
 

@@ -21,10 +21,7 @@ import pytest
 import webdataset as wds
 from _corpora import WEBDATASET, pillow_pixels
 
-from feedpipe import FeedDataset
-from feedpipe.format._indexer import index
-from feedpipe.format._manifest import load_manifest
-from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec
+from feedpipe import FeedDataset, FeedpipeError, ImagePipeline, ImageSpec, index, load_manifest
 
 Samples = list[tuple[str, dict[str, bytes]]]
 
@@ -116,8 +113,6 @@ def test_the_images_of_a_webdataset_shard_decode_as_pillow_decodes_them(tmp_path
 def test_a_truncated_shard_is_refused_by_name(tmp_path: Path) -> None:
     """A WebDataset shard cut short (as a failed copy leaves it) is named, never read short.
     (Python's tarfile reads the same bytes as 55 of the 100 samples, without an error.)"""
-    from feedpipe.errors import FeedpipeError
-
     root = tmp_path / "ds"
     root.mkdir()
     data = (WEBDATASET / "mpdata.tar").read_bytes()
