@@ -256,3 +256,24 @@ def test_refusing_a_corrupt_image_writes_nothing_to_stderr(tmp_path: Path) -> No
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stderr == "", f"decoding {names} wrote to stderr:\n{r.stderr}"
+
+
+@pytest.mark.parametrize("name", [n for n, e in FILES.items()
+                                  if n.endswith(".jpg") and e.outcome == "pixels"])
+def test_jpeg_windows_are_pillows_pixels(name: str) -> None:
+    """The window decoder (the C extension where built) on real JPEGs, random crop windows at
+    full scale: the pixels of the same window of Pillow's decode."""
+    from feedpipe.transforms._geometry import Box
+    from feedpipe.transforms._jpeg import decode_window, jpeg_size
+
+    data = (PILLOW / name).read_bytes()
+    want = pillow_pixels(data)
+    h, w = jpeg_size(data)
+    assert (h, w) == want.shape[:2]
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        top, left = int(rng.integers(0, h)), int(rng.integers(0, w))
+        box = Box(top, left, int(rng.integers(1, h - top + 1)), int(rng.integers(1, w - left + 1)))
+        got = decode_window(data, h, w, box, min_height=h, min_width=w)
+        problem = _differences(got, want[top:top + box.height, left:left + box.width], JPEG)
+        assert not problem, f"{name} window {box}: {problem}"

@@ -21,7 +21,15 @@ import pytest
 import webdataset as wds
 from _corpora import WEBDATASET, pillow_pixels
 
-from feedpipe import FeedDataset, FeedpipeError, ImagePipeline, ImageSpec, index, load_manifest
+from feedpipe import (
+    FeedDataset,
+    FeedpipeError,
+    ImagePipeline,
+    ImageSpec,
+    index,
+    load_manifest,
+    verify,
+)
 
 Samples = list[tuple[str, dict[str, bytes]]]
 
@@ -73,6 +81,8 @@ def test_a_webdataset_shard_reads_as_tarfile_and_webdataset_read_it(
     root = _adopt(name, tmp_path)
     assert load_manifest(str(root)).total_samples == len(want)
     assert feedpipe_samples(root) == want
+    report = verify(str(root), show_progress=False)
+    assert report.ok and report.samples == len(want), report.to_dict()
     # the shard itself is adopted as it is: not rewritten
     assert (root / name).read_bytes() == (WEBDATASET / name).read_bytes()
 
