@@ -106,6 +106,8 @@ FILES: dict[str, Expect] = {
     # 5-bit channels: OpenCV shifts them left (31 -> 248), Pillow replicates the bits (-> 255)
     "bmp/g/rgb16-565.bmp": Expect("RGB565", "may_refuse", tol=7),
     "bmp/b/shortfile.bmp": Expect("truncated", "refused"),
+    # PFM: one float channel (values 1 to 255 here, so Pillow's conversion is meaningful)
+    "hopper.pfm": Expect("grey float PFM", "may_refuse", tol=1),
 }
 
 # New defects (not in issue 34) this suite found; strict, so fixing one makes its test fail
@@ -119,7 +121,7 @@ KNOWN = {
     "unassociated alpha into its colours; feedpipe's rule is 'alpha dropped, not composited'",
 }
 
-FIELDS = ("jpg", "jpeg", "png", "webp", "gif", "tif", "tiff", "bmp")
+FIELDS = ("jpg", "jpeg", "png", "webp", "gif", "tif", "tiff", "bmp", "pfm")
 
 
 # transparent_dispose.gif is 3x1: its centre square, all ImagePipeline's evaluation crop keeps,
