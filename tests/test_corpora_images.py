@@ -279,3 +279,46 @@ def test_jpeg_windows_are_pillows_pixels(name: str) -> None:
         got = decode_window(data, h, w, box, min_height=h, min_width=w)
         problem = _differences(got, want[top:top + box.height, left:left + box.width], JPEG)
         assert not problem, f"{name} window {box}: {problem}"
+
+
+DALI_FORMATS = ("jpg", "png", "webp")  # what DALI's image decoder reads
+
+
+@pytest.fixture
+def dali(monkeypatch: pytest.MonkeyPatch) -> object:
+    """DALI, imported (or the test skipped); the fork-unsafe mark a built pipeline sets is undone
+    after the test, as in tests/test_dali.py."""
+    from feedpipe._helpers import fork_safety
+
+    monkeypatch.setattr(fork_safety, "_marks", [])
+    return pytest.importorskip("nvidia.dali", reason="nvidia.dali cannot be imported")
+
+
+@pytest.mark.dali
+@pytest.mark.parametrize("name", [n for n, e in FILES.items() if e.outcome == "pixels"
+                                  and n.rsplit(".", 1)[1] in DALI_FORMATS])
+def test_dali_stage_on_shards_gives_pillows_pixels_or_names_the_sample(
+        name: str, samples: dict[str, dict[str, object]], dali: object) -> None:
+    """The DALI stage (CPU mode) on the same samples and the same evaluation crop as
+    ImagePipeline: Pillow's pixels (16-bit within one level: DALI rounds where feedpipe's rule
+    takes the high byte), or a DecodeError naming the sample's key and shard (issue 34)."""
+    from feedpipe import DaliStage
+
+    sample = samples[name]
+    want = _reference((PILLOW / name).read_bytes())
+    assert want is not None
+    side = min(want.shape[:2])
+    batch = {k: [v] for k, v in sample.items()} | {"cls": [0]}
+    stage = DaliStage([batch], batch_size=1, device_id=None, image_field=DALI_FORMATS,
+                      spec=ImageSpec(size=side, train=False, crop_fraction=1.0, mean=None))
+    try:
+        got = next(iter(stage)).images[0]
+    except Exception as e:  # noqa: BLE001 - what DALI raises is the finding
+        named = repr(_stem(name)) in str(e) and str(sample["__shard__"]) in str(e)
+        assert isinstance(e, DecodeError) and named, (
+            f"{name} ({FILES[name].what}): DaliStage refuses it without naming the sample "
+            f"(key and shard): {type(e).__name__}: {str(e).strip().splitlines()[-1]}")
+        pytest.fail(f"{name} ({FILES[name].what}): DaliStage refuses what Pillow decodes: {e}")
+    tol = max(FILES[name].tol, 1 if name in ("i_trns.png", "apng/mode_16bit.png") else 0)
+    problem = _differences(got.permute(1, 2, 0).numpy(), centre_square(want), tol)
+    assert not problem, f"{name} ({FILES[name].what}) through DaliStage: {problem}"
