@@ -114,8 +114,8 @@ FILES: dict[str, Expect] = {
 # until the mark goes.
 KNOWN = {
     "first_frame_transparency.gif": NEW_DEFECT + "OpenCV paints a GIF's transparent pixels "
-    "with another colour (green for red here) where Pillow keeps the palette colour of the "
-    "transparent index; feedpipe's rule is 'alpha dropped, not composited'",
+    "with the background colour (index 0, green) where Pillow keeps the palette colour of the "
+    "transparent index (1, red); feedpipe's rule is 'alpha dropped, not composited'",
     "transparent_dispose.gif": NEW_DEFECT + "as first_frame_transparency.gif",
     "pil136.tiff": NEW_DEFECT + "OpenCV (libtiff's RGBA interface) premultiplies a TIFF's "
     "unassociated alpha into its colours; feedpipe's rule is 'alpha dropped, not composited'",
