@@ -142,3 +142,17 @@ def test_shard_from_a_hugging_face_dataset_gives_its_parquet_rows(
         except AssertionError as e:
             problems.append(str(e).splitlines()[0])
     assert not problems, problems
+
+
+def test_shard_from_reads_images_a_dataset_holds_as_paths(tmp_path: Path) -> None:
+    """A ``datasets.Image`` column of file paths (how ``datasets`` keeps images it loaded from a
+    folder): each sample holds the file's bytes."""
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed (the hub extra)")
+    names = ["hopper.jpg", "flower.jpg", "hopper_gray.jpg"]
+    ds = datasets.Dataset.from_dict({"image": [str(PILLOW / n) for n in names],
+                                     "label": [0, 1, 0]})
+    ds = ds.cast_column("image", datasets.Image())
+    feedpipe.shard_from(ds, str(tmp_path / "out"))
+    samples = _samples(tmp_path / "out")
+    assert [s["jpg"] for s in samples] == [(PILLOW / n).read_bytes() for n in names]
+    assert [int(s["cls"]) for s in samples] == [0, 1, 0]
