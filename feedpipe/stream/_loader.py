@@ -24,7 +24,7 @@ from ..device._loader import DeviceLoader
 from ..errors import StartMethodError, StateError
 from ..plan._order import Split
 from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
-from ._collate import LeftOut, collate_samples, left_out_error
+from ._collate import LeftOut, collate_samples, empty_epoch_error, left_out_error
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
 from ._routes import ROUTES, Config, Route, choose
@@ -139,6 +139,7 @@ class FeedLoader:
         self._columns: Any = None  # refs: the index as columns, built once
         self._fork_unsafe: str | None = None
         self._noted: set[str] = set()
+        self._last_left_out = ""  # the last left-out batch's reason, for an empty epoch
         self._last: Route | None = None
         self._stats: dict[str, Any] = {}
         self._split = dataset.split()
@@ -235,12 +236,15 @@ class FeedLoader:
             self._stats["batches"] += 1
             yield batch
         self._finished = True
+        if not self._stats["batches"] and self._stats.get("left_out"):
+            raise empty_epoch_error(self._stats, self._last_left_out)
 
     def _left_out(self, batch: LeftOut) -> None:
         """A batch of the plan whose every sample the transform left out: nothing to yield. With
         several ranks that is refused: this rank would yield fewer batches than the others and
         their collectives (DDP's gradient all-reduce) would wait forever."""
         self._stats["left_out"] = self._stats.get("left_out", 0) + 1
+        self._last_left_out = batch.why
         world = self.dataset.world
         if world.world_size > 1:
             raise left_out_error(batch, world.rank, world.world_size, "through FeedLoader")
