@@ -73,6 +73,11 @@ class SampleSkipped(DecodeError):
     unaffected (the sample counts as consumed)."""
 
 
+class EmptyEpochError(FeedpipeError, RuntimeError):
+    """An epoch delivered no batch at all: its transform left out every sample
+    (:class:`SampleSkipped`), so training would run zero steps in silence."""
+
+
 class DeviceCacheError(FeedpipeError, ValueError):
     """A sample does not fit a DeviceCache's field layout, or the cache cannot serve a request
     (not warmed up, an id outside the dataset, no fallback for samples that are not resident)."""

@@ -156,7 +156,7 @@ def test_image_field_default_takes_the_first_image_field_present(
         files: dict[str, bytes]) -> None:
     pipe = ImagePipeline(16, train=False, mean=None, label_field=None)
     assert pipe.image_field == IMAGE_FIELDS == ("jpg", "jpeg", "png", "webp", "avif", "heic",
-                                                "heif")
+                                                "heif", "bmp", "tif", "tiff", "ppm", "pgm")
     png, webp, jpg = files["png-rgb"], files["webp-lossless"], files["jpeg-rgb"]
     from_png = pipe(sample(png, "png"))
     assert torch.equal(pipe(sample(webp, "webp")), from_png)  # same pixels
@@ -172,8 +172,9 @@ def test_image_field_default_takes_the_first_image_field_present(
                                           r"field \(it has \['cls', 'jpg', 'png'\]\)"):
         only(both)
     with pytest.raises(DecodeError, match=r"has no image field \(looked for 'jpg', 'jpeg', "
-                                          r"'png', 'webp', 'avif', 'heic', 'heif'\)"):
-        pipe(sample(png, "tiff"))
+                                          r"'png', 'webp', 'avif', 'heic', 'heif', 'bmp', "
+                                          r"'tif', 'tiff', 'ppm', 'pgm'\)"):
+        pipe(sample(png, "gif"))
     for bad in ((), "", ("png", 3)):
         with pytest.raises(ValueError, match="image_field"):
             ImagePipeline(16, image_field=bad)  # type: ignore[arg-type]

@@ -34,14 +34,16 @@ from torch import nn
 
 import feedpipe
 from feedpipe import StateError
-
-IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
+from feedpipe.format._image_fields import IMAGE_FIELDS, fields_present, image_field_of
 
 
 def features(sample: dict) -> tuple[torch.Tensor, int, int]:
     """Three numbers of the sample's image file (its first image field, as ImagePipeline takes
     it): enough for a toy model, nothing to decode."""
-    image = bytes(next(sample[f] for f in IMAGE_FIELDS if sample.get(f) is not None))
+    field = image_field_of(sample, IMAGE_FIELDS)
+    if field is None:
+        raise KeyError(f"sample {sample['__key__']!r} has no image field")
+    image = bytes(sample[field])
     x = torch.tensor([len(image) / 4096.0, image[-3] / 255.0, image[-4] / 255.0])
     return x, int(bytes(sample["cls"])), sample["__index__"]
 
@@ -108,7 +110,7 @@ def main() -> None:
     ds = feedpipe.FeedDataset(a.dataset, shuffle=True, seed=0, transform=features,
                               cache_dir=a.cache_dir, cache_size=a.cache_size)
     m = ds.manifest
-    if "cls" not in m.fields or not set(IMAGE_FIELDS) & set(m.fields):
+    if "cls" not in m.fields or not fields_present(m.fields, IMAGE_FIELDS):
         sys.exit(f"{a.dataset}: fields {m.fields}; this example trains on image-folder shards "
                  "(an image field and cls): feedpipe shard IMAGES OUT --labels-from-dirs")
     loader = feedpipe.FeedLoader(ds, batch_size=a.batch_size, num_workers=a.workers)

@@ -41,6 +41,7 @@ from ._sources import (
     add_class_field,
     check_source_dir,
     classify,
+    leave_out_non_images,
     output_identity,
     printable,
     walk_remote,
@@ -62,6 +63,7 @@ class Chunk:
     problems: list[tuple[str, str]] = field(default_factory=list)
     ignored: int = 0
     outputs: list[str] = field(default_factory=list)  # output directories skipped
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # not images (labels)
 
 
 def top_entries(src: str, skip: frozenset[Identity] = frozenset()
@@ -121,6 +123,9 @@ def write_chunk(entries: Iterable[tuple[str, int]], top: str, path: str,
         else:
             by_key.setdefault(got[0], []).append(got[1])
             chunk.files += 1
+    if labels_from_dirs:  # (a chunk is one top-level directory: one class folder)
+        chunk.left_out, chunk.problems = leave_out_non_images(by_key, chunk.problems)
+        chunk.files = sum(map(len, by_key.values()))
     keys = sorted(by_key)
     rows = ((k, [tuple(r) for r in by_key[k]]) for k in keys)  # (marshal takes plain tuples)
     write_rows(path, rows)  # type: ignore[arg-type]
@@ -170,6 +175,7 @@ class TreeListing:
         self.problems = [p for c in chunks for p in c.problems]
         self.ignored = sum(c.ignored for c in chunks)
         self.outputs = sorted(o for c in chunks for o in c.outputs)
+        self.left_out = sorted(p for c in chunks for p in c.left_out)
         self.classes: list[str] | None = None
         if labels_from_dirs:
             self.classes = sorted(c.top for c in chunks if c.top and c.samples)
@@ -203,7 +209,8 @@ class TreeListing:
         paused = gc.isenabled()
         gc.disable()
         try:
-            return Listing(list(self), self.problems, self.classes, self.ignored, self.outputs)
+            return Listing(list(self), self.problems, self.classes, self.ignored, self.outputs,
+                           self.left_out)
         finally:
             if paused:
                 gc.enable()

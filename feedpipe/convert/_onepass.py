@@ -51,7 +51,7 @@ from .._helpers.progress import progress
 from ..format._index import ShardIndex
 from ..format._manifest import ShardRecord
 from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
-from ._sources import SampleSpec, classify, read_local
+from ._sources import SampleSpec, classify, leave_out_non_images, read_local
 from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet, write_members
 
 
@@ -163,6 +163,8 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
         if isinstance(got, str) or (labels and got[1].ext == "cls"):
             return None
         by_key.setdefault(got[0], []).append(got[1])
+    if labels and leave_out_non_images(dict(by_key), [])[0]:  # the general path reports them
+        return None
     keys = sorted(by_key)
     base = root if root.endswith("/") else root + "/"
     extras = [("cls", str(cls).encode())] if labels else []
@@ -357,8 +359,9 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
             for top, sd in zip(dirs, results):
                 if sd is None:
                     said.append(f"directory {top!r} holds what only the general method converts "
-                                "(a bad input, a link or special file, an unlistable directory, "
-                                "possible feedpipe output or a cls file)")
+                                "(a bad input, a file that is not an image beside images, "
+                                "a link or special file, an unlistable directory, possible "
+                                "feedpipe output or a cls file)")
                     return None
                 staged.append(sd)
                 bar.update(1)

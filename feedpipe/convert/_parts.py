@@ -144,5 +144,6 @@ def list_part(
     else:
         samples, total = listing, listing.samples
     mine, fp = select(samples, total, index, count, shuffle=shuffle, seed=seed, options=options)
-    part = Listing(mine, listing.problems, listing.classes, listing.ignored)
+    part = Listing(mine, listing.problems, listing.classes, listing.ignored,
+                   left_out=list(listing.left_out))
     return part, PartInfo(index, count, total, fp)

@@ -33,6 +33,7 @@ from .. import __version__
 from .._helpers.progress import progress
 from .._helpers.storage import is_local, local_path
 from ..errors import InputError, OutputError
+from ..format._image_fields import IMAGE_FIELDS, image_extension, image_field_of
 from ..format._manifest import Manifest, ShardRecord
 from ._executors import Executor, Job, PoolExecutor, SerialExecutor
 from ._file_list import list_manifest
@@ -132,6 +133,7 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     ``choice``, and commit the dataset (or the part)."""
     samples = _drop_problems(listing, opts.on_error)
     _report_outputs(src, out, listing)
+    _report_left_out(listing)
     if opts.manifest is None:  # (a file list pairs files on purpose)
         _report_several_images(samples)
     part_of = None if part_info is None else (part_info.index, part_info.count)
@@ -204,8 +206,7 @@ def _executor(choice: Choice, opts: ShardOptions, workers: int,
 
 def _manifest(src: str, opts: ShardOptions, choice: Choice, listing: Listing, plan: Any,
               records: Records, fp: str) -> Manifest:
-    skipped = ([{"path": p, "reason": r} for p, r in listing.problems]
-               if opts.on_error == "skip" else [])
+    skipped = [{"path": p, "reason": r} for p, r in _listing_skipped(listing, opts.on_error)]
     fields: set[str] = set()
     for i in range(len(plan)):
         skipped += [{"path": p, "reason": r} for p, r in records[i][1]]
@@ -235,7 +236,7 @@ def _commit(out: str, opts: ShardOptions, m: Manifest, listing: Listing,
     from ._merge import merge_if_complete, write_part_record
 
     m.created_by["part"] = part_info.label
-    listing_skipped = len(listing.problems) if opts.on_error == "skip" else 0
+    listing_skipped = len(_listing_skipped(listing, opts.on_error))
     try:
         write_part_record(out, part_info, m, listing_skipped)
     except OSError as e:
@@ -283,6 +284,9 @@ def _check_not_empty(src: str, opts: ShardOptions, listing: Any, total: int) -> 
                      f"{listing.problems[0][0]}: {listing.problems[0][1]}")
     if listing.ignored:
         found.append(f"{listing.ignored} hidden file(s) ignored")
+    if listing.left_out:
+        found.append(f"{len(listing.left_out)} file(s) of class folders left out as not "
+                     f"images, e.g. {listing.left_out[0][0]}")
     if listing.outputs:
         found.append(f"feedpipe output skipped: {', '.join(listing.outputs)}")
     tail = f" ({'; '.join(found)})" if found else ""
@@ -307,14 +311,12 @@ def _report_outputs(src: str, out: str, listing: Any) -> None:
 def _report_several_images(samples: list[SampleSpec]) -> None:
     """Say, once a run, that files sharing a stem made samples of two images: an ImageFolder
     counts each file as an image, and ImagePipeline decodes one image a sample."""
-    from ..transforms._decode import IMAGE_FIELDS
-
     count, spec = several_images(samples, IMAGE_FIELDS)
     if spec is None:
         return
-    exts = [f.ext for f in spec.files]
-    taken = next(f for f in IMAGE_FIELDS if f in exts)
-    shown = " + ".join(printable(f.path) for f in spec.files if f.ext in IMAGE_FIELDS)
+    taken = image_field_of(dict.fromkeys((f.ext for f in spec.files), True), IMAGE_FIELDS)
+    shown = " + ".join(printable(f.path) for f in spec.files
+                       if image_extension(f.ext) is not None)
     log.warning("feedpipe shard: %d sample%s hold%s two or more images (files that share a stem "
                 "are one sample), e.g. %s: the sample holds both, where an ImageFolder counts "
                 "each file as an image, and ImagePipeline takes the first of its image_field "
@@ -377,6 +379,24 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions) -> Sh
                          max_bytes=opts.max_bytes, max_samples=opts.max_samples,
                          prefix=opts.prefix, on_error=opts.on_error,
                          show_progress=opts.show_progress)
+
+
+def _listing_skipped(listing: Listing, on_error: str) -> list[tuple[str, str]]:
+    """The listing's inputs the manifest counts as skipped: the files ``--labels-from-dirs``
+    left out (not images), and the bad inputs ``on_error="skip"`` left out."""
+    return listing.left_out + (listing.problems if on_error == "skip" else [])
+
+
+def _report_left_out(listing: Listing) -> None:
+    """Say which files of class folders were left out as not images (they are counted in the
+    manifest's ``skipped`` and listed in the summary's ``skipped_inputs``)."""
+    if listing.left_out:
+        n = len(listing.left_out)
+        shown = ", ".join(p for p, _ in listing.left_out[:5]) + (", ..." if n > 5 else "")
+        log.warning("feedpipe shard: left out %d file%s of the class folders that %s not an "
+                    "image (--labels-from-dirs takes image files, as torchvision's ImageFolder "
+                    "does; the manifest's 'skipped' lists them): %s",
+                    n, "s" * (n > 1), "are" if n > 1 else "is", shown)
 
 
 def _drop_problems(listing: Listing, on_error: str) -> list[SampleSpec]:

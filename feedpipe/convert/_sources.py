@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import KeyClashError, SourceNotFoundError
+from ..format._image_fields import image_extension
 from ..format._keys import encode_key, split_source, valid_extension
 from ._source_tree import LINK_CYCLE, LINK_LOOP, NOT_REGULAR, Identity, TreeWalk, identity
 
@@ -56,6 +57,8 @@ class Listing:
     classes: list[str] | None = None
     ignored: int = 0  # hidden files
     outputs: list[str] = field(default_factory=list)  # output directories skipped (relative)
+    # (path, reason) of each file --labels-from-dirs leaves out: not an image, not a sample
+    left_out: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Source:
@@ -211,10 +214,22 @@ def check_source_dir(src: str) -> None:
         raise SourceNotFoundError(f"{src}: source is not a directory")
 
 
+class NotASample(str):
+    """A bad input of :func:`classify` (the string: why) that ``labels_from_dirs`` may leave out
+    instead: a class folder's file that is not an image (so no sample in torchvision's
+    ``ImageFolder``). :func:`leave_out_non_images` decides, knowing the folder's files."""
+
+
+NOT_IMAGE = ("not an image file (in a class folder of images, --labels-from-dirs takes the "
+             "image files, by extension in any case, as torchvision's ImageFolder does); left "
+             "out")
+
+
 def classify(rel: str, size: int, *,
              labels_from_dirs: bool = False) -> tuple[str, FileRef] | str | None:
     """What one listed file is (pure): ``None`` for a hidden file (ignored), a reason string for a
-    bad input, else its sample key and :class:`FileRef`.
+    bad input (a :class:`NotASample` where a class folder's file that is not an image is bad),
+    else its sample key and :class:`FileRef`.
 
     Example:
         >>> classify("a/cat.v2.jpg", 3)
@@ -222,6 +237,14 @@ def classify(rel: str, size: int, *,
         >>> classify("a/empty.txt", 0)
         'zero-byte file'
     """
+    got = _classify(rel, size, labels_from_dirs)
+    if (labels_from_dirs and isinstance(got, str) and "/" in rel and size >= 0
+            and image_extension(split_source(rel)[1]) is None):
+        return NotASample(got)
+    return got
+
+
+def _classify(rel: str, size: int, labels_from_dirs: bool) -> tuple[str, FileRef] | str | None:
     # hidden files and everything inside hidden directories (.git, .ipynb_checkpoints)
     if rel.startswith(".") or "/." in rel:
         return None
@@ -252,6 +275,44 @@ def classify(rel: str, size: int, *,
     return encode_key(stem), FileRef(ext, rel, size)
 
 
+def leave_out_non_images(by_key: dict[str, list[FileRef]], problems: list[tuple[str, str]]
+                         ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``--labels-from-dirs``: leave out of a class folder that holds images the files that are
+    not (torchvision's ``ImageFolder`` takes image files only). Removes from ``by_key`` the
+    samples of such a folder that hold no image file. ``problems``: the bad inputs
+    :func:`classify` found, a :class:`NotASample` among them left out too when its folder holds
+    images (notes, ``Thumbs.db``, an empty placeholder), else kept as a bad input (a
+    class-folder dataset of other files, audio say). Returns ``(left_out, problems)``, each
+    ``(path, reason)``, the problems in their order. A file beside an image of the same stem
+    (a JSON sidecar) is a field of that image's sample.
+
+    Example:
+        >>> by_key = {"a/x": [FileRef("JPEG", "a/x.JPEG", 9), FileRef("json", "a/x.json", 2)],
+        ...           "a/notes": [FileRef("txt", "a/notes.txt", 5)],
+        ...           "b/y": [FileRef("wav", "b/y.wav", 7)]}
+        >>> bad = [("a/Thumbs", NotASample("file has no extension")),
+        ...        ("b/empty.txt", NotASample("zero-byte file"))]
+        >>> left, problems = leave_out_non_images(by_key, bad)
+        >>> [p for p, _ in left], problems, list(by_key)
+        (['a/notes.txt', 'a/Thumbs'], [('b/empty.txt', 'zero-byte file')], ['a/x', 'b/y'])
+    """
+    def top(path: str) -> str:  # the class folder, as the problems name it
+        return printable(path).split("/", 1)[0]
+
+    with_images = {top(f.path) for files in by_key.values() for f in files
+                   if image_extension(f.ext) is not None}
+    gone = [k for k, files in by_key.items() if top(files[0].path) in with_images
+            and not any(image_extension(f.ext) is not None for f in files)]
+    left = [(printable(f.path), NOT_IMAGE) for k in gone for f in by_key.pop(k)]
+    kept = []
+    for path, why in problems:
+        if isinstance(why, NotASample) and path.split("/", 1)[0] in with_images:  # (printable)
+            left.append((path, NOT_IMAGE))
+        else:
+            kept.append((path, str(why)))
+    return left, kept
+
+
 def several_images(samples: Iterable[SampleSpec],
                    image_fields: Sequence[str]) -> tuple[int, SampleSpec | None]:
     """How many samples hold more than one of ``image_fields`` (files sharing a stem, such as
@@ -263,10 +324,10 @@ def several_images(samples: Iterable[SampleSpec],
         >>> several_images([one, two], ("jpg", "png"))[0]
         1
     """
-    wanted = frozenset(image_fields)
+    wanted = frozenset(f.lower() for f in image_fields)
     count, first = 0, None
     for spec in samples:
-        if len(files := spec.files) > 1 and sum(f.ext in wanted for f in files) > 1:
+        if len(files := spec.files) > 1 and sum(f.ext.lower() in wanted for f in files) > 1:
             count += 1
             first = first or spec
     return count, first
@@ -295,7 +356,8 @@ def list_tree(src: str, *, labels_from_dirs: bool = False, exclude: str | None =
     else:
         walk = walk_remote(src)
     problems: list[tuple[str, str]] = []
-    by_key: dict[str, SampleSpec] = {}
+    left_out: list[tuple[str, str]] = []
+    by_key: dict[str, list[FileRef]] = {}
     ignored = 0
     for rel, size in walk:
         got = classify(rel, size, labels_from_dirs=labels_from_dirs)
@@ -304,8 +366,10 @@ def list_tree(src: str, *, labels_from_dirs: bool = False, exclude: str | None =
         elif isinstance(got, str):
             problems.append((printable(rel), got))
         else:
-            by_key.setdefault(got[0], SampleSpec(got[0])).files.append(got[1])
-    samples = [by_key[k] for k in sorted(by_key)]
+            by_key.setdefault(got[0], []).append(got[1])
+    if labels_from_dirs:
+        left_out, problems = leave_out_non_images(by_key, problems)
+    samples = [SampleSpec(k, by_key[k]) for k in sorted(by_key)]
     classes = None
     if labels_from_dirs:
         classes = sorted({s.files[0].path.split("/", 1)[0] for s in samples})
@@ -313,7 +377,7 @@ def list_tree(src: str, *, labels_from_dirs: bool = False, exclude: str | None =
         for s in samples:
             add_class_field(s, index)
     outputs = sorted(printable(o) for o in getattr(walk, "outputs", []))
-    return Listing(samples, problems, classes, ignored, outputs)
+    return Listing(samples, problems, classes, ignored, outputs, sorted(left_out))
 
 
 def output_identity(out: str | None) -> frozenset[Identity]:

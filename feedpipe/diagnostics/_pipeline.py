@@ -23,13 +23,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..format._image_fields import IMAGE_EXTENSIONS, image_extension
 from ..format._manifest import Manifest, join
 from ..format._reader import ShardReader
 
-JPEG = ("jpg", "jpeg")
 # an image field's extension -> its format (the names image_decoders() answers for)
-IMAGE_FORMATS = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "avif": "avif",
-                 "heic": "heic", "heif": "heic"}
+IMAGE_FORMATS = IMAGE_EXTENSIONS
 Decode = Callable[[dict[str, Any]], Any]
 
 
@@ -39,15 +38,15 @@ def _ext(field: str) -> str:
 
 def image_fields(fields: Sequence[str]) -> list[str]:
     """The image fields among ``fields``, in the order ImagePipeline looks for a sample's image
-    (``jpg, jpeg, png, webp, avif, heic, heif``; a compound name such as ``left.png`` by its
-    last extension)."""
+    (:data:`~feedpipe.format._image_fields.IMAGE_FIELDS`, in any case; a compound name such as
+    ``left.png`` by its last extension)."""
     order = list(IMAGE_FORMATS)
-    found = {f for f in fields if _ext(f) in IMAGE_FORMATS}
+    found = {f for f in fields if image_extension(f) is not None}
     return sorted(found, key=lambda f: (order.index(_ext(f)), f))
 
 
 def jpeg_fields(fields: Sequence[str]) -> list[str]:
-    return [f for f in image_fields(fields) if _ext(f) in JPEG]
+    return [f for f in image_fields(fields) if image_extension(f) == "jpeg"]
 
 
 class ImageDecode:

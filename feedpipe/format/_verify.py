@@ -18,6 +18,7 @@ from .._helpers.progress import progress
 from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import ShardFormatError
 from ._compression import compressed_suffix
+from ._image_fields import image_extension
 from ._index import (
     ShardIndex,
     index_from_buffer,
@@ -37,7 +38,8 @@ class Problem:
     Kinds: ``missing``, ``size``, ``sha256``, ``truncated``, ``header``, ``unsupported``,
     ``compressed``, ``index`` (the ``.idx`` is missing or unreadable), ``index-entry`` (an entry
     differs from the tar headers), ``index-count``, ``samples`` (the manifest's count differs),
-    ``duplicate-key`` (a key that an earlier sample holds, in this shard or another);
+    ``duplicate-key`` (a key that an earlier sample holds, in this shard or another),
+    ``no-image`` (a sample without an image field in an image-folder dataset);
     as warnings: ``unchecked`` (no sha256 in the manifest), ``unlisted`` (a shard file the
     manifest does not list).
     """
@@ -175,10 +177,12 @@ def check_index(idx: ShardIndex, data: Any, where: str, *, index_name: str | Non
 
 
 def verify_shard(url: str, samples: int | None, nbytes: int | None,
-                 sha256: str | None, keys: KeyRegistry | None = None) -> list[Problem]:
+                 sha256: str | None, keys: KeyRegistry | None = None, *,
+                 images: bool = False) -> list[Problem]:
     """Problems found in one shard (empty when sound): size and sha256 against the manifest's
     (when given), every tar header, and the ``.idx`` against the headers. ``keys``: where the
-    keys the headers give are recorded (for :func:`duplicate_problems`)."""
+    keys the headers give are recorded (for :func:`duplicate_problems`). ``images``: every
+    sample must hold an image field (an image-folder dataset)."""
     problems: list[Problem] = []
     try:
         size = _size(url)
@@ -205,6 +209,8 @@ def verify_shard(url: str, samples: int | None, nbytes: int | None,
         return problems + [Problem.from_error(url, e)]
     if keys is not None:
         keys.add(url, tar.keys)
+    if images:
+        problems += image_problems(tar, url)
     ipath = index_path(url)
     try:
         with _open(ipath) as f:
@@ -220,6 +226,26 @@ def verify_shard(url: str, samples: int | None, nbytes: int | None,
                                 f"{url}: the tar holds {len(tar)} samples, the manifest says "
                                 f"{samples}"))
     return problems
+
+
+def image_problems(tar: ShardIndex, shard: str) -> list[Problem]:
+    """One problem for the samples of an image-folder shard that hold no image field (a
+    class folder's notes or thumbnail database made into a sample: ``ImagePipeline`` has no
+    image to give for it), naming the first and how many."""
+    bare = [i for i in range(len(tar))
+            if not any(image_extension(e) is not None
+                       for e in tar.exts[tar.starts[i]:tar.starts[i + 1]])]
+    if not bare:
+        return []
+    first = bare[0]
+    fields = tar.exts[tar.starts[first]:tar.starts[first + 1]]
+    more = f" (and {len(bare) - 1} more such samples)" if len(bare) > 1 else ""
+    return [Problem(shard, "no-image",
+                    f"{shard}: sample {tar.keys[first]!r} of this image-folder dataset "
+                    f"(--labels-from-dirs) holds no image field (it has {fields}){more}: it "
+                    "was made from a file that is not an image; re-shard the source with "
+                    "`feedpipe shard SRC OUT --labels-from-dirs`, which leaves such files out",
+                    key=tar.keys[first])]
 
 
 def duplicate_problems(keys: KeyRegistry) -> list[Problem]:
@@ -319,10 +345,15 @@ def verify(root: str, *, show_progress: bool | None = None) -> VerifyReport:
     root = dataset_root(root)
     report = VerifyReport(root)
     keys = KeyRegistry()
+    options = m.created_by.get("options") if isinstance(m.created_by, dict) else None
+    # class folders of images (not, say, of audio): each sample holds an image
+    images = (isinstance(options, dict) and bool(options.get("labels_from_dirs"))
+              and any(image_extension(f) is not None for f in m.fields))
     bar = progress(len(m.shards), "verify", "shard", show_progress)
     for rec in m.shards:
         url = join(root, rec.name)
-        report.problems += verify_shard(url, rec.samples, rec.bytes, rec.sha256, keys)
+        report.problems += verify_shard(url, rec.samples, rec.bytes, rec.sha256, keys,
+                                        images=images)
         if rec.sha256 is None:
             report.warnings.append(Problem(
                 url, "unchecked",

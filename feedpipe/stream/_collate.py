@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from ..errors import DecodeError
+from ..errors import DecodeError, EmptyEpochError
 
 Decoder = Callable[[bytes], Any]
 
@@ -41,6 +41,16 @@ def left_out_error(batch: LeftOut, rank: int, world_size: int, how: str) -> Deco
         "through FeedLoader with a larger batch_size (a batch that keeps one sample keeps its "
         "place), or rewrite the dataset without the broken files (`feedpipe shard SRC OUT "
         "--on-error skip`; `feedpipe verify OUT`).")
+
+
+def empty_epoch_error(stats: Mapping[str, Any], why: str) -> EmptyEpochError:
+    """The refusal of an epoch that delivered no batch: every batch was left out whole
+    (``stats``: the pass's), so a training loop would run zero steps and say nothing."""
+    return EmptyEpochError(
+        f"the epoch delivered no batch: the transform left out every sample of its "
+        f"{stats.get('left_out')} batch(es) ({stats.get('skipped')} samples skipped; the last: "
+        f"{why}). Fix what that message names: leaving every sample out trains nothing")
+
 
 _NAMED: dict[Any, Decoder] = {
     int: int,

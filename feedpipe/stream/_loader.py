@@ -34,7 +34,7 @@ from ._batch_loop import (
     Skips,
     batch_loop,
 )
-from ._collate import LeftOut, collate_samples, left_out_error
+from ._collate import LeftOut, collate_samples, empty_epoch_error, left_out_error
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
 from ._ledger import Ledger
@@ -156,6 +156,7 @@ class FeedLoader:
         self._columns: Any = None  # refs: the index as columns, built once
         self._fork_unsafe: str | None = None
         self._noted: set[str] = set()
+        self._last_left_out = ""  # the last left-out batch's reason, for an empty epoch
         self._last: Route | None = None
         self._stats: dict[str, Any] = {}
         self._split = dataset.split()
@@ -283,6 +284,8 @@ class FeedLoader:
             self._finished = True
             if ledger is not None:
                 ledger.finish()
+            if not self._stats["batches"] and self._stats.get("left_out"):
+                raise empty_epoch_error(self._stats, self._last_left_out)
         finally:
             if ledger is not None:
                 ledger.end()
@@ -292,6 +295,7 @@ class FeedLoader:
         several ranks that is refused: this rank would yield fewer batches than the others and
         their collectives (DDP's gradient all-reduce) would wait forever."""
         self._stats["left_out"] = self._stats.get("left_out", 0) + 1
+        self._last_left_out = batch.why
         world = self.dataset.world
         if world.world_size > 1:
             raise left_out_error(batch, world.rank, world.world_size, "through FeedLoader")

@@ -37,7 +37,9 @@ DALI is imported when the stage first builds its pipeline, never at ``import fee
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -49,11 +51,62 @@ import torch
 from .._helpers.dependency import require
 from .._helpers.fork_safety import mark_process_fork_unsafe
 from ..errors import DecodeError
-from ._decode import IMAGE_FIELDS, image_format, image_size
-from ._pipeline import ImageSpec, parse_label
+from ..format._image_fields import fields_present
+from ._decode import IMAGE_FIELDS, decode_image, image_format, image_size
+from ._jpeg import repaired_jpeg
+from ._pipeline import ImageSpec, no_label, parse_label
 from ._seeding import scratch_rng
 
+log = logging.getLogger("feedpipe")
 _DALI_FORMATS = ("jpeg", "png", "webp")  # what fn.decoders.image_slice reads of ours
+
+
+class _Fed(NamedTuple):
+    """A batch fed to DALI: what it was fed, and what is needed to name a sample of it or to
+    feed it again without one (after DALI failed to decode that sample)."""
+
+    state: dict[str, Any] | None  # the loader's state after this batch
+    arrays: tuple[Any, ...]  # encode_batch's
+    keys: list[Any]
+    shards: list[Any]
+    retried: bool = False  # fed again once, its JPEGs without stray bytes
+
+    def without(self, i: int) -> _Fed:
+        data, *columns = self.arrays
+        arrays = (data[:i] + data[i + 1:], *(np.delete(c, i, axis=0) for c in columns))
+        return _Fed(self.state, arrays, self.keys[:i] + self.keys[i + 1:],
+                    self.shards[:i] + self.shards[i + 1:], self.retried)
+
+
+def _host_bytes(data: Any) -> bytes | None:
+    """What the host makes of an image DALI failed on: ``None`` where it decodes as it is,
+    a JPEG without its stray bytes where only those made it fail; a DecodeError where it does
+    not decode on the host either."""
+    raw = bytes(data)
+    if image_format(raw) == "jpeg":
+        return repaired_jpeg(raw)
+    decode_image(raw)
+    return None
+
+
+class _HeaderSkipped(Exception):
+    """Sample ``i`` of a batch has an image header that does not read (on_error="skip")."""
+
+    def __init__(self, i: int, message: str) -> None:
+        super().__init__(message)
+        self.i, self.message = i, message
+
+
+def _drop(column: Any, i: int) -> Any:
+    """A batch column without its row ``i`` (a list or a tensor; other values as they are)."""
+    if isinstance(column, torch.Tensor) and column.dim() > 0:
+        return torch.cat([column[:i], column[i + 1:]])
+    if isinstance(column, (list, tuple)):
+        return [*column[:i], *column[i + 1:]]
+    return column
+
+
+_FAILED = re.compile(r"Failed to decode sample #(\d+)[^\n]*")
 
 
 class DaliBatch(NamedTuple):
@@ -119,9 +172,16 @@ class DaliStage:
         num_threads: DALI's CPU threads.
         prefetch: batches DALI works ahead (its ``prefetch_queue_depth``).
         image_field: the batch field holding the images, or a sequence of fields of which each
-            sample's first non-``None`` one is used (default:
+            sample's first non-``None`` one is used, each matching a field in any case (default:
             :data:`~feedpipe.transforms._decode.IMAGE_FIELDS`).
         label_field: the batch field holding the labels.
+        on_error: what to do with an image DALI cannot decode (corrupt or truncated):
+            ``"raise"`` a :class:`~feedpipe.errors.DecodeError` naming the sample (its key and
+            shard), or ``"skip"``: leave it out of its batch with a warning naming it, counted
+            in :attr:`skipped` (as ``ImagePipeline(on_error="skip")``). DALI stops its
+            pipeline on such an image; the stage builds a new one and feeds it again the
+            batches DALI held, the failed one without that sample (a batch left with none is
+            left out whole).
 
     ``state_dict()`` / ``load_state_dict()`` pass through to ``batches`` (a FeedLoader), but
     report the position after the last batch *this stage handed out*, not after the ones DALI
@@ -147,7 +207,10 @@ class DaliStage:
         prefetch: int = 2,
         image_field: str | Sequence[str] = IMAGE_FIELDS,
         label_field: str = "cls",
+        on_error: str = "raise",
     ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if batch_size is None:
             batch_size = getattr(batches, "batch_size", None)
             if batch_size is None:
@@ -167,9 +230,13 @@ class DaliStage:
         if not self.image_field:
             raise ValueError("image_field must name at least one field")
         self.label_field = label_field
+        self.on_error = on_error
+        self.skipped = 0
+        """Samples left out (``on_error="skip"``) since the stage was made."""
         self._pipe: Any = None
         self._it: Iterator[Any] | None = None
-        self._fed: deque[dict[str, Any] | None] = deque()
+        self._fed: deque[_Fed] = deque()  # fed to DALI, not yet handed out
+        self._replay: deque[_Fed] = deque()  # to feed a new pipeline before the loader's next
         self._state: dict[str, Any] | None = None
 
     @property
@@ -183,10 +250,11 @@ class DaliStage:
         if not isinstance(batch, dict):
             images, labels = batch
             return list(images), list(labels), None
-        fields = [f for f in self.image_field if f in batch]
+        fields = fields_present(batch, self.image_field)
         if self.label_field not in batch:
-            raise DecodeError(f"a batch fed to the DALI stage has no {self.label_field!r} "
-                              f"field (it has {sorted(batch)})")
+            raise DecodeError("a batch fed to the DALI stage "
+                              + no_label(self.label_field, batch,
+                                         "on the CPU: ImagePipeline(label_field=None)"))
         if not fields:
             raise DecodeError(f"a batch fed to the DALI stage has none of the image fields "
                               f"{list(self.image_field)} (it has {sorted(batch)})")
@@ -231,8 +299,13 @@ class DaliStage:
                 h, w = image_size(j)
             except DecodeError as e:
                 key = meta.get("__key__", [None] * n)[i] if meta is not None else None
-                raise DecodeError(f"sample {key!r} (id {index[i]}) in a batch fed to the DALI "
-                                  f"stage (which crops from image headers): {e}") from e
+                shard = meta.get("__shard__", [None] * n)[i] if meta is not None else None
+                where = f" of {shard!r}" if shard is not None else ""
+                message = (f"sample {key!r}{where} (id {index[i]}) in a batch fed to the DALI "
+                           f"stage (which crops from image headers): {e}")
+                if self.on_error == "skip" and fmt in _DALI_FORMATS:
+                    raise _HeaderSkipped(i, message) from e
+                raise DecodeError(message) from e
             rng = scratch_rng(seed[i], epoch[i], index[i]) if spec.train else None
             box, flip = spec.geometry(h, w, rng)
             anchors[i] = box.left, box.top
@@ -246,12 +319,103 @@ class DaliStage:
         return data, anchors, shapes, mirror, label, index
 
     def _source(self) -> tuple[Any, ...]:
-        if self._it is None:
-            raise StopIteration
-        batch = next(self._it)  # StopIteration ends DALI's epoch
-        state = getattr(self.batches, "state_dict", None)
-        self._fed.append(state() if state is not None else None)
-        return self.encode_batch(batch)
+        fed = self._replay.popleft() if self._replay else None
+        while fed is None:
+            if self._it is None:
+                raise StopIteration
+            batch = next(self._it)  # StopIteration ends DALI's epoch
+            state = getattr(self.batches, "state_dict", None)
+            fed = self._encode(batch, state() if state is not None else None)
+        self._fed.append(fed)
+        return fed.arrays
+
+    def _encode(self, batch: Any, state: dict[str, Any] | None) -> _Fed | None:
+        """``batch`` as fed to DALI; with ``on_error="skip"``, without the samples whose image
+        header does not read (``None``, and its place passed, when that is every one)."""
+        meta = dict(batch) if isinstance(batch, dict) else None
+        while True:
+            try:
+                arrays = self.encode_batch(meta if meta is not None else batch)
+                break
+            except _HeaderSkipped as e:
+                self.skipped += 1
+                log.warning("feedpipe: a sample was left out of its batch: %s", e.message)
+                if meta is None:
+                    images, labels = batch
+                    batch = ([*images[:e.i], *images[e.i + 1:]], [*labels[:e.i],
+                                                                    *labels[e.i + 1:]])
+                    left = len(batch[0])
+                else:
+                    meta = {k: _drop(v, e.i) for k, v in meta.items()}
+                    left = len(meta[self.label_field])
+                if not left:  # (DALI may still hold earlier batches: the state stays theirs)
+                    return None
+        n = len(arrays[0])
+        keys = list((meta or {}).get("__key__") or [None] * n)
+        shards = list((meta or {}).get("__shard__") or [None] * n)
+        return _Fed(state, arrays, keys, shards)
+
+    def _failed(self, e: RuntimeError) -> None:
+        """DALI failed on the oldest batch it was fed (it names the sample, or not): find the
+        sample, decoding the batch's images on the host where DALI did not say. A JPEG with
+        stray bytes before a marker (which the CPU pipeline decodes as libjpeg and Pillow do)
+        is fed again without them, once. Otherwise raise a DecodeError naming the sample, or
+        (``on_error="skip"``) leave it out and make ready to feed a new pipeline the batches
+        the old one held."""
+        self._pipe = None  # DALI's pipeline is no longer valid after an error
+        if not self._fed:
+            raise e
+        fed = self._fed[0]
+        m = _FAILED.search(str(e))
+        named = int(m.group(1)) if m and int(m.group(1)) < len(fed.keys) else None
+        dali_says = (m.group(0) if m else str(e).strip().splitlines()[-1]).strip(" :")
+        fixed: dict[int, bytes] = {}
+        found: tuple[int, str] | None = None
+        for j in ([named] if named is not None else range(len(fed.keys))):
+            try:
+                better = _host_bytes(fed.arrays[0][j])
+            except DecodeError as bad:
+                found = (j, str(bad))
+                break
+            if better is not None:
+                fixed[j] = better
+        if fixed and not fed.retried:  # fed again, the JPEGs without their stray bytes
+            data = [np.frombuffer(fixed[j], np.uint8) if j in fixed else d
+                    for j, d in enumerate(fed.arrays[0])]
+            again = fed._replace(arrays=(data, *fed.arrays[1:]), retried=True)
+            self._fed.popleft()
+            self._replay = deque([again, *self._fed, *self._replay])
+            self._fed.clear()
+            return
+        if found is None:
+            if named is None:
+                self._fed.clear()
+                self._replay.clear()
+                raise DecodeError(f"DALI failed on a batch of the samples {fed.keys} (of "
+                                  f"{sorted(set(map(str, fed.shards)))}), each of which "
+                                  f"decodes on the CPU: {dali_says}") from e
+            found = (named, dali_says)
+        i, why = found
+        fed = self._fed.popleft()
+        where = f" of {fed.shards[i]!r}" if fed.shards[i] is not None else ""
+        name = (f"sample {fed.keys[i]!r}{where} (#{i} of its batch)"
+                if fed.keys[i] is not None else f"sample #{i} of a batch")
+        what = f"{name}: DALI cannot decode its image ({why})"
+        if self.on_error == "raise":
+            self._fed.clear()
+            self._replay.clear()
+            raise DecodeError(f"{what}; DaliStage(on_error='skip') leaves such samples out of "
+                              "their batch") from e
+        self.skipped += 1
+        log.warning("feedpipe: a sample was left out of its batch: %s", what)
+        rest = fed.without(i)
+        first = [rest] if rest.keys else []
+        if not rest.keys:  # nothing left of it: left out whole, its place in the plan passed
+            self._state = fed.state
+            log.warning("feedpipe: a batch fed to the DALI stage was left out whole (DALI "
+                        "could decode none of its samples)")
+        self._replay = deque([*first, *self._fed, *self._replay])
+        self._fed.clear()
 
     # -- the DALI side -------------------------------------------------------------------
     def _build(self) -> Any:
@@ -303,29 +467,34 @@ class DaliStage:
         return arr
 
     def __iter__(self) -> Iterator[DaliBatch]:
-        if self._pipe is None:
-            self._pipe = self._build()
-        pipe = self._pipe
         self._fed.clear()
+        self._replay.clear()
         state = getattr(self.batches, "state_dict", None)
         self._state = state() if state is not None else None
         self._it = iter(self.batches)
         done = False
+        pipe = None
         try:
             while True:
+                if self._pipe is None:
+                    self._pipe = self._build()
+                pipe = self._pipe
                 try:
                     images, labels, index = pipe.run()
                 except StopIteration:
                     break
+                except RuntimeError as e:
+                    self._failed(e)  # raises, or leaves the sample out: a new pipeline
+                    continue
                 out = DaliBatch(self._to_torch(images, self.device),
                                 self._to_torch(labels, self.device),
                                 self._to_torch(index, torch.device("cpu")))
-                self._state = self._fed.popleft()
+                self._state = self._fed.popleft().state
                 yield out
             done = True
         finally:
             self._it = None
-            if done:
+            if done and pipe is not None:
                 pipe.reset()
             else:
                 # left early (break, error): DALI still holds prefetched batches of this pass;

@@ -31,6 +31,11 @@ What every decoder is made to agree on:
 - **Alpha is dropped**, not composited: the colour under a transparent pixel is kept as stored.
   That is what Pillow's ``convert("RGB")``, torchvision's ``ImageReadMode.RGB``, webdataset's
   ``"rgb8"`` and DALI's ``output_type=RGB`` do, so a model sees the same pixels on every path.
+- **Any decoder output becomes three 8-bit channels**: a 2-D grey array (OpenCV's for a grey
+  PFM), grey and alpha, RGBA and float samples (clipped to 0..255) are converted as Pillow's
+  ``convert("RGB")`` does; another shape is a DecodeError.
+- **An animated PNG (APNG) gives its default image**, as Pillow and torchvision
+  do: it is decoded with Pillow (OpenCV would give the first animation frame).
 - **16-bit channels are scaled to 8 bits** by keeping the high byte (``x >> 8``, libpng's
   stripping). DALI's decoder rounds instead: at most one grey level apart.
 - **EXIF orientation is not applied**: pixels as stored, as torchvision's ``ImageFolder``
@@ -45,19 +50,18 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .._helpers.dependency import require
 from ..errors import DecodeError, MissingDependencyError
+from ..format._image_fields import IMAGE_FIELDS, image_field_of
 from ._jpeg import decode_jpeg, jpeg_size, window_decoder
-from ._opencv import opencv
+from ._opencv import opencv, quiet_stderr
 
-IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "avif", "heic", "heif")
-"""The fields :class:`~feedpipe.transforms._pipeline.ImagePipeline` and the DALI stage look in
-by default, in this order: the first one a sample has is its image."""
+__all__ = ["IMAGE_FIELDS", "DecodeImage", "decode_image", "image_decoders", "image_field_of",
+           "image_format", "image_size"]
 
 _NAMES = {"jpeg": "JPEG", "png": "PNG", "webp": "WebP", "avif": "AVIF", "heic": "HEIC/HEIF"}
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -123,14 +127,6 @@ def image_size(data: Any) -> tuple[int, int]:
     raise DecodeError(f"cannot read the size of {what} ({len(data)} bytes) from its header")
 
 
-def image_field_of(sample: Mapping[str, Any], fields: Sequence[str]) -> str | None:
-    """The first of ``fields`` that ``sample`` holds (a ``None`` value counts as absent)."""
-    for field in fields:
-        if sample.get(field) is not None:
-            return field
-    return None
-
-
 def decode_image(data: Any) -> np.ndarray:
     """Decode image bytes of any supported format to an HWC ``uint8`` RGB array (see the module
     docstring for the decoder of each format and the conventions they share).
@@ -150,6 +146,8 @@ def decode_image(data: Any) -> np.ndarray:
     fmt = image_format(data)
     if fmt == "jpeg":
         return decode_jpeg(data)
+    if fmt == "png" and animated_png(data):
+        return _decode_apng(data)
     if fmt == "heic":
         return _decode_heif(data)
     if fmt == "avif":
@@ -227,14 +225,72 @@ def _decode_opencv(data: Any, fmt: str) -> np.ndarray:
     rgb = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.11
     flags = (cv2.IMREAD_COLOR if rgb is None else rgb) | cv2.IMREAD_IGNORE_ORIENTATION
     try:
-        img = cv2.imdecode(buf, flags) if len(buf) else None
+        # feedpipe reports a corrupt image itself: libpng's and OpenCV's own lines would only
+        # repeat it, on stderr, once per bad file
+        with quiet_stderr():
+            img = cv2.imdecode(buf, flags) if len(buf) else None
     except cv2.error as e:
         raise _undecodable(data, fmt, str(e).strip().splitlines()[-1]) from e
     if img is None:
         raise _undecodable(data, fmt)
-    if rgb is None:
-        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    return img
+    if rgb is None and img.ndim == 3 and img.shape[2] in (3, 4):
+        img = img[:, :, 2::-1]
+    return _rgb8(img, data, fmt)
+
+
+def _rgb8(img: np.ndarray, data: Any, fmt: str) -> np.ndarray:
+    """A decoder's output as HWC ``uint8`` RGB, whatever it gave: a 2-D grey image (OpenCV's
+    for a grey PFM), one, two (grey and alpha) or four channels, 16-bit or float samples; the
+    conversion is Pillow's ``convert("RGB")`` (grey replicated, alpha dropped, floats clipped
+    to 0..255) but for 16 bits, which keep their high byte as everywhere in feedpipe. Any other
+    shape is a DecodeError, never a tensor error further on."""
+    if img.ndim == 2:
+        img = img[:, :, None]
+    if img.ndim != 3 or img.shape[2] not in (1, 2, 3, 4) or not img.shape[0] or not img.shape[1]:
+        raise _undecodable(data, fmt, f"the decoder gave an array of shape {img.shape}, not an "
+                                      "image of 1 to 4 channels")
+    if img.dtype == np.uint16:
+        img = (img >> 8).astype(np.uint8)
+    elif img.dtype != np.uint8:
+        if img.dtype.kind not in "fiub":
+            raise _undecodable(data, fmt, f"the decoder gave {img.dtype} samples")
+        img = np.clip(img, 0, 255).astype(np.uint8)
+    if img.shape[2] < 3:
+        return np.repeat(img[:, :, :1], 3, axis=2)
+    return img if img.shape[2] == 3 else np.ascontiguousarray(img[:, :, :3])
+
+
+def animated_png(data: Any) -> bool:
+    """Whether PNG bytes are an animated PNG (APNG): an ``acTL`` chunk before the image data.
+
+    Example:
+        >>> import cv2, numpy as np
+        >>> animated_png(cv2.imencode(".png", np.zeros((2, 2), np.uint8))[1].tobytes())
+        False
+    """
+    view = memoryview(data)
+    pos = len(_PNG)
+    while pos + 8 <= len(view):
+        kind = bytes(view[pos + 4:pos + 8])
+        if kind == b"acTL":
+            return True
+        if kind == b"IDAT":
+            return False
+        pos += 12 + int.from_bytes(view[pos:pos + 4], "big")
+    return False
+
+
+def _decode_apng(data: Any) -> np.ndarray:
+    """An animated PNG's default image (what Pillow, torchvision and libpng give; OpenCV gives
+    the first animation frame, which differs when the default image is not part of the
+    animation, and refuses some that Pillow reads)."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(
+            "decoding an animated PNG (APNG) to its default image, as Pillow and torchvision "
+            "do, needs Pillow. Install it with: pip install 'feedpipe[images]'") from None
+    return _decode_pillow(data, "png")
 
 
 def _decode_pillow(data: Any, fmt: str) -> np.ndarray:
@@ -254,11 +310,7 @@ def _decode_heif(data: Any) -> np.ndarray:
         img = np.asarray(heif.open_heif(bytes(data), convert_hdr_to_8bit=True))
     except (*_PIL_ERRORS, RuntimeError) as e:  # type: ignore[misc]
         raise _undecodable(data, "heic", e) from e
-    if img.ndim == 2:
-        img = img[:, :, None]
-    if img.shape[2] in (1, 2):
-        return np.repeat(img[:, :, :1], 3, axis=2)
-    return np.array(img[:, :, :3])  # writable and contiguous
+    return np.array(_rgb8(img, data, "heic"))  # writable and contiguous
 
 
 class DecodeImage:

@@ -11,6 +11,9 @@ whole image.
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,8 +39,83 @@ def jpeg_size(data: Any) -> Size:
     try:
         h, w, _, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError as e:
-        raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
+        fixed = without_stray_bytes(data, e, simplejpeg.decode_jpeg_header)
+        if fixed is None:
+            raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
+        h, w, _, _ = simplejpeg.decode_jpeg_header(fixed)
     return int(h), int(w)
+
+
+_STRAY = re.compile(r"(\d+) extraneous bytes before marker 0x([0-9a-fA-F]{2})")
+_log = logging.getLogger("feedpipe")
+_said: list[bool] = []
+
+
+def without_stray_bytes(data: Any, error: Exception, check: Callable[[bytes], Any],
+                        *, rounds: int = 4) -> bytes | None:
+    """``data`` without the stray bytes libjpeg skipped ("N extraneous bytes before marker"),
+    where that warning is what made the strict decoder refuse it; else ``None``.
+
+    libjpeg, Pillow and torchvision decode such a file by skipping those bytes, with a warning;
+    strict decoding (feedpipe's, so that a truncated or corrupt image is an error, never a
+    partial picture) refuses it. Removing exactly the bytes libjpeg would skip and decoding
+    strictly again gives libjpeg's picture, and still refuses any other fault. The bytes are the
+    ``N`` before an ``0xFF <marker>`` pair; of the places that fit, the first that ``check``
+    (a strict decode) accepts is taken. Up to ``rounds`` such spots are removed, one by one.
+    """
+    budget = [64]  # strict decodes tried, at most: a file can only be so ambiguous
+    fixed = _remove_stray(bytes(data), error, check, rounds, budget)
+    if fixed is not None and not _said:
+        _said.append(True)
+        _log.warning("feedpipe: a JPEG with stray bytes before a marker (libjpeg's \"extraneous "
+                     "bytes\" warning) was decoded without them, as libjpeg and Pillow do "
+                     "(said once per process)")
+    return fixed
+
+
+def _remove_stray(raw: bytes, error: Exception, check: Callable[[bytes], Any], rounds: int,
+                  budget: list[int]) -> bytes | None:
+    m = _STRAY.search(str(error))
+    if m is None or rounds <= 0:
+        return None
+    n, marker = int(m.group(1)), bytes([0xFF, int(m.group(2), 16)])
+    start = raw.find(marker)
+    second: list[tuple[bytes, ValueError]] = []  # fixed here, refused for another spot
+    while start >= 0 and budget[0] > 0:
+        ff = start
+        while ff > 0 and raw[ff - 1] == 0xFF:  # fill bytes before a marker are not counted
+            ff -= 1
+        if ff >= n + 2 and 0xFF not in raw[ff - n:ff]:
+            budget[0] -= 1
+            candidate = raw[:ff - n] + raw[ff:]
+            try:
+                check(candidate)
+            except ValueError as refused:  # the wrong place, or the right one and another
+                if _STRAY.search(str(refused)):
+                    second.append((candidate, refused))
+            else:
+                return candidate
+        start = raw.find(marker, start + 2)
+    for candidate, why in second:  # each place here first, then two places
+        deeper = _remove_stray(candidate, why, check, rounds - 1, budget)
+        if deeper is not None:
+            return deeper
+    return None
+
+
+def repaired_jpeg(data: Any) -> bytes | None:
+    """``None`` where JPEG bytes decode strictly as they are; the bytes without the stray
+    bytes libjpeg skips (:func:`without_stray_bytes`) where only those make strict decoding
+    refuse them; else a :class:`DecodeError`. For a decoder that is not as lenient as libjpeg
+    (DALI's)."""
+    try:
+        simplejpeg.decode_jpeg(data)
+    except ValueError as e:
+        fixed = without_stray_bytes(data, e, simplejpeg.decode_jpeg)
+        if fixed is None:
+            raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
+        return fixed
+    return None
 
 
 def decode_jpeg(data: Any, *, min_height: int = 0, min_width: int = 0, fastdct: bool = False,
@@ -48,12 +126,18 @@ def decode_jpeg(data: Any, *, min_height: int = 0, min_width: int = 0, fastdct: 
     keeps the image at least that large. It does so only at factors of 2 or more
     (``min_factor=2``): factors between 1 and 2 decode slower than full size.
     """
-    try:
-        return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fastdct,
+    def decode(jpeg: Any) -> np.ndarray:
+        return simplejpeg.decode_jpeg(jpeg, colorspace="RGB", fastdct=fastdct,
                                       fastupsample=fastupsample, min_height=int(min_height),
                                       min_width=int(min_width), min_factor=2)
+
+    try:
+        return decode(data)
     except ValueError as e:
-        raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
+        fixed = without_stray_bytes(data, e, decode)
+        if fixed is None:
+            raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
+        return decode(fixed)
 
 
 def scaled_size(height: int, width: int, k: int) -> Size:

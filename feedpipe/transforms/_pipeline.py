@@ -69,6 +69,21 @@ __all__ = [
 ]
 
 
+class NoLabelError(DecodeError):
+    """A sample has no label field: a fault of how the dataset was made, not of one sample."""
+
+
+def no_label(field: str, fields: Any, instead: str) -> str:
+    """The message for a sample or batch without the label ``field`` (its fields ``fields``):
+    a class-folder tree gets its ``cls`` field from ``feedpipe shard --labels-from-dirs``, and
+    leaving such samples out would leave every one out."""
+    have = sorted(k for k in fields if not k.startswith("__"))
+    return (f"has no {field!r} field (it has {have}): a dataset sharded from class folders "
+            f"gets its 'cls' labels from `feedpipe shard SRC OUT --labels-from-dirs`, so "
+            f"re-shard it with that option; or name the label field (label_field=), or read "
+            f"images without labels ({instead})")
+
+
 def parse_label(value: Any) -> int:
     """A class label field (``b"3"``, ``"3"``, ``3``) as an int."""
     if isinstance(value, (int, np.integer)):
@@ -152,7 +167,8 @@ class ImagePipeline:
     else OpenCV reads; the format is read from the bytes. The output is always three RGB
     channels: alpha dropped (not composited), grey replicated, 16-bit scaled to 8, EXIF
     orientation not applied (:mod:`feedpipe.transforms._decode` has the decoders and the reasons).
-    The image is the first of the ``image_field`` fields the sample has, so a dataset mixing
+    The image is the first of the ``image_field`` fields the sample has, in any case (a field
+    ``JPEG``, from an ILSVRC tree's ``.JPEG`` files, is a ``jpeg`` image), so a dataset mixing
     ``.jpg`` and ``.png`` files needs no option.
 
     **JPEG.** The header gives the image size, and the crop is chosen there
@@ -174,9 +190,10 @@ class ImagePipeline:
     warning, counts it in ``stats()["skipped"]`` and leaves the sample out of its batch (as
     webdataset's ``handler=warn_and_continue``). A batch that loses every sample is left out
     whole (``stats()["left_out"]``), except with several ranks, where it is an error: the ranks
-    must yield as many batches each. A missing optional decoder (HEIC without
-    pillow-heif) is never skipped: it is a :class:`~feedpipe.errors.MissingDependencyError`
-    with the pip line.
+    must yield as many batches each. An epoch left with no batch at all is an
+    :class:`~feedpipe.errors.EmptyEpochError`: it would train nothing. A missing optional
+    decoder (HEIC without pillow-heif) is never skipped: it is a
+    :class:`~feedpipe.errors.MissingDependencyError` with the pip line.
 
     Picklable (plain attributes): give it to ``FeedDataset(transform=...)`` and it runs in the
     workers. Randomness: :func:`rng_of` the sample (:mod:`feedpipe.transforms._seeding`).
@@ -190,9 +207,10 @@ class ImagePipeline:
         mean: per-channel mean on the ``[0, 1]`` scale; ``None``: ``uint8`` output.
         std: per-channel standard deviation on the ``[0, 1]`` scale.
         image_field: the field holding the image bytes, or a sequence of fields of which the
-            first the sample has is used. Default:
-            :data:`~feedpipe.transforms._decode.IMAGE_FIELDS` (``"jpg", "jpeg", "png", "webp",
-            "avif", "heic", "heif"``).
+            first the sample has is used; each matches a field in any case where none
+            matches exactly. Default: :data:`~feedpipe.transforms._decode.IMAGE_FIELDS`
+            (``"jpg", "jpeg", "png", "webp", "avif", "heic", "heif"``, then torchvision
+            ``ImageFolder``'s others: ``"bmp", "tif", "tiff", "ppm", "pgm"``).
         label_field: the field holding an integer label; ``None``: return the image only.
         on_error: ``"raise"`` (a :class:`~feedpipe.errors.DecodeError`) or ``"skip"`` (a
             :class:`~feedpipe.errors.SampleSkipped`, see above) for a bad sample.
@@ -326,8 +344,7 @@ class ImagePipeline:
             label = None
             if self.label_field is not None:
                 if self.label_field not in sample:
-                    raise DecodeError(f"has no {self.label_field!r} field (it has "
-                                      f"{sorted(k for k in sample if not k.startswith('__'))})")
+                    raise NoLabelError(no_label(self.label_field, sample, "label_field=None"))
                 try:
                     label = parse_label(sample[self.label_field])
                 except ValueError as e:
@@ -339,6 +356,8 @@ class ImagePipeline:
             message = f"sample {sample.get('__key__')!r} of {sample.get('__shard__')!r}: {e}"
             if self.on_error == "skip":
                 raise SampleSkipped(message) from e
+            if isinstance(e, NoLabelError):  # the dataset's, not one sample's: skip none
+                raise DecodeError(message) from e
             raise DecodeError(f"{message} (ImagePipeline(on_error='skip') leaves such samples "
                               f"out of their batch)") from e
         return image, label
