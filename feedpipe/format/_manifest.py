@@ -187,6 +187,11 @@ def _shard_list(shards: object, where: str) -> list[ShardRecord]:
         for k in ("samples", "bytes"):
             if not _is_count(s[k]):
                 raise _edited(where, f"{at}.{k} must be a non-negative integer, not {s[k]!r}")
+        if s["samples"] == 0:
+            # no writer makes an empty shard (`feedpipe index` refuses one), and a shard the
+            # plan gives no sample ids is never opened: its samples would be left out in silence
+            raise _edited(where, f"{at}.samples is 0 for shard {name!r}: every shard holds at "
+                                 "least one sample, and a shard counted 0 would never be read")
         if sha is not None and not (isinstance(sha, str) and len(sha) == 64
                                     and not sha.strip("0123456789abcdef")):
             raise _edited(where, f"{at}.sha256 must be 64 lowercase hex digits or null, not "
