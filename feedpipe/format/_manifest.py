@@ -14,12 +14,15 @@ Loading is the only I/O here (through fsspec, so any URL works).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import ManifestError, SourceNotFoundError
 from ._compression import compressed_error, compressed_suffix
+
+log = logging.getLogger("feedpipe.format")
 
 FORMAT = "feedpipe-manifest"
 VERSION = 1
@@ -254,26 +257,55 @@ def load_manifest(root: str) -> Manifest:
         SourceNotFoundError: ``root`` does not exist or is not a dataset (a folder of source
             files, shards without a manifest, a single shard); the message says what to run.
         CompressedShardError: ``root`` is, or holds only, compressed shards.
-        ManifestError: the manifest is malformed (names the file and the field).
+        ManifestError: the manifest is malformed (names the file and the field); a remote one
+            is fetched a second time first, in case it was damaged on the way.
 
     Example:
         >>> m = load_manifest("shards/example")
         >>> len(m.shards), m.total_samples
         (3, 24)
     """
-    from .._helpers.storage import read_bytes  # local import: storage pulls in fsspec
+    from .._helpers.storage import is_local, read_bytes  # local import: storage pulls in fsspec
 
     url = root if root.endswith(".json") else join(root, NAME)
-    try:
-        raw = read_bytes(url)
-    except (FileNotFoundError, NotADirectoryError) as e:
-        raise _not_a_dataset(root, url) from e
+    # a remote manifest that arrives damaged (cut short, bytes changed on the way) is fetched
+    # once more, as a damaged shard is; a local file reads the same every time
+    fetches = 1 if is_local(url) else 2
+    for fetch in range(1, fetches + 1):
+        try:
+            raw = read_bytes(url)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise _not_a_dataset(root, url) from e
+        try:
+            return parse_manifest(raw, url)
+        except ManifestError as e:
+            if fetch < fetches:
+                log.warning("%s: the manifest fetched cannot be used (%s); fetching it again, in "
+                            "case it was damaged on the way", url, e)
+                continue
+            if fetches == 1:
+                raise
+            raise ManifestError(
+                f"{e}. The same on each of {fetches} fetches of {url}: the object itself is "
+                "damaged (or so is every copy of it on the way); restore it from where the "
+                "dataset came from, or re-create it with `feedpipe index` where the shards "
+                "are") from e
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def parse_manifest(raw: bytes, where: str) -> Manifest:
+    """A manifest from the bytes of a ``manifest.json`` (``where`` names it in errors).
+
+    Raises:
+        ManifestError: not UTF-8, not JSON, or not a valid manifest (see
+            :meth:`Manifest.from_json`).
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ManifestError(f"{url}: not UTF-8 text (byte {e.start}); not a feedpipe "
+        raise ManifestError(f"{where}: not UTF-8 text (byte {e.start}); not a feedpipe "
                             "manifest") from e
-    return Manifest.from_json(text, where=url)
+    return Manifest.from_json(text, where=where)
 
 
 def _not_a_dataset(root: str, url: str) -> Exception:
