@@ -16,7 +16,7 @@ import feedpipe
 from feedpipe import FeedDataset
 from feedpipe._helpers import retry as retry
 from feedpipe.caches._manifest_copy import copy_path
-from feedpipe.errors import ManifestError, RemoteError
+from feedpipe.errors import InputError, ManifestError, RemoteError
 
 FAST = retry.RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.01)
 
@@ -101,3 +101,35 @@ def test_a_damaged_manifest_copy_is_replaced_while_the_storage_answers(
         copy.write_bytes(b"{\"format\": ")
         assert keyed(FeedDataset(url, cache_dir=cache)) == expected
         assert feedpipe.load_manifest(url).to_json() == copy.read_text()
+
+
+# -- a query string ------------------------------------------------------------------------------
+@pytest.mark.parametrize("form", ["{url}/shards?token=s3cr3t", "{url}/shards/?token=s3cr3t#top",
+                                  "{url}/shards/manifest.json?token=s3cr3t"])
+def test_a_query_string_is_carried_to_every_object(
+    root: Path, expected: list[tuple[str, bytes]], tmp_path: Path, form: str
+) -> None:
+    """A server that wants ``?token=`` on every request: the manifest, each shard and its index
+    are asked for with it (none is refused), read directly, through the shard cache, and by
+    verify."""
+    with python_server(root, "--token", "s3cr3t") as srv:
+        url = form.format(url=srv.url)
+        assert keyed(FeedDataset(url)) == expected
+        cached = FeedDataset(url, cache_dir=tmp_path / "cache", shuffle=True)
+        assert keyed(cached) == expected
+        assert feedpipe.verify(url, show_progress=False).ok
+        stats = srv.stats()
+        assert sum(v["errors"] for v in stats.values()) == 0, stats
+        names = {os.path.basename(p) for p in stats}
+        assert {"manifest.json", "data-000000.tar", "data-000000.idx"} <= names
+    # the copy of the manifest is found again under a renewed token
+    assert os.path.exists(copy_path(str(tmp_path / "cache"), url.replace("s3cr3t", "other")))
+
+
+def test_a_query_string_that_cannot_be_carried_is_refused(root: Path) -> None:
+    with pytest.raises(InputError, match=r"s3://bucket/shards\?versionId=3: a query string "
+                                         r"\('\?versionId=3'\) on a s3:// URL"):
+        FeedDataset("s3://bucket/shards?versionId=3")
+    signed = "https://h.example/shards/manifest.json?X-Amz-Signature=ab&X-Amz-Expires=60"
+    with pytest.raises(InputError, match="signed for one object .x-amz-signature"):
+        FeedDataset(signed)

@@ -25,6 +25,22 @@ def local_path(url: str) -> str:
     return url.removeprefix("file://")
 
 
+def split_query(url: str) -> tuple[str, str]:
+    """``(url, "")`` for a local path (``?`` and ``#`` are file name characters there); for a
+    remote URL, the URL without its query string and fragment, and them (``"?token=1#x"``), so
+    that a dataset's objects are named under the path and each carries the same query.
+
+    Example:
+        >>> split_query("https://h/data/manifest.json?token=1"), split_query("a?b/c")
+        (('https://h/data/manifest.json', '?token=1'), ('a?b/c', ''))
+    """
+    if is_local(url):
+        return url, ""
+    start = url.index("://") + 3
+    cuts = [i for i in (url.find("?", start), url.find("#", start)) if i >= 0]
+    return (url, "") if not cuts else (url[: min(cuts)], url[min(cuts):])
+
+
 _fork_hook = False
 _INHERITED: list[Any] = []  # in a forked child: the parent's HTTP connection pools, never closed
 

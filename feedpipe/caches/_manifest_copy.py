@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from .._helpers.storage import is_local
+from .._helpers.storage import is_local, split_query
 from ..errors import ManifestError, RemoteError
 from ..format._manifest import Manifest, dataset_root, load_manifest, parse_manifest
 
@@ -27,8 +27,9 @@ log = logging.getLogger("feedpipe.cache")
 
 
 def copy_path(cache_path: str, url: str) -> str:
-    """Where the manifest of the dataset at ``url`` is kept in the cache directory."""
-    ident = hashlib.sha256(dataset_root(url).encode()).hexdigest()[:20]
+    """Where the manifest of the dataset at ``url`` is kept in the cache directory (named after
+    the URL without its query string: a renewed token finds the same copy)."""
+    ident = hashlib.sha256(split_query(dataset_root(url))[0].encode()).hexdigest()[:20]
     return os.path.join(cache_path, f"manifest-{ident}.json")
 
 

@@ -19,7 +19,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..errors import ManifestError, SourceNotFoundError
+from ..errors import InputError, ManifestError, SourceNotFoundError
 from ._compression import compressed_error, compressed_suffix
 
 log = logging.getLogger("feedpipe.format")
@@ -265,9 +265,10 @@ def load_manifest(root: str) -> Manifest:
         >>> len(m.shards), m.total_samples
         (3, 24)
     """
-    from .._helpers.storage import is_local, read_bytes  # local import: storage pulls in fsspec
+    from .._helpers.storage import is_local, read_bytes, split_query
 
-    url = root if root.endswith(".json") else join(root, NAME)
+    check_query(root)
+    url = root if split_query(root)[0].endswith(".json") else join(root, NAME)
     # a remote manifest that arrives damaged (cut short, bytes changed on the way) is fetched
     # once more, as a damaged shard is; a local file reads the same every time
     fetches = 1 if is_local(url) else 2
@@ -376,10 +377,61 @@ def _look_at(root: str) -> tuple[str | None, list[str]]:
 
 
 def join(root: str, name: str) -> str:
-    """Join a dataset root (path or URL) and a relative name."""
-    return root.rstrip("/") + "/" + name if root else name
+    """Join a dataset root (path or URL) and a relative name; a URL's query string (and
+    fragment) goes to the object it names.
+
+    Example:
+        >>> join("https://h/data?token=1", "a.tar"), join("shards", "a.tar")
+        ('https://h/data/a.tar?token=1', 'shards/a.tar')
+    """
+    from .._helpers.storage import split_query
+
+    base, query = split_query(root)
+    return base.rstrip("/") + "/" + name + query if root else name
 
 
 def dataset_root(url: str) -> str:
-    """The dataset root of a URL that may name the manifest itself."""
-    return url.rsplit("/", 1)[0] if url.endswith(".json") else url.rstrip("/")
+    """The dataset root of a URL that may name the manifest itself (its query string kept).
+
+    Example:
+        >>> dataset_root("https://h/data/manifest.json?token=1")
+        'https://h/data?token=1'
+    """
+    from .._helpers.storage import split_query
+
+    base, query = split_query(url)
+    return (base.rsplit("/", 1)[0] if base.endswith(".json") else base.rstrip("/")) + query
+
+
+# query parameters of a URL signed for one object (S3 SigV4, GCS V4): no other object's
+_ONE_OBJECT = ("x-amz-signature", "x-goog-signature")
+
+
+def check_query(url: str) -> None:
+    """Refuse a query string that cannot be carried to every object of a dataset: on a
+    protocol other than HTTP(S) (for fsspec's S3 or GCS it is part of the object's name, or
+    one object's version), or a signature that authorises one object only.
+
+    Raises:
+        InputError: naming the URL, its query and what to give instead.
+    """
+    from .._helpers.storage import split_query
+
+    base, query = split_query(url)
+    if not query:
+        return
+    proto = base.split("://", 1)[0].lower()
+    if proto not in ("http", "https"):
+        raise InputError(
+            f"{url}: a query string ({query!r}) on a {proto}:// URL: feedpipe carries a query "
+            "to every object of a dataset over http(s) only; give the dataset's URL without "
+            "it (credentials and options come from the backend's own configuration)")
+    params = {p.split("=", 1)[0].lower() for p in query.lstrip("?").split("#")[0].split("&")}
+    signed = sorted(params & set(_ONE_OBJECT))
+    if signed:
+        raise InputError(
+            f"{url}: a URL signed for one object ({signed[0]}): feedpipe reads many objects "
+            "(manifest.json, every shard and its index) and gives each the same query, which "
+            "this signature does not cover; give a query that authorises the whole dataset (a "
+            "token, a container SAS, a signed-cookie or policy URL), or read it through the "
+            "storage's own protocol (s3://, gs://) with credentials")
