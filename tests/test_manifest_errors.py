@@ -159,11 +159,19 @@ def test_a_single_shard_is_told_to_pass_its_directory(sharded: Path) -> None:
 
 
 def test_a_compressed_shard_or_directory_of_them(tmp_path: Path) -> None:
+    xz = tmp_path / "data.tar.xz"
+    xz.write_bytes(b"\xfd7zXZ\x00")
+    with pytest.raises(CompressedShardError, match=r"data\.tar\.xz: compressed shards.*unxz"):
+        feedpipe.FeedDataset(str(xz))
+    with pytest.raises(CompressedShardError, match=r"data\.tar\.xz: compressed shards"):
+        feedpipe.FeedDataset(str(tmp_path))
+    # gzip shards are read once indexed: the sentence says so
+    xz.unlink()
     gz = tmp_path / "data.tar.gz"
     gz.write_bytes(b"\x1f\x8b\x08\0")
-    with pytest.raises(CompressedShardError, match=r"data\.tar\.gz: compressed shards.*gunzip"):
+    with pytest.raises(SourceNotFoundError, match=r"data\.tar\.gz: is a shard, not a dataset"):
         feedpipe.FeedDataset(str(gz))
-    with pytest.raises(CompressedShardError, match=r"data\.tar\.gz: compressed shards"):
+    with pytest.raises(SourceNotFoundError, match=rf"but 1 \.tar shard .*feedpipe index {tmp_path}"):
         feedpipe.FeedDataset(str(tmp_path))
 
 

@@ -3,10 +3,15 @@
 Format version 1::
 
     {"format": "feedpipe-manifest", "version": 1,
-     "shards": [{"name": "data-000000.tar", "samples": 1000, "bytes": 123, "sha256": "..."}],
+     "shards": [{"name": "data-000000.tar", "samples": 1000, "bytes": 123, "sha256": "..."},
+                {"name": "more.tar.gz", ..., "tar_bytes": 456}],
      "total_samples": 1000, "fields": ["cls", "jpg"], "classes": [...] | null,
      "skipped": [{"path": "...", "reason": "..."}], "num_skipped": 0,
      "created_by": {"tool": "feedpipe shard", "feedpipe_version": "...", "options": {...}}}
+
+A gzip shard (``.tar.gz``, ``.tgz``) records its own size and hash in ``bytes`` and ``sha256``,
+and the size of the plain tar inside in ``tar_bytes`` (the offsets of its index are offsets in
+that tar; see :mod:`feedpipe.format._compression`). Only such a shard has ``tar_bytes``.
 
 Loading is the only I/O here (through fsspec, so any URL works).
 """
@@ -20,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import InputError, ManifestError, SourceNotFoundError
-from ._compression import compressed_error, compressed_suffix
+from ._compression import compressed_error, compressed_suffix, readable
 
 log = logging.getLogger("feedpipe.format")
 
@@ -37,6 +42,20 @@ class ShardRecord:
     samples: int
     bytes: int
     sha256: str | None = None
+    tar_bytes: int | None = None  # a gzip shard's plain tar size
+
+    @property
+    def tar_size(self) -> int:
+        """The size of the plain tar a reader maps: ``tar_bytes`` of a gzip shard, else
+        ``bytes``."""
+        return self.bytes if self.tar_bytes is None else self.tar_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as ``manifest.json`` lists it (``tar_bytes`` only where there is one)."""
+        d = asdict(self)
+        if self.tar_bytes is None:
+            del d["tar_bytes"]
+        return d
 
 
 @dataclass
@@ -72,7 +91,7 @@ class Manifest:
         doc = {
             "format": FORMAT,
             "version": VERSION,
-            "shards": [asdict(s) for s in self.shards],
+            "shards": [s.to_dict() for s in self.shards],
             "total_samples": self.total_samples,
             "fields": sorted(self.fields),
             "classes": self.classes,
@@ -89,7 +108,7 @@ class Manifest:
         Raises:
             ManifestError: not JSON, not a feedpipe manifest, a newer format, a field of the
                 wrong type or value, a shard listed twice (names ``where`` and the field).
-            CompressedShardError: a shard is a compressed tar.
+            CompressedShardError: a shard is a compressed tar other than gzip.
         """
         try:
             doc = json.loads(text)
@@ -187,8 +206,8 @@ def _shard_list(shards: object, where: str) -> list[ShardRecord]:
                 or ".." in name.split("/")):
             raise _edited(where, f"{at}.name must be a shard path relative to the dataset root "
                                  f"(no leading '/', no '..'), not {name!r}")
-        for k in ("samples", "bytes"):
-            if not _is_count(s[k]):
+        for k in ("samples", "bytes", "tar_bytes"):
+            if k in s and not _is_count(s[k]) and not (k == "tar_bytes" and s[k] is None):
                 raise _edited(where, f"{at}.{k} must be a non-negative integer, not {s[k]!r}")
         if s["samples"] == 0:
             # no writer makes an empty shard (`feedpipe index` refuses one), and a shard the
@@ -205,8 +224,14 @@ def _shard_list(shards: object, where: str) -> list[ShardRecord]:
                 f"shards[{i}]); a dataset lists each shard once: remove the repeated entry (and "
                 "correct total_samples), or rebuild the manifest with `feedpipe index`")
         first[name] = i
-        if compressed_suffix(name):
+        if compressed_suffix(name) and not readable(name):
             raise compressed_error(join(dataset_root(where), name))
+        if readable(name) and s.get("tar_bytes") is None:
+            raise _edited(where, f"{at}: the gzip shard {name!r} has no \"tar_bytes\" (the size "
+                                 "of the plain tar inside, which its index describes)")
+        if not readable(name) and s.get("tar_bytes") is not None:
+            raise _edited(where, f"{at}: \"tar_bytes\" is for gzip shards (.tar.gz, .tgz), not "
+                                 f"{name!r}")
         out.append(ShardRecord(**s))
     return out
 
@@ -256,7 +281,7 @@ def load_manifest(root: str) -> Manifest:
     Raises:
         SourceNotFoundError: ``root`` does not exist or is not a dataset (a folder of source
             files, shards without a manifest, a single shard); the message says what to run.
-        CompressedShardError: ``root`` is, or holds only, compressed shards.
+        CompressedShardError: ``root`` is, or holds only, compressed shards other than gzip.
         ManifestError: the manifest is malformed (names the file and the field); a remote one
             is fetched a second time first, in case it was damaged on the way.
 
@@ -315,10 +340,10 @@ def _not_a_dataset(root: str, url: str) -> Exception:
     if kind == "missing":
         return SourceNotFoundError(f"{root}: does not exist (no such directory or file)")
     if kind == "file":
-        if compressed_suffix(root):
+        if compressed_suffix(root) and not readable(root):
             return compressed_error(root)
         parent = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else "."
-        if root.endswith(".tar"):
+        if root.endswith(".tar") or readable(root):
             return SourceNotFoundError(
                 f"{root}: is a shard, not a dataset: pass the dataset directory, the one holding "
                 f"manifest.json: FeedDataset('{parent}') (shards made by another tool: run "
@@ -326,8 +351,8 @@ def _not_a_dataset(root: str, url: str) -> Exception:
         return SourceNotFoundError(f"{root}: is a file, not a dataset: pass the directory "
                                    "holding manifest.json (or the manifest.json itself)")
     if kind == "dir":  # (a directory's entry ends with "/": data.tar/ is no shard)
-        tars = [n for n in entries if n.endswith(".tar")]
-        packed = [n for n in entries if compressed_suffix(n)]
+        tars = [n for n in entries if n.endswith(".tar") or readable(n)]
+        packed = [n for n in entries if compressed_suffix(n) and not readable(n)]
         if packed and not tars:
             return compressed_error(join(root, packed[0]))
         if tars:
