@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _data import make_dataset
+from _servers import python_server
 from conftest import run_feedpipe
 
 import feedpipe
@@ -30,7 +31,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def packed(plain: Path, out: Path, which: str = "all") -> Path:
     """``plain``'s shards in ``out``: gzip-compressed (the second as ``.tgz``), or with
     ``which="odd"`` only the odd ones, the even ones copied as they are."""
-    out.mkdir()
+    out.mkdir(parents=True)
     for i, tar in enumerate(sorted(plain.glob("*.tar"))):
         if which == "odd" and i % 2 == 0:
             shutil.copy(tar, out / tar.name)
@@ -173,3 +174,25 @@ def test_a_gzip_shard_opened_as_a_plain_one_says_how_to_read_it(plain: Path,
     with pytest.raises(CompressedShardError, match=r"data-000000\.tar\.gz: a gzip shard.*"
                                                    r"FeedDataset"):
         ShardReader(str(gz / "data-000000.tar.gz"))
+
+
+def test_gzip_shards_over_http_are_fetched_and_decompressed_once(
+    plain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Remote gzip shards, behind a URL with a token, with no cache_dir: each is downloaded once
+    into the default cache directory and read from its plain tar there, epoch after epoch."""
+    gz = packed(plain, tmp_path / "site" / "gz")
+    feedpipe.index([str(gz)], show_progress=False)
+    want = webdataset_samples([gz / s.name for s in feedpipe.load_manifest(str(gz)).shards])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    with python_server(tmp_path / "site", "--token", "t0k") as srv:
+        url = f"{srv.url}/gz?token=t0k"
+        ds = FeedDataset(url, shuffle=True)
+        for _ in range(2):
+            assert samples(ds) == want
+        stats = srv.stats()
+        assert feedpipe.verify(url, show_progress=False).ok
+    assert sum(v["errors"] for v in stats.values()) == 0
+    for name in ("data-000000.tar.gz", "data-000001.tgz"):
+        assert stats[f"/gz/{name}"]["bytes"] == (gz / name).stat().st_size
+    assert len(list((tmp_path / "home" / "feedpipe" / "shards").glob("*.tar"))) == 4
