@@ -171,7 +171,8 @@ def test_a_compressed_shard_or_directory_of_them(tmp_path: Path) -> None:
     gz.write_bytes(b"\x1f\x8b\x08\0")
     with pytest.raises(SourceNotFoundError, match=r"data\.tar\.gz: is a shard, not a dataset"):
         feedpipe.FeedDataset(str(gz))
-    with pytest.raises(SourceNotFoundError, match=rf"but 1 \.tar shard .*feedpipe index {tmp_path}"):
+    with pytest.raises(SourceNotFoundError,
+                       match=rf"but 1 \.tar shard .*feedpipe index {tmp_path}"):
         feedpipe.FeedDataset(str(tmp_path))
 
 
