@@ -196,3 +196,32 @@ def test_gzip_shards_over_http_are_fetched_and_decompressed_once(
     for name in ("data-000000.tar.gz", "data-000001.tgz"):
         assert stats[f"/gz/{name}"]["bytes"] == (gz / name).stat().st_size
     assert len(list((tmp_path / "home" / "feedpipe" / "shards").glob("*.tar"))) == 4
+
+
+@pytest.mark.parametrize("case", ["samples", "samples-workers", "rows-threads", "rows-workers"])
+def test_every_route_reads_gzip_shards_as_the_reference_route(
+    plain: Path, tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch routes read a gzip shard's plain tar in the cache (in this process, threads and
+    worker processes) and deliver what the reference route delivers from the plain dataset.
+    (The ``refs`` routes map local shards only: they refuse cached ones by name.)"""
+    import torch
+    from _routes import ROUTES, make
+
+    mixed = packed(plain, tmp_path / "mixed", which="odd")
+    feedpipe.index([str(mixed)], show_progress=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+
+    def batches(path: Path, reference: bool) -> list[object]:
+        loader = make(case, str(path), workers=2, reference=reference)
+        out = []
+        for b in loader:
+            if ROUTES[case][0] == "img":
+                images, labels = b
+                out.append((labels.tolist(), images.sum().item()))
+            else:
+                out.append((list(b["__key__"]), [bytes(x) for x in b["jpg"]]
+                            if not isinstance(b["jpg"], torch.Tensor) else b["jpg"].tolist()))
+        return out
+
+    assert batches(mixed, reference=False) == batches(plain, reference=True)

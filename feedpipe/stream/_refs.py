@@ -219,7 +219,7 @@ class Resolver:
         self.fields = list(dataset.manifest.fields)
         self.decode: dict[str, Decoder] = dict(dataset.decode)
         self.pin = bool(pin_memory and torch.cuda.is_available())
-        self._bytes = np.array([r.tar_size for r in dataset.manifest.shards], dtype=np.int64)
+        self._bytes = np.array([r.bytes for r in dataset.manifest.shards], dtype=np.int64)
         # one rank reads every sample of every shard each epoch: whole shards are worth mapping
         self._whole = dataset.world.world_size == 1
         self._populate = hasattr(mmap.mmap, "madvise")
