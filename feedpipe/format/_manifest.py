@@ -24,7 +24,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..errors import InputError, ManifestError, SourceNotFoundError
+from ..errors import ManifestError, SourceNotFoundError
 from ._compression import compressed_error, compressed_suffix, readable
 
 log = logging.getLogger("feedpipe.format")
@@ -290,7 +290,7 @@ def load_manifest(root: str) -> Manifest:
         >>> len(m.shards), m.total_samples
         (3, 24)
     """
-    from .._helpers.storage import is_local, read_bytes, split_query
+    from .._helpers.storage import check_query, is_local, read_bytes, split_query
 
     check_query(root)
     url = root if split_query(root)[0].endswith(".json") else join(root, NAME)
@@ -427,36 +427,3 @@ def dataset_root(url: str) -> str:
     base, query = split_query(url)
     return (base.rsplit("/", 1)[0] if base.endswith(".json") else base.rstrip("/")) + query
 
-
-# query parameters of a URL signed for one object (S3 SigV4, GCS V4): no other object's
-_ONE_OBJECT = ("x-amz-signature", "x-goog-signature")
-
-
-def check_query(url: str) -> None:
-    """Refuse a query string that cannot be carried to every object of a dataset: on a
-    protocol other than HTTP(S) (for fsspec's S3 or GCS it is part of the object's name, or
-    one object's version), or a signature that authorises one object only.
-
-    Raises:
-        InputError: naming the URL, its query and what to give instead.
-    """
-    from .._helpers.storage import split_query
-
-    base, query = split_query(url)
-    if not query:
-        return
-    proto = base.split("://", 1)[0].lower()
-    if proto not in ("http", "https"):
-        raise InputError(
-            f"{url}: a query string ({query!r}) on a {proto}:// URL: feedpipe carries a query "
-            "to every object of a dataset over http(s) only; give the dataset's URL without "
-            "it (credentials and options come from the backend's own configuration)")
-    params = {p.split("=", 1)[0].lower() for p in query.lstrip("?").split("#")[0].split("&")}
-    signed = sorted(params & set(_ONE_OBJECT))
-    if signed:
-        raise InputError(
-            f"{url}: a URL signed for one object ({signed[0]}): feedpipe reads many objects "
-            "(manifest.json, every shard and its index) and gives each the same query, which "
-            "this signature does not cover; give a query that authorises the whole dataset (a "
-            "token, a container SAS, a signed-cookie or policy URL), or read it through the "
-            "storage's own protocol (s3://, gs://) with credentials")
