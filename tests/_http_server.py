@@ -1,15 +1,19 @@
 """A small HTTP file server for the remote and cache tests, run as its own process.
 
     python tests/_http_server.py ROOT [--ignore-range] [--fail-first N] [--rate BYTES_PER_S]
-                                      [--deny] [--corrupt SUFFIX:N ...]
+                                      [--deny] [--corrupt SUFFIX:N ...] [--cut SUFFIX:N ...]
+                                      [--token T]
 
 Serves ``ROOT`` with ``HEAD`` and ``GET`` (single ``Range: bytes=a-b`` requests answered with
 206, unless ``--ignore-range``: then the whole file with 200, as some servers do). Misbehaviour
 on demand: ``--fail-first N`` answers the first N requests with 503; ``--rate`` streams bodies
 slowly (to kill a client mid-download); ``--deny`` answers every file request with 403;
 ``--corrupt .idx:2`` flips one byte (to a non-UTF-8 one) in the middle of the first 2 bodies
-sent for paths ending in ``.idx``, as a corrupting link or proxy would. Prints ``PORT <n>`` once
-it listens on 127.0.0.1.
+sent for paths ending in ``.idx``, as a corrupting link or proxy would; ``--cut .json:1`` sends
+the first half of the first body for paths ending in ``.json`` (with a Content-Length to match:
+damage the transport cannot see); ``--token T`` answers 403 to a file request whose query string
+lacks ``token=T`` (a URL that carries its credentials). Prints ``PORT <n>`` once it listens on
+127.0.0.1.
 
 ``GET /__stats__`` returns JSON ``{path: {"requests": n, "bytes": body bytes sent, "errors": n}}``
 counting requests as they arrive; ``POST /__reset__`` clears the counters.
@@ -41,6 +45,8 @@ class Handler(BaseHTTPRequestHandler):
     rate = 0.0
     deny = False
     corrupt: ClassVar[dict[str, int]] = {}  # path suffix -> bodies still to corrupt
+    cut: ClassVar[dict[str, int]] = {}  # path suffix -> bodies still to cut short
+    token = ""
 
     def log_message(self, *args: object) -> None:
         pass
@@ -93,6 +99,14 @@ class Handler(BaseHTTPRequestHandler):
         mid = len(chunk) // 2
         return chunk[:mid] + bytes([chunk[mid] ^ 0xFF | 0x80]) + chunk[mid + 1:]
 
+    def _maybe_cut(self, path: str, chunk: bytes) -> bytes:
+        with _lock:
+            suffix = next((s for s, n in self.cut.items() if n > 0 and path.endswith(s)), None)
+            if suffix is None:
+                return chunk
+            self.cut[suffix] -= 1
+        return chunk[: len(chunk) // 2]
+
     def _serve(self, body: bool) -> None:
         path = unquote(urlsplit(self.path).path)
         if body:
@@ -101,6 +115,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.deny:
             self.send_error(403, "access denied on purpose")
+            return
+        if self.token and f"token={self.token}" not in urlsplit(self.path).query.split("&"):
+            self._count(path, "errors")
+            self.send_error(403, "no token")
             return
         full = os.path.join(self.root, path.lstrip("/"))
         if not os.path.isfile(full):
@@ -116,7 +134,7 @@ class Handler(BaseHTTPRequestHandler):
             code = 206
         chunk = data[lo:hi]
         if body and chunk:
-            chunk = self._maybe_corrupt(path, chunk)
+            chunk = self._maybe_cut(path, self._maybe_corrupt(path, chunk))
         self.send_response(code)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(chunk)))
@@ -147,6 +165,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=0.0)
     ap.add_argument("--deny", action="store_true")
     ap.add_argument("--corrupt", action="append", default=[], metavar="SUFFIX:N")
+    ap.add_argument("--cut", action="append", default=[], metavar="SUFFIX:N")
+    ap.add_argument("--token", default="")
     a = ap.parse_args()
     Handler.root = a.root
     Handler.ignore_range = a.ignore_range
@@ -154,6 +174,8 @@ def main() -> None:
     Handler.rate = a.rate
     Handler.deny = a.deny
     Handler.corrupt = {s: int(n) for s, n in (c.rsplit(":", 1) for c in a.corrupt)}
+    Handler.cut = {s: int(n) for s, n in (c.rsplit(":", 1) for c in a.cut)}
+    Handler.token = a.token
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(f"PORT {server.server_address[1]}", flush=True)

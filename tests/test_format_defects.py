@@ -188,16 +188,18 @@ def test_index_with_negative_offsets_is_refused() -> None:
         parse_index("v1.2 1\njpg -512 10 a.jpg\n", "x.idx")
 
 
-# -- compressed shards (issue 22) ---------------------------------------------------------------
+# -- compressed shards (issue 22; gzip ones are read since issue 34: test_compressed_shards.py) --
 def test_compressed_shards_are_refused_with_the_way_to_convert(tmp_path: Path) -> None:
+    import lzma
+
     raw = member("a.txt", b"hi") + END
-    gz = _shard(tmp_path, gzip.compress(raw), "s.tar.gz")
-    for target in (gz, gz.parent):
+    xz = _shard(tmp_path, lzma.compress(raw), "s.tar.xz")
+    for target in (xz, xz.parent):
         r = run_feedpipe("index", target)
         assert r.returncode == 2 and "Traceback" not in r.stderr
-        assert "compressed" in r.stderr and "gunzip" in r.stderr and "feedpipe shard" in r.stderr
-    with pytest.raises(CompressedShardError, match=r"s\.tar\.gz: compressed shards"):
-        feedpipe.index([str(gz)], show_progress=False)
+        assert "compressed" in r.stderr and "unxz" in r.stderr and "feedpipe shard" in r.stderr
+    with pytest.raises(CompressedShardError, match=r"s\.tar\.xz: compressed shards"):
+        feedpipe.index([str(xz)], show_progress=False)
     # gzip bytes under a .tar name: the same sentence, not "corrupted tar header"
     disguised = _shard(tmp_path, gzip.compress(raw), "t.tar")
     with pytest.raises(CompressedShardError, match=r"t\.tar: .*gzip-compressed"):
@@ -208,9 +210,9 @@ def test_compressed_shards_are_refused_with_the_way_to_convert(tmp_path: Path) -
 
 def test_manifest_pointing_at_compressed_shards(sharded_copy: Path) -> None:
     doc = json.loads((sharded_copy / "manifest.json").read_text())
-    doc["shards"][1]["name"] = "data-000001.tar.gz"
+    doc["shards"][1]["name"] = "data-000001.tar.xz"
     (sharded_copy / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(CompressedShardError, match=r"data-000001\.tar\.gz: compressed shards"):
+    with pytest.raises(CompressedShardError, match=r"data-000001\.tar\.xz: compressed shards"):
         feedpipe.FeedDataset(str(sharded_copy))
     r = run_feedpipe("verify", sharded_copy)
     assert r.returncode == 2 and "compressed shards" in r.stderr and "Traceback" not in r.stderr
@@ -234,7 +236,8 @@ def test_data_after_the_end_of_archive_is_refused(tmp_path: Path) -> None:
     assert [n for n, _ in tarfile_members(bytes(raw))] == ["s0.txt", "s1.txt"]
     p = _shard(tmp_path, bytes(raw))
     with pytest.raises(ShardFormatError, match=r"s\.tar: data after the end-of-archive block at "
-                                               r"offset 2048 \(a non-zero byte at 2560\)"):
+                                               r"offset 2048 \(a non-zero byte at 2560; a tar "
+                                               r"header at offset 3072\)"):
         feedpipe.index([str(p)], show_progress=False)
     with pytest.raises(ShardFormatError, match="end-of-archive"):
         ShardReader(str(p))
@@ -242,3 +245,43 @@ def test_data_after_the_end_of_archive_is_refused(tmp_path: Path) -> None:
     p.write_bytes(build([("a.txt", b"1")]) + bytes(10240))
     feedpipe.index([str(p)], show_progress=False)
     assert _read(p) == [("a.txt", b"1")]
+
+
+def test_junk_after_the_end_of_archive_is_read_with_a_note(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Non-zero bytes after the end-of-archive blocks that hold no tar header (a copy tool's or a
+    writer's leftovers): GNU tar and tarfile read the archive, and so does feedpipe, saying so;
+    "re-copy or re-fetch" could not have helped."""
+    import logging
+    import shutil
+    import subprocess
+
+    from _tars import build
+
+    members = [(f"s{i}.txt", b"x" * (300 * i + 1)) for i in range(3)]
+    good = build(members)
+    junk = b"trailer written by some tool\n" + bytes(range(256)) * 5
+    p = _shard(tmp_path, good + junk)
+    assert tarfile_members(good + junk) == members
+    if shutil.which("tar"):
+        listed = subprocess.run(["tar", "-tf", str(p)], capture_output=True, text=True)
+        assert listed.returncode == 0 and listed.stdout.split() == [n for n, _ in members]
+    with caplog.at_level(logging.WARNING, logger="feedpipe.format"):
+        m = feedpipe.index([str(p)], show_progress=False)
+    assert m.total_samples == 3
+    note = [r.getMessage() for r in caplog.records if r.name == "feedpipe.format"]
+    assert note and "s.tar" in note[0] and f"the first non-zero at {len(good)})" in note[0], note
+    assert "hold no tar header: ignored" in note[0]
+    assert _read(p) == members  # through the index
+    assert feedpipe.verify(str(p.parent), show_progress=False).ok
+    p.with_suffix(".idx").unlink()
+    assert _read(p) == members  # the reader's own scan
+    # a member after the junk, at a block boundary: hidden from every tar reader, refused
+    hidden = build([("late.txt", b"y")])
+    cut = len(junk) + (-len(junk)) % 512
+    p.write_bytes(good + junk.ljust(cut, b"j") + hidden)
+    with pytest.raises(ShardFormatError, match=rf"s\.tar: data after the end-of-archive block at "
+                                               r"offset 3584 .*a tar header at "
+                                               rf"offset {len(good) + cut}\)"):
+        feedpipe.index([str(p)], show_progress=False)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import SourceNotFoundError
+from ..errors import InputError, SourceNotFoundError
 
 
 def is_local(url: str) -> bool:
@@ -23,6 +23,54 @@ def is_local(url: str) -> bool:
 
 def local_path(url: str) -> str:
     return url.removeprefix("file://")
+
+
+def split_query(url: str) -> tuple[str, str]:
+    """``(url, "")`` for a local path (``?`` and ``#`` are file name characters there); for a
+    remote URL, the URL without its query string and fragment, and them (``"?token=1#x"``), so
+    that a dataset's objects are named under the path and each carries the same query.
+
+    Example:
+        >>> split_query("https://h/data/manifest.json?token=1"), split_query("a?b/c")
+        (('https://h/data/manifest.json', '?token=1'), ('a?b/c', ''))
+    """
+    if is_local(url):
+        return url, ""
+    start = url.index("://") + 3
+    cuts = [i for i in (url.find("?", start), url.find("#", start)) if i >= 0]
+    return (url, "") if not cuts else (url[: min(cuts)], url[min(cuts):])
+
+
+# query parameters of a URL signed for one object (S3 SigV4, GCS V4): no other object's
+_ONE_OBJECT = ("x-amz-signature", "x-goog-signature")
+
+
+def check_query(url: str) -> None:
+    """Refuse a query string that cannot be carried to every object of a dataset: on a
+    protocol other than HTTP(S) (for fsspec's S3 or GCS it is part of the object's name, or
+    one object's version), or a signature that authorises one object only.
+
+    Raises:
+        InputError: naming the URL, its query and what to give instead.
+    """
+    base, query = split_query(url)
+    if not query:
+        return
+    proto = base.split("://", 1)[0].lower()
+    if proto not in ("http", "https"):
+        raise InputError(
+            f"{url}: a query string ({query!r}) on a {proto}:// URL: feedpipe carries a query "
+            "to every object of a dataset over http(s) only; give the dataset's URL without "
+            "it (credentials and options come from the backend's own configuration)")
+    params = {p.split("=", 1)[0].lower() for p in query.lstrip("?").split("#")[0].split("&")}
+    signed = sorted(params & set(_ONE_OBJECT))
+    if signed:
+        raise InputError(
+            f"{url}: a URL signed for one object ({signed[0]}): feedpipe reads many objects "
+            "(manifest.json, every shard and its index) and gives each the same query, which "
+            "this signature does not cover; give a query that authorises the whole dataset (a "
+            "token, a container SAS, a signed-cookie or policy URL), or read it through the "
+            "storage's own protocol (s3://, gs://) with credentials")
 
 
 _fork_hook = False

@@ -5,6 +5,10 @@ point), ``<key>.idx`` (its index, when the source has one) and, while a download
 ``<key>.tar.part`` / ``<key>.idx.part``. Every method here runs under the entry's ``LOCK_EX``
 (held by :class:`~feedpipe.caches._shards.ShardCache`), except :meth:`Entry.valid`, which a reader
 calls under ``LOCK_SH``. What is checked: :mod:`feedpipe.caches._integrity`.
+
+A gzip shard (``.tar.gz``, ``.tgz``) is decompressed as it is downloaded: its entry's ``.tar`` is
+the plain tar inside (``ShardRecord.tar_bytes`` long), where its index's offsets hold; the
+compressed bytes are checked against the manifest's size and sha256 on the way.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from .._helpers.storage import filesystem, read_range
 from ..errors import OutputError, ShardFormatError, SourceNotFoundError
+from ..format._compression import Gunzip
 from ..format._index import index_path
 from ..format._manifest import ShardRecord
 from ._integrity import IDX, TAR, file_sha256, index_problem, stamp
@@ -43,6 +48,20 @@ class NoSpace(Exception):
 
 class Stopped(Exception):
     """A prefetch was cancelled (its iterator closed)."""
+
+
+class _Damaged(Exception):
+    """A gzip shard's download does not decompress to its manifest's plain tar."""
+
+
+def _packed(rec: Any) -> bool:
+    """Whether the record is a gzip shard's (a record is duck-typed, as in ``_integrity``)."""
+    return getattr(rec, "tar_bytes", None) is not None
+
+
+def _plain_size(rec: Any) -> int:
+    """The size of the entry's ``.tar``: a gzip shard's plain tar, else the shard's."""
+    return int(rec.tar_bytes) if _packed(rec) else int(rec.bytes)
 
 
 def entry_key(rec: ShardRecord, url: str) -> str:
@@ -117,7 +136,7 @@ class Entry:
             st = os.stat(self.p(".tar"))
         except FileNotFoundError:
             return False
-        if st.st_size != self.rec.bytes or int(st.st_mtime) != stamp(self.key):
+        if st.st_size != _plain_size(self.rec) or int(st.st_mtime) != stamp(self.key):
             return False
         try:
             with open(self.p(".idx"), "rb") as f:
@@ -135,8 +154,10 @@ class Entry:
         except FileNotFoundError:
             self.remove((".idx",))
             return "all"
-        if st.st_size != rec.bytes or int(st.st_mtime) != stamp(key):
-            if rec.sha256 is None or st.st_size != rec.bytes or file_sha256(tar) != rec.sha256:
+        if st.st_size != _plain_size(rec) or int(st.st_mtime) != stamp(key):
+            # (a gzip shard's hash is of its compressed bytes: its plain tar is fetched again)
+            if (rec.sha256 is None or _packed(rec) or st.st_size != rec.bytes
+                    or file_sha256(tar) != rec.sha256):
                 self.stats.refetched += 1
                 self.remove((".tar", ".idx"))
                 return "all"
@@ -183,11 +204,16 @@ class Entry:
         try:
             for _ in range(FETCH_ATTEMPTS):
                 idx = self._fetch_index(stop)
-                if not reserve(rec.bytes if need_tar else 0, idx):
+                if not reserve(_plain_size(rec) if need_tar else 0, idx):
                     self.remove(PARTS)
                     return "refused"
                 if need_tar:
-                    digest = self._download(stop)
+                    try:
+                        digest = self._download(stop)
+                    except _Damaged as e:
+                        problem = (url, str(e))
+                        self.stats.refetched += 1
+                        continue
                     if rec.sha256 is not None and digest != rec.sha256:
                         what = (f"{url}: content hash mismatch while caching (sha256 "
                                 f"{digest[:16]}..., the manifest says {rec.sha256[:16]}...)")
@@ -249,13 +275,26 @@ class Entry:
             self._disk(os.replace, self.p(".tar.part"), self.p(".tar"))
 
     def _download(self, stop: threading.Event | None) -> str:
-        """The shard into its reserved ``.tar.part`` (synced); its sha256."""
+        """The shard into its reserved ``.tar.part`` (synced; a gzip shard decompressed); the
+        sha256 of the bytes fetched. :class:`_Damaged`: a gzip stream that is broken or does not
+        hold ``tar_bytes``."""
         from .._helpers import retry
 
         url, total = self.url, self.rec.bytes
         fs, path = filesystem(url)
         h = hashlib.sha256()
         fd = self._disk(os.open, self.p(".tar.part"), os.O_WRONLY | os.O_CLOEXEC)
+        gunzip = Gunzip(url) if _packed(self.rec) else None
+        written = 0
+
+        def unpack(blob: bytes, last: bool = False) -> bytes:
+            if gunzip is None:
+                return blob
+            try:
+                return gunzip.end() if last else gunzip.feed(blob)
+            except ShardFormatError as e:
+                raise _Damaged(str(e)) from e
+
         try:
             lo = 0
             while lo < total:
@@ -271,14 +310,26 @@ class Entry:
                 else:
                     blob = read_range(fs, path, url, lo, hi, whole=hi - lo == total, stop=stop)
                 h.update(blob)
-                view = memoryview(blob)
-                while view:
-                    view = view[self._disk(os.write, fd, view):]
                 lo += len(blob)
+                written += self._write_fd(fd, unpack(blob))
+                if gunzip is not None and written > _plain_size(self.rec):
+                    break
+            if gunzip is not None:
+                written += self._write_fd(fd, unpack(b"", last=True)) if lo == total else 0
+                if written != _plain_size(self.rec):
+                    raise _Damaged(f"{url}: the tar inside is {'more than ' * (lo < total)}"
+                                   f"{written} bytes, the manifest says {_plain_size(self.rec)} "
+                                   "(tar_bytes)")
             self._disk(os.fsync, fd)  # data on disk before the rename publishes it
         finally:
             os.close(fd)
         return h.hexdigest()
+
+    def _write_fd(self, fd: int, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            view = view[self._disk(os.write, fd, view):]
+        return len(data)
 
     def _write(self, path: str, data: bytes) -> None:
         fd = self._disk(os.open, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)

@@ -19,16 +19,17 @@ import os
 import time
 from typing import Any
 
-from .._helpers.storage import is_local
-from ..errors import RemoteError
-from ..format._manifest import Manifest, dataset_root, load_manifest
+from .._helpers.storage import is_local, split_query
+from ..errors import ManifestError, RemoteError
+from ..format._manifest import Manifest, dataset_root, load_manifest, parse_manifest
 
 log = logging.getLogger("feedpipe.cache")
 
 
 def copy_path(cache_path: str, url: str) -> str:
-    """Where the manifest of the dataset at ``url`` is kept in the cache directory."""
-    ident = hashlib.sha256(dataset_root(url).encode()).hexdigest()[:20]
+    """Where the manifest of the dataset at ``url`` is kept in the cache directory (named after
+    the URL without its query string: a renewed token finds the same copy)."""
+    ident = hashlib.sha256(split_query(dataset_root(url))[0].encode()).hexdigest()[:20]
     return os.path.join(cache_path, f"manifest-{ident}.json")
 
 
@@ -54,16 +55,26 @@ def load_manifest_cached(url: str, cache_dir: Any = None) -> Manifest:
         manifest = load_manifest(url)
     except RemoteError as e:
         try:
-            with open(copy, encoding="utf-8") as f:
-                text = f.read()
+            with open(copy, "rb") as f:
+                raw = f.read()
             saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(copy)))
         except FileNotFoundError:
             raise e from None
+        try:
+            kept = parse_manifest(raw, copy)
+        except ManifestError as bad:
+            # never fetched again from an unreachable storage: removed, so that the next start
+            # does not meet it again, and named with the storage's own error
+            _remove(copy)
+            raise RemoteError(
+                f"{_first_line(e)}; and the copy of the manifest kept in the shard cache is "
+                f"damaged ({bad}): it was removed. Start again once {dataset_root(url)} can be "
+                "reached") from e
         log.warning("%s: the storage is unreachable (%s); starting from the copy of the "
                     "manifest kept in the shard cache (%s, saved %s): every shard comes from the "
                     "cache, and one it does not hold fails until the storage is back",
                     dataset_root(url), _first_line(e), copy, saved)
-        return Manifest.from_json(text, where=copy)
+        return kept
     _keep(copy, manifest.to_json())
     return manifest
 
@@ -96,6 +107,13 @@ def _keep(copy: str, text: str) -> None:
         log.warning("%s: cannot keep a copy of the manifest in the shard cache (%s); a later "
                     "run cannot start from the cache while the storage is unreachable",
                     copy, e.strerror or e)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _first_line(e: BaseException) -> str:

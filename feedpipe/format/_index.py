@@ -187,9 +187,13 @@ def _parse_columns(body: list[str]) -> ShardIndex | None:
 
 
 def index_path(shard_path: str) -> str:
-    """The index path beside a shard: ``x.tar`` -> ``x.idx``."""
-    base = shard_path[:-4] if shard_path.endswith(".tar") else shard_path
-    return base + ".idx"
+    """The index path beside a shard: ``x.tar`` -> ``x.idx`` (a URL's query string kept:
+    ``x.tar?token=1`` -> ``x.idx?token=1``)."""
+    from .._helpers.storage import split_query
+
+    path, query = split_query(shard_path)
+    base = path[:-4] if path.endswith(".tar") else path
+    return base + ".idx" + query
 
 
 def write_index(path: str, idx: ShardIndex) -> None:

@@ -3,6 +3,9 @@
 Scans each shard once, writes its DALI v1.2 ``.idx`` beside it and a ``manifest.json`` for the
 set, so the shards stream through feedpipe without re-sharding. Every shard is read and checked
 before anything is written: a bad shard or a key clash leaves no index and no manifest behind.
+A gzip shard (``a.tar.gz``, ``a.tgz``) is decompressed into a temporary file for its scan; its
+index (``a.tar.gz.idx``) gives offsets in the plain tar inside, which readers decompress once into
+the shard cache (:mod:`feedpipe.format._compression`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +29,7 @@ from ..errors import (
     ShardFormatError,
     SourceNotFoundError,
 )
-from ._compression import compressed_error, compressed_suffix
+from ._compression import readable, refuse_unreadable, unpacked
 from ._index import ShardIndex, check_names, index_from_tar, index_path, write_index
 from ._key_registry import KeyRegistry
 from ._manifest import NAME, Manifest, ShardRecord, write_manifest, write_wids_index
@@ -56,19 +60,16 @@ class IndexResult:
 def _expand(shards: Sequence[str]) -> list[str]:
     out: list[str] = []
     for s in shards:
-        if compressed_suffix(s) and not any(c in s for c in "*?["):
-            raise compressed_error(s)
+        if not any(c in s for c in "*?["):
+            refuse_unreadable(s)
         if os.path.isdir(s):
-            found = sorted(glob.glob(os.path.join(glob.escape(s), "*.tar")))
-            packed = sorted(p for p in glob.glob(os.path.join(glob.escape(s), "*"))
-                            if compressed_suffix(p))
-            if packed and not found:
-                raise compressed_error(packed[0])
-            if packed:
-                log.warning("%s: %d compressed file(s) left out (e.g. %s): only plain .tar "
-                            "shards are indexed", s, len(packed), os.path.basename(packed[0]))
+            every = sorted(glob.glob(os.path.join(glob.escape(s), "*")))
+            found = [p for p in every if p.endswith(".tar") or readable(p)]
+            for p in every:  # never left out in silence: a shard feedpipe cannot read is refused
+                refuse_unreadable(p)
             if not found:
-                raise SourceNotFoundError(f"{s}: directory holds no .tar shards")
+                raise SourceNotFoundError(f"{s}: directory holds no .tar shards (nor .tar.gz, "
+                                          ".tgz)")
         elif any(c in s for c in "*?["):
             found = sorted(glob.glob(s))
             if not found:
@@ -79,8 +80,7 @@ def _expand(shards: Sequence[str]) -> list[str]:
         else:
             found = [s]
         for p in found:
-            if compressed_suffix(p):
-                raise compressed_error(p)
+            refuse_unreadable(p)
             if not os.path.isfile(p):
                 raise SourceNotFoundError(
                     f"{p}: is {'a directory' if os.path.isdir(p) else 'not a regular file'}, not "
@@ -137,12 +137,14 @@ def read_classes(spec: str | Sequence[str]) -> tuple[list[str], str]:
     return names, source
 
 
-def _check_labels(path: str, idx: ShardIndex, names: list[str], source: str | None) -> None:
-    """Refuse a ``cls`` value of the shard at ``path`` that is not an index into ``names``
-    (the class names ``--classes`` records: what the ``cls`` values index)."""
+def _check_labels(tar: str, idx: ShardIndex, names: list[str], source: str | None,
+                  path: str) -> None:
+    """Refuse a ``cls`` value of the shard at ``path`` (its plain tar at ``tar``) that is not an
+    index into ``names`` (the class names ``--classes`` records: what the ``cls`` values
+    index)."""
     last = len(names) - 1
     try:
-        with open(path, "rb") as f:
+        with open(tar, "rb") as f:
             for i, key in enumerate(idx.keys):
                 for m in range(idx.starts[i], idx.starts[i + 1]):
                     if idx.exts[m] != "cls":
@@ -168,18 +170,32 @@ def _check_labels(path: str, idx: ShardIndex, names: list[str], source: str | No
 
 
 def _scan(path: str) -> tuple[ShardIndex, int, str]:
-    """The shard's index from its headers, its size and sha256 (I/O errors named)."""
+    """The index, size and sha256 of a shard (a gzip one's plain tar indexed)."""
+    with _scanned(path) as (idx, rec, _):
+        return idx, rec.bytes, rec.sha256 or ""
+
+
+@contextmanager
+def _scanned(path: str) -> Iterator[tuple[ShardIndex, ShardRecord, str]]:
+    """The shard's index from its headers, its record (all but the name) and the plain tar to
+    read members from: the shard itself, or a gzip shard's tar decompressed into a temporary
+    file, removed afterwards (I/O errors named)."""
     try:
-        size = os.path.getsize(path)
-        h = hashlib.sha256()
         with open(path, "rb") as f:
+            if readable(path):
+                with unpacked(f, path) as (tar, sha, size, plain):
+                    idx = index_from_tar(tar, plain, path)
+                    yield idx, ShardRecord("", len(idx), size, sha, plain), tar.name
+                return
+            size = os.fstat(f.fileno()).st_size
+            h = hashlib.sha256()
             while chunk := f.read(1 << 22):
                 h.update(chunk)
             f.seek(0)
             idx = index_from_tar(f, size, path)
     except OSError as e:
         raise InputError(f"{path}: cannot read the shard ({e.strerror or e})") from e
-    return idx, size, h.hexdigest()
+    yield idx, ShardRecord("", len(idx), size, h.hexdigest()), path
 
 
 def index_dataset(
@@ -207,16 +223,17 @@ def index_dataset(
         if rel.startswith(".."):
             raise OutputError(f"{path}: shard lies outside the dataset root {root}; pass --root "
                               "with a directory above every shard")
-        idx, size, sha = _scan(path)
-        if not len(idx):
-            raise ShardFormatError(f"{path}: shard holds no samples")
-        check_names(idx.names, path)
-        if names is not None:
-            _check_labels(path, idx, names, source)
+        with _scanned(path) as (idx, rec, tar):
+            if not len(idx):
+                raise ShardFormatError(f"{path}: shard holds no samples")
+            check_names(idx.names, path)
+            if names is not None:
+                _check_labels(tar, idx, names, source, path)
         keys.add(rel, idx.keys)
         by_rel[rel] = idx
         indexes.append((index_path(path), idx))
-        records.append(ShardRecord(rel.replace(os.sep, "/"), len(idx), size, sha))
+        rec.name = rel.replace(os.sep, "/")
+        records.append(rec)
         fields |= idx.fields()
         bar.update(1)
     bar.close()
@@ -259,7 +276,8 @@ def index(
     """Write an ``.idx`` for every shard and a ``manifest.json`` in ``root``.
 
     Args:
-        shards: shard paths, globs, or directories (all ``*.tar`` inside).
+        shards: shard paths, globs, or directories (all ``*.tar``, ``*.tar.gz`` and ``*.tgz``
+            inside).
         root: where the manifest goes (default: the directory of the first shard); every shard
             must lie under it.
         manifest: also write ``manifest.json`` (and ``wids.json``).
@@ -274,7 +292,8 @@ def index(
         InputError: a ``cls`` value that is not an index into ``classes`` (names the value, the
             key and the shard), or ``classes`` that looks like a file path but names no file.
         ShardFormatError: a shard is truncated or corrupted (names the shard and offset);
-            CompressedShardError for ``.tar.gz``/``.tgz`` shards (says how to convert).
+            CompressedShardError for shards compressed otherwise than with gzip (says how to
+            convert).
         SourceNotFoundError: a shard is missing or is not a regular file.
 
     Example:

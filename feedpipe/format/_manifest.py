@@ -3,10 +3,15 @@
 Format version 1::
 
     {"format": "feedpipe-manifest", "version": 1,
-     "shards": [{"name": "data-000000.tar", "samples": 1000, "bytes": 123, "sha256": "..."}],
+     "shards": [{"name": "data-000000.tar", "samples": 1000, "bytes": 123, "sha256": "..."},
+                {"name": "more.tar.gz", ..., "tar_bytes": 456}],
      "total_samples": 1000, "fields": ["cls", "jpg"], "classes": [...] | null,
      "skipped": [{"path": "...", "reason": "..."}], "num_skipped": 0,
      "created_by": {"tool": "feedpipe shard", "feedpipe_version": "...", "options": {...}}}
+
+A gzip shard (``.tar.gz``, ``.tgz``) records its own size and hash in ``bytes`` and ``sha256``,
+and the size of the plain tar inside in ``tar_bytes`` (the offsets of its index are offsets in
+that tar; see :mod:`feedpipe.format._compression`). Only such a shard has ``tar_bytes``.
 
 Loading is the only I/O here (through fsspec, so any URL works).
 """
@@ -14,12 +19,15 @@ Loading is the only I/O here (through fsspec, so any URL works).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import ManifestError, SourceNotFoundError
-from ._compression import compressed_error, compressed_suffix
+from ._compression import compressed_error, compressed_suffix, readable
+
+log = logging.getLogger("feedpipe.format")
 
 FORMAT = "feedpipe-manifest"
 VERSION = 1
@@ -34,6 +42,20 @@ class ShardRecord:
     samples: int
     bytes: int
     sha256: str | None = None
+    tar_bytes: int | None = None  # a gzip shard's plain tar size
+
+    @property
+    def tar_size(self) -> int:
+        """The size of the plain tar a reader maps: ``tar_bytes`` of a gzip shard, else
+        ``bytes``."""
+        return self.bytes if self.tar_bytes is None else self.tar_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as ``manifest.json`` lists it (``tar_bytes`` only where there is one)."""
+        d = asdict(self)
+        if self.tar_bytes is None:
+            del d["tar_bytes"]
+        return d
 
 
 @dataclass
@@ -69,7 +91,7 @@ class Manifest:
         doc = {
             "format": FORMAT,
             "version": VERSION,
-            "shards": [asdict(s) for s in self.shards],
+            "shards": [s.to_dict() for s in self.shards],
             "total_samples": self.total_samples,
             "fields": sorted(self.fields),
             "classes": self.classes,
@@ -86,7 +108,7 @@ class Manifest:
         Raises:
             ManifestError: not JSON, not a feedpipe manifest, a newer format, a field of the
                 wrong type or value, a shard listed twice (names ``where`` and the field).
-            CompressedShardError: a shard is a compressed tar.
+            CompressedShardError: a shard is a compressed tar other than gzip.
         """
         try:
             doc = json.loads(text)
@@ -184,9 +206,14 @@ def _shard_list(shards: object, where: str) -> list[ShardRecord]:
                 or ".." in name.split("/")):
             raise _edited(where, f"{at}.name must be a shard path relative to the dataset root "
                                  f"(no leading '/', no '..'), not {name!r}")
-        for k in ("samples", "bytes"):
-            if not _is_count(s[k]):
+        for k in ("samples", "bytes", "tar_bytes"):
+            if k in s and not _is_count(s[k]) and not (k == "tar_bytes" and s[k] is None):
                 raise _edited(where, f"{at}.{k} must be a non-negative integer, not {s[k]!r}")
+        if s["samples"] == 0:
+            # no writer makes an empty shard (`feedpipe index` refuses one), and a shard the
+            # plan gives no sample ids is never opened: its samples would be left out in silence
+            raise _edited(where, f"{at}.samples is 0 for shard {name!r}: every shard holds at "
+                                 "least one sample, and a shard counted 0 would never be read")
         if sha is not None and not (isinstance(sha, str) and len(sha) == 64
                                     and not sha.strip("0123456789abcdef")):
             raise _edited(where, f"{at}.sha256 must be 64 lowercase hex digits or null, not "
@@ -197,8 +224,14 @@ def _shard_list(shards: object, where: str) -> list[ShardRecord]:
                 f"shards[{i}]); a dataset lists each shard once: remove the repeated entry (and "
                 "correct total_samples), or rebuild the manifest with `feedpipe index`")
         first[name] = i
-        if compressed_suffix(name):
+        if compressed_suffix(name) and not readable(name):
             raise compressed_error(join(dataset_root(where), name))
+        if readable(name) and s.get("tar_bytes") is None:
+            raise _edited(where, f"{at}: the gzip shard {name!r} has no \"tar_bytes\" (the size "
+                                 "of the plain tar inside, which its index describes)")
+        if not readable(name) and s.get("tar_bytes") is not None:
+            raise _edited(where, f"{at}: \"tar_bytes\" is for gzip shards (.tar.gz, .tgz), not "
+                                 f"{name!r}")
         out.append(ShardRecord(**s))
     return out
 
@@ -248,27 +281,57 @@ def load_manifest(root: str) -> Manifest:
     Raises:
         SourceNotFoundError: ``root`` does not exist or is not a dataset (a folder of source
             files, shards without a manifest, a single shard); the message says what to run.
-        CompressedShardError: ``root`` is, or holds only, compressed shards.
-        ManifestError: the manifest is malformed (names the file and the field).
+        CompressedShardError: ``root`` is, or holds only, compressed shards other than gzip.
+        ManifestError: the manifest is malformed (names the file and the field); a remote one
+            is fetched a second time first, in case it was damaged on the way.
 
     Example:
         >>> m = load_manifest("shards/example")
         >>> len(m.shards), m.total_samples
         (3, 24)
     """
-    from .._helpers.storage import read_bytes  # local import: storage pulls in fsspec
+    from .._helpers.storage import check_query, is_local, read_bytes, split_query
 
-    url = root if root.endswith(".json") else join(root, NAME)
-    try:
-        raw = read_bytes(url)
-    except (FileNotFoundError, NotADirectoryError) as e:
-        raise _not_a_dataset(root, url) from e
+    check_query(root)
+    url = root if split_query(root)[0].endswith(".json") else join(root, NAME)
+    # a remote manifest that arrives damaged (cut short, bytes changed on the way) is fetched
+    # once more, as a damaged shard is; a local file reads the same every time
+    fetches = 1 if is_local(url) else 2
+    for fetch in range(1, fetches + 1):
+        try:
+            raw = read_bytes(url)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise _not_a_dataset(root, url) from e
+        try:
+            return parse_manifest(raw, url)
+        except ManifestError as e:
+            if fetch < fetches:
+                log.warning("%s: the manifest fetched cannot be used (%s); fetching it again, in "
+                            "case it was damaged on the way", url, e)
+                continue
+            if fetches == 1:
+                raise
+            raise ManifestError(
+                f"{e}. The same on each of {fetches} fetches of {url}: the object itself is "
+                "damaged (or so is every copy of it on the way); restore it from where the "
+                "dataset came from, or re-create it with `feedpipe index` where the shards "
+                "are") from e
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def parse_manifest(raw: bytes, where: str) -> Manifest:
+    """A manifest from the bytes of a ``manifest.json`` (``where`` names it in errors).
+
+    Raises:
+        ManifestError: not UTF-8, not JSON, or not a valid manifest (see
+            :meth:`Manifest.from_json`).
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ManifestError(f"{url}: not UTF-8 text (byte {e.start}); not a feedpipe "
+        raise ManifestError(f"{where}: not UTF-8 text (byte {e.start}); not a feedpipe "
                             "manifest") from e
-    return Manifest.from_json(text, where=url)
+    return Manifest.from_json(text, where=where)
 
 
 def _not_a_dataset(root: str, url: str) -> Exception:
@@ -277,10 +340,10 @@ def _not_a_dataset(root: str, url: str) -> Exception:
     if kind == "missing":
         return SourceNotFoundError(f"{root}: does not exist (no such directory or file)")
     if kind == "file":
-        if compressed_suffix(root):
+        if compressed_suffix(root) and not readable(root):
             return compressed_error(root)
         parent = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else "."
-        if root.endswith(".tar"):
+        if root.endswith(".tar") or readable(root):
             return SourceNotFoundError(
                 f"{root}: is a shard, not a dataset: pass the dataset directory, the one holding "
                 f"manifest.json: FeedDataset('{parent}') (shards made by another tool: run "
@@ -288,8 +351,8 @@ def _not_a_dataset(root: str, url: str) -> Exception:
         return SourceNotFoundError(f"{root}: is a file, not a dataset: pass the directory "
                                    "holding manifest.json (or the manifest.json itself)")
     if kind == "dir":  # (a directory's entry ends with "/": data.tar/ is no shard)
-        tars = [n for n in entries if n.endswith(".tar")]
-        packed = [n for n in entries if compressed_suffix(n)]
+        tars = [n for n in entries if n.endswith(".tar") or readable(n)]
+        packed = [n for n in entries if compressed_suffix(n) and not readable(n)]
         if packed and not tars:
             return compressed_error(join(root, packed[0]))
         if tars:
@@ -339,10 +402,28 @@ def _look_at(root: str) -> tuple[str | None, list[str]]:
 
 
 def join(root: str, name: str) -> str:
-    """Join a dataset root (path or URL) and a relative name."""
-    return root.rstrip("/") + "/" + name if root else name
+    """Join a dataset root (path or URL) and a relative name; a URL's query string (and
+    fragment) goes to the object it names.
+
+    Example:
+        >>> join("https://h/data?token=1", "a.tar"), join("shards", "a.tar")
+        ('https://h/data/a.tar?token=1', 'shards/a.tar')
+    """
+    from .._helpers.storage import split_query
+
+    base, query = split_query(root)
+    return base.rstrip("/") + "/" + name + query if root else name
 
 
 def dataset_root(url: str) -> str:
-    """The dataset root of a URL that may name the manifest itself."""
-    return url.rsplit("/", 1)[0] if url.endswith(".json") else url.rstrip("/")
+    """The dataset root of a URL that may name the manifest itself (its query string kept).
+
+    Example:
+        >>> dataset_root("https://h/data/manifest.json?token=1")
+        'https://h/data?token=1'
+    """
+    from .._helpers.storage import split_query
+
+    base, query = split_query(url)
+    return (base.rsplit("/", 1)[0] if base.endswith(".json") else base.rstrip("/")) + query
+

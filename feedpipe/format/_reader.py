@@ -21,7 +21,8 @@ from typing import Any
 
 from .._helpers.retry import call as retrying
 from .._helpers.storage import filesystem, is_local, local_path, read_range
-from ..errors import ShardFormatError, SourceNotFoundError
+from ..errors import CompressedShardError, ShardFormatError, SourceNotFoundError
+from ._compression import readable
 from ._index import ShardIndex, group_members, index_path, parse_index
 from ._tar import DAMAGED, scan
 
@@ -134,6 +135,13 @@ class ShardReader:
         samples: int | None = None,
         lazy: bool = False,
     ) -> None:
+        if readable(url):
+            err = CompressedShardError(
+                f"{url}: a gzip shard: its samples lie at offsets of the plain tar inside, which "
+                "a reader maps; read the dataset with FeedDataset, which decompresses each gzip "
+                f"shard once into the shard cache, or decompress it (`gunzip -k {url}`)")
+            err.shard, err.offset, err.kind = url, 0, "compressed"
+            raise err
         self.url = url
         self.name = name if name is not None else url.rsplit("/", 1)[-1]
         self.base = base

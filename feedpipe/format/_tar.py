@@ -19,6 +19,7 @@ record, a name that is not UTF-8, sparse members, extension headers that contrad
 
 from __future__ import annotations
 
+import logging
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from typing import Any, BinaryIO
 
 from ..errors import ShardFormatError
 from ._compression import MAGIC, compressed_error
+
+log = logging.getLogger("feedpipe.format")
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
@@ -360,22 +363,34 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str) -> Itera
 
 
 def _check_tail(read_at: Callable[[int, int], bytes], pos: int, total: int, where: str) -> None:
-    """Only zeros may follow the end-of-archive block: tar readers stop at the first zero block,
-    so a zeroed header (or a second archive appended) would silently drop every later member."""
-    at = pos
+    """What follows the end-of-archive block at ``pos``. Tar readers stop at the first zero block,
+    so a tar header anywhere after it (a zeroed header, or a second archive appended) hides
+    members that every reader would drop: refused, naming where it is. Other bytes there (junk a
+    copy tool or a writer left, which GNU tar and :mod:`tarfile` read past) are ignored, said in a
+    log record."""
+    first = None  # the first non-zero byte after the end of the archive
+    at = pos + BLOCK
     while at < total:
         chunk = read_at(at, min(1 << 20, total - at))
         if not chunk:
-            return
-        rest = chunk.lstrip(b"\0")
-        if rest:
-            nz = at + len(chunk) - len(rest)
-            raise damaged(
-                where, pos, "header",
-                f"{where}: data after the end-of-archive block at offset {pos} (a non-zero byte "
-                f"at {nz}): a zeroed header, or archives concatenated; tar readers stop at the "
-                "zero block and would drop what follows")
-        at += len(chunk)
+            break
+        if first is None and chunk.strip(b"\0"):
+            first = at + len(chunk) - len(chunk.lstrip(b"\0"))
+        if first is not None:
+            for i in range(0, len(chunk) - BLOCK + 1, BLOCK):
+                block = chunk[i : i + BLOCK]
+                if block != _ZERO and _checksum_ok(block):
+                    raise damaged(
+                        where, pos, "header",
+                        f"{where}: data after the end-of-archive block at offset {pos} (a "
+                        f"non-zero byte at {first}; a tar header at offset {at + i}): a zeroed "
+                        "header, or archives concatenated; tar readers stop at the zero block "
+                        "and would drop the members that follow")
+        at += len(chunk)  # every read but the last starts and ends on a block boundary
+    if first is not None:
+        log.warning("%s: %d byte(s) after the end of the archive (offset %d; the first non-zero "
+                    "at %d) hold no tar header: ignored, as GNU tar and Python's tarfile ignore "
+                    "them", where, total - pos - BLOCK, pos + BLOCK, first)
 
 
 def _member_name(block: bytes, own: bytes, long_name: bytes | None,

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 from .._helpers.progress import progress
 from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import ShardFormatError
-from ._compression import compressed_suffix
+from ._compression import compressed_suffix, readable, unpacked
 from ._image_fields import image_extension
 from ._index import (
     ShardIndex,
@@ -94,6 +94,16 @@ def _size(url: str) -> int:
         return os.path.getsize(local_path(url))
     fs, p = filesystem(url)
     return int(fs.size(p))
+
+
+def _tar_index(url: str, size: int) -> tuple[ShardIndex, int]:
+    """The index the shard's tar headers give, and the size of the tar (a gzip shard's plain tar
+    is decompressed into a temporary file for the scan)."""
+    with _open(url) as f:
+        if readable(url):
+            with unpacked(f, url) as (tar, _, _, plain):
+                return index_from_tar(tar, plain, url), plain
+        return index_from_tar(f, size, url), size
 
 
 def index_problems(idx: ShardIndex, tar: ShardIndex, shard: str,
@@ -178,11 +188,12 @@ def check_index(idx: ShardIndex, data: Any, where: str, *, index_name: str | Non
 
 def verify_shard(url: str, samples: int | None, nbytes: int | None,
                  sha256: str | None, keys: KeyRegistry | None = None, *,
-                 images: bool = False) -> list[Problem]:
+                 tar_bytes: int | None = None, images: bool = False) -> list[Problem]:
     """Problems found in one shard (empty when sound): size and sha256 against the manifest's
     (when given), every tar header, and the ``.idx`` against the headers. ``keys``: where the
-    keys the headers give are recorded (for :func:`duplicate_problems`). ``images``: every
-    sample must hold an image field (an image-folder dataset)."""
+    keys the headers give are recorded (for :func:`duplicate_problems`). A gzip shard's size
+    and hash are its own; its headers are those of the plain tar inside, ``tar_bytes`` long.
+    ``images``: every sample must hold an image field (an image-folder dataset)."""
     problems: list[Problem] = []
     try:
         size = _size(url)
@@ -203,10 +214,12 @@ def verify_shard(url: str, samples: int | None, nbytes: int | None,
             problems.append(Problem(url, "sha256",
                                     f"{url}: sha256 mismatch: content differs from the manifest"))
     try:
-        with _open(url) as f:
-            tar = index_from_tar(f, size, url)
+        tar, plain = _tar_index(url, size)
     except ShardFormatError as e:
         return problems + [Problem.from_error(url, e)]
+    if tar_bytes is not None and plain != tar_bytes:
+        problems.append(Problem(url, "size", f"{url}: the tar inside is {plain} bytes, the "
+                                             f"manifest says {tar_bytes} (tar_bytes)"))
     if keys is not None:
         keys.add(url, tar.keys)
     if images:
@@ -252,8 +265,7 @@ def duplicate_problems(keys: KeyRegistry) -> list[Problem]:
     """One problem per pair of shards that hold a key twice (the later shard, an example key and
     how many), from the keys :func:`verify_shard` recorded."""
     def keys_of(url: str) -> list[str]:
-        with _open(url) as f:
-            return index_from_tar(f, _size(url), url).keys
+        return _tar_index(url, _size(url))[0].keys
 
     pairs: dict[tuple[str, str], list[str]] = {}
     for c in keys.clashes(keys_of):
@@ -353,7 +365,7 @@ def verify(root: str, *, show_progress: bool | None = None) -> VerifyReport:
     for rec in m.shards:
         url = join(root, rec.name)
         report.problems += verify_shard(url, rec.samples, rec.bytes, rec.sha256, keys,
-                                        images=images)
+                                        tar_bytes=rec.tar_bytes, images=images)
         if rec.sha256 is None:
             report.warnings.append(Problem(
                 url, "unchecked",

@@ -8,12 +8,17 @@ uses its public methods:
 :class:`~feedpipe.FeedDataset`, every batch route of :class:`~feedpipe.FeedLoader` and
 :class:`~feedpipe.DeviceCache`.
 
+A gzip shard (``.tar.gz``, ``.tgz``) is always read through an L1 cache, which decompresses it
+once (:mod:`feedpipe.caches._entry`): the dataset's cache, else the default cache directory,
+said in a log record. Plain shards of the same dataset are read where they are.
+
 It is picklable: a copy sent to a worker process starts with no shard open and opens what that
 process reads (maps and locks do not cross processes).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -23,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._helpers.file_lock import Lease
+from ..errors import OutputError
+from ..format._compression import readable
 from ..format._manifest import Manifest, join
 from ..format._reader import ShardReader
 
@@ -30,6 +37,8 @@ if TYPE_CHECKING:
     from ..caches._shards import ShardCache
     from ..plan._order import Plan, Split
     from ..plan._world import World
+
+log = logging.getLogger("feedpipe.cache")
 
 
 class ShardSet:
@@ -67,6 +76,8 @@ class ShardSet:
         self._clock: Any = None  # the running epoch's Prefetcher: eviction's view of the plan
         self._held: frozenset[int] = frozenset()  # shards a batch is being copied from
         self._pid = os.getpid()
+        self._packed = frozenset(i for i, r in enumerate(manifest.shards) if readable(r.name))
+        self._unpack = cache if cache is not None or not self._packed else _default_cache(root)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -81,7 +92,7 @@ class ShardSet:
         read through a cache, whose files may be evicted once let go)."""
         from .._helpers.storage import is_local
 
-        return self.cache is None and is_local(self.root)
+        return self.cache is None and is_local(self.root) and not self._packed
 
     def url(self, shard: int) -> str:
         return join(self.root, self.names[shard])
@@ -111,17 +122,26 @@ class ShardSet:
         rec = self.manifest.shards[shard]
         path = url = self.url(shard)
         lease = None
-        if self.cache is not None:
+        packed = shard in self._packed
+        cache = self.cache if not packed else self._unpack
+        if cache is not None:
             clock = self._clock
             if clock is not None:
                 clock.advance(shard)
                 for done in clock.done_with(list(self._leases)):  # out of use: evictable
                     self._close(done)
-            lease = self.cache.acquire(url, rec, clock.rank if clock is not None else None)
+            lease = cache.acquire(url, rec, clock.rank if clock is not None else None)
             path = url if lease is None else lease.path  # None: cache full, read uncached
+            if lease is None and packed:
+                raise OutputError(
+                    f"{url}: a gzip shard is read from its plain tar, decompressed into the shard "
+                    f"cache {cache.path}, which has no room for it now ({rec.tar_size} bytes; "
+                    "see the warning above); free space there or raise cache_size")
         try:
+            # (a gzip shard's hash is of its compressed bytes, checked as the cache fetched it)
             r = ShardReader(path, name=rec.name, base=int(self.first[shard]),
-                            expected_bytes=rec.bytes, sha256=rec.sha256, verify=self.verify,
+                            expected_bytes=rec.tar_size,
+                            sha256=None if packed else rec.sha256, verify=self.verify,
                             samples=rec.samples, lazy=not index)
         except BaseException:
             if lease is not None:
@@ -148,7 +168,7 @@ class ShardSet:
         is read through a cache. Worker processes forked from this one inherit the parsed
         indexes, later epochs reuse them, and no reader is closed under a borrower of its map.
         True when all are open."""
-        if len(self.names) > self.max_open or self.cache is not None:
+        if len(self.names) > self.max_open or self.cache is not None or self._packed:
             return False
         for s in range(len(self.names)):
             self.reader(s)
@@ -229,6 +249,10 @@ class ShardSet:
         """Stop this epoch's prefetching and release what it held in use (cached shards)."""
         p, self._clock = self._clock, None
         if p is None:
+            if self.cache is None and self._unpack is not None:  # gzip shards read uncached
+                for shard in list(self._leases):
+                    self._close(shard)
+                self._unpack.trim()
             return
         p.close()
         for shard in list(self._leases):
@@ -257,7 +281,10 @@ class ShardSet:
         # leaves the parent's lock in place).
         self._pid = os.getpid()
         self._clock = None
-        if self.cache is None:
+        if self.cache is None:  # only gzip shards were read through a cache: drop those
+            for shard in list(self._leases):
+                self._leases.pop(shard).release()
+                self._readers.pop(shard, None)
             return
         for lease in self._leases.values():
             lease.release()
@@ -274,3 +301,15 @@ class ShardSet:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._pid = os.getpid()
+
+
+def _default_cache(root: str) -> ShardCache:
+    """The cache that decompresses the gzip shards of a dataset given no ``cache_dir``: the
+    default directory, said in a log record (it takes disk space the user did not name)."""
+    from ..caches._shards import ShardCache, default_cache_dir
+
+    path = default_cache_dir()
+    log.warning("%s: gzip shards (.tar.gz, .tgz) are read from their plain tar, decompressed "
+                "once into the shard cache; no cache_dir= was given, so the default one is used "
+                "(%s, no size limit): pass cache_dir= (and cache_size=) to choose", root, path)
+    return ShardCache(path)
