@@ -71,6 +71,7 @@ _LAZY = {
     "SampleSkipped": "errors",
     "DeviceCacheError": "errors",
     "DecodedStoreError": "errors",
+    "UncacheableTransformError": "errors",
     "MissingDependencyError": "errors",
     "AccessDeniedError": "errors",
     "RemoteError": "errors",
@@ -131,6 +132,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
         SourceNotFoundError,
         StartMethodError,
         StateError,
+        UncacheableTransformError,
     )
     from .format._indexer import index
     from .format._keys import source_path
