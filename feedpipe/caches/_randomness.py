@@ -5,11 +5,13 @@ one output per sample for good; a transform that draws (a random crop, ``random.
 ``np.random``, ``torch.rand``, an rng seeded by the sample's ``__epoch__``) would have its
 first draw frozen. Two checks refuse it with :class:`~feedpipe.errors.UncacheableTransformError`:
 
-* :func:`random_part`, when the cache is made and at each pass: a part known to draw,
-  anywhere in what the transform holds (the closure, defaults and attributes of a function, the
-  module globals its code names, an object's attributes, containers, ``functools.partial``):
+* :func:`random_part`, when the cache is made and when the transform's state changes: a part
+  known to draw, anywhere in what the transform holds (the closure, defaults and attributes of a
+  function, the module globals its code names, an object's attributes, containers,
+  ``functools.partial``):
   an object whose ``spec.train`` is ``True`` (:class:`~feedpipe.ImagePipeline`,
-  :class:`~feedpipe.DaliStage`) and torchvision's ``Random*`` transforms.
+  :class:`~feedpipe.DaliStage`) and torchvision's ``Random*`` transforms (and the few others
+  of its that draw: ``ColorJitter``, ``RandAugment``, ...).
 * :class:`DrawCheck`, on the first samples a process stores: the transform is run once more on
   a copy of the sample with ``__epoch__`` and ``__seed__`` moved on (another epoch's draw), and
   its output must be the same, bit for bit.
@@ -134,17 +136,23 @@ class _Walk:
         return self.each(parts, here, depth)
 
 
+# torchvision transforms that draw, besides its Random* ones
+_TORCHVISION = {"ColorJitter", "RandAugment", "AutoAugment", "TrivialAugmentWide", "AugMix",
+                "ElasticTransform", "GaussianBlur", "GaussianNoise"}
+
+
 def _drawer(v: Any) -> str | None:
     """``v`` itself, when it is a part known to draw at random."""
     cls = type(v)
-    spec = getattr(v, "spec", None) if not isinstance(v, type) else None
     try:
+        spec = getattr(v, "spec", None)
         training = spec is not None and getattr(spec, "train", False) is True
-    except Exception:  # a property that fails: not one of ours
+    except Exception:  # an attribute that fails to compute: not one of ours
         training = False
     if training:
         return f"{cls.__name__} with train=True"
-    if cls.__module__.startswith("torchvision.transforms") and cls.__name__.startswith("Random"):
+    if str(cls.__module__).startswith("torchvision.transforms") and (
+            cls.__name__.startswith("Random") or cls.__name__ in _TORCHVISION):
         return f"torchvision's {cls.__name__}"
     return None
 
