@@ -160,7 +160,10 @@ _CLASS_CODE: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary(
 
 def _class_code(cls: type) -> bytes:
     """A class's name and code, with the code of every class it inherits from (its MRO but
-    ``object``): each one's source, else its functions' byte code. Once per class."""
+    ``object``), once per class: the source of each class of the program; for a class of an
+    installed library or of the standard library, the bytes of the file that defines it (they
+    change with its version; finding one class's source in a long library module costs a parse
+    of the whole module); else its functions' byte code."""
     try:
         return _CLASS_CODE[cls]
     except (KeyError, TypeError):
@@ -170,8 +173,9 @@ def _class_code(cls: type) -> bytes:
         if klass is object:
             continue
         h.update(f"obj:{klass.__module__}.{klass.__qualname__}".encode())
+        library = _library_file(klass)
         try:
-            h.update(inspect.getsource(klass).encode())
+            h.update(_file_digest(library) if library else inspect.getsource(klass).encode())
         except (OSError, TypeError):
             for name in sorted(vars(klass)):
                 attr = vars(klass)[name]
@@ -183,6 +187,32 @@ def _class_code(cls: type) -> bytes:
     except TypeError:  # a type that takes no weak reference: not kept
         pass
     return digest
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "purelib", "platlib")
+                  if paths.get(k)})
+
+
+def _library_file(klass: type) -> str | None:
+    """The file defining ``klass`` when it belongs to an installed library (or the standard
+    library), else ``None``."""
+    module = sys.modules.get(klass.__module__)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    path = os.path.realpath(path)
+    return path if path.startswith(_library_dirs()) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return hashlib.blake2b(f.read(), digest_size=16).digest()
 
 
 _MODULE_PARTS = ("_parameters", "_buffers", "_modules", "_compiled_call_impl")
