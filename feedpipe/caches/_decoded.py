@@ -167,6 +167,10 @@ class DecodedStore:
         return {"path": self.path, "samples": self.samples, "dataset": self.dataset,
                 "_follow": self._follow}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
     def refresh(self) -> bool:
         """Read the transform's fingerprint again; when its state changed, move to the store of
         the new state (closing this one) and return ``True``. A store made without a transform
@@ -176,16 +180,16 @@ class DecodedStore:
         path = self._follow.path()
         if path == self.path:
             return False
+        if self._pid not in (-1, os.getpid()):  # inherited through fork: nothing of it is ours
+            self.path = path
+            return True
         stats = self.stats
-        self.close()
+        self.close()  # records this process's counters in the old store
         self.path = path
         self._reset()
-        self.stats = stats
+        self.stats = stats  # this process's figures go on; the new store records what follows
+        self._recorded = DecodedStats(**stats.as_dict())
         return True
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._reset()
 
     # -- files ---------------------------------------------------------------------------------
     def _p(self, name: str) -> str:
