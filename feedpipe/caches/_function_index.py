@@ -228,6 +228,12 @@ class FunctionIndex:
             params: extra values that change its result (included in the fingerprint).
             version: any value; change it when something the fingerprint cannot see changed
                 (a global the function reads, a file it loads: see the module docstring).
+
+        Raises:
+            UncacheableTransformError: ``fn`` holds a part known to draw at random (an
+                ``ImagePipeline(train=True)`` anywhere in it); one caught drawing is refused
+                on its first misses (:mod:`feedpipe.caches._randomness` says what neither check
+                can see).
         """
         extra = params if version is None else (params, ("version", version))
         return Memoized(self, fn, fields, extra)
