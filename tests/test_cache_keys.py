@@ -91,6 +91,34 @@ def test_the_decoded_store_follows_progressive_resizing(
     assert len(os.listdir(tmp_path / "dec")) == 2  # one store per state
 
 
+class Offset:
+    """ImagePipeline (uint8) plus ``offset`` on every pixel: a state change that keeps shapes."""
+
+    def __init__(self) -> None:
+        self.pipe, self.offset = ImagePipeline(8, train=False, mean=None), 0
+
+    def __call__(self, sample: Any) -> Any:
+        image, label = self.pipe(sample)
+        return image + self.offset, label
+
+
+def test_records_written_after_a_change_during_a_pass_are_not_served(
+        ds_path: str, tmp_path: Path) -> None:
+    """A change made in the loop body, mid-pass (in-process route): the rest of that pass is
+    stored under the old state's name; those records are emptied at the pass's end."""
+    t = Offset()
+    ds = FeedDataset(ds_path, shuffle=True, seed=1, transform=t, decoded_cache=tmp_path / "dec")
+    loader = FeedLoader(ds, batch_size=5)
+    for n, _ in enumerate(loader):
+        if n == 1:
+            t.offset = 1  # during the pass
+    t.offset = 0  # back to the first state: its store must not serve offset-1 images
+    loader.set_epoch(1)
+    got = sorted(bytes(x.numpy()) for images, _ in loader for x in images)
+    plain = FeedDataset(ds_path, transform=ImagePipeline(8, train=False, mean=None))
+    assert got == sorted(bytes(x.numpy()) for x, _ in plain)
+
+
 # -- inherited code ------------------------------------------------------------------------------
 
 BASE = """

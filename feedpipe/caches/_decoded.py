@@ -162,6 +162,7 @@ class DecodedStore:
         self._m: Mapped | None = None
         self._disabled = False
         self._pool = RecordPool()
+        self._written: np.ndarray | None = None  # records this process wrote in this pass
 
     def __getstate__(self) -> dict[str, Any]:  # maps and locks do not cross processes
         return {"path": self.path, "samples": self.samples, "dataset": self.dataset,
@@ -323,6 +324,9 @@ class DecodedStore:
         m.layout.pack(rec, leaves)
         m.state[index] = checksum(rec)  # the commit point: after the whole record
         self.stats.fills += 1
+        if self._written is None:
+            self._written = np.zeros(self.samples, dtype=bool)
+        self._written[index] = True
         return m.layout.unpack(rec.copy())
 
     def layout(self) -> Layout | None:
@@ -383,6 +387,28 @@ class DecodedStore:
         return self.filled() == self.samples
 
     # -- counters ------------------------------------------------------------------------------
+    def end_pass(self) -> None:
+        """The end of a pass in this process: when the transform's state changed *during* the
+        pass, the records this process wrote in it may hold the new state's outputs under the
+        old state's name: they are emptied (recomputed when next read), with a warning. Then
+        the counters are recorded (:meth:`record`)."""
+        written, self._written = self._written, None
+        if (written is not None and self._follow is not None and self._m is not None
+                and self._pid == os.getpid() and self._changed()):
+            self._m.state[written] = 0
+            log.warning(
+                "feedpipe: decoded_cache=: the transform's state changed during a pass; the %d "
+                "records this process stored in it were emptied in %s (they may hold outputs "
+                "of the new state) and will be recomputed. Change a transform between epochs.",
+                int(np.count_nonzero(written)), self.path)
+        self.record()
+
+    def _changed(self) -> bool:
+        try:
+            return self._follow is not None and self._follow.path() != self.path
+        except UncacheableTransformError:  # refused at the next pass; its records are suspect
+            return True
+
     def record(self) -> None:
         """Add this process's counters since the last call to ``stats.json`` (for
         ``feedpipe cache stats``; a store that was never created records nothing)."""

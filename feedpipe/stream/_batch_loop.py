@@ -140,7 +140,7 @@ class EpochReader:
         if self.prefetch:
             ds.shards.end()
         if ds.decoded is not None:
-            ds.decoded.record()
+            ds.decoded.end_pass()
 
 
 class SampleFetch:
