@@ -14,9 +14,10 @@ every call while no pass runs (a memoised function called by hand).
 looked up under the state the pass began with. The decoded store finds the change at the pass's
 end and empties the records this process wrote in it
 (:meth:`~feedpipe.caches._decoded.DecodedStore.end_pass`); the function index cannot, and keeps
-the entries that process computed after the change under the old state's key. Change a transform between epochs. Workers hold their own copy of the
-transform: with ``persistent_workers=True`` they never see a change made in the training
-process (as with any DataLoader), and they key by the state they compute with.
+the entries that process computed after the change under the old state's key. Change a
+transform between epochs. Workers hold their own copy of the transform: with
+``persistent_workers=True`` they never see a change made in the training process (as with any
+DataLoader), and they key by the state they compute with.
 """
 
 from __future__ import annotations
