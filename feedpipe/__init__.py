@@ -73,6 +73,7 @@ _LAZY = {
     "EmptyEpochError": "errors",
     "DeviceCacheError": "errors",
     "DecodedStoreError": "errors",
+    "UncacheableTransformError": "errors",
     "MissingDependencyError": "errors",
     "AccessDeniedError": "errors",
     "RemoteError": "errors",
@@ -134,6 +135,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
         SourceNotFoundError,
         StartMethodError,
         StateError,
+        UncacheableTransformError,
     )
     from .format._indexer import index
     from .format._keys import source_path

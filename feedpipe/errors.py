@@ -88,6 +88,11 @@ class DecodedStoreError(FeedpipeError, ValueError):
     dtype than the samples stored before it); the message names the sample's key and shard."""
 
 
+class UncacheableTransformError(FeedpipeError, ValueError):
+    """A cache (the decoded store, the function index) was given a transform it would freeze: one
+    that draws at random or depends on the epoch; the message names the part or the sample."""
+
+
 class AccessDeniedError(FeedpipeError, PermissionError):
     """A remote source refused the request (wrong or missing credentials, no permission)."""
 

@@ -7,9 +7,12 @@ read records directly, without opening a shard or calling the transform.
 
 **Layout** (:mod:`feedpipe.caches._decoded_files`). A store is the directory ``ROOT/<fp>``,
 ``fp`` the fingerprint of the transform and of the dataset: changing either selects another,
-empty store. It holds one record file and one file of state words, mapped shared by every
-process. The first sample stored fixes the record layout; a sample of another shape or dtype is a
-:class:`DecodedStoreError` naming its key.
+empty store, also when the transform object's state changes after the store is filled
+(progressive resizing): the fingerprint is taken again at the start of every pass
+(:meth:`DecodedStore.complete`), and a move to another store is logged. It holds one record
+file and one file of state words, mapped shared by every process. The first sample stored fixes
+the record layout; a sample of another shape or dtype is a :class:`DecodedStoreError` naming its
+key.
 
 **Concurrency and crashes.** A writer copies the record into the shared mapping, then stores its
 checksum in the sample's state word (one aligned 8-byte store). A reader copies the record and
@@ -24,7 +27,10 @@ that fails (``ENOSPC``, ``EDQUOT``, ``EFBIG``) the store warns once and the data
 computing without storing, so no write into a mapping can hit a full disk later.
 
 The transform must be deterministic per sample: a random augmentation would be frozen at the draw
-of the epoch that stored it. Put augmentation after the store (on the batch or on the device).
+of the epoch that stored it. One is refused (:class:`~feedpipe.errors.UncacheableTransformError`)
+when it holds a known random part or is caught drawing on the first samples a process stores
+(:mod:`feedpipe.caches._randomness` says what those checks cannot see). Put augmentation after
+the store (on the batch or on the device).
 
 **What the fingerprint cannot see** (:mod:`feedpipe.caches._fingerprint`): the transform's code
 and every value it holds are hashed (tensors, arrays, ``nn.Module`` parameters and buffers,
@@ -37,6 +43,7 @@ function too), or ``DecodedStore.for_transform(..., version=)``; or clear the st
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from dataclasses import dataclass, fields
@@ -46,7 +53,7 @@ import numpy as np
 
 from .._helpers.cache_home import cache_home
 from .._helpers.file_lock import EXCLUSIVE, SHARED, lock
-from ..errors import DecodedStoreError, OutputError
+from ..errors import DecodedStoreError, OutputError, UncacheableTransformError
 from ._decoded_files import (
     FORMAT,
     FULL,
@@ -61,11 +68,14 @@ from ._decoded_files import (
     publish_meta,
     read_meta,
 )
+from ._randomness import DrawCheck, random_part
 from ._record_layout import Layout, LayoutError, flatten
 from ._record_pool import RecordPool
 
 if TYPE_CHECKING:
     from ._stats import TierStats
+
+log = logging.getLogger("feedpipe")
 
 
 def default_decoded_dir() -> str:
@@ -117,6 +127,12 @@ class DecodedStore:
                       manifest: Any, *, version: Any = None) -> DecodedStore:
         """The store of ``transform`` over the dataset of ``manifest`` under ``root``.
 
+        The store follows the transform's state: :meth:`complete`, asked at the start of every
+        pass, reads its fingerprint again and moves to the store of the new state when it
+        changed. A transform holding a part known to draw at random is refused (here and
+        then), one caught drawing on the first samples a process stores too
+        (:mod:`feedpipe.caches._randomness`).
+
         Args:
             root: the directory holding the stores.
             transform: the deterministic transform whose outputs are stored.
@@ -126,19 +142,16 @@ class DecodedStore:
         """
         from ._fingerprint import fingerprint
 
-        spec = getattr(transform, "spec", None)
-        if getattr(spec, "train", False) is True:
-            raise ValueError(
-                f"decoded_cache= with a training transform ({type(transform).__name__} with "
-                "train=True) would freeze its random crops and flips at the first epoch's draw; "
-                "cache a deterministic one (train=False) and augment after it"
-            )
         ident = [[s.name, s.samples, s.sha256 or s.bytes] for s in manifest.shards]
         params = (FORMAT, VERSION, ident) if version is None else (FORMAT, VERSION, ident, version)
-        fp = fingerprint(transform, params).hex()[:24]
-        return cls(os.path.join(os.fspath(root), fp), manifest.total_samples,
-                   dataset={"shards": len(ident), "samples": manifest.total_samples,
-                            "transform": repr(transform)[:200]})
+        store = cls(os.path.join(os.fspath(root), "unset"), manifest.total_samples,
+                    dataset={"shards": len(ident), "samples": manifest.total_samples,
+                             "transform": repr(transform)[:200]})
+        store._follow = _Follow(os.fspath(root), transform, fingerprint(None, params))
+        store.path = store._follow.path()
+        return store
+
+    _follow: _Follow | None = None  # the transform whose state selects the store
 
     def _reset(self) -> None:
         self.stats = DecodedStats()
@@ -149,13 +162,35 @@ class DecodedStore:
         self._m: Mapped | None = None
         self._disabled = False
         self._pool = RecordPool()
+        self._written: np.ndarray | None = None  # records this process wrote in this pass
 
     def __getstate__(self) -> dict[str, Any]:  # maps and locks do not cross processes
-        return {"path": self.path, "samples": self.samples, "dataset": self.dataset}
+        return {"path": self.path, "samples": self.samples, "dataset": self.dataset,
+                "_follow": self._follow}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
+
+    def refresh(self) -> bool:
+        """Read the transform's fingerprint again; when its state changed, move to the store of
+        the new state (closing this one) and return ``True``. A store made without a transform
+        (the constructor) stays where it is."""
+        if self._follow is None:
+            return False
+        path = self._follow.path()
+        if path == self.path:
+            return False
+        if self._pid not in (-1, os.getpid()):  # inherited through fork: nothing of it is ours
+            self.path = path
+            return True
+        stats = self.stats
+        self.close()  # records this process's counters in the old store
+        self.path = path
+        self._reset()
+        self.stats = stats  # this process's figures go on; the new store records what follows
+        self._recorded = DecodedStats(**stats.as_dict())
+        return True
 
     # -- files ---------------------------------------------------------------------------------
     def _p(self, name: str) -> str:
@@ -258,10 +293,14 @@ class DecodedStore:
         self.stats.hits += 1
         return m.layout.unpack(rec)
 
-    def put(self, index: int, out: Any, *, key: str, shard: str) -> Any:
+    def put(self, index: int, out: Any, *, key: str, shard: str, sample: Any = None) -> Any:
         """Store the output of sample ``index`` (key and shard name errors); returns the output
-        as a hit returns it (same types, copies of the arrays)."""
+        as a hit returns it (same types, copies of the arrays). ``sample``: the transform's
+        input, run through it again on the first samples a process stores, to catch a
+        transform that draws at random (:mod:`feedpipe.caches._randomness`)."""
         where = f"sample {key!r} of {shard!r}"
+        if sample is not None and self._follow is not None:
+            self._follow.draws.check(self._follow.transform, sample, out)
         try:
             tree, leaves = flatten(out)
         except LayoutError as e:
@@ -285,6 +324,9 @@ class DecodedStore:
         m.layout.pack(rec, leaves)
         m.state[index] = checksum(rec)  # the commit point: after the whole record
         self.stats.fills += 1
+        if self._written is None:
+            self._written = np.zeros(self.samples, dtype=bool)
+        self._written[index] = True
         return m.layout.unpack(rec.copy())
 
     def layout(self) -> Layout | None:
@@ -339,10 +381,34 @@ class DecodedStore:
         return TierStats(DECODED, self.stats.hits, self.stats.misses, size, self.filled())
 
     def complete(self) -> bool:
-        """Every sample is stored: an epoch needs no shard."""
+        """Every sample is stored: an epoch needs no shard. Asked at the start of every pass, so
+        it first follows the transform's state (:meth:`refresh`)."""
+        self.refresh()
         return self.filled() == self.samples
 
     # -- counters ------------------------------------------------------------------------------
+    def end_pass(self) -> None:
+        """The end of a pass in this process: when the transform's state changed *during* the
+        pass, the records this process wrote in it may hold the new state's outputs under the
+        old state's name: they are emptied (recomputed when next read), with a warning. Then
+        the counters are recorded (:meth:`record`)."""
+        written, self._written = self._written, None
+        if (written is not None and self._follow is not None and self._m is not None
+                and self._pid == os.getpid() and self._changed()):
+            self._m.state[written] = 0
+            log.warning(
+                "feedpipe: decoded_cache=: the transform's state changed during a pass; the %d "
+                "records this process stored in it were emptied in %s (they may hold outputs "
+                "of the new state) and will be recomputed. Change a transform between epochs.",
+                int(np.count_nonzero(written)), self.path)
+        self.record()
+
+    def _changed(self) -> bool:
+        try:
+            return self._follow is not None and self._follow.path() != self.path
+        except UncacheableTransformError:  # refused at the next pass; its records are suspect
+            return True
+
     def record(self) -> None:
         """Add this process's counters since the last call to ``stats.json`` (for
         ``feedpipe cache stats``; a store that was never created records nothing)."""
@@ -374,6 +440,39 @@ class DecodedStore:
         if self._use is not None and self._pid == os.getpid():
             os.close(self._use)
         self._use = None
+
+
+class _Follow:
+    """The transform of a store and the fingerprint of the rest (format, dataset, version): the
+    path of the store of the transform's state now, refusing a transform that draws."""
+
+    def __init__(self, root: str, transform: Any, rest: bytes) -> None:
+        self.root, self.transform, self.rest = root, transform, rest
+        self.draws = DrawCheck("decoded_cache=")
+        self._fp: str | None = None
+
+    def path(self) -> str:
+        from ._fingerprint import fingerprint
+
+        fp = fingerprint(self.transform, self.rest).hex()[:24]
+        if fp != self._fp:
+            found = random_part(self.transform)
+            if found is not None:
+                raise UncacheableTransformError(
+                    f"decoded_cache= with a random transform: {found} would have its random "
+                    "crops and flips frozen at the first epoch's draw; cache a deterministic "
+                    "one (train=False) and augment after it")
+            if self._fp is not None:
+                log.warning(
+                    "feedpipe: decoded_cache=: the transform's state changed since its store was "
+                    "chosen; its outputs now go to %s (the old state's store stays in %s until "
+                    "`feedpipe cache clear`). A transform whose attributes change at every pass "
+                    "(a counter, a cache) gets a new store each time: give its class a "
+                    "__fingerprint__() method returning only what decides its outputs.",
+                    fp, self.root)
+            self._fp = fp
+            self.draws.rearm()
+        return os.path.join(self.root, fp)
 
 
 def open_decoded_store(decoded_cache: Any, transform: Any, manifest: Any) -> DecodedStore | None:

@@ -6,11 +6,17 @@ So changing a function's code, its default arguments, the values it closes over,
 objects and ``functools.partial``) its parameters makes its old entries unreachable. The same
 value gives the same fingerprint in every process and on every machine.
 
-**What it sees**, recursively: code (of functions, lambdas, methods and the classes of callable
-objects); numbers, strings, bytes, containers; NumPy arrays and torch tensors (values, dtype and
-shape; not their device, strides or ``requires_grad``); ``torch.nn.Module`` state (parameters,
-buffers, plain attributes, submodules, train/eval mode); dataclass fields, ``__slots__`` and
-``__dict__`` of any object; attributes set on a function.
+**What it sees**, recursively: code (of functions, lambdas, methods, and of the classes of
+callable objects with every class they inherit from); numbers, strings, bytes, containers (a set
+or dict in an order of its own, the same whatever the hash seed, set literals in code too); NumPy
+arrays and torch tensors (values, dtype and shape; not their device, strides or
+``requires_grad``); ``torch.nn.Module`` state (parameters, buffers, plain attributes, submodules,
+train/eval mode); dataclass fields, ``__slots__`` and ``__dict__`` of any object, or what its
+class's ``__fingerprint__()`` returns where it has one (the values that decide its outputs, when
+it also keeps counters or caches); attributes set on a function.
+
+A fingerprint is of the state *now*: the caches take it again at each pass
+(:mod:`feedpipe.caches._passes`), so a transform changed between epochs keys new values.
 
 **What it cannot see**: module globals a function reads (``co_names`` gives their names, not
 their values), files or environment variables read at call time, the code of C extensions. Nor
@@ -47,8 +53,21 @@ def _code(h: Any, code: types.CodeType, depth: int) -> None:
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             _code(h, c, depth + 1)
-        else:
-            h.update(repr(c).encode())
+        else:  # a set literal is a frozenset constant: its repr's order follows the hash seed
+            _value(h, c, depth + 1, set())
+
+
+def _unordered(h: Any, items: Any, depth: int, seen: set[int]) -> None:
+    """The members of a set (or a dict's ``(key, value)`` pairs), in an order that is the same
+    in every process: sorted by each one's own hash, not by its repr (a set inside shows its
+    members in an order that follows the hash seed)."""
+    digests = []
+    for x in items:
+        sub = hashlib.blake2b(digest_size=16)
+        _value(sub, x, depth + 1, seen)
+        digests.append(sub.digest())
+    for d in sorted(digests):
+        h.update(d)
 
 
 def _value(h: Any, v: Any, depth: int, seen: set[int]) -> None:
@@ -59,17 +78,18 @@ def _value(h: Any, v: Any, depth: int, seen: set[int]) -> None:
         h.update(f"{type(v).__name__}:{v!r};".encode())
         return
     seen = seen | {id(v)}
-    if isinstance(v, (tuple, list, frozenset, set)):
+    if isinstance(v, (tuple, list)):
         h.update(f"{type(v).__name__}[{len(v)}]".encode())
-        items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
-        for x in items:
+        for x in v:
             _value(h, x, depth + 1, seen)
+        return
+    if isinstance(v, (frozenset, set)):
+        h.update(f"{type(v).__name__}[{len(v)}]".encode())
+        _unordered(h, v, depth, seen)
         return
     if isinstance(v, dict):
         h.update(f"dict[{len(v)}]".encode())
-        for k in sorted(v, key=repr):
-            _value(h, k, depth + 1, seen)
-            _value(h, v[k], depth + 1, seen)
+        _unordered(h, v.items(), depth, seen)
         return
     if isinstance(v, np.ndarray):
         h.update(f"ndarray{v.dtype.str}{v.shape}".encode())
@@ -139,26 +159,60 @@ _CLASS_CODE: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary(
 
 
 def _class_code(cls: type) -> bytes:
-    """A class's name and code (its source; else its functions' byte code), once per class."""
+    """A class's name and code, with the code of every class it inherits from (its MRO but
+    ``object``), once per class: the source of each class of the program; for a class of an
+    installed library or of the standard library, the bytes of the file that defines it (they
+    change with its version; finding one class's source in a long library module costs a parse
+    of the whole module); else its functions' byte code."""
     try:
         return _CLASS_CODE[cls]
     except (KeyError, TypeError):
         pass
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"obj:{cls.__module__}.{cls.__qualname__}".encode())
-    try:
-        h.update(inspect.getsource(cls).encode())
-    except (OSError, TypeError):
-        for name in sorted(vars(cls)):
-            attr = vars(cls)[name]
-            if isinstance(attr, types.FunctionType):
-                _code(h, attr.__code__, 0)
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        h.update(f"obj:{klass.__module__}.{klass.__qualname__}".encode())
+        library = _library_file(klass)
+        try:
+            h.update(_file_digest(library) if library else inspect.getsource(klass).encode())
+        except (OSError, TypeError):
+            for name in sorted(vars(klass)):
+                attr = vars(klass)[name]
+                if isinstance(attr, types.FunctionType):
+                    _code(h, attr.__code__, 0)
     digest = h.digest()
     try:
         _CLASS_CODE[cls] = digest
     except TypeError:  # a type that takes no weak reference: not kept
         pass
     return digest
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "purelib", "platlib")
+                  if paths.get(k)})
+
+
+def _library_file(klass: type) -> str | None:
+    """The file defining ``klass`` when it belongs to an installed library (or the standard
+    library), else ``None``."""
+    module = sys.modules.get(klass.__module__)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    path = os.path.realpath(path)
+    return path if path.startswith(_library_dirs()) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return hashlib.blake2b(f.read(), digest_size=16).digest()
 
 
 _MODULE_PARTS = ("_parameters", "_buffers", "_modules", "_compiled_call_impl")
@@ -180,12 +234,18 @@ def _module(h: Any, v: Any, depth: int, seen: set[int]) -> None:
 
 
 def _instance(h: Any, v: Any, depth: int, seen: set[int], torch: Any) -> None:
-    """A callable object or any other instance: its class's code and its state."""
+    """A callable object or any other instance: its class's code and its state (what its
+    class's ``__fingerprint__()`` returns, where it has one: e.g. a memoised function, whose
+    bookkeeping changes at every pass, but not what it computes)."""
     if torch is not None and isinstance(v, torch.nn.Module):
         _module(h, v, depth, seen)
         return
     cls = type(v)
     h.update(_class_code(cls))
+    own = getattr(cls, "__fingerprint__", None)
+    if own is not None:
+        _value(h, own(v), depth + 1, seen)
+        return
     state: dict[str, Any] = {}
     if dataclasses.is_dataclass(v):
         state.update((f.name, getattr(v, f.name)) for f in dataclasses.fields(v))

@@ -3,7 +3,10 @@
 An entry's key is ``fingerprint(function) + xxh3_128(input bytes)``
 (:mod:`feedpipe.caches._memo_record`). The same input anywhere in the dataset (or in another
 dataset) is computed and stored once. Changing the function's code or parameters makes its old
-entries unreachable.
+entries unreachable, also when the change is made to the wrapped object after ``wrap()``: the
+fingerprint is taken again at each pass of a loader and at every call outside one
+(:mod:`feedpipe.caches._passes`). A random function is refused, not frozen at its first draw
+(:mod:`feedpipe.caches._randomness` says what that check cannot see).
 
 **What the fingerprint cannot see** (:mod:`feedpipe.caches._fingerprint`): it hashes the
 function's code and every value it holds or closes over (tensors, arrays, modules, dataclasses
@@ -22,6 +25,7 @@ retried; when the disk is full the index warns once and keeps computing without 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import warnings
@@ -30,13 +34,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FeedpipeError
+from ..errors import FeedpipeError, UncacheableTransformError
 from ._fingerprint import fingerprint
 from ._lmdb_env import open_env, read, release, share, shared, write
 from ._memo_record import content_hash, pack, unpack
+from ._passes import current
+from ._randomness import DrawCheck, random_part
 
 if TYPE_CHECKING:
     from ._stats import TierStats
+
+log = logging.getLogger("feedpipe")
 
 
 @dataclass
@@ -220,9 +228,15 @@ class FunctionIndex:
             params: extra values that change its result (included in the fingerprint).
             version: any value; change it when something the fingerprint cannot see changed
                 (a global the function reads, a file it loads: see the module docstring).
+
+        Raises:
+            UncacheableTransformError: ``fn`` holds a part known to draw at random (an
+                ``ImagePipeline(train=True)`` anywhere in it); one caught drawing is refused
+                on its first misses (:mod:`feedpipe.caches._randomness` says what neither check
+                can see).
         """
         extra = params if version is None else (params, ("version", version))
-        return Memoized(self, fn, fields, fingerprint(fn, extra))
+        return Memoized(self, fn, fields, extra)
 
     def memoize(self, fn: Callable[..., Any] | None = None, **kw: Any) -> Any:
         """Decorator form of :meth:`wrap`: ``@index.memoize`` or ``@index.memoize(fields=...,
@@ -272,21 +286,71 @@ class FunctionIndex:
 
 
 class Memoized:
-    """A function memoised in a :class:`FunctionIndex`; picklable into worker processes."""
+    """A function memoised in a :class:`FunctionIndex`; picklable into worker processes.
+
+    The function's fingerprint is read again at each pass of a loader in this process, and at
+    every call outside one (:mod:`feedpipe.caches._passes`): a change of its state (an
+    attribute, a closed-over value) keys new entries, never serves the old ones. A function that
+    holds a part known to draw at random is refused when wrapped, one caught drawing on its first
+    misses in a process when it runs (:mod:`feedpipe.caches._randomness`).
+    """
 
     def __init__(self, index: FunctionIndex, fn: Callable[..., Any],
-                 fields: Sequence[str] | None, fp: bytes) -> None:
-        self.index, self.fn, self.fields, self.fp = index, fn, fields, fp
+                 fields: Sequence[str] | None, extra: Any) -> None:
+        self.index, self.fn, self.fields, self.extra = index, fn, fields, extra
+        self._pass: int | None = None
+        self._told = False  # a change of state was logged
+        self._refuse_random()
+        self.fp = fingerprint(fn, extra)
+        self._draws = DrawCheck("FunctionIndex.wrap()")
         functools_update(self, fn)
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pass"] = None  # pass numbers are per process: take the fingerprint again there
+        return state
+
+    def __fingerprint__(self) -> Any:  # what it computes; not its bookkeeping, not the index
+        return self.fn, self.fields, self.extra
+
+    def _refuse_random(self) -> None:
+        found = random_part(self.fn)
+        if found is not None:
+            raise UncacheableTransformError(
+                f"FunctionIndex.wrap() of a random function: {found} draws at random, and the "
+                "index would serve its first draw for good. Memoise the deterministic part "
+                "(e.g. ImagePipeline(train=False)) and augment after it.")
+
+    def _current(self) -> bytes:
+        """The fingerprint of the function's state now (see the class docstring)."""
+        n = current()
+        if n is None or n != self._pass:
+            fp = fingerprint(self.fn, self.extra)
+            if fp != self.fp:
+                self._refuse_random()
+                if not self._told:
+                    self._told = True
+                    log.warning(
+                        "feedpipe: the state of memoised %s changed since it was wrapped: its "
+                        "new entries are keyed by the new state. A function whose state changes "
+                        "at every call or pass (a counter, a log it appends to) finds none of its "
+                        "entries again: keep that out of it, or give its class a "
+                        "__fingerprint__() method returning only what decides its outputs.",
+                        getattr(self.fn, "__qualname__", type(self.fn).__name__))
+                self.fp = fp
+                self._draws.rearm()
+            self._pass = n
+        return self.fp
+
     def __call__(self, data: Any) -> Any:
-        key = self.fp + content_hash(data, self.fields)
+        key = self._current() + content_hash(data, self.fields)
         origin = data.get("__key__") if isinstance(data, dict) else None
         found, value = self.index._lookup(key, origin)
         if found:
             return value
         self.index._tally.misses += 1
         value = self.fn(data)
+        self._draws.check(self.fn, data, value)
         self.index._put(key, value, origin)
         return value
 

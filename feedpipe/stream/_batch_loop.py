@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from ..caches._passes import begin_pass, end_pass
 from ..errors import SampleSkipped
 from ..plan._order import iter_ids
 from ..transforms._threads import one_thread
@@ -182,14 +183,16 @@ class EpochReader:
         if self.prefetch:
             ds.shards.begin(self.plan, ds.plan(self.plan.epoch + 1), self.split, ds.world,
                             self.batch_size, self.worker, self.workers)
+        self.pass_number = begin_pass()  # the caches re-read their transform's fingerprint
         return self
 
     def __exit__(self, *exc: object) -> None:
         ds = self.dataset
+        end_pass(self.pass_number)
         if self.prefetch:
             ds.shards.end()
         if ds.decoded is not None:
-            ds.decoded.record()
+            ds.decoded.end_pass()
 
 
 class SampleFetch:
@@ -314,7 +317,8 @@ class CollateMaker:
             if items is not None and not items[j][2]:
                 g, x, _ = items[j]
                 s = int(np.searchsorted(self.first, g, side="right")) - 1
-                o = store.put(g, o, key=x["__key__"], shard=self.names[s])  # type: ignore[union-attr]
+                o = store.put(g, o, key=x["__key__"], shard=self.names[s],  # type: ignore[union-attr]
+                              sample=x)
             outs.append(_bytes_of(o) if self.to_bytes else o)
         if last is not None and not outs:
             return LeftOut(len(pending), str(last.error))

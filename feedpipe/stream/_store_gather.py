@@ -94,7 +94,8 @@ class GatherFetch:
         sample["__epoch__"] = self.epoch  # the pass's epoch
         out = ds.transform(sample)  # type: ignore[misc]
         s = int(shards.locate(np.asarray([g]))[0][0])
-        return self.store.put(g, out, key=sample["__key__"], shard=shards.names[s])
+        return self.store.put(g, out, key=sample["__key__"], shard=shards.names[s],
+                              sample=sample)
 
 
 class Finished:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .._helpers.parent_watch import exit_with
 from ..errors import ShardFormatError
 from ._batch_loop import (
     CollateMaker,
@@ -75,16 +76,20 @@ class WorkerSource(IterableDataset):
         self.fields, self.default, self.depth = fields, default, depth
         self._ring: WorkerRing | None = None
         self._ring_pid = 0
+        self._owner = 0  # the process that pickled it for its workers (spawn, forkserver)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_ring"], state["_ring_pid"] = None, 0  # a worker makes its own
+        state["_owner"] = os.getpid()  # pickled for the workers by the process they serve
         return state
 
     def __iter__(self) -> Iterator[tuple[Any, WorkerMeta]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         ds, route, pid = self.dataset, self.route, os.getpid()
+        if info is not None:  # a worker never outlives the training process
+            exit_with(os.getppid(), self._owner)
         skips = Skips()
         ring = None
         with EpochReader(ds, worker, workers) as reader:

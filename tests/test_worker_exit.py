@@ -1,0 +1,112 @@
+"""A loader's worker processes exit with the training process (feedpipe._helpers.parent_watch).
+
+A real training script with ``num_workers=2`` on each ``workers`` route is stopped by SIGTERM in
+the middle of a long step, while its workers hold batches it has not read: every worker process is
+gone soon after, repeatedly. Raw samples make batches larger than a pipe, the case where a worker
+that saw its parent go still waited forever on its queue's feeder thread.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import feedpipe
+from feedpipe.convert._synth import make_image_folder
+
+TRIALS = 3
+GONE_WITHIN = 30.0  # seconds: a bound, not a timing (they go at once; before, never)
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    from feedpipe import BatchCollator, FeedDataset, FeedLoader, ImagePipeline
+
+    path, route = sys.argv[1], sys.argv[2]
+    if route == "rows-workers":
+        ds = FeedDataset(path, shuffle=True, seed=1,
+                         transform=ImagePipeline(64, train=False, mean=None))
+        kw = {"collate_fn": BatchCollator(16, (3, 64, 64), torch.uint8)}
+    else:  # raw samples: batches of image bytes, larger than a pipe
+        ds, kw = FeedDataset(path, shuffle=True, seed=1), {}
+    loader = FeedLoader(ds, batch_size=16, num_workers=2, route=route, **kw)
+    for batch in loader:
+        print("READY", flush=True)
+        time.sleep(3600)  # a long training step: the workers fill their queue meanwhile
+""")
+
+
+@pytest.fixture(scope="module")
+def big_samples(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("exit")
+    src, out = root / "src", root / "shards"
+    make_image_folder(str(src), classes=2, per_class=40, min_size=300, max_size=400, seed=1)
+    feedpipe.shard(str(src), str(out), max_samples=20, labels_from_dirs=True, workers=1,
+                   show_progress=False)
+    script = root / "train.py"
+    script.write_text(SCRIPT)
+    return str(out), str(script)
+
+
+def children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            ppid, state = _stat(int(name))
+            if ppid == pid and state != "Z":
+                out.append(int(name))
+    return out
+
+
+def _stat(pid: int) -> tuple[int, str]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # gone
+        return -1, "X"
+    return int(fields[1]), fields[0]
+
+
+def alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if _stat(p)[1] not in ("X", "Z")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("route", ["samples-workers", "refs-workers", "rows-workers"])
+def test_workers_exit_with_a_terminated_training_process(
+        route: str, big_samples: tuple[str, str], tmp_path: Path) -> None:
+    path, script = big_samples
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(feedpipe.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
+    lingering: list[int] = []
+    try:
+        for trial in range(TRIALS):
+            err = (tmp_path / f"stderr-{trial}").open("w+")
+            p = subprocess.Popen([sys.executable, script, path, route], stdout=subprocess.PIPE,
+                                 stderr=err, text=True, env=env)
+            line = p.stdout.readline()  # type: ignore[union-attr]
+            assert line.startswith("READY"), (err.seek(0), err.read())
+            workers = children(p.pid)
+            assert len(workers) >= 2, workers
+            p.send_signal(signal.SIGTERM)
+            p.wait()
+            p.stdout.close()  # type: ignore[union-attr]
+            err.close()
+            deadline = time.monotonic() + GONE_WITHIN
+            while alive(workers) and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling the pids
+            lingering += alive(workers)
+            assert not lingering, f"trial {trial}: workers {lingering} outlived the training " \
+                                  "process"
+    finally:
+        for pid in alive(lingering):
+            os.kill(pid, signal.SIGKILL)
