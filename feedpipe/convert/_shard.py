@@ -46,10 +46,11 @@ from ._output_dir import (
     check_state,
     clean_temps,
     prepare_out,
+    take_lock,
     unlink_quiet,
     write_dataset_manifest,
 )
-from ._parts import PartInfo, parse_part, part_prefix
+from ._parts import PartInfo, parse_part, part_prefix, part_tag
 from ._shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
 from ._sources import Listing, SampleSpec, Source, printable, several_images
 from ._summary import ShardSummary
@@ -103,6 +104,26 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
                          "(a .parquet file or a directory of them); a folder tree takes its "
                          "fields from file extensions and its classes from --labels-from-dirs")
     part_of = None if opts.part is None else parse_part(opts.part)
+    existed = not is_local(out) or os.path.lexists(local_path(out))
+    lock = take_lock(out, None if part_of is None else part_tag(*part_of), "feedpipe shard")
+    try:
+        return _locked(src, out, opts, facts, choice, part_of, nworkers, t0)
+    except Exception as e:
+        if lock is not None and not existed and not isinstance(e, OutputError):
+            lock.release()  # a run that failed on its input leaves no OUT made for its lock
+            try:
+                os.rmdir(local_path(out))
+            except OSError:
+                pass
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _locked(src: str, out: str, opts: ShardOptions, facts: Facts, choice: Choice,
+            part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
+    """:func:`shard` of a tree or file list, with ``out`` locked for this run."""
     if opts.dask is not None:
         from ._dask import check_dask
 

@@ -38,12 +38,19 @@ from ..format._manifest import Manifest, ShardRecord
 from ..format._tar import BLOCK
 from ._field_encoding import Encoder, encode_field
 from ._options import DEFAULT_MAX_BYTES
-from ._output_dir import prepare_out, unlink_quiet, write_dataset_manifest
-from ._parts import PartInfo, parse_part, part_prefix
+from ._output_dir import (
+    clean_temps,
+    prepare_out,
+    take_lock,
+    unlink_quiet,
+    write_dataset_manifest,
+)
+from ._parts import PartInfo, parse_part, part_prefix, part_tag
 from ._shard_plan import member_size, shard_full
 from ._writer import commit, hidden, output_error, seal, write_members
 
 TOOL = "feedpipe.ShardWriter"
+_PART_STATE = ".feedpipe-writer-part"  # (a part writer's temps; it keeps no resume state)
 
 
 def check_key(key: Any, where: str) -> str:
@@ -119,8 +126,19 @@ class ShardWriter:
         self.provenance = dict(provenance or {})
         self.skipped: list[dict[str, str]] = []
         own = None if self.part is None else part_prefix(prefix, *self.part)
-        self.out = prepare_out(out, False, own, tool="feedpipe.ShardWriter",
-                               hint="write into an empty directory")
+        self._lock = take_lock(out, None if self.part is None else part_tag(*self.part), TOOL)
+        try:
+            self.out = prepare_out(out, False, own, tool="feedpipe.ShardWriter",
+                                   hint="write into an empty directory")
+            # what a writer of this name that died left (the lock says none is alive)
+            if own is None:
+                clean_temps(self.out, prefix)
+            else:
+                clean_temps(self.out, own, _PART_STATE)
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
         self._names_prefix = own or prefix
         self._keys: dict[str, int] = {}  # key -> the number of the write that stored it
         self._records: list[ShardRecord] = []
@@ -253,10 +271,13 @@ class ShardWriter:
             raise
         self._closed = True
         self.manifest = m
-        if self.part is not None and self.merge:  # (the part stands whatever the merge says)
-            from ._merge import merge_if_complete
+        try:
+            if self.part is not None and self.merge:  # (the part stands whatever the merge says)
+                from ._merge import merge_if_complete
 
-            merge_if_complete(self.out, self.part[1])
+                merge_if_complete(self.out, self.part[1])
+        finally:
+            self._release()
         return m
 
     def skip(self, what: str, reason: str) -> None:
@@ -296,6 +317,12 @@ class ShardWriter:
             unlink_quiet(os.path.join(self.out, rec.name))
             unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".idx"))
         self._records = []
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> ShardWriter:
         return self
