@@ -32,7 +32,7 @@ from typing import Any
 from .. import __version__
 from .._helpers.progress import progress
 from .._helpers.storage import is_local, local_path
-from ..errors import InputError, OutputError
+from ..errors import InputError, KeyClashError, OutputError
 from ..format._manifest import Manifest, ShardRecord
 from ._executors import Executor, Job, PoolExecutor, SerialExecutor
 from ._file_list import list_manifest
@@ -152,6 +152,7 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     """Plan ``listing``'s samples, write the shards not yet committed with the executor of
     ``choice``, and commit the dataset (or the part)."""
     samples = _drop_problems(listing, opts.on_error)
+    _refuse_case_clashes(src, samples)
     _report_outputs(src, out, listing)
     if opts.manifest is None:  # (a file list pairs files on purpose)
         _report_several_images(samples)
@@ -398,6 +399,22 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions) -> Sh
                          max_bytes=opts.max_bytes, max_samples=opts.max_samples,
                          prefix=opts.prefix, on_error=opts.on_error,
                          show_progress=opts.show_progress)
+
+
+def _refuse_case_clashes(src: str, samples: list[SampleSpec]) -> None:
+    """Refuse a sample of two files whose extensions differ only in case (``x.jpg`` and
+    ``x.JPG``): WebDataset readers take extensions in lower case and cannot read it."""
+    for spec in samples:
+        if len(spec.files) + len(spec.extras) < 2:
+            continue
+        seen: dict[str, str] = {}
+        for ext, path in [(f.ext, f.path) for f in spec.files] + [(e, "") for e, _ in spec.extras]:
+            first = seen.setdefault(ext.lower(), path)
+            if first != path:
+                raise KeyClashError(
+                    f"{printable(src)}: {printable(first)} and {printable(path)} make one sample "
+                    f"whose fields differ only in case; WebDataset readers take extensions in "
+                    "lower case and cannot read it: rename one of the files (or move it out)")
 
 
 def _drop_problems(listing: Listing, on_error: str) -> list[SampleSpec]:

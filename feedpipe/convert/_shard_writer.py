@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any
 
 from .. import __version__
@@ -47,6 +47,7 @@ from ._output_dir import (
 )
 from ._parts import PartInfo, parse_part, part_prefix, part_tag
 from ._shard_plan import member_size, shard_full
+from ._sources import printable
 from ._writer import commit, hidden, output_error, seal, write_members
 
 TOOL = "feedpipe.ShardWriter"
@@ -58,12 +59,27 @@ def check_key(key: Any, where: str) -> str:
     if not isinstance(key, str):
         raise InputError(f"{where}'__key__' must be a str, not {type(key).__name__}; e.g. "
                          "f'{index:08d}' or a relative path")
+    _check_utf8(key, f"{where}key", "'__key__'")
     parts = key.split("/")
     if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in key:
         raise InputError(f"{where}key {key!r} is not a relative path of non-empty names (no "
                          "leading '/', no '.' or '..', no '//', no NUL); give a key like "
                          "'train/00000012'")
     return encode_key(key)
+
+
+def _check_utf8(text: str, what: str, fix: str) -> None:
+    """Refuse ``text`` (a key or field name) that cannot be a UTF-8 tar member name: a lone
+    surrogate, as ``os.fsdecode`` makes of a file name's bytes that are not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(
+            f"{what} '{printable(text)}' holds {text[e.start]!r} at position {e.start}, which "
+            "is not valid UTF-8 (a file name's bytes that are not UTF-8, decoded by os.fsdecode?): "
+            f"tar member names are UTF-8; give {fix} as valid text, e.g. "
+            "name.encode('utf-8', 'surrogateescape').decode('utf-8', 'backslashreplace')"
+        ) from None
 
 
 class ShardWriter:
@@ -76,7 +92,9 @@ class ShardWriter:
             it only to hold one sample larger than it.
         classes: class names, recorded in the manifest (what the ``cls`` values index). A
             ``cls`` given as a name of the list is stored as its index; a name not in the list,
-            or an index out of range, is refused.
+            or an index out of range, is refused. With or without them, a ``cls`` number is
+            stored as an integer (``7.0`` and ``numpy.int64(7)`` as ``7``); a non-integral one
+            is refused.
         prefix: shard names are ``PREFIX-000000.tar``.
         encoders: per field, a function turning its value into bytes (see
             :mod:`~feedpipe.convert._field_encoding`), e.g.
@@ -167,12 +185,22 @@ class ShardWriter:
             raise InputError(f"sample #{n}: no '__key__'; every sample needs a unique key")
         key = check_key(sample["__key__"], where)
         blobs: list[tuple[str, bytes]] = []
+        folded: dict[str, str] = {}  # field name in lower case -> the field
         for ext, value in sample.items():
+            if not isinstance(ext, str):
+                raise InputError(f"{where}field name {ext!r} is a {type(ext).__name__}, not a "
+                                 "str; field names are extensions such as 'jpg' or 'cls'")
             if ext.startswith("__") and ext.endswith("__"):
                 continue
+            _check_utf8(ext, f"{where}field", "the field name")
             if not valid_extension(ext) or ext.startswith("."):
                 raise InputError(f"{where}field {ext!r} cannot be a tar member extension (no "
                                  "spaces, '/', '%' or leading '.'); rename it")
+            other = folded.setdefault(ext.lower(), ext)
+            if other != ext:
+                raise InputError(f"{where}fields {other!r} and {ext!r} differ only in case: "
+                                 "WebDataset readers take extensions in lower case and cannot "
+                                 "read a sample holding both; rename one of them")
             if ext == "cls":
                 value = self._cls(value, where)
             data = encode_field(ext, value, self.encoders, where)
@@ -199,9 +227,23 @@ class ShardWriter:
         return key
 
     def _cls(self, value: Any, where: str) -> Any:
-        """The ``cls`` value to store: with ``classes`` given (and no encoder for ``cls``), a
-        class name becomes its index, and an index must be one of the classes'."""
-        if self.classes is None or "cls" in self.encoders:
+        """The ``cls`` value to store (unless an encoder is given for ``cls``): a number of any
+        form (``int``, a NumPy integer or float, ``7.0``) as its ``int``, a non-integral one
+        refused; with ``classes`` given, a class name becomes its index, and an index must be
+        one of the classes'."""
+        if "cls" in self.encoders:
+            return value
+        if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+            value = value.item()  # (a 0-d array or NumPy scalar: its Python number)
+        if isinstance(value, Real) and not isinstance(value, bool):
+            if not isinstance(value, Integral):
+                number = float(value)
+                if not number.is_integer():
+                    raise InputError(f"{where}cls {value!r} is not an integer: a class label is "
+                                     "a class index (or, with classes=, a class name); fix "
+                                     "the label")
+            value = int(value)  # type: ignore[call-overload]  # (stored as 7, never 7.0)
+        if self.classes is None:
             return value
         n = len(self.classes)
         if isinstance(value, str):
@@ -210,8 +252,7 @@ class ShardWriter:
                 raise InputError(f"{where}cls {value!r} is not one of the {n} classes [{shown}]; "
                                  "give a class name of the list, or its index")
             return self._class_index[value]
-        if isinstance(value, Integral) and not isinstance(value, bool) \
-                and not 0 <= int(value) < n:
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < n:
             raise InputError(f"{where}cls {value} is not an index into the {n} classes given; "
                              "fix the label or the class list")
         return value

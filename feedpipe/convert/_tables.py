@@ -129,11 +129,14 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
         rows_total += pf.metadata.num_rows
     head = next(first.iter_batches(batch_size=64), None)
     head_rows = head.to_pylist() if head is not None else []
+    labels = hf_class_labels(schema.metadata)
     columns = []
     for name in names:
         kind = _kind(schema.field(name).type)
         sample = next((r[name] for r in head_rows if r.get(name) is not None), None)
         cats = _categories(pq, fs, paths, name) if kind == "category" else None
+        if kind == "int" and name in labels:  # a datasets.ClassLabel, as its Parquet keeps it
+            kind, cats = "category", labels[name]
         columns.append(Column(name, kind, cats, sample))
 
     def rows() -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -147,6 +150,30 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
 
     return TableSource(columns, rows, rows_total,
                        {"source": "parquet", "files": list(files) if not single else [src]})
+
+
+def hf_class_labels(metadata: Mapping[bytes, bytes] | None) -> dict[str, tuple[str, ...]]:
+    """The class names of the ``ClassLabel`` columns a Hugging Face Parquet file records in its
+    schema metadata (key ``huggingface``), by column; none for other files (pure).
+
+    Example:
+        >>> meta = {b"huggingface": b'{"info": {"features": {"label": {"_type": "ClassLabel", '
+        ...                         b'"names": ["cat", "dog"]}}}}'}
+        >>> hf_class_labels(meta)
+        {'label': ('cat', 'dog')}
+    """
+    import json
+
+    raw = (metadata or {}).get(b"huggingface")
+    try:
+        features = json.loads(raw)["info"]["features"] if raw else {}
+    except (ValueError, KeyError, TypeError):
+        return {}  # (metadata of another shape: the column stays an integer label)
+    if not isinstance(features, dict):
+        return {}
+    return {name: tuple(str(n) for n in f["names"]) for name, f in features.items()
+            if isinstance(f, dict) and f.get("_type") == "ClassLabel"
+            and isinstance(f.get("names"), list) and f["names"]}
 
 
 def _categories(pq: Any, fs: Any, paths: list[str], column: str) -> tuple[str, ...]:
@@ -231,7 +258,7 @@ def write_table(source: TableSource, out: str, *, columns: str | Mapping[str, st
 
     t0 = time.perf_counter()
     names, whence = (read_classes(classes) if classes is not None else (None, None))
-    cmap = default_map(source.columns, names, f"--classes ({whence})")
+    cmap = default_map(source.columns, names, f"--classes ({whence})", check=not columns)
     if columns:
         cmap = override(cmap, source.columns, columns)
     images = [t.column for t in cmap.targets if t.encoding == "bytes"
