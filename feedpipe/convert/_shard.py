@@ -14,7 +14,8 @@ One table chooses the *method* (:func:`~feedpipe.convert._method.choose_method`)
 - ``one-pass``: a fresh run over a local tree of top-level directories. One worker lists, reads
   and stages each directory; the shards are cut from the staged bytes
   (:mod:`~feedpipe.convert._onepass`).
-- ``table``: a Parquet source (:mod:`~feedpipe.convert._tables`).
+- ``table``: a Parquet source. Its rows are listed as samples
+  (:mod:`~feedpipe.convert._table_rows`), then planned and written as in ``general``.
 
 ``general`` and ``one-pass`` write the same shards, indexes and plan fingerprint, so either
 resumes the other's run. The manifest's ``created_by.method`` names the one that wrote it.
@@ -97,9 +98,7 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
                   local=is_local(src) and is_local(out), resume=opts.resume, shuffle=opts.shuffle,
                   part=opts.part is not None, dask=opts.dask is not None, workers=nworkers)
     choice = choose_method(facts)
-    if tables is not None:
-        return _shard_table(src, tables, out, opts)
-    if opts.columns is not None or opts.classes is not None:
+    if tables is None and (opts.columns is not None or opts.classes is not None):
         raise ValueError(f"{printable(src)}: columns= and classes= apply to Parquet sources "
                          "(a .parquet file or a directory of them); a folder tree takes its "
                          "fields from file extensions and its classes from --labels-from-dirs")
@@ -107,6 +106,8 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
     existed = not is_local(out) or os.path.lexists(local_path(out))
     lock = take_lock(out, None if part_of is None else part_tag(*part_of), "feedpipe shard")
     try:
+        if tables is not None:
+            return _shard_table(src, tables, out, opts, choice, part_of, nworkers, t0)
         return _locked(src, out, opts, facts, choice, part_of, nworkers, t0)
     except Exception as e:
         if lock is not None and not existed and not isinstance(e, OutputError):
@@ -148,13 +149,16 @@ def _locked(src: str, out: str, opts: ShardOptions, facts: Facts, choice: Choice
 
 def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: StagedTree | None,
              listing: Listing, part_info: PartInfo | None, nworkers: int,
-             t0: float) -> ShardSummary:
+             t0: float, rows: Any = None, provenance: dict[str, Any] | None = None
+             ) -> ShardSummary:
     """Plan ``listing``'s samples, write the shards not yet committed with the executor of
-    ``choice``, and commit the dataset (or the part)."""
+    ``choice``, and commit the dataset (or the part). ``rows``: the source the samples' fields
+    are read from, for a table (:class:`~feedpipe.convert._table_rows.TableRows`; default: the
+    files of ``src``); ``provenance``: more for the manifest's ``created_by``."""
     samples = _drop_problems(listing, opts.on_error)
     _refuse_case_clashes(src, samples)
     _report_outputs(src, out, listing)
-    if opts.manifest is None:  # (a file list pairs files on purpose)
+    if opts.manifest is None and rows is None:  # (a file list pairs files on purpose)
         _report_several_images(samples)
     part_of = None if part_info is None else (part_info.index, part_info.count)
     name_prefix = opts.prefix if part_of is None else part_prefix(opts.prefix, *part_of)
@@ -190,7 +194,8 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     part_paths = {(i, j): hidden(out, names[i], f".part{j:05d}.tmp-{os.getpid()}")
                   for i in todo for j in range(len(plan[i]))}
     executor = _executor(choice, opts, nworkers, staged)
-    job = Job(Source(src), plan, todo, names, part_paths, out, opts.on_error, bar, record)
+    job = Job(Source(src) if rows is None else rows, plan, todo, names, part_paths, out,
+              opts.on_error, bar, record)
     try:
         executor.run(job)
     except BaseException:
@@ -199,6 +204,7 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     finally:
         bar.close()
     m = _manifest(src, opts, choice, listing, plan, records, fp)
+    m.created_by.update(provenance or {})
     merged = _commit(out, opts, m, listing, part_info, names, state)
     secs = time.perf_counter() - t0
     nbytes = sum(r.bytes for r in m.shards)
@@ -380,25 +386,36 @@ def _stage(src: str, out: str, opts: ShardOptions, workers: int,
     return staged
 
 
-def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions) -> ShardSummary:
-    """A Parquet source, through the table writer (:mod:`feedpipe.convert._tables`)."""
-    from ._tables import shard_parquet
+def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choice: Choice,
+                 part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
+    """A Parquet source: its rows listed as samples (:mod:`~feedpipe.convert._table_rows`),
+    then planned and written as a tree's files are."""
+    from ._parts import list_part
+    from ._table_rows import TableRows, list_table
+    from ._tables import column_map, parquet_source
 
-    unsupported = [name for name, on in (
-        ("--resume", opts.resume), ("--shuffle", opts.shuffle),
-        ("--part", opts.part is not None), ("--labels-from-dirs", opts.labels_from_dirs))
-        if on]
-    if unsupported:
-        raise ValueError(f"{printable(src)} is a Parquet source, which is written in one pass "
-                         f"in row order: {', '.join(unsupported)} cannot apply; convert it "
-                         "without, into an empty directory")
-    if opts.workers is not None and opts.workers > 1:
-        log.warning("feedpipe shard: %s is a Parquet source, written in one process: "
-                    "--workers %d is not used", printable(src), opts.workers)
-    return shard_parquet(src, files, out, columns=opts.columns, classes=opts.classes,
-                         max_bytes=opts.max_bytes, max_samples=opts.max_samples,
-                         prefix=opts.prefix, on_error=opts.on_error,
-                         show_progress=opts.show_progress)
+    if opts.labels_from_dirs:
+        raise ValueError(f"{printable(src)} is a Parquet source: --labels-from-dirs cannot "
+                         "apply (a table's class names come from a categorical or ClassLabel "
+                         "column, or --classes)")
+    table = parquet_source(src, files)
+    cmap, images = column_map(table, opts.columns, opts.classes)
+    rows = TableRows(table.paths, table.stems, src, cmap, images)
+    listing = list_table(table, rows, opts.show_progress)
+    if not listing.samples:
+        _drop_problems(listing, opts.on_error)
+        raise InputError(f"{printable(src)}: the table has no rows to convert"
+                         + (f" ({len(listing.problems)} skipped)" if listing.problems else ""))
+    part_info = None
+    if part_of is not None:
+        listing, part_info = list_part(listing, *part_of, shuffle=opts.shuffle, seed=opts.seed,
+                                       options=opts.output_options())
+    provenance = {"source": {**table.describe, "src": src}, "columns": cmap.to_dict()}
+    s = _convert(src, out, opts, choice, None, listing, part_info, nworkers, t0, rows,
+                 provenance)
+    nrows = table.num_rows or 0
+    return dataclasses.replace(s, files=nrows, columns=cmap.lines(),
+                               files_per_s=nrows / s.seconds if s.seconds > 0 else 0.0)
 
 
 def _refuse_case_clashes(src: str, samples: list[SampleSpec]) -> None:

@@ -82,6 +82,81 @@ def _check_utf8(text: str, what: str, fix: str) -> None:
         ) from None
 
 
+class SampleEncoder:
+    """A sample dict as the tar members that store it: its encoded key and ``(field, bytes)``
+    pairs, every check of :meth:`ShardWriter.write` made (the key, each field name, ``cls``
+    against ``classes``); shared by the writer and the table source of ``feedpipe shard``."""
+
+    def __init__(self, classes: Sequence[str] | None = None,
+                 encoders: Mapping[str, Encoder] | None = None) -> None:
+        self.classes = None if classes is None else [str(c) for c in classes]
+        self._class_index = {c: i for i, c in enumerate(self.classes or ())}
+        self.encoders = dict(encoders or {})
+
+    def encode(self, sample: Mapping[str, Any], n: int) -> tuple[str, list[tuple[str, bytes]]]:
+        """The key and members of ``sample``, the ``n``-th (named so in errors)."""
+        where = f"sample #{n} ({sample.get('__key__')!r}): "
+        if "__key__" not in sample:
+            raise InputError(f"sample #{n}: no '__key__'; every sample needs a unique key")
+        key = check_key(sample["__key__"], where)
+        blobs: list[tuple[str, bytes]] = []
+        folded: dict[str, str] = {}  # field name in lower case -> the field
+        for ext, value in sample.items():
+            if not isinstance(ext, str):
+                raise InputError(f"{where}field name {ext!r} is a {type(ext).__name__}, not a "
+                                 "str; field names are extensions such as 'jpg' or 'cls'")
+            if ext.startswith("__") and ext.endswith("__"):
+                continue
+            _check_utf8(ext, f"{where}field", "the field name")
+            if not valid_extension(ext) or ext.startswith("."):
+                raise InputError(f"{where}field {ext!r} cannot be a tar member extension (no "
+                                 "spaces, '/', '%' or leading '.'); rename it")
+            other = folded.setdefault(ext.lower(), ext)
+            if other != ext:
+                raise InputError(f"{where}fields {other!r} and {ext!r} differ only in case: "
+                                 "WebDataset readers take extensions in lower case and cannot "
+                                 "read a sample holding both; rename one of them")
+            if ext == "cls":
+                value = self._cls(value, where)
+            data = encode_field(ext, value, self.encoders, where)
+            if data is not None:
+                blobs.append((ext, data))
+        if not blobs:
+            raise InputError(f"{where}no field to store (every value is None or there is none)")
+        return key, blobs
+
+    def _cls(self, value: Any, where: str) -> Any:
+        """The ``cls`` value to store (unless an encoder is given for ``cls``): a number of any
+        form (``int``, a NumPy integer or float, ``7.0``) as its ``int``, a non-integral one
+        refused; with ``classes`` given, a class name becomes its index, and an index must be
+        one of the classes'."""
+        if "cls" in self.encoders:
+            return value
+        if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+            value = value.item()  # (a 0-d array or NumPy scalar: its Python number)
+        if isinstance(value, Real) and not isinstance(value, bool):
+            if not isinstance(value, Integral):
+                number = float(value)
+                if not number.is_integer():
+                    raise InputError(f"{where}cls {value!r} is not an integer: a class label is "
+                                     "a class index (or, with classes=, a class name); fix "
+                                     "the label")
+            value = int(value)  # type: ignore[call-overload]  # (stored as 7, never 7.0)
+        if self.classes is None:
+            return value
+        n = len(self.classes)
+        if isinstance(value, str):
+            if value not in self._class_index:
+                shown = ", ".join(map(repr, self.classes[:8])) + (", ..." if n > 8 else "")
+                raise InputError(f"{where}cls {value!r} is not one of the {n} classes [{shown}]; "
+                                 "give a class name of the list, or its index")
+            return self._class_index[value]
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < n:
+            raise InputError(f"{where}cls {value} is not an index into the {n} classes given; "
+                             "fix the label or the class list")
+        return value
+
+
 class ShardWriter:
     """Write samples (dicts) as a feedpipe dataset in ``out``; a context manager.
 
@@ -139,6 +214,7 @@ class ShardWriter:
             raise ValueError(f"classes: repeated class name(s) {dup}; give each class once")
         self.prefix = prefix
         self.encoders = dict(encoders or {})
+        self._encoder = SampleEncoder(self.classes, self.encoders)
         self.part = None if part is None else parse_part(part)
         self.merge = merge
         self.provenance = dict(provenance or {})
@@ -180,34 +256,7 @@ class ShardWriter:
         if self._closed:
             raise ValueError("this ShardWriter is closed")
         n = len(self._keys)
-        where = f"sample #{n} ({sample.get('__key__')!r}): "
-        if "__key__" not in sample:
-            raise InputError(f"sample #{n}: no '__key__'; every sample needs a unique key")
-        key = check_key(sample["__key__"], where)
-        blobs: list[tuple[str, bytes]] = []
-        folded: dict[str, str] = {}  # field name in lower case -> the field
-        for ext, value in sample.items():
-            if not isinstance(ext, str):
-                raise InputError(f"{where}field name {ext!r} is a {type(ext).__name__}, not a "
-                                 "str; field names are extensions such as 'jpg' or 'cls'")
-            if ext.startswith("__") and ext.endswith("__"):
-                continue
-            _check_utf8(ext, f"{where}field", "the field name")
-            if not valid_extension(ext) or ext.startswith("."):
-                raise InputError(f"{where}field {ext!r} cannot be a tar member extension (no "
-                                 "spaces, '/', '%' or leading '.'); rename it")
-            other = folded.setdefault(ext.lower(), ext)
-            if other != ext:
-                raise InputError(f"{where}fields {other!r} and {ext!r} differ only in case: "
-                                 "WebDataset readers take extensions in lower case and cannot "
-                                 "read a sample holding both; rename one of them")
-            if ext == "cls":
-                value = self._cls(value, where)
-            data = encode_field(ext, value, self.encoders, where)
-            if data is not None:
-                blobs.append((ext, data))
-        if not blobs:
-            raise InputError(f"{where}no field to store (every value is None or there is none)")
+        key, blobs = self._encoder.encode(sample, n)
         first = self._keys.get(key)
         if first is not None:
             raise KeyClashError(f"duplicate sample key {key!r}: sample #{n} and sample #{first} "
@@ -225,37 +274,6 @@ class ShardWriter:
         self._count += 1
         self._fields.update(ext for ext, _ in blobs)
         return key
-
-    def _cls(self, value: Any, where: str) -> Any:
-        """The ``cls`` value to store (unless an encoder is given for ``cls``): a number of any
-        form (``int``, a NumPy integer or float, ``7.0``) as its ``int``, a non-integral one
-        refused; with ``classes`` given, a class name becomes its index, and an index must be
-        one of the classes'."""
-        if "cls" in self.encoders:
-            return value
-        if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
-            value = value.item()  # (a 0-d array or NumPy scalar: its Python number)
-        if isinstance(value, Real) and not isinstance(value, bool):
-            if not isinstance(value, Integral):
-                number = float(value)
-                if not number.is_integer():
-                    raise InputError(f"{where}cls {value!r} is not an integer: a class label is "
-                                     "a class index (or, with classes=, a class name); fix "
-                                     "the label")
-            value = int(value)  # type: ignore[call-overload]  # (stored as 7, never 7.0)
-        if self.classes is None:
-            return value
-        n = len(self.classes)
-        if isinstance(value, str):
-            if value not in self._class_index:
-                shown = ", ".join(map(repr, self.classes[:8])) + (", ..." if n > 8 else "")
-                raise InputError(f"{where}cls {value!r} is not one of the {n} classes [{shown}]; "
-                                 "give a class name of the list, or its index")
-            return self._class_index[value]
-        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < n:
-            raise InputError(f"{where}cls {value} is not an index into the {n} classes given; "
-                             "fix the label or the class list")
-        return value
 
     def _write(self, data: bytes) -> None:
         self._hash.update(data)

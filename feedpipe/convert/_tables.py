@@ -1,12 +1,15 @@
 """Tables as a source: Parquet files (``feedpipe shard data.parquet OUT``) and Hugging Face
-datasets (:func:`shard_from`), written through :class:`feedpipe.ShardWriter`.
+datasets (:func:`shard_from`).
 
 A table's columns become fields by :mod:`~feedpipe.convert._table_columns` (printed, and
 overridable with ``columns=``/``--columns``). Rows are read in batches (``pyarrow``; a
-``datasets.Dataset`` is Arrow underneath) and written in order, one sample per row, in one
-process. A row that cannot be a sample (a class name not in the class list, a value of no known
-kind) stops the run with its file and row named. With ``on_error="skip"`` it is left out and
-listed in the manifest.
+``datasets.Dataset`` is Arrow underneath). ``feedpipe shard`` lists a Parquet table's rows as
+samples and plans and writes them as a tree's files (:mod:`~feedpipe.convert._table_rows`:
+``--resume``, ``--shuffle``, ``--part``, ``--workers``). :func:`shard_from` writes a dataset's
+rows in order, one sample per row, in one process, through :class:`feedpipe.ShardWriter`
+(:func:`write_table`). A row that cannot be a sample (a class name not in the class list, a
+value of no known kind) stops the run with its file and row named. With ``on_error="skip"`` it
+is left out and listed in the manifest.
 
 ``pyarrow`` (extra ``parquet``) and ``datasets`` are imported only here and only when used.
 """
@@ -16,11 +19,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._helpers.storage import filesystem, is_local, local_path
-from ..errors import InputError, KeyClashError, OutputError, SourceNotFoundError
+from ..errors import InputError, KeyClashError, OutputError
 from ._shard_writer import DEFAULT_MAX_BYTES, ShardWriter
 from ._summary import ShardSummary
 from ._table_columns import Column, ColumnMap, default_map, override
@@ -38,6 +41,8 @@ class TableSource:
     rows: Callable[[], Iterator[tuple[str, str, dict[str, Any]]]]
     num_rows: int | None
     describe: dict[str, Any]
+    paths: list[str] = field(default_factory=list)  # Parquet: the files, as rows() names them
+    stems: list[str] = field(default_factory=list)  # Parquet: each file's key prefix
 
 
 def parquet_files(src: str) -> list[str] | None:
@@ -139,9 +144,10 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
             kind, cats = "category", labels[name]
         columns.append(Column(name, kind, cats, sample))
 
+    stems = ["" if single else rel[: -len(".parquet")] + "/" for rel in files]
+
     def rows() -> Iterator[tuple[str, str, dict[str, Any]]]:
-        for rel, p in zip(files, paths):
-            stem = "" if single else rel[: -len(".parquet")] + "/"
+        for stem, p in zip(stems, paths):
             i = 0
             for batch in open_file(p).iter_batches(batch_size=BATCH_ROWS):
                 for row in batch.to_pylist():
@@ -149,7 +155,8 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
                     i += 1
 
     return TableSource(columns, rows, rows_total,
-                       {"source": "parquet", "files": list(files) if not single else [src]})
+                       {"source": "parquet", "files": list(files) if not single else [src]},
+                       paths, stems)
 
 
 def hf_class_labels(metadata: Mapping[bytes, bytes] | None) -> dict[str, tuple[str, ...]]:
@@ -248,21 +255,30 @@ def _resolved(value: Any) -> Any:
     return value
 
 
-def write_table(source: TableSource, out: str, *, columns: str | Mapping[str, str | None] | None,
-                classes: str | Sequence[str] | None, max_bytes: int | str, max_samples: int | None,
-                prefix: str, on_error: str, show_progress: bool | None, src: str,
-                tool: str = "feedpipe shard") -> ShardSummary:
-    """Write every row of ``source`` as a sample in ``out``; the summary."""
-    from .._helpers.progress import progress
+def column_map(source: TableSource, columns: str | Mapping[str, str | None] | None,
+               classes: str | Sequence[str] | None) -> tuple[ColumnMap, list[str]]:
+    """The fields the columns of ``source`` become (``columns``: overrides; ``classes``: class
+    names, see :func:`shard_from`), and the image columns whose values may name a file."""
     from ..format._indexer import read_classes
 
-    t0 = time.perf_counter()
     names, whence = (read_classes(classes) if classes is not None else (None, None))
     cmap = default_map(source.columns, names, f"--classes ({whence})", check=not columns)
     if columns:
         cmap = override(cmap, source.columns, columns)
     images = [t.column for t in cmap.targets if t.encoding == "bytes"
               and next(c for c in source.columns if c.name == t.column).kind == "image"]
+    return cmap, images
+
+
+def write_table(source: TableSource, out: str, *, columns: str | Mapping[str, str | None] | None,
+                classes: str | Sequence[str] | None, max_bytes: int | str, max_samples: int | None,
+                prefix: str, on_error: str, show_progress: bool | None, src: str,
+                tool: str = "feedpipe shard") -> ShardSummary:
+    """Write every row of ``source`` as a sample in ``out``; the summary."""
+    from .._helpers.progress import progress
+
+    t0 = time.perf_counter()
+    cmap, images = column_map(source, columns, classes)
     provenance = {"tool": tool, "method": "table",
                   "source": {**source.describe, "src": src}, "columns": cmap.to_dict()}
     bar = progress(source.num_rows, "shard", "row", show_progress)
@@ -369,10 +385,3 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
                        max_bytes=max_bytes, max_samples=max_samples, prefix=prefix,
                        on_error=on_error, show_progress=show_progress,
                        src=type(dataset).__name__, tool="feedpipe.shard_from")
-
-
-def shard_parquet(src: str, files: Sequence[str], out: str, **options: Any) -> ShardSummary:
-    """``feedpipe shard`` of the Parquet files ``files`` of ``src`` (see :func:`write_table`)."""
-    if not files:
-        raise SourceNotFoundError(f"{src}: no Parquet files")
-    return write_table(parquet_source(src, files), out, src=src, **options)
