@@ -171,3 +171,47 @@ def test_parts_merge_into_the_single_runs_samples(table: Path, tmp_path: Path,
     assert [s["__key__"] for s in got] == [s["__key__"] for s in want]
     assert [s["jpg"] for s in got] == [s["jpg"] for s in want]
     assert load_manifest(str(out)).classes == ["cat", "dog", "emu"]
+
+
+@pytest.mark.slow
+def test_a_hugging_face_dataset_takes_the_same_options(tmp_path: Path) -> None:
+    """shard_from wrote a datasets.Dataset in one pass with none of these options."""
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed (the hub extra)")
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": _jpeg(i), "path": None} for i in range(ROWS)],
+         "label": [i % 3 for i in range(ROWS)],
+         "text": [f"t{i}" * (i % 3 + 1) for i in range(ROWS)]},
+        features=datasets.Features({"image": datasets.Image(),
+                                    "label": datasets.ClassLabel(names=["cat", "dog", "emu"]),
+                                    "text": datasets.Value("string")}))
+    kw: dict[str, Any] = {"max_samples": 6, "shuffle": True, "seed": 3}
+    ref = tmp_path / "ref"
+    s = feedpipe.shard_from(ds, str(ref), **kw)
+    assert s.samples == ROWS and s.executor == "in this process, one worker"
+    assert sorted(_keys(ref)) == [f"{i:08d}" for i in range(ROWS)] != _keys(ref)
+    assert load_manifest(str(ref)).classes == ["cat", "dog", "emu"]
+    pool = tmp_path / "pool"
+    s = feedpipe.shard_from(ds, str(pool), workers=2, **kw)
+    assert s.executor == "process pool, 2 workers"
+    assert dataset_bytes(pool) == dataset_bytes(ref)
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(rec: object, seen: list[object] = []) -> None:  # noqa: B006
+        seen.append(rec)
+        if len(seen) == 2:
+            raise Stop
+
+    out = tmp_path / "o"
+    with pytest.raises(Stop):
+        feedpipe.shard_from(ds, str(out), on_shard=stop_after_two, **kw)
+    s = feedpipe.shard_from(ds, str(out), resume=True, **kw)
+    assert s.reused_shards == 2 and dataset_bytes(out) == dataset_bytes(ref)
+    parts = tmp_path / "parts"
+    for i in range(2):
+        feedpipe.shard_from(ds, str(parts), part=(i, 2), merge=True, **kw)
+    assert _keys(parts) == _keys(ref)
+    with pytest.raises(ValueError, match=r"IterableDataset is read once.*: part, shuffle cannot"):
+        feedpipe.shard_from(ds.to_iterable_dataset(), str(tmp_path / "it"), shuffle=True,
+                            part="0/2")

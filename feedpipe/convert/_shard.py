@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import closing, nullcontext
 from typing import Any
 
@@ -103,12 +104,20 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
                          "(a .parquet file or a directory of them); a folder tree takes its "
                          "fields from file extensions and its classes from --labels-from-dirs")
     part_of = None if opts.part is None else parse_part(opts.part)
+    if tables is not None:
+        return _under_lock(out, part_of, lambda: _shard_table(src, tables, out, opts, choice,
+                                                              part_of, nworkers, t0))
+    return _under_lock(out, part_of,
+                       lambda: _locked(src, out, opts, facts, choice, part_of, nworkers, t0))
+
+
+def _under_lock(out: str, part_of: tuple[int, int] | None,
+                run: Callable[[], ShardSummary]) -> ShardSummary:
+    """``run()`` with ``out`` locked for this writer (:mod:`~feedpipe.format._write_lock`)."""
     existed = not is_local(out) or os.path.lexists(local_path(out))
     lock = take_lock(out, None if part_of is None else part_tag(*part_of), "feedpipe shard")
     try:
-        if tables is not None:
-            return _shard_table(src, tables, out, opts, choice, part_of, nworkers, t0)
-        return _locked(src, out, opts, facts, choice, part_of, nworkers, t0)
+        return run()
     except Exception as e:
         if lock is not None and not existed and not isinstance(e, OutputError):
             lock.release()  # a run that failed on its input leaves no OUT made for its lock
@@ -120,6 +129,21 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
     finally:
         if lock is not None:
             lock.release()
+
+
+def shard_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOptions) -> ShardSummary:
+    """Convert a table already opened (:func:`feedpipe.shard_from`): ``table`` a
+    :class:`~feedpipe.convert._tables.TableSource`, ``rows`` the source its fields are read
+    back from (:mod:`~feedpipe.convert._table_rows`); ``src`` names it in messages."""
+    t0 = time.perf_counter()
+    nworkers = opts.workers if opts.workers is not None else 1
+    choice = choose_method(Facts(requested=opts.method, source="table", local=is_local(out),
+                                 resume=opts.resume, shuffle=opts.shuffle,
+                                 part=opts.part is not None, dask=opts.dask is not None,
+                                 workers=nworkers))
+    part_of = None if opts.part is None else parse_part(opts.part)
+    return _under_lock(out, part_of, lambda: _shard_rows(src, table, rows, out, opts, choice,
+                                                         part_of, nworkers, t0))
 
 
 def _locked(src: str, out: str, opts: ShardOptions, facts: Facts, choice: Choice,
@@ -390,8 +414,7 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choic
                  part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
     """A Parquet source: its rows listed as samples (:mod:`~feedpipe.convert._table_rows`),
     then planned and written as a tree's files are."""
-    from ._parts import list_part
-    from ._table_rows import TableRows, list_table
+    from ._table_rows import TableRows
     from ._tables import column_map, parquet_source
 
     if opts.labels_from_dirs:
@@ -401,6 +424,16 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choic
     table = parquet_source(src, files)
     cmap, images = column_map(table, opts.columns, opts.classes)
     rows = TableRows(table.paths, table.stems, src, cmap, images)
+    return _shard_rows(src, table, rows, out, opts, choice, part_of, nworkers, t0)
+
+
+def _shard_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOptions, choice: Choice,
+                part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
+    """The rows of ``table`` listed as samples, then planned and written as a tree's files."""
+    from ._parts import list_part
+    from ._table_rows import list_table
+
+    cmap = rows.cmap
     listing = list_table(table, rows, opts.show_progress)
     if not listing.samples:
         _drop_problems(listing, opts.on_error)

@@ -1,17 +1,18 @@
-"""A Parquet table as a planned source of ``feedpipe shard``: its rows listed as samples, their
-fields read back row by row, so a table takes the planner and executors of a file tree
-(``--resume``, ``--shuffle``, ``--part``, ``--workers``, ``--dask``) and the same guarantees:
-shards that depend on the inputs and options only, committed shards kept by a resume, parts
-that merge.
+"""A table (Parquet files, a Hugging Face dataset) as a planned source of ``feedpipe shard``:
+its rows listed as samples, their fields read back row by row. So a table takes the planner
+and executors of a file tree (``--resume``, ``--shuffle``, ``--part``, ``--workers``,
+``--dask``) and its guarantees: shards that depend on the inputs and options only, committed
+shards kept by a resume, parts that merge.
 
 The listing reads every row once, in row order, and encodes it as the writer stores it
 (:class:`~feedpipe.convert._shard_writer.SampleEncoder`: the column mapping, key, field names,
 ``cls``). A row that cannot be a sample is a bad input for ``on_error``. A sample keeps, per
 field, a :class:`~feedpipe.convert._sources.FileRef` whose path is the row's locator
 (``FILE: row I: FIELD``) and whose size is the field's, so the plan cuts shards by exact sizes
-and the fingerprint covers every row. Writing reads the rows of a part back by row group
-(:class:`TableRows`, the part writer's source) and encodes them again, the same way. A part's
-rows in ``--shuffle`` order lie in many row groups: each is read once per part that needs it.
+and the fingerprint covers every row. A part writer reads its rows back (:class:`TableRows`:
+by Parquet row group; :class:`DatasetRows`: by row number) and encodes them again, the same
+way. A part's rows in ``--shuffle`` order lie in many row groups: each is read once per part
+that needs it.
 """
 
 from __future__ import annotations
@@ -30,23 +31,14 @@ from ._table_columns import ColumnMap
 _CACHED_GROUPS = 2  # row groups kept encoded per process (one part's rows are mostly in order)
 
 
-class TableRows:
-    """The rows of the Parquet files ``paths`` (``stems``: each file's key prefix), as the
-    source a part writer reads fields from (``read(locator)``)."""
+class Rows:
+    """What a part writer reads a table's fields from (``read(locator)``, as
+    :class:`~feedpipe.convert._sources.Source` reads files), and how a row is encoded."""
 
-    def __init__(self, paths: Sequence[str], stems: Sequence[str], src: str, cmap: ColumnMap,
-                 images: Sequence[str]) -> None:
-        self.paths = list(paths)
-        self.stems = dict(zip(paths, stems))
-        self.src = src
+    def __init__(self, cmap: ColumnMap, images: Sequence[str]) -> None:
         self.cmap = cmap
         self.images = list(images)
-        self._groups: OrderedDict[tuple[str, int], list[dict[str, bytes]]] = OrderedDict()
-        self._bounds: dict[str, list[int]] = {}
         self._encoder = SampleEncoder(cmap.classes)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_groups": OrderedDict(), "_bounds": {}}
 
     def path(self, locator: str) -> str:
         return locator
@@ -59,6 +51,46 @@ class TableRows:
         for name in self.images:
             row[name] = _resolved(row.get(name))
         return self._encoder.encode(self.cmap.sample(row, key), n)
+
+    def read(self, locator: str, size: int = -1) -> bytes:
+        raise NotImplementedError
+
+
+class DatasetRows(Rows):
+    """The rows of a Hugging Face ``datasets.Dataset`` (random access by row number; locators
+    ``row I: FIELD``, keys ``IIIIIIII`` as :func:`~feedpipe.convert._tables.dataset_source`
+    gives them)."""
+
+    def __init__(self, dataset: Any, cmap: ColumnMap, images: Sequence[str]) -> None:
+        super().__init__(cmap, images)
+        self.dataset = dataset
+        self._row: tuple[int, dict[str, bytes]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_row": None}
+
+    def read(self, locator: str, size: int = -1) -> bytes:
+        where, _, field = locator.rpartition(": ")
+        i = int(where.rpartition("row ")[2])
+        if self._row is None or self._row[0] != i:  # (a row's fields are read one after another)
+            self._row = (i, dict(self.encode(dict(self.dataset[i]), f"{i:08d}", i)[1]))
+        return self._row[1][field]
+
+
+class TableRows(Rows):
+    """The rows of the Parquet files ``paths`` (``stems``: each file's key prefix)."""
+
+    def __init__(self, paths: Sequence[str], stems: Sequence[str], src: str, cmap: ColumnMap,
+                 images: Sequence[str]) -> None:
+        super().__init__(cmap, images)
+        self.paths = list(paths)
+        self.stems = dict(zip(paths, stems))
+        self.src = src
+        self._groups: OrderedDict[tuple[str, int], list[dict[str, bytes]]] = OrderedDict()
+        self._bounds: dict[str, list[int]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_groups": OrderedDict(), "_bounds": {}}
 
     def read(self, locator: str, size: int = -1) -> bytes:
         """The bytes of the field a locator (``FILE: row I: FIELD``) names."""
@@ -120,10 +152,10 @@ def _group_of(bounds: list[int], i: int) -> int:
     return g
 
 
-def list_table(source: Any, rows: TableRows, show_progress: bool | None = None) -> Listing:
+def list_table(source: Any, rows: Rows, show_progress: bool | None = None) -> Listing:
     """The samples of every row of the table ``source`` (a
-    :class:`~feedpipe.convert._tables.TableSource` of Parquet files), each field a locator into
-    ``rows``; a row that cannot be a sample is a problem (``where``, reason)."""
+    :class:`~feedpipe.convert._tables.TableSource`), each field a locator into ``rows``; a row
+    that cannot be a sample is a problem (``where``, reason)."""
     from .._helpers.progress import progress
 
     samples: list[SampleSpec] = []
@@ -136,7 +168,7 @@ def list_table(source: Any, rows: TableRows, show_progress: bool | None = None) 
     return Listing(samples, problems, rows.cmap.classes)
 
 
-def _list_row(rows: TableRows, n: int, where: str, key: str, row: dict[str, Any],
+def _list_row(rows: Rows, n: int, where: str, key: str, row: dict[str, Any],
               samples: list[SampleSpec], problems: list[tuple[str, str]],
               seen: dict[str, str]) -> None:
     """List one row: a sample, or a problem."""

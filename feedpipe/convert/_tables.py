@@ -43,6 +43,7 @@ class TableSource:
     describe: dict[str, Any]
     paths: list[str] = field(default_factory=list)  # Parquet: the files, as rows() names them
     stems: list[str] = field(default_factory=list)  # Parquet: each file's key prefix
+    dataset: Any = None  # a Hugging Face dataset, its images and audio left encoded
 
 
 def parquet_files(src: str) -> list[str] | None:
@@ -229,7 +230,8 @@ def dataset_source(dataset: Any) -> TableSource:
     split = getattr(dataset, "split", None)
     return TableSource(columns, rows, n, {"source": "datasets",
                                           "dataset": getattr(info, "dataset_name", None),
-                                          "split": None if split is None else str(split)})
+                                          "split": None if split is None else str(split)},
+                       dataset=dataset)
 
 
 def _value_kind(dtype: str) -> str:
@@ -334,9 +336,9 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
                classes: str | Sequence[str] | None = None,
                max_bytes: int | str = DEFAULT_MAX_BYTES, max_samples: int | None = None,
                prefix: str = "data", on_error: str = "raise",
-               show_progress: bool | None = None) -> ShardSummary:
+               show_progress: bool | None = None, **options: Any) -> ShardSummary:
     """Convert a Hugging Face ``datasets.Dataset`` (one split) into a feedpipe dataset in
-    ``out``, through the writer of ``feedpipe shard``.
+    ``out``, through the planner and executors of ``feedpipe shard``.
 
     Args:
         dataset: a ``datasets.Dataset`` (or ``IterableDataset``) of one split. Samples that
@@ -351,6 +353,11 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
         on_error: ``"skip"`` leaves out a row that cannot be a sample and lists it in the
             manifest; ``"raise"`` stops there.
         show_progress: a progress bar over rows (default: when stderr is a terminal).
+        **options: for a ``datasets.Dataset``, the options of :func:`feedpipe.shard` that a
+            table takes: ``shuffle``, ``seed``, ``resume``, ``part``, ``merge``, ``workers``
+            (default 1: the dataset is pickled to each worker's task), ``start_method``,
+            ``dask``, ``retries``, ``on_shard``. An ``IterableDataset`` is read once, in
+            order, and takes none of them (refused, naming them).
 
     Returns:
         A :class:`feedpipe.ShardSummary` (``method="table"``).
@@ -381,7 +388,33 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
     from .._helpers.dependency import require
 
     require("datasets", extra="hub", purpose="feedpipe.shard_from")
-    return write_table(dataset_source(dataset), out, columns=columns, classes=classes,
+    import datasets
+
+    planned = ("shuffle", "seed", "resume", "part", "merge", "workers", "start_method", "dask",
+               "retries", "on_shard")
+    other = sorted(set(options) - set(planned))
+    if other:
+        raise TypeError(f"shard_from got option(s) {', '.join(other)} it does not take; it "
+                        f"takes columns, classes, max_bytes, max_samples, prefix, on_error, "
+                        f"show_progress and {', '.join(planned)}")
+    table = dataset_source(dataset)
+    if isinstance(table.dataset, datasets.Dataset):
+        from .._helpers.sizes import parse_size
+        from ._options import ShardOptions
+        from ._shard import shard_rows
+        from ._table_rows import DatasetRows
+
+        cmap, images = column_map(table, columns, classes)
+        opts = ShardOptions(max_bytes=parse_size(max_bytes), max_samples=max_samples,
+                            prefix=prefix, on_error=on_error, show_progress=show_progress,
+                            columns=columns, classes=classes, **options)
+        return shard_rows(type(dataset).__name__, table, DatasetRows(table.dataset, cmap, images),
+                          out, opts)
+    if options:
+        raise ValueError(f"a {type(dataset).__name__} is read once, in order (no random "
+                         f"access): {', '.join(sorted(options))} cannot apply; convert it "
+                         "without, or pass a datasets.Dataset")
+    return write_table(table, out, columns=columns, classes=classes,
                        max_bytes=max_bytes, max_samples=max_samples, prefix=prefix,
                        on_error=on_error, show_progress=show_progress,
                        src=type(dataset).__name__, tool="feedpipe.shard_from")
