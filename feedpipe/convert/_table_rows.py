@@ -46,10 +46,10 @@ class Rows:
     def encode(self, row: dict[str, Any], key: str, n: int) -> tuple[str, list[tuple[str, bytes]]]:
         """One row as the writer stores it; an :class:`InputError` or :class:`KeyClashError`
         says what is wrong with it, an ``OSError`` which image file it names cannot be read."""
-        from ._tables import _resolved
+        from ._tables import resolved_media
 
         for name in self.images:
-            row[name] = _resolved(row.get(name))
+            row[name] = resolved_media(row.get(name))
         return self._encoder.encode(self.cmap.sample(row, key), n)
 
     def read(self, locator: str, size: int = -1) -> bytes:
@@ -111,9 +111,9 @@ class TableRows(Rows):
         return sample[field]
 
     def _open(self, path: str) -> Any:
-        from ._tables import _pyarrow
+        from ._tables import pyarrow_parquet
 
-        pq = _pyarrow()
+        pq = pyarrow_parquet()
         fs = filesystem(self.src)[0]
         return pq.ParquetFile(fs.open(path, "rb"))
 

@@ -77,7 +77,7 @@ def parquet_files(src: str) -> list[str] | None:
     return sorted(found) or None
 
 
-def _pyarrow() -> Any:
+def pyarrow_parquet() -> Any:
     from .._helpers.dependency import require
 
     require("pyarrow", extra="parquet", purpose="Parquet sources")
@@ -112,7 +112,7 @@ def _kind(t: Any) -> str:
 
 def parquet_source(src: str, files: Sequence[str]) -> TableSource:
     """The Parquet files ``files`` (relative to the directory ``src``, or ``src`` itself)."""
-    pq = _pyarrow()
+    pq = pyarrow_parquet()
     fs, path = filesystem(src)
     single = path.endswith(".parquet")
     paths = [path] if single else [f"{path.rstrip('/')}/{f}" for f in files]
@@ -215,7 +215,7 @@ def dataset_source(dataset: Any) -> TableSource:
         if isinstance(feat, datasets.ClassLabel):
             columns.append(Column(name, "category", tuple(feat.names), sample))
         elif isinstance(feat, (datasets.Image, datasets.Audio)):
-            columns.append(Column(name, "image", None, _resolved(sample)))
+            columns.append(Column(name, "image", None, resolved_media(sample)))
         elif isinstance(feat, datasets.Value):
             columns.append(Column(name, _value_kind(feat.dtype), None, sample))
         else:
@@ -248,7 +248,7 @@ def _value_kind(dtype: str) -> str:
     return "other"
 
 
-def _resolved(value: Any) -> Any:
+def resolved_media(value: Any) -> Any:
     """An image/audio value ``{bytes, path}`` with its bytes read from ``path`` when it holds
     only the path (a dataset built from local files)."""
     if isinstance(value, dict) and value.get("bytes") is None and value.get("path"):
@@ -321,7 +321,7 @@ def _write_row(w: ShardWriter, cmap: ColumnMap, images: list[str], row: dict[str
     output is raised)."""
     try:
         for name in images:
-            row[name] = _resolved(row.get(name))
+            row[name] = resolved_media(row.get(name))
         w.write(cmap.sample(row, key))
     except (InputError, KeyClashError) as e:
         return e
