@@ -5,7 +5,7 @@ and executors of a file tree (``--resume``, ``--shuffle``, ``--part``, ``--worke
 shards kept by a resume, parts that merge.
 
 The listing reads every row once, in row order, and encodes it as the writer stores it
-(:class:`~feedpipe.convert._shard_writer.SampleEncoder`: the column mapping, key, field names,
+(:class:`~feedpipe.convert._sample_encoder.SampleEncoder`: the column mapping, key, field names,
 ``cls``). A row that cannot be a sample is a bad input for ``on_error``. A sample keeps, per
 field, a :class:`~feedpipe.convert._sources.FileRef` whose path is the row's locator
 (``FILE: row I: FIELD``) and whose size is the field's, so the plan cuts shards by exact sizes
@@ -24,7 +24,7 @@ from typing import Any
 
 from .._helpers.storage import filesystem
 from ..errors import InputError, KeyClashError, OutputError
-from ._shard_writer import SampleEncoder
+from ._sample_encoder import SampleEncoder
 from ._sources import FileRef, Listing, SampleSpec
 from ._table_columns import ColumnMap
 
