@@ -458,11 +458,12 @@ def _refuse_case_clashes(src: str, samples: list[SampleSpec]) -> None:
         if len(spec.files) + len(spec.extras) < 2:
             continue
         seen: dict[str, str] = {}
-        for ext, path in [(f.ext, f.path) for f in spec.files] + [(e, "") for e, _ in spec.extras]:
+        for ext, path in [(f.ext, printable(f.path)) for f in spec.files] + [
+                (e, f"the {e!r} field of --labels-from-dirs") for e, _ in spec.extras]:
             first = seen.setdefault(ext.lower(), path)
             if first != path:
                 raise KeyClashError(
-                    f"{printable(src)}: {printable(first)} and {printable(path)} make one sample "
+                    f"{printable(src)}: {first} and {path} make one sample "
                     f"whose fields differ only in case; WebDataset readers take extensions in "
                     "lower case and cannot read it: rename one of the files (or move it out)")
 
