@@ -3,13 +3,14 @@ datasets (:func:`shard_from`).
 
 A table's columns become fields by :mod:`~feedpipe.convert._table_columns` (printed, and
 overridable with ``columns=``/``--columns``). Rows are read in batches (``pyarrow``; a
-``datasets.Dataset`` is Arrow underneath). ``feedpipe shard`` lists a Parquet table's rows as
-samples and plans and writes them as a tree's files (:mod:`~feedpipe.convert._table_rows`:
-``--resume``, ``--shuffle``, ``--part``, ``--workers``). :func:`shard_from` writes a dataset's
-rows in order, one sample per row, in one process, through :class:`feedpipe.ShardWriter`
-(:func:`write_table`). A row that cannot be a sample (a class name not in the class list, a
-value of no known kind) stops the run with its file and row named. With ``on_error="skip"`` it
-is left out and listed in the manifest.
+``datasets.Dataset`` is Arrow underneath). ``feedpipe shard`` of a Parquet table and
+:func:`shard_from` of a ``datasets.Dataset`` list the rows as samples, then plan and write them
+as a tree's files (:mod:`~feedpipe.convert._table_rows`: ``--resume``, ``--shuffle``,
+``--part``, ``--workers``). An ``IterableDataset``, which can only be read in order, is written
+one sample per row, in one process, through :class:`feedpipe.ShardWriter` (:func:`write_table`).
+A row that cannot be a sample (a class name not in the class list, a value of no known kind)
+stops the run with its file and row named. With ``on_error="skip"`` it is left out and listed in
+the manifest.
 
 ``pyarrow`` (extra ``parquet``) and ``datasets`` are imported only here and only when used.
 """
