@@ -164,3 +164,29 @@ def test_feedpipe_shard_resumes_over_its_own_dead_lock(tmp_path: Path) -> None:
         feedpipe.load_manifest(str(out))
     assert feedpipe.shard(str(src), str(out), workers=1, max_samples=2).samples == 6
     assert not [n for n in os.listdir(out) if n.startswith(".")]
+
+
+def test_adopting_an_interrupted_feedpipe_shard_run_leaves_nothing_hidden(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x").mkdir()
+    for i in range(6):
+        (src / "x" / f"{i}.txt").write_text(str(i))
+    (src / "top.txt").write_text("a file at the root: the general method")
+    out = tmp_path / "o"
+
+    class Stop(Exception):
+        pass
+
+    def stop(rec: object) -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        feedpipe.shard(str(src), str(out), workers=1, max_samples=2, on_shard=stop)
+    hidden = sorted(n for n in os.listdir(out) if n.startswith("."))
+    assert ".feedpipe-shard-state.json" in hidden and ".data-000000.tar.record.json" in hidden
+    with pytest.raises(InterruptedWriteError, match="--resume"):
+        feedpipe.index([str(out)], show_progress=False)
+    m = feedpipe.index([str(out)], adopt_interrupted=True, show_progress=False)
+    assert m.total_samples == 2
+    assert not [n for n in os.listdir(out) if n.startswith(".")]

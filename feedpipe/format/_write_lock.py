@@ -33,6 +33,7 @@ LOCK_PREFIX = ".feedpipe-writer"
 _LOCK = re.compile(r"^\.feedpipe-writer(-p\d{5}of\d{5})?\.lock$")
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
 _STATE = re.compile(r"^\.feedpipe-shard-state(-p\d{5}of\d{5})?\.json$")
+_RECORD = re.compile(r"^\..+\.tar\.record\.json$")  # what a resume of feedpipe shard reuses
 
 
 def lock_name(tag: str | None = None) -> str:
@@ -207,6 +208,7 @@ class WriteMarks:
     temps: list[str] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
     locks: list[str] = field(default_factory=list)
+    records: list[str] = field(default_factory=list)  # (no mark alone: a finished part keeps them)
 
     def __bool__(self) -> bool:
         return bool(self.live or self.dead or self.temps or self.states)
@@ -265,6 +267,8 @@ def write_marks(root: str) -> WriteMarks:
                     marks.dead.append({})
         elif _STATE.match(name):
             marks.states.append(name)
+        elif _RECORD.match(name):
+            marks.records.append(name)
         elif _TEMP.match(name):
             marks.temps.append(name)
     return marks
@@ -280,7 +284,7 @@ def interrupted_error(root: str) -> InterruptedWriteError | None:
 def clear_marks(root: str, marks: WriteMarks) -> None:
     """Remove the temp files, state files and dead locks of an interrupted write (once what it
     wrote has been adopted)."""
-    for name in marks.temps + marks.states + marks.locks:
+    for name in marks.temps + marks.states + marks.locks + marks.records:
         try:
             os.unlink(os.path.join(root, name))
         except FileNotFoundError:
