@@ -214,3 +214,13 @@ def test_files_whose_extensions_differ_only_in_case_are_refused_naming_both(
         or "a/x.jpg and a/x.JPG make one sample whose fields differ only in case" in r.stderr, \
         r.stderr
     assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_a_file_whose_extension_is_the_class_field_but_for_case_is_refused(
+        tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_tree(src, ["a/x.jpg", "a/x.CLS", "b/y.jpg"])
+    with pytest.raises(feedpipe.errors.KeyClashError,
+                       match=r"a/x\.CLS and the 'cls' field of --labels-from-dirs make one "
+                             r"sample whose fields differ only in case"):
+        feedpipe.shard(str(src), str(tmp_path / "o"), labels_from_dirs=True, workers=1)

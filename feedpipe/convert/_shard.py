@@ -455,11 +455,20 @@ def _refuse_case_clashes(src: str, samples: list[SampleSpec]) -> None:
     """Refuse a sample of two files whose extensions differ only in case (``x.jpg`` and
     ``x.JPG``): WebDataset readers take extensions in lower case and cannot read it."""
     for spec in samples:
-        if len(spec.files) + len(spec.extras) < 2:
+        files, extras = spec.files, spec.extras
+        # the common shapes checked cheaply: one file and the class field, or two files
+        if len(files) < 2:
+            if not files or not extras or (len(extras) == 1 and
+                                           files[0].ext.lower() != extras[0][0].lower()):
+                continue
+        elif len(files) == 2 and not extras and files[0].ext.lower() != files[1].ext.lower():
+            continue
+        exts = [f.ext for f in files] + [e for e, _ in extras]
+        if len({e.lower() for e in exts}) == len(exts):
             continue
         seen: dict[str, str] = {}
-        for ext, path in [(f.ext, printable(f.path)) for f in spec.files] + [
-                (e, f"the {e!r} field of --labels-from-dirs") for e, _ in spec.extras]:
+        for ext, path in [(f.ext, printable(f.path)) for f in files] + [
+                (e, f"the {e!r} field of --labels-from-dirs") for e, _ in extras]:
             first = seen.setdefault(ext.lower(), path)
             if first != path:
                 raise KeyClashError(
