@@ -118,3 +118,9 @@ class FieldTypeError(InputError, TypeError):
 class StartMethodError(FeedpipeError, RuntimeError):
     """Worker processes cannot be started safely the way asked (forked from a process that runs
     DALI's threads); the message names the fix."""
+
+
+class InterruptedWriteError(SourceNotFoundError):
+    """A dataset directory's write is under way or was interrupted (its writer was killed or
+    never closed): its committed shards are not the dataset. The message names the directory,
+    the writer's pid and the file it left, and says how to redo the write."""

@@ -29,7 +29,9 @@ from feedpipe.errors import MethodError
     (Facts(local=False, workers=2), "general", "pool"),
     (Facts(dask=True, workers=8), "general", "dask"),
     (Facts(gave_back="files at the top", workers=2), "general", "pool"),
-    (Facts(source="table", workers=2), "table", "table"),
+    (Facts(source="table", workers=2), "table", "pool"),
+    (Facts(source="table", workers=1, resume=True, shuffle=True), "table", "serial"),
+    (Facts(source="table", dask=True, part=True), "table", "dask"),
 ])
 def test_the_table_of_choices(facts: Facts, method: str, executor: str) -> None:
     got = choose_method(facts)

@@ -199,3 +199,28 @@ def test_a_failure_while_writing_the_manifest_leaves_no_temp_file(
     monkeypatch.undo()
     s = feedpipe.shard(str(src), str(out), workers=1, resume=True)
     assert s.samples == 9 and (out / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_files_whose_extensions_differ_only_in_case_are_refused_naming_both(
+        tmp_path: Path, workers: str) -> None:
+    """x.jpg and x.JPG made one sample of fields 'jpg' and 'JPG', which webdataset (it takes
+    extensions in lower case) cannot read."""
+    src = tmp_path / "src"
+    write_tree(src, ["a/x.jpg", "a/x.JPG", "b/y.jpg"])
+    r = run_feedpipe("shard", src, tmp_path / "o", "--workers", workers)
+    assert r.returncode != 0
+    assert "a/x.JPG and a/x.jpg make one sample whose fields differ only in case" in r.stderr \
+        or "a/x.jpg and a/x.JPG make one sample whose fields differ only in case" in r.stderr, \
+        r.stderr
+    assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_a_file_whose_extension_is_the_class_field_but_for_case_is_refused(
+        tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_tree(src, ["a/x.jpg", "a/x.CLS", "b/y.jpg"])
+    with pytest.raises(feedpipe.errors.KeyClashError,
+                       match=r"a/x\.CLS and the 'cls' field of --labels-from-dirs make one "
+                             r"sample whose fields differ only in case"):
+        feedpipe.shard(str(src), str(tmp_path / "o"), labels_from_dirs=True, workers=1)

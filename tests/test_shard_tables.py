@@ -63,7 +63,8 @@ def test_a_parquet_file_becomes_samples_by_a_printed_mapping(tmp_path: Path) -> 
     r = run_feedpipe("shard", src, out, "--max-samples", "4", "--columns", "id=__key__")
     assert r.returncode == 0, r.stderr
     for line in ["column   id -> __key__   (--columns)",
-                 "column   image -> jpg   (bytes, JPG found)",
+                 "column   image -> jpg   (bytes, field by each row's format: JPG in the first "
+                 "row)",
                  "column   label -> cls   (categories as class names)",
                  "column   caption -> caption   (text)", "column   score -> score",
                  "column   flag -> flag   (0/1)", "column   bbox -> bbox.json   (JSON text)",
@@ -129,10 +130,8 @@ def test_an_integer_label_with_class_names_and_bad_rows(tmp_path: Path) -> None:
 def test_options_that_cannot_serve_a_table_are_refused(tmp_path: Path) -> None:
     src = tmp_path / "t.parquet"
     pq.write_table(_table(3), src)
-    for kw, flag in [({"shuffle": True}, "--shuffle"), ({"resume": True}, "--resume"),
-                     ({"part": "0/2"}, "--part")]:
-        with pytest.raises(ValueError, match=f"Parquet source.*{flag} cannot apply"):
-            feedpipe.shard(str(src), str(tmp_path / "o"), **kw)
+    with pytest.raises(ValueError, match="Parquet source: --labels-from-dirs cannot apply"):
+        feedpipe.shard(str(src), str(tmp_path / "o"), labels_from_dirs=True)
     tree = tmp_path / "tree"
     write_tree(tree, ["a/1.jpg"])
     with pytest.raises(ValueError, match="apply to Parquet sources"):
@@ -191,10 +190,72 @@ def test_shard_from_a_dataset_built_from_local_files(tmp_path: Path) -> None:
         {"image": [{"bytes": _png(i), "path": None} for i in range(3)]},
         features=datasets.Features({"image": datasets.Image()}))
     s = feedpipe.shard_from(ds2, str(tmp_path / "o2"))
-    assert "column   image -> png   (image, PNG found)" in s.columns
+    assert ("column   image -> png   (image, field by each row's format: PNG in the first "
+            "row)") in s.columns
     assert [f["png"] for _, f in _samples(tmp_path / "o2")] == [_png(i) for i in range(3)]
     with pytest.raises(InputError, match=r"DatasetDict of splits \['test', 'train'\]; pass one"):
         feedpipe.shard_from(datasets.DatasetDict({"train": ds2, "test": ds2}),
                             str(tmp_path / "o3"))
     doc = json.loads((tmp_path / "o2" / "manifest.json").read_text())
     assert doc["created_by"]["source"]["source"] == "datasets"
+
+
+# -------------------------------------------------------------------------------------------
+# each row's own image format; class names of a Hugging Face Parquet file; fields by case
+
+
+def _tiff(i: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (i, i, i)).save(buf, format="TIFF")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("first", ["tiff", "png"])
+def test_each_rows_image_field_is_named_from_its_own_bytes(tmp_path: Path, first: str) -> None:
+    """The field was the first row's format for every row: a TIFF first row sent JPEGs to a
+    field 'image' that ImagePipeline ignores; a PNG first row stored JPEGs as '.png'."""
+    make = {"tiff": _tiff, "png": _png, "jpg": _jpeg}
+    kinds = [first, "jpg", "png", "jpg", "tiff"]
+    blobs = [make[k](i) for i, k in enumerate(kinds)]
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"image": pa.array(blobs, pa.binary())}), src)
+    r = run_feedpipe("shard", src, tmp_path / "o")
+    assert r.returncode == 0, r.stderr
+    got = _samples(tmp_path / "o")
+    assert [list(f) for _, f in got] == [[k] for k in kinds]
+    assert [f[k] for (_, f), k in zip(got, kinds)] == blobs
+    pipe = feedpipe.ImagePipeline(4)  # the JPEG and PNG rows decode where their format says
+    for s in read_dataset(tmp_path / "o")[1:4]:
+        pipe({**s, "cls": b"0"})
+
+
+def test_the_cli_keeps_the_class_names_of_a_hugging_face_parquet_file(tmp_path: Path) -> None:
+    """`shard_from` kept a ClassLabel's names; the same dataset saved as Parquet (names in the
+    file's 'huggingface' metadata) lost them through `feedpipe shard`."""
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed (the hub extra)")
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": _jpeg(i), "path": None} for i in range(4)],
+         "label": [i % 3 for i in range(4)]},
+        features=datasets.Features({"image": datasets.Image(),
+                                    "label": datasets.ClassLabel(names=["cat", "dog", "emu"])}))
+    ds.to_parquet(str(tmp_path / "train.parquet"))
+    r = run_feedpipe("shard", tmp_path / "train.parquet", tmp_path / "o")
+    assert r.returncode == 0, r.stderr
+    assert "classes  3 from column 'label'" in r.stdout
+    assert load_manifest(str(tmp_path / "o")).classes == ["cat", "dog", "emu"]
+    assert [f["cls"] for _, f in _samples(tmp_path / "o")] == [b"0", b"1", b"2", b"0"]
+    feedpipe.shard_from(ds, str(tmp_path / "same"))
+    assert load_manifest(str(tmp_path / "same")).classes == ["cat", "dog", "emu"]
+
+
+def test_columns_equal_but_for_case_are_refused_naming_both(tmp_path: Path) -> None:
+    """Columns 'A' and 'a' became fields that webdataset cannot read in one shard."""
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"A": ["x", "y"], "a": ["p", "q"]}), src)
+    r = run_feedpipe("shard", src, tmp_path / "o")
+    assert r.returncode != 0
+    assert "columns 'A' and 'a' would both become fields 'A' and 'a', which differ only in " \
+           "case" in r.stderr, r.stderr
+    assert run_feedpipe("shard", src, tmp_path / "o2", "--columns", "a=a2").returncode == 0

@@ -293,3 +293,43 @@ def test_dali_reads_shardwriter_output_with_its_indexes(tmp_path: Path) -> None:
     for _key, fields in _samples(out):
         outs = p.run()
         assert {e: bytes(memoryview(outs[i].at(0))) for i, e in enumerate(m.fields)} == fields
+
+
+def test_every_numeric_form_of_cls_is_checked_and_stored_as_an_integer(tmp_path: Path) -> None:
+    """cls=7 was refused with 2 classes but 7.0 or a NumPy float was stored as "7.0", unchecked,
+    to fail at training time."""
+    with ShardWriter(str(tmp_path / "o"), classes=["a", "b"]) as w:
+        for i, v in enumerate([1.0, np.float64(1.0), np.int64(1), np.array(1), np.float32(0)]):
+            w.write({"__key__": f"ok{i}", "cls": v})
+        for i, v in enumerate([7.0, np.float64(7.0), np.float32(2), np.int64(7), np.array(2)]):
+            with pytest.raises(InputError, match=rf"'bad{i}'.*cls 7|'bad{i}'.*cls 2 "):
+                w.write({"__key__": f"bad{i}", "cls": v})
+        for i, v in enumerate([0.5, np.float64(1.5), float("nan")]):
+            with pytest.raises(InputError, match=rf"'half{i}'.*is not an integer"):
+                w.write({"__key__": f"half{i}", "cls": v})
+    assert [s["cls"] for s in read_dataset(tmp_path / "o")] == [b"1", b"1", b"1", b"1", b"0"]
+    with ShardWriter(str(tmp_path / "free")) as w:  # no classes: still an integer or refused
+        w.write({"__key__": "k", "cls": np.float64(7.0)})
+        with pytest.raises(InputError, match=r"'j'.*cls 2\.5 is not an integer"):
+            w.write({"__key__": "j", "cls": 2.5})
+    assert read_dataset(tmp_path / "free")[0]["cls"] == b"7"
+
+
+def test_fields_equal_but_for_case_are_refused_naming_the_sample(tmp_path: Path) -> None:
+    """webdataset lower-cases extensions: a sample of 'jpg' and 'JPG' made an unreadable shard."""
+    with pytest.raises(InputError, match=r"'k'.*fields 'jpg' and 'JPG' differ only in case"), \
+            ShardWriter(str(tmp_path / "o")) as w:
+        w.write({"__key__": "k", "jpg": b"1", "JPG": b"2"})
+
+
+@pytest.mark.parametrize("sample, match", [
+    ({"__key__": "a/b\udcff", "txt": "x"}, r"sample #0 \('a/b\\udcff'\).*key 'a/b\\xff'.*UTF-8"),
+    ({"__key__": "k", "t\udcffxt": "x"}, r"sample #0 \('k'\).*field 't\\xffxt'.*UTF-8"),
+    ({"__key__": "k", 1: "x"}, r"sample #0 \('k'\).*field name 1 is a int, not a str"),
+])
+def test_an_unwritable_key_or_field_name_is_an_input_error_naming_the_sample(
+        tmp_path: Path, sample: dict[Any, Any], match: str) -> None:
+    """A surrogate (os.fsdecode of bytes that are not UTF-8) or a non-str field name raised a
+    raw UnicodeEncodeError or AttributeError."""
+    with pytest.raises(InputError, match=match), ShardWriter(str(tmp_path / "o")) as w:
+        w.write(sample)

@@ -190,6 +190,10 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                         "list, or a file with one name per line (an existing file wins; a value "
                         "like a path, e.g. classes.txt, must be one). Every cls value must be "
                         "an index into them")
+    p.add_argument("--adopt-interrupted", action="store_true",
+                   help="index the shards of a directory whose writer was killed or never "
+                        "closed (refused by default: the samples it had not committed are "
+                        "lost); the dataset is then what it committed")
     add_json_options(p, out=True)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -198,7 +202,8 @@ def cmd_index(a: argparse.Namespace) -> int:
     from ..format._indexer import index_dataset
 
     r = index_dataset(a.shards, root=a.root, classes=a.classes,
-                      show_progress=False if a.no_progress else None)
+                      show_progress=False if a.no_progress else None,
+                      adopt_interrupted=a.adopt_interrupted)
     m = r.manifest
 
     def text() -> str:

@@ -31,7 +31,7 @@ class Facts:
 @dataclass(frozen=True)
 class Choice:
     """``method``: ``"general"``, ``"one-pass"`` or ``"table"`` (recorded in the manifest);
-    ``executor``: ``"serial"``, ``"pool"``, ``"dask"``, ``"staged"`` or ``"table"``;
+    ``executor``: ``"serial"``, ``"pool"``, ``"dask"`` or ``"staged"``;
     ``why``: why not the other method, for the summary (empty when nothing needs saying)."""
 
     method: str
@@ -45,7 +45,9 @@ def choose_method(f: Facts) -> Choice:
     =============  ====================================================  ========  ========
     ``method=``    the input and options                                 method    executor
     =============  ====================================================  ========  ========
-    any            a Parquet source (``general``/``one-pass``: refused)   table     table
+    any            a Parquet source (``general``/``one-pass``: refused;  table     serial,
+                   its rows listed, then planned as a tree's files)                pool or
+                                                                                   dask
     auto, general  ``dask=`` (``one-pass``: refused)                     general   dask
     auto           a local folder tree converted afresh: no ``resume``,  one-pass  staged
                    ``part``, ``shuffle``, ``manifest`` (if the staging
@@ -73,9 +75,11 @@ def choose_method(f: Facts) -> Choice:
     req = f.requested
     if f.source == "table":
         if req != "auto":
-            raise MethodError(f"--method {req} cannot convert a Parquet source: tables are "
-                              "written row by row by the table writer; use --method auto")
-        return Choice("table", "table", "")
+            raise MethodError(f"--method {req} cannot convert a Parquet source: its rows are "
+                              "listed and planned by the table method; use --method auto")
+        if f.dask:
+            return Choice("table", "dask", "")
+        return Choice("table", "serial" if f.workers <= 1 else "pool", "")
     if f.dask:
         if req == "one-pass":
             raise MethodError("--method one-pass cannot run on a Dask cluster (--dask): the "

@@ -19,6 +19,7 @@ from .._helpers.storage import is_local, local_path
 from ..errors import OutputError
 from ..format._manifest import NAME as MANIFEST_NAME
 from ..format._manifest import Manifest, write_manifest, write_wids_index
+from ..format._write_lock import WriterLock
 from ._writer import output_error
 
 STATE_NAME = ".feedpipe-shard-state.json"
@@ -52,6 +53,22 @@ def prepare_out(out: str, resume: bool, own: str | None = None, *,
                 f"{sorted(visible)[0]!r}); {hint}"
             )
     return out
+
+
+def take_lock(out: str, tag: str | None, tool: str) -> WriterLock | None:
+    """Lock the local directory ``out`` for one writer (see
+    :mod:`~feedpipe.format._write_lock`), making it if missing; ``None`` where there is nothing
+    to lock (not a local directory: :func:`prepare_out` says why)."""
+    if not is_local(out):
+        return None
+    path = local_path(out)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None  # (prepare_out names the problem)
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        return None
+    return WriterLock(path, tag, tool)
 
 
 def clean_temps(out: str, prefix: str, state_name: str = STATE_NAME) -> None:

@@ -14,7 +14,8 @@ One table chooses the *method* (:func:`~feedpipe.convert._method.choose_method`)
 - ``one-pass``: a fresh run over a local tree of top-level directories. One worker lists, reads
   and stages each directory; the shards are cut from the staged bytes
   (:mod:`~feedpipe.convert._onepass`).
-- ``table``: a Parquet source (:mod:`~feedpipe.convert._tables`).
+- ``table``: a Parquet source. Its rows are listed as samples
+  (:mod:`~feedpipe.convert._table_rows`), then planned and written as in ``general``.
 
 ``general`` and ``one-pass`` write the same shards, indexes and plan fingerprint, so either
 resumes the other's run. The manifest's ``created_by.method`` names the one that wrote it.
@@ -26,13 +27,14 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import closing, nullcontext
 from typing import Any
 
 from .. import __version__
 from .._helpers.progress import progress
 from .._helpers.storage import is_local, local_path
-from ..errors import InputError, OutputError
+from ..errors import InputError, KeyClashError, OutputError
 from ..format._image_fields import IMAGE_FIELDS, image_extension, image_field_of
 from ..format._manifest import Manifest, ShardRecord
 from ._executors import Executor, Job, PoolExecutor, SerialExecutor
@@ -47,10 +49,11 @@ from ._output_dir import (
     check_state,
     clean_temps,
     prepare_out,
+    take_lock,
     unlink_quiet,
     write_dataset_manifest,
 )
-from ._parts import PartInfo, parse_part, part_prefix
+from ._parts import PartInfo, parse_part, part_prefix, part_tag
 from ._shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
 from ._sources import Listing, SampleSpec, Source, printable, several_images
 from ._summary import ShardSummary
@@ -97,13 +100,56 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
                   local=is_local(src) and is_local(out), resume=opts.resume, shuffle=opts.shuffle,
                   part=opts.part is not None, dask=opts.dask is not None, workers=nworkers)
     choice = choose_method(facts)
-    if tables is not None:
-        return _shard_table(src, tables, out, opts)
-    if opts.columns is not None or opts.classes is not None:
+    if tables is None and (opts.columns is not None or opts.classes is not None):
         raise ValueError(f"{printable(src)}: columns= and classes= apply to Parquet sources "
                          "(a .parquet file or a directory of them); a folder tree takes its "
                          "fields from file extensions and its classes from --labels-from-dirs")
     part_of = None if opts.part is None else parse_part(opts.part)
+    if tables is not None:
+        return _under_lock(out, part_of, lambda: _shard_table(src, tables, out, opts, choice,
+                                                              part_of, nworkers, t0))
+    return _under_lock(out, part_of,
+                       lambda: _locked(src, out, opts, facts, choice, part_of, nworkers, t0))
+
+
+def _under_lock(out: str, part_of: tuple[int, int] | None,
+                run: Callable[[], ShardSummary]) -> ShardSummary:
+    """``run()`` with ``out`` locked for this writer (:mod:`~feedpipe.format._write_lock`)."""
+    existed = not is_local(out) or os.path.lexists(local_path(out))
+    lock = take_lock(out, None if part_of is None else part_tag(*part_of), "feedpipe shard")
+    try:
+        return run()
+    except Exception as e:
+        if lock is not None and not existed and not isinstance(e, OutputError):
+            lock.release()  # a run that failed on its input leaves no OUT made for its lock
+            try:
+                os.rmdir(local_path(out))
+            except OSError:
+                pass
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def shard_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOptions) -> ShardSummary:
+    """Convert a table already opened (:func:`feedpipe.shard_from`): ``table`` a
+    :class:`~feedpipe.convert._tables.TableSource`, ``rows`` the source its fields are read
+    back from (:mod:`~feedpipe.convert._table_rows`); ``src`` names it in messages."""
+    t0 = time.perf_counter()
+    nworkers = opts.workers if opts.workers is not None else 1
+    choice = choose_method(Facts(requested=opts.method, source="table", local=is_local(out),
+                                 resume=opts.resume, shuffle=opts.shuffle,
+                                 part=opts.part is not None, dask=opts.dask is not None,
+                                 workers=nworkers))
+    part_of = None if opts.part is None else parse_part(opts.part)
+    return _under_lock(out, part_of, lambda: _shard_rows(src, table, rows, out, opts, choice,
+                                                         part_of, nworkers, t0))
+
+
+def _locked(src: str, out: str, opts: ShardOptions, facts: Facts, choice: Choice,
+            part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
+    """:func:`shard` of a tree or file list, with ``out`` locked for this run."""
     if opts.dask is not None:
         from ._dask import check_dask
 
@@ -128,13 +174,17 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
 
 def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: StagedTree | None,
              listing: Listing, part_info: PartInfo | None, nworkers: int,
-             t0: float) -> ShardSummary:
+             t0: float, rows: Any = None, provenance: dict[str, Any] | None = None
+             ) -> ShardSummary:
     """Plan ``listing``'s samples, write the shards not yet committed with the executor of
-    ``choice``, and commit the dataset (or the part)."""
+    ``choice``, and commit the dataset (or the part). ``rows``: the source the samples' fields
+    are read from, for a table (:class:`~feedpipe.convert._table_rows.TableRows`; default: the
+    files of ``src``); ``provenance``: more for the manifest's ``created_by``."""
     samples = _drop_problems(listing, opts.on_error)
+    _refuse_case_clashes(src, samples)
     _report_outputs(src, out, listing)
     _report_left_out(listing)
-    if opts.manifest is None:  # (a file list pairs files on purpose)
+    if opts.manifest is None and rows is None:  # (a file list pairs files on purpose)
         _report_several_images(samples)
     part_of = None if part_info is None else (part_info.index, part_info.count)
     name_prefix = opts.prefix if part_of is None else part_prefix(opts.prefix, *part_of)
@@ -170,7 +220,8 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     part_paths = {(i, j): hidden(out, names[i], f".part{j:05d}.tmp-{os.getpid()}")
                   for i in todo for j in range(len(plan[i]))}
     executor = _executor(choice, opts, nworkers, staged)
-    job = Job(Source(src), plan, todo, names, part_paths, out, opts.on_error, bar, record)
+    job = Job(Source(src) if rows is None else rows, plan, todo, names, part_paths, out,
+              opts.on_error, bar, record)
     try:
         executor.run(job)
     except BaseException:
@@ -179,6 +230,7 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     finally:
         bar.close()
     m = _manifest(src, opts, choice, listing, plan, records, fp)
+    m.created_by.update(provenance or {})
     merged = _commit(out, opts, m, listing, part_info, names, state)
     secs = time.perf_counter() - t0
     nbytes = sum(r.bytes for r in m.shards)
@@ -360,25 +412,71 @@ def _stage(src: str, out: str, opts: ShardOptions, workers: int,
     return staged
 
 
-def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions) -> ShardSummary:
-    """A Parquet source, through the table writer (:mod:`feedpipe.convert._tables`)."""
-    from ._tables import shard_parquet
+def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choice: Choice,
+                 part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
+    """A Parquet source: its rows listed as samples (:mod:`~feedpipe.convert._table_rows`),
+    then planned and written as a tree's files are."""
+    from ._table_rows import TableRows
+    from ._tables import column_map, parquet_source
 
-    unsupported = [name for name, on in (
-        ("--resume", opts.resume), ("--shuffle", opts.shuffle),
-        ("--part", opts.part is not None), ("--labels-from-dirs", opts.labels_from_dirs))
-        if on]
-    if unsupported:
-        raise ValueError(f"{printable(src)} is a Parquet source, which is written in one pass "
-                         f"in row order: {', '.join(unsupported)} cannot apply; convert it "
-                         "without, into an empty directory")
-    if opts.workers is not None and opts.workers > 1:
-        log.warning("feedpipe shard: %s is a Parquet source, written in one process: "
-                    "--workers %d is not used", printable(src), opts.workers)
-    return shard_parquet(src, files, out, columns=opts.columns, classes=opts.classes,
-                         max_bytes=opts.max_bytes, max_samples=opts.max_samples,
-                         prefix=opts.prefix, on_error=opts.on_error,
-                         show_progress=opts.show_progress)
+    if opts.labels_from_dirs:
+        raise ValueError(f"{printable(src)} is a Parquet source: --labels-from-dirs cannot "
+                         "apply (a table's class names come from a categorical or ClassLabel "
+                         "column, or --classes)")
+    table = parquet_source(src, files)
+    cmap, images = column_map(table, opts.columns, opts.classes)
+    rows = TableRows(table.paths, table.stems, src, cmap, images)
+    return _shard_rows(src, table, rows, out, opts, choice, part_of, nworkers, t0)
+
+
+def _shard_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOptions, choice: Choice,
+                part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
+    """The rows of ``table`` listed as samples, then planned and written as a tree's files."""
+    from ._parts import list_part
+    from ._table_rows import list_table
+
+    cmap = rows.cmap
+    listing = list_table(table, rows, opts.show_progress)
+    if not listing.samples:
+        _drop_problems(listing, opts.on_error)
+        raise InputError(f"{printable(src)}: the table has no rows to convert"
+                         + (f" ({len(listing.problems)} skipped)" if listing.problems else ""))
+    part_info = None
+    if part_of is not None:
+        listing, part_info = list_part(listing, *part_of, shuffle=opts.shuffle, seed=opts.seed,
+                                       options=opts.output_options())
+    provenance = {"source": {**table.describe, "src": src}, "columns": cmap.to_dict()}
+    s = _convert(src, out, opts, choice, None, listing, part_info, nworkers, t0, rows,
+                 provenance)
+    nrows = table.num_rows or 0
+    return dataclasses.replace(s, files=nrows, columns=cmap.lines(),
+                               files_per_s=nrows / s.seconds if s.seconds > 0 else 0.0)
+
+
+def _refuse_case_clashes(src: str, samples: list[SampleSpec]) -> None:
+    """Refuse a sample of two files whose extensions differ only in case (``x.jpg`` and
+    ``x.JPG``): WebDataset readers take extensions in lower case and cannot read it."""
+    for spec in samples:
+        files, extras = spec.files, spec.extras
+        # the common shapes checked cheaply: one file and the class field, or two files
+        if len(files) < 2:
+            if not files or not extras or (len(extras) == 1 and
+                                           files[0].ext.lower() != extras[0][0].lower()):
+                continue
+        elif len(files) == 2 and not extras and files[0].ext.lower() != files[1].ext.lower():
+            continue
+        exts = [f.ext for f in files] + [e for e, _ in extras]
+        if len({e.lower() for e in exts}) == len(exts):
+            continue
+        seen: dict[str, str] = {}
+        for ext, path in [(f.ext, printable(f.path)) for f in files] + [
+                (e, f"the {e!r} field of --labels-from-dirs") for e, _ in extras]:
+            first = seen.setdefault(ext.lower(), path)
+            if first != path:
+                raise KeyClashError(
+                    f"{printable(src)}: {first} and {path} make one sample "
+                    f"whose fields differ only in case; WebDataset readers take extensions in "
+                    "lower case and cannot read it: rename one of the files (or move it out)")
 
 
 def _listing_skipped(listing: Listing, on_error: str) -> list[tuple[str, str]]:

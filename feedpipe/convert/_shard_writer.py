@@ -27,36 +27,30 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from numbers import Integral
 from typing import Any
 
 from .. import __version__
 from ..errors import InputError, KeyClashError
 from ..format._index import group_members
-from ..format._keys import encode_key, valid_extension
+from ..format._keys import valid_extension
 from ..format._manifest import Manifest, ShardRecord
 from ..format._tar import BLOCK
-from ._field_encoding import Encoder, encode_field
+from ._field_encoding import Encoder
 from ._options import DEFAULT_MAX_BYTES
-from ._output_dir import prepare_out, unlink_quiet, write_dataset_manifest
-from ._parts import PartInfo, parse_part, part_prefix
+from ._output_dir import (
+    clean_temps,
+    prepare_out,
+    take_lock,
+    unlink_quiet,
+    write_dataset_manifest,
+)
+from ._parts import PartInfo, parse_part, part_prefix, part_tag
+from ._sample_encoder import SampleEncoder
 from ._shard_plan import member_size, shard_full
 from ._writer import commit, hidden, output_error, seal, write_members
 
 TOOL = "feedpipe.ShardWriter"
-
-
-def check_key(key: Any, where: str) -> str:
-    """The encoded form of the sample key ``key`` (see the module docstring), or a refusal."""
-    if not isinstance(key, str):
-        raise InputError(f"{where}'__key__' must be a str, not {type(key).__name__}; e.g. "
-                         "f'{index:08d}' or a relative path")
-    parts = key.split("/")
-    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in key:
-        raise InputError(f"{where}key {key!r} is not a relative path of non-empty names (no "
-                         "leading '/', no '.' or '..', no '//', no NUL); give a key like "
-                         "'train/00000012'")
-    return encode_key(key)
+_PART_STATE = ".feedpipe-writer-part"  # (a part writer's temps; it keeps no resume state)
 
 
 class ShardWriter:
@@ -69,7 +63,9 @@ class ShardWriter:
             it only to hold one sample larger than it.
         classes: class names, recorded in the manifest (what the ``cls`` values index). A
             ``cls`` given as a name of the list is stored as its index; a name not in the list,
-            or an index out of range, is refused.
+            or an index out of range, is refused. With or without them, a ``cls`` number is
+            stored as an integer (``7.0`` and ``numpy.int64(7)`` as ``7``); a non-integral one
+            is refused.
         prefix: shard names are ``PREFIX-000000.tar``.
         encoders: per field, a function turning its value into bytes (see
             :mod:`~feedpipe.convert._field_encoding`), e.g.
@@ -114,13 +110,25 @@ class ShardWriter:
             raise ValueError(f"classes: repeated class name(s) {dup}; give each class once")
         self.prefix = prefix
         self.encoders = dict(encoders or {})
+        self._encoder = SampleEncoder(self.classes, self.encoders)
         self.part = None if part is None else parse_part(part)
         self.merge = merge
         self.provenance = dict(provenance or {})
         self.skipped: list[dict[str, str]] = []
         own = None if self.part is None else part_prefix(prefix, *self.part)
-        self.out = prepare_out(out, False, own, tool="feedpipe.ShardWriter",
-                               hint="write into an empty directory")
+        self._lock = take_lock(out, None if self.part is None else part_tag(*self.part), TOOL)
+        try:
+            self.out = prepare_out(out, False, own, tool="feedpipe.ShardWriter",
+                                   hint="write into an empty directory")
+            # what a writer of this name that died left (the lock says none is alive)
+            if own is None:
+                clean_temps(self.out, prefix)
+            else:
+                clean_temps(self.out, own, _PART_STATE)
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
         self._names_prefix = own or prefix
         self._keys: dict[str, int] = {}  # key -> the number of the write that stored it
         self._records: list[ShardRecord] = []
@@ -144,24 +152,7 @@ class ShardWriter:
         if self._closed:
             raise ValueError("this ShardWriter is closed")
         n = len(self._keys)
-        where = f"sample #{n} ({sample.get('__key__')!r}): "
-        if "__key__" not in sample:
-            raise InputError(f"sample #{n}: no '__key__'; every sample needs a unique key")
-        key = check_key(sample["__key__"], where)
-        blobs: list[tuple[str, bytes]] = []
-        for ext, value in sample.items():
-            if ext.startswith("__") and ext.endswith("__"):
-                continue
-            if not valid_extension(ext) or ext.startswith("."):
-                raise InputError(f"{where}field {ext!r} cannot be a tar member extension (no "
-                                 "spaces, '/', '%' or leading '.'); rename it")
-            if ext == "cls":
-                value = self._cls(value, where)
-            data = encode_field(ext, value, self.encoders, where)
-            if data is not None:
-                blobs.append((ext, data))
-        if not blobs:
-            raise InputError(f"{where}no field to store (every value is None or there is none)")
+        key, blobs = self._encoder.encode(sample, n)
         first = self._keys.get(key)
         if first is not None:
             raise KeyClashError(f"duplicate sample key {key!r}: sample #{n} and sample #{first} "
@@ -179,24 +170,6 @@ class ShardWriter:
         self._count += 1
         self._fields.update(ext for ext, _ in blobs)
         return key
-
-    def _cls(self, value: Any, where: str) -> Any:
-        """The ``cls`` value to store: with ``classes`` given (and no encoder for ``cls``), a
-        class name becomes its index, and an index must be one of the classes'."""
-        if self.classes is None or "cls" in self.encoders:
-            return value
-        n = len(self.classes)
-        if isinstance(value, str):
-            if value not in self._class_index:
-                shown = ", ".join(map(repr, self.classes[:8])) + (", ..." if n > 8 else "")
-                raise InputError(f"{where}cls {value!r} is not one of the {n} classes [{shown}]; "
-                                 "give a class name of the list, or its index")
-            return self._class_index[value]
-        if isinstance(value, Integral) and not isinstance(value, bool) \
-                and not 0 <= int(value) < n:
-            raise InputError(f"{where}cls {value} is not an index into the {n} classes given; "
-                             "fix the label or the class list")
-        return value
 
     def _write(self, data: bytes) -> None:
         self._hash.update(data)
@@ -253,10 +226,13 @@ class ShardWriter:
             raise
         self._closed = True
         self.manifest = m
-        if self.part is not None and self.merge:  # (the part stands whatever the merge says)
-            from ._merge import merge_if_complete
+        try:
+            if self.part is not None and self.merge:  # (the part stands whatever the merge says)
+                from ._merge import merge_if_complete
 
-            merge_if_complete(self.out, self.part[1])
+                merge_if_complete(self.out, self.part[1])
+        finally:
+            self._release()
         return m
 
     def skip(self, what: str, reason: str) -> None:
@@ -296,6 +272,12 @@ class ShardWriter:
             unlink_quiet(os.path.join(self.out, rec.name))
             unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".idx"))
         self._records = []
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> ShardWriter:
         return self

@@ -10,9 +10,10 @@ categorical (Parquet dictionary,       ``cls``: the category's index; the catego
 ``datasets.ClassLabel``)               manifest's class names
 integer named label, labels, cls,      ``cls`` (the first such column)
 class, target or category
-binary, or an image (``{bytes,         the bytes; the field is the image format found in the
-path}``: ``datasets.Image``)           first value (``jpg``, ``png``, ``webp``, ``gif``), else
-                                       the column name
+binary, or an image (``{bytes,         the bytes; the field is each row's own image format,
+path}``: ``datasets.Image``)           by its magic number (``jpg``, ``png``, ``webp``, ``gif``,
+                                       ``tiff``, ``bmp``, ``avif``, ``heic``), else the column
+                                       name
 string, integer, float, bool           text under the column name (bool as 0/1)
 list or struct                         JSON text under ``NAME.json``
 =====================================  =========================================================
@@ -59,6 +60,8 @@ class Target:
     field: str | None
     encoding: str
     note: str = ""
+    by_content: bool = False  # bytes: each row's field is its own image format (else ``field``)
+    other: str | None = None  # by_content: the field of bytes of no known image format
 
 
 @dataclass
@@ -105,7 +108,13 @@ class ColumnMap:
                 out[t.field] = json.dumps(value, sort_keys=True, ensure_ascii=False,
                                           default=str)
             elif t.encoding == "bytes":
-                out[t.field] = value.get("bytes") if isinstance(value, dict) else value
+                data = value.get("bytes") if isinstance(value, dict) else value
+                name = (image_ext(value) or t.other or t.field) if t.by_content else t.field
+                if name in out:
+                    raise InputError(f"column {t.column!r} holds {name.upper()} bytes, whose "
+                                     f"field {name!r} another column fills too; send one "
+                                     "elsewhere with --columns")
+                out[name] = data
             elif isinstance(value, bool):
                 out[t.field] = str(int(value))
             elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -153,6 +162,16 @@ def image_ext(data: Any) -> str | None:
         return "webp"
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return "gif"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        if brand in (b"avif", b"avis"):
+            return "avif"
+        if brand in (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1"):
+            return "heic"
+    if head[:2] == b"BM" and len(head) >= 14:
+        return "bmp"
     return None
 
 
@@ -168,8 +187,9 @@ def field_name(column: str) -> str:
 
 
 def default_map(columns: Sequence[Column], classes: Sequence[str] | None = None,
-                classes_from: str = "--classes") -> ColumnMap:
-    """The default mapping of ``columns`` (see the module docstring)."""
+                classes_from: str = "--classes", *, check: bool = True) -> ColumnMap:
+    """The default mapping of ``columns`` (see the module docstring); ``check``: refuse two
+    columns of one field now (false when overrides follow, which may part them)."""
     targets: list[Target] = []
     have_key = have_cls = False
     names = list(classes) if classes is not None else None
@@ -189,16 +209,20 @@ def default_map(columns: Sequence[Column], classes: Sequence[str] | None = None,
         else:
             targets.append(_by_kind(c, field_name(c.name)))
     m = ColumnMap(targets, names, source)
-    _check_fields(m)
+    if check:
+        _check_fields(m)
     return m
 
 
 def _by_kind(c: Column, name: str) -> Target:
     if c.kind in ("binary", "image"):
+        # each row's field is the format of its own bytes (a column may mix JPEG and PNG); the
+        # first row's is shown
         ext = image_ext(c.sample)
         what = "image" if c.kind == "image" else "bytes"
-        return Target(c.name, ext or name, "bytes",
-                      f"{what}, {ext.upper()} found" if ext else what)
+        note = (f"{what}, field by each row's format: {ext.upper()} in the first row" if ext
+                else f"{what}, field by each row's format (else {name!r})")
+        return Target(c.name, ext or name, "bytes", note, by_content=True, other=name)
     if c.kind == "nested":
         return Target(c.name, f"{name}.json", "json", "JSON text")
     if c.kind == "category":
@@ -279,15 +303,19 @@ def override(m: ColumnMap, columns: Sequence[Column],
 
 
 def _check_fields(m: ColumnMap) -> None:
-    seen: dict[str, str] = {}
+    seen: dict[str, Target] = {}
     for t in m.targets:
         if t.field is None:
             continue
-        if t.field in seen:
-            raise InputError(f"columns {seen[t.field]!r} and {t.column!r} would both become "
-                             f"field {t.field!r}; send one elsewhere with --columns "
+        first = seen.get(t.field.lower())  # (WebDataset readers take fields in lower case)
+        if first is not None:
+            what = (f"field {t.field!r}" if first.field == t.field else
+                    f"fields {first.field!r} and {t.field!r}, which differ only in case "
+                    "(WebDataset readers take them in lower case and cannot read the shard)")
+            raise InputError(f"columns {first.column!r} and {t.column!r} would both become "
+                             f"{what}; send one elsewhere with --columns "
                              f"(e.g. {t.column}={t.field}2, or {t.column}= to drop it)")
-        seen[t.field] = t.column
+        seen[t.field.lower()] = t
     if not any(t.field not in (None, KEY) for t in m.targets):
         raise InputError("no column becomes a field (all dropped or the key); keep one with "
                          "--columns")

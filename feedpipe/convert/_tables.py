@@ -1,12 +1,16 @@
 """Tables as a source: Parquet files (``feedpipe shard data.parquet OUT``) and Hugging Face
-datasets (:func:`shard_from`), written through :class:`feedpipe.ShardWriter`.
+datasets (:func:`shard_from`).
 
 A table's columns become fields by :mod:`~feedpipe.convert._table_columns` (printed, and
 overridable with ``columns=``/``--columns``). Rows are read in batches (``pyarrow``; a
-``datasets.Dataset`` is Arrow underneath) and written in order, one sample per row, in one
-process. A row that cannot be a sample (a class name not in the class list, a value of no known
-kind) stops the run with its file and row named. With ``on_error="skip"`` it is left out and
-listed in the manifest.
+``datasets.Dataset`` is Arrow underneath). ``feedpipe shard`` of a Parquet table and
+:func:`shard_from` of a ``datasets.Dataset`` list the rows as samples, then plan and write them
+as a tree's files (:mod:`~feedpipe.convert._table_rows`: ``--resume``, ``--shuffle``,
+``--part``, ``--workers``). An ``IterableDataset``, which can only be read in order, is written
+one sample per row, in one process, through :class:`feedpipe.ShardWriter` (:func:`write_table`).
+A row that cannot be a sample (a class name not in the class list, a value of no known kind)
+stops the run with its file and row named. With ``on_error="skip"`` it is left out and listed in
+the manifest.
 
 ``pyarrow`` (extra ``parquet``) and ``datasets`` are imported only here and only when used.
 """
@@ -16,11 +20,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._helpers.storage import filesystem, is_local, local_path
-from ..errors import InputError, KeyClashError, OutputError, SourceNotFoundError
+from ..errors import InputError, KeyClashError, OutputError
 from ._shard_writer import DEFAULT_MAX_BYTES, ShardWriter
 from ._summary import ShardSummary
 from ._table_columns import Column, ColumnMap, default_map, override
@@ -38,6 +42,9 @@ class TableSource:
     rows: Callable[[], Iterator[tuple[str, str, dict[str, Any]]]]
     num_rows: int | None
     describe: dict[str, Any]
+    paths: list[str] = field(default_factory=list)  # Parquet: the files, as rows() names them
+    stems: list[str] = field(default_factory=list)  # Parquet: each file's key prefix
+    dataset: Any = None  # a Hugging Face dataset, its images and audio left encoded
 
 
 def parquet_files(src: str) -> list[str] | None:
@@ -71,7 +78,7 @@ def parquet_files(src: str) -> list[str] | None:
     return sorted(found) or None
 
 
-def _pyarrow() -> Any:
+def pyarrow_parquet() -> Any:
     from .._helpers.dependency import require
 
     require("pyarrow", extra="parquet", purpose="Parquet sources")
@@ -106,7 +113,7 @@ def _kind(t: Any) -> str:
 
 def parquet_source(src: str, files: Sequence[str]) -> TableSource:
     """The Parquet files ``files`` (relative to the directory ``src``, or ``src`` itself)."""
-    pq = _pyarrow()
+    pq = pyarrow_parquet()
     fs, path = filesystem(src)
     single = path.endswith(".parquet")
     paths = [path] if single else [f"{path.rstrip('/')}/{f}" for f in files]
@@ -129,16 +136,20 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
         rows_total += pf.metadata.num_rows
     head = next(first.iter_batches(batch_size=64), None)
     head_rows = head.to_pylist() if head is not None else []
+    labels = hf_class_labels(schema.metadata)
     columns = []
     for name in names:
         kind = _kind(schema.field(name).type)
         sample = next((r[name] for r in head_rows if r.get(name) is not None), None)
         cats = _categories(pq, fs, paths, name) if kind == "category" else None
+        if kind == "int" and name in labels:  # a datasets.ClassLabel, as its Parquet keeps it
+            kind, cats = "category", labels[name]
         columns.append(Column(name, kind, cats, sample))
 
+    stems = ["" if single else rel[: -len(".parquet")] + "/" for rel in files]
+
     def rows() -> Iterator[tuple[str, str, dict[str, Any]]]:
-        for rel, p in zip(files, paths):
-            stem = "" if single else rel[: -len(".parquet")] + "/"
+        for stem, p in zip(stems, paths):
             i = 0
             for batch in open_file(p).iter_batches(batch_size=BATCH_ROWS):
                 for row in batch.to_pylist():
@@ -146,7 +157,32 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
                     i += 1
 
     return TableSource(columns, rows, rows_total,
-                       {"source": "parquet", "files": list(files) if not single else [src]})
+                       {"source": "parquet", "files": list(files) if not single else [src]},
+                       paths, stems)
+
+
+def hf_class_labels(metadata: Mapping[bytes, bytes] | None) -> dict[str, tuple[str, ...]]:
+    """The class names of the ``ClassLabel`` columns a Hugging Face Parquet file records in its
+    schema metadata (key ``huggingface``), by column; none for other files (pure).
+
+    Example:
+        >>> meta = {b"huggingface": b'{"info": {"features": {"label": {"_type": "ClassLabel", '
+        ...                         b'"names": ["cat", "dog"]}}}}'}
+        >>> hf_class_labels(meta)
+        {'label': ('cat', 'dog')}
+    """
+    import json
+
+    raw = (metadata or {}).get(b"huggingface")
+    try:
+        features = json.loads(raw)["info"]["features"] if raw else {}
+    except (ValueError, KeyError, TypeError):
+        return {}  # (metadata of another shape: the column stays an integer label)
+    if not isinstance(features, dict):
+        return {}
+    return {name: tuple(str(n) for n in f["names"]) for name, f in features.items()
+            if isinstance(f, dict) and f.get("_type") == "ClassLabel"
+            and isinstance(f.get("names"), list) and f["names"]}
 
 
 def _categories(pq: Any, fs: Any, paths: list[str], column: str) -> tuple[str, ...]:
@@ -180,7 +216,7 @@ def dataset_source(dataset: Any) -> TableSource:
         if isinstance(feat, datasets.ClassLabel):
             columns.append(Column(name, "category", tuple(feat.names), sample))
         elif isinstance(feat, (datasets.Image, datasets.Audio)):
-            columns.append(Column(name, "image", None, _resolved(sample)))
+            columns.append(Column(name, "image", None, resolved_media(sample)))
         elif isinstance(feat, datasets.Value):
             columns.append(Column(name, _value_kind(feat.dtype), None, sample))
         else:
@@ -195,7 +231,8 @@ def dataset_source(dataset: Any) -> TableSource:
     split = getattr(dataset, "split", None)
     return TableSource(columns, rows, n, {"source": "datasets",
                                           "dataset": getattr(info, "dataset_name", None),
-                                          "split": None if split is None else str(split)})
+                                          "split": None if split is None else str(split)},
+                       dataset=dataset)
 
 
 def _value_kind(dtype: str) -> str:
@@ -212,7 +249,7 @@ def _value_kind(dtype: str) -> str:
     return "other"
 
 
-def _resolved(value: Any) -> Any:
+def resolved_media(value: Any) -> Any:
     """An image/audio value ``{bytes, path}`` with its bytes read from ``path`` when it holds
     only the path (a dataset built from local files)."""
     if isinstance(value, dict) and value.get("bytes") is None and value.get("path"):
@@ -221,21 +258,30 @@ def _resolved(value: Any) -> Any:
     return value
 
 
+def column_map(source: TableSource, columns: str | Mapping[str, str | None] | None,
+               classes: str | Sequence[str] | None) -> tuple[ColumnMap, list[str]]:
+    """The fields the columns of ``source`` become (``columns``: overrides; ``classes``: class
+    names, see :func:`shard_from`), and the image columns whose values may name a file."""
+    from ..format._indexer import read_classes
+
+    names, whence = (read_classes(classes) if classes is not None else (None, None))
+    cmap = default_map(source.columns, names, f"--classes ({whence})", check=not columns)
+    if columns:
+        cmap = override(cmap, source.columns, columns)
+    images = [t.column for t in cmap.targets if t.encoding == "bytes"
+              and next(c for c in source.columns if c.name == t.column).kind == "image"]
+    return cmap, images
+
+
 def write_table(source: TableSource, out: str, *, columns: str | Mapping[str, str | None] | None,
                 classes: str | Sequence[str] | None, max_bytes: int | str, max_samples: int | None,
                 prefix: str, on_error: str, show_progress: bool | None, src: str,
                 tool: str = "feedpipe shard") -> ShardSummary:
     """Write every row of ``source`` as a sample in ``out``; the summary."""
     from .._helpers.progress import progress
-    from ..format._indexer import read_classes
 
     t0 = time.perf_counter()
-    names, whence = (read_classes(classes) if classes is not None else (None, None))
-    cmap = default_map(source.columns, names, f"--classes ({whence})")
-    if columns:
-        cmap = override(cmap, source.columns, columns)
-    images = [t.column for t in cmap.targets if t.encoding == "bytes"
-              and next(c for c in source.columns if c.name == t.column).kind == "image"]
+    cmap, images = column_map(source, columns, classes)
     provenance = {"tool": tool, "method": "table",
                   "source": {**source.describe, "src": src}, "columns": cmap.to_dict()}
     bar = progress(source.num_rows, "shard", "row", show_progress)
@@ -276,7 +322,7 @@ def _write_row(w: ShardWriter, cmap: ColumnMap, images: list[str], row: dict[str
     output is raised)."""
     try:
         for name in images:
-            row[name] = _resolved(row.get(name))
+            row[name] = resolved_media(row.get(name))
         w.write(cmap.sample(row, key))
     except (InputError, KeyClashError) as e:
         return e
@@ -291,9 +337,9 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
                classes: str | Sequence[str] | None = None,
                max_bytes: int | str = DEFAULT_MAX_BYTES, max_samples: int | None = None,
                prefix: str = "data", on_error: str = "raise",
-               show_progress: bool | None = None) -> ShardSummary:
+               show_progress: bool | None = None, **options: Any) -> ShardSummary:
     """Convert a Hugging Face ``datasets.Dataset`` (one split) into a feedpipe dataset in
-    ``out``, through the writer of ``feedpipe shard``.
+    ``out``, through the planner and executors of ``feedpipe shard``.
 
     Args:
         dataset: a ``datasets.Dataset`` (or ``IterableDataset``) of one split. Samples that
@@ -308,6 +354,11 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
         on_error: ``"skip"`` leaves out a row that cannot be a sample and lists it in the
             manifest; ``"raise"`` stops there.
         show_progress: a progress bar over rows (default: when stderr is a terminal).
+        **options: for a ``datasets.Dataset``, the options of :func:`feedpipe.shard` that a
+            table takes: ``shuffle``, ``seed``, ``resume``, ``part``, ``merge``, ``workers``
+            (default 1: the dataset is pickled to each worker's task), ``start_method``,
+            ``dask``, ``retries``, ``on_shard``. An ``IterableDataset`` is read once, in
+            order, and takes none of them (refused, naming them).
 
     Returns:
         A :class:`feedpipe.ShardSummary` (``method="table"``).
@@ -338,14 +389,33 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
     from .._helpers.dependency import require
 
     require("datasets", extra="hub", purpose="feedpipe.shard_from")
-    return write_table(dataset_source(dataset), out, columns=columns, classes=classes,
+    import datasets
+
+    planned = ("shuffle", "seed", "resume", "part", "merge", "workers", "start_method", "dask",
+               "retries", "on_shard")
+    other = sorted(set(options) - set(planned))
+    if other:
+        raise TypeError(f"shard_from got option(s) {', '.join(other)} it does not take; it "
+                        f"takes columns, classes, max_bytes, max_samples, prefix, on_error, "
+                        f"show_progress and {', '.join(planned)}")
+    table = dataset_source(dataset)
+    if isinstance(table.dataset, datasets.Dataset):
+        from .._helpers.sizes import parse_size
+        from ._options import ShardOptions
+        from ._shard import shard_rows
+        from ._table_rows import DatasetRows
+
+        cmap, images = column_map(table, columns, classes)
+        opts = ShardOptions(max_bytes=parse_size(max_bytes), max_samples=max_samples,
+                            prefix=prefix, on_error=on_error, show_progress=show_progress,
+                            columns=columns, classes=classes, **options)
+        return shard_rows(type(dataset).__name__, table, DatasetRows(table.dataset, cmap, images),
+                          out, opts)
+    if options:
+        raise ValueError(f"a {type(dataset).__name__} is read once, in order (no random "
+                         f"access): {', '.join(sorted(options))} cannot apply; convert it "
+                         "without, or pass a datasets.Dataset")
+    return write_table(table, out, columns=columns, classes=classes,
                        max_bytes=max_bytes, max_samples=max_samples, prefix=prefix,
                        on_error=on_error, show_progress=show_progress,
                        src=type(dataset).__name__, tool="feedpipe.shard_from")
-
-
-def shard_parquet(src: str, files: Sequence[str], out: str, **options: Any) -> ShardSummary:
-    """``feedpipe shard`` of the Parquet files ``files`` of ``src`` (see :func:`write_table`)."""
-    if not files:
-        raise SourceNotFoundError(f"{src}: no Parquet files")
-    return write_table(parquet_source(src, files), out, src=src, **options)

@@ -24,6 +24,7 @@ from .. import __version__
 from .._helpers.progress import progress
 from ..errors import (
     InputError,
+    InterruptedWriteError,
     KeyClashError,
     OutputError,
     ShardFormatError,
@@ -33,6 +34,7 @@ from ._compression import readable, refuse_unreadable, unpacked
 from ._index import ShardIndex, check_names, index_from_tar, index_path, write_index
 from ._key_registry import KeyRegistry
 from ._manifest import NAME, Manifest, ShardRecord, write_manifest, write_wids_index
+from ._write_lock import WriteMarks, clear_marks, write_marks
 
 log = logging.getLogger("feedpipe.index")
 
@@ -205,6 +207,7 @@ def index_dataset(
     manifest: bool = True,
     classes: str | Sequence[str] | None = None,
     show_progress: bool | None = None,
+    adopt_interrupted: bool = False,
 ) -> IndexResult:
     """:func:`index`, returning what was written (:class:`IndexResult`)."""
     paths = _expand(shards)
@@ -212,6 +215,7 @@ def index_dataset(
         raise SourceNotFoundError("no shards given")
     names, source = read_classes(classes) if classes is not None else (None, None)
     root = os.path.abspath(root or os.path.dirname(os.path.abspath(paths[0])))
+    interrupted = _interrupted_writes(root, paths, adopt_interrupted)
     records: list[ShardRecord] = []
     indexes: list[tuple[str, ShardIndex]] = []
     fields: set[str] = set()
@@ -262,7 +266,31 @@ def index_dataset(
             write_manifest(root, m)
     except OSError as e:
         raise OutputError(e.errno, f"{target}: cannot write it ({e.strerror or e})") from e
+    for where, marks in interrupted:  # adopted: what the dead writer left goes
+        log.warning("%s; adopted as asked (--adopt-interrupted): the dataset holds only the "
+                    "shards it committed", marks.what(where))
+        clear_marks(where, marks)
     return IndexResult(root, m, [i for i, _ in indexes], source)
+
+
+def _interrupted_writes(root: str, paths: list[str],
+                        adopt: bool) -> list[tuple[str, WriteMarks]]:
+    """The directories (``root`` and the shards') whose write was interrupted, with their
+    marks; refused (:class:`InterruptedWriteError`) unless ``adopt``. A write under way is
+    refused always."""
+    found = []
+    for where in sorted({root} | {os.path.dirname(os.path.abspath(p)) for p in paths}):
+        marks = write_marks(where)
+        if not marks:
+            continue
+        if marks.live or not adopt:
+            raise InterruptedWriteError(
+                marks.message(where) + ("" if marks.live else
+                                        "; `feedpipe index` does not turn the shards of an "
+                                        "unfinished write into a dataset unless asked: "
+                                        "--adopt-interrupted (adopt_interrupted=True)"))
+        found.append((where, marks))
+    return found
 
 
 def index(
@@ -272,6 +300,7 @@ def index(
     manifest: bool = True,
     classes: str | Sequence[str] | None = None,
     show_progress: bool | None = None,
+    adopt_interrupted: bool = False,
 ) -> Manifest:
     """Write an ``.idx`` for every shard and a ``manifest.json`` in ``root``.
 
@@ -286,8 +315,14 @@ def index(
             string, or the path of a file with one name per line. Every ``cls`` value of the
             shards must be an index into them.
         show_progress: a progress bar (default: when stderr is a terminal).
+        adopt_interrupted: index the shards of a directory whose writer was killed or never
+            closed (:mod:`~feedpipe.format._write_lock`): the dataset is then what the writer
+            committed, and what it left (temp files, its lock) is removed. Without it such a
+            directory is refused, since its samples after the last committed shard are lost.
 
     Raises:
+        InterruptedWriteError: a directory's write was interrupted (without
+            ``adopt_interrupted``) or is under way (names the writer's pid and its files).
         KeyClashError: the same key appears twice (in one shard or in two).
         InputError: a ``cls`` value that is not an index into ``classes`` (names the value, the
             key and the shard), or ``classes`` that looks like a file path but names no file.
@@ -308,4 +343,5 @@ def index(
         (2, ['a.idx', 'a.tar', 'manifest.json', 'wids.json'])
     """
     return index_dataset(shards, root=root, manifest=manifest, classes=classes,
-                         show_progress=show_progress).manifest
+                         show_progress=show_progress,
+                         adopt_interrupted=adopt_interrupted).manifest

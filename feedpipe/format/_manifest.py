@@ -336,6 +336,10 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
 
 def _not_a_dataset(root: str, url: str) -> Exception:
     """Why ``root`` has no readable manifest, and what to run instead."""
+    from ._write_lock import interrupted_error
+
+    if (interrupted := interrupted_error(dataset_root(root))) is not None:
+        return interrupted
     kind, entries = _look_at(root)
     if kind == "missing":
         return SourceNotFoundError(f"{root}: does not exist (no such directory or file)")

@@ -28,6 +28,7 @@ from ._index import (
 )
 from ._key_registry import KeyRegistry
 from ._manifest import Manifest, dataset_root, join, load_manifest
+from ._write_lock import write_marks
 
 
 @dataclass(frozen=True)
@@ -356,6 +357,9 @@ def verify(root: str, *, show_progress: bool | None = None) -> VerifyReport:
     m = load_manifest(root)
     root = dataset_root(root)
     report = VerifyReport(root)
+    marks = write_marks(root)  # a rewrite under way or interrupted: the manifest may be stale
+    if marks:
+        report.problems.append(Problem(root, "interrupted", marks.message(root)))
     keys = KeyRegistry()
     options = m.created_by.get("options") if isinstance(m.created_by, dict) else None
     # class folders of images (not, say, of audio): each sample holds an image
