@@ -443,6 +443,11 @@ def test_a_jpeg_with_a_bad_icc_marker_decodes_as_pillow_does(
     assert torch.equal(pipe({**sample, "jpg": data}), pipe({**sample, "jpg": made_from}))
     with pytest.raises(DecodeError, match="not a decodable JPEG"):
         decode_image(data[:-100])  # still refused when truncated too
+    dht = data.find(b"\xff\xc4")  # stray bytes before the bad ICC segment's warning, too
+    both = data[:dht] + b"\x07\x07" + data[dht:]
+    assert np.array_equal(decode_image(both), decode_image(made_from))
+    assert np.array_equal(decode_image(both[:dht] + b"\x01" + both[dht:]),
+                          decode_image(made_from))
 
 
 # -- 10. GIF and TIFF: Pillow's pixels -------------------------------------------------------

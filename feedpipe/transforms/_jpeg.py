@@ -89,9 +89,28 @@ def repaired_as_libjpeg(data: Any, error: Exception, check: Callable[[bytes], An
             return _said_once(raw, done)
     if _STRAY.search(str(error)) is None:
         return None
+
+    def strict_but_icc(candidate: bytes) -> None:
+        """``check``, where bad ICC segments that come after the stray bytes are not a fault
+        (they are removed below)."""
+        try:
+            check(candidate)
+        except ValueError as refused:
+            if _BAD_ICC not in str(refused):
+                raise
+            check(_without_icc(candidate))
+
     budget = [64]  # strict decodes tried, at most: a file can only be so ambiguous
-    fixed = _remove_stray(raw, error, check, rounds, budget)
-    return None if fixed is None else _said_once(fixed, done | {"stray"})
+    fixed = _remove_stray(raw, error, strict_but_icc, rounds, budget)
+    if fixed is None:
+        return None
+    done.add("stray")
+    try:
+        check(fixed)
+    except ValueError:  # only the ICC segments are left (strict_but_icc accepted it)
+        fixed = _without_icc(fixed)
+        done.add("icc")
+    return _said_once(fixed, done)
 
 
 def _said_once(fixed: bytes, repairs: set[str]) -> bytes:
