@@ -37,8 +37,8 @@ class Expect:
 
     ``pixels``: decode it to the reference's pixels, each channel within ``tol`` grey levels.
     ``refused``: Pillow refuses it too (corrupt); feedpipe must refuse it by name.
-    ``may_refuse``: a format outside feedpipe's promises (GIF, TIFF, BMP are "what else OpenCV
-    reads"): refusing it by name is fine, but pixels it gives must be the reference's.
+    ``may_refuse``: a format outside feedpipe's promises (GIF, TIFF, BMP, PFM are "what else
+    it reads"): refusing it by name is fine, but pixels it gives must be the reference's.
     """
 
     what: str
@@ -87,7 +87,7 @@ FILES: dict[str, Expect] = {
     "flower2.webp": Expect("lossy, 300x225", tol=JPEG),
     "transparent.webp": Expect("RGBA"),
     "hopper_orientation_6.webp": Expect("EXIF orientation 6: stored pixels", tol=JPEG),
-    # GIF, TIFF, BMP: decoded by OpenCV where it can
+    # GIF and TIFF: decoded by Pillow where installed; BMP by OpenCV where it can
     "hopper.gif": Expect("palette", "may_refuse"),
     "transparent.gif": Expect("transparent index", "may_refuse"),
     "dispose_bgnd.gif": Expect("animated: the first frame", "may_refuse"),
@@ -110,23 +110,12 @@ FILES: dict[str, Expect] = {
     "hopper.pfm": Expect("grey float PFM", "may_refuse", tol=1),
 }
 
-# New defects (not in issue 34) this suite found; strict, so fixing one makes its test fail
-# until the mark goes.
-KNOWN = {
-    "first_frame_transparency.gif": NEW_DEFECT + "OpenCV paints a GIF's transparent pixels "
-    "with the background colour (index 0, green) where Pillow keeps the palette colour of the "
-    "transparent index (1, red); feedpipe's rule is 'alpha dropped, not composited'",
-    "transparent_dispose.gif": NEW_DEFECT + "as first_frame_transparency.gif",
-    "pil136.tiff": NEW_DEFECT + "OpenCV (libtiff's RGBA interface) premultiplies a TIFF's "
-    "unassociated alpha into its colours; feedpipe's rule is 'alpha dropped, not composited'",
-}
+# New defects (not in issue 34) this suite finds, each until it is fixed: name -> why. Strict,
+# so fixing one makes its test fail until the mark goes. (GIF transparency and TIFF unassociated
+# alpha, found here, are fixed: Pillow decodes GIFs and TIFFs where installed.)
+KNOWN: dict[str, str] = {}
 
 FIELDS = ("jpg", "jpeg", "png", "webp", "gif", "tif", "tiff", "bmp", "pfm")
-
-
-# transparent_dispose.gif is 3x1: its centre square, all ImagePipeline's evaluation crop keeps,
-# is the one pixel both decoders agree on
-KNOWN_IN_CROP = {k: v for k, v in KNOWN.items() if k != "transparent_dispose.gif"}
 
 
 def _params(known: dict[str, str]) -> list[object]:
@@ -212,7 +201,7 @@ def _pipeline(side: int, on_error: str = "raise") -> ImagePipeline:
                                    on_error=on_error)
 
 
-@pytest.mark.parametrize("name", _params(KNOWN_IN_CROP))
+@pytest.mark.parametrize("name", _params(KNOWN))
 def test_image_pipeline_on_shards_gives_pillows_pixels_or_names_the_sample(
         name: str, samples: dict[str, dict[str, object]]) -> None:
     expect = FILES[name]

@@ -33,7 +33,7 @@ from feedpipe._helpers import fork_safety
 from feedpipe.diagnostics._pipeline import ImageDecode, image_fields
 from feedpipe.format._image_fields import fields_present, image_extension, image_field_of
 from feedpipe.format._verify import verify
-from feedpipe.transforms._decode import _rgb8, decode_image
+from feedpipe.transforms._decode import _rgb8, decode_image, image_decoders
 from feedpipe.transforms._opencv import quiet_stderr
 
 CLASSES = ["n01440764", "n01443537", "n01484850"]
@@ -399,3 +399,119 @@ def test_a_corrupt_png_leaves_no_decoder_lines_on_stderr(capfd: pytest.CaptureFi
     with quiet_stderr():  # what else is written meanwhile comes through
         os.write(2, b"libpng error: dropped\nkept line\n")
     assert capfd.readouterr().err == "kept line\n"
+
+
+def test_an_opencv_error_message_leaves_no_blank_lines_on_stderr(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # OpenCV's error messages end in a newline, which its logger follows with another
+    with quiet_stderr():
+        os.write(2, b"[ERROR:0@0.027] global loadsave.cpp:1390 imdecode_ imdecode_(''): can't "
+                    b"read data: OpenCV(5.0.0) error: (-2:Unspecified error) in function "
+                    b"'readBlock'\n\nkept line\n\nlibpng error: dropped\n")
+    assert capfd.readouterr().err == "kept line\n\n"
+
+
+# -- 9. JPEG ICC segments libjpeg cannot read --------------------------------------------------
+def _with_bad_icc() -> tuple[bytes, bytes]:
+    """A JPEG made by Pillow with an ICC profile segment, and the same with that segment
+    repeated after the frame header (libjpeg warns "bad ICC marker", as on Pillow's
+    icc-after-SOF.jpg)."""
+    base = _encode(_picture(3, 40, 56), "JPEG", quality=90, icc_profile=bytes(200))
+    app2 = base.find(b"\xff\xe2")
+    segment = base[app2:app2 + 2 + int.from_bytes(base[app2 + 2:app2 + 4], "big")]
+    sof = base.find(b"\xff\xc0")
+    after = sof + 2 + int.from_bytes(base[sof + 2:sof + 4], "big")
+    return base[:after] + segment + base[after:], base
+
+
+def test_a_jpeg_with_a_bad_icc_marker_decodes_as_pillow_does(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from feedpipe.transforms import _jpeg
+
+    data, made_from = _with_bad_icc()
+    monkeypatch.setattr(_jpeg, "_said", set())
+    with caplog.at_level(logging.WARNING, logger="feedpipe"):
+        assert np.abs(decode_image(data).astype(int) - _pil_rgb(data)).max() <= 1
+        assert np.array_equal(decode_image(data), decode_image(made_from))
+    assert [r.getMessage() for r in caplog.records if "ICC" in r.getMessage()] == [
+        "feedpipe: a JPEG with ICC profile segments libjpeg cannot assemble (its \"bad ICC "
+        "marker\" warning: a segment after the frame header, or a repeated or missing part) was "
+        "decoded without them, to the pixels libjpeg and Pillow give (feedpipe applies no ICC "
+        "profile) (said once per process)"]
+    pipe = ImagePipeline(16, train=False, mean=None, label_field=None)
+    sample = {"__key__": "k", "__shard__": "s"}
+    assert torch.equal(pipe({**sample, "jpg": data}), pipe({**sample, "jpg": made_from}))
+    with pytest.raises(DecodeError, match="not a decodable JPEG"):
+        decode_image(data[:-100])  # still refused when truncated too
+    dht = data.find(b"\xff\xc4")  # stray bytes before the bad ICC segment's warning, too
+    both = data[:dht] + b"\x07\x07" + data[dht:]
+    assert np.array_equal(decode_image(both), decode_image(made_from))
+    assert np.array_equal(decode_image(both[:dht] + b"\x01" + both[dht:]),
+                          decode_image(made_from))
+
+
+# -- 10. GIF and TIFF: Pillow's pixels -------------------------------------------------------
+def _transparent_gif() -> bytes:
+    """A GIF whose transparent index (1, red) is not its background (0, green)."""
+    index = np.zeros((4, 6), np.uint8)
+    index[1:3, 1:5] = 1
+    img = Image.fromarray(index, "P")
+    img.putpalette([0, 255, 0, 255, 0, 0] + [0] * (3 * 254))
+    buf = io.BytesIO()
+    img.save(buf, "GIF", transparency=1, background=0)
+    return buf.getvalue()
+
+
+def _unassociated_alpha_tiff() -> bytes:
+    return _encode(np.dstack([_picture(1, 8, 10), np.full((8, 10), 64, np.uint8)]), "TIFF")
+
+
+def test_gif_transparency_and_tiff_alpha_keep_the_stored_colours() -> None:
+    for data in (_transparent_gif(), _unassociated_alpha_tiff()):
+        assert np.array_equal(decode_image(data), _pil_rgb(data))
+    assert decode_image(_transparent_gif())[1, 1].tolist() == [255, 0, 0]
+    assert image_decoders()["gif"] == image_decoders()["tiff"] == "pillow"
+    assert np.array_equal(decode_image(_unassociated_alpha_tiff()), _picture(1, 8, 10))
+
+
+def test_gif_and_tiff_without_pillow_are_opencvs_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from feedpipe.transforms import _decode
+
+    gif, tiff = _transparent_gif(), _unassociated_alpha_tiff()
+    monkeypatch.setitem(sys.modules, "PIL", None)  # as where Pillow is not installed
+    monkeypatch.setattr(_decode, "_PILLOW", [])
+    with caplog.at_level(logging.WARNING, logger="feedpipe"):
+        gif = decode_image(gif)
+        decode_image(tiff)
+    assert gif[1, 1].tolist() == [0, 255, 0]  # OpenCV's: the background colour
+    assert image_decoders()["gif"] == image_decoders()["tiff"] == "opencv"
+    said = [r.getMessage() for r in caplog.records if "Pillow is not installed" in r.getMessage()]
+    assert len(said) == 1 and "pip install 'feedpipe[images]'" in said[0], said
+
+
+# -- 11. DALI on animated PNGs and bad ICC markers -------------------------------------------
+@pytest.mark.dali
+@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None, reason="no DALI")
+def test_dali_gives_an_animated_pngs_default_image_and_names_a_broken_one(dali: object) -> None:
+    from feedpipe import DaliStage
+    from feedpipe.transforms._pipeline import ImageSpec
+
+    apng = _apng(default_image=True)  # default image: picture 0; animation: pictures 1 and 2
+    bad_icc, made_from = _with_bad_icc()
+    spec = ImageSpec(size=10, train=False, mean=None, crop_fraction=1.0)
+
+    def first(jpg: bytes) -> torch.Tensor:
+        batch = {"png": [apng, None], "jpg": [None, jpg], "cls": [0, 1], "__key__": ["a", "b"]}
+        return next(iter(DaliStage([batch], batch_size=2, spec=spec, device_id=None))).images
+
+    got = first(bad_icc)
+    assert torch.equal(got[0], torch.from_numpy(_picture(0, 10, 12)[:, 1:11]).permute(2, 0, 1))
+    assert torch.equal(got[1], first(made_from)[1])  # as the JPEG it was made from
+    short = apng[:apng.find(b"IDAT") + 20]  # the default image's data stops short
+    broken = {"png": [short, apng], "cls": [0, 1], "__key__": ["short", "whole"],
+              "__shard__": ["s.tar", "s.tar"]}
+    with pytest.raises(DecodeError, match=r"sample 'short' of 's.tar'"):
+        next(iter(DaliStage([broken], batch_size=2, spec=spec, device_id=None)))
+    skipping = DaliStage([broken], batch_size=2, spec=spec, device_id=None, on_error="skip")
+    assert [b.labels.tolist() for b in skipping] == [[1]] and skipping.skipped == 1

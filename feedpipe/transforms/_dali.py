@@ -15,7 +15,9 @@ yields (plan order, resumption, caches unchanged). DALI only does the pixel work
 included) and WebP, and gives three RGB channels with the CPU pipeline's conventions
 (:mod:`feedpipe.transforms._decode`): alpha dropped, EXIF orientation not applied
 (``adjust_orientation=False``), 16-bit rounded to 8 bits (the CPU pipeline keeps the high byte:
-one grey level apart at most). It cannot read AVIF or HEIC: a batch holding one is refused on the
+one grey level apart at most). An animated PNG is decoded on the host with Pillow to its
+default image, as on the CPU, and fed to DALI as a plain PNG: DALI's decoder gives the first
+animation frame. It cannot read AVIF or HEIC: a batch holding one is refused on the
 host with a :class:`~feedpipe.errors.DecodeError` naming the sample, before DALI sees it. Decode
 those with the CPU :class:`~feedpipe.ImagePipeline`, or convert them. As on the CPU, a sample's
 image is the first of the stage's ``image_field`` fields it has, so batches mixing ``jpg`` and
@@ -50,10 +52,11 @@ import torch
 
 from .._helpers.dependency import require
 from .._helpers.fork_safety import mark_process_fork_unsafe
-from ..errors import DecodeError
+from ..errors import DecodeError, MissingDependencyError
 from ..format._image_fields import fields_present
-from ._decode import IMAGE_FIELDS, decode_image, image_format, image_size
+from ._decode import IMAGE_FIELDS, animated_png, decode_image, image_format, image_size
 from ._jpeg import repaired_jpeg
+from ._opencv import opencv
 from ._pipeline import ImageSpec, no_label, parse_label
 from ._seeding import scratch_rng
 
@@ -69,7 +72,7 @@ class _Fed(NamedTuple):
     arrays: tuple[Any, ...]  # encode_batch's
     keys: list[Any]
     shards: list[Any]
-    retried: bool = False  # fed again once, its JPEGs without stray bytes
+    retried: bool = False  # fed again once, its JPEGs repaired as libjpeg reads them
 
     def without(self, i: int) -> _Fed:
         data, *columns = self.arrays
@@ -80,13 +83,39 @@ class _Fed(NamedTuple):
 
 def _host_bytes(data: Any) -> bytes | None:
     """What the host makes of an image DALI failed on: ``None`` where it decodes as it is,
-    a JPEG without its stray bytes where only those made it fail; a DecodeError where it does
-    not decode on the host either."""
+    a JPEG repaired as libjpeg reads it (``repaired_jpeg``) where only that made it fail; a
+    DecodeError where it does not decode on the host either."""
     raw = bytes(data)
     if image_format(raw) == "jpeg":
         return repaired_jpeg(raw)
     decode_image(raw)
     return None
+
+
+_TOLD_APNG: list[bool] = []
+
+
+def _default_image_png(data: Any) -> np.ndarray:
+    """An animated PNG's default image, decoded on the host as the CPU pipeline decodes it
+    (with Pillow), as the bytes of a plain PNG for DALI. DALI's decoder gives an APNG's first
+    animation frame, and refuses some APNGs that Pillow reads; Pillow and torchvision give the
+    default image. Re-encoded losslessly, so DALI decodes exactly the CPU pipeline's pixels."""
+    rgb = decode_image(data)
+    cv2 = opencv()
+    if cv2 is None:  # pragma: no cover - OpenCV is a dependency
+        raise MissingDependencyError("re-encoding an animated PNG's default image for DALI "
+                                     "needs OpenCV. Install it with: pip install "
+                                     "opencv-python-headless")
+    ok, png = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]),
+                           [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    if not ok:  # pragma: no cover - a decoded 8-bit RGB image always encodes
+        raise DecodeError("OpenCV could not re-encode an animated PNG's default image")
+    if not _TOLD_APNG:
+        _TOLD_APNG.append(True)
+        log.info("feedpipe: DaliStage decodes animated PNGs (APNG) on the host with Pillow, to "
+                 "their default image as the CPU pipeline does, and feeds DALI that image "
+                 "(DALI would give the first animation frame); said once per process")
+    return np.asarray(png, np.uint8).reshape(-1)
 
 
 class _HeaderSkipped(Exception):
@@ -297,6 +326,8 @@ class DaliStage:
                         + "; decode such images on the CPU with feedpipe.ImagePipeline, or "
                         "convert them to one of those formats")
                 h, w = image_size(j)
+                if fmt == "png" and animated_png(j):
+                    data[i] = _default_image_png(j)
             except DecodeError as e:
                 key = meta.get("__key__", [None] * n)[i] if meta is not None else None
                 shard = meta.get("__shard__", [None] * n)[i] if meta is not None else None
@@ -358,10 +389,10 @@ class DaliStage:
     def _failed(self, e: RuntimeError) -> None:
         """DALI failed on the oldest batch it was fed (it names the sample, or not): find the
         sample, decoding the batch's images on the host where DALI did not say. A JPEG with
-        stray bytes before a marker (which the CPU pipeline decodes as libjpeg and Pillow do)
-        is fed again without them, once. Otherwise raise a DecodeError naming the sample, or
-        (``on_error="skip"``) leave it out and make ready to feed a new pipeline the batches
-        the old one held."""
+        stray bytes before a marker or ICC segments libjpeg cannot assemble (which the CPU
+        pipeline decodes as libjpeg and Pillow do) is fed again repaired, once. Otherwise raise
+        a DecodeError naming the sample, or (``on_error="skip"``) leave it out and make ready
+        to feed a new pipeline the batches the old one held."""
         self._pipe = None  # DALI's pipeline is no longer valid after an error
         if not self._fed:
             raise e

@@ -15,7 +15,11 @@ WebP       OpenCV                            the fastest; Pillow and pyvips are 
 AVIF       Pillow where it has AVIF, else    Pillow's decoder is the faster where both
            OpenCV where built with libavif   exist
 HEIC/HEIF  pillow-heif (libheif)             the one HEIC decoder that pip installs
-other      OpenCV, if it reads the bytes     BMP, TIFF, PNM, JPEG 2000 come for free
+GIF, TIFF  Pillow where installed, else      OpenCV paints a GIF's transparent pixels with
+           OpenCV (with a warning)           the background colour and premultiplies a
+                                             TIFF's unassociated alpha: not the stored
+                                             colours (see below)
+other      OpenCV, if it reads the bytes     BMP, PNM, JPEG 2000 come for free
 =========  ================================  =============================================
 
 The measured figures are in ``benchmarks/results/image_formats.md``.
@@ -34,6 +38,10 @@ What every decoder is made to agree on:
 - **Any decoder output becomes three 8-bit channels**: a 2-D grey array (OpenCV's for a grey
   PFM), grey and alpha, RGBA and float samples (clipped to 0..255) are converted as Pillow's
   ``convert("RGB")`` does; another shape is a DecodeError.
+- **A GIF or TIFF gives Pillow's pixels** (the first frame of an animated GIF; a transparent
+  index keeps its palette colour), so Pillow decodes them where it is installed. Without it
+  OpenCV does, and a warning says once that transparent GIF pixels and TIFF colours under an
+  alpha channel may then differ.
 - **An animated PNG (APNG) gives its default image**, as Pillow and torchvision
   do: it is decoded with Pillow (OpenCV would give the first animation frame).
 - **16-bit channels are scaled to 8 bits** by keeping the high byte (``x >> 8``, libpng's
@@ -49,6 +57,7 @@ What every decoder is made to agree on:
 from __future__ import annotations
 
 import io
+import logging
 import re
 from typing import Any
 
@@ -63,7 +72,8 @@ from ._opencv import opencv, quiet_stderr
 __all__ = ["IMAGE_FIELDS", "DecodeImage", "decode_image", "image_decoders", "image_field_of",
            "image_format", "image_size"]
 
-_NAMES = {"jpeg": "JPEG", "png": "PNG", "webp": "WebP", "avif": "AVIF", "heic": "HEIC/HEIF"}
+_NAMES = {"jpeg": "JPEG", "png": "PNG", "webp": "WebP", "avif": "AVIF", "heic": "HEIC/HEIF",
+          "gif": "GIF", "tiff": "TIFF"}
 _PNG = b"\x89PNG\r\n\x1a\n"
 _AVIF_BRANDS = {b"avif", b"avis"}
 _HEIF_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs", b"mif1",
@@ -150,6 +160,10 @@ def decode_image(data: Any) -> np.ndarray:
         return _decode_apng(data)
     if fmt == "heic":
         return _decode_heif(data)
+    if fmt == "unknown":
+        fmt = _pillow_first(data)
+        if fmt != "unknown" and _have_pillow(fmt):
+            return _decode_pillow(data, fmt)
     if fmt == "avif":
         library = _avif_library()
         if library is None:
@@ -165,8 +179,8 @@ def image_decoders() -> dict[str, str | None]:
     """Which library decodes each format here (``None``: none installed), e.g. for a report.
 
     Returns:
-        ``{format: library}`` for ``"jpeg"``, ``"png"``, ``"webp"``, ``"avif"``, ``"heic"`` and
-        ``"other"`` (what OpenCV reads besides).
+        ``{format: library}`` for ``"jpeg"``, ``"png"``, ``"webp"``, ``"avif"``, ``"heic"``,
+        ``"gif"``, ``"tiff"`` and ``"other"`` (what OpenCV reads besides).
 
     Example:
         >>> image_decoders()["png"]
@@ -177,9 +191,46 @@ def image_decoders() -> dict[str, str | None]:
         heif: str | None = "pillow-heif"
     except ImportError:
         heif = None
+    try:
+        import PIL  # noqa: F401
+        pillow = "pillow"
+    except ImportError:
+        pillow = "opencv"
     return {"jpeg": window_decoder() or "simplejpeg",
             "png": "opencv", "webp": "opencv", "avif": _avif_library(), "heic": heif,
-            "other": "opencv"}
+            "gif": pillow, "tiff": pillow, "other": "opencv"}
+
+
+# GIF and TIFF (BigTIFF too), by their first bytes: the formats Pillow decodes where installed
+_PILLOW_FIRST = {b"GIF87a": "gif", b"GIF89a": "gif", b"II*\x00": "tiff", b"MM\x00*": "tiff",
+                 b"II+\x00": "tiff", b"MM\x00+": "tiff"}
+_PILLOW: list[bool] = []  # whether Pillow imports, once looked up
+_log = logging.getLogger("feedpipe")
+
+
+def _pillow_first(data: Any) -> str:
+    """``"gif"`` or ``"tiff"`` from the first bytes, else ``"unknown"``."""
+    head = bytes(data[:6])
+    return _PILLOW_FIRST.get(head) or _PILLOW_FIRST.get(head[:4]) or "unknown"
+
+
+def _have_pillow(fmt: str) -> bool:
+    """Whether Pillow imports; the first time it does not, a warning says what OpenCV, which
+    decodes GIF and TIFF images instead, does differently."""
+    if not _PILLOW:
+        try:
+            import PIL  # noqa: F401
+        except ImportError:
+            _PILLOW.append(False)
+            _log.warning(
+                "feedpipe: Pillow is not installed, so OpenCV decodes GIF and TIFF images (a "
+                "%s here): it paints a GIF's transparent pixels with the background colour and "
+                "premultiplies a TIFF's unassociated alpha into its colours, where Pillow and "
+                "torchvision keep the stored colours. Install Pillow with: pip install "
+                "'feedpipe[images]' (said once per process)", _NAMES[fmt])
+        else:
+            _PILLOW.append(True)
+    return _PILLOW[0]
 
 
 # -- the decoders -------------------------------------------------------------------------
@@ -298,6 +349,8 @@ def _decode_pillow(data: Any, fmt: str) -> np.ndarray:
 
     try:
         with Image.open(io.BytesIO(data)) as im:
+            if im.mode.startswith("I;16"):  # feedpipe's rule: the high byte (Pillow clips)
+                return np.array(_rgb8(np.asarray(im).astype(np.uint16), data, fmt))
             rgb = im if im.mode == "RGB" else im.convert("RGB")
             return np.array(rgb)  # writable (np.asarray's view of Pillow's bytes is not)
     except (*_PIL_ERRORS, Image.DecompressionBombError) as e:  # type: ignore[misc]

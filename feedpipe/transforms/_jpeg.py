@@ -39,7 +39,7 @@ def jpeg_size(data: Any) -> Size:
     try:
         h, w, _, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError as e:
-        fixed = without_stray_bytes(data, e, simplejpeg.decode_jpeg_header)
+        fixed = repaired_as_libjpeg(data, e, simplejpeg.decode_jpeg_header)
         if fixed is None:
             raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
         h, w, _, _ = simplejpeg.decode_jpeg_header(fixed)
@@ -47,30 +47,100 @@ def jpeg_size(data: Any) -> Size:
 
 
 _STRAY = re.compile(r"(\d+) extraneous bytes before marker 0x([0-9a-fA-F]{2})")
+_BAD_ICC = "bad ICC marker"
 _log = logging.getLogger("feedpipe")
-_said: list[bool] = []
+_said: set[str] = set()
+_REPAIRS = {
+    "stray": "a JPEG with stray bytes before a marker (libjpeg's \"extraneous bytes\" warning) "
+             "was decoded without them, as libjpeg and Pillow do",
+    "icc": "a JPEG with ICC profile segments libjpeg cannot assemble (its \"bad ICC marker\" "
+           "warning: a segment after the frame header, or a repeated or missing part) was "
+           "decoded without them, to the pixels libjpeg and Pillow give (feedpipe applies no "
+           "ICC profile)",
+}
 
 
-def without_stray_bytes(data: Any, error: Exception, check: Callable[[bytes], Any],
+def repaired_as_libjpeg(data: Any, error: Exception, check: Callable[[bytes], Any],
                         *, rounds: int = 4) -> bytes | None:
-    """``data`` without the stray bytes libjpeg skipped ("N extraneous bytes before marker"),
-    where that warning is what made the strict decoder refuse it; else ``None``.
+    """``data`` repaired as libjpeg reads it, where only a libjpeg warning that does not change
+    the picture made the strict decoder refuse it; else ``None``.
 
-    libjpeg, Pillow and torchvision decode such a file by skipping those bytes, with a warning;
-    strict decoding (feedpipe's, so that a truncated or corrupt image is an error, never a
-    partial picture) refuses it. Removing exactly the bytes libjpeg would skip and decoding
-    strictly again gives libjpeg's picture, and still refuses any other fault. The bytes are the
-    ``N`` before an ``0xFF <marker>`` pair; of the places that fit, the first that ``check``
-    (a strict decode) accepts is taken. Up to ``rounds`` such spots are removed, one by one.
+    Two such warnings are repaired: stray bytes before a marker ("N extraneous bytes before
+    marker"), and ICC profile segments libjpeg cannot assemble ("bad ICC marker": Pillow reads
+    the profile itself, and feedpipe applies none). libjpeg, Pillow and torchvision decode such
+    a file, with a warning; strict decoding (feedpipe's, so that a truncated or corrupt image is
+    an error, never a partial picture) refuses it. Removing exactly what libjpeg skips (the
+    stray bytes) or reads apart from the pixels (the ICC segments) and decoding strictly again
+    gives libjpeg's picture, and still refuses any other fault.
+
+    Stray bytes are the ``N`` before an ``0xFF <marker>`` pair; of the places that fit, the
+    first that ``check`` (a strict decode) accepts is taken. Up to ``rounds`` such spots are
+    removed, one by one. Each repair is said once per process in a warning.
     """
+    raw, done = bytes(data), set()
+    if _BAD_ICC in str(error):
+        raw = _without_icc(raw)
+        done.add("icc")
+        try:
+            check(raw)
+        except ValueError as refused:
+            error = refused
+        else:
+            return _said_once(raw, done)
+    if _STRAY.search(str(error)) is None:
+        return None
+
+    def strict_but_icc(candidate: bytes) -> None:
+        """``check``, where bad ICC segments that come after the stray bytes are not a fault
+        (they are removed below)."""
+        try:
+            check(candidate)
+        except ValueError as refused:
+            if _BAD_ICC not in str(refused):
+                raise
+            check(_without_icc(candidate))
+
     budget = [64]  # strict decodes tried, at most: a file can only be so ambiguous
-    fixed = _remove_stray(bytes(data), error, check, rounds, budget)
-    if fixed is not None and not _said:
-        _said.append(True)
-        _log.warning("feedpipe: a JPEG with stray bytes before a marker (libjpeg's \"extraneous "
-                     "bytes\" warning) was decoded without them, as libjpeg and Pillow do "
-                     "(said once per process)")
+    fixed = _remove_stray(raw, error, strict_but_icc, rounds, budget)
+    if fixed is None:
+        return None
+    done.add("stray")
+    try:
+        check(fixed)
+    except ValueError:  # only the ICC segments are left (strict_but_icc accepted it)
+        fixed = _without_icc(fixed)
+        done.add("icc")
+    return _said_once(fixed, done)
+
+
+def _said_once(fixed: bytes, repairs: set[str]) -> bytes:
+    for repair in sorted(repairs - _said):
+        _said.add(repair)
+        _log.warning("feedpipe: %s (said once per process)", _REPAIRS[repair])
     return fixed
+
+
+def _without_icc(raw: bytes) -> bytes:
+    """JPEG bytes without their APP2 ``ICC_PROFILE`` segments (those before the first scan);
+    every other byte as it was. The segments are walked by their lengths; where the bytes stop
+    making sense the rest is kept as it is, for the strict decoder to judge."""
+    out, pos = [raw[:2]], 2
+    while pos + 4 <= len(raw) and raw[pos] == 0xFF:
+        marker = raw[pos + 1]
+        if marker == 0xFF:  # a fill byte
+            out.append(raw[pos:pos + 1])
+            pos += 1
+            continue
+        if marker in (0xDA, 0xD9) or 0xD0 <= marker <= 0xD7 or marker == 0x01:
+            break  # the first scan (or no segment length): the pixels follow
+        end = pos + 2 + int.from_bytes(raw[pos + 2:pos + 4], "big")
+        if end > len(raw):
+            break
+        if not (marker == 0xE2 and raw[pos + 4:pos + 16] == b"ICC_PROFILE\x00"):
+            out.append(raw[pos:end])
+        pos = end
+    out.append(raw[pos:])
+    return b"".join(out)
 
 
 def _remove_stray(raw: bytes, error: Exception, check: Callable[[bytes], Any], rounds: int,
@@ -104,14 +174,15 @@ def _remove_stray(raw: bytes, error: Exception, check: Callable[[bytes], Any], r
 
 
 def repaired_jpeg(data: Any) -> bytes | None:
-    """``None`` where JPEG bytes decode strictly as they are; the bytes without the stray
-    bytes libjpeg skips (:func:`without_stray_bytes`) where only those make strict decoding
-    refuse them; else a :class:`DecodeError`. For a decoder that is not as lenient as libjpeg
+    """``None`` where JPEG bytes decode strictly as they are; the bytes repaired as libjpeg
+    reads them (:func:`repaired_as_libjpeg`: without stray bytes before a marker or unreadable
+    ICC segments) where only those make strict decoding refuse them; else a
+    :class:`DecodeError`. For a decoder that is not as lenient as libjpeg
     (DALI's)."""
     try:
         simplejpeg.decode_jpeg(data)
     except ValueError as e:
-        fixed = without_stray_bytes(data, e, simplejpeg.decode_jpeg)
+        fixed = repaired_as_libjpeg(data, e, simplejpeg.decode_jpeg)
         if fixed is None:
             raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
         return fixed
@@ -134,7 +205,7 @@ def decode_jpeg(data: Any, *, min_height: int = 0, min_width: int = 0, fastdct: 
     try:
         return decode(data)
     except ValueError as e:
-        fixed = without_stray_bytes(data, e, decode)
+        fixed = repaired_as_libjpeg(data, e, decode)
         if fixed is None:
             raise DecodeError(f"not a decodable JPEG ({len(data)} bytes): {e}") from e
         return decode(fixed)

@@ -110,7 +110,21 @@ def _restore() -> None:
         written += chunk
     os.lseek(fd, 0, os.SEEK_SET)
     os.ftruncate(fd, 0)
-    kept = b"".join(line for line in written.splitlines(keepends=True)
-                    if not _DECODER_LINE.match(line))
+    kept = b"".join(_not_the_decoders(written.splitlines(keepends=True)))
     if kept:
         os.write(2, kept)
+
+
+def _not_the_decoders(lines: list[bytes]) -> list[bytes]:
+    """``lines`` without the decoders' own: each line such a message starts with, and the blank
+    lines that end it (OpenCV's error messages end in a newline of their own, which its logger
+    follows with another)."""
+    kept: list[bytes] = []
+    theirs = False
+    for line in lines:
+        if _DECODER_LINE.match(line):
+            theirs = True
+        elif not (theirs and not line.strip()):
+            theirs = False
+            kept.append(line)
+    return kept
