@@ -121,3 +121,25 @@ def test_the_dataset_read_directly_keeps_its_own_epoch(ds_path: str) -> None:
     ds.set_epoch(3)
     assert [x["__index__"] for x in ds] == alone(ds_path, "inline", 1, 3)
     assert ld.epoch == 1 and ids(list(ld)) == alone(ds_path, "inline", 4, 2)
+
+
+def _set_epoch_in_another_process(ld: FeedLoader, out: Any) -> None:
+    ld.set_epoch(7)
+    out.put(ld.epoch)
+
+
+@pytest.mark.slow
+def test_a_loader_sent_to_another_rank_keeps_its_epoch_to_itself(ds_path: str) -> None:
+    """A loader sent to a spawned process (as Lightning's ddp_spawn sends it to each rank)
+    shares its sender's epoch memory until it writes it: then it takes its own."""
+    import torch.multiprocessing as mp
+
+    ld = loader(dataset(ds_path, "workers"), "workers", 4)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_set_epoch_in_another_process, args=(ld, out))
+    p.start()
+    assert out.get(timeout=120) == 7
+    p.join(timeout=120)
+    assert p.exitcode == 0 and ld.epoch == 0
+    assert ids(list(ld)) == alone(ds_path, "workers", 4, 0)

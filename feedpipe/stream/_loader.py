@@ -22,11 +22,11 @@ from torch.utils.data import DataLoader
 from .._helpers.fork_safety import default_start_method, process_fork_unsafe
 from ..device._loader import DeviceLoader
 from ..errors import StartMethodError, StateError
-from ..plan._order import Split
 from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
 from ._collate import LeftOut, collate_samples, left_out_error
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
+from ._epoch import EpochState
 from ._routes import ROUTES, Config, Route, choose
 from ._worker_rows import RowRelease, writes_into
 from ._worker_source import WorkerBatches, WorkerSource, as_is, ring_depth
@@ -38,6 +38,10 @@ _REFUSED = ("shuffle", "sampler", "batch_sampler")
 
 class FeedLoader:
     """Batches from a :class:`FeedDataset`, with exact mid-epoch and elastic resumption.
+
+    Each loader owns its epoch state (epoch, position reached, batch size, whole batches) and
+    hands it to its workers: any number of loaders (training and evaluation, two batch sizes)
+    may share one dataset without changing each other's batches, length, position or epoch.
 
     Used as a ``DataLoader`` is: ``for batch in loader`` each epoch; ``len(loader)`` is the
     number of batches of a whole epoch (also after :meth:`load_state_dict`, after which the
@@ -123,7 +127,8 @@ class FeedLoader:
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
-        dataset.set_batch_size(self.batch_size, drop_last=self.drop_last)
+        # this loader's own: shared with its worker processes, never with another loader
+        self._state = EpochState(self.batch_size, self.drop_last)
         self.num_workers = int(num_workers)
         self.transform_threads = int(transform_threads)
         self.collate_fn = collate_fn if collate_fn is not None else collate_samples
@@ -141,7 +146,7 @@ class FeedLoader:
         self._noted: set[str] = set()
         self._last: Route | None = None
         self._stats: dict[str, Any] = {}
-        self._split = dataset.split()
+        self._split = self._state.split(dataset)
         self._batches = 0
         self._finished = False
         self._epoch_chosen = False
@@ -183,34 +188,37 @@ class FeedLoader:
         self._fork_unsafe = reason
 
     # -- epochs ----------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch of this loader's current (or next) pass."""
+        return self._state.epoch
+
     def set_epoch(self, epoch: int) -> None:
         """Select ``epoch``'s order for the next pass. Keeps a resume point loaded for this
         same epoch."""
-        if epoch != self.dataset.epoch or self._finished:
-            self.dataset.set_epoch(epoch)
-        self._split = self.dataset.split()
+        if epoch != self._state.epoch or self._finished:
+            self._state.set_epoch(epoch)
+        self._split = self._state.split(self.dataset)
         self._batches = 0
         self._finished = False
         self._epoch_chosen = True
 
     def __len__(self) -> int:
         """Batches of this rank in a whole epoch (a resumed epoch yields only the rest)."""
-        d = self.dataset
-        d.attach()
-        whole = Split(d.manifest.total_samples, d.world.world_size, d.world.rank, 0,
-                      d.drop_last, self.drop_last)
-        return whole.batches(self.batch_size)
+        self.dataset.attach()
+        return self.dataset.split_at(0, self.drop_last).batches(self.batch_size)
 
     def _done(self) -> bool:
         return self._finished or self._batches >= self._split.batches(self.batch_size) > 0
 
     def __iter__(self) -> Iterator[Any]:
-        ds = self.dataset
+        ds, state = self.dataset, self._state
         ds.attach()
+        state.own()
         if self._done() and not self._epoch_chosen:  # a new pass after a complete epoch
-            ds.set_epoch(ds.epoch + 1)
+            state.set_epoch(state.epoch + 1)
         self._epoch_chosen = False
-        self._split = ds.split()
+        self._split = state.split(ds)
         self._batches = 0
         self._finished = False
         route, note = choose(self._config(), self._route_arg)
@@ -261,7 +269,7 @@ class FeedLoader:
         skips = Skips()
         pool = None
         ahead = 0
-        with EpochReader(ds) as reader:
+        with EpochReader(ds, self._state) as reader:
             epoch = reader.plan.epoch
             fetch: Any
             maker: Any
@@ -317,7 +325,7 @@ class FeedLoader:
             if route.sink == "rows":
                 kwargs = {"prefetch_factor": 1, **kwargs}  # see reuse_buffers
                 depth = ring_depth(kwargs["prefetch_factor"]) if self.reuse_buffers else 0
-            source = WorkerSource(self.dataset, route, self.collate_fn,
+            source = WorkerSource(self.dataset, self._state, route, self.collate_fn,
                                   fields=tuple(self.dataset.manifest.fields),
                                   default=self.collate_fn is collate_samples, depth=depth)
             loader = DataLoader(source, batch_size=None, num_workers=self.num_workers,
@@ -393,10 +401,8 @@ class FeedLoader:
         """What the loop consumed: ``{"epoch", "position", "dataset", ...}`` (standard
         signature). After a complete epoch it is the start of the next one."""
         if self._done():
-            state = self.dataset.state_dict(consumed=0)
-            state["epoch"] = self.dataset.epoch + 1
-            return state
-        return self.dataset.state_dict(consumed=self.position)
+            return self.dataset.state_at(self._state.epoch + 1, 0)
+        return self.dataset.state_at(self._state.epoch, self.position)
 
     def load_state_dict(self, state_dict: dict[str, Any], *, strict: bool = True) -> None:
         """Continue exactly after what the saved loop consumed, with any number of ranks or
@@ -404,8 +410,8 @@ class FeedLoader:
         unless ``strict=False``, which starts the saved epoch afresh."""
         if not isinstance(state_dict, dict) or "position" not in state_dict:
             raise StateError("not a FeedLoader state (no 'position')")
-        self.dataset.load_state_dict(state_dict, strict=strict)
-        self._split = self.dataset.split()
+        self._state.resume(*self.dataset.resume_point(state_dict, strict=strict))
+        self._split = self._state.split(self.dataset)
         self._batches = 0
         self._finished = False
         self._epoch_chosen = True

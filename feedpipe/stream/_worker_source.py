@@ -27,6 +27,7 @@ from ._worker_rows import RowRelease, WorkerRing
 
 if TYPE_CHECKING:
     from ._dataset import FeedDataset
+    from ._epoch import EpochState
     from ._refs import Resolver
     from ._routes import Route
     from ._shard_set import ShardSet
@@ -47,21 +48,22 @@ class WorkerMeta:
 
 class WorkerSource(IterableDataset):
     """The DataLoader-facing side: in each worker, the batch loop of ``route`` over the worker's
-    share of the dataset's current epoch.
+    share of the epoch its loader's state names.
 
     Args:
-        dataset: the dataset (its epoch, resume point and batch size are read at each pass,
-            from shared memory, so persistent workers follow ``set_epoch``/``load_state_dict``).
+        dataset: the dataset.
+        state: the loader's epoch state (epoch, resume point, batch size, read at each pass from
+            shared memory, so persistent workers follow ``set_epoch``/``load_state_dict``).
         route: the route (a ``workers`` one).
         collate_fn: the sink of ``samples-workers``; the BatchCollator of ``rows-workers``.
         fields: the manifest's fields, for the default collation of raw samples.
         depth: ring buffers per worker (``rows-workers``); ``0``: a fresh buffer per batch.
     """
 
-    def __init__(self, dataset: FeedDataset, route: Route, collate_fn: Any, *,
-                 fields: tuple[str, ...] = (), default: bool = True, depth: int = 0) -> None:
+    def __init__(self, dataset: FeedDataset, state: EpochState, route: Route, collate_fn: Any,
+                 *, fields: tuple[str, ...] = (), default: bool = True, depth: int = 0) -> None:
         super().__init__()
-        self.dataset, self.route, self.collate_fn = dataset, route, collate_fn
+        self.dataset, self.state, self.route, self.collate_fn = dataset, state, route, collate_fn
         self.fields, self.default, self.depth = fields, default, depth
         self._ring: WorkerRing | None = None
         self._ring_pid = 0
@@ -77,7 +79,7 @@ class WorkerSource(IterableDataset):
         ds, route, pid = self.dataset, self.route, os.getpid()
         skips = Skips()
         ring = None
-        with EpochReader(ds, worker, workers) as reader:
+        with EpochReader(ds, self.state, worker, workers) as reader:
             maker: Any
             if route.fetch == "refs":
                 fetch: Callable[[np.ndarray], Any] = RefFetch(ds.shards, reader.plan.epoch,
