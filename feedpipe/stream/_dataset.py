@@ -22,9 +22,11 @@ from ..errors import PlanError, StateError
 from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
 from ..plan._world import detect_world, resolve_world
-from ._batch_loop import CollateMaker, EpochReader, SampleFetch, Skips, batch_loop
+from ._assembly import assemble
+from ._batch_loop import EpochReader, Skips
 from ._collate import Decoder, LeftOut, decode_fields, decoders, left_out_error
 from ._epoch import EpochState
+from ._routes import ROUTES
 from ._shard_set import ShardSet
 
 log = logging.getLogger("feedpipe")
@@ -337,10 +339,9 @@ class FeedDataset(IterableDataset):
         if info is None:
             self.attach()
         with EpochReader(self, self._reader, worker, workers) as reader:
-            fetch = SampleFetch(self, reader.plan.epoch, stored=self.decoded is not None)
-            maker = CollateMaker(self, list, skips=Skips(), to_bytes=info is not None,
-                                 default=False)
-            for outs in batch_loop(reader.batches(), fetch, maker):
+            parts = assemble(ROUTES["samples"], self, reader.plan.epoch, list, skips=Skips(),
+                             leaves=info is not None, default=False)
+            for outs in parts.run(reader):
                 if type(outs) is LeftOut:
                     if self.world.world_size > 1:
                         raise left_out_error(outs, self.world.rank, self.world.world_size,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -22,7 +21,8 @@ from torch.utils.data import DataLoader
 from .._helpers.fork_safety import default_start_method, process_fork_unsafe
 from ..device._loader import DeviceLoader
 from ..errors import StartMethodError, StateError
-from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
+from ._assembly import assemble
+from ._batch_loop import EpochReader, Skips
 from ._collate import LeftOut, collate_samples, left_out_error
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
@@ -267,53 +267,26 @@ class FeedLoader:
         """The inline and threads executors: the batch loop in this process."""
         ds, stats = self.dataset, self._stats
         skips = Skips()
-        pool = None
-        ahead = 0
         with EpochReader(ds, self._state) as reader:
-            epoch = reader.plan.epoch
-            fetch: Any
-            maker: Any
             if route.fetch == "refs":
-                from ._refs import Columns, RefFetch, Resolver
+                from ._refs import Columns
 
                 if self._columns is None and ds.shards.open_all():
                     self._columns = Columns(ds.shards.open_readers())  # type: ignore[arg-type]
-                fetch = RefFetch(ds.shards, epoch, ds.seed, columns=self._columns,
-                                 advise=self._columns is not None)
-                maker = Resolver(ds, pin_memory=self._pin)
                 stats["refs_plan"] = "columns" if self._columns is not None else "per-sample"
-                if self._columns is not None:  # planned (and read-ahead advised) early
-                    ahead = 2
-            elif route.fetch == "gather":
-                from ._store_gather import Finished, GatherFetch
-
-                fetch = GatherFetch(ds, epoch, self.collate_fn)  # type: ignore[arg-type]
-                maker = Finished()
-            else:
-                fetch = SampleFetch(ds, epoch, stored=ds.decoded is not None,
-                                    copy=route.executor == "threads")
-                if route.sink == "rows":
-                    maker = RowMaker(ds, self.collate_fn,  # type: ignore[arg-type]
-                                     into=route.compute == "into", skips=skips,
-                                     drop=ds.shards.drop_pages)
-                else:
-                    maker = CollateMaker(ds, self.collate_fn, skips=skips,
-                                         fields=tuple(ds.manifest.fields),
-                                         default=self.collate_fn is collate_samples)
-            if route.executor == "threads":
-                pool = ThreadPoolExecutor(self.transform_threads,
-                                          thread_name_prefix="feedpipe-transform")
-                ahead = 2
+            parts = assemble(route, ds, reader.plan.epoch, self.collate_fn, skips=skips,
+                             threads=self.transform_threads, fields=tuple(ds.manifest.fields),
+                             default=self.collate_fn is collate_samples, columns=self._columns,
+                             pin=self._pin)
             try:
-                for batch in batch_loop(reader.batches(), fetch, maker, pool, ahead):
+                for batch in parts.run(reader):
                     stats["skipped"] = skips.count
                     if self._pin and route.sink != "resolve":
                         batch = _pinned(batch)
                     yield batch
             finally:
                 stats["skipped"] = skips.count
-                if pool is not None:
-                    pool.shutdown(wait=True, cancel_futures=True)
+                parts.close()
 
     def _worker_batches(self, route: Route) -> Iterator[Any]:
         """The workers executor: the batch loop in DataLoader worker processes."""

@@ -12,7 +12,7 @@ arrays made tensors (``samples-workers``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,9 +20,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ShardFormatError
-from ._batch_loop import CollateMaker, EpochReader, RowMaker, SampleFetch, Skips, batch_loop
-from ._refs import RefFetch
-from ._store_gather import Finished
+from ._assembly import assemble
+from ._batch_loop import EpochReader, Skips
 from ._worker_rows import RowRelease, WorkerRing
 
 if TYPE_CHECKING:
@@ -80,28 +79,17 @@ class WorkerSource(IterableDataset):
         skips = Skips()
         ring = None
         with EpochReader(ds, self.state, worker, workers) as reader:
-            maker: Any
-            if route.fetch == "refs":
-                fetch: Callable[[np.ndarray], Any] = RefFetch(ds.shards, reader.plan.epoch,
-                                                              ds.seed)
-                maker = Finished()
-            else:
-                fetch = SampleFetch(ds, reader.plan.epoch, stored=ds.decoded is not None)
-                if route.sink == "rows":
-                    if self.depth and info is not None:
-                        if self._ring is None or self._ring_pid != pid:
-                            self._ring, self._ring_pid = WorkerRing(self.collate_fn,
-                                                                    self.depth), pid
-                        ring = self._ring
-                        ring.send_table = True  # a new epoch: the training process may have
-                        # dropped the table it had
-                    maker = RowMaker(ds, ring if ring is not None else self.collate_fn,
-                                     into=True, skips=skips, drop=ds.shards.drop_pages)
-                else:
-                    maker = CollateMaker(ds, self.collate_fn, skips=skips, to_bytes=True,
-                                         fields=self.fields, default=self.default)
+            buffers = self.collate_fn
+            if route.sink == "rows" and self.depth and info is not None:
+                if self._ring is None or self._ring_pid != pid:
+                    self._ring, self._ring_pid = WorkerRing(self.collate_fn, self.depth), pid
+                ring = buffers = self._ring
+                ring.send_table = True  # a new epoch: the training process may have dropped
+                # the table it had
+            parts = assemble(route, ds, reader.plan.epoch, buffers, skips=skips, leaves=True,
+                             fields=self.fields, default=self.default)
             told = 0
-            for batch in batch_loop(reader.batches(), fetch, maker):
+            for batch in parts.run(reader):
                 meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket())
                 told = skips.count
                 yield batch, meta
