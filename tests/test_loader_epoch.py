@@ -143,3 +143,18 @@ def test_a_loader_sent_to_another_rank_keeps_its_epoch_to_itself(ds_path: str) -
     p.join(timeout=120)
     assert p.exitcode == 0 and ld.epoch == 0
     assert ids(list(ld)) == alone(ds_path, "workers", 4, 0)
+
+
+def test_setting_the_datasets_epoch_under_a_loader_is_said(ds_path: str, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The habit of calling set_epoch on the dataset (DistributedSampler style) moves the
+    direct reader's epoch only: a loader over the dataset says so once, and keeps its own."""
+    ds = dataset(ds_path, "inline")
+    ld = loader(ds, "inline", 4)
+    with caplog.at_level("WARNING", logger="feedpipe"):
+        list(ld)
+        ds.set_epoch(3)
+        second = ids(list(ld))
+        list(ld)
+    said = [r.getMessage() for r in caplog.records if "FeedDataset's epoch" in r.getMessage()]
+    assert len(said) == 1 and "set to 3" in said[0] and "loader.set_epoch(e)" in said[0]
+    assert "(epoch 1 next)" in said[0] and second == alone(ds_path, "inline", 4, 1)

@@ -223,14 +223,15 @@ class FeedDataset(IterableDataset):
         epoch."""
         return self.split().length
 
-    def sample_ids(self) -> np.ndarray:
-        """The ids this rank delivers this epoch, in order (as one reader: ``num_workers=0``).
+    def sample_ids(self, epoch: int | None = None) -> np.ndarray:
+        """The ids this rank delivers, in order (as one reader: ``num_workers=0``), in ``epoch``
+        from its start (``None``: the direct reader's epoch, from its resume point).
 
         Example:
             >>> FeedDataset("shards/example").sample_ids()[:4].tolist()
             [0, 1, 2, 3]
         """
-        plan, split = self.plan(), self.split()
+        plan, split = self.plan(epoch), self.split() if epoch is None else self.split_at(0)
         return plan.sample_ids(split.positions(0, split.length))
 
     def sample(self, g: int, epoch: int | None = None) -> dict[str, Any]:
@@ -357,7 +358,7 @@ class FeedDataset(IterableDataset):
         return self.__dict__.copy()  # the ShardSet drops its open shards on the way
 
 
-def sample_ids_of(ds: FeedDataset) -> np.ndarray:
-    """The ids this rank delivers this epoch with ``num_workers=0``
+def sample_ids_of(ds: FeedDataset, epoch: int | None = None) -> np.ndarray:
+    """The ids this rank delivers in ``epoch`` with ``num_workers=0``
     (:meth:`FeedDataset.sample_ids`)."""
-    return ds.sample_ids()
+    return ds.sample_ids(epoch)

@@ -129,6 +129,7 @@ class FeedLoader:
         self.drop_last = bool(drop_last)
         # this loader's own: shared with its worker processes, never with another loader
         self._state = EpochState(self.batch_size, self.drop_last)
+        self._dataset_epoch = dataset.epoch  # the direct reader's, to say when it moves
         self.num_workers = int(num_workers)
         self.transform_threads = int(transform_threads)
         self.collate_fn = collate_fn if collate_fn is not None else collate_samples
@@ -215,6 +216,14 @@ class FeedLoader:
         ds, state = self.dataset, self._state
         ds.attach()
         state.own()
+        if ds.epoch != self._dataset_epoch:
+            self._dataset_epoch = ds.epoch
+            log.warning("feedpipe: the FeedDataset's epoch was set to %d (set_epoch or "
+                        "load_state_dict on the dataset): that is the epoch of the dataset read "
+                        "directly; this FeedLoader keeps its own (epoch %d next): call "
+                        "loader.set_epoch(e) / loader.load_state_dict(state) instead",
+                        ds.epoch, state.epoch + 1 if self._done() and not self._epoch_chosen
+                        else state.epoch)
         if self._done() and not self._epoch_chosen:  # a new pass after a complete epoch
             state.set_epoch(state.epoch + 1)
         self._epoch_chosen = False
