@@ -93,7 +93,7 @@ class MixturePlan:
                  epoch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> None:
         self.shard_counts = [tuple(int(c) for c in s) for s in sources]
         self.sizes = np.array([sum(s) for s in self.shard_counts], dtype=np.int64)
-        self.counts = epoch_counts(self.sizes, weights, epoch_size)
+        self.counts = epoch_counts(self.sizes.tolist(), weights, epoch_size)
         self.epoch_size = int(self.counts.sum())
         self.seed, self.shuffle = int(seed), shuffle
         # the interleave: each draw at its ideal time of the epoch, ties by source order
