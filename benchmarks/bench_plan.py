@@ -175,7 +175,6 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
             ds = FeedDataset(spec["root"], shuffle=True, seed=0, rank=0, world_size=RANKS,
                              shuffle_window=spec["window"])
             t_init = time.perf_counter() - t0
-            ds.set_batch_size(BATCH)
             plan, split = ds.plan(), ds.split()
             first = next(iter_ids(plan, split, BATCH, 0, WORKERS))
             dt = time.perf_counter() - t0

@@ -167,8 +167,9 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
         loader.load_state_dict(spec["state"])
     t_setup = time.perf_counter() - t0
     n = ds.manifest.total_samples
+    start = loader.state_dict()["position"]  # the loader's resume point, not the dataset's
     out: dict[str, Any] = {"import_s": t_import, "setup_s": t_setup, "samples_total": n,
-                           "start": ds.split().start, "len": len(ds)}
+                           "start": start, "len": ds.split_at(start).length}
     rss0 = _rss()
     cut = math.ceil(0.9 * n / BATCH) if what == "full" else None
     limit = spec.get("max_batches")

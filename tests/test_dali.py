@@ -119,7 +119,8 @@ def test_cpu_stage_shapes_labels_and_plan_order(dali: object, train: bool,
         assert b.images.dtype == (torch.float32 if mean else torch.uint8)
         assert b.labels.dtype == torch.int64 and b.indices.dtype == torch.int64
     order = torch.cat([b.indices for b in batches]).tolist()
-    assert order == sample_ids_of(fl.dataset).tolist()  # the plan's order, every sample once
+    # the plan's order of the loader's epoch, every sample once
+    assert order == sample_ids_of(fl.dataset, fl.epoch).tolist()
     truth = labels_by_index()
     assert torch.cat([b.labels for b in batches]).tolist() == [truth[i] for i in order]
 
@@ -178,7 +179,7 @@ def test_resume_counts_what_the_stage_handed_out_not_what_dali_prefetched(dali: 
     rest = [i for b in again for i in b.indices.tolist()]
     assert len(seen) == 8 and sorted(seen + rest) == list(range(24))
     full = loader(batch_size=4, epoch=3)
-    assert seen + rest == sample_ids_of(full.dataset).tolist()
+    assert seen + rest == sample_ids_of(full.dataset, full.epoch).tolist()
 
 
 @pytest.mark.dali
@@ -336,7 +337,7 @@ def test_gpu_stage_decodes_on_the_device_and_matches_the_cpu_pipeline(dali: obje
     batches = list(DaliStage(fl, spec=spec, device_id=0))
     assert all(b.images.device.type == "cuda" for b in batches)
     order = torch.cat([b.indices for b in batches]).tolist()
-    assert order == sample_ids_of(fl.dataset).tolist()
+    assert order == sample_ids_of(fl.dataset, fl.epoch).tolist()
     gpu_images = torch.cat([b.images for b in batches]).cpu()
     cpu = loader(epoch=1, transform=ImagePipeline.from_spec(spec))
     cpu_images = torch.cat([x for x, _ in cpu])

@@ -38,7 +38,7 @@ def test_a_new_pass_after_a_complete_epoch_is_the_next_epoch(ds_path: str) -> No
         orders.append(ids(list(ld)))
         assert sorted(orders[-1]) == list(range(N))
     assert len({tuple(o) for o in orders}) == 3
-    assert ld.dataset.epoch == 2
+    assert ld.epoch == 2
     ref = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=3), batch_size=4)
     ref.set_epoch(1)
     assert ids(list(ref)) == orders[1]  # the advance is set_epoch(e + 1)
@@ -47,9 +47,9 @@ def test_a_new_pass_after_a_complete_epoch_is_the_next_epoch(ds_path: str) -> No
 def test_an_unfinished_pass_restarts_its_epoch(ds_path: str) -> None:
     ld = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=3), batch_size=4)
     first = next(iter(ld))
-    assert ld.dataset.epoch == 0
+    assert ld.epoch == 0
     full = ids(list(ld))
-    assert full[:4] == first["__index__"].tolist() and ld.dataset.epoch == 0
+    assert full[:4] == first["__index__"].tolist() and ld.epoch == 0
 
 
 def test_set_epoch_chooses_and_a_restore_keeps_its_epoch(ds_path: str) -> None:
@@ -66,9 +66,9 @@ def test_set_epoch_chooses_and_a_restore_keeps_its_epoch(ds_path: str) -> None:
     ld3 = FeedLoader(FeedDataset(ds_path, shuffle=True, seed=3), batch_size=4)
     ld3.load_state_dict(state)
     assert head + ids(list(ld3)) == e7
-    assert ld3.dataset.epoch == 7
+    assert ld3.epoch == 7
     list(ld3)  # the pass after the resumed epoch is epoch 8
-    assert ld3.dataset.epoch == 8
+    assert ld3.epoch == 8
 
 
 @pytest.mark.parametrize("route,workers", [("refs", 0), ("samples-workers", 2),

@@ -133,12 +133,12 @@ def test_the_scan_sees_a_violation(tmp_path: Path) -> None:
         "class Mine:\n"
         "    def __init__(self):\n"
         "        self._own = 1\n"
-        "        self._shared = 2\n"  # FeedDataset defines _shared too
+        "        self._world_given = 2\n"  # FeedDataset defines _world_given too
         "\n"
         "def f(reader, ds, mine):\n"
-        "    return (reader._starts, getattr(ds, '_shared'), ds._shared, mine._own,\n"
+        "    return (reader._starts, getattr(ds, '_world_given'), ds._world_given, mine._own,\n"
         "            hasattr(ds, 'public'))\n")
     got = [v.split(": ", 1)[1] for v in scan(package)]
     assert got == ["from . import _mix", "from ._order import _mix",
                    "from feedpipe.plan._order import _mix", "reader._starts",
-                   "getattr(ds, '_shared')", "ds._shared"], got
+                   "getattr(ds, '_world_given')", "ds._world_given"], got

@@ -19,6 +19,7 @@ from feedpipe import FeedDataset, FeedLoader
 from feedpipe._helpers.fork_safety import default_start_method
 from feedpipe.errors import ShardFormatError, SourceNotFoundError
 from feedpipe.stream._batch_loop import EpochReader
+from feedpipe.stream._epoch import EpochState
 from feedpipe.stream._refs import BatchRefs, Columns, RefFetch, Resolver
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "shards", "example")
@@ -41,12 +42,15 @@ def general_path(url: str, batch_size: int, *, epoch: int | None = None,
     return list(fl)
 
 
-def plan_refs(ds: FeedDataset, worker: int, workers: int,
-              columns: Columns | None = None) -> list[BatchRefs]:
-    """The references of every batch of one reader of ``ds``'s current epoch, as that reader
-    plans them (from the index columns when given, else sample by sample)."""
-    fetch = RefFetch(ds.shards, ds.epoch, ds.seed, columns=columns)
-    return [fetch(ids) for ids in EpochReader(ds, worker, workers).batches()]
+def plan_refs(ds: FeedDataset, worker: int, workers: int, columns: Columns | None = None, *,
+              batch_size: int, epoch: int = 0) -> list[BatchRefs]:
+    """The references of every batch of one reader of ``ds``'s ``epoch`` in batches of
+    ``batch_size``, as that reader plans them (from the index columns when given, else sample
+    by sample)."""
+    state = EpochState(batch_size)
+    state.set_epoch(epoch)
+    fetch = RefFetch(ds.shards, epoch, ds.seed, columns=columns)
+    return [fetch(ids) for ids in EpochReader(ds, state, worker, workers).batches()]
 
 
 def assert_same_batches(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
@@ -111,8 +115,7 @@ def test_more_shards_in_a_batch_than_open_maps(ds_path: str) -> None:
 
 def test_only_positions_cross_from_the_workers(ds_path: str) -> None:
     ds = FeedDataset(ds_path, shuffle=True)
-    ds.set_batch_size(8)
-    refs = plan_refs(ds, 0, 1)
+    refs = plan_refs(ds, 0, 1, batch_size=8)
     assert len(refs) == 4 and all(isinstance(r, BatchRefs) for r in refs)
     payload = sum(len(v) for b in general_path(ds_path, 8, shuffle=True) for k, col in b.items()
                   if k[:2] != "__" for v in col if v is not None)
@@ -148,8 +151,7 @@ def test_shard_truncated_after_planning_names_it(ds_path: str, tmp_path) -> None
     root = str(tmp_path / "copy")
     shutil.copytree(ds_path, root)
     planner = FeedDataset(root)  # a worker: its shards are open, their indexes read
-    planner.set_batch_size(25)
-    refs = plan_refs(planner, 0, 1)[0]
+    refs = plan_refs(planner, 0, 1, batch_size=25)[0]
     name = planner.manifest.shards[1].name
     assert name in refs_shards(planner, refs)
     shard = os.path.join(root, name)
@@ -171,8 +173,7 @@ def refs_shards(ds: FeedDataset, refs: BatchRefs) -> set[str]:
 
 def test_member_past_the_end_is_an_error(ds_path: str) -> None:
     ds = FeedDataset(ds_path)
-    ds.set_batch_size(4)
-    refs = plan_refs(ds, 0, 1)[0]
+    refs = plan_refs(ds, 0, 1, batch_size=4)[0]
     offs, sizes = refs.fields["jpg"]
     sizes[2] = ds.manifest.shards[0].bytes  # an index entry that runs off the file
     with pytest.raises(ShardFormatError,
@@ -250,16 +251,13 @@ def test_column_plans_equal_the_per_sample_plans(ds_path: str, url: str, shuffle
         for workers in (1, 2):
             loop = FeedDataset(root, shuffle=shuffle, seed=5, rank=rank, world_size=world)
             col = FeedDataset(root, shuffle=shuffle, seed=5, rank=rank, world_size=world)
-            for ds in (loop, col):
-                ds.set_epoch(1)
-                ds.set_batch_size(batch_size)
             assert col.shards.open_all()
             readers = col.shards.open_readers()
             assert readers is not None
             columns = Columns(readers)
             for w in range(workers):
-                a = plan_refs(loop, w, workers)
-                b = plan_refs(col, w, workers, columns)
+                a = plan_refs(loop, w, workers, batch_size=batch_size, epoch=1)
+                b = plan_refs(col, w, workers, columns, batch_size=batch_size, epoch=1)
                 assert len(a) == len(b) and (a or w > 0)  # a worker may get no batch
                 for x, y in zip(a, b):
                     assert x.keys == y.keys and x.first == y.first
@@ -271,11 +269,10 @@ def test_column_plans_equal_the_per_sample_plans(ds_path: str, url: str, shuffle
                         assert (x.fields[e][1] == y.fields[e][1]).all(), e
     # the example has a sidecar on some samples only: some batch meets it after its first sample
     ds = FeedDataset(EXAMPLE, shuffle=True, seed=5)
-    ds.set_batch_size(5)
     assert ds.shards.open_all()
     columns = Columns(ds.shards.open_readers())  # type: ignore[arg-type]
     assert any("json" in r.fields and list(r.fields).index("json") >= r.first
-               for r in plan_refs(ds, 0, 1, columns))
+               for r in plan_refs(ds, 0, 1, columns, batch_size=5))
     assert np.all(columns.offsets["jpg"] >= 0)  # every sample has its image
 
 

@@ -11,6 +11,7 @@ worker processes (their pids checked).
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import subprocess
@@ -24,6 +25,8 @@ import torch
 from _routes import BATCH, ROUTES, digest, fill_store, ids_of, make, route_of
 
 from feedpipe import FeedDataset, FeedLoader, ShardFormatError
+from feedpipe.stream._routes import PREFERENCE, Config, choose, refusal
+from feedpipe.stream._routes import ROUTES as ROUTE_TABLE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ALL = list(ROUTES)
@@ -237,3 +240,43 @@ def test_an_inline_choice_with_workers_asked_is_logged_once(sharded: Path, caplo
     notes = [r.getMessage() for r in caplog.records if "num_workers=2" in r.getMessage()]
     assert len(notes) == 1 and "route 'refs' runs in the training process" in notes[0]
     assert ld.stats()["route"] == "refs" and ld.stats()["parts"]["executor"] == "inline"
+
+
+def _configs() -> list[Config]:
+    """Every configuration a loader can have (over a few worker and thread counts)."""
+    out = []
+    for w, t, transform, into, collator, local, store, gatherable, fit in itertools.product(
+            (0, 2), (0, 2), *([(False, True)] * 4), ("none", "partial", "complete"),
+            (False, True), (False, True)):
+        if (into and not (transform and collator)) or (gatherable and not (
+                store == "complete" and collator)):
+            continue  # writes_into and gatherable() need a collator (and a transform, a store)
+        out.append(Config(num_workers=w, threads=t, transform=transform, into=into,
+                          collator=collator, default_collate=not collator, local=local,
+                          store=store, gatherable=gatherable, shards_fit=fit))
+    return out
+
+
+def test_the_auto_choice_is_the_first_preferred_route_the_table_lets_serve() -> None:
+    """One table of parts gives the refusals and, through them, the choice: what "auto" picks
+    a forced name would accept, and no route of an earlier row of the preference could serve."""
+    chosen = Counter()
+    for config in _configs():
+        try:
+            route, _ = choose(config)
+        except ValueError as e:
+            assert config.threads and "no route serves this loader" in str(e), config
+            assert all(refusal(ROUTE_TABLE[n], config) for n in ("rows-threads",
+                                                                  "samples-threads"))
+            continue
+        chosen[route.name] += 1
+        assert refusal(route, config) is None
+        assert choose(config, route.name)[0] == route
+        earlier = []
+        for when, names, _ in PREFERENCE:
+            if route.name in names:
+                break
+            if when(config):
+                earlier += names
+        assert all(refusal(ROUTE_TABLE[n], config) for n in earlier), (config, route.name)
+    assert set(chosen) == set(ROUTE_TABLE)  # every route is some configuration's choice

@@ -11,7 +11,8 @@ DataLoader worker process (:mod:`feedpipe.stream._worker_source`).
 :mod:`feedpipe.stream._routes` names the combinations.
 
 The loop reads a dataset through :class:`LoopDataset`, what it needs of one; a
-:class:`~feedpipe.FeedDataset` has it.
+:class:`~feedpipe.FeedDataset` has it. Which epoch, from which position and in batches of what
+size is the reader's own :class:`~feedpipe.stream._epoch.EpochState`, not the dataset's.
 
 A transform may leave a sample out by raising :class:`~feedpipe.errors.SampleSkipped`: the
 makers log a warning naming it, count it and deliver the batch without it.
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from ..plan._world import World
     from ._collate import Decoder
     from ._collator import BatchCollator
+    from ._epoch import EpochState
     from ._shard_set import ShardSet
 
 log = logging.getLogger("feedpipe")
@@ -58,7 +60,7 @@ Item = tuple[int, Any, bool]  # (global id, sample dict or finished output, fini
 
 class LoopDataset(Protocol):
     """What the batch loop reads from a dataset: its shards and decoded store, its transform and
-    ``decode=`` fields, its seed and world, and its plan of the current epoch."""
+    ``decode=`` fields, its seed and world, its plan of an epoch and a rank's share of it."""
 
     @property
     def shards(self) -> ShardSet: ...
@@ -78,12 +80,9 @@ class LoopDataset(Protocol):
     @property
     def world(self) -> World: ...
 
-    @property
-    def batch_size(self) -> int: ...
-
     def plan(self, epoch: int | None = None) -> Plan: ...
 
-    def split(self) -> Split: ...
+    def split_at(self, start: int = 0, whole_batches: bool = False) -> Split: ...
 
 
 class Maker(Protocol):
@@ -161,15 +160,16 @@ def batch_loop(batches: Iterator[np.ndarray], fetch: Callable[[np.ndarray], Any]
 
 
 class EpochReader:
-    """One reader's share of the dataset's current epoch (rank, worker ``worker`` of
+    """One reader's share of the epoch ``state`` names (rank, worker ``worker`` of
     ``workers``): the ids of each of its batches, in order, and, as a context manager, the shard
     prefetching into the cache and the decoded store's bookkeeping around reading them."""
 
-    def __init__(self, dataset: LoopDataset, worker: int = 0, workers: int = 1) -> None:
+    def __init__(self, dataset: LoopDataset, state: EpochState, worker: int = 0,
+                 workers: int = 1) -> None:
         self.dataset = dataset
-        self.plan = dataset.plan()
-        self.split = dataset.split()
-        self.batch_size = dataset.batch_size
+        self.plan = dataset.plan(state.epoch)
+        self.split = dataset.split_at(state.start, state.whole_batches)
+        self.batch_size = state.batch_size
         self.worker, self.workers = worker, workers
         store = dataset.decoded
         # a complete decoded store needs no shard this epoch: nothing to prefetch

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..caches._decoded import open_decoded_store
@@ -23,14 +22,16 @@ from ..errors import PlanError, StateError
 from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
 from ..plan._world import detect_world, resolve_world
-from ._batch_loop import CollateMaker, EpochReader, SampleFetch, Skips, batch_loop
+from ._assembly import assemble
+from ._batch_loop import EpochReader, Skips
 from ._collate import Decoder, LeftOut, decode_fields, decoders, left_out_error
+from ._epoch import EpochState
+from ._routes import ROUTES
 from ._shard_set import ShardSet
 
 log = logging.getLogger("feedpipe")
 
 STATE_VERSION = 2
-_EPOCH, _START, _BATCH, _WHOLE = 0, 1, 2, 3
 
 
 def dataset_identity(manifest: Manifest) -> dict[str, Any]:
@@ -61,6 +62,12 @@ class FeedDataset(IterableDataset):
     augmentation), and one raw-bytes entry per field. A field is a zero-copy ``memoryview`` of a
     local shard in the process that reads it, ``bytes`` when a worker process must send a raw
     sample to the main process.
+
+    The dataset describes data: it holds no epoch, position or batch size of a
+    :class:`FeedLoader` (each loader owns its own, so several may share one dataset).
+    :attr:`epoch`, :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` are the
+    state of the one reader that iterates the dataset directly (a plain ``DataLoader``, or
+    ``for sample in ds``).
 
     Args:
         url: dataset root (local path or fsspec URL) holding ``manifest.json``.
@@ -146,21 +153,15 @@ class FeedDataset(IterableDataset):
         self.max_open_shards = max(1, max_open_shards)
         self.identity = dataset_identity(self.manifest)
         self._check_world()
-        # Epoch, resume position, batch size and whole-batches flag live in shared memory so
-        # that persistent workers see set_epoch() and load_state_dict() made after they started.
-        self._shared = torch.zeros(4, dtype=torch.int64).share_memory_()
-        self._owner = os.getpid()  # the process whose workers share _shared
-        self._shared[_BATCH] = 1
+        # the state of the one reader that iterates this dataset directly (a plain DataLoader);
+        # each FeedLoader has its own
+        self._reader = EpochState()
         self.cache = cache
         self.shards = ShardSet(self.url, self.manifest, cache=cache, verify=verify,
                                max_open=self.max_open_shards)
         self.decoded = open_decoded_store(decoded_cache, transform, self.manifest)
 
-    # -- the epoch and its plan -------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        return int(self._shared[_EPOCH])
-
+    # -- the world and the plan: what the data is ------------------------------------------
     def _check_world(self) -> None:
         if self.drop_last and self.manifest.total_samples < self.world.world_size:
             raise PlanError(
@@ -172,18 +173,17 @@ class FeedDataset(IterableDataset):
         """Make this dataset the one of the process that iterates it. :class:`FeedLoader` calls
         this as each pass starts and for ``len()``; a DataLoader worker never does.
 
-        1. The epoch, resume point and batch size live in shared memory, for this process's own
-           worker processes. A copy sent to another training process (a rank spawned by a
-           launcher, as Lightning's ``ddp_spawn`` does) would share them with its sender: it
-           takes a memory of its own first, so that ranks never advance each other's epoch.
+        1. The direct reader's epoch lives in shared memory, for this process's own worker
+           processes. A copy sent to another training process (a rank spawned by a launcher, as
+           Lightning's ``ddp_spawn`` does) would share it with its sender: it takes a memory of
+           its own first, so that ranks never advance each other's epoch
+           (:meth:`EpochState.own <feedpipe.stream._epoch.EpochState.own>`).
         2. Where ``rank=``/``world_size=`` were not given, the world is detected again: a
            launcher may initialise ``torch.distributed`` after the dataset was made (Lightning's
            own does, before it trains). A world that names no rank is refused here
            (:func:`~feedpipe.plan._world.detect_world`, ``strict``).
         """
-        if self._owner != os.getpid() and get_worker_info() is None:
-            self._shared = self._shared.clone().share_memory_()
-            self._owner = os.getpid()
+        self._reader.own()
         if self._world_given:
             return
         world = detect_world(strict=True)
@@ -191,55 +191,60 @@ class FeedDataset(IterableDataset):
             self.world = world
             self._check_world()
 
-    def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s order from the next iteration on (clears a pending resume point)."""
-        self._shared[_EPOCH] = int(epoch)
-        self._shared[_START] = 0
-
-    @property
-    def batch_size(self) -> int:
-        return int(self._shared[_BATCH])
-
-    def set_batch_size(self, batch_size: int, *, drop_last: bool = False) -> None:
-        """Deal batches of ``batch_size`` to DataLoader workers (:class:`FeedLoader` does this);
-        ``drop_last``: leave out each rank's short last batch."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        self._shared[_BATCH] = int(batch_size)
-        self._shared[_WHOLE] = int(bool(drop_last))
-
     def plan(self, epoch: int | None = None) -> Plan:
+        """The plan of ``epoch`` (``None``: the direct reader's epoch, :attr:`epoch`)."""
         return Plan(self.shards.counts, self.seed, self.epoch if epoch is None else epoch,
                     self.shuffle, self.shuffle_window)
 
-    def split(self) -> Split:
+    def split_at(self, start: int = 0, whole_batches: bool = False) -> Split:
+        """This rank's share of the epoch's positions from ``start`` on; ``whole_batches``:
+        each rank's short last batch is left out."""
         return Split(self.manifest.total_samples, self.world.world_size, self.world.rank,
-                     int(self._shared[_START]), self.drop_last, bool(self._shared[_WHOLE]))
+                     int(start), self.drop_last, bool(whole_batches))
+
+    # -- the direct reader's epoch (a plain DataLoader's; FeedLoader keeps its own) ---------
+    @property
+    def epoch(self) -> int:
+        """The epoch the dataset's direct reader reads (not any :class:`FeedLoader`'s)."""
+        return self._reader.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s order when iterated directly (a plain ``DataLoader``, the convention
+        of ``DistributedSampler.set_epoch``), from the next iteration on; clears a pending
+        resume point. A :class:`FeedLoader` over this dataset has its own ``set_epoch``."""
+        self._reader.set_epoch(epoch)
+
+    def split(self) -> Split:
+        """The direct reader's share of the rest of its epoch."""
+        return self._reader.split(self)
 
     def __len__(self) -> int:
-        """Samples this rank delivers in the current (possibly resumed) epoch."""
+        """Samples this rank delivers in the direct reader's current (possibly resumed)
+        epoch."""
         return self.split().length
 
-    def sample_ids(self) -> np.ndarray:
-        """The ids this rank delivers this epoch, in order (as one reader: ``num_workers=0``).
+    def sample_ids(self, epoch: int | None = None) -> np.ndarray:
+        """The ids this rank delivers, in order (as one reader: ``num_workers=0``), in ``epoch``
+        from its start (``None``: the direct reader's epoch, from its resume point).
 
         Example:
             >>> FeedDataset("shards/example").sample_ids()[:4].tolist()
             [0, 1, 2, 3]
         """
-        plan, split = self.plan(), self.split()
+        plan, split = self.plan(epoch), self.split() if epoch is None else self.split_at(0)
         return plan.sample_ids(split.positions(0, split.length))
 
-    def sample(self, g: int) -> dict[str, Any]:
-        """Sample ``g`` (a global id) as the transform sees it: read from its shard, with
-        ``__epoch__`` and ``__seed__``, the ``decode=`` fields decoded.
+    def sample(self, g: int, epoch: int | None = None) -> dict[str, Any]:
+        """Sample ``g`` (a global id) as the transform sees it in ``epoch`` (``None``: the
+        direct reader's): read from its shard, with ``__epoch__`` and ``__seed__``, the
+        ``decode=`` fields decoded.
 
         Example:
             >>> FeedDataset("shards/example", decode={"cls": int}).sample(3)["cls"]
             0
         """
         x = self.shards.sample(int(g))
-        x["__epoch__"] = self.epoch
+        x["__epoch__"] = self.epoch if epoch is None else int(epoch)
         x["__seed__"] = self.seed
         if self.decode:
             decode_fields(x, self.decode)
@@ -253,14 +258,14 @@ class FeedDataset(IterableDataset):
                           decode=self.decode, verify=self.verify,
                           max_open_shards=self.max_open_shards, cache_dir=self.cache)
 
-    # -- resumption (FeedLoader knows what the loop consumed) ------------------------------
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """The resumable state: the epoch, the global position reached (``consumed``) and what
+    # -- resumption: states of any reader, and the direct reader's -------------------------
+    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The resumable state of a reader at global ``position`` of ``epoch``, with what
         identifies the order (the dataset's identity, seed, shuffle)."""
         return {
             "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "position": int(self._shared[_START]) if consumed is None else int(consumed),
+            "epoch": int(epoch),
+            "position": int(position),
             "num_samples": self.manifest.total_samples,
             "dataset": dict(self.identity),
             "seed": self.seed,
@@ -268,12 +273,12 @@ class FeedDataset(IterableDataset):
             "shuffle_window": self.shuffle_window,
         }
 
-    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
-        """Continue ``state['epoch']`` at ``state['position']`` on the next iteration.
+    def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
+        """The ``(epoch, position)`` a reader loading ``state`` continues from.
 
         A state saved on another dataset, shard layout, seed or shuffle would repeat and lose
         samples: refused with a :class:`~feedpipe.errors.StateError` saying what differs, unless
-        ``strict=False``, which logs the difference and starts the saved epoch afresh."""
+        ``strict=False``, which logs the difference and gives the saved epoch's start."""
         if not isinstance(state, dict) or "position" not in state:
             raise StateError("not a feedpipe loader state (no 'position'): pass what "
                              "FeedLoader.state_dict() returned")
@@ -285,11 +290,19 @@ class FeedDataset(IterableDataset):
                                  "strict=False) starts the saved epoch afresh instead)")
             log.warning("feedpipe: %s: %s; starting epoch %s afresh", self.url, why,
                         state.get("epoch", 0))
-            self._shared[_EPOCH] = int(state.get("epoch", 0))
-            self._shared[_START] = 0
-            return
-        self._shared[_EPOCH] = int(state["epoch"])
-        self._shared[_START] = int(state["position"])
+            return int(state.get("epoch", 0)), 0
+        return int(state["epoch"]), int(state["position"])
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The direct reader's resumable state: its epoch and the global position reached
+        (``consumed``; default: where its pass starts). :meth:`FeedLoader.state_dict` gives a
+        loader's."""
+        return self.state_at(self.epoch, self._reader.start if consumed is None else consumed)
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Continue ``state['epoch']`` at ``state['position']`` on the direct reader's next
+        iteration (see :meth:`resume_point` for what is refused)."""
+        self._reader.resume(*self.resume_point(state, strict=strict))
 
     def _mismatch(self, state: dict[str, Any]) -> str | None:
         version = state.get("version")
@@ -326,11 +339,10 @@ class FeedDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:
             self.attach()
-        with EpochReader(self, worker, workers) as reader:
-            fetch = SampleFetch(self, reader.plan.epoch, stored=self.decoded is not None)
-            maker = CollateMaker(self, list, skips=Skips(), to_bytes=info is not None,
-                                 default=False)
-            for outs in batch_loop(reader.batches(), fetch, maker):
+        with EpochReader(self, self._reader, worker, workers) as reader:
+            parts = assemble(ROUTES["samples"], self, reader.plan.epoch, list, skips=Skips(),
+                             leaves=info is not None, default=False)
+            for outs in parts.run(reader):
                 if type(outs) is LeftOut:
                     if self.world.world_size > 1:
                         raise left_out_error(outs, self.world.rank, self.world.world_size,
@@ -346,7 +358,7 @@ class FeedDataset(IterableDataset):
         return self.__dict__.copy()  # the ShardSet drops its open shards on the way
 
 
-def sample_ids_of(ds: FeedDataset) -> np.ndarray:
-    """The ids this rank delivers this epoch with ``num_workers=0``
+def sample_ids_of(ds: FeedDataset, epoch: int | None = None) -> np.ndarray:
+    """The ids this rank delivers in ``epoch`` with ``num_workers=0``
     (:meth:`FeedDataset.sample_ids`)."""
-    return ds.sample_ids()
+    return ds.sample_ids(epoch)

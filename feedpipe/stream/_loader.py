@@ -15,7 +15,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -24,19 +23,12 @@ from torch.utils.data import DataLoader
 from .._helpers.fork_safety import default_start_method, process_fork_unsafe
 from ..device._loader import DeviceLoader
 from ..errors import StartMethodError, StateError
-from ..plan._order import Split
-from ._batch_loop import (
-    CollateMaker,
-    EpochReader,
-    PartTimes,
-    RowMaker,
-    SampleFetch,
-    Skips,
-    batch_loop,
-)
+from ._assembly import assemble
+from ._batch_loop import EpochReader, PartTimes, Skips
 from ._collate import LeftOut, collate_samples, empty_epoch_error, left_out_error
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
+from ._epoch import EpochState
 from ._ledger import Ledger
 from ._routes import ROUTES, Config, Route, choose
 from ._worker_rows import RowRelease, writes_into
@@ -49,6 +41,10 @@ _REFUSED = ("shuffle", "sampler", "batch_sampler")
 
 class FeedLoader:
     """Batches from a :class:`FeedDataset`, with exact mid-epoch and elastic resumption.
+
+    Each loader owns its epoch state (epoch, position reached, batch size, whole batches) and
+    hands it to its workers: any number of loaders (training and evaluation, two batch sizes)
+    may share one dataset without changing each other's batches, length, position or epoch.
 
     Used as a ``DataLoader`` is: ``for batch in loader`` each epoch; ``len(loader)`` is the
     number of batches of a whole epoch (also after :meth:`load_state_dict`, after which the
@@ -140,7 +136,9 @@ class FeedLoader:
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
-        dataset.set_batch_size(self.batch_size, drop_last=self.drop_last)
+        # this loader's own: shared with its worker processes, never with another loader
+        self._state = EpochState(self.batch_size, self.drop_last)
+        self._dataset_epoch = dataset.epoch  # the direct reader's, to say when it moves
         self.num_workers = int(num_workers)
         self.transform_threads = int(transform_threads)
         self.collate_fn = collate_fn if collate_fn is not None else collate_samples
@@ -159,7 +157,7 @@ class FeedLoader:
         self._last_left_out = ""  # the last left-out batch's reason, for an empty epoch
         self._last: Route | None = None
         self._stats: dict[str, Any] = {}
-        self._split = dataset.split()
+        self._split = self._state.split(dataset)
         self._batches = 0
         self._finished = False
         self._epoch_chosen = False
@@ -208,23 +206,25 @@ class FeedLoader:
         self._fork_unsafe = reason
 
     # -- epochs ----------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch of this loader's current (or next) pass."""
+        return self._state.epoch
+
     def set_epoch(self, epoch: int) -> None:
         """Select ``epoch``'s order for the next pass. Keeps a resume point loaded for this
         same epoch."""
-        if epoch != self.dataset.epoch or self._finished:
-            self.dataset.set_epoch(epoch)
-        self._split = self.dataset.split()
+        if epoch != self._state.epoch or self._finished:
+            self._state.set_epoch(epoch)
+        self._split = self._state.split(self.dataset)
         self._batches = 0
         self._finished = False
         self._epoch_chosen = True
 
     def __len__(self) -> int:
         """Batches of this rank in a whole epoch (a resumed epoch yields only the rest)."""
-        d = self.dataset
-        d.attach()
-        whole = Split(d.manifest.total_samples, d.world.world_size, d.world.rank, 0,
-                      d.drop_last, self.drop_last)
-        return whole.batches(self.batch_size)
+        self.dataset.attach()
+        return self.dataset.split_at(0, self.drop_last).batches(self.batch_size)
 
     def _done(self) -> bool:
         return self._finished or self._batches >= self._split.batches(self.batch_size) > 0
@@ -234,12 +234,21 @@ class FeedLoader:
         t_start = clock()
         self._times = PartTimes()
         timing = self._clock = [0.0, 0.0]  # waited, wall
-        ds = self.dataset
+        ds, state = self.dataset, self._state
         ds.attach()
+        state.own()
+        if ds.epoch != self._dataset_epoch:
+            self._dataset_epoch = ds.epoch
+            log.warning("feedpipe: the FeedDataset's epoch was set to %d (set_epoch or "
+                        "load_state_dict on the dataset): that is the epoch of the dataset read "
+                        "directly; this FeedLoader keeps its own (epoch %d next): call "
+                        "loader.set_epoch(e) / loader.load_state_dict(state) instead",
+                        ds.epoch, state.epoch + 1 if self._done() and not self._epoch_chosen
+                        else state.epoch)
         if self._done() and not self._epoch_chosen:  # a new pass after a complete epoch
-            ds.set_epoch(ds.epoch + 1)
+            state.set_epoch(state.epoch + 1)
         self._epoch_chosen = False
-        self._split = ds.split()
+        self._split = state.split(ds)
         self._batches = 0
         self._finished = False
         route, note = choose(self._config(), self._route_arg)
@@ -256,7 +265,7 @@ class FeedLoader:
             source = self._device_loader
         ledger = self._ledger
         if ledger is not None:
-            ledger.begin(ds.plan(), self._split, self.batch_size, self._resumed_from)
+            ledger.begin(ds.plan(state.epoch), self._split, self.batch_size, self._resumed_from)
             self._resumed_from = None
         # counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
         # over, never for the batches its thread prefetched
@@ -314,54 +323,26 @@ class FeedLoader:
         """The inline and threads executors: the batch loop in this process."""
         ds, stats = self.dataset, self._stats
         skips = Skips()
-        pool = None
-        ahead = 0
-        with EpochReader(ds) as reader:
-            epoch = reader.plan.epoch
-            fetch: Any
-            maker: Any
+        with EpochReader(ds, self._state) as reader:
             if route.fetch == "refs":
-                from ._refs import Columns, RefFetch, Resolver
+                from ._refs import Columns
 
                 if self._columns is None and ds.shards.open_all():
                     self._columns = Columns(ds.shards.open_readers())  # type: ignore[arg-type]
-                fetch = RefFetch(ds.shards, epoch, ds.seed, columns=self._columns,
-                                 advise=self._columns is not None)
-                maker = Resolver(ds, pin_memory=self._pin)
                 stats["refs_plan"] = "columns" if self._columns is not None else "per-sample"
-                if self._columns is not None:  # planned (and read-ahead advised) early
-                    ahead = 2
-            elif route.fetch == "gather":
-                from ._store_gather import Finished, GatherFetch
-
-                fetch = GatherFetch(ds, epoch, self.collate_fn)  # type: ignore[arg-type]
-                maker = Finished()
-            else:
-                fetch = SampleFetch(ds, epoch, stored=ds.decoded is not None,
-                                    copy=route.executor == "threads")
-                if route.sink == "rows":
-                    maker = RowMaker(ds, self.collate_fn,  # type: ignore[arg-type]
-                                     into=route.compute == "into", skips=skips,
-                                     drop=ds.shards.drop_pages)
-                else:
-                    maker = CollateMaker(ds, self.collate_fn, skips=skips,
-                                         fields=tuple(ds.manifest.fields),
-                                         default=self.collate_fn is collate_samples)
-            if route.executor == "threads":
-                pool = ThreadPoolExecutor(self.transform_threads,
-                                          thread_name_prefix="feedpipe-transform")
-                ahead = 2
+            parts = assemble(route, ds, reader.plan.epoch, self.collate_fn, skips=skips,
+                             threads=self.transform_threads, fields=tuple(ds.manifest.fields),
+                             default=self.collate_fn is collate_samples, columns=self._columns,
+                             pin=self._pin)
             try:
-                for batch in batch_loop(reader.batches(), fetch, maker, pool, ahead,
-                                        times=self._times):
+                for batch in parts.run(reader, self._times):
                     stats["skipped"] = skips.count
                     if self._pin and route.sink != "resolve":
                         batch = _pinned(batch)
                     yield batch
             finally:
                 stats["skipped"] = skips.count
-                if pool is not None:
-                    pool.shutdown(wait=True, cancel_futures=True)
+                parts.close()
 
     def _worker_batches(self, route: Route) -> Iterator[Any]:
         """The workers executor: the batch loop in DataLoader worker processes."""
@@ -373,7 +354,7 @@ class FeedLoader:
             if route.sink == "rows":
                 kwargs = {"prefetch_factor": 1, **kwargs}  # see reuse_buffers
                 depth = ring_depth(kwargs["prefetch_factor"]) if self.reuse_buffers else 0
-            source = WorkerSource(self.dataset, route, self.collate_fn,
+            source = WorkerSource(self.dataset, self._state, route, self.collate_fn,
                                   fields=tuple(self.dataset.manifest.fields),
                                   default=self.collate_fn is collate_samples, depth=depth)
             loader = DataLoader(source, batch_size=None, num_workers=self.num_workers,
@@ -472,10 +453,9 @@ class FeedLoader:
         """What the loop consumed: ``{"epoch", "position", "dataset", ...}`` (standard
         signature). After a complete epoch it is the start of the next one."""
         if self._done():
-            state = self.dataset.state_dict(consumed=0)
-            state["epoch"] = self.dataset.epoch + 1
+            state = self.dataset.state_at(self._state.epoch + 1, 0)
         else:
-            state = self.dataset.state_dict(consumed=self.position)
+            state = self.dataset.state_at(self._state.epoch, self.position)
         if self._ledger is not None:
             state["ledger"] = self._ledger.mark(state["epoch"], state["position"])
         return state
@@ -486,11 +466,11 @@ class FeedLoader:
         unless ``strict=False``, which starts the saved epoch afresh."""
         if not isinstance(state_dict, dict) or "position" not in state_dict:
             raise StateError("not a FeedLoader state (no 'position')")
-        self.dataset.load_state_dict(state_dict, strict=strict)
+        self._state.resume(*self.dataset.resume_point(state_dict, strict=strict))
         mark = state_dict.get("ledger")
         self._resumed_from = dict(mark) if isinstance(mark, dict) else {
-            "lineage": None, "epoch": self.dataset.epoch, "position": int(state_dict["position"])}
-        self._split = self.dataset.split()
+            "lineage": None, "epoch": self._state.epoch, "position": int(state_dict["position"])}
+        self._split = self._state.split(self.dataset)
         self._batches = 0
         self._finished = False
         self._epoch_chosen = True

@@ -17,7 +17,8 @@ Every route is one combination of four parts of the batch loop (:mod:`feedpipe.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class Route:
         compute: ``none``, ``call`` or ``into``.
         executor: ``inline``, ``threads`` or ``workers``.
         sink: ``collate``, ``rows`` or ``resolve``.
+        leaves: the asked-for executors (``"workers"``, ``"threads"``) this route may leave
+            unused, because it serves better from the training process.
+        here: why it does (the sentence logged when it leaves them unused).
 
     Example:
         >>> print(ROUTES["rows-workers"])
@@ -41,6 +45,8 @@ class Route:
     compute: str
     executor: str
     sink: str
+    leaves: tuple[str, ...] = ()
+    here: str = ""
 
     def __str__(self) -> str:
         return (f"{self.name} (fetch={self.fetch}, compute={self.compute}, "
@@ -78,16 +84,179 @@ class Config:
 
 
 ROUTES: dict[str, Route] = {r.name: r for r in (
-    Route("refs", "refs", "none", "inline", "resolve"),
+    Route("refs", "refs", "none", "inline", "resolve", ("workers",),
+          "every shard is open here and batches are planned from the index"),
     Route("refs-workers", "refs", "none", "workers", "resolve"),
-    Route("gather", "gather", "none", "inline", "rows"),
+    Route("gather", "gather", "none", "inline", "rows", ("workers", "threads"),
+          "every sample is in the complete decoded store, gathered whole"),
     Route("rows", "samples", "into", "inline", "rows"),
     Route("rows-threads", "samples", "into", "threads", "rows"),
     Route("rows-workers", "samples", "into", "workers", "rows"),
-    Route("samples", "samples", "call", "inline", "collate"),
+    Route("samples", "samples", "call", "inline", "collate", ("workers",),
+          "every sample is in the complete decoded store"),
     Route("samples-threads", "samples", "call", "threads", "collate"),
     Route("samples-workers", "samples", "call", "workers", "collate"),
 )}
+
+# -- the table of parts: what each part asks of the configuration --------------------------
+Check = Callable[[Config, Route], "str | None"]
+
+
+def _workers_asked(c: Config, r: Route) -> str | None:
+    if not c.num_workers:
+        return "it runs in worker processes, and num_workers is 0 (pass num_workers=N)"
+    return None
+
+
+def _no_workers_on_threads(c: Config, r: Route) -> str | None:
+    if c.num_workers:
+        return (f"it runs on threads in the training process, not in the "
+                f"num_workers={c.num_workers} worker processes (pass num_workers=0)")
+    return None
+
+
+def _workers_left(c: Config, r: Route) -> str | None:
+    if c.num_workers and "workers" not in r.leaves:
+        return (f"it runs in the training process, not in the num_workers={c.num_workers} "
+                "worker processes (pass num_workers=0)")
+    return None
+
+
+def _threads_asked(c: Config, r: Route) -> str | None:
+    if not c.threads:
+        return "it runs the transform on threads, and transform_threads is 0"
+    return None
+
+
+def _threads_left(c: Config, r: Route) -> str | None:
+    if c.threads and "threads" not in r.leaves:
+        return (f"transform_threads={c.threads} asks for the threads route "
+                "(rows-threads or samples-threads)")
+    return None
+
+
+def _raw(c: Config, r: Route) -> str | None:
+    """Why raw batches by reference cannot serve ``c``, or ``None``."""
+    if c.transform:
+        return "it delivers raw samples, and the dataset has a transform"
+    if not c.default_collate:
+        return "it builds the default collation's batches, and a collate_fn was given"
+    if not c.local:
+        return "it maps the shards in this process, and they are remote or cached"
+    if c.store != "none":
+        return "it reads the shards, and the dataset has a decoded store"
+    return None
+
+
+def _shards_fit_here(c: Config, r: Route) -> str | None:
+    if c.num_workers and not c.shards_fit:
+        return ("it keeps every shard open here, and there are more shards than "
+                "max_open_shards (use refs-workers)")
+    return None
+
+
+def _store_complete(c: Config, r: Route) -> str | None:
+    if c.store != "complete":
+        return "it reads a complete decoded store, and the store is " + (
+            "missing (pass decoded_cache=)" if c.store == "none"
+            else "not complete yet (one epoch fills it)")
+    return None
+
+
+def _store_gatherable(c: Config, r: Route) -> str | None:
+    if not (c.collator and c.gatherable):
+        return ("it copies records into a BatchCollator's rows, and the collate_fn is not "
+                "a BatchCollator whose shape and dtype the store's records have")
+    return None
+
+
+def _collator(c: Config, r: Route) -> str | None:
+    if not c.collator:
+        return "it writes into a BatchCollator's rows, and the collate_fn is not one"
+    return None
+
+
+def _rows_not_stored(c: Config, r: Route) -> str | None:
+    if r.fetch == "samples" and c.store != "none":
+        return "it writes outputs into rows directly, and the decoded store keeps them"
+    return None
+
+
+def _writes_into(c: Config, r: Route) -> str | None:
+    if r.compute == "into" and r.executor != "threads" and not c.into:
+        return ("the transform does not write into the collator's rows (it needs into() "
+                "and the collator's out_shape and out_dtype)")
+    return None
+
+
+def _rows_transform(c: Config, r: Route) -> str | None:
+    if r.fetch == "samples" and not c.transform:
+        return "it writes the transform's outputs, and the dataset has no transform"
+    return None
+
+
+def _threads_transform(c: Config, r: Route) -> str | None:
+    if not c.transform:
+        return "it runs the transform on threads, and the dataset has no transform"
+    return None
+
+
+#: What each part asks of the configuration, in the order :func:`refusal` checks it:
+#: ``(part, values, check)``; ``part`` is a field of :class:`Route` (``name`` for a route of its
+#: own), ``check(config, route)`` says why the configuration does not serve it, or ``None``.
+#: :func:`choose` reads this table too, through :func:`refusal`: a condition is written once.
+REQUIREMENTS: tuple[tuple[str, tuple[str, ...], Check], ...] = (
+    ("executor", ("workers",), _workers_asked),
+    ("executor", ("threads",), _no_workers_on_threads),
+    ("executor", ("inline",), _workers_left),
+    ("executor", ("threads",), _threads_asked),
+    ("executor", ("inline", "workers"), _threads_left),
+    ("fetch", ("refs",), _raw),
+    ("name", ("refs",), _shards_fit_here),
+    ("fetch", ("gather",), _store_complete),
+    ("fetch", ("gather",), _store_gatherable),
+    ("sink", ("rows",), _collator),
+    ("sink", ("rows",), _rows_not_stored),
+    ("sink", ("rows",), _writes_into),
+    ("sink", ("rows",), _rows_transform),
+    ("executor", ("threads",), _threads_transform),
+)
+
+
+def refusal(route: Route, config: Config) -> str | None:
+    """Why ``route`` cannot serve ``config`` (a sentence), or ``None`` when it can: the first
+    condition of :data:`REQUIREMENTS` that one of its parts puts and ``config`` does not meet."""
+    for part, values, check in REQUIREMENTS:
+        if getattr(route, part) in values:
+            why = check(config, route)
+            if why is not None:
+                return why
+    return None
+
+
+def _always(c: Config) -> bool:
+    return True
+
+
+def _asked_threads(c: Config) -> bool:
+    return bool(c.threads)
+
+
+def _store_is_complete(c: Config) -> bool:
+    return c.store == "complete"
+
+
+#: The ``"auto"`` choice, in order of preference: ``(when, candidates, binding)``. The first row
+#: whose ``when`` holds and one of whose candidates can serve (:func:`refusal`) gives the route;
+#: a ``binding`` row (the user asked for it) that none can serve is refused, not passed over.
+PREFERENCE: tuple[tuple[Callable[[Config], bool], tuple[str, ...], bool], ...] = (
+    (_always, ("gather",), False),
+    (_asked_threads, ("rows-threads", "samples-threads"), True),
+    (_always, ("refs", "refs-workers"), False),
+    (_store_is_complete, ("samples",), False),
+    (_always, ("rows-workers", "rows"), False),
+    (_always, ("samples-workers", "samples"), True),
+)
 
 
 def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
@@ -95,7 +264,8 @@ def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
     process although ``num_workers > 0``). ``route``: ``"auto"`` or a name of :data:`ROUTES`;
     a named route that cannot serve ``config`` raises ``ValueError`` saying why.
 
-    ``"auto"`` takes the first row that applies:
+    ``"auto"`` takes the first row of :data:`PREFERENCE` that applies and can serve
+    (:func:`refusal`):
 
     ======================  =================================================  =================
     condition               why                                                route
@@ -141,25 +311,19 @@ def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
         if why is not None:
             raise ValueError(f"route {route!r} cannot serve this loader: {why}")
         return _resolved(picked, config), _note(picked, config)
-    w = config.num_workers
-    raw = _raw_refusal(config) is None
-    if config.store == "complete" and config.gatherable and config.collator:
-        picked = ROUTES["gather"]
-    elif config.threads:
-        picked = ROUTES["rows-threads" if config.collator and config.store == "none"
-                        else "samples-threads"]
-    elif raw:
-        picked = ROUTES["refs" if config.shards_fit or not w else "refs-workers"]
-    elif config.store == "complete":
-        picked = ROUTES["samples"]
-    elif config.into and config.store == "none":
-        picked = ROUTES["rows-workers" if w else "rows"]
-    else:
-        picked = ROUTES["samples-workers" if w else "samples"]
-    why = refusal(picked, config)
-    if why is not None:  # the arguments contradict each other (threads and workers, ...)
-        raise ValueError(f"no route serves this loader: {picked.name!r} would, but {why}")
-    return _resolved(picked, config), _note(picked, config)
+    reasons: list[str] = []
+    for when, candidates, binding in PREFERENCE:
+        if not when(config):
+            continue
+        reasons = []
+        for name in candidates:
+            why = refusal(ROUTES[name], config)
+            if why is None:
+                return _resolved(ROUTES[name], config), _note(ROUTES[name], config)
+            reasons.append(f"{name!r} would, but {why}")
+        if binding:  # the arguments contradict each other (threads and workers, ...)
+            break
+    raise ValueError(f"no route serves this loader: {'; '.join(reasons)}")
 
 
 def _note(route: Route, config: Config) -> str | None:
@@ -172,13 +336,8 @@ def _note(route: Route, config: Config) -> str | None:
         unused.append(f"transform_threads={t} threads")
     if not unused:
         return None
-    reason = {
-        "gather": "every sample is in the complete decoded store, gathered whole",
-        "refs": "every shard is open here and batches are planned from the index",
-        "samples": "every sample is in the complete decoded store",
-    }[route.name]
     return (f"route {route.name!r} runs in the training process and leaves the "
-            f"{' and the '.join(unused)} unused: {reason} (force another with "
+            f"{' and the '.join(unused)} unused: {route.here} (force another with "
             "FeedLoader(route=...))")
 
 
@@ -192,63 +351,4 @@ def _resolved(route: Route, config: Config) -> Route:
         compute = "call" if config.transform else "none"
     if compute == route.compute:
         return route
-    return Route(route.name, route.fetch, compute, route.executor, route.sink)
-
-
-def _raw_refusal(config: Config) -> str | None:
-    """Why raw batches by reference cannot serve ``config``, or ``None``."""
-    if config.transform:
-        return "it delivers raw samples, and the dataset has a transform"
-    if not config.default_collate:
-        return "it builds the default collation's batches, and a collate_fn was given"
-    if not config.local:
-        return "it maps the shards in this process, and they are remote or cached"
-    if config.store != "none":
-        return "it reads the shards, and the dataset has a decoded store"
-    return None
-
-
-def refusal(route: Route, config: Config) -> str | None:
-    """Why ``route`` cannot serve ``config`` (a sentence), or ``None`` when it can."""
-    w, name = config.num_workers, route.name
-    if route.executor == "workers" and not w:
-        return "it runs in worker processes, and num_workers is 0 (pass num_workers=N)"
-    if route.executor != "workers" and w and route.executor != "inline":
-        return (f"it runs on threads in the training process, not in the num_workers={w} "
-                "worker processes (pass num_workers=0)")
-    if route.executor == "inline" and w and name not in ("refs", "gather", "samples"):
-        return (f"it runs in the training process, not in the num_workers={w} worker "
-                "processes (pass num_workers=0)")
-    if route.executor == "threads" and not config.threads:
-        return "it runs the transform on threads, and transform_threads is 0"
-    if route.executor != "threads" and config.threads and name != "gather":
-        return (f"transform_threads={config.threads} asks for the threads route "
-                "(rows-threads or samples-threads)")
-    if route.fetch == "refs":
-        why = _raw_refusal(config)
-        if why is not None:
-            return why
-        if name == "refs" and w and not config.shards_fit:
-            return ("it keeps every shard open here, and there are more shards than "
-                    "max_open_shards (use refs-workers)")
-    if route.fetch == "gather":
-        if config.store != "complete":
-            return "it reads a complete decoded store, and the store is " + (
-                "missing (pass decoded_cache=)" if config.store == "none"
-                else "not complete yet (one epoch fills it)")
-        if not (config.collator and config.gatherable):
-            return ("it copies records into a BatchCollator's rows, and the collate_fn is not "
-                    "a BatchCollator whose shape and dtype the store's records have")
-    if route.sink == "rows":
-        if not config.collator:
-            return "it writes into a BatchCollator's rows, and the collate_fn is not one"
-        if route.fetch == "samples" and config.store != "none":
-            return "it writes outputs into rows directly, and the decoded store keeps them"
-        if route.compute == "into" and route.executor != "threads" and not config.into:
-            return ("the transform does not write into the collator's rows (it needs into() "
-                    "and the collator's out_shape and out_dtype)")
-        if route.fetch == "samples" and not config.transform:
-            return "it writes the transform's outputs, and the dataset has no transform"
-    if route.executor == "threads" and not config.transform:
-        return "it runs the transform on threads, and the dataset has no transform"
-    return None
+    return replace(route, compute=compute)

@@ -12,7 +12,7 @@ arrays made tensors (``samples-workers``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,21 +21,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .._helpers.parent_watch import exit_with
 from ..errors import ShardFormatError
-from ._batch_loop import (
-    CollateMaker,
-    EpochReader,
-    PartTimes,
-    RowMaker,
-    SampleFetch,
-    Skips,
-    batch_loop,
-)
-from ._refs import RefFetch
-from ._store_gather import Finished
+from ._assembly import assemble
+from ._batch_loop import EpochReader, PartTimes, Skips
 from ._worker_rows import RowRelease, WorkerRing
 
 if TYPE_CHECKING:
     from ._dataset import FeedDataset
+    from ._epoch import EpochState
     from ._refs import Resolver
     from ._routes import Route
     from ._shard_set import ShardSet
@@ -58,21 +50,22 @@ class WorkerMeta:
 
 class WorkerSource(IterableDataset):
     """The DataLoader-facing side: in each worker, the batch loop of ``route`` over the worker's
-    share of the dataset's current epoch.
+    share of the epoch its loader's state names.
 
     Args:
-        dataset: the dataset (its epoch, resume point and batch size are read at each pass,
-            from shared memory, so persistent workers follow ``set_epoch``/``load_state_dict``).
+        dataset: the dataset.
+        state: the loader's epoch state (epoch, resume point, batch size, read at each pass from
+            shared memory, so persistent workers follow ``set_epoch``/``load_state_dict``).
         route: the route (a ``workers`` one).
         collate_fn: the sink of ``samples-workers``; the BatchCollator of ``rows-workers``.
         fields: the manifest's fields, for the default collation of raw samples.
         depth: ring buffers per worker (``rows-workers``); ``0``: a fresh buffer per batch.
     """
 
-    def __init__(self, dataset: FeedDataset, route: Route, collate_fn: Any, *,
-                 fields: tuple[str, ...] = (), default: bool = True, depth: int = 0) -> None:
+    def __init__(self, dataset: FeedDataset, state: EpochState, route: Route, collate_fn: Any,
+                 *, fields: tuple[str, ...] = (), default: bool = True, depth: int = 0) -> None:
         super().__init__()
-        self.dataset, self.route, self.collate_fn = dataset, route, collate_fn
+        self.dataset, self.state, self.route, self.collate_fn = dataset, state, route, collate_fn
         self.fields, self.default, self.depth = fields, default, depth
         self._ring: WorkerRing | None = None
         self._ring_pid = 0
@@ -92,30 +85,19 @@ class WorkerSource(IterableDataset):
             exit_with(os.getppid(), self._owner)
         skips = Skips()
         ring = None
-        with EpochReader(ds, worker, workers) as reader:
-            maker: Any
-            if route.fetch == "refs":
-                fetch: Callable[[np.ndarray], Any] = RefFetch(ds.shards, reader.plan.epoch,
-                                                              ds.seed)
-                maker = Finished()
-            else:
-                fetch = SampleFetch(ds, reader.plan.epoch, stored=ds.decoded is not None)
-                if route.sink == "rows":
-                    if self.depth and info is not None:
-                        if self._ring is None or self._ring_pid != pid:
-                            self._ring, self._ring_pid = WorkerRing(self.collate_fn,
-                                                                    self.depth), pid
-                        ring = self._ring
-                        ring.send_table = True  # a new epoch: the training process may have
-                        # dropped the table it had
-                    maker = RowMaker(ds, ring if ring is not None else self.collate_fn,
-                                     into=True, skips=skips, drop=ds.shards.drop_pages)
-                else:
-                    maker = CollateMaker(ds, self.collate_fn, skips=skips, to_bytes=True,
-                                         fields=self.fields, default=self.default)
+        with EpochReader(ds, self.state, worker, workers) as reader:
+            buffers = self.collate_fn
+            if route.sink == "rows" and self.depth and info is not None:
+                if self._ring is None or self._ring_pid != pid:
+                    self._ring, self._ring_pid = WorkerRing(self.collate_fn, self.depth), pid
+                ring = buffers = self._ring
+                ring.send_table = True  # a new epoch: the training process may have dropped
+                # the table it had
+            parts = assemble(route, ds, reader.plan.epoch, buffers, skips=skips, leaves=True,
+                             fields=self.fields, default=self.default)
             told = 0
             times = PartTimes()
-            for batch in batch_loop(reader.batches(), fetch, maker, times=times):
+            for batch in parts.run(reader, times):
                 meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket(),
                                   times.as_tuple())
                 times.fetch = times.compute = times.sink = 0.0

@@ -1,0 +1,128 @@
+"""The plan of a weighted mixture of sources: which source, and which of its samples, each
+position of a mixture's epoch holds. Pure functions of (the sources' shard counts, weights,
+epoch size, seed, epoch) only, so any number of ranks and workers deal the same epoch, and a
+position reached resumes anywhere (the :class:`~feedpipe.plan._order.Split` of the epoch's
+positions is the same as a single dataset's).
+
+**Counts.** Each epoch draws ``weights[s] * epoch_size`` samples of source ``s``, rounded by the
+largest remainder so that they sum to ``epoch_size`` exactly. Default: every source once at its own
+size.
+
+**Within a source.** Its draws continue one sequence of permutations across epochs: the ``k``-th
+draw ever of source ``s`` (``k = epoch * count_s + j`` for its ``j``-th draw of the epoch) is
+position ``k % size_s`` of the source's own :class:`~feedpipe.plan._order.Plan` of "epoch"
+``k // size_s``. No sample repeats before the whole source was drawn: a source drawn three times
+its size an epoch is three whole permutations; one drawn 12% of its size continues its permutation
+in the next epoch.
+
+**Spread.** The sources are interleaved by construction: the ``j``-th draw of source ``s`` sits at
+its ideal time ``(j + 1/2) / count_s`` of the epoch (ties by source order), so every run of
+consecutive positions holds each source close to its weight, not by chance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import PlanError
+from ._order import Plan
+
+
+def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None = None,
+                 epoch_size: int | None = None) -> np.ndarray:
+    """Samples drawn from each source per epoch: ``weights`` (normalised) times ``epoch_size``,
+    rounded by the largest remainder (ties to the earlier source) to sum to ``epoch_size``.
+    Defaults: ``weights`` the sizes, ``epoch_size`` their sum (every source once).
+
+    Example:
+        >>> epoch_counts([10, 20, 30], [1, 1, 1], 100).tolist()
+        [34, 33, 33]
+        >>> epoch_counts([10, 20, 30]).tolist()
+        [10, 20, 30]
+    """
+    n = np.asarray(sizes, dtype=np.int64)
+    if n.ndim != 1 or len(n) == 0 or (n < 1).any():
+        raise PlanError(f"a mixture needs sources of at least one sample each, not sizes {sizes}")
+    total = int(n.sum()) if epoch_size is None else int(epoch_size)
+    if total < 1:
+        raise PlanError(f"epoch_size must be at least 1, not {epoch_size}")
+    if weights is None:
+        w = n.astype(np.float64)
+    else:
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != n.shape or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+            raise PlanError(f"weights {list(weights)} must be one non-negative number per source "
+                            f"({len(n)}), not all zero")
+    if weights is None and epoch_size is None:
+        return n.copy()
+    quota = w / w.sum() * total
+    counts = np.floor(quota).astype(np.int64)
+    short = total - int(counts.sum())
+    if short:
+        order = np.lexsort((np.arange(len(n)), -(quota - counts)))  # largest remainder first
+        counts[order[:short]] += 1
+    return counts
+
+
+def _source_seed(seed: int, source: int) -> int:
+    h = hashlib.blake2b(f"feedpipe-mixture\0{seed}\0{source}".encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little")
+
+
+class MixturePlan:
+    """Which source and which of its samples each position of a mixture's epoch holds.
+
+    Args:
+        sources: each source's samples per shard (its manifest's counts).
+        weights: each source's share of an epoch (normalised); ``None``: its size.
+        epoch_size: positions per epoch; ``None``: the sources' total size.
+        seed: the mixture's seed (each source's order comes from it and the source's index).
+        shuffle: permute each source's samples (``False``: each source in manifest order).
+
+    Example:
+        >>> plan = MixturePlan([(3,), (2, 2)], weights=[1, 1], epoch_size=6, seed=0)
+        >>> src, ids = plan.draws(0, np.arange(6))
+        >>> src.tolist(), sorted(ids[src == 0].tolist())
+        ([0, 1, 0, 1, 0, 1], [0, 1, 2])
+    """
+
+    def __init__(self, sources: Sequence[Sequence[int]], weights: Sequence[float] | None = None,
+                 epoch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> None:
+        self.shard_counts = [tuple(int(c) for c in s) for s in sources]
+        self.sizes = np.array([sum(s) for s in self.shard_counts], dtype=np.int64)
+        self.counts = epoch_counts(self.sizes.tolist(), weights, epoch_size)
+        self.epoch_size = int(self.counts.sum())
+        self.seed, self.shuffle = int(seed), shuffle
+        # the interleave: each draw at its ideal time of the epoch, ties by source order
+        src = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
+        j = np.arange(self.epoch_size, dtype=np.int64) - np.repeat(
+            np.cumsum(self.counts) - self.counts, self.counts)
+        ideal = (2 * j + 1) / (2 * np.repeat(self.counts, self.counts).astype(np.float64))
+        order = np.lexsort((src, ideal))
+        self.source_at = src[order]  # the source of each position
+        self.draw_at = j[order]  # which of its source's draws this epoch each position is
+
+    def draws(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source and the sample id within it (its manifest order) at each of
+        ``positions`` of ``epoch``."""
+        pos = np.asarray(positions, dtype=np.int64)
+        if len(pos) and (pos.min() < 0 or pos.max() >= self.epoch_size):
+            raise PlanError(f"positions outside an epoch of {self.epoch_size}")
+        src = self.source_at[pos]
+        ids = np.empty(len(pos), dtype=np.int64)
+        for s in np.unique(src).tolist():
+            sel = src == s
+            k = int(epoch) * int(self.counts[s]) + self.draw_at[pos[sel]]
+            size = int(self.sizes[s])
+            cycle, at = np.divmod(k, size)
+            out = np.empty(len(k), dtype=np.int64)
+            for c in np.unique(cycle).tolist():
+                here = cycle == c
+                plan = Plan(self.shard_counts[s], _source_seed(self.seed, s), int(c),
+                            self.shuffle)
+                out[here] = plan.sample_ids(at[here])
+            ids[sel] = out
+        return src, ids
