@@ -56,7 +56,7 @@ class FeedDataset(IterableDataset):
 
     Each epoch every sample is delivered exactly once over all ranks and workers, in an order that
     depends on ``(dataset, seed, epoch)`` only. Every rank gets the same number of samples (see
-    :mod:`feedpipe.plan._order`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__``
+    :class:`~feedpipe.Plan`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__``
     (global sample id), ``__epoch__`` and ``__seed__`` (for reproducible per-sample
     augmentation), and one raw-bytes entry per field. A field is a zero-copy ``memoryview`` of a
     local shard in the process that reads it, ``bytes`` when a worker process must send a raw
@@ -81,7 +81,7 @@ class FeedDataset(IterableDataset):
             headers, when it is first opened: every byte served has been checked (a shard the
             manifest gives no sha256 for is named in a warning: its bytes cannot be).
         max_open_shards: shard maps a process keeps open at once.
-        cache_dir: the node-local L1 shard cache (:mod:`feedpipe.caches._shards`): a directory,
+        cache_dir: the node-local L1 shard cache (:class:`~feedpipe.ShardCache`): a directory,
             ``True``/``"auto"`` for ``$XDG_CACHE_HOME/feedpipe/shards``, or a
             :class:`~feedpipe.ShardCache`. Shards are fetched there once per node
             (prefetched ahead of use, evicted by the plan) and read with mmap. ``None``: remote
@@ -92,7 +92,7 @@ class FeedDataset(IterableDataset):
             directory (``True``/``"auto"``: ``$XDG_CACHE_HOME/feedpipe/decoded``): the first epoch
             fills it, later ones read it without reading a shard or calling the transform. The
             transform must be deterministic with fixed-shape outputs (e.g. decode and resize);
-            see :mod:`feedpipe.caches._decoded`. Counters: ``ds.decoded.stats``.
+            see :class:`~feedpipe.DecodedStore`. Counters: ``ds.decoded.stats``.
 
     Example:
         >>> ds = FeedDataset("shards/example", decode={"cls": int})
@@ -159,6 +159,7 @@ class FeedDataset(IterableDataset):
     # -- the epoch and its plan -------------------------------------------------------------
     @property
     def epoch(self) -> int:
+        """The epoch whose order the next iteration reads."""
         return int(self._shared[_EPOCH])
 
     def _check_world(self) -> None:
@@ -179,7 +180,7 @@ class FeedDataset(IterableDataset):
         2. Where ``rank=``/``world_size=`` were not given, the world is detected again: a
            launcher may initialise ``torch.distributed`` after the dataset was made (Lightning's
            own does, before it trains). A world that names no rank is refused here
-           (:func:`~feedpipe.plan._world.detect_world`, ``strict``).
+           (:func:`~feedpipe.detect_world`, ``strict``).
         """
         if self._owner != os.getpid() and get_worker_info() is None:
             self._shared = self._shared.clone().share_memory_()
@@ -198,6 +199,7 @@ class FeedDataset(IterableDataset):
 
     @property
     def batch_size(self) -> int:
+        """The batch size workers deal by (set by :class:`FeedLoader`; 1 alone)."""
         return int(self._shared[_BATCH])
 
     def set_batch_size(self, batch_size: int, *, drop_last: bool = False) -> None:
@@ -209,10 +211,12 @@ class FeedDataset(IterableDataset):
         self._shared[_WHOLE] = int(bool(drop_last))
 
     def plan(self, epoch: int | None = None) -> Plan:
+        """The :class:`~feedpipe.Plan` of ``epoch`` (default: :attr:`epoch`)."""
         return Plan(self.shards.counts, self.seed, self.epoch if epoch is None else epoch,
                     self.shuffle, self.shuffle_window)
 
     def split(self) -> Split:
+        """This rank's share of the epoch: its ids' positions, resume point included."""
         return Split(self.manifest.total_samples, self.world.world_size, self.world.rank,
                      int(self._shared[_START]), self.drop_last, bool(self._shared[_WHOLE]))
 

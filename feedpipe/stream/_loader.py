@@ -46,9 +46,9 @@ class FeedLoader:
     have the standard signatures, so Lightning, accelerate and torch checkpoints save and
     restore it as they do a ``StatefulDataLoader``.
 
-    How batches are made is a *route* (:mod:`feedpipe.stream._routes`): the combination of fetch,
-    compute, executor and sink that fits the configuration, chosen by
-    :func:`feedpipe.stream._routes.choose`, forced with ``route=``, reported by :attr:`route` and
+    How batches are made is a *route* (:class:`~feedpipe.Route`): the combination of fetch,
+    compute, executor and sink that fits the configuration, chosen by one function from the
+    configuration, forced with ``route=``, reported by :attr:`route` and
     :meth:`stats`. Every route gives the same batches.
 
     Args:
@@ -59,8 +59,8 @@ class FeedLoader:
             another); they never touch CUDA. In a process that runs DALI's threads (a
             :class:`~feedpipe.DaliStage` fed by this loader has started), forking is unsafe: it
             is refused with a :class:`~feedpipe.StartMethodError` naming the fix.
-        collate_fn: default :func:`~feedpipe.stream._collate.collate_samples` (raw samples:
-            every field of the manifest in every batch, ``None`` where a sample lacks it). A
+        collate_fn: default: raw samples collated field by field (every field of the
+            manifest in every batch, ``None`` where a sample lacks it). A
             :class:`~feedpipe.BatchCollator` collates into reused preallocated buffers.
         device: deliver batches on this device through a :class:`DeviceLoader` (background
             prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only).
@@ -71,14 +71,13 @@ class FeedLoader:
             transform is called from several threads at once.
         drop_last: leave out each rank's short last batch, as the DataLoader does (every rank
             still gets the same number of batches).
-        route: ``"auto"`` or a route's name (:data:`feedpipe.stream._routes.ROUTES`); a route that
-            cannot serve the configuration is refused with a sentence saying why.
+        route: ``"auto"`` or a route's name (:attr:`Route.name`, e.g. ``"rows-workers"``); a
+            route that cannot serve the configuration is refused with a sentence saying why.
         reuse_buffers: with ``rows-workers``, each worker reuses its shared-memory batch
-            buffers once this process no longer holds the batch
-            (:mod:`feedpipe.stream._worker_rows`). This process sees its own references only:
-            pass ``False`` if batches are handed on to another process without a copy. On that
-            route ``prefetch_factor`` defaults to 1: a worker makes whole batches, one in flight
-            keeps it busy, and one buffer fewer is held per worker.
+            buffers once this process no longer holds the batch. This process sees its own
+            references only: pass ``False`` if batches are handed on to another process
+            without a copy. On that route ``prefetch_factor`` defaults to 1: a worker makes
+            whole batches, one in flight keeps it busy, and one buffer fewer is held per worker.
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
@@ -178,8 +177,7 @@ class FeedLoader:
         """Say that this loader will feed threads that make forking unsafe (``reason`` names
         them): its worker processes started by ``fork`` are refused with a sentence naming the
         fix. :class:`~feedpipe.DaliStage` calls this on the loader it is given; while its
-        pipeline is alive, every loader of the process is refused the same way
-        (:mod:`feedpipe._helpers.fork_safety`)."""
+        pipeline is alive, every loader of the process is refused the same way."""
         self._fork_unsafe = reason
 
     # -- epochs ----------------------------------------------------------------------------
