@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -116,6 +117,20 @@ class FeedLoader:
             raise ValueError(f"transform_threads must be 0 or more, not {transform_threads!r}")
         if int(num_workers) < 0:
             raise ValueError(f"num_workers must be 0 or more, not {num_workers!r}")
+        if batch_size is None:
+            raise TypeError("FeedLoader always makes batches: batch_size=None (the DataLoader's "
+                            "one sample at a time, uncollated) is iterating the FeedDataset "
+                            "itself, `for sample in dataset`; give FeedLoader an integer "
+                            "batch_size of 1 or more")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer of 1 or more, not {batch_size!r}")
+        if isinstance(collate_fn, BatchCollator) and batch_size > collate_fn.batch_size:
+            raise ValueError(
+                f"FeedLoader(batch_size={batch_size}) with a BatchCollator of batch_size "
+                f"{collate_fn.batch_size}: a batch of {batch_size} samples does not fit its "
+                f"{collate_fn.batch_size} rows; give both the same size, e.g. "
+                f"FeedLoader(ds, batch_size={batch_size}, collate_fn=BatchCollator("
+                f"{batch_size}, ...))")
         if route != "auto" and route not in ROUTES:
             raise ValueError(f"unknown route {route!r}; the routes are "
                              f"{', '.join(['auto', *ROUTES])}")
