@@ -117,12 +117,13 @@ class FeedLoader:
             raise ValueError(f"transform_threads must be 0 or more, not {transform_threads!r}")
         if int(num_workers) < 0:
             raise ValueError(f"num_workers must be 0 or more, not {num_workers!r}")
-        if batch_size is None:
+        size: Any = batch_size  # checked as the caller may have passed it, typed or not
+        if size is None:
             raise TypeError("FeedLoader always makes batches: batch_size=None (the DataLoader's "
                             "one sample at a time, uncollated) is iterating the FeedDataset "
                             "itself, `for sample in dataset`; give FeedLoader an integer "
                             "batch_size of 1 or more")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
+        if isinstance(size, bool) or not isinstance(size, Integral) or size < 1:
             raise ValueError(f"batch_size must be an integer of 1 or more, not {batch_size!r}")
         if isinstance(collate_fn, BatchCollator) and batch_size > collate_fn.batch_size:
             raise ValueError(
