@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +24,30 @@ def test_demo_runs_end_to_end_and_reports_what_it_checked(tmp_path) -> None:  # 
                      r"1 rank after the resume", out), out
     m = re.search(r"FeedLoader\(device='(cpu|cuda)'\).*: 320 images decoded", out)
     assert m, out
-    assert re.search(r"waited for data \d+\.\d% of the time", out)
+    # the steady figure first (a long run's), the whole run's with the workers' start after it
+    assert re.search(r"waited for data \d+\.\d% of the time after the first batch "
+                     r"\(\d+\.\d% counting the first", out), out
     assert re.search(r"DeviceCache on (cpu|cuda): warm-up put 160 of 320 .* hit ratio 0\.50", out)
     assert re.search(r"L1 shard cache .*: 2 epochs, \d+ downloads .* \d+ reads from the cache", out)
     assert re.search(r"decoded store .* epoch 1 decoded 320 images .* epoch 2 served 320 from", out)
     assert re.search(r"L2 function index .*: 320 computed, 320 hits", out)
     assert (tmp_path / "w" / "shards" / "manifest.json").exists()  # --workdir is kept
+    lines = out.strip().splitlines()
+    assert f"work directory: {tmp_path / 'w'}, kept afterwards" in lines[0]
+    assert lines[-2] == f"kept {tmp_path / 'w'}"
+    assert lines[-1].startswith("verdict: OK, every epoch delivered every sample exactly once")
+    assert "next: the tutorial (docs/tutorial.md)" in lines[-1]
+
+
+def test_demo_in_a_temp_dir_says_it_removes_it() -> None:
+    r = run_feedpipe("demo", timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    m = re.match(r"feedpipe demo \(work directory: (\S+), removed at the end; --keep or "
+                 r"--workdir DIR keeps it\)", lines[0])
+    assert m, lines[0]
+    assert lines[-2] == f"removed {m.group(1)}" and not Path(m.group(1)).exists()
+    assert lines[-1].startswith("verdict: OK")
 
 
 def test_demo_runs_again_in_the_same_workdir_with_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -48,7 +67,9 @@ def test_demo_runs_again_in_the_same_workdir_with_json(tmp_path) -> None:  # typ
     assert set(doc["tiers"]) == {"l1", "decoded", "l2"} and doc["device"]["delivered"] == 320
     starvation = doc["device"]["starvation"]  # measured: it was null, read from the wrong level
     assert isinstance(starvation, float) and 0.0 <= starvation <= 1.0
-    assert f"waited for data {starvation:.1%} of the time" in r.stderr
+    steady = doc["device"]["steady_starvation"]
+    assert f"waited for data {steady:.1%} of the time after the first batch " \
+           f"({starvation:.1%} counting the first" in r.stderr
     assert sorted(p.name for p in w.iterdir()) == [
         ".feedpipe-demo", "decoded", "images", "l1", "l2", "shards"]
 
@@ -115,8 +136,8 @@ def test_demo_reports_the_starvation_the_device_loader_measured(
     assert doc["starvation"] == measured["starvation"]
     assert doc["steady_starvation"] == measured["steady_starvation"]
     text = "\n".join(lines)
-    assert (f"waited for data {measured['starvation']:.1%} of the time "
-            f"({measured['steady_starvation']:.1%} after the first batch)") in text, text
+    assert (f"waited for data {measured['steady_starvation']:.1%} of the time after the first "
+            f"batch ({measured['starvation']:.1%} counting the first") in text, text
 
 
 def test_demo_says_when_starvation_could_not_be_measured(

@@ -1,6 +1,8 @@
-"""README.md's snippets run as a reader runs them, so that none can rot.
+"""The snippets of README.md and of the documentation pages run as a reader runs them, so that
+none can rot.
 
-Every fenced ``python`` block runs, in README order, each in a fresh interpreter
+Every fenced ``python`` block of README.md and then of the pages in ``PAGES`` (the tutorial
+first: the others use what it made) runs, in order, each in a fresh interpreter
 (``python snippet.py``, so ``if __name__ == "__main__":`` and worker processes behave as in a
 user's script), all in one temporary working directory that the tutorial fills (``images/``,
 ``shards/``, ``ckpt.pt``, ...): a later snippet uses what an earlier one made, as it does for the
@@ -35,6 +37,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md")) if (ROOT / "docs").is_dir() else []
+# the pages whose snippets run, in the order a reader meets what they make: the tutorial makes
+# images/, shards/ and ckpt.pt; Making shards makes captions/, which Concepts resumes from
+PAGES = [README] + [ROOT / "docs" / f"{name}.md" for name in
+                    ("tutorial", "converting", "concepts", "probe")]
 RUN_MARK = "<!-- test_readme: run -->"
 NOT_RUN = re.compile(r"#\s*not run by tests/test_readme\.py:\s*(needs .+)$", re.M)
 NEEDS_EXTRA = re.compile(r"#\s*needs the (\w+) extra", re.M)
@@ -48,21 +54,27 @@ TIMEOUT = 300
 DEMO_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
             "pip install -e . && feedpipe demo")
 TEST_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
-            "pip install -e '.[test]' && python -m pytest -q")
+            "pip install -e '.[test]' && python -m pytest -q -rs")
 
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block of the README: its language, first line number and text."""
+    """One fenced block of a page: its language, first line number and text."""
 
     lang: str
     line: int
     text: str
     marked: bool  # preceded by RUN_MARK
+    page: str = "README.md"
 
     @property
     def id(self) -> str:
-        return f"L{self.line}-{self.lang}"
+        stem = "" if self.page == "README.md" else Path(self.page).stem + "-"
+        return f"{stem}L{self.line}-{self.lang}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
     def runnable(self) -> bool:
         return self.lang == "python" or (self.lang == "bash" and self.marked)
@@ -106,12 +118,17 @@ def blocks(path: Path = README) -> list[Block]:
         while i < len(lines) and not lines[i].startswith("```"):
             body.append(lines[i])
             i += 1
-        out.append(Block(m.group(1), start + 1, "\n".join(body) + "\n", prev == RUN_MARK))
+        page = path.relative_to(ROOT).as_posix()
+        out.append(Block(m.group(1), start + 1, "\n".join(body) + "\n", prev == RUN_MARK, page))
         i += 1
     return out
 
 
-RUNNABLE = [b for b in blocks() if b.runnable()]
+def all_blocks() -> list[Block]:
+    return [b for page in PAGES for b in blocks(page)]
+
+
+RUNNABLE = [b for b in all_blocks() if b.runnable()]
 
 
 @dataclass
@@ -126,7 +143,7 @@ class Session:
 def _run(block: Block, s: Session) -> str | None:
     """Run ``block`` in the session's directory; ``None`` when it succeeded, else its output."""
     if block.lang == "python":
-        script = s.workdir / f"readme_{block.line}.py"
+        script = s.workdir / f"readme_{block.id}.py"
         script.write_text(block.text, encoding="utf-8")
         cmd = [sys.executable, str(script)]
     else:
@@ -158,7 +175,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
 def test_readme_snippet_runs(block: Block, session: Session) -> None:
     reason = block.skip_reason()
     if reason is not None:
-        pytest.skip(f"README line {block.line}: {reason}")
+        pytest.skip(f"{block.where}: {reason}")
     for earlier in RUNNABLE[:RUNNABLE.index(block)]:  # what the reader ran before this one
         if earlier.id not in session.done and earlier.skip_reason() is None:
             session.done[earlier.id] = _run(earlier, session)
@@ -169,7 +186,7 @@ def test_readme_snippet_runs(block: Block, session: Session) -> None:
     if error is not None:
         note = (f" (earlier snippets failed too: {', '.join(failed_before)})"
                 if failed_before else "")
-        pytest.fail(f"README.md line {block.line} ({block.lang}) failed{note}:\n"
+        pytest.fail(f"{block.where} ({block.lang}) failed{note}:\n"
                     f"{block.text}\n{error}")
 
 
@@ -190,21 +207,21 @@ def test_snippets_use_only_the_public_api() -> None:
     """``from feedpipe import ...`` and ``feedpipe.X``: no subpackage or private module path."""
     private = re.compile(r"\bfeedpipe\.(?:_\w+|format|plan|caches|transforms|stream|device|"
                          r"convert|diagnostics|cli|errors)\b")
-    for b in blocks():
+    for b in all_blocks():
         if b.lang == "python":
-            assert not private.search(b.text), f"README line {b.line}: {private.search(b.text)}"
+            assert not private.search(b.text), f"{b.where}: {private.search(b.text)}"
     import feedpipe
 
-    for b in blocks():
+    for b in all_blocks():
         if b.lang != "python":
             continue
         for name in re.findall(r"\bfeedpipe\.([A-Za-z_]\w*)", b.text):
-            assert hasattr(feedpipe, name), f"README line {b.line}: feedpipe.{name} does not exist"
+            assert hasattr(feedpipe, name), f"{b.where}: feedpipe.{name} does not exist"
         for names in re.findall(r"^from feedpipe import (\([^)]*\)|.+)$", b.text, re.M):
             for name in names.strip("()").replace("\n", " ").split(","):
                 name = name.split(" as ")[0].strip()
                 if name:
-                    assert hasattr(feedpipe, name), f"README line {b.line}: {name} is not public"
+                    assert hasattr(feedpipe, name), f"{b.where}: {name} is not public"
 
 
 def _extras() -> set[str]:
@@ -261,7 +278,8 @@ def _unnamed_imports(path: Path = README) -> list[tuple[int, str]]:
 def test_a_snippet_says_what_it_needs_beyond_the_install() -> None:
     """The Lightning and accelerate snippets failed with ModuleNotFoundError after the README's
     own install, saying nothing of what to install."""
-    assert _unnamed_imports() == []
+    for page in PAGES:
+        assert _unnamed_imports(page) == [], page.name
 
 
 def test_packages_a_snippet_needs_come_with_the_test_extra() -> None:
@@ -269,7 +287,7 @@ def test_packages_a_snippet_needs_come_with_the_test_extra() -> None:
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
     test_extra = section.split("\ntest = [", 1)[1].split("]\n", 1)[0]
-    for package in NEEDS_PACKAGE.findall(README.read_text(encoding="utf-8")):
+    for package in {p for page in PAGES for p in NEEDS_PACKAGE.findall(page.read_text("utf-8"))}:
         assert f'"{package}' in test_extra, f"{package} is not in the test extra"
 
 
@@ -298,4 +316,14 @@ def test_readme_snippets_are_found() -> None:
     """The extraction sees the tutorial (a test over zero snippets would pass vacuously)."""
     langs = [b.lang for b in RUNNABLE]
     assert langs.count("python") >= 10 and "bash" in langs
+    tutorial = [b for b in RUNNABLE if b.page == "docs/tutorial.md"]
+    assert len(tutorial) >= 5 and tutorial[0].lang == "python"
+
+
+def test_every_page_with_a_snippet_runs_them() -> None:
+    """A docs page with a python snippet is in ``PAGES``, so no untested snippet appears."""
+    for doc in DOCS:
+        if doc not in PAGES:
+            notrun = [b for b in blocks(doc) if b.lang == "python" and not NOT_RUN.search(b.text)]
+            assert notrun == [], f"{doc.name} has python snippets no test runs"
 

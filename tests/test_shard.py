@@ -552,7 +552,9 @@ def test_out_not_empty_without_resume(image_folder: Path, tmp_path: Path) -> Non
     (out / "keep.txt").write_text("mine")
     with pytest.raises(OutputError, match="not empty"):
         feedpipe.shard(str(image_folder), str(out), workers=1)
-    _one_line_error(run_feedpipe("shard", image_folder, out), str(out), "not empty", "--resume")
+    r = run_feedpipe("shard", image_folder, out)
+    _one_line_error(r, str(out), "not empty (1 entry, e.g. 'keep.txt')", "new or empty directory")
+    assert "--resume" not in r.stderr  # nothing was interrupted: it would write into keep.txt's
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 

@@ -18,10 +18,19 @@ def pool_context() -> Any:
 
 def die_with_parent(parent: int) -> None:
     """Pool initializer: a worker must not outlive a killed parent, or it would go on writing
-    parts into OUT behind the back of a resumed run (and linger forever on its task queue)."""
+    parts into OUT behind the back of a resumed run (and linger forever on its task queue).
+
+    It also ignores SIGINT. A terminal's Ctrl-C reaches the whole process group: a worker that
+    took it would print its own KeyboardInterrupt traceback, and could die holding the lock of
+    the pool's shared result queue, so that the other workers, and the parent shutting the pool
+    down, wait on it forever. The parent alone handles the interrupt: it cancels what has not
+    started, lets the running tasks finish (each writes a temp file, so nothing half-done is
+    ever visible) and exits."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG

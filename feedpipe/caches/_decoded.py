@@ -368,7 +368,7 @@ class DecodedStore:
 
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the samples stored and the store's bytes on disk, in
-        the shape every cache tier reports (:class:`~feedpipe.caches._stats.TierStats`)."""
+        the shape every cache tier reports (the fields :func:`~feedpipe.cache_stats` lists)."""
         from ._stats import DECODED, TierStats
 
         size = 0

@@ -256,7 +256,7 @@ class FunctionIndex:
 
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the entries and bytes on disk, in the shape every
-        cache tier reports (:class:`~feedpipe.caches._stats.TierStats`)."""
+        cache tier reports (the fields :func:`~feedpipe.cache_stats` lists)."""
         from ._stats import FUNCTION_INDEX, TierStats
 
         s = self.stats()

@@ -49,8 +49,11 @@ def demo(workdir: str | None = None, keep: bool = False, *,
     src, out = os.path.join(root, "images"), os.path.join(root, "shards")
     p = print_fn
     replaced = [] if own else _claim(root)
+    result: dict[str, Any] | None = None
     try:
-        p(f"feedpipe demo (work directory: {root})")
+        fate = ("kept afterwards" if keep or not own
+                else "removed at the end; --keep or --workdir DIR keeps it")
+        p(f"feedpipe demo (work directory: {root}, {fate})")
         if replaced:
             p(f"   an earlier demo ran here: its {', '.join(d + '/' for d in replaced)} were "
               "removed and are made anew")
@@ -128,15 +131,22 @@ def demo(workdir: str | None = None, keep: bool = False, *,
              else "PROBLEM: an epoch did not deliver every sample exactly once"))
         tiers = _cache_steps(out, root, p)
         device = _device_steps(out, p)
-        return {"workdir": root, "kept": keep or not own, "samples": s.samples,
-                "shards": s.shards, "streamed": n,
-                "epochs": {e: len(v) for e, v in seen.items()}, "exactly_once": once,
-                "tiers": tiers, "device": device}
+        result = {"workdir": root, "kept": keep or not own, "samples": s.samples,
+                  "shards": s.shards, "streamed": n,
+                  "epochs": {e: len(v) for e, v in seen.items()}, "exactly_once": once,
+                  "tiers": tiers, "device": device}
+        return result
     finally:
         if own and not keep:
             shutil.rmtree(root, ignore_errors=True)
-        elif keep:
+            p(f"removed {root}")
+        else:
             p(f"kept {root}")
+        if result is not None:
+            p(("verdict: OK, every epoch delivered every sample exactly once, across a resume "
+               "on another number of ranks" if result["exactly_once"] else
+               "verdict: PROBLEM, an epoch did not deliver every sample exactly once")
+              + "; next: the tutorial (docs/tutorial.md), on your own images")
 
 
 def _claim(root: str) -> list[str]:
@@ -257,11 +267,14 @@ def _device_steps(out: str, p: Any) -> dict[str, Any]:
     if starvation is None:
         p("   the time spent waiting for data could not be measured: the DeviceLoader timed no "
           "step")
+    elif steady is not None:  # the figure a long run sees first; the start is a one-off
+        p(f"   with a {step_s * 1e3:.0f} ms step the loop waited for data {steady:.1%} of the "
+          f"time after the first batch ({starvation:.1%} counting the first, which includes "
+          "starting the workers): the data-starvation fraction")
     else:
-        after = (f"{steady:.1%} after the first batch" if steady is not None
-                 else "one batch only: no figure without it")
         p(f"   with a {step_s * 1e3:.0f} ms step the loop waited for data {starvation:.1%} of "
-          f"the time ({after}): the data-starvation fraction")
+          "the time (one batch only, the workers' start included): the data-starvation "
+          "fraction")
 
     evalpipe = ImagePipeline(48, train=False, mean=None)
     per_sample = 3 * 48 * 48 + 8

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"feedpipe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.set_defaults(_commands=sub.choices)  # each subcommand's parser, for its usage
     add_shard(sub)
     add_merge(sub)
     add_index(sub)
@@ -97,6 +98,11 @@ _COMMANDS = {"shard": cmd_shard, "merge": cmd_merge, "index": cmd_index, "verify
              "ledger": _cmd_ledger}
 
 
+# what to do after a Ctrl-C, where there is something to do
+_INTERRUPTED = {"shard": "interrupted; the shards committed so far are kept: rerun the same "
+                         "command with --resume to finish"}
+
+
 def _failed(args: argparse.Namespace, e: BaseException, message: str, status: int) -> int:
     """Say what went wrong on stderr and, under ``--json``, as a JSON record on stdout."""
     print(f"feedpipe {args.command}: {message}", file=sys.stderr)
@@ -114,8 +120,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     Parser.json_errors = "--json" in argv
     try:
+        parser = build_parser()
+        if not argv:  # `feedpipe` alone: what it can do
+            parser.print_help()
+            return 2
         try:
-            args = build_parser().parse_args(argv)
+            args, extra = parser.parse_known_args(argv)
+            if extra:  # said by the subcommand, with its usage, not the top level's
+                commands = getattr(args, "_commands", {})
+                commands.get(args.command, parser).unrecognized(extra)
         except SystemExit:  # --help, --version or a usage error, already printed
             sys.stdout.flush()
             raise
@@ -124,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (FeedpipeError, ValueError) as e:  # ValueError: an option value the library refused
             status = _failed(args, e, f"error: {e}", 2)
         except KeyboardInterrupt as e:
-            status = _failed(args, e, "interrupted", 130)
+            status = _failed(args, e, _INTERRUPTED.get(args.command, "interrupted"), 130)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return status
     except BrokenPipeError:

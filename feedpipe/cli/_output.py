@@ -20,10 +20,31 @@ def parse_size(text: str) -> int:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one addition: under ``--json`` a usage error is also a JSON record on
-    stdout (``{"error": "UsageError", "message": ...}``), exit status 2 as before."""
+    """argparse with two additions: under ``--json`` a usage error is also a JSON record on
+    stdout (``{"error": "UsageError", "message": ...}``), exit status 2 as before; and no
+    abbreviated options (``--max-sample`` is not silently taken for ``--max-samples``, and an
+    option added later cannot change what an abbreviation in a script meant)."""
 
     json_errors = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def unrecognized(self, extra: list[str]) -> NoReturn:
+        """Refuse arguments this (sub)command does not take, with its usage and the option
+        meant where one is close ("did you mean --max-samples?")."""
+        import difflib
+
+        options = [o for a in self._actions for o in a.option_strings]
+        hints = []
+        for arg in extra:
+            if arg.startswith("-"):
+                close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6)
+                if close:
+                    hints.append(f"did you mean {close[0]}?")
+        message = f"unrecognized arguments: {' '.join(extra)}"
+        self.error(f"{message}; {' '.join(hints)}" if hints else message)
 
     def error(self, message: str) -> NoReturn:
         if Parser.json_errors:
@@ -62,6 +83,11 @@ def write_json_file(path: str, record: Any) -> None:
     except OSError as e:
         raise OutputError(f"{path}: cannot write the JSON document ({e.strerror})") from e
     try:
+        # mkstemp makes the file 0600; the document is a report for teammates and CI, so it gets
+        # the permissions any file this user writes gets (0666 less the umask)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(json.dumps(record, indent=1, allow_nan=False) + "\n")
         os.replace(tmp, path)

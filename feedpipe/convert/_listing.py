@@ -31,6 +31,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._helpers.pool_context import die_with_parent
 from .._helpers.progress import progress
 from .._helpers.storage import filesystem, is_local, local_path
 from ._source_tree import Identity, TreeWalk, identity, root_entries
@@ -231,7 +232,8 @@ def _executor(src: str, workers: int) -> Executor:
     import multiprocessing as mp
 
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    return ProcessPoolExecutor(workers, mp_context=mp.get_context(method))
+    return ProcessPoolExecutor(workers, mp_context=mp.get_context(method),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
 
 
 def list_tree_parallel(

@@ -39,23 +39,23 @@ class ShardOptions:
         manifest: a JSONL/CSV file naming the files of each sample (see ``feedpipe shard -h``).
         workers: processes writing in parallel (default: all cores).
         resume: keep the committed shards of an interrupted run and do the rest.
-        method: ``"auto"``, ``"general"`` or ``"one-pass"`` (see
-            :func:`feedpipe.convert._method.choose_method`); a forced method that cannot serve
-            the input is refused, saying why.
+        method: ``"auto"``, ``"general"`` or ``"one-pass"`` (``"auto"`` takes one pass
+            where the input allows it; :attr:`ShardSummary.method` says which ran); a forced
+            method that cannot serve the input is refused, saying why.
         part: ``"I/N"`` or ``(I, N)``: convert only part I (0-based) of a deterministic
-            partition into N (see :mod:`~feedpipe.convert._parts`); :func:`feedpipe.merge`
+            partition into N (the same shares on any machine); :func:`feedpipe.merge`
             joins them.
         merge: with ``part``: the part that finds all N parts finished writes the manifest.
         dask: a ``dask.distributed`` scheduler address or ``Client``: write the shards as tasks
-            on that cluster (see :mod:`feedpipe.convert._dask`).
+            on that cluster (the ``dask`` extra).
         retries: with ``dask``: times a failed task is retried before the run fails.
         start_method: how pool workers start (``"fork"``, ``"spawn"``, ``"forkserver"``;
             default: fork where there is one). Spawn when the calling process holds threads or
             a CUDA context that a fork must not copy.
         show_progress: a progress bar (default: when stderr is a terminal).
         on_shard: called with each shard's record as it is committed.
-        columns: a Parquet source's column-to-field overrides (``"img=jpg,label=cls"``, see
-            :mod:`feedpipe.convert._table_columns`).
+        columns: a Parquet source's column-to-field overrides (``"img=jpg,label=cls"``; the
+            mapping taken is printed and kept in :attr:`ShardSummary.columns`).
         classes: a Parquet source's class names (a list, ``"a,b,c"`` or a file with one per
             line; default: a categorical label column's categories).
 

@@ -27,12 +27,12 @@ WIDS_NAME = "wids.json"
 
 
 def prepare_out(out: str, resume: bool, own: str | None = None, *,
-                tool: str = "`feedpipe shard`",
-                hint: str = "use --resume to continue an interrupted run, or an empty "
-                            "directory") -> str:
+                tool: str = "`feedpipe shard`", hint: str | None = None) -> str:
     """Make ``out`` (a local directory) if missing and check that it can take the output: the
     local path. Without ``resume`` it must hold no visible entry (with ``own``, a part's shard
-    prefix: none of that part's; other parts' files are allowed)."""
+    prefix: none of that part's; other parts' files are allowed). ``hint``: what to do about a
+    directory that is not empty (default: ``--resume`` where an interrupted run left its state
+    there, else another directory; ``--resume`` would write into whatever this one is)."""
     if not is_local(out):
         raise OutputError(f"{out}: the output of {tool} must be a local directory")
     out = local_path(out)
@@ -48,9 +48,10 @@ def prepare_out(out: str, resume: bool, own: str | None = None, *,
         visible = [n for n in os.listdir(out) if not n.startswith(".")
                    and (own is None or n.startswith(own + "-"))]
         if visible:
+            many = f"{len(visible)} entries" if len(visible) > 1 else "1 entry"
             raise OutputError(
-                f"{out}: output directory is not empty ({len(visible)} entries, e.g. "
-                f"{sorted(visible)[0]!r}); {hint}"
+                f"{out}: output directory is not empty ({many}, e.g. {sorted(visible)[0]!r}); "
+                f"{hint or _not_empty_hint(out)}"
             )
     return out
 
@@ -69,6 +70,17 @@ def take_lock(out: str, tag: str | None, tool: str) -> WriterLock | None:
     if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
         return None
     return WriterLock(path, tag, tool)
+
+
+def _not_empty_hint(out: str) -> str:
+    """What to do about a conversion's output directory that is not empty."""
+    names = os.listdir(out)
+    if any(n.startswith(STATE_NAME.rsplit(".", 1)[0]) for n in names):
+        return "an interrupted run left its state here: rerun with --resume to finish it"
+    if MANIFEST_NAME in names:
+        return ("it holds a finished dataset: convert into a new or empty directory (or "
+                "remove this one first)")
+    return "convert into a new or empty directory"
 
 
 def clean_temps(out: str, prefix: str, state_name: str = STATE_NAME) -> None:
@@ -103,32 +115,65 @@ def write_dataset_manifest(out: str, m: Manifest) -> None:
         raise
 
 
-def check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME) -> None:
-    """Refuse to resume a run of other inputs or options; then save ``fp`` as this run's."""
+def check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME,
+                options: dict[str, Any] | None = None) -> None:
+    """Refuse to resume a run of other inputs or options (naming the options that differ, from
+    ``options``: the output-deciding ones); then save ``fp`` and ``options`` as this run's."""
     path = os.path.join(out, state_name)
     if resume and os.path.exists(path):
         old = _saved_fingerprint(path, "plan_fingerprint")
         if old != fp:
+            what = _what_differs(_saved_options(path, "options"), options)
             raise OutputError(
-                f"{out}: cannot resume: the inputs or options differ from the interrupted run "
-                "(start again in an empty directory, or rerun with the original options)"
+                f"{out}: cannot resume: {what} of the interrupted run (rerun with its options, "
+                "or start again in an empty directory)"
             )
         return
     if resume and state_name == STATE_NAME and os.path.exists(os.path.join(out, MANIFEST_NAME)):
         old = _saved_fingerprint(os.path.join(out, MANIFEST_NAME), "created_by")
         if old != fp:
+            what = _what_differs(_saved_options(os.path.join(out, MANIFEST_NAME), "created_by"),
+                                 options)
             raise OutputError(
-                f"{out}: cannot resume: it holds a finished dataset made from other inputs or "
-                "options"
+                f"{out}: cannot resume: it holds a finished dataset, and {what} of the run "
+                "that made it"
             )
     tmp = path + f".tmp-{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"plan_fingerprint": fp, "feedpipe_version": __version__}, f)
+            json.dump({"plan_fingerprint": fp, "feedpipe_version": __version__,
+                       "options": options}, f)
         os.replace(tmp, path)
     except OSError as e:
         unlink_quiet(tmp)
         raise output_error(e, path) from e
+
+
+def _what_differs(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str:
+    """The options that differ between two runs, as the command line names them, or that the
+    inputs do."""
+    if old is None or new is None:
+        return "the inputs or options differ from those"
+    changed = [f"--{k.replace('_', '-')} was {old.get(k)!r}, now {new.get(k)!r}"
+               for k in sorted(set(old) | set(new)) if k != "src" and old.get(k) != new.get(k)]
+    if changed:
+        return f"the options differ from those ({'; '.join(changed)})"
+    return ("the inputs differ from those (files added, removed or changed in the source since "
+            "then)")
+
+
+def _saved_options(path: str, where: str) -> dict[str, Any] | None:
+    """The output options a state file (``where="options"``) or a manifest (``"created_by"``)
+    saved; ``None`` where it saved none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        found = doc.get(where)
+        if where == "created_by":
+            found = found.get("options")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _saved_fingerprint(path: str, where: str) -> Any:

@@ -195,7 +195,7 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
         samples = shuffled(samples, opts.seed)
     plan = plan_shards(samples, opts.max_bytes, opts.max_samples, PART_SAMPLES)
     fp = plan_fingerprint(opts.output_options(), plan)
-    check_state(out, fp, opts.resume, state)
+    check_state(out, fp, opts.resume, state, opts.output_options())
     if staged is None:  # (the staging files are this run's)
         clean_temps(out, name_prefix, state)
     names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]

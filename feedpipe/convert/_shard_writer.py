@@ -67,10 +67,11 @@ class ShardWriter:
             stored as an integer (``7.0`` and ``numpy.int64(7)`` as ``7``); a non-integral one
             is refused.
         prefix: shard names are ``PREFIX-000000.tar``.
-        encoders: per field, a function turning its value into bytes (see
-            :mod:`~feedpipe.convert._field_encoding`), e.g.
+        encoders: per field, a function turning its value into bytes (for values other than
+            ``bytes``, ``str``, numbers and NumPy arrays, which need none), e.g.
             ``{"json": lambda v: json.dumps(v).encode()}``.
-        part: ``(i, n)``: write part ``i`` of ``n`` (see the module docstring).
+        part: ``(i, n)``: write part ``i`` of ``n`` (each writer its own shard names; a
+            :func:`~feedpipe.merge` joins them).
         merge: with ``part``: the writer that finds all parts finished writes the manifest.
         provenance: entries for the manifest's ``created_by`` (what the samples were made from).
 

@@ -25,7 +25,7 @@ class ShardSummary:
         part: ``"I/N"`` of a ``part`` run.
         merged: this part found all parts finished and wrote the manifest.
         method: the conversion method taken: ``general``, ``one-pass`` or ``table`` (see
-            :func:`~feedpipe.convert._method.choose_method`).
+            :class:`ShardOptions`' ``method``).
         executor: what wrote the shards, in words.
         why: why not one pass, where it was tried, in words.
         columns: a table source's column-to-field mapping, one line per column.

@@ -345,8 +345,8 @@ def shard_from(dataset: Any, out: str, *, columns: str | Mapping[str, str | None
         dataset: a ``datasets.Dataset`` (or ``IterableDataset``) of one split. Samples that
             are dicts already go through :func:`feedpipe.write_samples` instead.
         out: a local directory, missing or empty.
-        columns: overrides of the column-to-field mapping (see
-            :mod:`~feedpipe.convert._table_columns`), ``"img=jpg,label=cls"`` or a dict; the
+        columns: overrides of the column-to-field mapping (images and binaries to their
+            format, an integer label to ``cls``), ``"img=jpg,label=cls"`` or a dict; the
             mapping taken is in the summary's ``columns``.
         classes: class names (a list, a comma-separated string or a file with one per line);
             default: a ``ClassLabel`` column's names.

@@ -93,6 +93,8 @@ class DeviceCache:
 
     @property
     def device(self) -> torch.device:
+        """The device holding the buffers (resolved on first use: ``"cuda"`` becomes the
+        current CUDA device)."""
         if self._device is None:
             self._device = resolve_device(self._requested)
         return self._device
@@ -125,6 +127,7 @@ class DeviceCache:
 
     @property
     def bytes_per_sample(self) -> int:
+        """Device bytes one resident sample takes (every output of the transform)."""
         return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize
                    for s, d in zip(self._shapes, self._dtypes))
 
@@ -258,7 +261,7 @@ class DeviceCache:
     def epoch_ids(self, order: Any) -> np.ndarray:
         """The ids an epoch delivers, from a :class:`~feedpipe.FeedDataset` (its current epoch
         and this rank's share, resume point included), a ``Plan`` (one rank), a ``(Plan, Split)``
-        pair, or a sequence of ids (:func:`~feedpipe.device._epoch_ids.epoch_ids`)."""
+        pair, or a sequence of ids."""
         return epoch_ids(order, self.num_samples)
 
     def batches(self, order: Any, batch_size: int, *, fallback: Fallback | None = None
@@ -360,7 +363,7 @@ class DeviceCache:
 
     def tier_stats(self) -> Any:
         """Hits and misses since warm-up, the resident samples and the buffers' bytes, in the
-        shape every cache tier reports (:class:`~feedpipe.caches._stats.TierStats`)."""
+        shape every cache tier reports (the fields :func:`~feedpipe.cache_stats` lists)."""
         from ..caches._stats import DEVICE, TierStats
 
         used = sum(b.numel() * b.element_size() for b in self._buffers)

@@ -19,7 +19,9 @@ processes are started (fork) before anything touches CUDA; the host-to-device st
 from __future__ import annotations
 
 import gc
+import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -344,11 +346,32 @@ def loader_stage(root: str, decode: Decode | None, collate: Callable[[list[Any]]
     """The whole :class:`FeedLoader` (read, decode in workers, batch) with ``workers`` worker
     processes. Worker start-up (until the first batch) is reported apart; the rate is measured
     over the ``seconds`` after the first batch, epochs repeating with persistent workers."""
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        result = _loader_rate(root, decode, collate, batch_size, workers, seconds, t0, deadline)
+    for w in caught:  # passed on, but torch's worker-count warning once per process: it comes
+        # from two places of one DataLoader and again for each count the probe measures, and
+        # the user asked for those workers
+        if _WORKER_WARNING.match(str(w.message)):
+            if _said:
+                continue
+            _said.append(True)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return result
+
+
+_WORKER_WARNING = re.compile(r"This DataLoader will create \d+ worker processes")
+_said: list[bool] = []  # torch's worker-count warning was passed on in this process
+
+
+def _loader_rate(root: str, decode: Decode | None, collate: Callable[[list[Any]], Any],
+                 batch_size: int, workers: int, seconds: float, t0: float,
+                 deadline: float) -> dict[str, Any]:
     from ..stream._dataset import FeedDataset
     from ..stream._loader import FeedLoader
 
-    t0 = time.perf_counter()
-    deadline = t0 + seconds
     first = last = None
     n = epoch = 0
     try:

@@ -126,7 +126,7 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
         out.append(f"Shard the small files: `feedpipe shard {f.target} OUT` then train from OUT. "
                    f"Opening files one by one gives {_fmt(f.small_files_per_s)} files/s"
                    f"{mean}, {_fmt(f.small_file_mb_per_s or 0)} MB/s{seq}.")
-    out += _worker_advice(f, bound, p, cpu_rates)
+    general, out = out, _worker_advice(f, bound, p, cpu_rates)
     if bound == "storage" and f.kind != "file":
         where = "the remote store" if f.remote else "this storage"
         if f.fits_in_memory:
@@ -167,13 +167,21 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
                    "the device with DeviceCache.")
     if demand is not None and ceiling:
         if ceiling >= demand:
-            out.append(f"The input pipeline keeps up: its ceiling of {_fmt(ceiling)} samples/s "
-                       f"exceeds the {_fmt(demand)} samples/s a {f.step_time_ms:g} ms step at "
-                       f"batch {f.batch_size} consumes; no change is needed for this step time.")
+            # the remedies above are for a faster step; said as such, they no longer read as
+            # advice to change what needs no change
+            shorter = f.batch_size / ceiling * 1e3
+            keeps = (f"The input pipeline keeps up: its ceiling of {_fmt(ceiling)} samples/s "
+                     f"exceeds the {_fmt(demand)} samples/s a {f.step_time_ms:g} ms step at "
+                     f"batch {f.batch_size} consumes; no change is needed for this step time.")
+            if out:
+                keeps += (f" Only for a step shorter than {shorter:.0f} ms would the following "
+                          "help:")
+            out.insert(0, keeps)
         else:
             out.append(f"The accelerator would wait for data {100 * (1 - ceiling / demand):.0f}% "
                        f"of the time: it consumes {_fmt(demand)} samples/s, the pipeline "
                        f"delivers {_fmt(ceiling)}.")
+    out = general + out
     if not out:
         out.append("Nothing to change was found; pass --step-time to see the accelerator "
                    "utilisation for your model.")

@@ -350,7 +350,7 @@ def _not_a_dataset(root: str, url: str) -> Exception:
         if root.endswith(".tar") or readable(root):
             return SourceNotFoundError(
                 f"{root}: is a shard, not a dataset: pass the dataset directory, the one holding "
-                f"manifest.json: FeedDataset('{parent}') (shards made by another tool: run "
+                f"manifest.json, {parent} (shards made by another tool: run "
                 f"`feedpipe index {parent}` first)")
         return SourceNotFoundError(f"{root}: is a file, not a dataset: pass the directory "
                                    "holding manifest.json (or the manifest.json itself)")

@@ -113,8 +113,8 @@ class ShardReader:
         samples: the number of samples the manifest records; an index that lists another
             number is an error.
         lazy: read the index when it is first needed (a sample, the length) instead of now,
-            for a caller that only copies byte ranges it already knows
-            (:mod:`feedpipe.stream._refs`): the shard is mapped and no more.
+            for a caller that only copies byte ranges it already knows (as the loader's
+            ``refs`` routes do): the shard is mapped and no more.
 
     Example:
         >>> import feedpipe, glob

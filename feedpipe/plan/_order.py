@@ -156,6 +156,7 @@ class Plan:
 
     @property
     def num_samples(self) -> int:
+        """Samples in the epoch (over every shard)."""
         return int(self._first[-1])
 
     @property

@@ -199,8 +199,8 @@ class BatchCollator:
 
     def buffer(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(images, labels)`` views of the first ``n`` rows of a free buffer, counted as a
-        batch. For a caller that fills a batch in place (:mod:`feedpipe.stream._store_gather`):
-        it returns them (or the images alone) as the batch, as :meth:`__call__` would."""
+        batch. For a caller that fills a batch in place (the ``gather`` route does): it
+        returns them (or the images alone) as the batch, as :meth:`__call__` would."""
         if not 0 < n <= self.batch_size:
             raise ValueError(f"a buffer of {n} rows from a BatchCollator of batch_size "
                              f"{self.batch_size}")

@@ -57,7 +57,7 @@ class FeedDataset(IterableDataset):
 
     Each epoch every sample is delivered exactly once over all ranks and workers, in an order that
     depends on ``(dataset, seed, epoch)`` only. Every rank gets the same number of samples (see
-    :mod:`feedpipe.plan._order`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__``
+    :class:`~feedpipe.Plan`). Samples are dicts: ``__key__``, ``__shard__``, ``__index__``
     (global sample id), ``__epoch__`` and ``__seed__`` (for reproducible per-sample
     augmentation), and one raw-bytes entry per field. A field is a zero-copy ``memoryview`` of a
     local shard in the process that reads it, ``bytes`` when a worker process must send a raw
@@ -88,7 +88,7 @@ class FeedDataset(IterableDataset):
             headers, when it is first opened: every byte served has been checked (a shard the
             manifest gives no sha256 for is named in a warning: its bytes cannot be).
         max_open_shards: shard maps a process keeps open at once.
-        cache_dir: the node-local L1 shard cache (:mod:`feedpipe.caches._shards`): a directory,
+        cache_dir: the node-local L1 shard cache (:class:`~feedpipe.ShardCache`): a directory,
             ``True``/``"auto"`` for ``$XDG_CACHE_HOME/feedpipe/shards``, or a
             :class:`~feedpipe.ShardCache`. Shards are fetched there once per node
             (prefetched ahead of use, evicted by the plan) and read with mmap. ``None``: remote
@@ -99,7 +99,7 @@ class FeedDataset(IterableDataset):
             directory (``True``/``"auto"``: ``$XDG_CACHE_HOME/feedpipe/decoded``): the first epoch
             fills it, later ones read it without reading a shard or calling the transform. The
             transform must be deterministic with fixed-shape outputs (e.g. decode and resize);
-            see :mod:`feedpipe.caches._decoded`. Counters: ``ds.decoded.stats``.
+            see :class:`~feedpipe.DecodedStore`. Counters: ``ds.decoded.stats``.
 
     Example:
         >>> ds = FeedDataset("shards/example", decode={"cls": int})
@@ -181,7 +181,7 @@ class FeedDataset(IterableDataset):
         2. Where ``rank=``/``world_size=`` were not given, the world is detected again: a
            launcher may initialise ``torch.distributed`` after the dataset was made (Lightning's
            own does, before it trains). A world that names no rank is refused here
-           (:func:`~feedpipe.plan._world.detect_world`, ``strict``).
+           (:func:`~feedpipe.detect_world`, ``strict``).
         """
         self._reader.own()
         if self._world_given:

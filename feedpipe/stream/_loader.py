@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -53,9 +54,9 @@ class FeedLoader:
     have the standard signatures, so Lightning, accelerate and torch checkpoints save and
     restore it as they do a ``StatefulDataLoader``.
 
-    How batches are made is a *route* (:mod:`feedpipe.stream._routes`): the combination of fetch,
-    compute, executor and sink that fits the configuration, chosen by
-    :func:`feedpipe.stream._routes.choose`, forced with ``route=``, reported by :attr:`route` and
+    How batches are made is a *route* (:class:`~feedpipe.Route`): the combination of fetch,
+    compute, executor and sink that fits the configuration, chosen by one function from the
+    configuration, forced with ``route=``, reported by :attr:`route` and
     :meth:`stats`. Every route gives the same batches.
 
     Args:
@@ -66,8 +67,8 @@ class FeedLoader:
             another); they never touch CUDA. In a process that runs DALI's threads (a
             :class:`~feedpipe.DaliStage` fed by this loader has started), forking is unsafe: it
             is refused with a :class:`~feedpipe.StartMethodError` naming the fix.
-        collate_fn: default :func:`~feedpipe.stream._collate.collate_samples` (raw samples:
-            every field of the manifest in every batch, ``None`` where a sample lacks it). A
+        collate_fn: default: raw samples collated field by field (every field of the
+            manifest in every batch, ``None`` where a sample lacks it). A
             :class:`~feedpipe.BatchCollator` collates into reused preallocated buffers.
         device: deliver batches on this device through a :class:`DeviceLoader` (background
             prefetch, pinned side-stream copies on CUDA; ``"cpu"`` prefetches only).
@@ -78,18 +79,17 @@ class FeedLoader:
             transform is called from several threads at once.
         drop_last: leave out each rank's short last batch, as the DataLoader does (every rank
             still gets the same number of batches).
-        route: ``"auto"`` or a route's name (:data:`feedpipe.stream._routes.ROUTES`); a route that
-            cannot serve the configuration is refused with a sentence saying why.
+        route: ``"auto"`` or a route's name (:attr:`Route.name`, e.g. ``"rows-workers"``); a
+            route that cannot serve the configuration is refused with a sentence saying why.
         reuse_buffers: with ``rows-workers``, each worker reuses its shared-memory batch
-            buffers once this process no longer holds the batch
-            (:mod:`feedpipe.stream._worker_rows`). This process sees its own references only:
-            pass ``False`` if batches are handed on to another process without a copy. On that
-            route ``prefetch_factor`` defaults to 1: a worker makes whole batches, one in flight
-            keeps it busy, and one buffer fewer is held per worker.
+            buffers once this process no longer holds the batch. This process sees its own
+            references only: pass ``False`` if batches are handed on to another process
+            without a copy. On that route ``prefetch_factor`` defaults to 1: a worker makes
+            whole batches, one in flight keeps it busy, and one buffer fewer is held per worker.
         ledger: a directory where this loader records, per epoch and rank, which sample ids the
-            training loop received (:mod:`feedpipe.stream._ledger`), so that ``feedpipe ledger
-            DIR`` (:func:`~feedpipe.check_ledger`) can prove a whole run, with its stops,
-            resumes and changes of world size, exactly-once. Every run of one job passes the same
+            training loop received, so that ``feedpipe ledger DIR``
+            (:func:`~feedpipe.check_ledger`) can prove a whole run, with its stops, resumes and
+            changes of world size, exactly-once. Every run of one job passes the same
             directory. Its ``state_dict()`` then carries a ``ledger`` mark.
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
@@ -130,6 +130,21 @@ class FeedLoader:
             raise ValueError(f"transform_threads must be 0 or more, not {transform_threads!r}")
         if int(num_workers) < 0:
             raise ValueError(f"num_workers must be 0 or more, not {num_workers!r}")
+        size: Any = batch_size  # checked as the caller may have passed it, typed or not
+        if size is None:
+            raise TypeError("FeedLoader always makes batches: batch_size=None (the DataLoader's "
+                            "one sample at a time, uncollated) is iterating the FeedDataset "
+                            "itself, `for sample in dataset`; give FeedLoader an integer "
+                            "batch_size of 1 or more")
+        if isinstance(size, bool) or not isinstance(size, Integral) or size < 1:
+            raise ValueError(f"batch_size must be an integer of 1 or more, not {batch_size!r}")
+        if isinstance(collate_fn, BatchCollator) and batch_size > collate_fn.batch_size:
+            raise ValueError(
+                f"FeedLoader(batch_size={batch_size}) with a BatchCollator of batch_size "
+                f"{collate_fn.batch_size}: a batch of {batch_size} samples does not fit its "
+                f"{collate_fn.batch_size} rows; give both the same size, e.g. "
+                f"FeedLoader(ds, batch_size={batch_size}, collate_fn=BatchCollator("
+                f"{batch_size}, ...))")
         if route != "auto" and route not in ROUTES:
             raise ValueError(f"unknown route {route!r}; the routes are "
                              f"{', '.join(['auto', *ROUTES])}")
@@ -201,8 +216,7 @@ class FeedLoader:
         """Say that this loader will feed threads that make forking unsafe (``reason`` names
         them): its worker processes started by ``fork`` are refused with a sentence naming the
         fix. :class:`~feedpipe.DaliStage` calls this on the loader it is given; while its
-        pipeline is alive, every loader of the process is refused the same way
-        (:mod:`feedpipe._helpers.fork_safety`)."""
+        pipeline is alive, every loader of the process is refused the same way."""
         self._fork_unsafe = reason
 
     # -- epochs ----------------------------------------------------------------------------

@@ -84,6 +84,7 @@ class ShardSet:
 
     @property
     def num_samples(self) -> int:
+        """Samples over every shard."""
         return int(self.first[-1])
 
     @property
@@ -95,6 +96,7 @@ class ShardSet:
         return self.cache is None and is_local(self.root) and not self._packed
 
     def url(self, shard: int) -> str:
+        """Where shard number ``shard`` is read from."""
         return join(self.root, self.names[shard])
 
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -175,6 +177,7 @@ class ShardSet:
         return True
 
     def is_open(self, shard: int) -> bool:
+        """Whether this process has shard number ``shard`` open."""
         return shard in self._readers
 
     def open_readers(self) -> list[ShardReader] | None:

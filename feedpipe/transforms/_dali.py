@@ -196,13 +196,14 @@ class DaliStage:
             ``__index__``, ``__seed__``, ``__epoch__`` (what :class:`~feedpipe.FeedLoader`
             yields), or an ``(images, labels)`` pair. Iterated once per pass over the stage.
         batch_size: the largest batch (default: ``batches.batch_size``).
-        spec: what to do to each image (:class:`~feedpipe.transforms._pipeline.ImageSpec`).
+        spec: what to do to each image (an :class:`~feedpipe.ImageSpec`).
         device_id: the CUDA device (nvJPEG "mixed" decoding); ``None``: DALI on the CPU only.
         num_threads: DALI's CPU threads.
         prefetch: batches DALI works ahead (its ``prefetch_queue_depth``).
         image_field: the batch field holding the images, or a sequence of fields of which each
             sample's first non-``None`` one is used, each matching a field in any case (default:
-            :data:`~feedpipe.transforms._decode.IMAGE_FIELDS`).
+            ``"jpg", "jpeg", "png", "webp", "avif", "heic", "heif"``, then ``"bmp", "tif",
+            "tiff", "ppm", "pgm"``).
         label_field: the batch field holding the labels.
         on_error: what to do with an image DALI cannot decode (corrupt or truncated):
             ``"raise"`` a :class:`~feedpipe.errors.DecodeError` naming the sample (its key and
@@ -270,6 +271,7 @@ class DaliStage:
 
     @property
     def device(self) -> torch.device:
+        """Where the stage's batches are: ``cuda:<device_id>``, or ``cpu`` without one."""
         if self.device_id is None:
             return torch.device("cpu")
         return torch.device("cuda", self.device_id)
@@ -537,6 +539,7 @@ class DaliStage:
         return len(self.batches)  # type: ignore[arg-type]
 
     def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order from the next pass on (the wrapped loader's ``set_epoch``)."""
         self.batches.set_epoch(epoch)  # type: ignore[attr-defined]
 
     def state_dict(self) -> dict[str, Any]:
@@ -546,6 +549,8 @@ class DaliStage:
         return self.batches.state_dict()  # type: ignore[attr-defined]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the wrapped loader resumes there, and DALI's
+        pipeline starts afresh (what it had prefetched was never handed out)."""
         self.batches.load_state_dict(state_dict)  # type: ignore[attr-defined]
         self._state = None
         self._pipe = None

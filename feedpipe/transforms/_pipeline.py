@@ -96,7 +96,7 @@ def parse_label(value: Any) -> int:
 @dataclass(frozen=True)
 class ImageSpec:
     """What an image pipeline does, shared by the CPU :class:`ImagePipeline` and the DALI stage
-    (:mod:`feedpipe.transforms._dali`), so both take the same crops and flips for the same sample.
+    (:class:`~feedpipe.DaliStage`), so both take the same crops and flips for the same sample.
 
     Training: a random-resized crop to ``size`` and a left-right flip. Evaluation: the centred
     square of ``crop_fraction`` of the shorter side, resized to ``size`` (a resize to ``size /
@@ -146,9 +146,8 @@ class ImageSpec:
                  rng: np.random.Generator | None) -> tuple[Box, bool]:
         """The crop window (in the ``height`` x ``width`` image) and whether to flip it.
 
-        Draws, in order: the crop
-        (:func:`~feedpipe.transforms._geometry.random_resized_crop_box`), then one number for
-        the flip (:class:`RandomHorizontalFlip`); nothing when not training.
+        Draws, in order: the crop (torchvision's ``RandomResizedCrop`` rule), then one number
+        for the flip (:class:`RandomHorizontalFlip`); nothing when not training.
         """
         if not self.train:
             side = max(1, int(round(min(height, width) * self.crop_fraction)))
@@ -166,22 +165,20 @@ class ImagePipeline:
     AVIF and HEIC (where their decoder is installed: ``pip install 'feedpipe[images]'``), and what
     else OpenCV reads; the format is read from the bytes. The output is always three RGB
     channels: alpha dropped (not composited), grey replicated, 16-bit scaled to 8, EXIF
-    orientation not applied (:mod:`feedpipe.transforms._decode` has the decoders and the reasons).
+    orientation not applied (:func:`~feedpipe.image_decoders` names the decoder of each format).
     The image is the first of the ``image_field`` fields the sample has, in any case (a field
     ``JPEG``, from an ILSVRC tree's ``.JPEG`` files, is a ``jpeg`` image), so a dataset mixing
     ``.jpg`` and ``.png`` files needs no option.
 
     **JPEG.** The header gives the image size, and the crop is chosen there
-    (:meth:`ImageSpec.geometry`). The JPEG is decoded at the smallest scale (1/8 to 1/2) that
-    still leaves the crop at least ``size`` pixels; where the C extension is built, only the
-    crop's rows and columns are (:func:`~feedpipe.transforms._jpeg.decode_window`). The crop is
-    resized to ``size`` (antialiased bilinear, ``uint8``) and flipped in the same copy, then
-    normalised straight into a contiguous CHW ``float32`` tensor (``uint8`` CHW with
-    ``mean=None``). The geometry is that of ``Compose([DecodeJPEG(), RandomResizedCrop(size),
-    RandomHorizontalFlip(), ToTensor(), Normalize()])`` with the same rng; pixels differ only
-    where the reduced decode kicks in. Other formats are decoded whole
-    (:func:`~feedpipe.transforms._decode.decode_image`), then cropped, resized and normalised the
-    same way.
+    (:meth:`ImageSpec.geometry`). The JPEG is decoded at the smallest scale (1/8 to 1/2) that still
+    leaves the crop at least ``size`` pixels; where the C extension is built, only the crop's rows
+    and columns are. The crop is resized to ``size`` (antialiased bilinear, ``uint8``) and flipped
+    in the same copy, then normalised straight into a contiguous CHW ``float32`` tensor (``uint8``
+    CHW with ``mean=None``). The geometry is that of ``Compose([DecodeJPEG(),
+    RandomResizedCrop(size), RandomHorizontalFlip(), ToTensor(), Normalize()])`` with the same rng;
+    pixels differ only where the reduced decode kicks in. Other formats are decoded whole, then
+    cropped, resized and normalised the same way.
 
     **Bad samples.** A corrupt or truncated image, a sample with no image field, or a label that
     is not an integer raises :class:`~feedpipe.errors.DecodeError` naming the sample's key and
@@ -196,7 +193,8 @@ class ImagePipeline:
     :class:`~feedpipe.errors.MissingDependencyError` with the pip line.
 
     Picklable (plain attributes): give it to ``FeedDataset(transform=...)`` and it runs in the
-    workers. Randomness: :func:`rng_of` the sample (:mod:`feedpipe.transforms._seeding`).
+    workers. Randomness: a generator seeded from the sample's ``__seed__``, ``__epoch__`` and
+    ``__index__``, so the same sample gets the same crop on any rank or worker.
 
     Args:
         size: output side (square).
@@ -208,9 +206,8 @@ class ImagePipeline:
         std: per-channel standard deviation on the ``[0, 1]`` scale.
         image_field: the field holding the image bytes, or a sequence of fields of which the
             first the sample has is used; each matches a field in any case where none
-            matches exactly. Default: :data:`~feedpipe.transforms._decode.IMAGE_FIELDS`
-            (``"jpg", "jpeg", "png", "webp", "avif", "heic", "heif"``, then torchvision
-            ``ImageFolder``'s others: ``"bmp", "tif", "tiff", "ppm", "pgm"``).
+            matches exactly. Default: ``"jpg", "jpeg", "png", "webp", "avif", "heic", "heif"``,
+            then torchvision ``ImageFolder``'s others: ``"bmp", "tif", "tiff", "ppm", "pgm"``.
         label_field: the field holding an integer label; ``None``: return the image only.
         on_error: ``"raise"`` (a :class:`~feedpipe.errors.DecodeError`) or ``"skip"`` (a
             :class:`~feedpipe.errors.SampleSkipped`, see above) for a bad sample.
