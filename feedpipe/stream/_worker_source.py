@@ -29,6 +29,7 @@ from ._batch_loop import (
     Skips,
     batch_loop,
 )
+from ._io import ZERO, IoTally
 from ._refs import RefFetch
 from ._store_gather import Finished
 from ._worker_rows import RowRelease, WorkerRing
@@ -42,17 +43,20 @@ if TYPE_CHECKING:
 
 class WorkerMeta:
     """What travels with each batch from a worker: its process id, the samples its transform
-    left out since the last batch, the ticket of the ring buffer it was written in, and the
-    seconds its batch loop spent in fetch, compute and sink since the last batch."""
+    left out since the last batch, the ticket of the ring buffer it was written in, the
+    seconds its batch loop spent in fetch, compute and sink since the last batch, and the bytes
+    and requests its tiers counted since then (:data:`feedpipe.stream._io.FIELDS`)."""
 
-    __slots__ = ("pid", "skipped", "ticket", "times")
+    __slots__ = ("pid", "skipped", "ticket", "times", "io")
 
     def __init__(self, pid: int, skipped: int, ticket: Any,
-                 times: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+                 times: tuple[float, float, float] = (0.0, 0.0, 0.0),
+                 io: tuple[int, ...] = ZERO) -> None:
         self.pid, self.skipped, self.ticket, self.times = pid, skipped, ticket, times
+        self.io = io
 
     def __reduce__(self) -> Any:
-        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times)
+        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times, self.io)
 
 
 class WorkerSource(IterableDataset):
@@ -87,6 +91,7 @@ class WorkerSource(IterableDataset):
         ds, route, pid = self.dataset, self.route, os.getpid()
         skips = Skips()
         ring = None
+        tally = IoTally(ds)  # before the reader starts prefetching
         with EpochReader(ds, worker, workers) as reader:
             maker: Any
             if route.fetch == "refs":
@@ -110,9 +115,9 @@ class WorkerSource(IterableDataset):
                                          fields=self.fields, default=self.default)
             told = 0
             times = PartTimes()
-            for batch in batch_loop(reader.batches(), fetch, maker, times=times):
+            for batch in batch_loop(reader.batches(), tally.counted(fetch), maker, times=times):
                 meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket(),
-                                  times.as_tuple())
+                                  times.as_tuple(), tally.take())
                 times.fetch = times.compute = times.sink = 0.0
                 told = skips.count
                 yield batch, meta
@@ -131,9 +136,10 @@ class WorkerBatches:
     def __init__(self, loader: Any, route: Route, stats: dict[str, Any], *,
                  resolver: Resolver | None = None, release: RowRelease | None = None,
                  pin: bool = False, shards: ShardSet | None = None,
-                 times: PartTimes | None = None) -> None:
+                 times: PartTimes | None = None, io: list[int] | None = None) -> None:
         self.loader, self.route, self.stats = loader, route, stats
         self.times = times  # the workers' part times, added up
+        self.io = io  # the workers' bytes and requests (_io.FIELDS), added up
         self.resolver, self.release, self.pin = resolver, release, pin
         self.shards = shards  # to name a shard cut under a worker that died reading it
 
@@ -162,6 +168,10 @@ class WorkerBatches:
                 stats["skipped"] = stats.get("skipped", 0) + meta.skipped
                 if self.times is not None:
                     self.times.add(meta.times)
+                if self.io is not None:
+                    io = self.io
+                    for k, v in enumerate(meta.io):
+                        io[k] += v
                 if sink == "resolve":
                     batch = resolver(batch)  # type: ignore[misc]
                 elif sink == "rows":
