@@ -94,6 +94,16 @@ def test_a_remote_dataset_reports_requests_bytes_and_cost_per_epoch() -> None:
                      report.table()), report.table()
 
 
+def test_prices_are_checked_and_said_unused_off_a_dataset() -> None:
+    with pytest.raises(ValueError, match="price per GB must be 0 or more, not -1"):
+        probe(str(EXAMPLE), price_per_gb=-1.0, **QUICK)
+    report = probe(generate=1 << 20, route="samples", price_per_gb=0.1, **QUICK)
+    notes = report.to_dict()["target"]["notes"]
+    assert notes == ["--route, --price-per-gb: for a shard dataset's FeedLoader; not used on a "
+                     "file"]
+    assert notes[0] in report.table()
+
+
 def test_epoch_cost_needs_a_price() -> None:
     io = {"remote": {"requests": 10, "bytes": 10**9}}
     assert epoch_cost(io, None, None) is None

@@ -17,8 +17,10 @@ def add_probe(sub: argparse._SubParsersAction) -> None:
             "threads, small-file open+read rate, random read latency p50/p99, cold (pages\n"
             "dropped with posix_fadvise) and warm; on shard datasets each pipeline stage's\n"
             "samples/s (read, image decode per core, batching, host-to-device when CUDA is\n"
-            "present) and FeedLoader worker scaling. Ends with the bounding stage, the predicted\n"
-            "ceiling, the accelerator utilisation for --step-time, and advice.\n\n"
+            "present) and FeedLoader worker scaling; then the FeedLoader a script gets (or\n"
+            "each --route): its seconds per part, the part that bounds it, bytes and requests\n"
+            "per epoch (a cost per epoch with the prices). Ends with the bounding stage, the\n"
+            "predicted ceiling, the accelerator utilisation for --step-time, and advice.\n\n"
             "Each phase stops after --duration seconds. Nothing is written except --json-out,\n"
             "--plot and, with --generate, one test file in a temp dir that is deleted afterwards."
         ),

@@ -253,6 +253,13 @@ def _run(url: str, settings: ProbeSettings, decode: Callable[[dict[str, Any]], A
     t_start = time.perf_counter()
     d = settings.duration
     t = resolve(url, seconds=d)
+    asked = [name for name, given in (
+        ("--route", settings.routes != (None,)), ("--price-per-gb", settings.price_per_gb),
+        ("--price-per-1k-requests", settings.price_per_1k_requests)) if given is not None
+        and given is not False]
+    if asked and t.kind != "dataset":
+        t.notes.append(f"{', '.join(asked)}: for a shard dataset's FeedLoader; not used on a "
+                       f"{t.kind}")
     cpus = usable_cpus()
     plan_workers = settings.workers if settings.workers is not None else cpus
     p = max(1, min(plan_workers, cpus))
