@@ -414,7 +414,8 @@ def test_plot_panels_fit_what_was_measured(dataset: Path, tmp_path: Path) -> Non
 
     make_image_folder(str(tmp_path / "img"), classes=2, per_class=4, min_size=16, max_size=24)
     for target, titles in ((tmp_path / "img", ["Small files", "Pipeline stages"]),
-                           (dataset, ["Sequential read", "Pipeline stages"])):
+                           (dataset, ["Sequential read", "Pipeline stages",
+                                      "FeedLoader parts (stats()['time'])"])):
         doc = probe(str(target), step_time_ms=50, **QUICK).to_dict()
         fig = figure(doc)
         try:
@@ -428,7 +429,7 @@ def test_plot_panels_fit_what_was_measured(dataset: Path, tmp_path: Path) -> Non
                 if legend is not None:
                     assert legend.get_window_extent(renderer).y1 <= ax.get_window_extent(
                         renderer).y0
-            stages = axes[-1]
+            stages = axes[titles.index("Pipeline stages")]
             assert stages.get_xscale() == "linear" and stages.get_xlim()[0] == 0
             assert all(p.get_x() == 0 for p in stages.patches)
         finally:

@@ -122,3 +122,18 @@ def test_single_node_launcher_reads_local_shards_in_place_and_resumes_elasticall
     assert not [p for p in tmpdir.iterdir() if "feedpipe" in p.name]  # no cache of local shards
     assert [p.name for p in (checkout / "runs").iterdir()] == [
         Path(os.path.dirname(out.split("resumed from ")[1].split(" at epoch")[0])).name]
+
+
+@pytest.mark.slow
+def test_a_ledger_proves_a_stopped_and_resumed_run_exactly_once(checkout: Path) -> None:
+    """The walk-through's two jobs (2 ranks stopped mid-epoch, the rest on 1 rank) given one
+    --ledger directory: `feedpipe ledger` finds both epochs delivered exactly once."""
+    data = other_dataset(checkout)
+    ledger = checkout / "runs" / "ledger"
+    train = (f"torchrun --nproc_per_node={{}} tools/train_ddp.py {data} --ckpt runs/x.pt "
+             f"--ledger {ledger}")
+    assert "checkpoint at epoch 1 step 2" in sh(train.format(2) + " --stop-after 2", checkout)
+    assert "position 16" in sh(train.format(1) + " --workers 1", checkout)
+    out = sh(f"{sys.executable} -m feedpipe ledger {ledger}", checkout)
+    assert "OK: every finished epoch exactly once" in out, out
+    assert "epoch 1 (finished, 3 parts): 40 of 40 delivered - exactly once" in out, out

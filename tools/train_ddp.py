@@ -16,6 +16,9 @@ Rank 0 saves the checkpoint at ``--stop-after`` and at the end of every epoch, a
 start-up for every rank: ranks step in lockstep, so its loader state resumes every rank of the
 next job, whatever its size, and only rank 0 needs to see the file. Each rank appends the sample
 ids it trained on to ``--ids-log`` (JSON lines), so a run can be checked for exactly-once delivery.
+With ``--ledger DIR`` (the same directory for every job of a run, on storage every node sees) the
+loaders record what each rank received, compactly, and ``feedpipe ledger DIR`` proves the whole
+run exactly-once or names what repeated or went missing.
 """  # noqa: E501 - one line a command: tests/test_train_example.py runs them as printed
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ def main() -> None:
                     help="node-local L1 shard cache for a remote dataset (s3://, gs://, http://): "
                          "each node fetches the shards its ranks read once, shared by its ranks")
     ap.add_argument("--cache-size", default=None, help="the cache's byte budget, e.g. 200GB")
+    ap.add_argument("--ledger", default=None, metavar="DIR",
+                    help="record each rank's delivered samples here (FeedLoader(ledger=DIR)); "
+                         "check the run with: feedpipe ledger DIR")
     a = ap.parse_args()
     ckpt_path = a.ckpt or default_ckpt(a.dataset)
     if a.log:
@@ -113,7 +119,8 @@ def main() -> None:
     if "cls" not in m.fields or not fields_present(m.fields, IMAGE_FIELDS):
         sys.exit(f"{a.dataset}: fields {m.fields}; this example trains on image-folder shards "
                  "(an image field and cls): feedpipe shard IMAGES OUT --labels-from-dirs")
-    loader = feedpipe.FeedLoader(ds, batch_size=a.batch_size, num_workers=a.workers)
+    loader = feedpipe.FeedLoader(ds, batch_size=a.batch_size, num_workers=a.workers,
+                                 ledger=a.ledger)
     model = nn.parallel.DistributedDataParallel(nn.Linear(3, max(2, len(m.classes or []))))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     start = 0

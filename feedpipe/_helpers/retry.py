@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import AccessDeniedError, FeedpipeError, RemoteError, SourceNotFoundError
+from .remote_count import REMOTE
 
 T = TypeVar("T")
 
@@ -147,11 +148,14 @@ def call(
     policy = policy or DEFAULT_POLICY
     delays = policy.delays()
     tries = 0
+    counted = "://" in url and not url.startswith("file://")  # remote: see remote_count
     while True:
         tries += 1
         try:
-            return fn()
+            answer = fn()
         except Exception as e:
+            if counted:
+                REMOTE.note(None)  # a failed attempt was a request too
             kind = classify(e)
             if kind == MISSING:
                 raise SourceNotFoundError(
@@ -183,3 +187,7 @@ def call(
                 stop.wait(delay)
             else:
                 threading.Event().wait(delay)
+            continue
+        if counted:
+            REMOTE.note(answer)
+        return answer

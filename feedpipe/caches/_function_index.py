@@ -245,6 +245,11 @@ class FunctionIndex:
             return lambda f: self.wrap(f, **kw)
         return self.wrap(fn, **kw)
 
+    def counts(self) -> tuple[int, int]:
+        """This process's ``(hits, misses)``, read without touching the database (cheap enough
+        to read after every batch, unlike :meth:`stats`)."""
+        return self._tally.hits, self._tally.misses
+
     def stats(self) -> IndexStats:
         """This process's hits, misses, dedup count, stored bytes, plus the entries on disk."""
         self.flush()

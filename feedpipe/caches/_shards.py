@@ -75,11 +75,13 @@ def default_cache_dir() -> str:
 
 @dataclass
 class CacheStats:
-    """Per process: ``hits`` (a reader found its shard cached), ``misses`` (it did not: it
-    fetched the shard or read it uncached), ``fills`` (downloads, of which ``prefetched`` by
-    background threads), ``waits`` (another thread or process held the entry), ``evictions``,
-    ``refetched`` (damaged or mismatched files discarded), ``degraded`` (read uncached: disk
-    full), ``over_budget`` (read uncached: the budget was taken by shards in use)."""
+    """Per process: ``hits`` (a reader found its shard cached before this process fetched it),
+    ``misses`` (it did not: it fetched the shard, read it uncached, or found it filled by this
+    process's own prefetch: that fill was made for this read, so it is no hit), ``fills``
+    (downloads, of which ``prefetched`` by background threads), ``waits`` (another thread or
+    process held the entry), ``evictions``, ``refetched`` (damaged or mismatched files
+    discarded), ``degraded`` (read uncached: disk full), ``over_budget`` (read uncached: the
+    budget was taken by shards in use)."""
 
     hits: int = 0
     misses: int = 0
@@ -118,6 +120,10 @@ class ShardCache:
         self.threads = threads
         self.stats = CacheStats()
         self._warned: set[str] = set()
+        # entries this process's prefetch filled that no reader here has acquired yet: their
+        # first acquisition is a miss (set operations are atomic under the GIL: the prefetch
+        # threads add, the reader removes)
+        self._prefilled: set[str] = set()
         self._made = False
         self._budget = Budget(self.path)
 
@@ -125,6 +131,7 @@ class ShardCache:
         state = self.__dict__.copy()
         state["stats"] = CacheStats()  # counters are per process
         state["_warned"] = set()
+        state["_prefilled"] = set()
         return state
 
     # -- files and locks -------------------------------------------------------------------
@@ -282,6 +289,8 @@ class ShardCache:
             if entry.valid():
                 return "ok"
             status = self._fill(entry, rank, demand=False, stop=stop)
+            if status == "ok":  # before the lock goes: a reader waits for it, then looks
+                self._prefilled.add(entry.key)
         except Stopped:
             return "skipped"
         finally:
@@ -312,7 +321,11 @@ class ShardCache:
         for attempt in range(200):
             fd = self._lock(entry.key, SHARED)  # blocks while a filler holds LOCK_EX
             if fd is not None and entry.valid():
-                self.stats.hits += 1
+                if entry.key in self._prefilled:
+                    self._prefilled.discard(entry.key)
+                    self.stats.misses += 1
+                else:
+                    self.stats.hits += 1
                 return Lease(tar, fd)
             if fd is not None:
                 os.close(fd)
@@ -334,8 +347,10 @@ class ShardCache:
                 os.close(fd)
                 raise
             if same_file(fd, lockfile) and entry.valid():
-                self.stats.misses += status == "ok"
-                self.stats.hits += status == "valid"
+                hit = status == "valid" and entry.key not in self._prefilled
+                self._prefilled.discard(entry.key)
+                self.stats.misses += not hit
+                self.stats.hits += hit
                 return Lease(tar, fd)
             os.close(fd)
         warnings.warn(f"{self.path}: could not settle the cache entry of {entry.url}; reading it "

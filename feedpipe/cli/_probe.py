@@ -17,8 +17,10 @@ def add_probe(sub: argparse._SubParsersAction) -> None:
             "threads, small-file open+read rate, random read latency p50/p99, cold (pages\n"
             "dropped with posix_fadvise) and warm; on shard datasets each pipeline stage's\n"
             "samples/s (read, image decode per core, batching, host-to-device when CUDA is\n"
-            "present) and FeedLoader worker scaling. Ends with the bounding stage, the predicted\n"
-            "ceiling, the accelerator utilisation for --step-time, and advice.\n\n"
+            "present) and FeedLoader worker scaling; then the FeedLoader a script gets (or\n"
+            "each --route): its seconds per part, the part that bounds it, bytes and requests\n"
+            "per epoch (a cost per epoch with the prices). Ends with the bounding stage, the\n"
+            "predicted ceiling, the accelerator utilisation for --step-time, and advice.\n\n"
             "Each phase stops after --duration seconds. Nothing is written except --json-out,\n"
             "--plot and, with --generate, one test file in a temp dir that is deleted afterwards."
         ),
@@ -55,6 +57,14 @@ def add_probe(sub: argparse._SubParsersAction) -> None:
                    help="bytes per random read (default: 4KiB)")
     p.add_argument("--generate", type=parse_size, default=None, metavar="SIZE",
                    help="write a SIZE test file in a temp dir, probe it, delete it")
+    p.add_argument("--route", default=None, metavar="NAME[,NAME]",
+                   help="on a dataset, run the FeedLoader with these routes and compare their "
+                        "per-part times, bound and bytes (default: the route the loader "
+                        "chooses, as a training script gets it; auto names that choice)")
+    p.add_argument("--price-per-gb", type=float, default=None, metavar="PRICE",
+                   help="the remote store's price per GB read, for a cost per epoch")
+    p.add_argument("--price-per-1k-requests", type=float, default=None, metavar="PRICE",
+                   help="the remote store's price per 1,000 requests, for a cost per epoch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -64,6 +74,7 @@ def cmd_probe(a: argparse.Namespace) -> int:
     r = probe(a.target, duration=a.duration, step_time_ms=a.step_time, batch_size=a.batch_size,
               workers=a.workers, block_sizes=a.block_sizes, threads=a.threads,
               random_block=a.random_block, generate=a.generate, plot_path=a.plot,
-              show_progress=False if a.no_progress else None)
+              show_progress=False if a.no_progress else None, route=a.route,
+              price_per_gb=a.price_per_gb, price_per_1k_requests=a.price_per_1k_requests)
     emit(a, r.to_dict(), r.table)
     return 0

@@ -147,12 +147,15 @@ def _small_phases(t: Target, small: storage.FileSet, d: float, can_drop: bool, p
 
 
 def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[int],
-                     phase: Phases) -> dict[str, Any]:
+                     phase: Phases, workers: int = 1) -> dict[str, Any]:
+    """The stages measured alone, the FeedLoader at each of ``loaders`` worker counts, then the
+    loader a script gets (with ``workers`` processes; each of ``s.routes``) and its accounts."""
+    from . import _accounts as accounts
     from . import _pipeline as pipeline
 
     d = s.duration
     out: dict[str, Any] = {"read": None, "decode": None, "batch": None, "loader": [],
-                           "h2d": None, "cuda": None, "notes": []}
+                           "accounts": [], "h2d": None, "cuda": None, "notes": []}
     manifest = t.manifest
     if manifest is None:
         raise TypeError(f"{t.url}: not a dataset target")
@@ -185,6 +188,12 @@ def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[
         with phase(f"loader, {w} workers"):
             out["loader"].append(pipeline.loader_stage(src, decode_fn, collate, s.batch_size,
                                                        w, d))
+    for route in s.routes:
+        with phase(f"FeedLoader route {route or 'auto'}, its accounts"):
+            out["accounts"].append(accounts.run_loader(
+                src, route, decode=decode_fn, collate=collate, batch_size=s.batch_size,
+                workers=workers, seconds=d, samples=t.samples or 0,
+                price_per_gb=s.price_per_gb, price_per_1k_requests=s.price_per_1k_requests))
     # CUDA is asked about after the loader stages, so that they measure a process (and forked
     # workers) that never touched CUDA, as a CPU-only storage check runs
     import torch
@@ -240,12 +249,19 @@ def figures(t: Target, st: dict[str, Any], pl: dict[str, Any] | None, s: ProbeSe
         # what later epochs see: the page cache keeps a dataset that fits in memory warm
         return "remote" if not t.local else "warm" if fits or not has_cold else "cold"
 
+    def best_of(state: str) -> dict[str, Any] | None:
+        sel = [c for c in cells if c["cache"] == state]
+        fit = [c for c in sel if c["threads"] <= p] or [c for c in sel if c["threads"] == min(
+            (c["threads"] for c in sel), default=0)]
+        return storage.best(fit)
+
     cells = st["sequential"]["cells"]
-    state = state_of(any(c["cache"] == "cold" for c in cells))
-    sel = [c for c in cells if c["cache"] == state]
-    fit = [c for c in sel if c["threads"] <= p] or [c for c in sel if c["threads"] == min(
-        (c["threads"] for c in sel), default=0)]
-    seq_best = storage.best(fit)
+    # the storage stage is the device's (cold) rate where it was measured, the warm (page
+    # cache) rate beside it: a warm figure is the memory's speed, not the storage's
+    state = "remote" if not t.local else "cold" if any(
+        c["cache"] == "cold" for c in cells) else "warm"
+    seq_best = best_of(state)
+    cold_best, warm_best = best_of("cold"), best_of("warm")
     samples = t.samples
     sps = mb = None
     basis = ""
@@ -287,4 +303,6 @@ def figures(t: Target, st: dict[str, Any], pl: dict[str, Any] | None, s: ProbeSe
         small_files_per_s=small_rate, small_file_mb_per_s=small_mb, mean_file_bytes=mean_file,
         sequential_mb_per_s=best_seq_all["mb_per_s"] if best_seq_all else None,
         jpeg=bool(jpeg_fields(t.fields)), remote=not t.local, fits_in_memory=fits, cuda=cuda,
-        step_time_ms=s.step_time_ms)
+        step_time_ms=s.step_time_ms,
+        cold_mb_per_s=cold_best["mb_per_s"] if cold_best else None,
+        warm_mb_per_s=warm_best["mb_per_s"] if warm_best else None)

@@ -115,6 +115,31 @@ def _stages(ax: Any, v: dict[str, Any]) -> None:
                   ncol=2)
 
 
+PARTS = ("fetch", "compute", "sink", "wait", "step")
+
+
+def _parts(ax: Any, runs: list[dict[str, Any]]) -> None:
+    """Seconds per part of each FeedLoader run (``stats()["time"]``), the bounding part in red."""
+    from matplotlib.patches import Patch
+
+    height = 0.8 / len(runs)
+    keys = []
+    for i, r in enumerate(runs):
+        t = r["time"]
+        ys = [y + i * height for y in range(len(PARTS))]
+        colours = ["tab:red" if k == r["bound"] else f"C{i}" for k in PARTS]
+        ax.barh(ys, [t[k] for k in PARTS], height=height, color=colours)
+        keys.append(Patch(color=f"C{i}", label=f"{r['route']} (bound, in red: {r['bound']}; "
+                                               f"wall {t['wall']:.2f} s)"))
+    ax.set_yticks([y + 0.4 - height / 2 for y in range(len(PARTS))], list(PARTS))
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds in the pass (parts in workers: their seconds added up)")
+    ax.set_title("FeedLoader parts (stats()['time'])", fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(handles=keys, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+              frameon=False)
+
+
 def figure(doc: dict[str, Any]) -> Any:
     """The probe report ``doc`` (``ProbeReport.to_dict()``) drawn as a matplotlib figure (the
     caller closes it): one panel per kind of figure measured."""
@@ -133,6 +158,9 @@ def figure(doc: dict[str, Any]) -> Any:
         panels.append(lambda ax: _small_files(ax, st["small_files"]))
     if any(v["stage_samples_per_s"].values()):
         panels.append(lambda ax: _stages(ax, v))
+    runs = [r for r in (doc.get("pipeline") or {}).get("accounts") or [] if "time" in r]
+    if runs:
+        panels.append(lambda ax: _parts(ax, runs))
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.5 * max(1, len(panels)), 4.8),
                              squeeze=False)
     for draw, ax in zip(panels, axes[0]):

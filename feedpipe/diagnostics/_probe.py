@@ -6,7 +6,8 @@ The facade, in the order it runs:
 1. resolve the target (:mod:`~feedpipe.diagnostics._target`);
 2. the storage phases, cold then warm (:mod:`~feedpipe.diagnostics._storage`), with the page
    cache state measured (:mod:`~feedpipe.diagnostics._pagecache`);
-3. the pipeline phases on shard datasets (:mod:`~feedpipe.diagnostics._pipeline`);
+3. the pipeline phases on shard datasets (:mod:`~feedpipe.diagnostics._pipeline`), then the
+   FeedLoader a script gets and its own accounts (:mod:`~feedpipe.diagnostics._accounts`);
 4. the verdict (:mod:`~feedpipe.diagnostics._verdict`, pure);
 5. the report: a table (:mod:`~feedpipe.diagnostics._report`), JSON, a PNG
    (:mod:`~feedpipe.diagnostics._plot`).
@@ -171,6 +172,9 @@ def probe(
     plot_path: str | None = None,
     decode: Callable[[dict[str, Any]], Any] | None = None,
     show_progress: bool | None = None,
+    route: str | list[str] | None = None,
+    price_per_gb: float | None = None,
+    price_per_1k_requests: float | None = None,
 ) -> ProbeReport:
     """Probe ``target``: storage read rates, pipeline stage rates, the bounding stage, advice.
 
@@ -191,6 +195,10 @@ def probe(
         decode: ``sample dict -> decoded sample``, the decode stage (default: every image
             field, decoded as ImagePipeline decodes it); also run inside FeedLoader workers.
         show_progress: a progress bar (default: when stderr is a terminal).
+        route: on a dataset, the FeedLoader a script gets is run for its accounts (per-part
+            times, the bounding part, bytes and requests per epoch): with the route it chooses
+            (default), or each route named (``"samples,refs"``; ``"auto"``: its own choice).
+        price_per_gb, price_per_1k_requests: the remote store's prices, for a cost per epoch.
 
     Returns:
         A :class:`ProbeReport`.
@@ -200,9 +208,12 @@ def probe(
         >>> r.verdict["bounding_stage"], r.to_dict()["target"]["kind"]
         ('storage', 'file')
     """
+    from ._accounts import parse_routes
+
     settings = ProbeSettings(duration, tuple(block_sizes or DEFAULT_BLOCKS),
                              tuple(threads or DEFAULT_THREADS), random_block, batch_size,
-                             workers, step_time_ms)
+                             workers, step_time_ms, tuple(parse_routes(route)), price_per_gb,
+                             price_per_1k_requests)
     if plot_path is not None:
         from .._helpers.dependency import require
 
@@ -242,6 +253,13 @@ def _run(url: str, settings: ProbeSettings, decode: Callable[[dict[str, Any]], A
     t_start = time.perf_counter()
     d = settings.duration
     t = resolve(url, seconds=d)
+    asked = [name for name, given in (
+        ("--route", settings.routes != (None,)), ("--price-per-gb", settings.price_per_gb),
+        ("--price-per-1k-requests", settings.price_per_1k_requests)) if given is not None
+        and given is not False]
+    if asked and t.kind != "dataset":
+        t.notes.append(f"{', '.join(asked)}: for a shard dataset's FeedLoader; not used on a "
+                       f"{t.kind}")
     cpus = usable_cpus()
     plan_workers = settings.workers if settings.workers is not None else cpus
     p = max(1, min(plan_workers, cpus))
@@ -256,13 +274,14 @@ def _run(url: str, settings: ProbeSettings, decode: Callable[[dict[str, Any]], A
     mem_avail = memory().get("available_bytes", 0)
     fits = bool(mem_avail) and t.total_bytes <= mem_avail // 2
     total = _plan(t, seq, small, can_drop, loaders, decode_fn is not None)
+    total += len(settings.routes) if t.kind == "dataset" else 0
     bar = progress(total, desc="feedpipe probe", unit="phase", enabled=show_progress)
     phase = phases.Phases(bar)
     try:
         st = phases.storage_phases(t, seq, small, settings, can_drop, mem_avail, p, phase)
         pl = None
         if t.kind == "dataset":
-            pl = phases.dataset_pipeline(t, settings, decode_fn, loaders, phase)
+            pl = phases.dataset_pipeline(t, settings, decode_fn, loaders, phase, workers=p)
         elif t.kind == "directory" and decode_fn is not None and small is not None:
             pl = phases.directory_pipeline(small, decode_fn, decode is not None, d, phase)
     finally:

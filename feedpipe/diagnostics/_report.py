@@ -140,11 +140,49 @@ def _pipeline(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cold_warm(v: dict[str, Any]) -> str:
+    """Which sequential rate the storage verdict quotes, and the other beside it."""
+    cold, warm = v.get("storage_cold_mb_per_s"), v.get("storage_warm_mb_per_s")
+    if cold is None or v["bounding_stage"] != "storage":
+        return ""
+    beside = f"; warm, from the page cache: {_num(warm)} MB/s" if warm is not None else ""
+    return f" (cold: the device's reads, pages dropped{beside})"
+
+
+def _accounts(doc: dict[str, Any]) -> list[str]:
+    """The loader a script gets, per route: its per-part times, bound and bytes per epoch."""
+    runs = (doc.get("pipeline") or {}).get("accounts") or []
+    lines: list[str] = []
+    for r in runs:
+        if "error" in r:
+            lines.append(f"  route {r['asked']}: cannot serve ({r['error']})")
+            continue
+        t = r["time"]
+        parts = ", ".join(f"{k} {t[k]:.3f} s" for k in ("fetch", "compute", "sink", "wait",
+                                                        "step"))
+        lines.append(f"  route {r['route']}" + (" (its choice)" if r["asked"] == "auto" else "")
+                     + f": {_num(r['samples_per_s'])} samples/s, bound: {r['bound']}; "
+                     f"{parts} of {t['wall']:.3f} s ({t['parts_in']})")
+        io = r.get("io_per_epoch")
+        if io is not None:
+            remote = io["remote"]
+            cost = (f", about {r['cost_per_epoch']:,.4g} per epoch"
+                    if r.get("cost_per_epoch") is not None else "")
+            lines.append(f"    per epoch: {_size(io['local_bytes'])} read from local shards, "
+                         f"{remote['requests']:,} remote requests, {_size(remote['bytes'])} "
+                         f"remote{cost}; L1 {io['l1']['hits']} hits, {io['l1']['misses']} "
+                         f"misses" + ("" if r["epoch_fraction"] >= 1 else
+                                      f" (scaled from {100 * r['epoch_fraction']:.0f}% of one)"))
+    if lines:
+        lines.insert(0, "FeedLoader as a script gets it (stats()['time'], ['bound'], ['io']):")
+    return lines
+
+
 def table(doc: dict[str, Any]) -> str:
     """The human-readable report."""
     v = doc["verdict"]
     stages = _pipeline(doc) if doc["target"]["kind"] != "file" else []
-    lines = _header(doc) + _storage(doc) + stages + [""]
+    lines = _header(doc) + _storage(doc) + stages + _accounts(doc) + [""]
     if v["bounding_stage"] is None:
         lines.append("Verdict: not enough figures to name a bounding stage")
     elif v["ceiling_samples_per_s"] is not None:
@@ -153,7 +191,8 @@ def table(doc: dict[str, Any]) -> str:
                      f"{_num(v['ceiling_samples_per_s'])} samples/s{mb} with "
                      f"{v['parallelism']} worker process(es)")
     else:
-        lines.append(f"Verdict: {v['bounding_stage']} bounds at {_num(v['ceiling_mb_per_s'])} MB/s")
+        lines.append(f"Verdict: {v['bounding_stage']} bounds at {_num(v['ceiling_mb_per_s'])} MB/s"
+                     + _cold_warm(v))
     if v["measured_loader_samples_per_s"]:
         lines.append(f"  measured FeedLoader best: {_num(v['measured_loader_samples_per_s'])} "
                      f"samples/s with num_workers={v['measured_loader_workers']} (the ceiling "

@@ -20,6 +20,10 @@ class ProbeSettings:
     batch_size: int = 64
     workers: int | None = None  # DataLoader workers the verdict plans for (default: CPUs)
     step_time_ms: float | None = None
+    # the FeedLoader runs: each route (None: the loader's own choice, as a script gets it)
+    routes: tuple[str | None, ...] = (None,)
+    price_per_gb: float | None = None  # remote bytes, per 10^9
+    price_per_1k_requests: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.duration > 0 and math.isfinite(self.duration)):
@@ -34,5 +38,9 @@ class ProbeSettings:
             raise ValueError(f"batch size must be at least 1, not {self.batch_size}")
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"workers must be 0 or more, not {self.workers}")
+        for name, price in (("price per GB", self.price_per_gb),
+                            ("price per 1k requests", self.price_per_1k_requests)):
+            if price is not None and not (price >= 0 and math.isfinite(price)):
+                raise ValueError(f"{name} must be 0 or more, not {price}")
         if self.step_time_ms is not None and not self.step_time_ms > 0:
             raise ValueError(f"step time must be a positive number of ms, not {self.step_time_ms}")

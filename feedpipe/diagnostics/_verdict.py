@@ -49,6 +49,8 @@ class Figures:
     fits_in_memory: bool = False
     cuda: bool = False
     step_time_ms: float | None = None
+    cold_mb_per_s: float | None = None  # sequential, pages dropped: the device
+    warm_mb_per_s: float | None = None  # sequential, from the page cache: memory
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class Verdict:
     measured_loader_samples_per_s: float | None  # the best FeedLoader run, for comparison
     measured_loader_workers: int | None
     advice: list[str]
+    storage_cold_mb_per_s: float | None = None
+    storage_warm_mb_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,7 +114,8 @@ def decide(f: Figures) -> Verdict:
     best_w = max(f.loader, key=lambda w: f.loader[w]) if f.loader else None
     return Verdict(bound, ceiling, mb, stages, p, demand, utilisation,
                    f.loader[best_w] if best_w is not None else None, best_w,
-                   _advice(f, bound, ceiling, p, cpu_rates, demand))
+                   _advice(f, bound, ceiling, p, cpu_rates, demand), f.cold_mb_per_s,
+                   f.warm_mb_per_s)
 
 
 def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
@@ -130,8 +135,10 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
     if bound == "storage" and f.kind != "file":
         where = "the remote store" if f.remote else "this storage"
         if f.fits_in_memory:
-            out.append(f"Storage bounds ({f.storage_basis}), but the dataset fits in memory: keep "
-                       "it in the page cache or put the L1 shard cache on /dev/shm "
+            warm = (f" (warm, from the page cache: {_fmt(f.warm_mb_per_s)} MB/s)"
+                    if f.warm_mb_per_s else "")
+            out.append(f"Storage bounds ({f.storage_basis}), but the dataset fits in memory"
+                       f"{warm}: keep it in the page cache or put the L1 shard cache on /dev/shm "
                        "(FeedDataset(..., cache_dir='/dev/shm/feedpipe')) so later epochs read "
                        "from memory.")
         else:

@@ -30,6 +30,7 @@ from ._collate import LeftOut, collate_samples, empty_epoch_error, left_out_erro
 from ._collator import BatchCollator
 from ._dataset import FeedDataset
 from ._epoch import EpochState
+from ._io import ZERO, IoTally, add, io_figures
 from ._ledger import Ledger
 from ._routes import ROUTES, Config, Route, choose
 from ._worker_rows import RowRelease, writes_into
@@ -183,6 +184,11 @@ class FeedLoader:
         self._resumed_from: dict[str, Any] | None = None
         self._times = PartTimes()
         self._clock = [0.0, 0.0]  # this pass: seconds waited for batches, its wall time
+        # this pass's bytes and requests (_io.FIELDS): this process's tally while it runs, its
+        # figures once it ended, and the sums the workers sent
+        self._io: IoTally | None = None
+        self._io_here: tuple[int, ...] = ZERO
+        self._io_workers = list(ZERO)
         choose(self._config(), route)  # a forced route that cannot serve is refused here
 
     # -- the route -------------------------------------------------------------------------
@@ -259,6 +265,8 @@ class FeedLoader:
                         "loader.set_epoch(e) / loader.load_state_dict(state) instead",
                         ds.epoch, state.epoch + 1 if self._done() and not self._epoch_chosen
                         else state.epoch)
+        io = self._io = IoTally(ds)
+        self._io_here, self._io_workers = ZERO, list(ZERO)
         if self._done() and not self._epoch_chosen:  # a new pass after a complete epoch
             state.set_epoch(state.epoch + 1)
         self._epoch_chosen = False
@@ -312,6 +320,8 @@ class FeedLoader:
         finally:
             if ledger is not None:
                 ledger.end()
+            if self._io is io:
+                self._io_here, self._io = add(self._io_here, io.take()), None
 
     def _left_out(self, batch: LeftOut) -> None:
         """A batch of the plan whose every sample the transform left out: nothing to yield. With
@@ -348,6 +358,8 @@ class FeedLoader:
                              threads=self.transform_threads, fields=tuple(ds.manifest.fields),
                              default=self.collate_fn is collate_samples, columns=self._columns,
                              pin=self._pin)
+            if self._io is not None and route.fetch != "gather":
+                parts.fetch = self._io.counted(parts.fetch)
             try:
                 for batch in parts.run(reader, self._times):
                     stats["skipped"] = skips.count
@@ -385,7 +397,7 @@ class FeedLoader:
                 bool(kwargs.get("persistent_workers", False)))
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
                                  release=release, pin=self._pin, shards=self.dataset.shards,
-                                 times=self._times)
+                                 times=self._times, io=self._io_workers)
 
     def _check_start_method(self) -> None:
         unsafe = self._fork_unsafe or process_fork_unsafe()
@@ -417,7 +429,19 @@ class FeedLoader:
         ``max_open_shards``, so batches are planned from the index columns; else
         ``per-sample``), ``buffers`` (worker batch buffers received,
         ``reused``, ``released``) on ``rows-workers``, and with ``device=`` the
-        :class:`DeviceLoader`'s figures under ``device``."""
+        :class:`DeviceLoader`'s figures under ``device``.
+
+        ``time``: seconds of the pass per part (``fetch``, ``compute``, ``sink``; in worker
+        processes added up over them), the loop's ``wait`` for batches, its ``step`` between
+        them and the ``wall`` time, with ``parts_in`` saying where the parts ran; ``bound``:
+        the part that bounds the pass (``step`` when the loop waited less than it worked).
+
+        ``io``: the pass's bytes and requests per tier, summed over this process and its worker
+        processes: ``local_bytes`` (read from local shards: the
+        dataset's files or the L1 cache's copies), ``remote`` ``requests`` and ``bytes``,
+        ``l1`` ``hits``, ``misses`` and ``fills`` (a shard this pass's prefetch fetched is a
+        miss), and ``decoded`` and ``l2`` ``hits`` and ``misses`` (zeros where the tier is not
+        used)."""
         # the pass that ran (the store it filled may send the next pass another way)
         route = self._last if self._stats and self._last is not None else self.route
         out: dict[str, Any] = dict(self._stats) if self._stats else {
@@ -432,6 +456,9 @@ class FeedLoader:
         if self._device_loader is not None:
             out["device"] = self._device_loader.stats()
         out["time"], out["bound"] = self._time_figures(route)
+        here = self._io.take() if self._io is not None else ZERO
+        self._io_here = add(self._io_here, here)
+        out["io"] = io_figures(add(self._io_here, self._io_workers))
         return out
 
     def _time_figures(self, route: Route) -> tuple[dict[str, Any], str | None]:

@@ -23,6 +23,7 @@ from .._helpers.parent_watch import exit_with
 from ..errors import ShardFormatError
 from ._assembly import assemble
 from ._batch_loop import EpochReader, PartTimes, Skips
+from ._io import ZERO, IoTally
 from ._worker_rows import RowRelease, WorkerRing
 
 if TYPE_CHECKING:
@@ -35,17 +36,20 @@ if TYPE_CHECKING:
 
 class WorkerMeta:
     """What travels with each batch from a worker: its process id, the samples its transform
-    left out since the last batch, the ticket of the ring buffer it was written in, and the
-    seconds its batch loop spent in fetch, compute and sink since the last batch."""
+    left out since the last batch, the ticket of the ring buffer it was written in, the
+    seconds its batch loop spent in fetch, compute and sink since the last batch, and the bytes
+    and requests its tiers counted since then (:data:`feedpipe.stream._io.FIELDS`)."""
 
-    __slots__ = ("pid", "skipped", "ticket", "times")
+    __slots__ = ("pid", "skipped", "ticket", "times", "io")
 
     def __init__(self, pid: int, skipped: int, ticket: Any,
-                 times: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+                 times: tuple[float, float, float] = (0.0, 0.0, 0.0),
+                 io: tuple[int, ...] = ZERO) -> None:
         self.pid, self.skipped, self.ticket, self.times = pid, skipped, ticket, times
+        self.io = io
 
     def __reduce__(self) -> Any:
-        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times)
+        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times, self.io)
 
 
 class WorkerSource(IterableDataset):
@@ -85,6 +89,7 @@ class WorkerSource(IterableDataset):
             exit_with(os.getppid(), self._owner)
         skips = Skips()
         ring = None
+        tally = IoTally(ds)  # before the reader starts prefetching
         with EpochReader(ds, self.state, worker, workers) as reader:
             buffers = self.collate_fn
             if route.sink == "rows" and self.depth and info is not None:
@@ -95,11 +100,12 @@ class WorkerSource(IterableDataset):
                 # the table it had
             parts = assemble(route, ds, reader.plan.epoch, buffers, skips=skips, leaves=True,
                              fields=self.fields, default=self.default)
+            parts.fetch = tally.counted(parts.fetch)
             told = 0
             times = PartTimes()
             for batch in parts.run(reader, times):
                 meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket(),
-                                  times.as_tuple())
+                                  times.as_tuple(), tally.take())
                 times.fetch = times.compute = times.sink = 0.0
                 told = skips.count
                 yield batch, meta
@@ -118,9 +124,10 @@ class WorkerBatches:
     def __init__(self, loader: Any, route: Route, stats: dict[str, Any], *,
                  resolver: Resolver | None = None, release: RowRelease | None = None,
                  pin: bool = False, shards: ShardSet | None = None,
-                 times: PartTimes | None = None) -> None:
+                 times: PartTimes | None = None, io: list[int] | None = None) -> None:
         self.loader, self.route, self.stats = loader, route, stats
         self.times = times  # the workers' part times, added up
+        self.io = io  # the workers' bytes and requests (_io.FIELDS), added up
         self.resolver, self.release, self.pin = resolver, release, pin
         self.shards = shards  # to name a shard cut under a worker that died reading it
 
@@ -149,6 +156,10 @@ class WorkerBatches:
                 stats["skipped"] = stats.get("skipped", 0) + meta.skipped
                 if self.times is not None:
                     self.times.add(meta.times)
+                if self.io is not None:
+                    io = self.io
+                    for k, v in enumerate(meta.io):
+                        io[k] += v
                 if sink == "resolve":
                     batch = resolver(batch)  # type: ignore[misc]
                 elif sink == "rows":

@@ -1,0 +1,125 @@
+"""Bytes and requests per tier of one pass: what ``loader.stats()["io"]`` reports.
+
+Each process that runs the batch loop (the training process; each DataLoader worker) keeps an
+:class:`IoTally` of the dataset it reads. The tiers count for themselves, per process and
+cumulatively: the remote requests (:mod:`feedpipe._helpers.remote_count`), the L1 shard cache
+(:class:`~feedpipe.caches._shards.CacheStats`), the decoded store and the L2 function index
+(when the transform is a :meth:`FunctionIndex.wrap <feedpipe.FunctionIndex.wrap>` function).
+A tally reads them between batches and hands on the difference, so counting costs a few reads per
+batch and nothing per sample. Workers send theirs with each batch
+(:class:`~feedpipe.stream._worker_source.WorkerMeta`); the loader adds them up.
+
+Bytes read from local shards (the dataset's own files, or the L1 cache's copies) are counted per
+batch, from the manifest: each sample read from a shard counts that shard's size over its
+sample count, so an epoch counts the shards' sizes, headers included. Samples the decoded store
+served count nothing there.
+
+The remote count is the process's, not the dataset's: what another dataset of the same process
+fetched during the pass is counted with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._helpers.remote_count import REMOTE
+from .._helpers.storage import is_local
+from ..format._compression import readable
+
+if TYPE_CHECKING:
+    from ._batch_loop import LoopDataset
+
+# the order of the figures in a tally's tuples (what a worker sends with each batch)
+FIELDS = ("local_bytes", "remote_requests", "remote_bytes", "l1_hits", "l1_misses", "l1_fills",
+          "decoded_hits", "decoded_misses", "l2_hits", "l2_misses")
+ZERO = (0,) * len(FIELDS)
+
+
+def io_figures(counts: tuple[int, ...] | list[int]) -> dict[str, Any]:
+    """``stats()["io"]`` from a tuple in :data:`FIELDS` order.
+
+    Example:
+        >>> io_figures((10, 2, 8, 1, 1, 1, 0, 0, 0, 0))["remote"]
+        {'requests': 2, 'bytes': 8}
+    """
+    c = dict(zip(FIELDS, (int(x) for x in counts)))
+    return {"local_bytes": c["local_bytes"],
+            "remote": {"requests": c["remote_requests"], "bytes": c["remote_bytes"]},
+            "l1": {"hits": c["l1_hits"], "misses": c["l1_misses"], "fills": c["l1_fills"]},
+            "decoded": {"hits": c["decoded_hits"], "misses": c["decoded_misses"]},
+            "l2": {"hits": c["l2_hits"], "misses": c["l2_misses"]}}
+
+
+def add(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    return tuple(x + y for x, y in zip(a, b))
+
+
+class IoTally:
+    """The counters of one process reading ``dataset``, from the moment it is made.
+
+    :meth:`counted` wraps a batch fetch so that it counts the local bytes it read; :meth:`take`
+    gives what every tier counted since the last take (or since the tally was made).
+    """
+
+    def __init__(self, dataset: LoopDataset) -> None:
+        self.dataset = dataset
+        shards = dataset.shards
+        cache = shards.cache
+        remote = not is_local(shards.root)
+        # bytes per sample read, per shard; 0 where a shard is read from the remote uncached
+        # (those bytes are the remote figures)
+        self._rate = np.array(
+            [0.0 if remote and cache is None and not readable(rec.name)
+             else rec.tar_size / max(1, rec.samples) for rec in shards.manifest.shards],
+            dtype=np.float64)
+        self._first = shards.first
+        from ..caches._function_index import Memoized
+
+        fn = dataset.transform
+        self._index = fn.index if isinstance(fn, Memoized) else None
+        self.local_bytes = 0.0
+        self._last = self._read()
+
+    def counted(self, fetch: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], Any]:
+        """``fetch`` counting, per batch, the bytes it read from local shards."""
+        rate, first, store = self._rate, self._first, self.dataset.decoded
+        if not rate.any():
+            return fetch
+
+        def counted_fetch(ids: np.ndarray) -> Any:
+            before = store.stats.hits if store is not None else 0
+            out = fetch(ids)
+            n = len(ids)
+            if n:
+                read = float(rate[np.searchsorted(first, ids, side="right") - 1].sum())
+                if store is not None:  # samples the store served were not read from shards
+                    served = min(n, max(0, store.stats.hits - before))
+                    read *= (n - served) / n
+                self.local_bytes += read
+            return out
+
+        return counted_fetch
+
+    def _read(self) -> tuple[int, ...]:
+        ds = self.dataset
+        requests, fetched = REMOTE.read()
+        cache = ds.shards.cache
+        l1 = (cache.stats.hits, cache.stats.misses, cache.stats.fills) if cache else (0, 0, 0)
+        store = ds.decoded
+        dec = (store.stats.hits, store.stats.misses) if store is not None else (0, 0)
+        l2 = self._index.counts() if self._index is not None else (0, 0)
+        return (round(self.local_bytes), requests, fetched, *l1, *dec, *l2)
+
+    def take(self) -> tuple[int, ...]:
+        """What was counted since the last take. A tier whose counters went back (a store or
+        index that started counting afresh in a new process) counts from zero."""
+        now = self._read()
+        last, self._last = self._last, now
+        out = [n - b for n, b in zip(now, last)]
+        for lo, hi in ((3, 6), (6, 8), (8, 10)):  # the tiers, each restarted as a whole
+            if any(x < 0 for x in out[lo:hi]):
+                out[lo:hi] = now[lo:hi]
+        return tuple(out)
