@@ -95,8 +95,8 @@ def test_a_directory_an_interrupted_run_left_suggests_resume(tmp_path: Path) -> 
 def test_feedpipe_alone_lists_the_commands() -> None:
     r = _feedpipe()
     assert r.returncode == 2
-    for command in ("shard", "merge", "index", "verify", "demo", "probe", "cache"):
-        assert f"\n    {command} " in r.stdout, r.stdout
+    for command in ("shard", "merge", "index", "verify", "demo", "probe", "cache", "ledger"):
+        assert f"\n    {command} " in r.stderr, r.stderr
 
 
 def test_an_unknown_option_says_did_you_mean_with_the_subcommands_usage(tmp_path: Path) -> None:

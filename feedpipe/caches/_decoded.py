@@ -130,8 +130,9 @@ class DecodedStore:
         The store follows the transform's state: :meth:`complete`, asked at the start of every
         pass, reads its fingerprint again and moves to the store of the new state when it
         changed. A transform holding a part known to draw at random is refused (here and
-        then), one caught drawing on the first samples a process stores too
-        (:mod:`feedpipe.caches._randomness`).
+        then), one caught drawing on the first samples a process stores too (a transform that
+        draws rarely, or by a counter or the clock, is not seen: keep augmentation after the
+        store).
 
         Args:
             root: the directory holding the stores.
@@ -297,7 +298,7 @@ class DecodedStore:
         """Store the output of sample ``index`` (key and shard name errors); returns the output
         as a hit returns it (same types, copies of the arrays). ``sample``: the transform's
         input, run through it again on the first samples a process stores, to catch a
-        transform that draws at random (:mod:`feedpipe.caches._randomness`)."""
+        transform that draws at random."""
         where = f"sample {key!r} of {shard!r}"
         if sample is not None and self._follow is not None:
             self._follow.draws.check(self._follow.transform, sample, out)

@@ -232,8 +232,8 @@ class FunctionIndex:
         Raises:
             UncacheableTransformError: ``fn`` holds a part known to draw at random (an
                 ``ImagePipeline(train=True)`` anywhere in it); one caught drawing is refused
-                on its first misses (:mod:`feedpipe.caches._randomness` says what neither check
-                can see).
+                on its first misses (neither check sees a function that draws rarely, or by a
+                counter or the clock).
         """
         extra = params if version is None else (params, ("version", version))
         return Memoized(self, fn, fields, extra)

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"feedpipe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    parser.set_defaults(_commands=sub.choices)  # each subcommand's parser, for its usage
+    parser.set_defaults(subcommand_parsers=sub.choices)  # each subcommand's parser, for its usage
     add_shard(sub)
     add_merge(sub)
     add_index(sub)
@@ -121,13 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     Parser.json_errors = "--json" in argv
     try:
         parser = build_parser()
-        if not argv:  # `feedpipe` alone: what it can do
-            parser.print_help()
+        if not argv:  # `feedpipe` alone: what it can do (a usage error: on stderr, status 2)
+            parser.print_help(sys.stderr)
             return 2
         try:
             args, extra = parser.parse_known_args(argv)
             if extra:  # said by the subcommand, with its usage, not the top level's
-                commands = getattr(args, "_commands", {})
+                commands = getattr(args, "subcommand_parsers", {})
                 commands.get(args.command, parser).unrecognized(extra)
         except SystemExit:  # --help, --version or a usage error, already printed
             sys.stdout.flush()

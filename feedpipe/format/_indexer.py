@@ -316,8 +316,8 @@ def index(
             shards must be an index into them.
         show_progress: a progress bar (default: when stderr is a terminal).
         adopt_interrupted: index the shards of a directory whose writer was killed or never
-            closed (:mod:`~feedpipe.format._write_lock`): the dataset is then what the writer
-            committed, and what it left (temp files, its lock) is removed. Without it such a
+            closed (its lock file and temp files are still there): the dataset is then what
+            the writer committed, and what it left (temp files, its lock) is removed. Without it such a
             directory is refused, since its samples after the last committed shard are lost.
 
     Raises:

@@ -176,8 +176,7 @@ class FeedDataset(IterableDataset):
         1. The direct reader's epoch lives in shared memory, for this process's own worker
            processes. A copy sent to another training process (a rank spawned by a launcher, as
            Lightning's ``ddp_spawn`` does) would share it with its sender: it takes a memory of
-           its own first, so that ranks never advance each other's epoch
-           (:meth:`EpochState.own <feedpipe.stream._epoch.EpochState.own>`).
+           its own first, so that ranks never advance each other's epoch.
         2. Where ``rank=``/``world_size=`` were not given, the world is detected again: a
            launcher may initialise ``torch.distributed`` after the dataset was made (Lightning's
            own does, before it trains). A world that names no rank is refused here
