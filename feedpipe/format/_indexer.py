@@ -317,8 +317,9 @@ def index(
         show_progress: a progress bar (default: when stderr is a terminal).
         adopt_interrupted: index the shards of a directory whose writer was killed or never
             closed (its lock file and temp files are still there): the dataset is then what
-            the writer committed, and what it left (temp files, its lock) is removed. Without it such a
-            directory is refused, since its samples after the last committed shard are lost.
+            the writer committed, and what it left (temp files, its lock) is removed. Without it
+            such a directory is refused, since its samples after the last committed shard are
+            lost.
 
     Raises:
         InterruptedWriteError: a directory's write was interrupted (without
