@@ -307,9 +307,12 @@ def _report_outputs(src: str, out: str, listing: Any) -> None:
 def _report_several_images(samples: list[SampleSpec]) -> None:
     """Say, once a run, that files sharing a stem made samples of two images: an ImageFolder
     counts each file as an image, and ImagePipeline decodes one image a sample."""
+    several = [s for s in samples if len(s.files) > 1]
+    if not several:  # a sample of one file holds one image at most: no decoder module to load
+        return
     from ..transforms._decode import IMAGE_FIELDS
 
-    count, spec = several_images(samples, IMAGE_FIELDS)
+    count, spec = several_images(several, IMAGE_FIELDS)
     if spec is None:
         return
     exts = [f.ext for f in spec.files]
