@@ -8,6 +8,9 @@ Three source datasets (small files on disk), each under ``ROOT/<size>/<name>/src
   KiB. Full: 100 classes x 200 = 20,000 images + 2,000 sidecars = 22,000 files.
 - ``tiny``: 200,000 records of 1 KiB (``make_records``, the same module), per-sample overhead.
 - ``big``: 1,000 records of 1 MiB, for MB/s against ``cat``.
+- ``photos``: full-size JPEGs, 400-640 px per side (``quality=85``, about 120 KiB each), 10 class
+  folders of 150: where decoding, not the loop, takes the time (``bench_versions.py``). Made
+  only when asked for (``--only photos``).
 
 ``--quick`` uses a smaller variant of each (2,000 images, 20,000 records, 200 x 1 MiB) under
 ``ROOT/quick``. A dataset is complete when its ``.complete.json`` marker exists and records the
@@ -42,12 +45,16 @@ SPECS: dict[str, dict[str, dict[str, Any]]] = {
                    "max_size": 320, "sidecar_every": 10, "quality": JPEG_QUALITY, "seed": 0},
         "tiny": {"kind": "records", "count": 200_000, "size": 1024, "per_dir": 10_000, "seed": 0},
         "big": {"kind": "records", "count": 1_000, "size": 1 << 20, "per_dir": 1_000, "seed": 1},
+        "photos": {"kind": "images", "classes": 10, "per_class": 150, "min_size": 400,
+                   "max_size": 640, "sidecar_every": 10, "quality": 85, "seed": 2},
     },
     "quick": {
         "images": {"kind": "images", "classes": 100, "per_class": 20, "min_size": 160,
                    "max_size": 320, "sidecar_every": 10, "quality": JPEG_QUALITY, "seed": 0},
         "tiny": {"kind": "records", "count": 20_000, "size": 1024, "per_dir": 10_000, "seed": 0},
         "big": {"kind": "records", "count": 200, "size": 1 << 20, "per_dir": 1_000, "seed": 1},
+        "photos": {"kind": "images", "classes": 10, "per_class": 20, "min_size": 400,
+                   "max_size": 640, "sidecar_every": 10, "quality": 85, "seed": 2},
     },
 }
 NAMES = ("images", "tiny", "big")
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=DEFAULT_ROOT, help="cache directory (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="the small variant of each dataset")
     ap.add_argument("--only", default=",".join(NAMES), help="comma-separated subset of "
-                    f"{','.join(NAMES)}")
+                    f"{','.join(SPECS['full'])}")
     a = ap.parse_args(argv)
     for name in a.only.split(","):
         info = ensure(name, root=a.root, quick=a.quick)

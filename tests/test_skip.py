@@ -119,6 +119,25 @@ def test_a_dataset_read_directly_leaves_skipped_samples_out(broken: str) -> None
         list(DataLoader(ranked, batch_size=4))
 
 
+def test_read_directly_each_batch_of_the_plan_is_refused_on_its_own(broken: str) -> None:
+    """Read directly, consecutive batches of the plan are read together: on several ranks a
+    batch that loses every sample is still refused, after the samples before it, and batches
+    that keep one sample are not."""
+    pipe = ImagePipeline(8, train=False, mean=None, on_error="skip")
+    ds = FeedDataset(broken, transform=pipe, rank=1, world_size=2)
+    ids = ds.sample_ids().tolist()
+    first_bad = next(j for j, g in enumerate(ids) if g in CORRUPT)
+    got: list[int] = []
+    with pytest.raises(DecodeError, match="rank 1: every one of the 1 samples"):
+        for _, y in ds:  # batches of one sample
+            got.append(int(y))
+    assert got == ids[:first_bad]
+    ds.set_batch_size(2)
+    pairs = [ids[j : j + 2] for j in range(0, len(ids), 2)]
+    assert all(set(p) - CORRUPT for p in pairs)  # each batch of two keeps a sample
+    assert [int(y) for _, y in ds] == [g for g in ids if g not in CORRUPT]
+
+
 def test_left_out_batches_pass_a_device_loader_and_free_worker_buffers(broken: str) -> None:
     pipe = ImagePipeline(8, train=False, mean=None, on_error="skip")
     on_device = FeedLoader(FeedDataset(broken, transform=pipe), batch_size=1,

@@ -363,7 +363,10 @@ def _report_outputs(src: str, out: str, listing: Any) -> None:
 def _report_several_images(samples: list[SampleSpec]) -> None:
     """Say, once a run, that files sharing a stem made samples of two images: an ImageFolder
     counts each file as an image, and ImagePipeline decodes one image a sample."""
-    count, spec = several_images(samples, IMAGE_FIELDS)
+    several = [s for s in samples if len(s.files) > 1]
+    if not several:  # a sample of one file holds one image at most
+        return
+    count, spec = several_images(several, IMAGE_FIELDS)
     if spec is None:
         return
     taken = image_field_of(dict.fromkeys((f.ext for f in spec.files), True), IMAGE_FIELDS)

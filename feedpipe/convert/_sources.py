@@ -140,10 +140,12 @@ def read_local(path: str, size: int = -1) -> bytes:
     a conversion this is the cheaper read (``benchmarks/bench_convert.py``)."""
     fd = os.open(path, _OPEN_FLAGS)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise not_regular(path, mode)
-        want = size + 1 if size >= 0 else 1 << 16
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st.st_mode)
+        if size < 0:  # the size the type check just gave: one read of a file that keeps it
+            size = st.st_size
+        want = size + 1
         data = os.read(fd, want)
         if len(data) == size:  # short by the byte asked beyond the listed size: at the end
             return data

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +32,7 @@ import torch
 
 from ..caches._passes import begin_pass, end_pass
 from ..errors import SampleSkipped
-from ..plan._order import iter_ids
+from ..plan._order import batch_groups, iter_ids, worker_positions
 from ..transforms._threads import one_thread
 from ._collate import LeftOut, decode_fields
 from ._worker_rows import WorkerRing
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from ..caches._decoded import DecodedStore
+    from ..format._reader import ShardReader
     from ..plan._order import Plan, Split
     from ..plan._world import World
     from ._collate import Decoder
@@ -178,9 +179,30 @@ class EpochReader:
     def batches(self) -> Iterator[np.ndarray]:
         return iter_ids(self.plan, self.split, self.batch_size, self.worker, self.workers)
 
+    def runs(self, at_least: int) -> Iterator[tuple[np.ndarray, list[int]]]:
+        """The same ids as :meth:`batches`, in the same order, consecutive batches joined until
+        a run holds at least ``at_least`` ids: ``(ids, each joined batch's length)``. For a
+        reader that delivers samples one by one (a batch of one sample each, by default), so
+        that what the loop does once a batch (locating shards, checking them for truncation,
+        collating) is done once a run."""
+        plan, split, size = self.plan, self.split, self.batch_size
+        for ts in batch_groups(split, size, self.worker, self.workers):
+            pos, lens = worker_positions(split, size, ts)
+            ids = plan.sample_ids(pos)
+            lo = at = 0
+            run: list[int] = []
+            for n in lens.tolist():
+                run.append(n)
+                at += n
+                if at - lo >= at_least:
+                    yield ids[lo:at], run
+                    lo, run = at, []
+            if run:
+                yield ids[lo:at], run
+
     def __enter__(self) -> EpochReader:
         ds = self.dataset
-        if self.prefetch:
+        if self.prefetch and ds.shards.cache is not None:  # the next epoch's plan is for it
             ds.shards.begin(self.plan, ds.plan(self.plan.epoch + 1), self.split, ds.world,
                             self.batch_size, self.worker, self.workers)
         self.pass_number = begin_pass()  # the caches re-read their transform's fingerprint
@@ -217,25 +239,62 @@ class SampleFetch:
         s_of, i_of = shards.locate(ids)
         store, decode, epoch, seed = self.store, self.decode, self.epoch, self.seed
         out: list[Item] = []
-        reader = shards.reader
+        readers: dict[int, ShardReader] = {}  # looked up once a batch, not once a sample
         for g, s, i in zip(ids.tolist(), s_of.tolist(), i_of.tolist()):
             if store is not None:
                 o = store.get(g)
                 if o is not None:
                     out.append((g, o, True))
                     continue
-            x = reader(s).sample(i)
+            r = readers.get(s)
+            if r is None:
+                with shards.hold(readers):  # opening it closes none this batch reads
+                    r = readers[s] = shards.reader(s)
+            x = r.sample(i)
             x["__epoch__"] = epoch  # with __index__ and __seed__: per-sample
             x["__seed__"] = seed  # augmentation seeds, reproducible on resume
             if decode:
                 decode_fields(x, decode)
             out.append((g, x, False))
-        shards.check(set(s_of.tolist()))
+        shards.check(readers)
         if self.copy:
             for _, x, done in out:
                 if not done:
                     _bytes_of(x)
         return out
+
+    def lazily(self, ids: np.ndarray) -> Iterator[dict[str, Any]]:
+        """The sample dicts of ``ids`` (the decoded store not asked), each made as it is taken:
+        for a reader that hands samples out one by one (:class:`~feedpipe.FeedDataset` iterated
+        directly), so that no batch of them is alive at once. The shards they are in are opened
+        and checked for truncation first, once for all of them; their bytes are read after
+        that (by ``decode=`` or ``copy=True`` here, or by the taker)."""
+        shards = self.shards
+        s_of, i_of = shards.locate(ids)
+        s_list = s_of.tolist()
+        readers = self._open(dict.fromkeys(s_list))
+        shards.check(readers)
+        epoch, seed, decode, copy = self.epoch, self.seed, self.decode, self.copy
+        for s, i in zip(s_list, i_of.tolist()):
+            try:
+                x = readers[s].sample(i)
+            except IndexError:  # closed since by the taker's own reads of this dataset
+                x = shards.reader(s).sample(i)
+            x["__epoch__"] = epoch
+            x["__seed__"] = seed
+            if decode:
+                decode_fields(x, decode)
+            if copy:
+                _bytes_of(x)
+            yield x
+
+    def _open(self, shards: Iterable[int]) -> dict[int, ShardReader]:
+        """The readers of these shards, opened together (opening one closes none of them)."""
+        readers: dict[int, ShardReader] = {}
+        with self.shards.hold(shards):
+            for s in shards:
+                readers[s] = self.shards.reader(s)
+        return readers
 
 
 class Skips:
@@ -304,6 +363,8 @@ class CollateMaker:
 
     def finish(self, pending: Any) -> Any:
         items, pending = pending
+        if self.transform is None:  # the samples themselves: nothing to wait for, skip or store
+            return self._collate([_bytes_of(o) for o in pending] if self.to_bytes else pending)
         outs: list[Any] = []
         store = self.store
         last: _Skipped | None = None
@@ -322,12 +383,55 @@ class CollateMaker:
             outs.append(_bytes_of(o) if self.to_bytes else o)
         if last is not None and not outs:
             return LeftOut(len(pending), str(last.error))
+        return self._collate(outs)
+
+    def _collate(self, outs: list[Any]) -> Any:
         if self.fields:
-            batch = self.collate_fn(outs, self.fields)  # type: ignore[call-arg]
-        else:
-            batch = self.collate_fn(outs)
-        del outs  # the store's record buffers recycle once nothing holds them
-        return batch
+            return self.collate_fn(outs, self.fields)  # type: ignore[call-arg]
+        return self.collate_fn(outs)
+
+
+def each_sample(dataset: LoopDataset, state: EpochState, worker: int, workers: int, run: int, *,
+                skips: Skips, to_bytes: bool,
+                left_out: Callable[[LeftOut], None]) -> Iterator[Any]:
+    """fetch=samples, compute=none or call, sink=one by one: reader ``worker`` of ``workers``'s
+    samples of the epoch ``state`` names (read a run of ``run`` at a time with
+    :meth:`SampleFetch.lazily`), each through the dataset's transform when it has one, handed
+    out as it is made: what a reader that delivers samples one by one yields, with no batch of
+    them made or kept. A batch of the plan whose every sample the transform left out is passed
+    to ``left_out`` when it ends (which raises, or lets it go). ``to_bytes``: memoryviews of
+    shard maps become ``bytes`` (the samples leave this process). The decoded store is not
+    asked."""
+    transform = dataset.transform
+    with EpochReader(dataset, state, worker, workers) as reader:
+        fetch = SampleFetch(dataset, reader.plan.epoch, stored=False)
+        for ids, lens in reader.runs(run):
+            samples = fetch.lazily(ids)
+            if transform is None:  # nothing to leave out
+                if to_bytes:
+                    for x in samples:
+                        yield _bytes_of(x)
+                else:
+                    yield from samples
+                continue
+            batches = iter(lens)
+            size = left = next(batches)
+            kept = 0
+            last: _Skipped | None = None
+            for x in samples:
+                o = _attempt(transform, x)
+                if type(o) is _Skipped:
+                    skips.note(o.error)
+                    last = o
+                else:
+                    kept += 1
+                    yield _bytes_of(o) if to_bytes else o
+                left -= 1
+                if not left:  # a batch of the plan ends here
+                    if not kept and last is not None:
+                        left_out(LeftOut(size, str(last.error)))
+                    size = left = next(batches, 0)
+                    kept = 0
 
 
 class RowMaker:

@@ -23,7 +23,7 @@ from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
 from ..plan._world import detect_world, resolve_world
 from ._assembly import assemble
-from ._batch_loop import EpochReader, Skips
+from ._batch_loop import EpochReader, Skips, each_sample
 from ._collate import Decoder, LeftOut, decode_fields, decoders, left_out_error
 from ._epoch import EpochState
 from ._routes import ROUTES
@@ -32,6 +32,7 @@ from ._shard_set import ShardSet
 log = logging.getLogger("feedpipe")
 
 STATE_VERSION = 2
+RUN = 256  # samples located and checked at once when iterated directly (each_sample)
 
 
 def dataset_identity(manifest: Manifest) -> dict[str, Any]:
@@ -338,16 +339,30 @@ class FeedDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:
             self.attach()
+        if self.decoded is None:
+            # each sample made and handed out as it is taken; what the loop does once a batch
+            # (locating shards, checking them for truncation) is done once a run of RUN
+            return each_sample(self, self._reader, worker, workers, RUN, skips=Skips(),
+                               to_bytes=info is not None, left_out=self._left_out)
+        return self._stored(worker, workers, to_bytes=info is not None)
+
+    def _stored(self, worker: int, workers: int, *, to_bytes: bool) -> Iterator[Any]:
+        """:meth:`__iter__` with a decoded store: its outputs where it holds them."""
         with EpochReader(self, self._reader, worker, workers) as reader:
             parts = assemble(ROUTES["samples"], self, reader.plan.epoch, list, skips=Skips(),
-                             leaves=info is not None, default=False)
+                             leaves=to_bytes, default=False)
             for outs in parts.run(reader):
                 if type(outs) is LeftOut:
-                    if self.world.world_size > 1:
-                        raise left_out_error(outs, self.world.rank, self.world.world_size,
-                                             "read directly (a DataLoader batches what comes)")
+                    self._left_out(outs)
                     continue
                 yield from outs
+
+    def _left_out(self, batch: LeftOut) -> None:
+        """A batch of the plan that lost every sample, read directly: let go on one rank,
+        refused on several (their DataLoaders could make different numbers of batches)."""
+        if self.world.world_size > 1:
+            raise left_out_error(batch, self.world.rank, self.world.world_size,
+                                 "read directly (a DataLoader batches what comes)")
 
     def close(self) -> None:
         """Close the shards this process has open (their leases in the cache released)."""

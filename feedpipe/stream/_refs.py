@@ -222,6 +222,7 @@ class Resolver:
         self._bytes = np.array([r.bytes for r in dataset.manifest.shards], dtype=np.int64)
         # one rank reads every sample of every shard each epoch: whole shards are worth mapping
         self._whole = dataset.world.world_size == 1
+        self._orders: dict[tuple[tuple[str, ...], int], list[str]] = {}
         self._populate = hasattr(mmap.mmap, "madvise")
 
     def _map(self, r: ShardReader) -> mmap.mmap:
@@ -269,22 +270,22 @@ class Resolver:
         return self(refs)
 
     def __call__(self, refs: BatchRefs) -> dict[str, Any]:
-        with self.shards.hold(dict.fromkeys(refs.shards.tolist())):
-            return self._resolve(refs)
-
-    def _resolve(self, refs: BatchRefs) -> dict[str, Any]:
-        n = len(refs)
         shards = refs.shards.tolist()
+        used = dict.fromkeys(shards)
+        with self.shards.hold(used):
+            return self._resolve(refs, shards, used)
+
+    def _resolve(self, refs: BatchRefs, shards: list[int],
+                 used: dict[int, None]) -> dict[str, Any]:
+        n = len(refs)
         names = self.names
-        readers = {s: self.shards.reader(s, index=False) for s in dict.fromkeys(shards)}
+        readers = {s: self.shards.reader(s, index=False) for s in used}
         maps = {s: self._map(r) for s, r in readers.items()}  # opened (and checked) once
         for r in readers.values():  # a truncation since opening: an error, not a SIGBUS
             r.check()
         limit = self._bytes[refs.shards]
         fields = list(refs.fields.items())
-        order = [*_HEAD, *(e for e, _ in fields[: refs.first]), *_TAIL,
-                 *(e for e, _ in fields[refs.first:])]
-        order += [f for f in self.fields if f not in refs.fields]
+        order = self._order_of(refs, fields)
         if self._populate and not all(r.populated for r in readers.values()):
             self._prefault(refs, fields, maps)
         one = maps[shards[0]] if len(maps) == 1 else None
@@ -336,6 +337,18 @@ class Resolver:
                 if isinstance(v, torch.Tensor):
                     out[k] = v.pin_memory()
         return out
+
+    def _order_of(self, refs: BatchRefs, fields: list[Any]) -> list[str]:
+        """A batch's keys, in the order the other routes give them, then the manifest's fields
+        the batch lacks (one list per layout of fields: most batches share one)."""
+        key = (tuple(refs.fields), refs.first)
+        order = self._orders.get(key)
+        if order is None:
+            order = [*_HEAD, *(e for e, _ in fields[: refs.first]), *_TAIL,
+                     *(e for e, _ in fields[refs.first:])]
+            order += [f for f in self.fields if f not in refs.fields]
+            self._orders[key] = order
+        return order
 
     def _decoded(self, fn: Decoder, v: bytes, refs: BatchRefs, j: int, e: str) -> Any:
         try:
