@@ -40,8 +40,7 @@ def test_runs_deliver_what_one_sample_at_a_time_does(ds_path: str, monkeypatch) 
     ds = FeedDataset(ds_path, shuffle=True, seed=5, decode={"cls": int})
     ds.set_epoch(2)
     whole = [fields(s) for s in ds]
-    monkeypatch.setattr(_dataset, "RUN", 3)  # runs that end inside shards and batches
-    ds.set_batch_size(2)
+    monkeypatch.setattr(_dataset, "RUN", 3)  # runs that end inside shards
     assert [fields(s) for s in ds] == whole
     assert [c for *_, c in whole] == [ds.sample(g)["cls"] for g, *_ in whole]  # decoded
 
