@@ -339,15 +339,18 @@ class FeedDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:
             self.attach()
-        if self.decoded is None:
+        if self.decoded is None and self.shards.local:
             # each sample made and handed out as it is taken; what the loop does once a batch
-            # (locating shards, checking them for truncation) is done once a run of RUN
+            # (locating shards, checking them for truncation) is done once a run of RUN. Not
+            # through the L1 cache: opening a run's shards together would run its plan clock
+            # ahead of the reads, letting shards still in use go (and counting them twice)
             return each_sample(self, self._reader, worker, workers, RUN, skips=Skips(),
                                to_bytes=info is not None, left_out=self._left_out)
-        return self._stored(worker, workers, to_bytes=info is not None)
+        return self._batched(worker, workers, to_bytes=info is not None)
 
-    def _stored(self, worker: int, workers: int, *, to_bytes: bool) -> Iterator[Any]:
-        """:meth:`__iter__` with a decoded store: its outputs where it holds them."""
+    def _batched(self, worker: int, workers: int, *, to_bytes: bool) -> Iterator[Any]:
+        """:meth:`__iter__` batch by batch of the plan: through the L1 cache, or with a decoded
+        store (its outputs where it holds them)."""
         with EpochReader(self, self._reader, worker, workers) as reader:
             parts = assemble(ROUTES["samples"], self, reader.plan.epoch, list, skips=Skips(),
                              leaves=to_bytes, default=False)
