@@ -36,6 +36,7 @@ _LAZY = {
     "detect_world": "plan._world",
     "FeedDataset": "stream._dataset",
     "FeedLoader": "stream._loader",
+    "Packed": "stream._packed",
     "ShardSet": "stream._shard_set",
     "BatchCollator": "stream._collator",
     "Route": "stream._routes",
@@ -142,6 +143,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .stream._collator import BatchCollator
     from .stream._dataset import FeedDataset
     from .stream._loader import FeedLoader
+    from .stream._packed import Packed
     from .stream._routes import Route
     from .stream._shard_set import ShardSet
     from .transforms._dali import DaliStage

@@ -96,6 +96,13 @@ class FeedLoader:
         (torch.int64, 5)
     """
 
+    def __new__(cls, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+        from ._packed import Packed, PackedLoader
+
+        if isinstance(dataset, Packed):  # packed rows: their own reader (feedpipe.Packed)
+            return PackedLoader(dataset, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         dataset: FeedDataset,
