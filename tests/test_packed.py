@@ -232,3 +232,47 @@ def test_rows_deal_every_token_once(lengths, seq_len, batch, world, then, stop):
     assert sorted(seen) == [(d, j) for d, n in enumerate(lengths) for j in range(n)]
     for r in range(rows - 1):  # every row but the last is full
         assert sum(k for _, _, k in row_pieces(offsets, r, seq_len)) == seq_len
+
+
+CALLS: list[str] = []  # texts the tokenizer was run on
+
+
+def _trained_tokenizer(texts):
+    """A word-level tokenizer of the ``tokenizers`` package trained here on ``texts``."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"]))
+    return tok
+
+
+def test_tokenisation_on_the_fly_is_cached(tmp_path):
+    """The recipe of the README: text shards, a tokenizer wrapped by FunctionIndex, Packed over
+    the result; the second epoch tokenises nothing."""
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far"]
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(3, 30)))) for _ in range(30)]
+    write_samples([{"__key__": f"t{i:02d}", "txt": t} for i, t in enumerate(texts)],
+                  str(tmp_path / "text"), max_samples=8)
+    tok = _trained_tokenizer(texts)
+    index = feedpipe.FunctionIndex(str(tmp_path / "memo"))
+
+    def tokenize(sample):
+        text = bytes(sample["txt"]).decode()
+        CALLS.append(text)
+        return {"tokens.npy": np.asarray(tok.encode(text).ids, dtype=np.int64)}
+
+    ds = feedpipe.FeedDataset(str(tmp_path / "text"), shuffle=True,
+                              transform=index.wrap(tokenize, fields=["txt"], version=1))
+    loader = feedpipe.FeedLoader(feedpipe.Packed(ds, seq_len=32, pad_id=0), batch_size=4)
+    CALLS.clear()
+    first = _tokens(list(loader))
+    assert len(set(CALLS)) == len(set(texts))  # the first epoch tokenised every document
+    expected = Counter(t for text in texts for t in tok.encode(text).ids)
+    assert Counter(first) == expected
+    CALLS.clear()
+    second = _tokens(list(loader))
+    assert loader.epoch == 1 and CALLS == []  # tokenised nothing
+    assert Counter(second) == expected
