@@ -276,3 +276,21 @@ def test_tokenisation_on_the_fly_is_cached(tmp_path):
     second = _tokens(list(loader))
     assert loader.epoch == 1 and CALLS == []  # tokenised nothing
     assert Counter(second) == expected
+
+
+def test_early_stop_leaves_nothing_behind(corpus):
+    """A loop that stops after one batch leaves no thread, process or open iterator state: the
+    next pass of the same loader is a fresh epoch read whole."""
+    import multiprocessing
+    import threading
+
+    path, docs = corpus
+    before = (threading.active_count(), len(multiprocessing.active_children()))
+    (ld,) = _loaders(path, 1, 2)
+    for _ in ld:
+        break
+    del _
+    after = (threading.active_count(), len(multiprocessing.active_children()))
+    assert after == before
+    ld.set_epoch(0)
+    assert Counter(_tokens(list(ld))) == Counter(np.concatenate(docs).tolist())
