@@ -115,6 +115,7 @@ class Packed:
         self.pad_id = int(pad_id)
         self._lengths: dict[int, int] = {}  # global sample id -> tokens
         self.documents_read = 0
+        self._offsets: tuple[int, np.ndarray] | None = None
 
     # -- documents ---------------------------------------------------------------------------
     def document(self, g: int, epoch: int) -> np.ndarray:
@@ -149,12 +150,16 @@ class Packed:
     def offsets(self, epoch: int) -> np.ndarray:
         """The token prefix sums of ``epoch``'s documents in plan order. Lengths not yet known
         are read once (a document's length is the same in every epoch)."""
+        if self._offsets is not None and self._offsets[0] == epoch:
+            return self._offsets[1]
         order = self.order(epoch)
         lengths = np.empty(len(order), dtype=np.int64)
         for i, g in enumerate(order.tolist()):
             n = self._lengths.get(g)
             lengths[i] = len(self.document(g, epoch)) if n is None else n
-        return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self._offsets = (epoch, offsets)  # state_dict() and len() ask again within the epoch
+        return offsets
 
     def num_rows(self, epoch: int) -> int:
         """Rows of all ranks in ``epoch``."""
