@@ -294,3 +294,13 @@ def test_early_stop_leaves_nothing_behind(corpus):
     assert after == before
     ld.set_epoch(0)
     assert Counter(_tokens(list(ld))) == Counter(np.concatenate(docs).tolist())
+
+
+def test_a_feedloader_still_pickles(corpus):
+    """FeedLoader chooses the Packed reader in ``__new__``; pickle calls ``__new__`` with no
+    dataset, so a loader sent to a spawned rank must still unpickle."""
+    import pickle
+
+    path, _ = corpus
+    ld = pickle.loads(pickle.dumps(feedpipe.FeedLoader(feedpipe.FeedDataset(path), batch_size=3)))
+    assert isinstance(ld, feedpipe.FeedLoader) and ld.batch_size == 3
