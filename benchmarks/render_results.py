@@ -86,6 +86,9 @@ ABOUT: dict[str, tuple[str, str]] = {
                      "against `cache_size` with many readers (counts, not timings)."),
     "device_cache": ("DeviceCache serving bandwidth", "`DeviceCache.batches` GB/s against a "
                      "plain copy of the same batches and the device's peak copy."),
+    "packed": ("token rows packed to a context length", "`feedpipe.Packed` against LitData's "
+               "`TokensLoader` and MosaicML Streaming (packed in the loop) on the same token "
+               "corpus: tokens/s, time to the first batch, peak RSS."),
     "versions": ("two feedpipe versions side by side", "the code at a git ref against the "
                  "working tree on the same shards, alternating passes: samples/s, images/s and "
                  "peak RSS."),

@@ -235,12 +235,20 @@ def _image_formats(doc: dict) -> list[Panel | None]:
                   "µs per sample", doc.get("pipeline"), "us_per_image", lower=True)]
 
 
+def _packed(doc: dict) -> list[Panel | None]:
+    rows = {r["system"]: r for r in doc.get("results", [])}
+    return [panel("packed rows: tokens/s over one epoch", "tokens/s", rows, "tokens_per_s"),
+            panel("time to the first batch", "seconds", rows, "first_batch_s", lower=True),
+            panel("peak RSS", "MiB", rows, "peak_rss_bytes", scale=1 / 2**20, lower=True)]
+
+
 CHARTS: dict[str, Callable[[dict], list[Panel | None]]] = {
     "convert": _convert, "dask": _dask, "listing": _listing, "plan": _plan, "read": _read,
     "resume": _resume, "shuffle": _shuffle, "decode": _decode, "device": _device,
     "eviction": _eviction, "hash": _hash, "probe_fio": _probe_fio, "resize": _resize,
     "tiers": _tiers, "window_decode": _window_decode, "cache_budget": _cache_budget,
     "device_cache": _device_cache, "versions": _versions, "image_formats": _image_formats,
+    "packed": _packed,
 }
 
 

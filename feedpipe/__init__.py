@@ -37,6 +37,7 @@ _LAZY = {
     "FeedDataset": "stream._dataset",
     "FeedLoader": "stream._loader",
     "check_ledger": "stream._ledger_check",
+    "Packed": "stream._packed",
     "ShardSet": "stream._shard_set",
     "BatchCollator": "stream._collator",
     "Route": "stream._routes",
@@ -150,6 +151,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .stream._dataset import FeedDataset
     from .stream._ledger_check import check_ledger
     from .stream._loader import FeedLoader
+    from .stream._packed import Packed
     from .stream._routes import Route
     from .stream._shard_set import ShardSet
     from .transforms._dali import DaliStage

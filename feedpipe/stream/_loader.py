@@ -105,6 +105,14 @@ class FeedLoader:
         (torch.int64, 5)
     """
 
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # no dataset: an unpickled loader (pickle calls __new__ bare)
+        from ._packed import Packed, PackedLoader
+
+        if isinstance(dataset, Packed):  # packed rows: their own reader (feedpipe.Packed)
+            return PackedLoader(dataset, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         dataset: FeedDataset,

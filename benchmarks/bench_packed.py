@@ -1,0 +1,189 @@
+"""Packed token rows: ``feedpipe.Packed`` against LitData's ``TokensLoader`` and MosaicML
+Streaming on the same token corpus.
+
+Corpus: ``--docs`` documents of random length (uniform in ``[16, 2 * --mean-len]``, seed 0) of
+int32 token ids, written once per system into its own format under ``--root``: feedpipe shards
+(``tokens.npy`` fields, ``write_samples``), a LitData ``optimize`` output read by
+``TokensLoader(block_size=seq_len)``, an MDS dataset read by ``StreamingDataset`` and packed in
+the loop (Streaming has no packer of its own). Each system runs in a fresh interpreter, one
+process, no workers (feedpipe's Packed reads rows in the training process), batches of
+``--batch`` rows of ``--seq-len`` tokens, one whole epoch. Measured there: tokens delivered per
+second (setup excluded, first batch included), time to the first batch, peak RSS
+(``ru_maxrss``). Streaming is left out, with the reason in the JSON, where it does not import.
+
+Usage::
+
+    python benchmarks/bench_packed.py [--docs N] [--root DIR] [--out benchmarks/results/packed.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import default_root, environment  # noqa: E402  (beside this script)
+
+
+def corpus(n: int, mean: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(16, 2 * mean, size=n)
+    return [rng.integers(0, 50_000, size=int(k), dtype=np.int32) for k in lengths]
+
+
+def _lit_fn(doc: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(doc)
+
+
+def prepare(system: str, root: str, docs: list[np.ndarray]) -> str:
+    out = os.path.join(root, system)
+    if os.path.exists(os.path.join(out, ".complete")):
+        return out
+    if system == "feedpipe":
+        from feedpipe import write_samples
+
+        write_samples(({"__key__": f"d{i:07d}", "tokens.npy": d} for i, d in enumerate(docs)),
+                      out, max_samples=max(1, len(docs) // 8))
+    elif system == "litdata":
+        from litdata import optimize
+        from litdata.streaming.item_loader import TokensLoader
+
+        optimize(fn=_lit_fn, inputs=docs, output_dir=out, chunk_size=1 << 22,
+                 item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+    elif system == "streaming":
+        from streaming import MDSWriter
+
+        with MDSWriter(out=out, columns={"tokens": "ndarray:int32"}) as w:
+            for d in docs:
+                w.write({"tokens": d})
+    with open(os.path.join(out, ".complete"), "w") as f:
+        f.write("ok")
+    return out
+
+
+def measure(system: str, path: str, seq_len: int, batch: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    if system == "feedpipe":
+        import feedpipe
+
+        ds = feedpipe.FeedDataset(path, shuffle=True, seed=0)
+        it: Any = iter(feedpipe.FeedLoader(feedpipe.Packed(ds, seq_len), batch_size=batch))
+
+        def count(b: Any) -> int:
+            return int((b["labels"] != -100).sum())
+    elif system == "litdata":
+        from litdata import StreamingDataLoader, StreamingDataset
+        from litdata.streaming.item_loader import TokensLoader
+
+        ld = StreamingDataset(path, item_loader=TokensLoader(block_size=seq_len), shuffle=True)
+        it = iter(StreamingDataLoader(ld, batch_size=batch, num_workers=0))
+
+        def count(b: Any) -> int:
+            return int(b.numel())
+    else:
+        from streaming import StreamingDataset as SD
+
+        sd = SD(local=path, shuffle=True, shuffle_seed=0, batch_size=batch)
+
+        def packed() -> Any:
+            import torch
+
+            buf: list[np.ndarray] = []
+            have = 0
+            rows: list[np.ndarray] = []
+            for s in sd:
+                buf.append(s["tokens"])
+                have += len(s["tokens"])
+                while have >= seq_len:
+                    flat = np.concatenate(buf)
+                    rows.append(flat[:seq_len])
+                    buf, have = [flat[seq_len:]], have - seq_len
+                    if len(rows) == batch:
+                        yield torch.from_numpy(np.stack(rows).astype(np.int64))
+                        rows = []
+            if have:
+                rows.append(np.concatenate(buf))
+            if rows:
+                yield [torch.from_numpy(r.astype(np.int64)) for r in rows]
+        it = packed()
+
+        def count(b: Any) -> int:
+            return int(b.numel()) if hasattr(b, "numel") else sum(int(r.numel()) for r in b)
+    setup = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    first = next(it)
+    ttfb = time.perf_counter() - t1
+    tokens = count(first)
+    for b in it:
+        tokens += count(b)
+    wall = time.perf_counter() - t1
+    return {"system": system, "tokens": tokens, "setup_s": setup, "first_batch_s": ttfb,
+            "epoch_s": wall, "tokens_per_s": tokens / wall,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=4000)
+    ap.add_argument("--mean-len", type=int, default=600)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--root", default=default_root("packed"))
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "packed.json"))
+    ap.add_argument("--measure", nargs=2, metavar=("SYSTEM", "PATH"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.measure:
+        print(json.dumps(measure(a.measure[0], a.measure[1], a.seq_len, a.batch)))
+        return
+    docs = corpus(a.docs, a.mean_len)
+    results, skipped = [], {}
+    for system in ("feedpipe", "litdata", "streaming"):
+        try:
+            path = prepare(system, os.path.join(a.root, f"{a.docs}-{a.mean_len}"), docs)
+        except ImportError as e:
+            skipped[system] = f"does not import here: {e}"
+            continue
+        cmd = [sys.executable, __file__, "--measure", system, path, "--seq-len",
+               str(a.seq_len), "--batch", str(a.batch)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            skipped[system] = p.stderr.strip().splitlines()[-1] if p.stderr else "failed"
+            continue
+        results.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    best_peer = max((r["tokens_per_s"] for r in results if r["system"] != "feedpipe"),
+                    default=None)
+    ours = next((r["tokens_per_s"] for r in results if r["system"] == "feedpipe"), None)
+    doc = {"benchmark": "packed", "environment": environment(),
+           "params": {"docs": a.docs, "mean_len": a.mean_len, "seq_len": a.seq_len,
+                      "batch": a.batch, "corpus_tokens": int(sum(len(d) for d in docs))},
+           "results": results, "skipped": skipped,
+           "summary_text": (f"feedpipe.Packed tokens/s over the best peer: "
+                            f"{ours / best_peer:.2f}x" if ours and best_peer else
+                            "no peer measured")}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+    print(doc["summary_text"])
+    for r in results:
+        print(f"{r['system']:10s} {r['tokens_per_s']:>14,.0f} tokens/s  first batch "
+              f"{r['first_batch_s']:.3f} s  peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
+    for s, why in skipped.items():
+        print(f"{s:10s} skipped: {why}")
+    from render_results import render
+
+    render(a.out, force=True)
+
+
+if __name__ == "__main__":
+    main()

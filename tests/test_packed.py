@@ -1,0 +1,306 @@
+"""``feedpipe.Packed``: token documents packed into rows of ``seq_len``, every token exactly once
+per epoch over all ranks, resumable mid-document on another number of ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import feedpipe
+from feedpipe.convert._shard_writer import write_samples
+from feedpipe.errors import StateError
+from feedpipe.stream._packed import PackedFieldError, deal_rows, row_pieces
+
+
+def _docs(lengths: list[int]) -> list[np.ndarray]:
+    # document i's tokens are (i, j) encoded as i * 10_000 + j: each token of the corpus unique
+    return [np.arange(n, dtype=np.int64) + i * 10_000 for i, n in enumerate(lengths)]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 60, size=40).tolist()
+    docs = _docs(lengths)
+    write_samples([{"__key__": f"d{i:03d}", "tokens.npy": d} for i, d in enumerate(docs)],
+                  str(tmp_path / "tok"), max_samples=9)
+    return str(tmp_path / "tok"), docs
+
+
+def _loaders(path, world, batch, seq_len=16):
+    return [feedpipe.FeedLoader(feedpipe.Packed(
+        feedpipe.FeedDataset(path, shuffle=True, seed=5, rank=r, world_size=world), seq_len),
+        batch_size=batch) for r in range(world)]
+
+
+def _tokens(batches) -> list[int]:
+    out: list[int] = []
+    for b in batches:
+        real = b["labels"] != -100
+        out += b["input_ids"][real].tolist()
+    return out
+
+
+def _lockstep(loaders, stop=None):
+    """Batches of each loader read in lockstep, ``stop`` steps (None: all)."""
+    its = [iter(ld) for ld in loaders]
+    got: list[list[dict]] = [[] for _ in loaders]
+    step = 0
+    while stop is None or step < stop:
+        done = 0
+        for i, it in enumerate(its):
+            b = next(it, None)
+            if b is None:
+                done += 1
+            else:
+                got[i].append(b)
+        if done == len(its):
+            break
+        step += 1
+    return got
+
+
+def test_batch_layout(corpus):
+    path, docs = corpus
+    (loader,) = _loaders(path, 1, 4)
+    batches = list(loader)
+    all_tokens = sum(len(d) for d in docs)
+    rows = np.concatenate([b["input_ids"].numpy() for b in batches])
+    assert rows.shape == (-(-all_tokens // 16), 16)
+    for b in batches:
+        for k in ("input_ids", "position_ids", "labels"):
+            assert b[k].dtype.is_floating_point is False and str(b[k].dtype) == "torch.int64"
+            assert b[k].shape == b["input_ids"].shape
+    # only the last row is padded; every other row is full
+    labels = np.concatenate([b["labels"].numpy() for b in batches])
+    assert (labels[:-1] != -100).all()
+    assert (labels[-1][: all_tokens % 16 or 16] != -100).all()
+    assert (labels[-1][all_tokens % 16 or 16:] == -100).all()
+    # documents concatenated in plan order: the tokens are the plan's documents in order
+    order = loader.dataset.order(0)
+    assert _tokens(batches) == np.concatenate([docs[g] for g in order]).tolist()
+    # position_ids restart at 0 at each document start and each continuation piece
+    for b in batches:
+        ids, pos = b["input_ids"].numpy(), b["position_ids"].numpy()
+        for row_ids, row_pos, row_labels in zip(ids, pos, b["labels"].numpy()):
+            for j in range(int((row_labels != -100).sum())):
+                if j == 0 or row_ids[j] // 10_000 != row_ids[j - 1] // 10_000:
+                    assert row_pos[j] == 0
+                else:
+                    assert row_pos[j] == row_pos[j - 1] + 1
+        # cu_seqlens: boundaries of the pieces in the flattened batch
+        cu = b["cu_seqlens"].tolist()
+        assert cu[0] == 0 and cu[-1] == ids.size and cu == sorted(set(cu))
+        starts = set(np.flatnonzero(pos.reshape(-1) == 0).tolist())
+        assert starts <= set(cu[:-1])
+
+
+@pytest.mark.parametrize("world,batch", [(1, 3), (2, 2), (3, 1)])
+def test_every_token_once_over_ranks(corpus, world, batch):
+    path, docs = corpus
+    got = _lockstep(_loaders(path, world, batch))
+    tokens = [t for per_rank in got for t in _tokens(per_rank)]
+    assert Counter(tokens) == Counter(np.concatenate(docs).tolist())
+
+
+@pytest.mark.parametrize("world,then", [(2, 2), (2, 3), (3, 1)])
+def test_mid_epoch_resume_on_another_world(corpus, world, then):
+    path, docs = corpus
+    assert _loaders(path, world, 2)[0].state_dict()["position"] == 0
+    loaders = _loaders(path, world, 2)
+    got = _lockstep(loaders, stop=2)
+    state = json.loads(json.dumps(loaders[0].state_dict()))
+    assert state["position"] == 2 * world * 2
+    rest = _loaders(path, then, 2)
+    for ld in rest:
+        ld.load_state_dict(state)
+    tail = _lockstep(rest)
+    tokens = [t for per in got + tail for t in _tokens(per)]
+    assert Counter(tokens) == Counter(np.concatenate(docs).tolist())
+
+
+def test_resume_in_a_new_interpreter(corpus, tmp_path):
+    path, docs = corpus
+    (ld,) = _loaders(path, 1, 2)
+    it = iter(ld)
+    head = [next(it), next(it)]
+    state = ld.state_dict()
+    # row 4 starts inside a document here, so the resume continues a half-read document
+    code = (
+        "import json, sys, feedpipe\n"
+        "ds = feedpipe.FeedDataset(sys.argv[1], shuffle=True, seed=5)\n"
+        "ld = feedpipe.FeedLoader(feedpipe.Packed(ds, 16), batch_size=2)\n"
+        "ld.load_state_dict(json.loads(sys.argv[2]))\n"
+        "out = []\n"
+        "for b in ld:\n"
+        "    out += b['input_ids'][b['labels'] != -100].tolist()\n"
+        "print(json.dumps(out))\n")
+    res = subprocess.run([sys.executable, "-c", code, path, json.dumps(state)],
+                         capture_output=True, text=True, check=True)
+    tokens = _tokens(head) + json.loads(res.stdout)
+    assert tokens == np.concatenate([docs[g] for g in ld.dataset.order(0)]).tolist()
+
+
+def test_half_consumed_document_resumes_to_the_rest(corpus):
+    path, docs = corpus
+    (ld,) = _loaders(path, 1, 1)
+    offsets = ld.dataset.offsets(0)
+    # a row that begins inside a document exists in this corpus
+    mid = [r for r in range(1, ld.dataset.num_rows(0)) if r * 16 not in set(offsets.tolist())]
+    assert mid
+    it = iter(ld)
+    head = [next(it) for _ in range(mid[0])]
+    (again,) = _loaders(path, 1, 1)
+    again.load_state_dict(ld.state_dict())
+    rest = iter(again)
+    first = next(rest)
+    assert first["position_ids"][0, 0] == 0  # the continuation piece counts from 0
+    assert _tokens(head + [first] + list(rest)) == _tokens(list(_loaders(path, 1, 1)[0]))
+
+
+def test_second_epoch_reads_another_order(corpus):
+    path, docs = corpus
+    (ld,) = _loaders(path, 1, 4)
+    e0 = _tokens(list(ld))
+    e1 = _tokens(list(ld))
+    assert ld.epoch == 1 and e0 != e1 and sorted(e0) == sorted(e1)
+
+
+def test_state_of_another_seq_len_is_refused(corpus):
+    path, _ = corpus
+    (ld,) = _loaders(path, 1, 2, seq_len=16)
+    next(iter(ld))
+    (other,) = _loaders(path, 1, 2, seq_len=32)
+    with pytest.raises(StateError, match="seq_len"):
+        other.load_state_dict(ld.state_dict())
+
+
+def test_a_document_that_is_not_token_ids_is_refused(tmp_path):
+    write_samples([{"__key__": "a", "tokens.npy": np.zeros((2, 2), dtype=np.int64)}],
+                  str(tmp_path / "bad"))
+    ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(str(tmp_path / "bad")), 8))
+    with pytest.raises(PackedFieldError, match="1-D integer"):
+        next(iter(ld))
+    ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(str(tmp_path / "bad")), 8,
+                                             field="ids.npy"))
+    with pytest.raises(PackedFieldError, match="no field 'ids.npy'"):
+        next(iter(ld))
+
+
+def test_workers_are_refused_out_loud(corpus):
+    path, _ = corpus
+    ds = feedpipe.FeedDataset(path)
+    with pytest.raises(ValueError, match="num_workers"):
+        feedpipe.FeedLoader(feedpipe.Packed(ds, 8), num_workers=2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=30),
+       seq_len=st.integers(1, 24), batch=st.integers(1, 5), world=st.integers(1, 4),
+       then=st.integers(1, 4), stop=st.integers(0, 6))
+def test_rows_deal_every_token_once(lengths, seq_len, batch, world, then, stop):
+    """The packing and the dealing of rows alone: any lengths, seq_len, batch sizes and world
+    sizes, with a resume after ``stop`` lockstep steps on ``then`` ranks."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    total = int(offsets[-1])
+    rows = -(-total // seq_len)
+    seen: list[tuple[int, int]] = []
+
+    def take(r):
+        for d, off, k in row_pieces(offsets, r, seq_len):
+            assert 0 < k and off + k <= lengths[d]
+            seen.extend((d, off + j) for j in range(k))
+
+    per_rank = [deal_rows(rows, 0, world, r, batch) for r in range(world)]
+    steps = min(stop, max(len(b) for b in per_rank))
+    for r in range(world):
+        for b in per_rank[r][:steps]:
+            for row in b.tolist():
+                take(row)
+    position = min(steps * world * batch, rows)
+    for r in range(then):
+        for b in deal_rows(rows, position, then, r, batch):
+            for row in b.tolist():
+                take(row)
+    assert sorted(seen) == [(d, j) for d, n in enumerate(lengths) for j in range(n)]
+    for r in range(rows - 1):  # every row but the last is full
+        assert sum(k for _, _, k in row_pieces(offsets, r, seq_len)) == seq_len
+
+
+CALLS: list[str] = []  # texts the tokenizer was run on
+
+
+def _trained_tokenizer(texts):
+    """A word-level tokenizer of the ``tokenizers`` package trained here on ``texts``."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"]))
+    return tok
+
+
+def test_tokenisation_on_the_fly_is_cached(tmp_path):
+    """The recipe of the README: text shards, a tokenizer wrapped by FunctionIndex, Packed over
+    the result; the second epoch tokenises nothing."""
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far"]
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(3, 30)))) for _ in range(30)]
+    write_samples([{"__key__": f"t{i:02d}", "txt": t} for i, t in enumerate(texts)],
+                  str(tmp_path / "text"), max_samples=8)
+    tok = _trained_tokenizer(texts)
+    index = feedpipe.FunctionIndex(str(tmp_path / "memo"))
+
+    def tokenize(sample):
+        text = bytes(sample["txt"]).decode()
+        CALLS.append(text)
+        return {"tokens.npy": np.asarray(tok.encode(text).ids, dtype=np.int64)}
+
+    ds = feedpipe.FeedDataset(str(tmp_path / "text"), shuffle=True,
+                              transform=index.wrap(tokenize, fields=["txt"], version=1))
+    loader = feedpipe.FeedLoader(feedpipe.Packed(ds, seq_len=32, pad_id=0), batch_size=4)
+    CALLS.clear()
+    first = _tokens(list(loader))
+    assert len(set(CALLS)) == len(set(texts))  # the first epoch tokenised every document
+    expected = Counter(t for text in texts for t in tok.encode(text).ids)
+    assert Counter(first) == expected
+    CALLS.clear()
+    second = _tokens(list(loader))
+    assert loader.epoch == 1 and CALLS == []  # tokenised nothing
+    assert Counter(second) == expected
+
+
+def test_early_stop_leaves_nothing_behind(corpus):
+    """A loop that stops after one batch leaves no thread, process or open iterator state: the
+    next pass of the same loader is a fresh epoch read whole."""
+    import multiprocessing
+    import threading
+
+    path, docs = corpus
+    before = (threading.active_count(), len(multiprocessing.active_children()))
+    (ld,) = _loaders(path, 1, 2)
+    for _ in ld:
+        break
+    del _
+    after = (threading.active_count(), len(multiprocessing.active_children()))
+    assert after == before
+    ld.set_epoch(0)
+    assert Counter(_tokens(list(ld))) == Counter(np.concatenate(docs).tolist())
+
+
+def test_a_feedloader_still_pickles(corpus):
+    """FeedLoader chooses the Packed reader in ``__new__``; pickle calls ``__new__`` with no
+    dataset, so a loader sent to a spawned rank must still unpickle."""
+    import pickle
+
+    path, _ = corpus
+    ld = pickle.loads(pickle.dumps(feedpipe.FeedLoader(feedpipe.FeedDataset(path), batch_size=3)))
+    assert isinstance(ld, feedpipe.FeedLoader) and ld.batch_size == 3
