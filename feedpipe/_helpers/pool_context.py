@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -14,6 +16,27 @@ def pool_context() -> Any:
 
     return mp.get_context("fork" if os.name == "posix" and "fork" in mp.get_all_start_methods()
                           else "spawn")
+
+
+@contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold SIGINT blocked in this thread while the block starts a pool's worker processes: they
+    inherit the mask (across fork, and across the exec of spawn), so a Ctrl-C that reaches one
+    before its initializer (:func:`die_with_parent`) has made it ignore SIGINT stays pending
+    and is then discarded, instead of killing it with a traceback during start-up. This
+    process takes the interrupt when the block ends."""
+    import signal
+    import threading
+
+    if not hasattr(signal, "pthread_sigmask") or \
+            threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def die_with_parent(parent: int) -> None:
@@ -29,6 +52,8 @@ def die_with_parent(parent: int) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # started under sigint_held: a pending one is dropped
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if sys.platform.startswith("linux"):
         import ctypes
 

@@ -23,7 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._helpers.pool_context import die_with_parent, pool_context
+from .._helpers.pool_context import die_with_parent, pool_context, sigint_held
 from ..format._manifest import ShardRecord
 from ._shard_plan import Plan
 from ._sources import Source
@@ -154,16 +154,19 @@ def _drive(pool: ProcessPoolExecutor, token: int | None, job: Job) -> int:
     written = 0
     futures: dict[Future[PartResult], tuple[int, int]] = {}
     results: dict[int, dict[int, PartResult]] = {i: {} for i in job.todo}
-    for i in job.todo:
-        for j, part in enumerate(plan[i]):
-            if token is not None:
-                fut = pool.submit(_write_inherited, token, i, j, job.source, paths[i, j],
-                                  job.on_error)
-            else:
-                fut = pool.submit(write_part, job.source, part, paths[i, j], job.on_error)
-            futures[fut] = (i, j)
-    pending = set(futures)
+    pending: set[Future[PartResult]] = set()
     try:
+        with sigint_held():  # the workers start as the first parts are submitted
+            for i in job.todo:
+                for j, part in enumerate(plan[i]):
+                    if token is not None:
+                        fut = pool.submit(_write_inherited, token, i, j, job.source,
+                                          paths[i, j], job.on_error)
+                    else:
+                        fut = pool.submit(write_part, job.source, part, paths[i, j],
+                                          job.on_error)
+                    futures[fut] = (i, j)
+                    pending.add(fut)
         while pending:
             # each part as it comes: a shard is joined while the workers write the next ones
             done, pending = wait(pending, return_when=FIRST_COMPLETED)

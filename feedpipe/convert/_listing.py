@@ -31,7 +31,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._helpers.pool_context import die_with_parent
+from .._helpers.pool_context import die_with_parent, sigint_held
 from .._helpers.progress import progress
 from .._helpers.storage import filesystem, is_local, local_path
 from ._source_tree import Identity, TreeWalk, identity, root_entries
@@ -286,8 +286,9 @@ def list_tree_parallel(
                 pool: Any = None
             else:
                 pool = _executor(src, nworkers)
-                results = pool.map(_list_dir, itertools.repeat(src), dirs, paths,
-                                   itertools.repeat(labels_from_dirs), itertools.repeat(skip))
+                with sigint_held():  # the workers start as the tasks are submitted
+                    results = pool.map(_list_dir, itertools.repeat(src), dirs, paths,
+                                       itertools.repeat(labels_from_dirs), itertools.repeat(skip))
             for chunk in results:  # in directory order: the walk order of the problems
                 chunks.append(chunk)
                 files += chunk.files

@@ -46,7 +46,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._helpers.pool_context import die_with_parent, pool_context
+from .._helpers.pool_context import die_with_parent, pool_context, sigint_held
 from .._helpers.progress import progress
 from ..format._index import ShardIndex
 from ..format._manifest import ShardRecord
@@ -354,7 +354,8 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
             ctx = pool_context() if start_method is None else mp.get_context(start_method)
             pool = ProcessPoolExecutor(min(workers, len(dirs)), mp_context=ctx,
                                        initializer=die_with_parent, initargs=(os.getpid(),))
-            results = pool.map(stage_dir, *args)
+            with sigint_held():  # the workers start as the tasks are submitted
+                results = pool.map(stage_dir, *args)
         try:
             for top, sd in zip(dirs, results):
                 if sd is None:
