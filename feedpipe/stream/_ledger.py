@@ -46,6 +46,7 @@ from ..plan._order import Plan, Split
 
 LEDGER_VERSION = 1
 FLUSH_SECONDS = 1.0
+AHEAD = 64  # batches whose ids are planned at once: the plan's cost is per call, not per id
 FRESH = "fresh"  # the lineage of a job that started from nothing
 
 
@@ -136,6 +137,7 @@ class Ledger:
         self._plan: Plan | None = None
         self._split: Split | None = None
         self._batch = 1
+        self._ahead = (0, 0, np.zeros(0, dtype=np.int64))  # (lo, hi, ids of [lo, hi))
         self._last_flush = 0.0
         self._dirty = False
 
@@ -149,6 +151,7 @@ class Ledger:
             self.origin = dict(resumed_from)
             self.lineage = lineage_of(self.origin)
         self._plan, self._split, self._batch = plan, split, int(batch_size)
+        self._ahead = (0, 0, np.zeros(0, dtype=np.int64))
         self._bits = np.zeros((self.samples + 7) // 8, dtype=np.uint8)
         self._path = part_path(self.root, plan.epoch, split.rank, self.run, self._seq)
         self._seq += 1
@@ -173,7 +176,12 @@ class Ledger:
         hi = min(lo + self._batch, split.length)
         if hi <= lo:
             return
-        ids = self._plan.sample_ids(split.positions(lo, hi))
+        a_lo, a_hi, ahead = self._ahead
+        if not a_lo <= lo < hi <= a_hi:
+            a_lo, a_hi = lo, min(split.length, lo + AHEAD * self._batch)
+            ahead = self._plan.sample_ids(split.positions(a_lo, a_hi))
+            self._ahead = (a_lo, a_hi, ahead)
+        ids = ahead[lo - a_lo:hi - a_lo]
         pad = np.arange(lo, hi, dtype=np.int64) * split.world_size + split.rank \
             >= split.remaining
         if pad.any():
