@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import threading
 
+from .processes import pid_alive
+
 _watching: tuple[int, frozenset[int]] | None = None  # (this process, the owners it watches)
 
 
@@ -50,16 +52,7 @@ def _watch(owners: frozenset[int], fds: list[int] | None) -> None:
     else:
         import time
 
-        while all(_alive(owner) for owner in owners):
+        while all(pid_alive(owner) for owner in owners):
             time.sleep(0.5)
     os._exit(1)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
+from .._helpers.processes import pid_alive
 from ._entry import PARTS
 
 INF = float("inf")
@@ -85,7 +86,7 @@ def remove_leftovers(root: str, try_lock: Callable[[str], int | None]) -> None:
                 for s in PARTS:
                     _unlink(os.path.join(root, key + s))
                 os.close(fd)
-        elif (m := _TMP.search(name)) and not _alive(int(m.group(1))):
+        elif (m := _TMP.search(name)) and not pid_alive(int(m.group(1))):
             _unlink(os.path.join(root, name))
 
 
@@ -95,12 +96,3 @@ def _unlink(path: str) -> None:
     except FileNotFoundError:
         pass
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

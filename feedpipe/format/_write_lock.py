@@ -25,6 +25,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._helpers.processes import pid_alive
 from ..errors import InterruptedWriteError, OutputError
 
 log = logging.getLogger("feedpipe.format")
@@ -59,17 +60,6 @@ def _read_record(fd: int) -> dict[str, Any]:
         return {}
 
 
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def holder(path: str) -> dict[str, Any] | None:
     """The record (``pid``, ``host``, ``tool``) of the live writer holding the lock file
@@ -82,13 +72,13 @@ def holder(path: str) -> dict[str, Any] | None:
         record = _read_record(fd)
         fcntl = _flock()
         if fcntl is None:
-            return record if _pid_alive(record.get("pid")) else None
+            return record if pid_alive(record.get("pid")) else None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return record
         except OSError:  # (a filesystem without flock: the pid alone says who lives)
-            return record if _pid_alive(record.get("pid")) else None
+            return record if pid_alive(record.get("pid")) else None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -129,7 +119,7 @@ class WriterLock:
                         raise _busy(out, record) from None
                     except OSError:  # (no flock here: fall back to the pid)
                         fcntl = None
-                if fcntl is None and _pid_alive(record.get("pid")) \
+                if fcntl is None and pid_alive(record.get("pid")) \
                         and record.get("host", socket.gethostname()) == socket.gethostname():
                     raise _busy(out, record)
                 # its last holder may have removed the file between our open and our lock

@@ -134,30 +134,27 @@ def batch_loop(batches: Iterator[np.ndarray], fetch: Callable[[np.ndarray], Any]
         return
     clock = time.perf_counter
     waits_on_pool = pool is not None
+
+    def finish() -> Any:
+        t = clock()
+        out = maker.finish(pending.popleft())
+        if waits_on_pool:  # the wait for the pool's transforms
+            times.compute += clock() - t
+        else:
+            times.sink += clock() - t
+        return out
+
     for ids in batches:
         t0 = clock()
         fetched = fetch(ids)
         t1 = clock()
         pending.append(maker.start(fetched, pool))
-        t2 = clock()
         times.fetch += t1 - t0
-        times.compute += t2 - t1
+        times.compute += clock() - t1
         while len(pending) > ahead:
-            t3 = clock()
-            out = maker.finish(pending.popleft())
-            if waits_on_pool:
-                times.compute += clock() - t3
-            else:
-                times.sink += clock() - t3
-            yield out
+            yield finish()
     while pending:
-        t3 = clock()
-        out = maker.finish(pending.popleft())
-        if waits_on_pool:
-            times.compute += clock() - t3
-        else:
-            times.sink += clock() - t3
-        yield out
+        yield finish()
 
 
 class EpochReader:
