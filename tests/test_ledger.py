@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 from conftest import run_feedpipe
+from hypothesis import given
+from hypothesis import strategies as st
 
 from feedpipe import FeedDataset, FeedLoader, StateError, check_ledger
 
@@ -219,3 +221,85 @@ def test_sigkill_at_any_moment_leaves_a_valid_ledger(tmp_path: Path) -> None:
     assert r["ok"], r
     e = next(x for x in r["epochs"] if x["epoch"] == saved["epoch"])
     assert e["finished"] and e["distinct"] == N and e["losses"]["count"] == 0
+
+
+def test_the_training_loop_pays_no_plan_work_per_batch(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch costs the ledger a counter and a clock read, never a computation of the plan's
+    ids: the part records the span of plan positions it delivered, and the checker turns
+    positions into ids (benchmarks/bench_ledger.py measures what is left)."""
+    from feedpipe.plan._order import Plan, Split
+    from feedpipe.stream._ledger import Ledger
+
+    ds = FeedDataset(EXAMPLE, shuffle=True, seed=3)
+    ledger = Ledger(tmp_path, {"digest": "d", "counts": list(ds.plan(0).counts), "seed": 3,
+                               "shuffle": True, "window": None, "drop_last": False})
+    ledger.begin(ds.plan(0), Split(N, 1, 0), 1, None)
+    calls: list[int] = []
+    real = Plan.sample_ids
+    monkeypatch.setattr(Plan, "sample_ids", lambda self, pos: calls.append(len(pos))
+                        or real(self, pos))
+    for t in range(N):
+        ledger.batch(t)
+    ledger.end()
+    assert calls == []
+    monkeypatch.undo()
+    r = check_ledger(tmp_path)
+    assert r["ok"] and r["epochs"][0]["distinct"] == N and not r["epochs"][0]["finished"]
+
+
+def test_a_part_another_plan_wrote_is_refused_by_name(tmp_path: Path) -> None:
+    """The checker computes a part's ids from its own plan: a part whose writer's plan ordered
+    the epoch otherwise (another feedpipe version) is named, never checked against the wrong
+    order."""
+    drain([iter(x) for x in loaders(1, tmp_path)])
+    (part,) = tmp_path.glob("e*/*.part")
+    header = json.loads(part.read_bytes())
+    header["checked"][1] = header["checked"][1][::-1]
+    part.write_text(json.dumps(header) + "\n")
+    r = check_ledger(tmp_path)
+    assert not r["ok"] and "feedpipe version that wrote it" in r["unreadable"][0]["why"]
+
+
+def test_a_version_1_part_with_a_bitmap_is_still_read(tmp_path: Path) -> None:
+    import zlib
+
+    import numpy as np
+
+    drain([iter(x) for x in loaders(2, tmp_path)])
+    first, second = sorted(tmp_path.glob("e*/*.part"))
+    header = json.loads(first.read_bytes())
+    have = np.zeros(N, dtype=bool)
+    ds = FeedDataset(EXAMPLE, shuffle=True, seed=3)
+    have[ds.plan(0).sample_ids(np.arange(0, N, 2))] = True  # rank 0 of 2: every other position
+    v1 = {k: v for k, v in header.items() if k != "checked"} | {"version": 1}
+    first.write_bytes(json.dumps(v1).encode() + b"\n"
+                      + zlib.compress(np.packbits(have, bitorder="little").tobytes()))
+    r = check_ledger(tmp_path)
+    assert r["ok"] and r["epochs"][0]["distinct"] == N and not r["unreadable"], r
+
+
+@given(n=st.integers(0, 60), world=st.integers(1, 7), start=st.integers(0, 60),
+       drop_last=st.booleans(), data=st.data())
+def test_padding_from_is_where_a_rank_starts_repeating(n: int, world: int, start: int,
+                                                        drop_last: bool, data: Any) -> None:
+    """The part names its padding from one index instead of testing every position it
+    delivered: the index is the first local position past the remaining ones."""
+    from feedpipe.plan._order import Split
+    from feedpipe.stream._ledger import padding_from
+
+    split = Split(n, world, data.draw(st.integers(0, world - 1)), min(start, n), drop_last)
+    pad = [L for L in range(split.length) if L * world + split.rank >= split.remaining]
+    assert pad == list(range(padding_from(split), split.length))
+
+
+def test_a_run_whose_plan_check_is_lost_is_not_checked(tmp_path: Path) -> None:
+    (ld,) = loaders(1, tmp_path, batch=5)
+    for _ in range(2):
+        drain([iter(ld)])
+    first, later = sorted(tmp_path.glob("e*/*.part"))
+    first.write_bytes(first.read_bytes()[:-7])
+    r = check_ledger(tmp_path)
+    assert not r["ok"] and [u["part"] for u in r["unreadable"]] == [
+        os.path.relpath(p, tmp_path) for p in (first, later)]
+    assert "holds the ids its plan gave" in r["unreadable"][1]["why"]

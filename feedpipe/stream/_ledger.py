@@ -12,10 +12,20 @@ shares without talking to each other: the state the job started from (a fresh st
 the state it was loaded with), so all ranks of a job resumed from one checkpoint have the same
 lineage. A *part* is the span of one epoch that one run delivered on one rank, from the position it
 started at (0, or the resume point it was loaded with) to where it stopped. Each part file is one
-JSON header line followed by the zlib-compressed bitmap of the ids delivered (``N / 8`` bytes
-before compression for ``N`` samples). It is rewritten whole through a temporary file and a rename
-at each flush (about once a second while batches arrive, at every ``state_dict()``, at the epoch's
-end and when the pass stops), so a SIGKILL at any moment leaves the previous flush intact.
+JSON line: the part's place in the plan (epoch, rank, world size, start) and ``reached``, the
+count of this rank's local positions delivered, which are always the first ones, since batches
+are delivered in order. The ids delivered are the plan's ids at those positions (less the padding,
+which the part lists apart); the plan is a pure function of what ``ledger.json`` holds and the
+epoch, so :func:`check_ledger` computes them, and the training loop never does: computing them
+costs one Feistel evaluation per sample, more than the ledger's share of the raw-read route allows
+(benchmarks/bench_ledger.py). Parts of version 1, which held a bitmap of the ids, are still read.
+A run's first part holds the ids of a few positions as the writer's plan gave them; the checker
+refuses a run its own plan disagrees with, rather than check it against another order. The
+file is rewritten whole through a temporary file and a rename at each flush (when a run starts or
+resumes, about once a second while batches arrive, at every ``state_dict()``, at the epoch's end
+and when the pass stops), so a SIGKILL at any moment leaves the previous flush intact; a part is a
+few hundred bytes, whatever ``N``, plus the ids of its padding and drops (fewer than
+``world_size`` and ``batch_size``).
 
 The ids recorded are the plan's ids of the batches the loop received (the loader counts batches
 as the training loop takes them, never the prefetched ones): the ledger proves that the resumes,
@@ -44,9 +54,10 @@ import numpy as np
 from ..errors import StateError
 from ..plan._order import Plan, Split
 
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
+READS = (1, 2)  # part versions the checker reads
 FLUSH_SECONDS = 1.0
-AHEAD = 64  # batches whose ids are planned at once: the plan's cost is per call, not per id
+CHECKED = 4  # positions whose ids a part holds, to check the checker's plan against
 FRESH = "fresh"  # the lineage of a job that started from nothing
 
 
@@ -79,21 +90,38 @@ def write_atomic(path: str, data: bytes) -> None:
         raise
 
 
-def read_part(path: str) -> tuple[dict[str, Any], np.ndarray]:
-    """A part file's header and its delivered-ids bitmap (packed, little bit order)."""
+def read_part(path: str) -> tuple[dict[str, Any], np.ndarray | None]:
+    """A part file's header and, for a version-1 part, its delivered-ids bitmap (packed, little
+    bit order); a version-2 part has none: its ids follow from the plan (:func:`delivered`)."""
     with open(path, "rb") as fh:
         raw = fh.read()
     head, sep, body = raw.partition(b"\n")
     if not sep:
         raise ValueError("no header line")
     header = json.loads(head)
-    if not isinstance(header, dict) or header.get("version") != LEDGER_VERSION:
-        raise ValueError(f"not a version-{LEDGER_VERSION} ledger part")
+    if not isinstance(header, dict) or header.get("version") not in READS:
+        raise ValueError(f"not a ledger part of version {' or '.join(map(str, READS))}")
+    if header["version"] != 1:
+        if body:
+            raise ValueError(f"{len(body)} bytes after its header line")
+        return header, None
     bits = np.frombuffer(zlib.decompress(body), dtype=np.uint8)
     if len(bits) != (int(header["samples"]) + 7) // 8:
         raise ValueError(f"its bitmap has {len(bits)} bytes, {header['samples']} samples need "
                          f"{(int(header['samples']) + 7) // 8}")
     return header, bits
+
+
+def padding_from(split: Split) -> int:
+    """The first local index of ``split`` that repeats a position as padding (its length when
+    none does): local ``L`` is padding where ``L * world_size + rank >= remaining``."""
+    return min(split.length, max(0, -(-(split.remaining - split.rank) // split.world_size)))
+
+
+def delivered(plan: Plan, split: Split, reached: int) -> np.ndarray:
+    """The ids a version-2 part delivered: the plan's ids at the first ``reached`` local
+    positions of ``split``, less the padding (listed in the part apart)."""
+    return plan.sample_ids(split.positions(0, min(int(reached), padding_from(split))))
 
 
 class Ledger:
@@ -132,12 +160,13 @@ class Ledger:
         self.origin: dict[str, Any] | None = None
         self._seq = 0
         self._header: dict[str, Any] | None = None
-        self._bits = np.zeros(0, dtype=np.uint8)
         self._path = ""
         self._plan: Plan | None = None
         self._split: Split | None = None
         self._batch = 1
-        self._ahead = (0, 0, np.zeros(0, dtype=np.int64))  # (lo, hi, ids of [lo, hi))
+        self._length = 0
+        self._pad_from = 0  # the first padding local index (see padding_from)
+        self._reached = 0
         self._last_flush = 0.0
         self._dirty = False
 
@@ -151,8 +180,8 @@ class Ledger:
             self.origin = dict(resumed_from)
             self.lineage = lineage_of(self.origin)
         self._plan, self._split, self._batch = plan, split, int(batch_size)
-        self._ahead = (0, 0, np.zeros(0, dtype=np.int64))
-        self._bits = np.zeros((self.samples + 7) // 8, dtype=np.uint8)
+        self._length, self._pad_from = split.length, padding_from(split)
+        self._reached = 0
         self._path = part_path(self.root, plan.epoch, split.rank, self.run, self._seq)
         self._seq += 1
         os.makedirs(os.path.dirname(self._path), exist_ok=True)
@@ -165,35 +194,36 @@ class Ledger:
             "whole_batches": split.whole_batches, "samples": self.samples,
             "reached": 0, "delivered": 0, "padding": [],
             "dropped": [], "marks": [], "finished": False}
-        self._flush()
+        if self._seq == 1:  # the run's first part: the ids its plan gives, for the checker
+            checked = split.positions(0, min(CHECKED, split.length))
+            self._header["checked"] = [checked.tolist(), plan.sample_ids(checked).tolist()]
+        if self._seq == 1 or resumed_from is not None:
+            self._flush()  # the run and where it started from are on record before any batch
+        else:  # a later pass of a run on record: its part is written at its first flush
+            self._dirty = True
+            self._last_flush = time.monotonic()
 
     def batch(self, t: int) -> None:
-        """The loop received local batch ``t`` of this pass (batches arrive in order)."""
-        split, header = self._split, self._header
-        if split is None or header is None or self._plan is None:
-            return
+        """The loop received local batch ``t`` of this pass (batches arrive in order, each
+        once): a counter moves; the ids are the checker's to compute."""
         lo = t * self._batch
-        hi = min(lo + self._batch, split.length)
+        hi = min(lo + self._batch, self._length)
         if hi <= lo:
             return
-        a_lo, a_hi, ahead = self._ahead
-        if not a_lo <= lo < hi <= a_hi:
-            a_lo, a_hi = lo, min(split.length, lo + AHEAD * self._batch)
-            ahead = self._plan.sample_ids(split.positions(a_lo, a_hi))
-            self._ahead = (a_lo, a_hi, ahead)
-        ids = ahead[lo - a_lo:hi - a_lo]
-        pad = np.arange(lo, hi, dtype=np.int64) * split.world_size + split.rank \
-            >= split.remaining
-        if pad.any():
-            header["padding"].extend(int(i) for i in ids[pad])
-            ids = ids[~pad]
-        np.bitwise_or.at(self._bits, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
-        header["delivered"] += len(ids)
-        header["reached"] = hi
+        if hi > self._pad_from:
+            self._padding(max(lo, self._pad_from), hi)
+        self._reached = hi
         self._dirty = True
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_SECONDS:
             self._flush(now)
+
+    def _padding(self, lo: int, hi: int) -> None:
+        """Local ``[lo, hi)`` repeat positions to even the ranks out: their ids are named apart
+        (neither delivered nor repeats)."""
+        if self._plan is not None and self._split is not None and self._header is not None:
+            self._header["padding"].extend(
+                int(i) for i in self._plan.sample_ids(self._split.positions(lo, hi)))
 
     def mark(self, epoch: int, position: int) -> dict[str, Any]:
         """A state is being saved that resumes at global ``position`` of ``epoch`` (the next
@@ -214,8 +244,8 @@ class Ledger:
         if split is None or header is None or self._plan is None:
             return
         dropped: list[int] = []
-        if header["reached"] < split.length:
-            ids = self._plan.sample_ids(split.positions(header["reached"], split.length))
+        if self._reached < split.length:
+            ids = self._plan.sample_ids(split.positions(self._reached, split.length))
             dropped.extend(int(i) for i in ids)
         if split.rank == 0 and split.dropped:
             lo = split.start + split.length * split.world_size
@@ -236,7 +266,9 @@ class Ledger:
         if header is None:
             return
         header["flushed"] = time.time()
-        data = json.dumps(header).encode() + b"\n" + zlib.compress(self._bits.tobytes(), 1)
+        header["reached"] = self._reached
+        header["delivered"] = min(self._reached, self._pad_from)
+        data = json.dumps(header).encode() + b"\n"
         write_atomic(self._path, data)
         self._last_flush = time.monotonic() if now is None else now
         self._dirty = False

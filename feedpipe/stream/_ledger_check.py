@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import StateError
 from ..plan._order import Plan, Split
-from ._ledger import read_part
+from ._ledger import delivered, read_part
 
 SHOW = 5  # ids shown per finding
 
@@ -74,6 +74,24 @@ def _after(info: dict[str, Any], part: _Part, position: int) -> np.ndarray:
     return _plan(info, h["epoch"]).sample_ids(split.positions(k, h["reached"]))
 
 
+def _check_plan(info: dict[str, Any], h: dict[str, Any]) -> None:
+    """Refuse a run whose plan ordered the epoch otherwise than this feedpipe's: the first part
+    of a run holds the ids its writer's plan gave at a few positions."""
+    positions, ids = (np.asarray(x, dtype=np.int64) for x in h["checked"])
+    if not np.array_equal(_plan(info, int(h["epoch"])).sample_ids(positions), ids):
+        raise ValueError(
+            "the plan that wrote it ordered epoch "
+            f"{h['epoch']} otherwise than this feedpipe's does (ids {ids.tolist()} at positions "
+            f"{positions.tolist()}): check this ledger with the feedpipe version that wrote it")
+
+
+def _bits(info: dict[str, Any], h: dict[str, Any]) -> np.ndarray:
+    """A version-2 part's delivered ids as a bitmap, from this feedpipe's plan."""
+    have = np.zeros(int(sum(info["counts"])), dtype=bool)
+    have[delivered(_plan(info, int(h["epoch"])), _split(info, h), int(h["reached"]))] = True
+    return np.packbits(have, bitorder="little")
+
+
 def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
     """Check a ledger directory; returns the report (``ok``: every finished epoch exactly once,
     no replay, every part readable).
@@ -102,12 +120,26 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
     n = int(sum(info["counts"]))
     unreadable: list[dict[str, str]] = []
     parts: list[_Part] = []
+    read: list[tuple[str, dict[str, Any], np.ndarray | None]] = []
+    checked: set[str] = set()  # runs whose plan gave the ids this feedpipe's plan gives
     for path in sorted(glob.glob(os.path.join(root, "e*", "*.part"))):
         try:
             header, bits = read_part(path)
+            if bits is None and "checked" in header:
+                _check_plan(info, header)
+                checked.add(str(header["run"]))
         except (OSError, ValueError, KeyError, TypeError, zlib.error) as err:
             unreadable.append({"part": os.path.relpath(path, root), "why": str(err)})
             continue
+        read.append((path, header, bits))
+    for path, header, bits in read:
+        if bits is None:
+            if str(header["run"]) not in checked:
+                unreadable.append({"part": os.path.relpath(path, root), "why": (
+                    "no readable part of its run holds the ids its plan gave, to check this "
+                    "feedpipe's plan against")})
+                continue
+            bits = _bits(info, header)
         parts.append(_Part(path, header, bits))
     # each run (one loader on one rank) and the lineage it belongs to
     runs: dict[str, dict[str, Any]] = {}
