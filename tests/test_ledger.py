@@ -157,7 +157,7 @@ def test_an_unfinished_epoch_has_no_losses_yet(tmp_path: Path) -> None:
 
 def test_an_unreadable_part_fails_the_check_by_name(tmp_path: Path) -> None:
     drain([iter(x) for x in loaders(1, tmp_path)])
-    (part,) = tmp_path.glob("e*/*.part")
+    (part,) = tmp_path.glob("r*/*.part")
     part.write_bytes(part.read_bytes()[:-7])  # torn by a copy that stopped short
     r = check_ledger(tmp_path)
     assert not r["ok"] and r["unreadable"][0]["part"].endswith(part.name)
@@ -253,7 +253,7 @@ def test_a_part_another_plan_wrote_is_refused_by_name(tmp_path: Path) -> None:
     the epoch otherwise (another feedpipe version) is named, never checked against the wrong
     order."""
     drain([iter(x) for x in loaders(1, tmp_path)])
-    (part,) = tmp_path.glob("e*/*.part")
+    (part,) = tmp_path.glob("r*/*.part")
     header = json.loads(part.read_bytes())
     header["checked"][1] = header["checked"][1][::-1]
     part.write_text(json.dumps(header) + "\n")
@@ -267,14 +267,17 @@ def test_a_version_1_part_with_a_bitmap_is_still_read(tmp_path: Path) -> None:
     import numpy as np
 
     drain([iter(x) for x in loaders(2, tmp_path)])
-    first, second = sorted(tmp_path.glob("e*/*.part"))
+    first, second = sorted(tmp_path.glob("r*/*.part"))
     header = json.loads(first.read_bytes())
     have = np.zeros(N, dtype=bool)
     ds = FeedDataset(EXAMPLE, shuffle=True, seed=3)
     have[ds.plan(0).sample_ids(np.arange(0, N, 2))] = True  # rank 0 of 2: every other position
     v1 = {k: v for k, v in header.items() if k != "checked"} | {"version": 1}
-    first.write_bytes(json.dumps(v1).encode() + b"\n"
-                      + zlib.compress(np.packbits(have, bitorder="little").tobytes()))
+    first.unlink()  # and written where version 1 wrote it
+    old = tmp_path / "e000000" / f"r00000-{header['run']}-000.part"
+    old.parent.mkdir()
+    old.write_bytes(json.dumps(v1).encode() + b"\n"
+                    + zlib.compress(np.packbits(have, bitorder="little").tobytes()))
     r = check_ledger(tmp_path)
     assert r["ok"] and r["epochs"][0]["distinct"] == N and not r["unreadable"], r
 
@@ -297,7 +300,7 @@ def test_a_run_whose_plan_check_is_lost_is_not_checked(tmp_path: Path) -> None:
     (ld,) = loaders(1, tmp_path, batch=5)
     for _ in range(2):
         drain([iter(ld)])
-    first, later = sorted(tmp_path.glob("e*/*.part"))
+    first, later = sorted(tmp_path.glob("r*/*.part"))
     first.write_bytes(first.read_bytes()[:-7])
     r = check_ledger(tmp_path)
     assert not r["ok"] and [u["part"] for u in r["unreadable"]] == [

@@ -5,7 +5,8 @@ Layout of ``DIR``::
 
     ledger.json                      the dataset it belongs to: identity digest, shard sample
                                      counts, seed, shuffle, window, drop_last
-    e000003/r00001-<run>-000.part    one part: one run's pass over epoch 3 on rank 1
+    r00001-<run>/e000003-000.part    one part: one run's pass over epoch 3 on rank 1 (version
+                                     1 wrote e000003/r00001-<run>-000.part: still read)
 
 A *run* is one FeedLoader in one process (a random id). A *lineage* is what every rank of one job
 shares without talking to each other: the state the job started from (a fresh start, or the mark of
@@ -71,7 +72,25 @@ def lineage_of(mark: dict[str, Any] | None) -> str:
 
 
 def part_path(root: str, epoch: int, rank: int, run: str, seq: int) -> str:
-    return os.path.join(root, f"e{epoch:06d}", f"r{rank:05d}-{run}-{seq:03d}.part")
+    """A part's file: one directory per run and rank, made once, not one per epoch."""
+    return os.path.join(root, f"r{rank:05d}-{run}", f"e{epoch:06d}-{seq:03d}.part")
+
+
+PARTS = ("r*/*.part", "e*/*.part")  # the part files of versions 2 and 1, under the root
+
+
+def write_part(path: str, data: bytes) -> None:
+    """``data`` at ``path`` through ``path.tmp`` and a rename: a part has one writer, so its
+    temporary file needs no unique name."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 def write_atomic(path: str, data: bytes) -> None:
@@ -161,6 +180,7 @@ class Ledger:
         self._seq = 0
         self._header: dict[str, Any] | None = None
         self._path = ""
+        self._dir = ""
         self._plan: Plan | None = None
         self._split: Split | None = None
         self._batch = 1
@@ -184,7 +204,9 @@ class Ledger:
         self._reached = 0
         self._path = part_path(self.root, plan.epoch, split.rank, self.run, self._seq)
         self._seq += 1
-        os.makedirs(os.path.dirname(self._path), exist_ok=True)
+        if os.path.dirname(self._path) != self._dir:
+            self._dir = os.path.dirname(self._path)
+            os.makedirs(self._dir, exist_ok=True)
         self._header = {
             "version": LEDGER_VERSION, "run": self.run, "host": socket.gethostname(),
             "pid": os.getpid(), "created": time.time(), "lineage": self.lineage,
@@ -268,7 +290,6 @@ class Ledger:
         header["flushed"] = time.time()
         header["reached"] = self._reached
         header["delivered"] = min(self._reached, self._pad_from)
-        data = json.dumps(header).encode() + b"\n"
-        write_atomic(self._path, data)
+        write_part(self._path, json.dumps(header).encode() + b"\n")
         self._last_flush = time.monotonic() if now is None else now
         self._dirty = False

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import StateError
 from ..plan._order import Plan, Split
-from ._ledger import delivered, read_part
+from ._ledger import PARTS, delivered, read_part
 
 SHOW = 5  # ids shown per finding
 
@@ -122,7 +122,7 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
     parts: list[_Part] = []
     read: list[tuple[str, dict[str, Any], np.ndarray | None]] = []
     checked: set[str] = set()  # runs whose plan gave the ids this feedpipe's plan gives
-    for path in sorted(glob.glob(os.path.join(root, "e*", "*.part"))):
+    for path in sorted(x for pattern in PARTS for x in glob.glob(os.path.join(root, pattern))):
         try:
             header, bits = read_part(path)
             if bits is None and "checked" in header:
