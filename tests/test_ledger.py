@@ -227,7 +227,7 @@ def test_the_training_loop_pays_no_plan_work_per_batch(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch costs the ledger a counter and a clock read, never a computation of the plan's
     ids: the part records the span of plan positions it delivered, and the checker turns
-    positions into ids (benchmarks/bench_ledger.py measures what is left)."""
+    positions into ids (benchmarks/bench_versions.py, phases ledger, measures the rest)."""
     from feedpipe.plan._order import Plan, Split
     from feedpipe.stream._ledger import Ledger
 

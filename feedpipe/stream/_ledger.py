@@ -19,14 +19,14 @@ are delivered in order. The ids delivered are the plan's ids at those positions 
 which the part lists apart); the plan is a pure function of what ``ledger.json`` holds and the
 epoch, so :func:`check_ledger` computes them, and the training loop never does: computing them
 costs one Feistel evaluation per sample, more than the ledger's share of the raw-read route allows
-(benchmarks/bench_ledger.py). Parts of version 1, which held a bitmap of the ids, are still read.
-A run's first part holds the ids of a few positions as the writer's plan gave them; the checker
-refuses a run its own plan disagrees with, rather than check it against another order. The
-file is rewritten whole through a temporary file and a rename at each flush (when a run starts or
-resumes, about once a second while batches arrive, at every ``state_dict()``, at the epoch's end
-and when the pass stops), so a SIGKILL at any moment leaves the previous flush intact; a part is a
-few hundred bytes, whatever ``N``, plus the ids of its padding and drops (fewer than
-``world_size`` and ``batch_size``).
+(benchmarks/bench_versions.py, phases ``ledger``). Parts of version 1, which held a bitmap of the
+ids, are still read. A run's first part holds the ids of a few positions as the writer's plan
+gave them; the checker refuses a run its own plan disagrees with, rather than check it against
+another order. The file is rewritten whole through a temporary file and a rename at each flush
+(when a run starts or resumes, about once a second while batches arrive, at every
+``state_dict()``, at the epoch's end and when the pass stops), so a SIGKILL at any moment leaves
+the previous flush intact; a part is a few hundred bytes, whatever ``N``, plus the ids of its
+padding and drops (fewer than ``world_size`` and ``batch_size``).
 
 The ids recorded are the plan's ids of the batches the loop received (the loader counts batches
 as the training loop takes them, never the prefetched ones): the ledger proves that the resumes,
