@@ -103,7 +103,7 @@ class Columns:
         # samples share one is planned with a gather per field and no per-sample step
         self.layout = np.zeros(n, dtype=np.int32)
         self.layouts: list[tuple[str, ...]] = []
-        seen: dict[tuple[str, ...], int] = {}
+        self._seen: dict[tuple[str, ...], int] = {}
         self._indexes = indexes
         self._base = np.cumsum([0] + [len(ix) for ix in indexes])[:-1]  # per shard: first id
         for ix, base in zip(indexes, self._base.tolist()):
@@ -113,22 +113,44 @@ class Columns:
             offs = np.asarray(ix.offsets, dtype=np.int64)
             sizes = np.asarray(ix.sizes, dtype=np.int64)
             counts = np.diff(starts)
-            sample = np.repeat(np.arange(base, base + k, dtype=np.int64), counts)
-            exts = np.asarray(ix.exts, dtype=str)
-            for e in dict.fromkeys(ix.exts):
-                if e not in self.offsets:
-                    self.exts.append(e)
-                    self.offsets[e] = np.full(n, -1, dtype=np.int64)
-                    self.sizes[e] = np.zeros(n, dtype=np.int64)
-                mask = exts == e
-                self.offsets[e][sample[mask]] = offs[mask]
-                self.sizes[e][sample[mask]] = sizes[mask]
-            self.layout[base:base + k] = _layouts(ix, counts, seen, self.layouts)
+            row = _uniform(ix, counts)
+            if row is not None:  # every sample has these members, in this order: strided
+                c = len(row)
+                for p, e in enumerate(row):
+                    self._column(e, n)
+                    self.offsets[e][base:base + k] = offs[p::c]
+                    self.sizes[e][base:base + k] = sizes[p::c]
+                self.layout[base:base + k] = self._number(row)
+            else:
+                sample = np.repeat(np.arange(base, base + k, dtype=np.int64), counts)
+                exts = np.asarray(ix.exts, dtype=str)
+                for e in dict.fromkeys(ix.exts):
+                    self._column(e, n)
+                    mask = exts == e
+                    self.offsets[e][sample[mask]] = offs[mask]
+                    self.sizes[e][sample[mask]] = sizes[mask]
+                ex, st = ix.exts, ix.starts
+                self.layout[base:base + k] = [
+                    self._number(tuple(dict.fromkeys(ex[st[i]:st[i + 1]]))) for i in range(k)]
             has = counts > 0
             if len(offs):
                 self.lo[base:base + k][has] = offs[starts[:-1][has]]
                 last = starts[1:][has] - 1
                 self.hi[base:base + k][has] = offs[last] + sizes[last]
+
+    def _column(self, e: str, n: int) -> None:
+        if e not in self.offsets:
+            self.exts.append(e)
+            self.offsets[e] = np.full(n, -1, dtype=np.int64)
+            self.sizes[e] = np.zeros(n, dtype=np.int64)
+
+    def _number(self, fields: tuple[str, ...]) -> int:
+        """The number of the layout ``fields`` in :attr:`layouts` (appended when new)."""
+        at = self._seen.get(fields)
+        if at is None:
+            at = self._seen[fields] = len(self.layouts)
+            self.layouts.append(fields)
+        return at
 
     def fields_of(self, g: int) -> list[str]:
         """Sample ``g``'s fields, in member order."""
@@ -396,31 +418,18 @@ def _shards_of(shards: np.ndarray) -> list[int]:
     return list(dict.fromkeys(shards.tolist()))
 
 
-def _layouts(ix: Any, counts: np.ndarray, seen: dict[tuple[str, ...], int],
-             layouts: list[tuple[str, ...]]) -> np.ndarray:
-    """Per sample of one shard's index ``ix``, the number of its layout (its fields, in member
-    order) in ``layouts``, which ``seen`` numbers; new layouts are appended. A shard whose
-    samples all have the same members in the same order costs one comparison over its
-    members, not a step per sample."""
-
-    def number(fields: tuple[str, ...]) -> int:
-        at = seen.get(fields)
-        if at is None:
-            at = seen[fields] = len(layouts)
-            layouts.append(fields)
-        return at
-
+def _uniform(ix: Any, counts: np.ndarray) -> tuple[str, ...] | None:
+    """The fields of every sample of one shard's index ``ix`` (``counts``: its members per
+    sample), when all have the same members in the same order, each field once; else None.
+    Checked with C-level list and array comparisons, not a step per sample."""
     k = len(counts)
     c = int(counts[0]) if k else 0
-    if k and c and not (counts != c).any():
-        exts = np.asarray(ix.exts, dtype=object).reshape(k, c)
-        row = tuple(dict.fromkeys(ix.exts[:c]))
-        if (exts == exts[0]).all():
-            return np.full(k, number(row), dtype=np.int32)
-    starts = ix.starts
-    exts_l = ix.exts
-    return np.array([number(tuple(dict.fromkeys(exts_l[starts[i]:starts[i + 1]])))
-                     for i in range(k)], dtype=np.int32)
+    if not c or (counts != c).any():
+        return None
+    row = tuple(ix.exts[:c])
+    if len(set(row)) != c or ix.exts != list(row) * k:
+        return None
+    return row
 
 
 def _gather(mm: mmap.mmap, offs: np.ndarray, size: int) -> list[bytes]:
