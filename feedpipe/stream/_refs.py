@@ -93,7 +93,8 @@ class Columns:
     def __init__(self, readers: Sequence[ShardReader]) -> None:
         indexes = [r.index for r in readers]
         n = sum(len(ix) for ix in indexes)
-        self.keys: list[str] = []
+        # an object array, not a list: a batch's keys are one gather and one tolist in C
+        self.keys = np.empty(n, dtype=object)
         self.exts: list[str] = []  # every field, in order of first appearance
         self.offsets: dict[str, np.ndarray] = {}
         self.sizes: dict[str, np.ndarray] = {}
@@ -108,7 +109,7 @@ class Columns:
         self._base = np.cumsum([0] + [len(ix) for ix in indexes])[:-1]  # per shard: first id
         for ix, base in zip(indexes, self._base.tolist()):
             k = len(ix)
-            self.keys.extend(ix.keys)
+            self.keys[base:base + k] = ix.keys
             starts = np.asarray(ix.starts, dtype=np.int64)
             offs = np.asarray(ix.offsets, dtype=np.int64)
             sizes = np.asarray(ix.sizes, dtype=np.int64)
@@ -160,7 +161,7 @@ class Columns:
 
     def refs(self, ids: np.ndarray, shards: np.ndarray, epoch: int, seed: int) -> BatchRefs:
         """The :class:`BatchRefs` of one batch of ids (in shards ``shards``)."""
-        keys = list(map(self.keys.__getitem__, ids.tolist()))
+        keys: list[str] = self.keys[ids].tolist()
         lay = self.layout[ids]
         if len(ids) and not (lay != lay[0]).any():  # one layout: each of its fields in all
             fs = self.layouts[int(lay[0])]
