@@ -242,13 +242,21 @@ def _packed(doc: dict) -> list[Panel | None]:
             panel("peak RSS", "MiB", rows, "peak_rss_bytes", scale=1 / 2**20, lower=True)]
 
 
+def _tiny_read(doc: dict) -> list[Panel | None]:
+    rows = doc.get("summary", {})
+    return [panel("raw read of tiny records (median of passes; cat: samples-equivalent)",
+                  "samples/s", rows, "median_samples_per_s"),
+            panel("peak RSS", "MiB", rows, "median_peak_rss_bytes", scale=1 / 2**20,
+                  lower=True)]
+
+
 CHARTS: dict[str, Callable[[dict], list[Panel | None]]] = {
     "convert": _convert, "dask": _dask, "listing": _listing, "plan": _plan, "read": _read,
     "resume": _resume, "shuffle": _shuffle, "decode": _decode, "device": _device,
     "eviction": _eviction, "hash": _hash, "probe_fio": _probe_fio, "resize": _resize,
     "tiers": _tiers, "window_decode": _window_decode, "cache_budget": _cache_budget,
     "device_cache": _device_cache, "versions": _versions, "image_formats": _image_formats,
-    "packed": _packed,
+    "packed": _packed, "tiny_read": _tiny_read,
 }
 
 

@@ -285,3 +285,48 @@ def test_stats_say_how_the_refs_route_planned(ds_path: str) -> None:
     ids = [b["__index__"].tolist() for b in fits]
     assert ids == [b["__index__"].tolist() for b in few]
     assert fits.stats()["refs_plan"] == "columns" and few.stats()["refs_plan"] == "per-sample"
+
+
+@pytest.fixture(scope="module")
+def records_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Fixed-size records over 5 shards: a 40-byte ``bin`` on every sample (the one-size gather,
+    from one shard and from several), an empty ``pad``, a 3-byte ``txt`` on every 4th sample
+    (a field some samples lack) and, on every 7th, ``txt`` written before ``bin`` (a second
+    layout of fields)."""
+    import feedpipe
+
+    out = str(tmp_path_factory.mktemp("records") / "ds")
+    rng = np.random.default_rng(0)
+    with feedpipe.ShardWriter(out, max_samples=7) as w:
+        for i in range(33):
+            s: dict[str, Any] = {"__key__": f"{i:04d}"}
+            if i % 7 == 3:
+                s["txt"] = b"%03d" % i
+            s["bin"] = rng.integers(0, 256, 40, dtype=np.uint8).tobytes()
+            s["pad"] = b""
+            if i % 4 == 0 and "txt" not in s:
+                s["txt"] = b"%03d" % i
+            w.write(s)
+    return out
+
+
+@pytest.mark.parametrize("shuffle,batch_size", [(False, 7), (False, 10), (True, 6), (True, 33)])
+def test_fixed_size_records_equal_the_general_path(records_path: str, shuffle: bool,
+                                                   batch_size: int) -> None:
+    fl = FeedLoader(FeedDataset(records_path, shuffle=shuffle, seed=2), batch_size=batch_size)
+    assert fl.route.name == "refs"
+    got = list(fl)
+    assert fl.stats()["refs_plan"] == "columns"
+    assert_same_batches(got, general_path(records_path, batch_size, shuffle=shuffle, seed=2))
+    # batches of 7 in order: each from one shard; the others: some across shards
+    assert any(len(set(b["__shard__"])) > 1 for b in got) == (shuffle or batch_size != 7)
+    assert all(v == b"" for b in got for v in b["pad"])
+
+
+def test_column_layouts_are_each_samples_fields(records_path: str) -> None:
+    ds = FeedDataset(records_path)
+    assert ds.shards.open_all()
+    columns = Columns(ds.shards.open_readers())  # type: ignore[arg-type]
+    assert len(columns.layouts) == 3  # bin+pad, bin+pad+txt, txt+bin+pad
+    for g in range(len(columns.keys)):
+        assert list(columns.layouts[columns.layout[g]]) == columns.fields_of(g)

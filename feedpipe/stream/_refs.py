@@ -93,36 +93,65 @@ class Columns:
     def __init__(self, readers: Sequence[ShardReader]) -> None:
         indexes = [r.index for r in readers]
         n = sum(len(ix) for ix in indexes)
-        self.keys: list[str] = []
+        # an object array, not a list: a batch's keys are one gather and one tolist in C
+        self.keys = np.empty(n, dtype=object)
         self.exts: list[str] = []  # every field, in order of first appearance
         self.offsets: dict[str, np.ndarray] = {}
         self.sizes: dict[str, np.ndarray] = {}
         self.lo = np.zeros(n, dtype=np.int64)  # per sample: where its first member starts
         self.hi = np.zeros(n, dtype=np.int64)  # and where its last ends
+        # per sample: which of `layouts` (its fields, in member order) it has; a batch whose
+        # samples share one is planned with a gather per field and no per-sample step
+        self.layout = np.zeros(n, dtype=np.int32)
+        self.layouts: list[tuple[str, ...]] = []
+        self._seen: dict[tuple[str, ...], int] = {}
         self._indexes = indexes
         self._base = np.cumsum([0] + [len(ix) for ix in indexes])[:-1]  # per shard: first id
         for ix, base in zip(indexes, self._base.tolist()):
             k = len(ix)
-            self.keys.extend(ix.keys)
+            self.keys[base:base + k] = ix.keys
             starts = np.asarray(ix.starts, dtype=np.int64)
             offs = np.asarray(ix.offsets, dtype=np.int64)
             sizes = np.asarray(ix.sizes, dtype=np.int64)
             counts = np.diff(starts)
-            sample = np.repeat(np.arange(base, base + k, dtype=np.int64), counts)
-            exts = np.asarray(ix.exts, dtype=str)
-            for e in dict.fromkeys(ix.exts):
-                if e not in self.offsets:
-                    self.exts.append(e)
-                    self.offsets[e] = np.full(n, -1, dtype=np.int64)
-                    self.sizes[e] = np.zeros(n, dtype=np.int64)
-                mask = exts == e
-                self.offsets[e][sample[mask]] = offs[mask]
-                self.sizes[e][sample[mask]] = sizes[mask]
+            row = _uniform(ix, counts)
+            if row is not None:  # every sample has these members, in this order: strided
+                c = len(row)
+                for p, e in enumerate(row):
+                    self._column(e, n)
+                    self.offsets[e][base:base + k] = offs[p::c]
+                    self.sizes[e][base:base + k] = sizes[p::c]
+                self.layout[base:base + k] = self._number(row)
+            else:
+                sample = np.repeat(np.arange(base, base + k, dtype=np.int64), counts)
+                exts = np.asarray(ix.exts, dtype=str)
+                for e in dict.fromkeys(ix.exts):
+                    self._column(e, n)
+                    mask = exts == e
+                    self.offsets[e][sample[mask]] = offs[mask]
+                    self.sizes[e][sample[mask]] = sizes[mask]
+                ex, st = ix.exts, ix.starts
+                self.layout[base:base + k] = [
+                    self._number(tuple(dict.fromkeys(ex[st[i]:st[i + 1]]))) for i in range(k)]
             has = counts > 0
             if len(offs):
                 self.lo[base:base + k][has] = offs[starts[:-1][has]]
                 last = starts[1:][has] - 1
                 self.hi[base:base + k][has] = offs[last] + sizes[last]
+
+    def _column(self, e: str, n: int) -> None:
+        if e not in self.offsets:
+            self.exts.append(e)
+            self.offsets[e] = np.full(n, -1, dtype=np.int64)
+            self.sizes[e] = np.zeros(n, dtype=np.int64)
+
+    def _number(self, fields: tuple[str, ...]) -> int:
+        """The number of the layout ``fields`` in :attr:`layouts` (appended when new)."""
+        at = self._seen.get(fields)
+        if at is None:
+            at = self._seen[fields] = len(self.layouts)
+            self.layouts.append(fields)
+        return at
 
     def fields_of(self, g: int) -> list[str]:
         """Sample ``g``'s fields, in member order."""
@@ -132,7 +161,13 @@ class Columns:
 
     def refs(self, ids: np.ndarray, shards: np.ndarray, epoch: int, seed: int) -> BatchRefs:
         """The :class:`BatchRefs` of one batch of ids (in shards ``shards``)."""
-        keys = list(map(self.keys.__getitem__, ids.tolist()))
+        keys: list[str] = self.keys[ids].tolist()
+        lay = self.layout[ids]
+        if len(ids) and not (lay != lay[0]).any():  # one layout: each of its fields in all
+            fs = self.layouts[int(lay[0])]
+            return BatchRefs(shards.astype(np.int32), ids, keys,
+                             {e: (self.offsets[e][ids], self.sizes[e][ids]) for e in fs},
+                             len(fs), epoch, seed)
         present: list[tuple[int, int, str]] = []  # (first sample with it, rank in it, ext)
         got: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         firsts = self.fields_of(int(ids[0])) if len(ids) else []
@@ -167,10 +202,13 @@ class RefFetch:
         if cols is not None:
             refs = cols.refs(ids, s_of, self.epoch, self.seed)
             if self.advise:
-                lo, hi = cols.lo[ids], cols.hi[ids]
-                for s in dict.fromkeys(s_of.tolist()):
-                    sel = s_of == s
-                    shards.reader(s).advise(list(zip(lo[sel].tolist(), hi[sel].tolist())))
+                # a shard whose map is populated has every page in: nothing to read ahead
+                cold = [s for s in _shards_of(s_of) if not shards.reader(s).populated]
+                if cold:
+                    lo, hi = cols.lo[ids], cols.hi[ids]
+                    for s in cold:
+                        sel = s_of == s
+                        shards.reader(s).advise(list(zip(lo[sel].tolist(), hi[sel].tolist())))
             return refs
         n = len(ids)
         keys: list[str] = [""] * n
@@ -270,48 +308,57 @@ class Resolver:
         return self(refs)
 
     def __call__(self, refs: BatchRefs) -> dict[str, Any]:
-        shards = refs.shards.tolist()
-        used = dict.fromkeys(shards)
+        used = _shards_of(refs.shards)
         with self.shards.hold(used):
-            return self._resolve(refs, shards, used)
+            return self._resolve(refs, used)
 
-    def _resolve(self, refs: BatchRefs, shards: list[int],
-                 used: dict[int, None]) -> dict[str, Any]:
+    def _resolve(self, refs: BatchRefs, used: list[int]) -> dict[str, Any]:
         n = len(refs)
         names = self.names
         readers = {s: self.shards.reader(s, index=False) for s in used}
         maps = {s: self._map(r) for s, r in readers.items()}  # opened (and checked) once
         for r in readers.values():  # a truncation since opening: an error, not a SIGBUS
             r.check()
-        limit = self._bytes[refs.shards]
         fields = list(refs.fields.items())
         order = self._order_of(refs, fields)
         if self._populate and not all(r.populated for r in readers.values()):
             self._prefault(refs, fields, maps)
-        one = maps[shards[0]] if len(maps) == 1 else None
-        per_sample = None if one is not None else [maps[s] for s in shards]
+        # the common batch from one shard: its maps, names and sizes looked up once, not once
+        # a sample; from several, looked up in C loops (map), not Python ones
+        one = maps[used[0]] if len(used) == 1 else None
+        shards: list[int] | None = None if one is not None else refs.shards.tolist()
+        per_sample: list[mmap.mmap] | None = None
+        limit = self._bytes[used[0]] if one is not None else self._bytes[refs.shards]
         cols: dict[str, Any] = {}
         for e, (offs, sizes) in fields:
             ends = offs + sizes
-            present = offs >= 0
-            bad = np.flatnonzero(present & (ends > limit))
-            if len(bad):
-                j = int(bad[0])
+            every = bool(n) and int(offs.min()) >= 0
+            past = ends > limit
+            if past.any() and (every or (past & (offs >= 0)).any()):
+                j = int(np.flatnonzero(past & (offs >= 0))[0])
                 raise ShardFormatError(
-                    f"{self.shards.url(shards[j])}: truncated: member {refs.keys[j]}.{e} "
-                    f"at offset {int(offs[j])} runs past the end of the file")
+                    f"{self.shards.url(int(refs.shards[j]))}: truncated: member "
+                    f"{refs.keys[j]}.{e} at offset {int(offs[j])} runs past the end of the file")
             # copies out of the maps in C loops (map/slice), the common single-shard batch and
             # every-sample-has-it field without a Python-level step per sample
-            if present.all():
+            if every and not (sizes != sizes[0]).any():  # one size: numpy's gather
+                size = int(sizes[0])
+                if one is not None:
+                    cols[e] = _gather(one, offs, size)
+                else:
+                    cols[e] = _gather_shards(maps, used, refs.shards, offs, size)
+            elif every:
                 spans = map(slice, offs.tolist(), ends.tolist())
                 if one is not None:
                     cols[e] = list(map(one.__getitem__, spans))
                 else:
+                    if per_sample is None:
+                        per_sample = list(map(maps.__getitem__, shards or ()))
                     cols[e] = list(map(getitem, per_sample, spans))  # type: ignore[arg-type]
             else:
                 col: list[Any] = [None] * n
-                for j in np.flatnonzero(present).tolist():
-                    col[j] = maps[shards[j]][int(offs[j]):int(ends[j])]
+                for j in np.flatnonzero(offs >= 0).tolist():
+                    col[j] = maps[int(refs.shards[j])][int(offs[j]):int(ends[j])]
                 cols[e] = col
         for e, fn in self.decode.items():
             if e in cols:
@@ -323,7 +370,8 @@ class Resolver:
             if k == "__key__":
                 out[k] = refs.keys
             elif k == "__shard__":
-                out[k] = [names[s] for s in shards]
+                out[k] = [names[used[0]]] * n if shards is None else list(
+                    map(names.__getitem__, shards))
             elif k == "__index__":
                 out[k] = ids
             elif k == "__epoch__":
@@ -358,3 +406,59 @@ class Resolver:
 
             raise DecodeError(f"sample {refs.keys[j]!r} of {self.names[int(refs.shards[j])]!r}: "
                               f"field {e!r} does not decode with {fn!r}: {err}") from err
+
+
+def _shards_of(shards: np.ndarray) -> list[int]:
+    """The distinct shard numbers of a batch, in order of first appearance (one comparison
+    over the batch when it comes from one shard, as most do)."""
+    if not len(shards):
+        return []
+    s0 = shards[0]
+    if not (shards != s0).any():
+        return [int(s0)]
+    return list(dict.fromkeys(shards.tolist()))
+
+
+def _uniform(ix: Any, counts: np.ndarray) -> tuple[str, ...] | None:
+    """The fields of every sample of one shard's index ``ix`` (``counts``: its members per
+    sample), when all have the same members in the same order, each field once; else None.
+    Checked with C-level list and array comparisons, not a step per sample."""
+    k = len(counts)
+    c = int(counts[0]) if k else 0
+    if not c or (counts != c).any():
+        return None
+    row = tuple(ix.exts[:c])
+    if len(set(row)) != c or ix.exts != list(row) * k:
+        return None
+    return row
+
+
+def _gather(mm: mmap.mmap, offs: np.ndarray, size: int) -> list[bytes]:
+    """The ``size`` bytes at each of ``offs`` in ``mm``, as ``bytes``: one NumPy gather into a
+    fresh array and one ``tolist`` make them in C loops, about half the cost of slicing the
+    map once a member for small members (``benchmarks/bench_tiny_read.py``). The map is
+    viewed as overlapping ``size``-byte items, one starting at every byte; the view is let go
+    before returning, so the map stays closable."""
+    if size == 0:
+        return [b""] * len(offs)
+    view: np.ndarray = np.ndarray((len(mm) - size + 1,), dtype=np.dtype((np.void, size)),
+                                  buffer=mm, strides=(1,))
+    try:
+        return view[offs].tolist()
+    finally:
+        del view
+
+
+def _gather_shards(maps: dict[int, mmap.mmap], used: list[int], shards: np.ndarray,
+                   offs: np.ndarray, size: int) -> list[bytes]:
+    """:func:`_gather` for a batch from several shards: one gather per shard, then the
+    members put back in the batch's order (a C-level ``map``)."""
+    got: list[bytes] = []
+    where = []
+    for s in used:
+        sel = np.flatnonzero(shards == s)
+        got.extend(_gather(maps[s], offs[sel], size))
+        where.append(sel)
+    pos = np.empty(len(offs), dtype=np.int64)
+    pos[np.concatenate(where)] = np.arange(len(offs))
+    return list(map(got.__getitem__, pos.tolist()))
