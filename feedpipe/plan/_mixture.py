@@ -80,7 +80,8 @@ class MixturePlan:
         weights: each source's share of an epoch (normalised); ``None``: its size.
         epoch_size: positions per epoch; ``None``: the sources' total size.
         seed: the mixture's seed (each source's order comes from it and the source's index).
-        shuffle: permute each source's samples (``False``: each source in manifest order).
+        shuffle: permute each source's samples (``False``: each source in manifest order); one
+            flag for all, or one per source.
 
     Example:
         >>> plan = MixturePlan([(3,), (2, 2)], weights=[1, 1], epoch_size=6, seed=0)
@@ -90,12 +91,17 @@ class MixturePlan:
     """
 
     def __init__(self, sources: Sequence[Sequence[int]], weights: Sequence[float] | None = None,
-                 epoch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> None:
+                 epoch_size: int | None = None, seed: int = 0,
+                 shuffle: bool | Sequence[bool] = True) -> None:
         self.shard_counts = [tuple(int(c) for c in s) for s in sources]
         self.sizes = np.array([sum(s) for s in self.shard_counts], dtype=np.int64)
         self.counts = epoch_counts(self.sizes.tolist(), weights, epoch_size)
         self.epoch_size = int(self.counts.sum())
-        self.seed, self.shuffle = int(seed), shuffle
+        self.seed = int(seed)
+        self.shuffle = ([bool(shuffle)] * len(self.counts) if isinstance(shuffle, bool)
+                        else [bool(x) for x in shuffle])
+        if len(self.shuffle) != len(self.counts):
+            raise PlanError(f"{len(self.shuffle)} shuffle flags for {len(self.counts)} sources")
         # the interleave: each draw at its ideal time of the epoch, ties by source order
         src = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
         j = np.arange(self.epoch_size, dtype=np.int64) - np.repeat(
@@ -122,7 +128,7 @@ class MixturePlan:
             for c in np.unique(cycle).tolist():
                 here = cycle == c
                 plan = Plan(self.shard_counts[s], _source_seed(self.seed, s), int(c),
-                            self.shuffle)
+                            self.shuffle[s])
                 out[here] = plan.sample_ids(at[here])
             ids[sel] = out
         return src, ids
