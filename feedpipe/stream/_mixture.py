@@ -269,6 +269,7 @@ class Mixture(IterableDataset):
             repeating at most ``world_size - 1`` positions, ``True`` leaves as many out.
 
     Example:
+        >>> from feedpipe import FeedLoader
         >>> web = FeedDataset("shards/example", decode={"cls": int})
         >>> other = FeedDataset("shards/example", decode={"cls": int})
         >>> mix = Mixture({"web": web, "other": other}, weights={"web": 3, "other": 1},
