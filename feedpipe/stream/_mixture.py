@@ -195,8 +195,14 @@ class BySource:
         self.transforms = dict(zip(names, transforms))
 
     def __call__(self, x: dict[str, Any]) -> Any:
-        fn = self.transforms[x["__source__"]]
-        return x if fn is None else fn(x)
+        name = x["__source__"]
+        fn = self.transforms[name]
+        if fn is None:
+            return x
+        out = fn(x)
+        if type(out) is dict:  # a dict output says its source too
+            out.setdefault("__source__", name)
+        return out
 
 
 class BySourceInto(BySource):
@@ -315,6 +321,13 @@ class Mixture(IterableDataset):
         except PlanError as e:
             raise MixtureError(f"Mixture of {', '.join(map(repr, self.names))}: {e}") from e
         self.epoch_size = self.mixture_plan.epoch_size
+        for name, w, c in zip(self.names, self.weights or [1.0] * len(self.names),
+                              self.mixture_plan.counts.tolist()):
+            if w > 0 and c == 0:
+                log.warning("feedpipe: Mixture source %r: its weight gives it no sample in an "
+                            "epoch of %d (each epoch's counts are %s); raise its weight or "
+                            "epoch_size, or give it weight 0 to say so", name, self.epoch_size,
+                            dict(zip(self.names, self.mixture_plan.counts.tolist())))
         self.shards = MixtureShards([ds.shards for ds in self.sources.values()])
         self.decoded = None
         self.shuffle = True
@@ -428,12 +441,14 @@ class Mixture(IterableDataset):
         batch["__source__"] = [names[s] for s in src.tolist()]
 
     def check_fields(self, raw_default: bool) -> None:
-        """Refuse sources whose fields differ when their raw samples are collated by the
-        default collation (a batch would hold ``None`` for one source's missing fields)."""
+        """Refuse sources whose fields or ``decode=`` differ when their raw samples are collated
+        by the default collation (a batch would hold one source's field as ``None`` for the
+        others, or one field as both bytes and decoded values)."""
         if not raw_default:
             return
         first = self.names[0]
         want = list(self.sources[first].manifest.fields)
+        want_decode = self.sources[first].decode
         for n, ds in self.sources.items():
             have = list(ds.manifest.fields)
             if sorted(have) != sorted(want):
@@ -441,6 +456,33 @@ class Mixture(IterableDataset):
                     f"source {n!r} has fields {have}, source {first!r} {want}: raw batches of a "
                     "mixture need the same fields from every source; give the sources a "
                     "transform that makes their samples alike, or a collate_fn that takes them")
+            if ds.decode != want_decode:
+                raise MixtureError(
+                    f"source {n!r} decodes {sorted(ds.decode)}, source {first!r} "
+                    f"{sorted(want_decode)} (decode=): a raw batch's field would hold bytes from "
+                    "one source and decoded values from another; give every source the same "
+                    "decode=, or a collate_fn that takes them")
+
+    def collate_error(self, outs: list[Any], error: Exception) -> MixtureError:
+        """The error for a batch of this mixture that its collation refused, naming the field
+        and the sources whose values differ."""
+        by: dict[str, dict[str, str]] = {}  # field -> source -> the type of its values
+        named = [o for o in outs if type(o) is dict and "__source__" in o]
+        for o in named:
+            for k, v in o.items():
+                by.setdefault(k, {}).setdefault(o["__source__"], type(v).__name__)
+        sources = sorted({o["__source__"] for o in named}, key=self.names.index)
+        for k, types in by.items():
+            seen = {src: types.get(src, "missing") for src in sources}
+            if len(set(seen.values())) > 1:
+                said = ", ".join(f"{t} in source {src!r}" for src, t in seen.items())
+                return MixtureError(
+                    f"a batch of {self.url} does not collate ({type(error).__name__}: {error}): "
+                    f"field {k!r} is {said}; make the sources' samples alike (the same decode=, "
+                    "transforms with the same outputs) or pass a collate_fn that takes them")
+        return MixtureError(f"a batch of {self.url} (sources "
+                            f"{sources or self.names}) does not collate: "
+                            f"{type(error).__name__}: {error}")
 
     # -- the direct reader's epoch ---------------------------------------------------------
     @property
