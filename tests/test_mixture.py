@@ -23,6 +23,7 @@ from feedpipe.stream._mixture import MixtureError
 
 SIZES = {"web": 120, "books": 37, "code": 9, "tiny": 2}  # samples per source
 PER_SHARD = {"web": 25, "books": 10, "code": 4, "tiny": 2}
+FIXTURE = [HealthCheck.function_scoped_fixture]  # the datasets are module-scoped, read only
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def _args(d: dict[str, Any]) -> tuple[list[str], dict[str, int] | None]:
     return names, weights
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=FIXTURE)
 @given(draws)
 def test_every_world_delivers_the_exact_counts_of_each_source(roots, d) -> None:  # type: ignore[no-untyped-def]
     """Each epoch holds ``weights[s] * epoch_size`` samples of source ``s`` (largest remainder),
@@ -111,7 +112,7 @@ def test_every_world_delivers_the_exact_counts_of_each_source(roots, d) -> None:
     assert sum((got - Counter(one)).values()) == -n % world  # only the padding repeats
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=FIXTURE)
 @given(draws)
 def test_no_sample_of_a_source_repeats_before_the_source_was_delivered_whole(roots, d) -> None:  # type: ignore[no-untyped-def]
     """Over three epochs delivered by the loader, each source's draws are whole permutations one
@@ -132,7 +133,7 @@ def test_no_sample_of_a_source_repeats_before_the_source_was_delivered_whole(roo
                 assert sorted(block) == list(range(SIZES[s]))
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=FIXTURE)
 @given(st.lists(st.integers(1, 9), min_size=3, max_size=3), st.integers(100, 600),
        st.integers(0, 2**31))
 def test_every_window_of_100_delivered_holds_each_weight_within_5_points(roots, w, size,

@@ -99,7 +99,7 @@ class MixtureShards:
 
     def reader(self, shard: int, *, index: bool = True) -> ShardReader:
         ss, k = self._where(shard)
-        return ss.reader(k, index=index)  # type: ignore[no-any-return]
+        return ss.reader(k, index=index)
 
     @contextmanager
     def hold(self, shards: Iterable[int]) -> Iterator[None]:

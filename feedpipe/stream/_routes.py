@@ -5,7 +5,8 @@ Every route is one combination of four parts of the batch loop (:mod:`feedpipe.s
 
 * **fetch**: ``samples`` (each id's sample dict from the shards, or its output from the decoded
   store; for a :class:`~feedpipe.Mixture`, ``mixture``: each sample read through its own
-  source, as the mixture's plan draws it), ``refs`` (where each member of a batch lies in the shards: a few arrays, no bytes) or
+  source, as the mixture's plan draws it), ``refs`` (where each member of a batch lies in the
+  shards: a few arrays, no bytes) or
   ``gather`` (a whole batch copied out of a complete decoded store);
 * **compute**: ``none`` (raw samples), ``call`` (``transform(sample)``) or ``into`` (the transform
   writes each image into its batch row, ``transform.into(sample, row)``);
