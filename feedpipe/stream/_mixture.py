@@ -63,6 +63,9 @@ class MixtureShards:
         np.cumsum(self.counts, out=self.first[1:])
         #: per shard of the union: its source
         self.source_of = np.repeat(np.arange(len(self.sets)), [len(s) for s in self.sets])
+        # per shard of the union: its source's set and its number there (looked up per batch
+        # and shard by the refs route)
+        self._at = [(s, k) for s in self.sets for k in range(len(s))]
         fields: dict[str, None] = {}
         for s in self.sets:
             fields.update(dict.fromkeys(s.manifest.fields))
@@ -86,8 +89,7 @@ class MixtureShards:
         return all(s.local for s in self.sets)
 
     def _where(self, shard: int) -> tuple[Any, int]:
-        src = int(self.source_of[shard])
-        return self.sets[src], shard - int(self.offsets[src])
+        return self._at[shard]
 
     def url(self, shard: int) -> str:
         ss, k = self._where(shard)
@@ -98,7 +100,7 @@ class MixtureShards:
         return s, ids - self.first[s]
 
     def reader(self, shard: int, *, index: bool = True) -> ShardReader:
-        ss, k = self._where(shard)
+        ss, k = self._at[shard]
         return ss.reader(k, index=index)
 
     @contextmanager
@@ -348,6 +350,8 @@ class Mixture(IterableDataset):
         self.manifest = self.shards.manifest
         self.identity = self._identity()
         self._reader = EpochState()
+        self._seeds = np.array([ds.seed for ds in self.sources.values()], dtype=np.int64)
+        self._names = np.array(self.names, dtype=object)
         self._check_world()
 
     def _weights(self, weights: Any) -> list[float] | None:
@@ -435,10 +439,8 @@ class Mixture(IterableDataset):
         src = self.shards.source_of[shards]
         base = torch.from_numpy(self.shards.bases[src])
         batch["__index__"] = batch["__index__"] - base.to(batch["__index__"].device)
-        seeds = np.array([ds.seed for ds in self.sources.values()], dtype=np.int64)
-        batch["__seed__"] = torch.from_numpy(seeds[src]).to(batch["__seed__"].device)
-        names = self.names
-        batch["__source__"] = [names[s] for s in src.tolist()]
+        batch["__seed__"] = torch.from_numpy(self._seeds[src]).to(batch["__seed__"].device)
+        batch["__source__"] = self._names[src].tolist()
 
     def check_fields(self, raw_default: bool) -> None:
         """Refuse sources whose fields or ``decode=`` differ when their raw samples are collated
