@@ -108,8 +108,22 @@ class MixturePlan:
             np.cumsum(self.counts) - self.counts, self.counts)
         ideal = (2 * j + 1) / (2 * np.repeat(self.counts, self.counts).astype(np.float64))
         order = np.lexsort((src, ideal))
+        self._plans: dict[tuple[int, int], Plan] = {}  # (source, cycle): its order, made once
         self.source_at = src[order]  # the source of each position
         self.draw_at = j[order]  # which of its source's draws this epoch each position is
+
+    def _plan(self, source: int, cycle: int) -> Plan:
+        """The order of ``source``'s ``cycle``-th permutation (a few are kept: a reader asks for
+        the same ones chunk after chunk of an epoch)."""
+        key = (source, cycle)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 4 * len(self.counts):
+                self._plans.clear()
+            plan = self._plans[key] = Plan(self.shard_counts[source],
+                                           _source_seed(self.seed, source), cycle,
+                                           self.shuffle[source])
+        return plan
 
     def draws(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The source and the sample id within it (its manifest order) at each of
@@ -127,8 +141,7 @@ class MixturePlan:
             out = np.empty(len(k), dtype=np.int64)
             for c in np.unique(cycle).tolist():
                 here = cycle == c
-                plan = Plan(self.shard_counts[s], _source_seed(self.seed, s), int(c),
-                            self.shuffle[s])
+                plan = self._plan(s, int(c))
                 out[here] = plan.sample_ids(at[here])
             ids[sel] = out
         return src, ids

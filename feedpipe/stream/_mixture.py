@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,11 +66,17 @@ class MixtureShards:
         # per shard of the union: its source's set and its number there (looked up per batch
         # and shard by the refs route)
         self._at = [(s, k) for s in self.sets for k in range(len(s))]
+        self._where_n = [(i, k) for i, s in enumerate(self.sets) for k in range(len(s))]
+        # every shard's reader, once every set keeps all its shards open (open_all): none is
+        # closed while they are, so a batch looks its shards up here, and holds none
+        self._fixed: list[ShardReader] | None = None
+        #: per shard of the union: its source's first sample number and its source's seed
+        self.base_of = self.bases[self.source_of]
         fields: dict[str, None] = {}
         for s in self.sets:
             fields.update(dict.fromkeys(s.manifest.fields))
         self.manifest = UnionManifest([r for s in self.sets for r in s.manifest.shards],
-                                      list(fields))
+                                      list(fields), int(self.first[-1]))
         # the sources' prefetchers are planned by one dataset's plan, not a mixture's: the
         # mixture's sources fetch into their caches as each shard is first read
         self.cache = None
@@ -100,15 +106,29 @@ class MixtureShards:
         return s, ids - self.first[s]
 
     def reader(self, shard: int, *, index: bool = True) -> ShardReader:
+        fixed = self._fixed
+        if fixed is not None:
+            return fixed[shard]
         ss, k = self._at[shard]
         return ss.reader(k, index=index)
 
+    def hold(self, shards: Iterable[int]) -> AbstractContextManager[None]:
+        """Keep these shards open while the block runs (each in its source's set)."""
+        if self._fixed is not None:
+            return _HELD
+        return self._hold(shards)
+
     @contextmanager
-    def hold(self, shards: Iterable[int]) -> Iterator[None]:
+    def _hold(self, shards: Iterable[int]) -> Iterator[None]:
         per: dict[int, list[int]] = {}
+        where = self._where_n
         for sh in shards:
-            src = int(self.source_of[int(sh)])
-            per.setdefault(src, []).append(int(sh) - int(self.offsets[src]))
+            src, k = where[sh]
+            got = per.get(src)
+            if got is None:
+                per[src] = [k]
+            else:
+                got.append(k)
         with ExitStack() as stack:
             for src, ks in per.items():
                 stack.enter_context(self.sets[src].hold(ks))
@@ -120,7 +140,9 @@ class MixtureShards:
             ss.check([k])
 
     def open_all(self) -> bool:
-        return all([s.open_all() for s in self.sets])
+        if all([s.open_all() for s in self.sets]):
+            self._fixed = self.open_readers()
+        return self._fixed is not None
 
     def open_readers(self) -> list[ShardReader] | None:
         out: list[ShardReader] = []
@@ -154,17 +176,28 @@ class MixtureShards:
             s.end()
 
     def close(self) -> None:
+        self._fixed = None
         for s in self.sets:
             s.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fixed"] = None  # maps do not cross processes; each set reopens its own
+        return state
+
+
+_HELD = nullcontext()
 
 
 @dataclass
 class UnionManifest:
     """What the parts of a route read of a manifest, for the union of a mixture's sources: their
-    shard records in union order and their fields in order of first appearance."""
+    shard records in union order, their fields in order of first appearance and the samples an
+    epoch holds (the sources' total for the union; a mixture's ``epoch_size`` for it)."""
 
     shards: list[Any]
     fields: list[str]
+    total_samples: int
 
 
 def _is_local(root: str) -> bool:
@@ -347,7 +380,9 @@ class Mixture(IterableDataset):
         #: the sources' common ``decode=`` (raw batches by reference decode by it)
         self.decode = decodes[0] if all(d == decodes[0] for d in decodes) else {}
         self.decodes_agree = all(d == decodes[0] for d in decodes)
-        self.manifest = self.shards.manifest
+        #: what a reader needs of a manifest: the sources' shards and fields, and the samples
+        #: an epoch holds (``epoch_size``)
+        self.manifest = replace(self.shards.manifest, total_samples=self.epoch_size)
         self.identity = self._identity()
         self._reader = EpochState()
         self._seeds = np.array([ds.seed for ds in self.sources.values()], dtype=np.int64)
@@ -425,6 +460,16 @@ class Mixture(IterableDataset):
         return Split(self.epoch_size, self.world.world_size, self.world.rank, int(start),
                      self.drop_last, bool(whole_batches))
 
+    def sample(self, g: int, epoch: int | None = None) -> dict[str, Any]:
+        """Sample ``g`` (numbered as :attr:`shards` numbers the sources' samples) as its
+        source's transform sees it in ``epoch``, with ``__source__``."""
+        src = int(np.searchsorted(self.shards.bases, g, side="right")) - 1
+        name = self.names[src]
+        x = self.sources[name].sample(int(g) - int(self.shards.bases[src]),
+                                      self.epoch if epoch is None else epoch)
+        x["__source__"] = name
+        return x
+
     def delivered(self, epoch: int, split: Split, batches: int, batch_size: int) -> dict[str, int]:
         """Samples of each source in this rank's first ``batches`` batches of ``split``."""
         n = min(batches, split.batches(batch_size))
@@ -435,12 +480,12 @@ class Mixture(IterableDataset):
     def tag_batch(self, batch: dict[str, Any], shards: np.ndarray) -> None:
         """A raw batch by reference (numbered in :class:`MixtureShards`), said as the
         ``samples`` fetch says it: each sample's ``__source__``, its ``__index__`` in that
-        source and the source's ``__seed__``."""
+        source and the source's ``__seed__`` (in this process's memory: before pinning)."""
         src = self.shards.source_of[shards]
-        base = torch.from_numpy(self.shards.bases[src])
-        batch["__index__"] = batch["__index__"] - base.to(batch["__index__"].device)
-        batch["__seed__"] = torch.from_numpy(self._seeds[src]).to(batch["__seed__"].device)
-        batch["__source__"] = self._names[src].tolist()
+        batch["__index__"] = torch.from_numpy(batch["__index__"].numpy()
+                                              - self.shards.base_of[shards])
+        batch["__seed__"] = torch.from_numpy(self._seeds.take(src))
+        batch["__source__"] = self._names.take(src).tolist()
 
     def check_fields(self, raw_default: bool) -> None:
         """Refuse sources whose fields or ``decode=`` differ when their raw samples are collated
