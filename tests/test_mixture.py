@@ -273,3 +273,34 @@ def test_outputs_that_do_not_collate_are_said_naming_field_and_sources(roots) ->
 def test_a_ledger_is_refused_for_a_mixture(roots, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="leave ledger= out for a Mixture"):
         FeedLoader(mixture(roots, ["web"]), batch_size=4, ledger=str(tmp_path))
+
+
+def test_packed_rows_of_a_mixture_resume_on_another_world_to_exactly_the_rest(
+        tmp_path: Path) -> None:
+    """``Packed(Mixture(...))``: the mixture's documents (drawn by its plan) packed into rows;
+    two ranks take a step, one rank resumes from rank 0's state: every token of the epoch's
+    documents once."""
+    from feedpipe import Packed
+
+    rng = np.random.default_rng(0)
+    docs = {name: [rng.integers(1, 1000, size=int(rng.integers(5, 60))) for _ in range(n)]
+            for name, n in (("web", 60), ("books", 20))}
+    for name, ds in docs.items():
+        write_samples(({"__key__": f"{name}{i}", "tokens.npy": a} for i, a in enumerate(ds)),
+                      str(tmp_path / name), max_samples=16)
+
+    def loader(rank: int, world: int) -> Any:
+        mix = Mixture({n: FeedDataset(str(tmp_path / n), shuffle=True, rank=rank,
+                                      world_size=world) for n in docs},
+                      weights={"web": 3, "books": 1}, epoch_size=80, seed=3)
+        return FeedLoader(Packed(mix, seq_len=32), batch_size=4)
+
+    def tokens(batches: list[Any]) -> Counter[int]:
+        return Counter(t for b in batches for t in b["input_ids"][b["labels"] != -100].tolist())
+
+    two = [loader(r, 2) for r in range(2)]
+    steps = [next(iter(ld)) for ld in two]
+    one = loader(0, 1)
+    one.load_state_dict(two[0].state_dict())
+    whole = Counter(t for d in docs.values() for a in d for t in a.tolist())  # each once
+    assert tokens(steps) + tokens(list(one)) == whole
