@@ -288,7 +288,7 @@ class Mixture(IterableDataset):
     The sources are spread evenly through the epoch by construction. The epoch is a function of
     ``(seed, epoch)`` only: any number of ranks and workers deliver the same samples, every rank
     the same number of batches, and a mid-epoch ``state_dict()`` resumes on another number of
-    ranks to exactly the rest. See :class:`~feedpipe.plan._mixture.MixturePlan` for the plan.
+    ranks to exactly the rest.
 
     Each sample (and each raw batch) carries ``__source__``, the name of its source; its
     ``__index__`` is its id in that source and ``__seed__`` the source's seed.
@@ -428,6 +428,7 @@ class Mixture(IterableDataset):
     # -- the world and the plan ------------------------------------------------------------
     @property
     def world(self) -> World:
+        """This process's rank and the number of ranks (every source's: they must agree)."""
         return next(iter(self.sources.values())).world
 
     def _check_world(self) -> None:
