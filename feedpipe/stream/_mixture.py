@@ -301,7 +301,7 @@ class Mixture(IterableDataset):
     used (said in a warning). Sources with a ``decoded_cache`` are refused.
 
     Args:
-        sources: a mapping of names to ``FeedDataset``s (in the order given).
+        sources: a mapping of names to :class:`FeedDataset` objects (in the order given).
         weights: each source's share of an epoch, a mapping of names (or a sequence in the
             sources' order) to non-negative numbers, normalised; ``None``: each source's size.
         epoch_size: samples per epoch; ``None``: the sources' total size.
