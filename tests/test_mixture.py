@@ -304,3 +304,15 @@ def test_packed_rows_of_a_mixture_resume_on_another_world_to_exactly_the_rest(
     one.load_state_dict(two[0].state_dict())
     whole = Counter(t for d in docs.values() for a in d for t in a.tolist())  # each once
     assert tokens(steps) + tokens(list(one)) == whole
+
+
+def test_device_and_workers_give_the_same_batches_as_inline(roots) -> None:  # type: ignore[no-untyped-def]
+    names = ["web", "books", "code"]
+    kw = {"weights": {"web": 2, "books": 1, "code": 1}, "epoch_size": 60, "seed": 5}
+    want = [(b["__source__"], b["__index__"].tolist())
+            for b in FeedLoader(mixture(roots, names, **kw), batch_size=8, route="samples")]
+    for extra in ({"device": "cpu"}, {"num_workers": 2}, {"num_workers": 2, "device": "cpu"}):
+        ld = FeedLoader(mixture(roots, names, **kw), batch_size=8, **extra)
+        got = [(b["__source__"], b["__index__"].tolist()) for b in ld]
+        assert got == want, extra
+        assert ld.stats()["sources"] == {"web": 30, "books": 15, "code": 15}

@@ -249,15 +249,18 @@ def test_an_inline_choice_with_workers_asked_is_logged_once(sharded: Path, caplo
 def _configs() -> list[Config]:
     """Every configuration a loader can have (over a few worker and thread counts)."""
     out = []
-    for w, t, transform, into, collator, local, store, gatherable, fit in itertools.product(
+    for w, t, transform, into, collator, local, store, gatherable, fit, mix in itertools.product(
             (0, 2), (0, 2), *([(False, True)] * 4), ("none", "partial", "complete"),
-            (False, True), (False, True)):
+            (False, True), (False, True), ("no", "agree", "differ")):
         if (into and not (transform and collator)) or (gatherable and not (
                 store == "complete" and collator)):
             continue  # writes_into and gatherable() need a collator (and a transform, a store)
+        if mix != "no" and store != "none":
+            continue  # a Mixture has no decoded store
         out.append(Config(num_workers=w, threads=t, transform=transform, into=into,
                           collator=collator, default_collate=not collator, local=local,
-                          store=store, gatherable=gatherable, shards_fit=fit))
+                          store=store, gatherable=gatherable, shards_fit=fit,
+                          mixture=mix != "no", decodes_agree=mix != "differ"))
     return out
 
 
@@ -275,6 +278,8 @@ def test_the_auto_choice_is_the_first_preferred_route_the_table_lets_serve() -> 
             continue
         chosen[route.name] += 1
         assert refusal(route, config) is None
+        # a mixture's samples are fetched through its sources
+        assert (route.fetch == "mixture") == (config.mixture and route.fetch != "refs")
         assert choose(config, route.name)[0] == route
         earlier = []
         for when, names, _ in PREFERENCE:
