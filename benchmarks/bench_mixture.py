@@ -9,9 +9,10 @@ epoch, so both epochs hold the same samples), shuffled, raw batches with the def
 every byte of every sample touched (its length summed), ``--epochs`` epochs a pass, in this
 process. Each pass reads both, in alternating order; the figure is the median of the per-pass
 ratios (mixture / one), by wall time and by this process's CPU time (the reading is all in
-this process: on a shared machine its CPU time is what other load disturbs least). Done for the ``auto`` route (``refs`` for both) and the ``samples``
-route (the general path: ``fetch=mixture`` against ``fetch=samples``). ``os.getloadavg()`` is
-recorded before and after.
+this process: on a shared machine its CPU time is what other load disturbs least). Done for
+the ``auto`` route (``refs`` for both) and the ``samples`` route (the general path:
+``fetch=mixture`` against ``fetch=samples``). ``os.getloadavg()`` is recorded before and
+after.
 
 Usage::
 

@@ -98,7 +98,7 @@ def assemble(route: Route, dataset: FeedDataset, epoch: int, collate_fn: Any, *,
         maker = Finished()
     else:
         if route.fetch == "mixture":
-            from ._mixture import MixtureFetch
+            from ._mixture_fetch import MixtureFetch
 
             fetch = MixtureFetch(dataset, epoch,  # type: ignore[arg-type]
                                  copy=route.executor == "threads")

@@ -6,20 +6,20 @@ dealt to ranks, workers and batches exactly as one dataset's (a :class:`~feedpip
 Split` of ``epoch_size`` positions); what differs is what a position holds, which the
 :class:`~feedpipe.plan._mixture.MixturePlan` says as a pure function of (seed, epoch). Its
 samples are numbered in one space, the sources' shards one after the other
-(:class:`MixtureShards`), so that the parts of a route that address samples by number (the
-``refs`` fetch, the I/O tally, the ``rows`` sink's page drops) read a mixture as they read one
-dataset. The ``samples`` fetch becomes :class:`MixtureFetch`, which reads each sample through its
-own source (its ``decode=``, seed and cache), and the transform is each sample's source's
-(:class:`BySource`).
+(:class:`~feedpipe.stream._mixture_shards.MixtureShards`), so that the parts of a route that
+address samples by number (the ``refs`` fetch, the I/O tally, the ``rows`` sink's page drops)
+read a mixture as they read one dataset. The ``samples`` fetch becomes
+:class:`~feedpipe.stream._mixture_fetch.MixtureFetch`, which reads each sample through its own
+source (its ``decode=``, seed and cache), and the transform is each sample's source's
+(:class:`~feedpipe.stream._mixture_fetch.BySource`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,12 +29,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..errors import FeedpipeError, PlanError, StateError
 from ..plan._mixture import MixturePlan
 from ..plan._order import Split, worker_positions
-from ._batch_loop import EpochReader, Item, SampleFetch, Skips
+from ._batch_loop import EpochReader, Skips
 from ._dataset import FeedDataset
 from ._epoch import EpochState
+from ._mixture_fetch import BySource, BySourceInto
+from ._mixture_shards import MixtureShards
 
 if TYPE_CHECKING:
-    from ..format._reader import ShardReader
     from ..plan._world import World
 
 log = logging.getLogger("feedpipe")
@@ -45,165 +46,6 @@ STATE_VERSION = 1
 class MixtureError(FeedpipeError, ValueError):
     """A :class:`~feedpipe.Mixture` cannot be made or read as asked; the message names the
     source."""
-
-
-class MixtureShards:
-    """The shards of every source of a mixture as one numbered set: shard ``k`` of source ``s``
-    is shard ``offset[s] + k``, and a sample's number is its source's first number plus its id
-    in the source. Reading is the sources' own :class:`~feedpipe.ShardSet`'s (their caches,
-    verification and open-shard limits)."""
-
-    def __init__(self, sets: Sequence[Any]) -> None:
-        self.sets = list(sets)
-        self.offsets = np.cumsum([0] + [len(s) for s in self.sets])  # per source: first shard
-        self.bases = np.cumsum([0] + [s.num_samples for s in self.sets])  # first sample
-        self.names = tuple(n for s in self.sets for n in s.names)
-        self.counts = tuple(c for s in self.sets for c in s.counts)
-        self.first = np.zeros(len(self.counts) + 1, dtype=np.int64)
-        np.cumsum(self.counts, out=self.first[1:])
-        #: per shard of the union: its source
-        self.source_of = np.repeat(np.arange(len(self.sets)), [len(s) for s in self.sets])
-        # per shard of the union: its source's set and its number there (looked up per batch
-        # and shard by the refs route)
-        self._at = [(s, k) for s in self.sets for k in range(len(s))]
-        self._where_n = [(i, k) for i, s in enumerate(self.sets) for k in range(len(s))]
-        # every shard's reader, once every set keeps all its shards open (open_all): none is
-        # closed while they are, so a batch looks its shards up here, and holds none
-        self._fixed: list[ShardReader] | None = None
-        #: per shard of the union: its source's first sample number and its source's seed
-        self.base_of = self.bases[self.source_of]
-        fields: dict[str, None] = {}
-        for s in self.sets:
-            fields.update(dict.fromkeys(s.manifest.fields))
-        self.manifest = UnionManifest([r for s in self.sets for r in s.manifest.shards],
-                                      list(fields), int(self.first[-1]))
-        # the sources' prefetchers are planned by one dataset's plan, not a mixture's: the
-        # mixture's sources fetch into their caches as each shard is first read
-        self.cache = None
-        remote = [s.root for s in self.sets if not _is_local(s.root)]
-        self.root = remote[0] if remote else self.sets[0].root
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.first[-1])
-
-    @property
-    def local(self) -> bool:
-        return all(s.local for s in self.sets)
-
-    def _where(self, shard: int) -> tuple[Any, int]:
-        return self._at[shard]
-
-    def url(self, shard: int) -> str:
-        ss, k = self._where(shard)
-        return str(ss.url(k))
-
-    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        s = np.searchsorted(self.first, ids, side="right") - 1
-        return s, ids - self.first[s]
-
-    def reader(self, shard: int, *, index: bool = True) -> ShardReader:
-        fixed = self._fixed
-        if fixed is not None:
-            return fixed[shard]
-        ss, k = self._at[shard]
-        return ss.reader(k, index=index)
-
-    def hold(self, shards: Iterable[int]) -> AbstractContextManager[None]:
-        """Keep these shards open while the block runs (each in its source's set)."""
-        if self._fixed is not None:
-            return _HELD
-        return self._hold(shards)
-
-    @contextmanager
-    def _hold(self, shards: Iterable[int]) -> Iterator[None]:
-        per: dict[int, list[int]] = {}
-        where = self._where_n
-        for sh in shards:
-            src, k = where[sh]
-            got = per.get(src)
-            if got is None:
-                per[src] = [k]
-            else:
-                got.append(k)
-        with ExitStack() as stack:
-            for src, ks in per.items():
-                stack.enter_context(self.sets[src].hold(ks))
-            yield
-
-    def check(self, shards: Iterable[int]) -> None:
-        for sh in shards:
-            ss, k = self._where(int(sh))
-            ss.check([k])
-
-    def open_all(self) -> bool:
-        if all([s.open_all() for s in self.sets]):
-            self._fixed = self.open_readers()
-        return self._fixed is not None
-
-    def open_readers(self) -> list[ShardReader] | None:
-        out: list[ShardReader] = []
-        for s in self.sets:
-            readers = s.open_readers()
-            if readers is None:
-                return None
-            out.extend(readers)
-        return out
-
-    def is_open(self, shard: int) -> bool:
-        ss, k = self._where(shard)
-        return bool(ss.is_open(k))
-
-    def changed(self) -> str | None:
-        for s in self.sets:
-            why = s.changed()
-            if why is not None:
-                return str(why)
-        return None
-
-    def drop_pages(self) -> None:
-        for s in self.sets:
-            s.drop_pages()
-
-    def begin(self, *args: Any) -> None:  # no prefetch plan across sources (see cache)
-        return None
-
-    def end(self) -> None:
-        for s in self.sets:
-            s.end()
-
-    def close(self) -> None:
-        self._fixed = None
-        for s in self.sets:
-            s.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_fixed"] = None  # maps do not cross processes; each set reopens its own
-        return state
-
-
-_HELD = nullcontext()
-
-
-@dataclass
-class UnionManifest:
-    """What the parts of a route read of a manifest, for the union of a mixture's sources: their
-    shard records in union order, their fields in order of first appearance and the samples an
-    epoch holds (the sources' total for the union; a mixture's ``epoch_size`` for it)."""
-
-    shards: list[Any]
-    fields: list[str]
-    total_samples: int
-
-
-def _is_local(root: str) -> bool:
-    from .._helpers.storage import is_local
-
-    return bool(is_local(root))
 
 
 class MixtureEpoch:
@@ -220,60 +62,6 @@ class MixtureEpoch:
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
         src, ids = self.mixture_plan.draws(self.epoch, positions)
         return np.asarray(self.bases[src] + ids, dtype=np.int64)
-
-
-class BySource:
-    """The transform of a mixture: each sample through its own source's transform (its
-    ``__source__`` says which); a source without one passes its samples as they are."""
-
-    def __init__(self, names: Sequence[str], transforms: Sequence[Any]) -> None:
-        self.transforms = dict(zip(names, transforms))
-
-    def __call__(self, x: dict[str, Any]) -> Any:
-        name = x["__source__"]
-        fn = self.transforms[name]
-        if fn is None:
-            return x
-        out = fn(x)
-        if type(out) is dict:  # a dict output says its source too
-            out.setdefault("__source__", name)
-        return out
-
-
-class BySourceInto(BySource):
-    """:class:`BySource` whose sources' transforms all write into a collator's rows, with the
-    same ``out_shape`` and ``out_dtype``."""
-
-    def __init__(self, names: Sequence[str], transforms: Sequence[Any]) -> None:
-        super().__init__(names, transforms)
-        self.out_shape = tuple(transforms[0].out_shape)
-        self.out_dtype = transforms[0].out_dtype
-
-    def into(self, x: dict[str, Any], out: torch.Tensor) -> Any:
-        return self.transforms[x["__source__"]].into(x, out)
-
-
-class MixtureFetch:
-    """fetch=mixture: each number's sample read through its own source (the source's
-    :class:`~feedpipe.stream._batch_loop.SampleFetch`: its shards, ``decode=`` and seed), marked
-    with ``__source__``, in the batch's order."""
-
-    def __init__(self, mixture: Mixture, epoch: int, *, copy: bool = False) -> None:
-        self.names = mixture.names
-        self.bases = mixture.shards.bases
-        self.fetches = [SampleFetch(ds, epoch, stored=False, copy=copy)
-                        for ds in mixture.sources.values()]
-
-    def __call__(self, ids: np.ndarray) -> list[Item]:
-        src = np.searchsorted(self.bases, ids, side="right") - 1
-        out: list[Any] = [None] * len(ids)
-        for s in np.unique(src).tolist():
-            at = np.flatnonzero(src == s)
-            name = self.names[s]
-            for j, (g, x, done) in zip(at.tolist(), self.fetches[s](ids[at] - self.bases[s])):
-                x["__source__"] = name
-                out[j] = (int(self.bases[s]) + g, x, done)
-        return out
 
 
 class Mixture(IterableDataset):
