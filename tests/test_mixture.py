@@ -316,3 +316,16 @@ def test_device_and_workers_give_the_same_batches_as_inline(roots) -> None:  # t
         got = [(b["__source__"], b["__index__"].tolist()) for b in ld]
         assert got == want, extra
         assert ld.stats()["sources"] == {"web": 30, "books": 15, "code": 15}
+
+
+def test_a_plain_dataloader_with_workers_reads_the_epoch_once(roots) -> None:  # type: ignore[no-untyped-def]
+    """As a FeedDataset can be, a Mixture is read by a plain DataLoader: its worker processes
+    share the epoch, each sample once."""
+    from torch.utils.data import DataLoader
+
+    mix = mixture(roots, ["books", "code", "tiny"], weights=[2, 1, 1], epoch_size=40)
+    got = [(x["__source__"], x["__index__"]) for b in DataLoader(
+        mix, batch_size=4, num_workers=2, collate_fn=list) for x in b]
+    want = [(x["__source__"], x["__index__"]) for x in mix]
+    assert sorted(got) == sorted(want) and len(got) == 40
+    assert Counter(s for s, _ in got) == {"books": 20, "code": 10, "tiny": 10}
