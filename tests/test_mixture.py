@@ -329,3 +329,24 @@ def test_a_plain_dataloader_with_workers_reads_the_epoch_once(roots) -> None:  #
     want = [(x["__source__"], x["__index__"]) for x in mix]
     assert sorted(got) == sorted(want) and len(got) == 40
     assert Counter(s for s, _ in got) == {"books": 20, "code": 10, "tiny": 10}
+
+
+def test_a_source_read_through_its_shard_cache_is_counted_and_said(roots, tmp_path: Path,
+                                                                   caplog) -> None:  # type: ignore[no-untyped-def]
+    cached = FeedDataset(roots["books"], cache_dir=str(tmp_path / "l1"), shuffle=True)
+    with caplog.at_level("WARNING", logger="feedpipe"):
+        mix = Mixture({"books": cached, "code": FeedDataset(roots["code"])}, seed=1)
+    assert any("'books' reads through its shard cache without prefetching" in r.getMessage()
+               for r in caplog.records)
+    shards = -(-SIZES["books"] // PER_SHARD["books"])
+    for workers in (0, 2, 0):
+        ld = FeedLoader(mix, batch_size=5, num_workers=workers)
+        got = Counter(s for b in ld for s in b["__source__"])
+        assert got == {"books": SIZES["books"], "code": SIZES["code"]}
+        l1 = ld.stats()["io"]["l1"]
+        if workers:  # each worker opens the shards it reads: every one, once each at least
+            assert l1["hits"] >= shards and l1["misses"] == 0
+        else:  # the first pass fills the cache, the last finds it filled
+            assert l1["hits"] + l1["misses"] == shards
+        # the pass let go of every cached shard (its lease in the cache released)
+        assert not any(cached.shards.is_open(k) for k in range(shards))

@@ -83,8 +83,8 @@ class Mixture(IterableDataset):
     :meth:`FeedLoader.stats` gives the samples delivered per source under ``sources``.
 
     What each source keeps and what the mixture decides: a source's ``transform``, ``decode=``,
-    shard cache, ``verify`` and ``shuffle`` (``False``: its samples in manifest order) are its
-    own; the order of the epoch comes from the mixture's ``seed``, and its ranks are made equal
+    shard cache (read without prefetching ahead: said in a warning), ``verify`` and
+    ``shuffle`` (``False``: its samples in manifest order) are its own; the order of the epoch comes from the mixture's ``seed``, and its ranks are made equal
     by the mixture's ``drop_last``. A source's ``shuffle_window`` and ``drop_last`` are not
     used (said in a warning). Sources with a ``decoded_cache`` are refused.
 
@@ -128,6 +128,11 @@ class Mixture(IterableDataset):
                     f"source {name!r} has a decoded_cache: a Mixture reads its sources' shards "
                     "and does not fill their decoded stores; make the source without "
                     "decoded_cache= (a FunctionIndex keeps a transform's outputs instead)")
+            if ds.cache is not None:
+                log.warning("feedpipe: Mixture source %r reads through its shard cache without "
+                            "prefetching ahead: the cache's prefetcher follows one dataset's "
+                            "plan, not a mixture's, so each shard is fetched as it is first "
+                            "read", name)
             if ds.shuffle_window is not None or ds.drop_last:
                 log.warning("feedpipe: Mixture source %r: its shuffle_window=%r and "
                             "drop_last=%r are not used: the mixture's plan orders the epoch "

@@ -51,8 +51,10 @@ class MixtureShards:
         self.manifest = UnionManifest([r for s in self.sets for r in s.manifest.shards],
                                       list(fields), int(self.first[-1]))
         # the sources' prefetchers are planned by one dataset's plan, not a mixture's: the
-        # mixture's sources fetch into their caches as each shard is first read
-        self.cache = None
+        # mixture's sources fetch into their caches as each shard is first read (begin() does
+        # nothing); ``cache`` only sums their caches' counters for the I/O figures
+        caches = {id(s.cache): s.cache for s in self.sets if s.cache is not None}
+        self.cache = CacheTally(list(caches.values())) if caches else None
         remote = [s.root for s in self.sets if not _is_local(s.root)]
         self.root = remote[0] if remote else self.sets[0].root
 
@@ -145,8 +147,14 @@ class MixtureShards:
         return None
 
     def end(self) -> None:
+        """The end of a pass: a cached source's shards are closed, their leases in the cache
+        released (a set closes them itself only at the end of a prefetch it ran, and a mixture
+        runs none)."""
         for s in self.sets:
-            s.end()
+            if s.cache is not None:
+                s.close()
+            else:
+                s.end()
 
     def close(self) -> None:
         self._fixed = None
@@ -160,6 +168,22 @@ class MixtureShards:
 
 
 _HELD = nullcontext()
+
+
+class CacheTally:
+    """The counters of the sources' shard caches, summed (what the I/O tally reads of a
+    cache)."""
+
+    def __init__(self, caches: list[Any]) -> None:
+        self.caches = caches
+
+    @property
+    def stats(self) -> Any:
+        from types import SimpleNamespace
+
+        fields = ("hits", "misses", "fills")
+        return SimpleNamespace(**{f: sum(getattr(c.stats, f) for c in self.caches)
+                                  for f in fields})
 
 
 @dataclass
