@@ -84,8 +84,9 @@ class Mixture(IterableDataset):
 
     What each source keeps and what the mixture decides: a source's ``transform``, ``decode=``,
     shard cache (read without prefetching ahead: said in a warning), ``verify`` and
-    ``shuffle`` (``False``: its samples in manifest order) are its own; the order of the epoch comes from the mixture's ``seed``, and its ranks are made equal
-    by the mixture's ``drop_last``. A source's ``shuffle_window`` and ``drop_last`` are not
+    ``shuffle`` (``False``: its samples in manifest order) are its own; the order of the epoch
+    comes from the mixture's ``seed``, and its ranks are made equal by the mixture's
+    ``drop_last``. A source's ``shuffle_window`` and ``drop_last`` are not
     used (said in a warning). Sources with a ``decoded_cache`` are refused.
 
     Args:
