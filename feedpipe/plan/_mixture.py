@@ -132,16 +132,24 @@ class MixturePlan:
         if len(pos) and (pos.min() < 0 or pos.max() >= self.epoch_size):
             raise PlanError(f"positions outside an epoch of {self.epoch_size}")
         src = self.source_at[pos]
+        draw = self.draw_at[pos]
         ids = np.empty(len(pos), dtype=np.int64)
-        for s in np.unique(src).tolist():
-            sel = src == s
-            k = int(epoch) * int(self.counts[s]) + self.draw_at[pos[sel]]
+        for s, count in enumerate(self.counts.tolist()):
+            if not count:
+                continue
+            sel = np.flatnonzero(src == s)
+            if not len(sel):
+                continue
             size = int(self.sizes[s])
-            cycle, at = np.divmod(k, size)
-            out = np.empty(len(k), dtype=np.int64)
-            for c in np.unique(cycle).tolist():
+            cycle, at = np.divmod(int(epoch) * count + draw[sel], size)
+            first, last = int(cycle.min()), int(cycle.max())
+            if first == last:  # the common case: one permutation of the source
+                ids[sel] = self._plan(s, first).sample_ids(at)
+                continue
+            out = np.empty(len(at), dtype=np.int64)
+            for c in range(first, last + 1):
                 here = cycle == c
-                plan = self._plan(s, int(c))
-                out[here] = plan.sample_ids(at[here])
+                if here.any():
+                    out[here] = self._plan(s, c).sample_ids(at[here])
             ids[sel] = out
         return src, ids
