@@ -40,6 +40,9 @@ from result_tables import RAW, Writer, scalar_list
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 ABOUT: dict[str, tuple[str, str]] = {
+    "mixture": ("a mixture of sources against one dataset", "raw batches through FeedLoader "
+                "from `Mixture` of three sources and from one dataset of the same samples, "
+                "alternating passes: samples/s and the median of the per-pass ratios."),
     "convert": ("conversion speed", "`feedpipe.shard` against `webdataset.ShardWriter` and "
                 "`tar cf`, converting the same source trees into shards: files/s, samples/s, "
                 "input MB/s."),

@@ -260,6 +260,17 @@ CHARTS: dict[str, Callable[[dict], list[Panel | None]]] = {
 }
 
 
+def _mixture(doc: dict) -> list[Panel | None]:
+    rows = {r["route"]: r for r in doc.get("results", [])}
+    return [panel("raw batches: a mixture of three sources against one dataset of the same "
+                  "samples (median of passes)", "samples/s", rows,
+                  {"one dataset": "one_samples_per_s",
+                   "Mixture of 3": "mixture_samples_per_s"})]
+
+
+CHARTS["mixture"] = _mixture
+
+
 # -- drawing --------------------------------------------------------------------------------------
 
 def _is_feedpipe(label: str) -> bool:

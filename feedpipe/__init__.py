@@ -38,6 +38,7 @@ _LAZY = {
     "FeedLoader": "stream._loader",
     "check_ledger": "stream._ledger_check",
     "Packed": "stream._packed",
+    "Mixture": "stream._mixture",
     "ShardSet": "stream._shard_set",
     "BatchCollator": "stream._collator",
     "Route": "stream._routes",
@@ -151,6 +152,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .stream._dataset import FeedDataset
     from .stream._ledger_check import check_ledger
     from .stream._loader import FeedLoader
+    from .stream._mixture import Mixture
     from .stream._packed import Packed
     from .stream._routes import Route
     from .stream._shard_set import ShardSet

@@ -28,7 +28,16 @@ ROUTES = {
     "rows-workers": ("img", "workers"),
     "samples-threads": ("img", "threads"),
     "gather": ("img", "inline"),
+    # a Mixture of two sources (MIXED) on the routes that serve one
+    "refs:mix": ("raw", "inline"),
+    "refs-workers:mix": ("raw", "workers"),
+    "samples-workers:mix": ("raw", "workers"),
+    "samples-workers:mixfn": ("fn", "workers"),
+    "rows-workers:mix": ("img", "workers"),
+    "rows-threads:mix": ("img", "threads"),
 }
+MIXED = ("a", "b")  # a mixture's sources: the same shards twice, told apart by __source__
+APART = 1000  # a mixture's ids in tests: source number * APART + the id in the source
 SIZE = 8
 BATCH = 4
 
@@ -39,13 +48,15 @@ class IdImages:
     pipeline does. ``mark``: a directory where each process that runs it leaves a file named by
     its pid."""
 
-    def __init__(self, train: bool, mark: str | None = None) -> None:
+    def __init__(self, train: bool, mark: str | None = None, base: int = 0) -> None:
         from feedpipe.transforms._pipeline import ImagePipeline
 
+        self.train = train
         self.pipe = ImagePipeline(SIZE, train=train, mean=None, label_field=None)
         self.out_shape = self.pipe.out_shape
         self.out_dtype = self.pipe.out_dtype
         self.mark = mark
+        self.base = base  # added to the label (a mixture's sources numbered apart)
 
     def _mark(self) -> None:
         if self.mark is not None:
@@ -53,12 +64,12 @@ class IdImages:
 
     def __call__(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
         self._mark()
-        return self.pipe(sample), int(sample["__index__"])
+        return self.pipe(sample), int(sample["__index__"]) + self.base
 
     def into(self, sample: dict[str, Any], out: torch.Tensor) -> int:
         self._mark()
         self.pipe.into(sample, out)
-        return int(sample["__index__"])
+        return int(sample["__index__"]) + self.base
 
 
 def route_of(case: str) -> str:
@@ -66,12 +77,34 @@ def route_of(case: str) -> str:
     return case.split(":")[0]
 
 
+def mixed(case: str) -> bool:
+    """Whether a case of :data:`ROUTES` reads a Mixture."""
+    return case.split(":")[-1].startswith("mix")
+
+
+def dataset(case: str, path: str, **ds_kw: Any) -> Any:
+    """The case's dataset: a FeedDataset, or a Mixture of :data:`MIXED` sources over the same
+    shards, each with its own transform (its labels numbered apart) and seed."""
+    from feedpipe import FeedDataset, Mixture
+
+    if not mixed(case):
+        return FeedDataset(path, **ds_kw)
+    sources = {}
+    for k, name in enumerate(MIXED):
+        kw = dict(ds_kw, seed=ds_kw["seed"] + k)
+        t = kw.get("transform")
+        if t is not None:
+            kw["transform"] = IdImages(t.train, t.mark, base=k * APART)
+        sources[name] = FeedDataset(path, **kw)
+    return Mixture(sources, seed=ds_kw["seed"])
+
+
 def make(case: str, path: str, *, world: int = 1, rank: int = 0, workers: int = 0,
          store: str | None = None, mark: str | None = None, reference: bool = False,
          seed: int = 11, **extra: Any) -> Any:
     """The FeedLoader of ``case`` (or, with ``reference=True``, of the reference route for it:
     ``samples`` in this process, same dataset and collation)."""
-    from feedpipe import FeedDataset, FeedLoader
+    from feedpipe import FeedLoader
     from feedpipe.stream._collator import BatchCollator
 
     family, executor = ROUTES[case]
@@ -90,13 +123,13 @@ def make(case: str, path: str, *, world: int = 1, rank: int = 0, workers: int = 
         ds_kw["max_open_shards"] = 2  # more shards than fit: the workers plan
     if reference:
         ds_kw.pop("decoded_cache", None)
-        return FeedLoader(FeedDataset(path, **ds_kw), route="samples", **ld_kw)
+        return FeedLoader(dataset(case, path, **ds_kw), route="samples", **ld_kw)
     if executor == "threads":
         ld_kw["transform_threads"] = 2
     elif workers:
         ld_kw["num_workers"] = workers
     ld_kw.update(extra)
-    return FeedLoader(FeedDataset(path, **ds_kw), route=route, **ld_kw)
+    return FeedLoader(dataset(case, path, **ds_kw), route=route, **ld_kw)
 
 
 def fill_store(path: str, store: str) -> None:
@@ -114,8 +147,11 @@ def fill_store(path: str, store: str) -> None:
 
 
 def ids_of(batch: Any) -> list[int]:
-    """The global ids of a batch of either family."""
+    """The global ids of a batch of either family (a mixture's numbered apart by source)."""
     if isinstance(batch, dict):
+        if "__source__" in batch:
+            return [MIXED.index(s) * APART + i
+                    for s, i in zip(batch["__source__"], batch["__index__"].tolist())]
         return batch["__index__"].tolist()
     return batch[1].tolist()
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _routes import BATCH, ROUTES, digest, fill_store, ids_of, make, route_of
+from _routes import APART, BATCH, MIXED, ROUTES, digest, fill_store, ids_of, make, mixed, route_of
 
 from feedpipe import FeedDataset, FeedLoader, ShardFormatError
 from feedpipe.stream._routes import PREFERENCE, Config, choose, refusal
@@ -140,6 +140,10 @@ def test_elastic_resume_delivers_the_rest_exactly_once(route: str, world2: int, 
     if workers == 0:
         workers2 = 0
     n = FeedDataset(str(sharded)).manifest.total_samples
+    every = set(range(n))
+    if mixed(route):  # each source once an epoch (the default weights)
+        every = {k * APART + i for k in range(len(MIXED)) for i in range(n)}
+        n *= len(MIXED)
     first, state, pids = rank_ids(route, str(sharded), 2, workers, store, stop=2)
     assert state["position"] == 2 * BATCH * 2
     rest, _, pids2 = rank_ids(route, str(sharded), world2, workers2, store, stop=None,
@@ -148,7 +152,7 @@ def test_elastic_resume_delivers_the_rest_exactly_once(route: str, world2: int, 
         assert [len(p) for p in pids] == [workers] * 2
         assert [len(p) for p in pids2] == [workers2] * world2
     c = Counter(first + rest)
-    assert set(c) == set(range(n)), "a sample was lost"
+    assert set(c) == every, "a sample was lost"
     assert sum(c.values()) - n == (-(n - state["position"]) % world2), "only padding repeats"
 
 
@@ -215,7 +219,7 @@ def test_every_raw_batch_carries_every_field_of_the_manifest(route: str, sharded
     fields = FeedDataset(str(sharded)).manifest.fields
     assert "json" in fields  # on every third sample only
     ld = make(route, str(sharded), workers=max(worker_counts(route)))
-    batches = list(FeedLoader(ld.dataset, batch_size=2, route=route,
+    batches = list(FeedLoader(ld.dataset, batch_size=2, route=route_of(route),
                               num_workers=ld.num_workers))
     assert any(all(v is None for v in b["json"]) for b in batches)  # the case that matters
     for b in batches:
@@ -245,15 +249,18 @@ def test_an_inline_choice_with_workers_asked_is_logged_once(sharded: Path, caplo
 def _configs() -> list[Config]:
     """Every configuration a loader can have (over a few worker and thread counts)."""
     out = []
-    for w, t, transform, into, collator, local, store, gatherable, fit in itertools.product(
+    for w, t, transform, into, collator, local, store, gatherable, fit, mix in itertools.product(
             (0, 2), (0, 2), *([(False, True)] * 4), ("none", "partial", "complete"),
-            (False, True), (False, True)):
+            (False, True), (False, True), ("no", "agree", "differ")):
         if (into and not (transform and collator)) or (gatherable and not (
                 store == "complete" and collator)):
             continue  # writes_into and gatherable() need a collator (and a transform, a store)
+        if mix != "no" and store != "none":
+            continue  # a Mixture has no decoded store
         out.append(Config(num_workers=w, threads=t, transform=transform, into=into,
                           collator=collator, default_collate=not collator, local=local,
-                          store=store, gatherable=gatherable, shards_fit=fit))
+                          store=store, gatherable=gatherable, shards_fit=fit,
+                          mixture=mix != "no", decodes_agree=mix != "differ"))
     return out
 
 
@@ -271,6 +278,8 @@ def test_the_auto_choice_is_the_first_preferred_route_the_table_lets_serve() -> 
             continue
         chosen[route.name] += 1
         assert refusal(route, config) is None
+        # a mixture's samples are fetched through its sources
+        assert (route.fetch == "mixture") == (config.mixture and route.fetch != "refs")
         assert choose(config, route.name)[0] == route
         earlier = []
         for when, names, _ in PREFERENCE:

@@ -80,7 +80,8 @@ class MixturePlan:
         weights: each source's share of an epoch (normalised); ``None``: its size.
         epoch_size: positions per epoch; ``None``: the sources' total size.
         seed: the mixture's seed (each source's order comes from it and the source's index).
-        shuffle: permute each source's samples (``False``: each source in manifest order).
+        shuffle: permute each source's samples (``False``: each source in manifest order); one
+            flag for all, or one per source.
 
     Example:
         >>> plan = MixturePlan([(3,), (2, 2)], weights=[1, 1], epoch_size=6, seed=0)
@@ -90,20 +91,39 @@ class MixturePlan:
     """
 
     def __init__(self, sources: Sequence[Sequence[int]], weights: Sequence[float] | None = None,
-                 epoch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> None:
+                 epoch_size: int | None = None, seed: int = 0,
+                 shuffle: bool | Sequence[bool] = True) -> None:
         self.shard_counts = [tuple(int(c) for c in s) for s in sources]
         self.sizes = np.array([sum(s) for s in self.shard_counts], dtype=np.int64)
         self.counts = epoch_counts(self.sizes.tolist(), weights, epoch_size)
         self.epoch_size = int(self.counts.sum())
-        self.seed, self.shuffle = int(seed), shuffle
+        self.seed = int(seed)
+        self.shuffle = ([bool(shuffle)] * len(self.counts) if isinstance(shuffle, bool)
+                        else [bool(x) for x in shuffle])
+        if len(self.shuffle) != len(self.counts):
+            raise PlanError(f"{len(self.shuffle)} shuffle flags for {len(self.counts)} sources")
         # the interleave: each draw at its ideal time of the epoch, ties by source order
         src = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
         j = np.arange(self.epoch_size, dtype=np.int64) - np.repeat(
             np.cumsum(self.counts) - self.counts, self.counts)
         ideal = (2 * j + 1) / (2 * np.repeat(self.counts, self.counts).astype(np.float64))
         order = np.lexsort((src, ideal))
+        self._plans: dict[tuple[int, int], Plan] = {}  # (source, cycle): its order, made once
         self.source_at = src[order]  # the source of each position
         self.draw_at = j[order]  # which of its source's draws this epoch each position is
+
+    def _plan(self, source: int, cycle: int) -> Plan:
+        """The order of ``source``'s ``cycle``-th permutation (a few are kept: a reader asks for
+        the same ones chunk after chunk of an epoch)."""
+        key = (source, cycle)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 4 * len(self.counts):
+                self._plans.clear()
+            plan = self._plans[key] = Plan(self.shard_counts[source],
+                                           _source_seed(self.seed, source), cycle,
+                                           self.shuffle[source])
+        return plan
 
     def draws(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The source and the sample id within it (its manifest order) at each of
@@ -112,17 +132,24 @@ class MixturePlan:
         if len(pos) and (pos.min() < 0 or pos.max() >= self.epoch_size):
             raise PlanError(f"positions outside an epoch of {self.epoch_size}")
         src = self.source_at[pos]
+        draw = self.draw_at[pos]
         ids = np.empty(len(pos), dtype=np.int64)
-        for s in np.unique(src).tolist():
-            sel = src == s
-            k = int(epoch) * int(self.counts[s]) + self.draw_at[pos[sel]]
+        for s, count in enumerate(self.counts.tolist()):
+            if not count:
+                continue
+            sel = np.flatnonzero(src == s)
+            if not len(sel):
+                continue
             size = int(self.sizes[s])
-            cycle, at = np.divmod(k, size)
-            out = np.empty(len(k), dtype=np.int64)
-            for c in np.unique(cycle).tolist():
+            cycle, at = np.divmod(int(epoch) * count + draw[sel], size)
+            first, last = int(cycle.min()), int(cycle.max())
+            if first == last:  # the common case: one permutation of the source
+                ids[sel] = self._plan(s, first).sample_ids(at)
+                continue
+            out = np.empty(len(at), dtype=np.int64)
+            for c in range(first, last + 1):
                 here = cycle == c
-                plan = Plan(self.shard_counts[s], _source_seed(self.seed, s), int(c),
-                            self.shuffle)
-                out[here] = plan.sample_ids(at[here])
+                if here.any():
+                    out[here] = self._plan(s, c).sample_ids(at[here])
             ids[sel] = out
         return src, ids

@@ -97,8 +97,14 @@ def assemble(route: Route, dataset: FeedDataset, epoch: int, collate_fn: Any, *,
         fetch = GatherFetch(dataset, epoch, collate_fn)
         maker = Finished()
     else:
-        fetch = SampleFetch(dataset, epoch, stored=dataset.decoded is not None,
-                            copy=route.executor == "threads")
+        if route.fetch == "mixture":
+            from ._mixture_fetch import MixtureFetch
+
+            fetch = MixtureFetch(dataset, epoch,  # type: ignore[arg-type]
+                                 copy=route.executor == "threads")
+        else:
+            fetch = SampleFetch(dataset, epoch, stored=dataset.decoded is not None,
+                                copy=route.executor == "threads")
         if route.sink == "rows":
             maker = RowMaker(dataset, collate_fn, into=route.compute == "into", skips=skips,
                              drop=dataset.shards.drop_pages)

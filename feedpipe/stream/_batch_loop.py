@@ -347,6 +347,7 @@ class CollateMaker:
         self.skips = skips
         self.to_bytes = to_bytes
         self.fields = fields if default and self.transform is None else ()
+        self.collate_error = getattr(dataset, "collate_error", None)  # a Mixture names sources
 
     def start(self, items: list[Item], pool: ThreadPoolExecutor | None) -> Any:
         fn = self.transform
@@ -383,9 +384,14 @@ class CollateMaker:
         return self._collate(outs)
 
     def _collate(self, outs: list[Any]) -> Any:
-        if self.fields:
-            return self.collate_fn(outs, self.fields)  # type: ignore[call-arg]
-        return self.collate_fn(outs)
+        try:
+            if self.fields:
+                return self.collate_fn(outs, self.fields)  # type: ignore[call-arg]
+            return self.collate_fn(outs)
+        except Exception as e:
+            if self.collate_error is None:
+                raise
+            raise self.collate_error(outs, e) from e
 
 
 def each_sample(dataset: LoopDataset, state: EpochState, worker: int, workers: int, run: int, *,

@@ -61,7 +61,7 @@ class FeedLoader:
     :meth:`stats`. Every route gives the same batches.
 
     Args:
-        dataset: the :class:`FeedDataset`.
+        dataset: the :class:`FeedDataset`, or a :class:`~feedpipe.Mixture` of them.
         batch_size: samples per batch.
         num_workers: DataLoader worker processes (0: read in this process). They start by the
             process's start method, as the DataLoader's do (``multiprocessing_context=`` chooses
@@ -129,8 +129,14 @@ class FeedLoader:
         ledger: str | os.PathLike[str] | None = None,
         **loader_kwargs: Any,
     ) -> None:
-        if not isinstance(dataset, FeedDataset):
-            raise TypeError(f"FeedLoader needs a FeedDataset, not {type(dataset).__name__}")
+        from ._mixture import Mixture
+
+        if not isinstance(dataset, (FeedDataset, Mixture)):
+            raise TypeError(f"FeedLoader needs a FeedDataset or a Mixture, not "
+                            f"{type(dataset).__name__}")
+        if isinstance(dataset, Mixture) and ledger is not None:
+            raise ValueError("FeedLoader(ledger=) records one dataset's sample ids; a Mixture's "
+                             "are not recorded yet: leave ledger= out for a Mixture")
         for bad in _REFUSED:
             if bad in loader_kwargs:
                 raise TypeError(f"FeedLoader does not take {bad}=: the FeedDataset's plan decides "
@@ -198,6 +204,8 @@ class FeedLoader:
         self._io_here: tuple[int, ...] = ZERO
         self._io_workers = list(ZERO)
         choose(self._config(), route)  # a forced route that cannot serve is refused here
+        if isinstance(dataset, Mixture):
+            dataset.check_fields(dataset.transform is None and collate_fn is None)
 
     # -- the route -------------------------------------------------------------------------
     def _config(self) -> Config:
@@ -217,6 +225,8 @@ class FeedLoader:
             store=state,
             gatherable=state == "complete" and gatherable(ds, collate),
             shards_fit=len(ds.shards) <= ds.max_open_shards,
+            mixture=hasattr(ds, "mixture_plan"),
+            decodes_agree=getattr(ds, "decodes_agree", True),
         )
 
     @property
@@ -449,7 +459,11 @@ class FeedLoader:
         dataset's files or the L1 cache's copies), ``remote`` ``requests`` and ``bytes``,
         ``l1`` ``hits``, ``misses`` and ``fills`` (a shard this pass's prefetch fetched is a
         miss), and ``decoded`` and ``l2`` ``hits`` and ``misses`` (zeros where the tier is not
-        used)."""
+        used).
+
+        ``sources`` (a :class:`~feedpipe.Mixture`): the samples of each source in the batches
+        this pass received on this rank, by name (counted from the mixture's plan; samples a
+        transform left out are in ``skipped``)."""
         # the pass that ran (the store it filled may send the next pass another way)
         route = self._last if self._stats and self._last is not None else self.route
         out: dict[str, Any] = dict(self._stats) if self._stats else {
@@ -463,6 +477,10 @@ class FeedLoader:
             out["buffers"] = release.stats()
         if self._device_loader is not None:
             out["device"] = self._device_loader.stats()
+        delivered = getattr(self.dataset, "delivered", None)
+        if delivered is not None:  # a Mixture: the samples of each source received
+            out["sources"] = delivered(self._state.epoch, self._split, self._batches,
+                                       self.batch_size)
         out["time"], out["bound"] = self._time_figures(route)
         here = self._io.take() if self._io is not None else ZERO
         self._io_here = add(self._io_here, here)

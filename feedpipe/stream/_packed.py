@@ -105,8 +105,11 @@ class Packed:
 
     def __init__(self, dataset: FeedDataset, seq_len: int, field: str = "tokens.npy",
                  pad_id: int = 0) -> None:
-        if not isinstance(dataset, FeedDataset):
-            raise TypeError(f"Packed needs a FeedDataset, not {type(dataset).__name__}")
+        from ._mixture import Mixture
+
+        if not isinstance(dataset, (FeedDataset, Mixture)):
+            raise TypeError(f"Packed needs a FeedDataset or a Mixture, not "
+                            f"{type(dataset).__name__}")
         if int(seq_len) < 1:
             raise ValueError(f"seq_len must be at least 1, not {seq_len}")
         self.dataset = dataset

@@ -262,6 +262,8 @@ class Resolver:
         self._whole = dataset.world.world_size == 1
         self._orders: dict[tuple[tuple[str, ...], int], list[str]] = {}
         self._populate = hasattr(mmap.mmap, "madvise")
+        # a Mixture's batches say each sample's source, as its samples do
+        self._tag = getattr(dataset, "tag_batch", None)
 
     def _map(self, r: ShardReader) -> mmap.mmap:
         mm = r.buffer
@@ -380,6 +382,8 @@ class Resolver:
                 out[k] = torch.full((n,), refs.seed, dtype=torch.int64)
             else:
                 out[k] = cols.get(k, [None] * n)
+        if self._tag is not None:
+            self._tag(out, refs.shards)
         if self.pin:
             for k, v in out.items():
                 if isinstance(v, torch.Tensor):

@@ -4,7 +4,9 @@ picks among them. Pure: no I/O, no torch.
 Every route is one combination of four parts of the batch loop (:mod:`feedpipe.stream._batch_loop`):
 
 * **fetch**: ``samples`` (each id's sample dict from the shards, or its output from the decoded
-  store), ``refs`` (where each member of a batch lies in the shards: a few arrays, no bytes) or
+  store; for a :class:`~feedpipe.Mixture`, ``mixture``: each sample read through its own
+  source, as the mixture's plan draws it), ``refs`` (where each member of a batch lies in the
+  shards: a few arrays, no bytes) or
   ``gather`` (a whole batch copied out of a complete decoded store);
 * **compute**: ``none`` (raw samples), ``call`` (``transform(sample)``) or ``into`` (the transform
   writes each image into its batch row, ``transform.into(sample, row)``);
@@ -27,7 +29,8 @@ class Route:
 
     Args:
         name: the route's name, as ``FeedLoader(route=...)`` takes it (:data:`ROUTES`).
-        fetch: ``samples``, ``refs`` or ``gather``.
+        fetch: ``samples`` (``mixture`` when the dataset is a :class:`~feedpipe.Mixture`),
+            ``refs`` or ``gather``.
         compute: ``none``, ``call`` or ``into``.
         executor: ``inline``, ``threads`` or ``workers``.
         sink: ``collate``, ``rows`` or ``resolve``.
@@ -69,6 +72,9 @@ class Config:
         store: the decoded store's state: ``"none"``, ``"partial"`` or ``"complete"``.
         gatherable: a complete store whose records are the collator's image (and an int label).
         shards_fit: every shard fits in the dataset's ``max_open_shards`` at once.
+        mixture: the dataset is a :class:`~feedpipe.Mixture` (its samples are fetched through
+            their sources).
+        decodes_agree: the sources of a mixture decode their fields alike (``decode=``).
     """
 
     num_workers: int = 0
@@ -81,6 +87,8 @@ class Config:
     store: str = "none"
     gatherable: bool = False
     shards_fit: bool = True
+    mixture: bool = False
+    decodes_agree: bool = True
 
 
 ROUTES: dict[str, Route] = {r.name: r for r in (
@@ -148,6 +156,13 @@ def _raw(c: Config, r: Route) -> str | None:
     return None
 
 
+def _one_decode(c: Config, r: Route) -> str | None:
+    if c.mixture and not c.decodes_agree:
+        return ("it decodes a batch's fields one way, and the mixture's sources decode theirs "
+                "differently (decode=)")
+    return None
+
+
 def _shards_fit_here(c: Config, r: Route) -> str | None:
     if c.num_workers and not c.shards_fit:
         return ("it keeps every shard open here, and there are more shards than "
@@ -212,6 +227,7 @@ REQUIREMENTS: tuple[tuple[str, tuple[str, ...], Check], ...] = (
     ("executor", ("threads",), _threads_asked),
     ("executor", ("inline", "workers"), _threads_left),
     ("fetch", ("refs",), _raw),
+    ("fetch", ("refs",), _one_decode),
     ("name", ("refs",), _shards_fit_here),
     ("fetch", ("gather",), _store_complete),
     ("fetch", ("gather",), _store_gatherable),
@@ -342,9 +358,11 @@ def _note(route: Route, config: Config) -> str | None:
 
 
 def _resolved(route: Route, config: Config) -> Route:
-    """``route`` with its compute part as this configuration has it."""
+    """``route`` with its fetch and compute parts as this configuration has it."""
     if route.fetch != "samples":
         return route
+    if config.mixture:
+        route = replace(route, fetch="mixture")
     if route.sink == "rows":
         compute = "into" if config.into else "call"
     else:

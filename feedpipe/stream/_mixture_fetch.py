@@ -1,0 +1,69 @@
+"""A :class:`~feedpipe.Mixture`'s own parts of a route: the ``mixture`` fetch, which reads
+each sample through its source, and the transform that sends each sample to its source's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ._batch_loop import Item, SampleFetch
+
+if TYPE_CHECKING:
+    from ._mixture import Mixture
+
+
+class BySource:
+    """The transform of a mixture: each sample through its own source's transform (its
+    ``__source__`` says which); a source without one passes its samples as they are."""
+
+    def __init__(self, names: Sequence[str], transforms: Sequence[Any]) -> None:
+        self.transforms = dict(zip(names, transforms))
+
+    def __call__(self, x: dict[str, Any]) -> Any:
+        name = x["__source__"]
+        fn = self.transforms[name]
+        if fn is None:
+            return x
+        out = fn(x)
+        if type(out) is dict:  # a dict output says its source too
+            out.setdefault("__source__", name)
+        return out
+
+
+class BySourceInto(BySource):
+    """:class:`BySource` whose sources' transforms all write into a collator's rows, with the
+    same ``out_shape`` and ``out_dtype``."""
+
+    def __init__(self, names: Sequence[str], transforms: Sequence[Any]) -> None:
+        super().__init__(names, transforms)
+        self.out_shape = tuple(transforms[0].out_shape)
+        self.out_dtype = transforms[0].out_dtype
+
+    def into(self, x: dict[str, Any], out: torch.Tensor) -> Any:
+        return self.transforms[x["__source__"]].into(x, out)
+
+
+class MixtureFetch:
+    """fetch=mixture: each number's sample read through its own source (the source's
+    :class:`~feedpipe.stream._batch_loop.SampleFetch`: its shards, ``decode=`` and seed), marked
+    with ``__source__``, in the batch's order."""
+
+    def __init__(self, mixture: Mixture, epoch: int, *, copy: bool = False) -> None:
+        self.names = mixture.names
+        self.bases = mixture.shards.bases
+        self.fetches = [SampleFetch(ds, epoch, stored=False, copy=copy)
+                        for ds in mixture.sources.values()]
+
+    def __call__(self, ids: np.ndarray) -> list[Item]:
+        src = np.searchsorted(self.bases, ids, side="right") - 1
+        out: list[Any] = [None] * len(ids)
+        for s in np.unique(src).tolist():
+            at = np.flatnonzero(src == s)
+            name = self.names[s]
+            for j, (g, x, done) in zip(at.tolist(), self.fetches[s](ids[at] - self.bases[s])):
+                x["__source__"] = name
+                out[j] = (int(self.bases[s]) + g, x, done)
+        return out
