@@ -304,3 +304,37 @@ def test_a_feedloader_still_pickles(corpus):
     path, _ = corpus
     ld = pickle.loads(pickle.dumps(feedpipe.FeedLoader(feedpipe.FeedDataset(path), batch_size=3)))
     assert isinstance(ld, feedpipe.FeedLoader) and ld.batch_size == 3
+
+
+def test_raw_documents_are_sliced_from_the_shards_not_read(corpus):
+    """Raw ``.npy`` documents of local shards: their lengths come from the headers and their
+    tokens are sliced out of the shards' maps; no document is read (decoded) whole, in the
+    first epoch or later."""
+    path, docs = corpus
+    (ld,) = _loaders(path, 1, 4)
+    first = _tokens(list(ld))
+    assert ld.dataset.documents_read == 0
+    assert first == np.concatenate([docs[g] for g in ld.dataset.order(0)]).tolist()
+    assert Counter(_tokens(list(ld))) == Counter(first) and ld.dataset.documents_read == 0
+
+
+def test_headers_of_every_dtype_and_version(tmp_path):
+    """Documents of several integer dtypes (byte orders, widths), empty ones, lengths of
+    several digit counts and a version-2 header in one dataset: every token, in plan order."""
+    import io
+
+    rng = np.random.default_rng(1)
+    dtypes = [np.int32, np.uint16, np.int64, np.dtype(">i4"), np.uint8, np.int16]
+    docs = [rng.integers(0, 200, size=int(n)).astype(dtypes[i % len(dtypes)])
+            for i, n in enumerate(rng.choice([0, 1, 9, 10, 99, 100, 1234], size=30))]
+    samples = [{"__key__": f"d{i:03d}", "tokens.npy": d} for i, d in enumerate(docs)]
+    v2 = io.BytesIO()
+    np.lib.format.write_array(v2, np.arange(7, dtype=np.int32), version=(2, 0))
+    samples.append({"__key__": "d999", "tokens.npy": v2.getvalue()})
+    docs.append(np.arange(7))
+    write_samples(samples, str(tmp_path / "mixed"), max_samples=7)
+    ds = feedpipe.FeedDataset(str(tmp_path / "mixed"), shuffle=True, seed=2)
+    packed = feedpipe.Packed(ds, 13)
+    got = _tokens(list(feedpipe.FeedLoader(packed, batch_size=3)))
+    assert got == np.concatenate([docs[g] for g in packed.order(0)]).astype(np.int64).tolist()
+    assert packed.documents_read == 0

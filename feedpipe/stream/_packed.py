@@ -17,16 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import FeedpipeError, StateError
+from ..errors import StateError
 from ._dataset import FeedDataset
+from ._token_docs import NotMapped, PackedFieldError, TokenDocs
 
 log = logging.getLogger("feedpipe")
 
 IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
-
-
-class PackedFieldError(FeedpipeError, ValueError):
-    """A document of a :class:`Packed` dataset is not a 1-D integer array."""
 
 
 def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
@@ -113,11 +110,32 @@ class Packed:
         self.seq_len = int(seq_len)
         self.field = field
         self.pad_id = int(pad_id)
-        self._lengths: dict[int, int] = {}  # global sample id -> tokens
         self.documents_read = 0
-        self._offsets: tuple[int, np.ndarray] | None = None
+        self._docs: TokenDocs | None | bool = False  # False: not looked at yet; None: read whole
+        self._lengths: np.ndarray | None = None  # per global sample id; -1: not known yet
+        self._epoch: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, order, offsets)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_epoch"] = None  # a worker computes its epoch's order itself
+        return state
 
     # -- documents ---------------------------------------------------------------------------
+    def _located(self) -> TokenDocs | None:
+        """Where each document lies in the shards, when the documents are the raw ``.npy``
+        fields of local shards (no transform, no ``decode=`` of the field); ``None`` where each
+        document must be read whole (through the transform, or from a remote shard)."""
+        if self._docs is False:
+            ds = self.dataset
+            docs = None
+            if ds.transform is None and self.field not in ds.decode and ds.decoded is None:
+                try:
+                    docs = TokenDocs(ds.shards, self.field, ds.url)
+                except NotMapped:
+                    docs = None
+            self._docs = docs
+        return self._docs  # type: ignore[return-value]
+
     def document(self, g: int, epoch: int) -> np.ndarray:
         """The tokens of sample ``g`` as read in ``epoch`` (through the dataset's transform)."""
         ds = self.dataset
@@ -139,27 +157,42 @@ class Packed:
                 f"sample {g} of {ds.url}: field {self.field!r} is a {a.dtype} array of shape "
                 f"{a.shape}; Packed needs a 1-D integer array of token ids per document")
         self.documents_read += 1
-        self._lengths[int(g)] = len(a)
+        if self._lengths is not None:
+            self._lengths[int(g)] = len(a)
         return a
+
+    def lengths(self, epoch: int) -> np.ndarray:
+        """Every document's token count, by global sample id: from the ``.npy`` headers where
+        the documents are raw fields of local shards, else by reading (once) each document not
+        read yet (a document's length is the same in every epoch)."""
+        docs = self._located()
+        if docs is not None:
+            return docs.length
+        if self._lengths is None:
+            self._lengths = np.full(self.dataset.manifest.total_samples, -1, dtype=np.int64)
+        missing = np.flatnonzero(self._lengths < 0)
+        for g in missing.tolist():
+            self.document(g, epoch)
+        return self._lengths
 
     def order(self, epoch: int) -> np.ndarray:
         """Every document of ``epoch`` in plan order (all ranks')."""
-        plan = self.dataset.plan(epoch)
-        return plan.sample_ids(np.arange(self.dataset.manifest.total_samples))
+        return self._plan(epoch)[0]
 
     def offsets(self, epoch: int) -> np.ndarray:
-        """The token prefix sums of ``epoch``'s documents in plan order. Lengths not yet known
-        are read once (a document's length is the same in every epoch)."""
-        if self._offsets is not None and self._offsets[0] == epoch:
-            return self._offsets[1]
-        order = self.order(epoch)
-        lengths = np.empty(len(order), dtype=np.int64)
-        for i, g in enumerate(order.tolist()):
-            n = self._lengths.get(g)
-            lengths[i] = len(self.document(g, epoch)) if n is None else n
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self._offsets = (epoch, offsets)  # state_dict() and len() ask again within the epoch
-        return offsets
+        """The token prefix sums of ``epoch``'s documents in plan order."""
+        return self._plan(epoch)[1]
+
+    def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """``epoch``'s document order and token prefix sums (kept: every batch asks)."""
+        if self._epoch is not None and self._epoch[0] == epoch:
+            return self._epoch[1], self._epoch[2]
+        order = self.dataset.plan(epoch).sample_ids(
+            np.arange(self.dataset.manifest.total_samples))
+        offsets = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(self.lengths(epoch)[order], out=offsets[1:])
+        self._epoch = (epoch, order, offsets)
+        return order, offsets
 
     def num_rows(self, epoch: int) -> int:
         """Rows of all ranks in ``epoch``."""
@@ -168,33 +201,83 @@ class Packed:
     # -- batches -----------------------------------------------------------------------------
     def batches(self, epoch: int, start: int, batch_size: int) -> Iterator[dict[str, Any]]:
         """This rank's batches of ``epoch`` from global row ``start`` on."""
-        offsets = self.offsets(epoch)
-        order = self.order(epoch)
         world = self.dataset.world
-        rows = -(-int(offsets[-1]) // self.seq_len)
-        cached: tuple[int, np.ndarray] | None = None
+        rows = self.num_rows(epoch)
         for batch_rows in deal_rows(rows, start, world.world_size, world.rank, batch_size):
-            n, L = len(batch_rows), self.seq_len
-            ids = np.full((n, L), self.pad_id, dtype=np.int64)
-            pos = np.zeros((n, L), dtype=np.int64)
-            labels = np.full((n, L), IGNORE, dtype=np.int64)
-            cu = [0]
-            for i, r in enumerate(batch_rows.tolist()):
-                at = 0
-                for d, off, k in row_pieces(offsets, r, L):
-                    if cached is None or cached[0] != d:
-                        cached = (d, self.document(int(order[d]), epoch))
-                    ids[i, at:at + k] = cached[1][off:off + k]
-                    labels[i, at:at + k] = ids[i, at:at + k]
-                    pos[i, at:at + k] = np.arange(k)
-                    at += k
-                    cu.append(i * L + at)
-                if at < L:  # padding: a piece of its own, so no real token attends to it
-                    pos[i, at:] = np.arange(L - at)
-                    cu.append((i + 1) * L)
-            yield {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(pos),
-                   "labels": torch.from_numpy(labels),
-                   "cu_seqlens": torch.tensor(cu, dtype=torch.int32)}
+            yield self.rows(epoch, batch_rows)
+
+    def rows(self, epoch: int, rows: np.ndarray) -> dict[str, Any]:
+        """The batch of global rows ``rows`` (ascending) of ``epoch``."""
+        order, offsets = self._plan(epoch)
+        L, total = self.seq_len, int(offsets[-1])
+        rows = np.asarray(rows, dtype=np.int64)
+        n = len(rows)
+        lo = rows * L
+        hi = np.minimum(lo + L, total)
+        # runs of consecutive rows: one contiguous range of the epoch's tokens each
+        cut = np.flatnonzero(np.diff(rows) != 1) + 1
+        firsts = np.concatenate([[0], cut]).tolist()
+        lasts = np.concatenate([cut, [n]]).tolist()
+        pieces: list[tuple[int, int, int, int]] = []  # (doc, start in doc, tokens, at in batch)
+        bounds = [np.arange(n, dtype=np.int64) * L]  # piece starts in the flattened batch
+        for f, e in zip(firsts, lasts):
+            tlo, thi = int(lo[f]), int(hi[e - 1])
+            d0 = int(np.searchsorted(offsets, tlo, side="right")) - 1
+            d1 = int(np.searchsorted(offsets, thi, side="left"))
+            inner = offsets[d0 + 1:d1]
+            bounds.append(inner - tlo + f * L)
+            at = f * L - tlo
+            for d, (a, b) in enumerate(zip(offsets[d0:d1].tolist(),
+                                           offsets[d0 + 1:d1 + 1].tolist()), d0):
+                a, b = max(a, tlo), min(b, thi)
+                if b > a:
+                    pieces.append((d, a - int(offsets[d]), b - a, a + at))
+        ids = np.empty(n * L, dtype=np.int64)
+        self._copy(epoch, order, pieces, ids)
+        short = np.flatnonzero(hi - lo < L)  # the epoch's last row, when it is not full
+        pad = (short * L + (hi - lo)[short]).tolist()
+        labels = ids.copy()
+        for i, p in zip(short.tolist(), pad):
+            ids[p:(i + 1) * L] = self.pad_id
+            labels[p:(i + 1) * L] = IGNORE
+        bounds.append(np.asarray(pad, dtype=np.int64))
+        starts = np.unique(np.concatenate(bounds))
+        pos = np.arange(n * L, dtype=np.int64) - np.repeat(starts, np.diff(
+            np.append(starts, n * L)))
+        cu = np.append(starts, n * L).astype(np.int32)
+        return {"input_ids": torch.from_numpy(ids.reshape(n, L)),
+                "position_ids": torch.from_numpy(pos.reshape(n, L)),
+                "labels": torch.from_numpy(labels.reshape(n, L)),
+                "cu_seqlens": torch.from_numpy(cu)}
+
+    def _copy(self, epoch: int, order: np.ndarray, pieces: list[tuple[int, int, int, int]],
+              out: np.ndarray) -> None:
+        """The tokens of ``pieces`` into ``out``: sliced out of the shards' maps, or out of each
+        document read whole."""
+        docs = self._located()
+        if docs is None:
+            last: tuple[int, np.ndarray] | None = None
+            for d, off, k, at in pieces:
+                if last is None or last[0] != d:
+                    last = (d, self.document(int(order[d]), epoch))
+                out[at:at + k] = last[1][off:off + k]
+            return
+        g = order[[p[0] for p in pieces]]
+        shard = docs.shard[g].tolist()
+        start = docs.start[g].tolist()
+        kind = docs.kind[g].tolist()
+        dtypes = docs.dtypes
+        shards = self.dataset.shards
+        maps: dict[int, np.ndarray] = {}
+        with shards.hold(set(shard)):  # opening one closes none this batch reads
+            for s in set(shard):
+                maps[s] = np.frombuffer(shards.reader(s).buffer,  # type: ignore[arg-type]
+                                        dtype=np.uint8)
+            shards.check(maps)  # a shard cut since it was opened: an error, not a SIGBUS
+            for (_, off, k, at), s, b, t in zip(pieces, shard, start, kind):
+                dt = dtypes[t]
+                b += off * dt.itemsize
+                out[at:at + k] = maps[s][b:b + k * dt.itemsize].view(dt)
 
     # -- states ------------------------------------------------------------------------------
     def state_at(self, epoch: int, row: int) -> dict[str, Any]:
