@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from numbers import Integral
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader
@@ -32,6 +32,7 @@ from ._dataset import FeedDataset
 from ._epoch import EpochState
 from ._io import ZERO, IoTally, add, io_figures
 from ._ledger import Ledger
+from ._packed import Packed
 from ._routes import ROUTES, Config, Route, choose
 from ._worker_rows import RowRelease, writes_into
 from ._worker_source import WorkerBatches, WorkerSource, as_is, ring_depth
@@ -105,17 +106,9 @@ class FeedLoader:
         (torch.int64, 5)
     """
 
-    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
-        # no dataset: an unpickled loader (pickle calls __new__ bare)
-        from ._packed import Packed, PackedLoader
-
-        if isinstance(dataset, Packed):  # packed rows: their own reader (feedpipe.Packed)
-            return PackedLoader(dataset, *args, **kwargs)
-        return super().__new__(cls)
-
     def __init__(
         self,
-        dataset: FeedDataset,
+        dataset: FeedDataset | Packed,
         *,
         batch_size: int = 1,
         num_workers: int = 0,
@@ -129,8 +122,16 @@ class FeedLoader:
         ledger: str | os.PathLike[str] | None = None,
         **loader_kwargs: Any,
     ) -> None:
-        if not isinstance(dataset, FeedDataset):
-            raise TypeError(f"FeedLoader needs a FeedDataset, not {type(dataset).__name__}")
+        if not isinstance(dataset, (FeedDataset, Packed)):
+            raise TypeError(f"FeedLoader needs a FeedDataset or a Packed, not "
+                            f"{type(dataset).__name__}")
+        if isinstance(dataset, Packed) and ledger is not None:
+            raise ValueError("FeedLoader over a Packed does not take ledger=: the ledger records "
+                             "sample ids, and a Packed loader delivers rows of tokens (leave "
+                             "ledger out)")
+            # a Packed is read through what the batch loop reads of a FeedDataset (its rows are
+            # the samples: feedpipe.stream._packed)
+        dataset = cast(FeedDataset, dataset)
         for bad in _REFUSED:
             if bad in loader_kwargs:
                 raise TypeError(f"FeedLoader does not take {bad}=: the FeedDataset's plan decides "
@@ -202,6 +203,8 @@ class FeedLoader:
     # -- the route -------------------------------------------------------------------------
     def _config(self) -> Config:
         ds, collate = self.dataset, self.collate_fn
+        if isinstance(ds, Packed):
+            return self._packed_config()
         store = ds.decoded
         state = "none" if store is None else ("complete" if store.complete() else "partial")
         from ._store_gather import gatherable
@@ -218,6 +221,12 @@ class FeedLoader:
             gatherable=state == "complete" and gatherable(ds, collate),
             shards_fit=len(ds.shards) <= ds.max_open_shards,
         )
+
+    def _packed_config(self) -> Config:
+        """A :class:`Packed` dataset's configuration: its rows take a ``packed`` route."""
+        return Config(num_workers=self.num_workers, threads=self.transform_threads,
+                      collator=isinstance(self.collate_fn, BatchCollator),
+                      default_collate=self.collate_fn is collate_samples, packed=True)
 
     @property
     def route(self) -> Route:
@@ -365,8 +374,8 @@ class FeedLoader:
             parts = assemble(route, ds, reader.plan.epoch, self.collate_fn, skips=skips,
                              threads=self.transform_threads, fields=tuple(ds.manifest.fields),
                              default=self.collate_fn is collate_samples, columns=self._columns,
-                             pin=self._pin)
-            if self._io is not None and route.fetch != "gather":
+                             pin=self._pin, reader=reader)
+            if self._io is not None and route.fetch not in ("gather", "packed"):
                 parts.fetch = self._io.counted(parts.fetch)
             try:
                 for batch in parts.run(reader, self._times):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,12 +19,14 @@ import numpy as np
 import torch
 
 from ..errors import StateError
+from ..plan._order import Plan, Split
 from ._dataset import FeedDataset
 from ._token_docs import NotMapped, PackedFieldError, TokenDocs
 
 log = logging.getLogger("feedpipe")
 
 IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
+GROUP_TOKENS = 1 << 18  # tokens of the batches a reader's fetch makes together (PackedFetch)
 
 
 def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
@@ -51,23 +54,19 @@ def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, i
     return out
 
 
-def deal_rows(num_rows: int, start: int, world_size: int, rank: int,
-              batch_size: int) -> list[np.ndarray]:
-    """The batches of rows rank ``rank`` of ``world_size`` reads from global row ``start`` on:
-    each step gives ``batch_size`` consecutive rows to each rank in rank order.
+def rows_split(num_rows: int, start: int, world_size: int, rank: int,
+               whole_batches: bool = False) -> Split:
+    """Rank ``rank``'s share of an epoch's ``num_rows`` rows from row ``start`` on: the rows
+    are made a multiple of ``world_size`` from ``start`` with rows of padding only (rows past
+    the epoch's tokens), so every rank gets as many rows and no token is dealt twice.
 
     Example:
-        >>> [b.tolist() for b in deal_rows(7, 0, 2, 1, 2)]
-        [[2, 3], [6]]
+        >>> s = rows_split(7, 0, 2, 1)
+        >>> s.num_samples, s.positions(0, s.length).tolist()
+        (8, [1, 3, 5, 7])
     """
-    out = []
-    step = world_size * batch_size
-    for base in range(start, num_rows, step):
-        lo = base + rank * batch_size
-        hi = min(lo + batch_size, num_rows)
-        if lo < hi:
-            out.append(np.arange(lo, hi))
-    return out
+    end = start + -(-max(num_rows - start, 0) // world_size) * world_size
+    return Split(end, world_size, rank, int(start), False, bool(whole_batches))
 
 
 class Packed:
@@ -114,10 +113,14 @@ class Packed:
         self._docs: TokenDocs | None | bool = False  # False: not looked at yet; None: read whole
         self._lengths: np.ndarray | None = None  # per global sample id; -1: not known yet
         self._epoch: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, order, offsets)
+        self._counting = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ...: the positions of a piece
+        # per open shard: its reader, its map as bytes and as elements of each dtype
+        self._views: dict[int, tuple[Any, np.ndarray, dict[np.dtype, np.ndarray]]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_epoch"] = None  # a worker computes its epoch's order itself
+        state["_views"] = {}  # maps are this process's own
         return state
 
     # -- documents ---------------------------------------------------------------------------
@@ -199,85 +202,184 @@ class Packed:
         return -(-int(self.offsets(epoch)[-1]) // self.seq_len)
 
     # -- batches -----------------------------------------------------------------------------
-    def batches(self, epoch: int, start: int, batch_size: int) -> Iterator[dict[str, Any]]:
-        """This rank's batches of ``epoch`` from global row ``start`` on."""
-        world = self.dataset.world
-        rows = self.num_rows(epoch)
-        for batch_rows in deal_rows(rows, start, world.world_size, world.rank, batch_size):
-            yield self.rows(epoch, batch_rows)
-
     def rows(self, epoch: int, rows: np.ndarray) -> dict[str, Any]:
         """The batch of global rows ``rows`` (ascending) of ``epoch``."""
-        order, offsets = self._plan(epoch)
-        L, total = self.seq_len, int(offsets[-1])
-        rows = np.asarray(rows, dtype=np.int64)
-        n = len(rows)
-        lo = rows * L
-        hi = np.minimum(lo + L, total)
-        # runs of consecutive rows: one contiguous range of the epoch's tokens each
-        cut = np.flatnonzero(np.diff(rows) != 1) + 1
-        firsts = np.concatenate([[0], cut]).tolist()
-        lasts = np.concatenate([cut, [n]]).tolist()
-        pieces: list[tuple[int, int, int, int]] = []  # (doc, start in doc, tokens, at in batch)
-        bounds = [np.arange(n, dtype=np.int64) * L]  # piece starts in the flattened batch
-        for f, e in zip(firsts, lasts):
-            tlo, thi = int(lo[f]), int(hi[e - 1])
-            d0 = int(np.searchsorted(offsets, tlo, side="right")) - 1
-            d1 = int(np.searchsorted(offsets, thi, side="left"))
-            inner = offsets[d0 + 1:d1]
-            bounds.append(inner - tlo + f * L)
-            at = f * L - tlo
-            for d, (a, b) in enumerate(zip(offsets[d0:d1].tolist(),
-                                           offsets[d0 + 1:d1 + 1].tolist()), d0):
-                a, b = max(a, tlo), min(b, thi)
-                if b > a:
-                    pieces.append((d, a - int(offsets[d]), b - a, a + at))
-        ids = np.empty(n * L, dtype=np.int64)
-        self._copy(epoch, order, pieces, ids)
-        short = np.flatnonzero(hi - lo < L)  # the epoch's last row, when it is not full
-        pad = (short * L + (hi - lo)[short]).tolist()
-        labels = ids.copy()
-        for i, p in zip(short.tolist(), pad):
-            ids[p:(i + 1) * L] = self.pad_id
-            labels[p:(i + 1) * L] = IGNORE
-        bounds.append(np.asarray(pad, dtype=np.int64))
-        starts = np.unique(np.concatenate(bounds))
-        pos = np.arange(n * L, dtype=np.int64) - np.repeat(starts, np.diff(
-            np.append(starts, n * L)))
-        cu = np.append(starts, n * L).astype(np.int32)
-        return {"input_ids": torch.from_numpy(ids.reshape(n, L)),
-                "position_ids": torch.from_numpy(pos.reshape(n, L)),
-                "labels": torch.from_numpy(labels.reshape(n, L)),
-                "cu_seqlens": torch.from_numpy(cu)}
+        return self.batches_of(epoch, [rows])[0]
 
-    def _copy(self, epoch: int, order: np.ndarray, pieces: list[tuple[int, int, int, int]],
+    def batches_of(self, epoch: int, groups: list[np.ndarray]) -> list[dict[str, Any]]:
+        """The batches of global rows ``groups`` (each ascending, and ascending from one to the
+        next) of ``epoch``, made together: numpy's per-call costs are paid once for all."""
+        rows = np.concatenate(groups).astype(np.int64, copy=False)
+        order, offsets = self._plan(epoch)
+        L, total, n = self.seq_len, int(offsets[-1]), len(rows)
+        N = n * L
+        # one buffer for the three fields of every batch: one allocation, freed with the last
+        # batch let go
+        buf = np.empty((3, N), dtype=np.int64)
+        ids, pos, labels = buf[0], buf[1], buf[2]
+        # runs of consecutive rows: each a contiguous range of the epoch's tokens, and the
+        # batch the runs concatenated (only the epoch's last row can be short, and rows past
+        # the epoch's tokens are padding only: they come last)
+        real = rows[rows * L < total]
+        new = np.ones(len(real), dtype=bool)
+        new[1:] = real[1:] != real[:-1] + 1
+        first = np.flatnonzero(new)
+        tlo = real[first] * L
+        thi = np.minimum(np.append(real[first[1:] - 1], real[-1:]) * L + L, total)
+        d0 = np.searchsorted(offsets, tlo, side="right") - 1
+        cnt = np.searchsorted(offsets, thi, side="left") - d0
+        run = np.repeat(np.arange(len(first)), cnt)
+        doc = np.arange(len(run)) + np.repeat(d0 - (np.cumsum(cnt) - cnt), cnt)
+        a = np.maximum(offsets[doc], tlo[run])
+        k = np.minimum(offsets[doc + 1], thi[run]) - a
+        keep = k > 0  # documents without tokens are no piece
+        doc, k = doc[keep], k[keep]
+        into = a[keep] - offsets[doc]  # where each piece starts in its document
+        m = int(k.sum())
+        self._copy(epoch, order[doc], into, k, ids[:m])
+        ids[m:] = self.pad_id
+        labels[:m] = ids[:m]
+        labels[m:] = IGNORE
+        # pieces start at each row, each document start and the padding
+        at = np.cumsum(k) - k
+        starts = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * L, at[into == 0],
+                                           [m] if m < N else []]).astype(np.int64))
+        ends = np.append(starts, N)
+        lens = np.diff(ends).tolist()
+        if len(self._counting) < L:
+            self._counting = np.arange(L, dtype=np.int64)
+        count = self._counting
+        np.concatenate([count[:j] for j in lens], out=pos)
+        edges = np.zeros(len(groups) + 1, dtype=np.int64)
+        np.cumsum([len(g) * L for g in groups], out=edges[1:])
+        at_edge = np.searchsorted(starts, edges).tolist()  # each batch's first piece
+        out = []
+        for b, (lo, hi) in enumerate(zip(edges.tolist(), edges[1:].tolist())):
+            cu = (ends[at_edge[b]:at_edge[b + 1] + 1] - lo).astype(np.int32)
+            out.append({"input_ids": torch.from_numpy(ids[lo:hi].reshape(-1, L)),
+                        "position_ids": torch.from_numpy(pos[lo:hi].reshape(-1, L)),
+                        "labels": torch.from_numpy(labels[lo:hi].reshape(-1, L)),
+                        "cu_seqlens": torch.from_numpy(cu)})
+        return out
+
+    def _copy(self, epoch: int, docs: np.ndarray, into: np.ndarray, k: np.ndarray,
               out: np.ndarray) -> None:
-        """The tokens of ``pieces`` into ``out``: sliced out of the shards' maps, or out of each
-        document read whole."""
-        docs = self._located()
-        if docs is None:
+        """Tokens ``[into, into + k)`` of each global document ``docs``, concatenated into
+        ``out``: sliced out of the shards' maps, or out of each document read whole."""
+        where = self._located()
+        if where is None:
+            at = 0
             last: tuple[int, np.ndarray] | None = None
-            for d, off, k, at in pieces:
-                if last is None or last[0] != d:
-                    last = (d, self.document(int(order[d]), epoch))
-                out[at:at + k] = last[1][off:off + k]
+            for g, off, n in zip(docs.tolist(), into.tolist(), k.tolist()):
+                if last is None or last[0] != g:
+                    last = (g, self.document(g, epoch))
+                out[at:at + n] = last[1][off:off + n]
+                at += n
             return
-        g = order[[p[0] for p in pieces]]
-        shard = docs.shard[g].tolist()
-        start = docs.start[g].tolist()
-        kind = docs.kind[g].tolist()
-        dtypes = docs.dtypes
+        shard = where.shard[docs]
+        kind = where.kind[docs]
+        size = where.itemsize[kind]
+        byte = where.start[docs] + into * size
         shards = self.dataset.shards
-        maps: dict[int, np.ndarray] = {}
-        with shards.hold(set(shard)):  # opening one closes none this batch reads
-            for s in set(shard):
-                maps[s] = np.frombuffer(shards.reader(s).buffer,  # type: ignore[arg-type]
-                                        dtype=np.uint8)
-            shards.check(maps)  # a shard cut since it was opened: an error, not a SIGBUS
-            for (_, off, k, at), s, b, t in zip(pieces, shard, start, kind):
-                dt = dtypes[t]
-                b += off * dt.itemsize
-                out[at:at + k] = maps[s][b:b + k * dt.itemsize].view(dt)
+        used = np.unique(shard).tolist()
+        with shards.hold(used):  # opening one closes none this batch reads
+            maps = self._maps(used)
+            shards.check(used)  # a shard cut since it was opened: an error, not a SIGBUS
+            if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
+                dt = where.dtypes[0]
+                typed = {s: self._typed(s, maps[s], dt) for s in used}
+                views = [typed[s][e:e + n] for s, e, n in zip(
+                    shard.tolist(), (byte // size).tolist(), k.tolist())]
+            else:
+                dtypes = where.dtypes
+                views = [maps[s][b:b + n * dtypes[t].itemsize].view(dtypes[t])
+                         for s, t, b, n in zip(shard.tolist(), kind.tolist(), byte.tolist(),
+                                               k.tolist())]
+            if views:
+                np.concatenate(views, out=out, casting="unsafe")
+
+    def _maps(self, used: list[int]) -> dict[int, np.ndarray]:
+        """The maps of shards ``used`` as bytes, kept while their readers stay open (a closed
+        reader's view is let go, so its map closes)."""
+        shards, kept = self.dataset.shards, self._views
+        for s in [s for s, (r, _, _) in kept.items()
+                  if not shards.is_open(s) or shards.reader(s) is not r]:
+            del kept[s]
+        out = {}
+        for s in used:
+            hit = kept.get(s)
+            if hit is None:
+                r = shards.reader(s)
+                r.populate()  # an epoch reads every document of it: its pages in one call
+                hit = kept[s] = (r, np.frombuffer(r.buffer, dtype=np.uint8), {})  # type: ignore[arg-type]
+            out[s] = hit[1]
+        return out
+
+    def _typed(self, s: int, u8: np.ndarray, dt: np.dtype) -> np.ndarray:
+        """Shard ``s``'s map as elements of ``dt`` (kept with its bytes)."""
+        views = self._views[s][2]
+        v = views.get(dt)
+        if v is None:
+            v = views[dt] = u8[:len(u8) - len(u8) % dt.itemsize].view(dt)
+        return v
+
+    # -- the batch loop's view: rows are its samples ----------------------------------------
+    # FeedLoader reads a Packed as it reads a FeedDataset (the ``packed`` routes of
+    # feedpipe.stream._routes): its "samples" are the epoch's rows, in order (the shuffle is in
+    # the documents' order), dealt to ranks, batches and workers by the same Split.
+    plans_rows = True  # its plan orders rows, not samples: no shard prefetch follows it
+    @property
+    def shards(self) -> Any:
+        return self.dataset.shards
+
+    @property
+    def manifest(self) -> Any:
+        return self.dataset.manifest
+
+    @property
+    def url(self) -> str:
+        return self.dataset.url
+
+    @property
+    def world(self) -> Any:
+        return self.dataset.world
+
+    @property
+    def seed(self) -> int:
+        return self.dataset.seed
+
+    @property
+    def transform(self) -> Any:
+        return self.dataset.transform
+
+    @property
+    def decode(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def decoded(self) -> None:
+        """No decoded store: rows are cut from the documents each epoch."""
+        return None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the dataset's direct reader (a loader keeps its own)."""
+        return self.dataset.epoch
+
+    def attach(self) -> None:
+        self.dataset.attach()
+
+    def plan(self, epoch: int | None = None) -> Plan:
+        """``epoch``'s rows in order: position ``p`` is row ``p``."""
+        e = self.dataset.epoch if epoch is None else int(epoch)
+        return Plan((self.num_rows(e) + self.world.world_size,), epoch=e, shuffle=False)
+
+    def split_at(self, start: int = 0, whole_batches: bool = False) -> Split:
+        """This rank's share of the rows from row ``start`` on (:func:`rows_split`; an epoch's
+        row count is the same in every epoch)."""
+        w = self.world
+        return rows_split(self.num_rows(self.dataset.epoch), int(start), w.world_size, w.rank,
+                          whole_batches)
 
     # -- states ------------------------------------------------------------------------------
     def state_at(self, epoch: int, row: int) -> dict[str, Any]:
@@ -304,81 +406,28 @@ class Packed:
         return epoch, row
 
 
-class PackedLoader:
-    """What :class:`~feedpipe.FeedLoader` is over a :class:`Packed` dataset: batches of packed
-    rows read in this process, its own epoch and row position."""
+class PackedFetch:
+    """fetch=packed: the batch of the rows a reader asks for, made with the reader's next
+    batches (``upcoming``: the same batches of rows, in the same order) up to ``GROUP_TOKENS``
+    tokens at a time (:meth:`Packed.batches_of`), so that numpy's per-call costs are paid once
+    a group."""
 
-    def __init__(self, dataset: Packed, *, batch_size: int = 1, num_workers: int = 0,
-                 drop_last: bool = False, **kwargs: Any) -> None:
-        if int(num_workers) > 0 or kwargs:
-            given = {"num_workers": num_workers, **kwargs} if num_workers else kwargs
-            raise ValueError(f"FeedLoader over Packed reads rows in this process; it does not "
-                             f"take {', '.join(f'{k}=' for k in given)} (leave them out)")
-        if drop_last:
-            raise ValueError("FeedLoader over Packed: drop_last=True is not supported; every "
-                             "row but the epoch's last is full (leave drop_last out)")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        self.dataset = dataset
-        self.batch_size = int(batch_size)
-        self._epoch = 0
-        self._start = 0
-        self._batches = 0
-        self._finished = False
-        self._chosen = False
+    def __init__(self, packed: Packed, epoch: int, upcoming: Iterator[np.ndarray]) -> None:
+        self.packed, self.epoch, self.upcoming = packed, epoch, upcoming
+        self.group = max(1, GROUP_TOKENS // packed.seq_len)  # rows made at once
+        self.ready: deque[tuple[np.ndarray, dict[str, Any]]] = deque()
 
-    @property
-    def epoch(self) -> int:
-        """The epoch of this loader's current (or next) pass."""
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select ``epoch`` for the next pass, from its start unless a resume point of this same
-        epoch was loaded."""
-        if epoch != self._epoch or self._finished:
-            self._epoch, self._start = int(epoch), 0
-        self._batches, self._finished, self._chosen = 0, False, True
-
-    def _step(self) -> int:
-        world = self.dataset.dataset.world
-        return world.world_size * self.batch_size
-
-    def __len__(self) -> int:
-        """Batches of this rank in a whole epoch."""
-        return len(deal_rows(self.dataset.num_rows(self._epoch), 0,
-                             self.dataset.dataset.world.world_size,
-                             self.dataset.dataset.world.rank, self.batch_size))
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        self.dataset.dataset.attach()
-        if self._finished and not self._chosen:
-            self._epoch, self._start = self._epoch + 1, 0
-        self._chosen = False
-        self._batches, self._finished = 0, False
-        for batch in self.dataset.batches(self._epoch, self._start, self.batch_size):
-            self._batches += 1
-            yield batch
-        self._finished = True
-
-    @property
-    def position(self) -> int:
-        """The global row the training loop has reached in this epoch."""
-        rows = self.dataset.num_rows(self._epoch)
-        if self._finished:
-            return rows
-        return min(self._start + self._batches * self._step(), rows)
-
-    def state_dict(self) -> dict[str, Any]:
-        """What the loop consumed: the epoch and global row position."""
-        if self._finished:
-            return self.dataset.state_at(self._epoch + 1, 0)
-        return self.dataset.state_at(self._epoch, self.position)
-
-    def load_state_dict(self, state_dict: dict[str, Any], *, strict: bool = True) -> None:
-        """Continue exactly after the rows the saved loop consumed, on any number of ranks."""
-        self._epoch, self._start = self.dataset.resume_point(state_dict, strict=strict)
-        self._batches, self._finished, self._chosen = 0, False, True
-
-    def stats(self) -> dict[str, Any]:
-        return {"route": "packed", "batches": self._batches,
-                "documents_read": self.dataset.documents_read}
+    def __call__(self, rows: np.ndarray) -> dict[str, Any]:
+        if self.ready and np.array_equal(self.ready[0][0], rows):
+            return self.ready.popleft()[1]
+        self.ready.clear()
+        groups = [rows]
+        for nxt in self.upcoming:  # in step with the reader: its batch of now comes first
+            if len(groups) == 1 and np.array_equal(nxt, rows):
+                continue
+            groups.append(nxt)
+            if sum(map(len, groups)) >= self.group:
+                break
+        made = self.packed.batches_of(self.epoch, groups)
+        self.ready.extend(zip(groups[1:], made[1:]))
+        return made[0]

@@ -4,15 +4,17 @@ picks among them. Pure: no I/O, no torch.
 Every route is one combination of four parts of the batch loop (:mod:`feedpipe.stream._batch_loop`):
 
 * **fetch**: ``samples`` (each id's sample dict from the shards, or its output from the decoded
-  store), ``refs`` (where each member of a batch lies in the shards: a few arrays, no bytes) or
-  ``gather`` (a whole batch copied out of a complete decoded store);
+  store), ``refs`` (where each member of a batch lies in the shards: a few arrays, no bytes),
+  ``gather`` (a whole batch copied out of a complete decoded store) or ``packed`` (rows of
+  token documents cut to a context length, :class:`~feedpipe.Packed`: the ids are rows);
 * **compute**: ``none`` (raw samples), ``call`` (``transform(sample)``) or ``into`` (the transform
   writes each image into its batch row, ``transform.into(sample, row)``);
 * **executor**: ``inline`` (the training process), ``threads`` (a pool of threads in the training
   process, ``FeedLoader(transform_threads=N)``) or ``workers`` (DataLoader worker processes);
 * **sink**: ``collate`` (the loader's ``collate_fn``), ``rows`` (rows of a
   :class:`~feedpipe.BatchCollator`'s buffers) or ``resolve`` (the references' bytes copied out of
-  this process's maps of the shards).
+  this process's maps of the shards) or ``packed`` (the fetch made the batch whole: token
+  rows).
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ class Route:
 
     Args:
         name: the route's name, as ``FeedLoader(route=...)`` takes it (:data:`ROUTES`).
-        fetch: ``samples``, ``refs`` or ``gather``.
+        fetch: ``samples``, ``refs``, ``gather`` or ``packed``.
         compute: ``none``, ``call`` or ``into``.
         executor: ``inline``, ``threads`` or ``workers``.
-        sink: ``collate``, ``rows`` or ``resolve``.
+        sink: ``collate``, ``rows``, ``resolve`` or ``packed``.
         leaves: the asked-for executors (``"workers"``, ``"threads"``) this route may leave
             unused, because it serves better from the training process.
         here: why it does (the sentence logged when it leaves them unused).
@@ -69,6 +71,7 @@ class Config:
         store: the decoded store's state: ``"none"``, ``"partial"`` or ``"complete"``.
         gatherable: a complete store whose records are the collator's image (and an int label).
         shards_fit: every shard fits in the dataset's ``max_open_shards`` at once.
+        packed: the dataset is a :class:`~feedpipe.Packed` (token rows, not samples).
     """
 
     num_workers: int = 0
@@ -81,6 +84,7 @@ class Config:
     store: str = "none"
     gatherable: bool = False
     shards_fit: bool = True
+    packed: bool = False
 
 
 ROUTES: dict[str, Route] = {r.name: r for r in (
@@ -96,6 +100,8 @@ ROUTES: dict[str, Route] = {r.name: r for r in (
           "every sample is in the complete decoded store"),
     Route("samples-threads", "samples", "call", "threads", "collate"),
     Route("samples-workers", "samples", "call", "workers", "collate"),
+    Route("packed", "packed", "none", "inline", "packed"),
+    Route("packed-workers", "packed", "none", "workers", "packed"),
 )}
 
 # -- the table of parts: what each part asks of the configuration --------------------------
@@ -201,6 +207,20 @@ def _threads_transform(c: Config, r: Route) -> str | None:
     return None
 
 
+def _packed_dataset(c: Config, r: Route) -> str | None:
+    if not c.packed:
+        return "it cuts token rows, and the dataset is not a Packed"
+    if not c.default_collate:
+        return "Packed makes its batches whole, and a collate_fn was given (leave it out)"
+    return None
+
+
+def _not_packed(c: Config, r: Route) -> str | None:
+    if c.packed:
+        return "it reads samples, and the dataset is a Packed (its rows take a packed route)"
+    return None
+
+
 #: What each part asks of the configuration, in the order :func:`refusal` checks it:
 #: ``(part, values, check)``; ``part`` is a field of :class:`Route` (``name`` for a route of its
 #: own), ``check(config, route)`` says why the configuration does not serve it, or ``None``.
@@ -220,6 +240,8 @@ REQUIREMENTS: tuple[tuple[str, tuple[str, ...], Check], ...] = (
     ("sink", ("rows",), _writes_into),
     ("sink", ("rows",), _rows_transform),
     ("executor", ("threads",), _threads_transform),
+    ("fetch", ("packed",), _packed_dataset),
+    ("fetch", ("samples", "refs", "gather"), _not_packed),
 )
 
 
@@ -249,7 +271,12 @@ def _store_is_complete(c: Config) -> bool:
 #: The ``"auto"`` choice, in order of preference: ``(when, candidates, binding)``. The first row
 #: whose ``when`` holds and one of whose candidates can serve (:func:`refusal`) gives the route;
 #: a ``binding`` row (the user asked for it) that none can serve is refused, not passed over.
+def _is_packed(c: Config) -> bool:
+    return c.packed
+
+
 PREFERENCE: tuple[tuple[Callable[[Config], bool], tuple[str, ...], bool], ...] = (
+    (_is_packed, ("packed-workers", "packed"), True),
     (_always, ("gather",), False),
     (_asked_threads, ("rows-threads", "samples-threads"), True),
     (_always, ("refs", "refs-workers"), False),
@@ -270,6 +297,9 @@ def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
     ======================  =================================================  =================
     condition               why                                                route
     ======================  =================================================  =================
+    a :class:`~feedpipe.    token rows cut from the documents' shards, a       ``packed-workers``
+    Packed` dataset         batch at a time                                    or ``packed`` (0
+                                                                               workers)
     complete decoded store  one copy per image out of the store, no shard      ``gather``
     of collator-shaped      read, no transform call (workers would add a
     records                 pickle and a pipe per batch)

@@ -66,6 +66,7 @@ class TokenDocs:
                 raise NotMapped(r.url)
             lo = int(shards.first[s])
             self._scan(r, lo)
+        self.itemsize = np.array([d.itemsize for d in self.dtypes] or [1], dtype=np.int64)
 
     def _dtype(self, dt: np.dtype) -> int:
         if dt not in self.dtypes:
