@@ -352,3 +352,17 @@ def test_headers_of_every_dtype_and_version(tmp_path):
     got = _tokens(list(feedpipe.FeedLoader(packed, batch_size=3)))
     assert got == np.concatenate([docs[g] for g in packed.order(0)]).astype(np.int64).tolist()
     assert packed.documents_read == 0
+
+
+def test_device_and_isinstance(corpus):
+    """The loader over a Packed is a FeedLoader like any other: ``device=`` delivers its batches
+    through a DeviceLoader (``"cpu"`` here), the same as without."""
+    path, _ = corpus
+    (want,) = _loaders(path, 1, 3)
+    ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(path, shuffle=True, seed=5),
+                                             16), batch_size=3, device="cpu")
+    assert isinstance(ld, feedpipe.FeedLoader)
+    got = list(ld)
+    assert [b["position_ids"].tolist() for b in got] == [
+        b["position_ids"].tolist() for b in want]
+    assert "device" in ld.stats() and ld.stats()["route"] == "packed"

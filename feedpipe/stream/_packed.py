@@ -26,7 +26,9 @@ from ._token_docs import NotMapped, PackedFieldError, TokenDocs
 log = logging.getLogger("feedpipe")
 
 IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
-GROUP_TOKENS = 1 << 18  # tokens of the batches a reader's fetch makes together (PackedFetch)
+# the batches a reader's fetch makes together (PackedFetch): at most so many tokens and batches
+GROUP_TOKENS = 1 << 18
+GROUP_BATCHES = 16
 
 
 def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
@@ -408,8 +410,8 @@ class Packed:
 
 class PackedFetch:
     """fetch=packed: the batch of the rows a reader asks for, made with the reader's next
-    batches (``upcoming``: the same batches of rows, in the same order) up to ``GROUP_TOKENS``
-    tokens at a time (:meth:`Packed.batches_of`), so that numpy's per-call costs are paid once
+    batches (``upcoming``: the same batches of rows, in the same order), up to
+    ``GROUP_TOKENS`` tokens and ``GROUP_BATCHES`` batches at a time (:meth:`Packed.batches_of`), so that numpy's per-call costs are paid once
     a group."""
 
     def __init__(self, packed: Packed, epoch: int, upcoming: Iterator[np.ndarray]) -> None:
@@ -426,7 +428,7 @@ class PackedFetch:
             if len(groups) == 1 and np.array_equal(nxt, rows):
                 continue
             groups.append(nxt)
-            if sum(map(len, groups)) >= self.group:
+            if sum(map(len, groups)) >= self.group or len(groups) >= GROUP_BATCHES:
                 break
         made = self.packed.batches_of(self.epoch, groups)
         self.ready.extend(zip(groups[1:], made[1:]))
