@@ -330,32 +330,41 @@ class Packed:
     # feedpipe.stream._routes): its "samples" are the epoch's rows, in order (the shuffle is in
     # the documents' order), dealt to ranks, batches and workers by the same Split.
     plans_rows = True  # its plan orders rows, not samples: no shard prefetch follows it
+
     @property
     def shards(self) -> Any:
+        """The documents' dataset's shards."""
         return self.dataset.shards
 
     @property
     def manifest(self) -> Any:
+        """The documents' dataset's manifest."""
         return self.dataset.manifest
 
     @property
     def url(self) -> str:
+        """The documents' dataset's URL."""
         return self.dataset.url
 
     @property
     def world(self) -> Any:
+        """The rank and world size rows are dealt to (the documents' dataset's)."""
         return self.dataset.world
 
     @property
     def seed(self) -> int:
+        """The documents' dataset's seed."""
         return self.dataset.seed
 
     @property
     def transform(self) -> Any:
+        """The documents' dataset's transform (what makes a sample a document)."""
         return self.dataset.transform
 
     @property
     def decode(self) -> dict[str, Any]:
+        """None of its own: rows are cut from the documents (the dataset's ``decode=`` applies
+        where documents are read whole)."""
         return {}
 
     @property
@@ -369,6 +378,7 @@ class Packed:
         return self.dataset.epoch
 
     def attach(self) -> None:
+        """Attach the documents' dataset (:meth:`~feedpipe.FeedDataset.attach`)."""
         self.dataset.attach()
 
     def plan(self, epoch: int | None = None) -> Plan:
@@ -411,8 +421,8 @@ class Packed:
 class PackedFetch:
     """fetch=packed: the batch of the rows a reader asks for, made with the reader's next
     batches (``upcoming``: the same batches of rows, in the same order), up to
-    ``GROUP_TOKENS`` tokens and ``GROUP_BATCHES`` batches at a time (:meth:`Packed.batches_of`), so that numpy's per-call costs are paid once
-    a group."""
+    ``GROUP_TOKENS`` tokens and ``GROUP_BATCHES`` batches at a time
+    (:meth:`Packed.batches_of`), so that numpy's per-call costs are paid once a group."""
 
     def __init__(self, packed: Packed, epoch: int, upcoming: Iterator[np.ndarray]) -> None:
         self.packed, self.epoch, self.upcoming = packed, epoch, upcoming
