@@ -13,6 +13,7 @@ import io
 import logging
 from collections import deque
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -208,19 +209,22 @@ class Packed:
         """The batch of global rows ``rows`` (ascending) of ``epoch``."""
         return self.batches_of(epoch, [rows])[0]
 
-    def batches_of(self, epoch: int, groups: list[np.ndarray]) -> list[dict[str, Any]]:
+    def batches_of(self, epoch: int, groups: list[np.ndarray], *,
+                   make: bool = True) -> list[Any]:
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
-        next) of ``epoch``, made together: numpy's per-call costs are paid once for all."""
+        next) of ``epoch``, made together: where the pieces of each batch lie is worked out for
+        all at once (numpy's per-call costs paid once), and each batch is then copied on its
+        own. ``make=False``: each batch's maker instead (a callable), for a reader that makes
+        a batch only when it is asked for: the memory of the batch before is reused, warm,
+        where a group of batches made at once takes fresh memory (page faults) each time."""
         rows = np.concatenate(groups).astype(np.int64, copy=False)
         order, offsets = self._plan(epoch)
         L, total, n = self.seq_len, int(offsets[-1]), len(rows)
         N = n * L
-        # one buffer for the three fields of every batch: one allocation, freed with the last
-        # batch let go
-        buf = np.empty((3, N), dtype=np.int64)
-        ids, pos, labels = buf[0], buf[1], buf[2]
+        edges = np.zeros(len(groups) + 1, dtype=np.int64)  # each batch's place in the group
+        np.cumsum([len(g) * L for g in groups], out=edges[1:])
         # runs of consecutive rows: each a contiguous range of the epoch's tokens, and the
-        # batch the runs concatenated (only the epoch's last row can be short, and rows past
+        # group the runs concatenated (only the epoch's last row can be short, and rows past
         # the epoch's tokens are padding only: they come last)
         real = rows[rows * L < total]
         new = np.ones(len(real), dtype=bool)
@@ -237,47 +241,41 @@ class Packed:
         keep = k > 0  # documents without tokens are no piece
         doc, k = doc[keep], k[keep]
         into = a[keep] - offsets[doc]  # where each piece starts in its document
+        at = np.cumsum(k) - k  # where each piece starts in the group
         m = int(k.sum())
-        self._copy(epoch, order[doc], into, k, ids[:m])
-        ids[m:] = self.pad_id
-        labels[:m] = ids[:m]
-        labels[m:] = IGNORE
-        # pieces start at each row, each document start and the padding
-        at = np.cumsum(k) - k
+        # pieces of the positions start at each row, each document start and the padding
         starts = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * L, at[into == 0],
                                            [m] if m < N else []]).astype(np.int64))
         ends = np.append(starts, N)
-        lens = np.diff(ends).tolist()
+        counts = np.diff(ends).tolist()
+        # the token pieces cut at the batches' edges too, so each batch copies its own
+        cut = np.union1d(at, edges[1:-1][edges[1:-1] < m])
+        p = np.searchsorted(at, cut, side="right") - 1
+        into = into[p] + (cut - at[p])
+        k = np.diff(np.append(cut, m))
+        views = self._pieces(epoch, order[doc[p]], into, k)
+        token_edge = np.searchsorted(cut, edges).tolist()
+        pos_edge = np.searchsorted(starts, edges).tolist()
         if len(self._counting) < L:
             self._counting = np.arange(L, dtype=np.int64)
-        count = self._counting
-        np.concatenate([count[:j] for j in lens], out=pos)
-        edges = np.zeros(len(groups) + 1, dtype=np.int64)
-        np.cumsum([len(g) * L for g in groups], out=edges[1:])
-        at_edge = np.searchsorted(starts, edges).tolist()  # each batch's first piece
-        out = []
-        for b, (lo, hi) in enumerate(zip(edges.tolist(), edges[1:].tolist())):
-            cu = (ends[at_edge[b]:at_edge[b + 1] + 1] - lo).astype(np.int32)
-            out.append({"input_ids": torch.from_numpy(ids[lo:hi].reshape(-1, L)),
-                        "position_ids": torch.from_numpy(pos[lo:hi].reshape(-1, L)),
-                        "labels": torch.from_numpy(labels[lo:hi].reshape(-1, L)),
-                        "cu_seqlens": torch.from_numpy(cu)})
-        return out
+        group = _Group(views, token_edge, counts, pos_edge, ends, edges.tolist(), m, L,
+                       self.pad_id, self._counting)
+        return [group.make(b) for b in range(len(groups))] if make else [
+            partial(group.make, b) for b in range(len(groups))]
 
-    def _copy(self, epoch: int, docs: np.ndarray, into: np.ndarray, k: np.ndarray,
-              out: np.ndarray) -> None:
-        """Tokens ``[into, into + k)`` of each global document ``docs``, concatenated into
-        ``out``: sliced out of the shards' maps, or out of each document read whole."""
+    def _pieces(self, epoch: int, docs: np.ndarray, into: np.ndarray,
+               k: np.ndarray) -> list[np.ndarray]:
+        """Tokens ``[into, into + k)`` of each global document ``docs``: views of the shards'
+        maps, or slices of each document read whole."""
         where = self._located()
         if where is None:
-            at = 0
+            views = []
             last: tuple[int, np.ndarray] | None = None
             for g, off, n in zip(docs.tolist(), into.tolist(), k.tolist()):
                 if last is None or last[0] != g:
                     last = (g, self.document(g, epoch))
-                out[at:at + n] = last[1][off:off + n]
-                at += n
-            return
+                views.append(last[1][off:off + n])
+            return views
         shard = where.shard[docs]
         kind = where.kind[docs]
         size = where.itemsize[kind]
@@ -287,18 +285,14 @@ class Packed:
         with shards.hold(used):  # opening one closes none this batch reads
             maps = self._maps(used)
             shards.check(used)  # a shard cut since it was opened: an error, not a SIGBUS
-            if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
-                dt = where.dtypes[0]
-                typed = {s: self._typed(s, maps[s], dt) for s in used}
-                views = [typed[s][e:e + n] for s, e, n in zip(
-                    shard.tolist(), (byte // size).tolist(), k.tolist())]
-            else:
-                dtypes = where.dtypes
-                views = [maps[s][b:b + n * dtypes[t].itemsize].view(dtypes[t])
-                         for s, t, b, n in zip(shard.tolist(), kind.tolist(), byte.tolist(),
-                                               k.tolist())]
-            if views:
-                np.concatenate(views, out=out, casting="unsafe")
+        if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
+            dt = where.dtypes[0]
+            typed = {s: self._typed(s, maps[s], dt) for s in used}
+            return [typed[s][e:e + n] for s, e, n in zip(
+                shard.tolist(), (byte // size).tolist(), k.tolist())]
+        dtypes = where.dtypes
+        return [maps[s][b:b + n * dtypes[t].itemsize].view(dtypes[t])
+                for s, t, b, n in zip(shard.tolist(), kind.tolist(), byte.tolist(), k.tolist())]
 
     def _maps(self, used: list[int]) -> dict[int, np.ndarray]:
         """The maps of shards ``used`` as bytes, kept while their readers stay open (a closed
@@ -427,19 +421,59 @@ class PackedFetch:
     def __init__(self, packed: Packed, epoch: int, upcoming: Iterator[np.ndarray]) -> None:
         self.packed, self.epoch, self.upcoming = packed, epoch, upcoming
         self.group = max(1, GROUP_TOKENS // packed.seq_len)  # rows made at once
-        self.ready: deque[tuple[np.ndarray, dict[str, Any]]] = deque()
+        self.ready: deque[tuple[tuple[int, int], Any]] = deque()  # ((first row, rows), maker)
 
     def __call__(self, rows: np.ndarray) -> dict[str, Any]:
-        if self.ready and np.array_equal(self.ready[0][0], rows):
-            return self.ready.popleft()[1]
+        # a reader's batches are disjoint runs of ascending rows: the first row and the count
+        # tell one from another
+        key = (int(rows[0]), len(rows)) if len(rows) else (-1, 0)
+        if self.ready and self.ready[0][0] == key:
+            return self.ready.popleft()[1]()
         self.ready.clear()
         groups = [rows]
         for nxt in self.upcoming:  # in step with the reader: its batch of now comes first
-            if len(groups) == 1 and np.array_equal(nxt, rows):
+            if len(groups) == 1 and len(nxt) and (int(nxt[0]), len(nxt)) == key:
                 continue
             groups.append(nxt)
             if sum(map(len, groups)) >= self.group or len(groups) >= GROUP_BATCHES:
                 break
-        made = self.packed.batches_of(self.epoch, groups)
-        self.ready.extend(zip(groups[1:], made[1:]))
-        return made[0]
+        made = self.packed.batches_of(self.epoch, groups, make=False)
+        self.ready.extend(((int(g[0]), len(g)), m) for g, m in zip(groups[1:], made[1:]))
+        return made[0]()
+
+
+class _Group:
+    """The batches of one :meth:`Packed.batches_of` call, each made when asked (:meth:`make`):
+    the views of its token pieces, where each batch's pieces and position pieces start, and
+    where the padding starts (``m``)."""
+
+    __slots__ = ("views", "token_edge", "counts", "pos_edge", "ends", "edges", "m", "L", "pad",
+                 "count")
+
+    def __init__(self, views: list[np.ndarray], token_edge: list[int], counts: list[int],
+                 pos_edge: list[int], ends: np.ndarray, edges: list[int], m: int, L: int,
+                 pad: int, count: np.ndarray) -> None:
+        self.views, self.token_edge, self.counts = views, token_edge, counts
+        self.pos_edge, self.ends, self.edges = pos_edge, ends, edges
+        self.m, self.L, self.pad, self.count = m, L, pad, count
+
+    def make(self, b: int) -> dict[str, Any]:
+        """Batch ``b`` of the group."""
+        lo, hi, L = self.edges[b], self.edges[b + 1], self.L
+        buf = np.empty((3, hi - lo), dtype=np.int64)  # ids, positions, labels
+        ids, pos, labels = buf[0], buf[1], buf[2]
+        full = min(max(self.m - lo, 0), hi - lo)  # tokens before the padding
+        if full:
+            np.concatenate(self.views[self.token_edge[b]:self.token_edge[b + 1]],
+                           out=ids[:full], casting="unsafe")
+            labels[:full] = ids[:full]
+        if full < hi - lo:
+            ids[full:] = self.pad
+            labels[full:] = IGNORE
+        i, j = self.pos_edge[b], self.pos_edge[b + 1]
+        count = self.count
+        np.concatenate([count[:c] for c in self.counts[i:j]], out=pos)
+        return {"input_ids": torch.from_numpy(ids.reshape(-1, L)),
+                "position_ids": torch.from_numpy(pos.reshape(-1, L)),
+                "labels": torch.from_numpy(labels.reshape(-1, L)),
+                "cu_seqlens": torch.from_numpy((self.ends[i:j + 1] - lo).astype(np.int32))}
