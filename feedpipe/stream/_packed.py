@@ -253,20 +253,21 @@ class Packed:
         p = np.searchsorted(at, cut, side="right") - 1
         into = into[p] + (cut - at[p])
         k = np.diff(np.append(cut, m))
-        views = self._pieces(epoch, order[doc[p]], into, k)
+        views, readers = self._pieces(epoch, order[doc[p]], into, k)
         token_edge = np.searchsorted(cut, edges).tolist()
         pos_edge = np.searchsorted(starts, edges).tolist()
         if len(self._counting) < L:
             self._counting = np.arange(L, dtype=np.int64)
-        group = _Group(views, token_edge, counts, pos_edge, ends, edges.tolist(), m, L,
-                       self.pad_id, self._counting)
+        group = _Group(views, readers, token_edge, counts, pos_edge, ends, edges.tolist(), m,
+                       L, self.pad_id, self._counting)
         return [group.make(b) for b in range(len(groups))] if make else [
             partial(group.make, b) for b in range(len(groups))]
 
     def _pieces(self, epoch: int, docs: np.ndarray, into: np.ndarray,
-               k: np.ndarray) -> list[np.ndarray]:
+               k: np.ndarray) -> tuple[list[np.ndarray], list[Any]]:
         """Tokens ``[into, into + k)`` of each global document ``docs``: views of the shards'
-        maps, or slices of each document read whole."""
+        maps, or slices of each document read whole; and the readers of the maps (each checked
+        before a batch copies from the views)."""
         where = self._located()
         if where is None:
             views = []
@@ -275,7 +276,7 @@ class Packed:
                 if last is None or last[0] != g:
                     last = (g, self.document(g, epoch))
                 views.append(last[1][off:off + n])
-            return views
+            return views, []
         shard = where.shard[docs]
         kind = where.kind[docs]
         size = where.itemsize[kind]
@@ -284,15 +285,16 @@ class Packed:
         used = np.unique(shard).tolist()
         with shards.hold(used):  # opening one closes none this batch reads
             maps = self._maps(used)
-            shards.check(used)  # a shard cut since it was opened: an error, not a SIGBUS
+        readers = [self._views[s][0] for s in used]
         if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
             dt = where.dtypes[0]
             typed = {s: self._typed(s, maps[s], dt) for s in used}
             return [typed[s][e:e + n] for s, e, n in zip(
-                shard.tolist(), (byte // size).tolist(), k.tolist())]
+                shard.tolist(), (byte // size).tolist(), k.tolist())], readers
         dtypes = where.dtypes
         return [maps[s][b:b + n * dtypes[t].itemsize].view(dtypes[t])
-                for s, t, b, n in zip(shard.tolist(), kind.tolist(), byte.tolist(), k.tolist())]
+                for s, t, b, n in zip(shard.tolist(), kind.tolist(), byte.tolist(),
+                                      k.tolist())], readers
 
     def _maps(self, used: list[int]) -> dict[int, np.ndarray]:
         """The maps of shards ``used`` as bytes, kept while their readers stay open (a closed
@@ -447,13 +449,13 @@ class _Group:
     the views of its token pieces, where each batch's pieces and position pieces start, and
     where the padding starts (``m``)."""
 
-    __slots__ = ("views", "token_edge", "counts", "pos_edge", "ends", "edges", "m", "L", "pad",
-                 "count")
+    __slots__ = ("views", "readers", "token_edge", "counts", "pos_edge", "ends", "edges", "m",
+                 "L", "pad", "count")
 
-    def __init__(self, views: list[np.ndarray], token_edge: list[int], counts: list[int],
-                 pos_edge: list[int], ends: np.ndarray, edges: list[int], m: int, L: int,
-                 pad: int, count: np.ndarray) -> None:
-        self.views, self.token_edge, self.counts = views, token_edge, counts
+    def __init__(self, views: list[np.ndarray], readers: list[Any], token_edge: list[int],
+                 counts: list[int], pos_edge: list[int], ends: np.ndarray, edges: list[int],
+                 m: int, L: int, pad: int, count: np.ndarray) -> None:
+        self.views, self.readers, self.token_edge, self.counts = views, readers, token_edge, counts
         self.pos_edge, self.ends, self.edges = pos_edge, ends, edges
         self.m, self.L, self.pad, self.count = m, L, pad, count
 
@@ -464,6 +466,8 @@ class _Group:
         ids, pos, labels = buf[0], buf[1], buf[2]
         full = min(max(self.m - lo, 0), hi - lo)  # tokens before the padding
         if full:
+            for r in self.readers:  # a shard cut since it was opened: an error, not a SIGBUS
+                r.check()
             np.concatenate(self.views[self.token_edge[b]:self.token_edge[b + 1]],
                            out=ids[:full], casting="unsafe")
             labels[:full] = ids[:full]
