@@ -248,26 +248,21 @@ class Packed:
                                            [m] if m < N else []]).astype(np.int64))
         ends = np.append(starts, N)
         counts = np.diff(ends).tolist()
-        # the token pieces cut at the batches' edges too, so each batch copies its own
-        cut = np.union1d(at, edges[1:-1][edges[1:-1] < m])
-        p = np.searchsorted(at, cut, side="right") - 1
-        into = into[p] + (cut - at[p])
-        k = np.diff(np.append(cut, m))
-        views, readers = self._pieces(epoch, order[doc[p]], into, k)
-        token_edge = np.searchsorted(cut, edges).tolist()
+        tokens = self._tokens(epoch, order[doc], into, k)  # the group's, copied now: a shard
+        # cut later cannot reach them
         pos_edge = np.searchsorted(starts, edges).tolist()
         if len(self._counting) < L:
             self._counting = np.arange(L, dtype=np.int64)
-        group = _Group(views, readers, token_edge, counts, pos_edge, ends, edges.tolist(), m,
-                       L, self.pad_id, self._counting)
+        group = _Group(tokens, counts, pos_edge, ends, edges.tolist(), m, L, self.pad_id,
+                       self._counting)
         return [group.make(b) for b in range(len(groups))] if make else [
             partial(group.make, b) for b in range(len(groups))]
 
-    def _pieces(self, epoch: int, docs: np.ndarray, into: np.ndarray,
-               k: np.ndarray) -> tuple[list[np.ndarray], list[Any]]:
-        """Tokens ``[into, into + k)`` of each global document ``docs``: views of the shards'
-        maps, or slices of each document read whole; and the readers of the maps (each checked
-        before a batch copies from the views)."""
+    def _tokens(self, epoch: int, docs: np.ndarray, into: np.ndarray,
+                k: np.ndarray) -> np.ndarray:
+        """Tokens ``[into, into + k)`` of each global document ``docs``, concatenated (in the
+        documents' dtype where they share one): copied out of the shards' maps, or out of each
+        document read whole."""
         where = self._located()
         if where is None:
             views = []
@@ -276,7 +271,10 @@ class Packed:
                 if last is None or last[0] != g:
                     last = (g, self.document(g, epoch))
                 views.append(last[1][off:off + n])
-            return views, []
+            out = np.empty(int(k.sum()), dtype=np.int64)
+            if views:
+                np.concatenate(views, out=out, casting="unsafe")
+            return out
         shard = where.shard[docs]
         kind = where.kind[docs]
         size = where.itemsize[kind]
@@ -285,16 +283,20 @@ class Packed:
         used = np.unique(shard).tolist()
         with shards.hold(used):  # opening one closes none this batch reads
             maps = self._maps(used)
-        readers = [self._views[s][0] for s in used]
+            shards.check(used)  # a shard cut since it was opened: an error, not a SIGBUS
         if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
             dt = where.dtypes[0]
             typed = {s: self._typed(s, maps[s], dt) for s in used}
-            return [typed[s][e:e + n] for s, e, n in zip(
-                shard.tolist(), (byte // size).tolist(), k.tolist())], readers
+            views = [typed[s][e:e + n] for s, e, n in zip(
+                shard.tolist(), (byte // size).tolist(), k.tolist())]
+            return np.concatenate(views) if views else np.zeros(0, dtype=dt)
         dtypes = where.dtypes
-        return [maps[s][b:b + n * dtypes[t].itemsize].view(dtypes[t])
-                for s, t, b, n in zip(shard.tolist(), kind.tolist(), byte.tolist(),
-                                      k.tolist())], readers
+        views = [maps[s][b:b + n * dtypes[t].itemsize].view(dtypes[t])
+                 for s, t, b, n in zip(shard.tolist(), kind.tolist(), byte.tolist(), k.tolist())]
+        out = np.empty(int(k.sum()), dtype=np.int64)
+        if views:
+            np.concatenate(views, out=out, casting="unsafe")
+        return out
 
     def _maps(self, used: list[int]) -> dict[int, np.ndarray]:
         """The maps of shards ``used`` as bytes, kept while their readers stay open (a closed
@@ -446,16 +448,15 @@ class PackedFetch:
 
 class _Group:
     """The batches of one :meth:`Packed.batches_of` call, each made when asked (:meth:`make`):
-    the views of its token pieces, where each batch's pieces and position pieces start, and
-    where the padding starts (``m``)."""
+    the group's tokens, where each batch's position pieces start, and where the padding starts
+    (``m``)."""
 
-    __slots__ = ("views", "readers", "token_edge", "counts", "pos_edge", "ends", "edges", "m",
-                 "L", "pad", "count")
+    __slots__ = ("tokens", "counts", "pos_edge", "ends", "edges", "m", "L", "pad", "count")
 
-    def __init__(self, views: list[np.ndarray], readers: list[Any], token_edge: list[int],
-                 counts: list[int], pos_edge: list[int], ends: np.ndarray, edges: list[int],
-                 m: int, L: int, pad: int, count: np.ndarray) -> None:
-        self.views, self.readers, self.token_edge, self.counts = views, readers, token_edge, counts
+    def __init__(self, tokens: np.ndarray, counts: list[int], pos_edge: list[int],
+                 ends: np.ndarray, edges: list[int], m: int, L: int, pad: int,
+                 count: np.ndarray) -> None:
+        self.tokens, self.counts = tokens, counts
         self.pos_edge, self.ends, self.edges = pos_edge, ends, edges
         self.m, self.L, self.pad, self.count = m, L, pad, count
 
@@ -466,10 +467,7 @@ class _Group:
         ids, pos, labels = buf[0], buf[1], buf[2]
         full = min(max(self.m - lo, 0), hi - lo)  # tokens before the padding
         if full:
-            for r in self.readers:  # a shard cut since it was opened: an error, not a SIGBUS
-                r.check()
-            np.concatenate(self.views[self.token_edge[b]:self.token_edge[b + 1]],
-                           out=ids[:full], casting="unsafe")
+            ids[:full] = self.tokens[lo:lo + full]
             labels[:full] = ids[:full]
         if full < hi - lo:
             ids[full:] = self.pad
