@@ -2,9 +2,15 @@
 
 The packing of an epoch is a pure function of the plan's document order and the documents'
 lengths: row ``r`` holds tokens ``[r * seq_len, (r + 1) * seq_len)`` of the epoch's
-concatenation. Rows are therefore dealt to ranks and batches like samples, and a reader's place
-in an epoch is a row position: a state saved mid-document resumes, on any number of ranks, to
-exactly the tokens not yet delivered.
+concatenation. Rows are therefore dealt to ranks, batches and worker processes like samples
+(the ``packed`` routes of the loader: a Packed reads as a dataset whose samples are rows), and a
+reader's place in an epoch is a row position: a state saved mid-document resumes, on any number
+of ranks, to exactly the tokens not yet delivered. With several ranks the rows are made a
+multiple of the world size with rows of padding only, so every rank gets as many batches.
+
+Where the documents are raw ``.npy`` fields of local shards, no document is read whole: their
+lengths come from the headers (:class:`~feedpipe.stream._token_docs.TokenDocs`) and a group of
+batches' tokens is copied straight out of the shards' maps.
 """
 
 from __future__ import annotations
@@ -83,7 +89,10 @@ class Packed:
     dict of ``input_ids``, ``position_ids`` and ``labels`` (int64 ``[batch, seq_len]``) and
     ``cu_seqlens`` (int32, the boundaries of the pieces in the flattened batch, for
     variable-length attention kernels). ``position_ids`` count from 0 at each piece; ``labels``
-    are ``input_ids`` with -100 on padding, which only the epoch's last row has.
+    are ``input_ids`` with -100 on padding, which only the epoch's last row has (with several
+    ranks, also up to ``world_size - 1`` rows of padding only after it, so that every rank gets
+    as many batches). ``FeedLoader(..., num_workers=N)`` makes the rows in N worker processes
+    (route ``packed-workers``); ``device=`` works as for any dataset.
 
     Args:
         dataset: a FeedDataset whose samples hold one document each; its rank and world size
