@@ -15,7 +15,9 @@ import torch
 # case -> (family, what it needs); a case is a route's name, or ROUTE:fn for a second setup
 # of it. "raw" routes deliver raw sample dicts (default collation); "img" routes deliver
 # (images, labels) batches of a BatchCollator, labels being global ids; "fn" cases run the
-# transform as a function with the default collation (the way DataLoader users write it).
+# transform as a function with the default collation (the way DataLoader users write it); "tok"
+# routes deliver rows of feedpipe.Packed over a token corpus made beside the shards
+# (tokens_path), each token of it unique.
 ROUTES = {
     "refs": ("raw", "inline"),
     "refs-workers": ("raw", "workers"),
@@ -35,11 +37,47 @@ ROUTES = {
     "samples-workers:mixfn": ("fn", "workers"),
     "rows-workers:mix": ("img", "workers"),
     "rows-threads:mix": ("img", "threads"),
+    "packed": ("tok", "inline"),
+    "packed-workers": ("tok", "workers"),
 }
 MIXED = ("a", "b")  # a mixture's sources: the same shards twice, told apart by __source__
 APART = 1000  # a mixture's ids in tests: source number * APART + the id in the source
 SIZE = 8
 BATCH = 4
+SEQ = 16  # the tok routes' seq_len
+
+
+def token_docs() -> list[Any]:
+    """The tok routes' documents: document ``i``'s tokens are ``i * 1000 + j``."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    return [np.arange(int(n), dtype=np.int32) + i * 1000
+            for i, n in enumerate(rng.integers(0, 60, size=160))]
+
+
+def tokens_path(path: str) -> str:
+    """The token corpus of the tok routes beside the shards at ``path``, written once."""
+    out = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       os.path.basename(os.path.abspath(path)) + "-tokens")
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        from feedpipe.convert._shard_writer import write_samples
+
+        tmp = f"{out}.tmp{os.getpid()}"
+        write_samples([{"__key__": f"d{i:03d}", "tokens.npy": d}
+                       for i, d in enumerate(token_docs())], tmp, max_samples=20)
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process wrote it first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def data_path(case: str, path: str) -> str:
+    """Where the shards a case reads are."""
+    return tokens_path(path) if ROUTES[case][0] == "tok" else path
 
 
 class IdImages:
@@ -111,6 +149,14 @@ def make(case: str, path: str, *, world: int = 1, rank: int = 0, workers: int = 
     route = route_of(case)
     ds_kw: dict[str, Any] = {"shuffle": True, "seed": seed, "rank": rank, "world_size": world}
     ld_kw: dict[str, Any] = {"batch_size": BATCH}
+    if family == "tok":
+        from feedpipe import Packed
+
+        ld_kw.update(extra)
+        if workers and not reference:
+            ld_kw["num_workers"] = workers
+        return FeedLoader(Packed(FeedDataset(tokens_path(path), **ds_kw), SEQ),
+                          route="packed" if reference else route, **ld_kw)
     if family == "fn":  # a random crop: the seeds must follow the samples too
         ds_kw["transform"] = IdImages(train=True, mark=mark)
     if family == "img":  # the gather route calls no transform: it marks no process
@@ -147,7 +193,10 @@ def fill_store(path: str, store: str) -> None:
 
 
 def ids_of(batch: Any) -> list[int]:
-    """The global ids of a batch of either family (a mixture's numbered apart by source)."""
+    """The global ids of a batch of any family (of tok batches: their tokens; a mixture's
+    numbered apart by source)."""
+    if isinstance(batch, dict) and "input_ids" in batch:
+        return batch["input_ids"][batch["labels"] != -100].tolist()
     if isinstance(batch, dict):
         if "__source__" in batch:
             return [MIXED.index(s) * APART + i

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import feedpipe
 from feedpipe.convert._shard_writer import write_samples
 from feedpipe.errors import StateError
-from feedpipe.stream._packed import PackedFieldError, deal_rows, row_pieces
+from feedpipe.plan._order import Plan, iter_ids
+from feedpipe.stream._packed import PackedFieldError, row_pieces, rows_split
 
 
 def _docs(lengths: list[int]) -> list[np.ndarray]:
@@ -185,20 +186,26 @@ def test_state_of_another_seq_len_is_refused(corpus):
 def test_a_document_that_is_not_token_ids_is_refused(tmp_path):
     write_samples([{"__key__": "a", "tokens.npy": np.zeros((2, 2), dtype=np.int64)}],
                   str(tmp_path / "bad"))
-    ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(str(tmp_path / "bad")), 8))
     with pytest.raises(PackedFieldError, match="1-D integer"):
-        next(iter(ld))
-    ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(str(tmp_path / "bad")), 8,
-                                             field="ids.npy"))
+        next(iter(feedpipe.FeedLoader(feedpipe.Packed(
+            feedpipe.FeedDataset(str(tmp_path / "bad")), 8))))
     with pytest.raises(PackedFieldError, match="no field 'ids.npy'"):
-        next(iter(ld))
+        next(iter(feedpipe.FeedLoader(feedpipe.Packed(
+            feedpipe.FeedDataset(str(tmp_path / "bad")), 8, field="ids.npy"))))
 
 
-def test_workers_are_refused_out_loud(corpus):
+def test_worker_processes_deal_rows_like_samples(corpus):
+    """num_workers > 0: the packed rows are made in DataLoader worker processes, and the
+    batches are those of the loader in this process (the route contract suite holds the rest:
+    tests/test_routes.py)."""
     path, _ = corpus
-    ds = feedpipe.FeedDataset(path)
-    with pytest.raises(ValueError, match="num_workers"):
-        feedpipe.FeedLoader(feedpipe.Packed(ds, 8), num_workers=2)
+    ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(path, shuffle=True, seed=5),
+                                             16), batch_size=2, num_workers=2)
+    assert isinstance(ld, feedpipe.FeedLoader) and ld.route.name == "packed-workers"
+    got = list(ld)
+    (want,) = _loaders(path, 1, 2)
+    assert [b["input_ids"].tolist() for b in got] == [b["input_ids"].tolist() for b in want]
+    assert len(ld.stats()["worker_pids"]) == 2
 
 
 @settings(max_examples=150, deadline=None)
@@ -218,17 +225,24 @@ def test_rows_deal_every_token_once(lengths, seq_len, batch, world, then, stop):
             assert 0 < k and off + k <= lengths[d]
             seen.extend((d, off + j) for j in range(k))
 
-    per_rank = [deal_rows(rows, 0, world, r, batch) for r in range(world)]
-    steps = min(stop, max(len(b) for b in per_rank))
+    def dealt(start, w, r):
+        split = rows_split(rows, start, w, r)
+        return list(iter_ids(Plan((split.num_samples,), shuffle=False), split, batch, 0, 1))
+
+    per_rank = [dealt(0, world, r) for r in range(world)]
+    assert len({len(b) for b in per_rank}) == 1  # as many batches on every rank
+    steps = min(stop, len(per_rank[0]))
     for r in range(world):
         for b in per_rank[r][:steps]:
             for row in b.tolist():
-                take(row)
+                if row < rows:  # past the epoch's tokens: a row of padding only
+                    take(row)
     position = min(steps * world * batch, rows)
     for r in range(then):
-        for b in deal_rows(rows, position, then, r, batch):
+        for b in dealt(position, then, r):
             for row in b.tolist():
-                take(row)
+                if row < rows:
+                    take(row)
     assert sorted(seen) == [(d, j) for d, n in enumerate(lengths) for j in range(n)]
     for r in range(rows - 1):  # every row but the last is full
         assert sum(k for _, _, k in row_pieces(offsets, r, seq_len)) == seq_len
@@ -266,8 +280,8 @@ def test_tokenisation_on_the_fly_is_cached(tmp_path):
 
     ds = feedpipe.FeedDataset(str(tmp_path / "text"), shuffle=True,
                               transform=index.wrap(tokenize, fields=["txt"], version=1))
-    loader = feedpipe.FeedLoader(feedpipe.Packed(ds, seq_len=32, pad_id=0), batch_size=4)
     CALLS.clear()
+    loader = feedpipe.FeedLoader(feedpipe.Packed(ds, seq_len=32, pad_id=0), batch_size=4)
     first = _tokens(list(loader))
     assert len(set(CALLS)) == len(set(texts))  # the first epoch tokenised every document
     expected = Counter(t for text in texts for t in tok.encode(text).ids)
@@ -304,3 +318,51 @@ def test_a_feedloader_still_pickles(corpus):
     path, _ = corpus
     ld = pickle.loads(pickle.dumps(feedpipe.FeedLoader(feedpipe.FeedDataset(path), batch_size=3)))
     assert isinstance(ld, feedpipe.FeedLoader) and ld.batch_size == 3
+
+
+def test_raw_documents_are_sliced_from_the_shards_not_read(corpus):
+    """Raw ``.npy`` documents of local shards: their lengths come from the headers and their
+    tokens are sliced out of the shards' maps; no document is read (decoded) whole, in the
+    first epoch or later."""
+    path, docs = corpus
+    (ld,) = _loaders(path, 1, 4)
+    first = _tokens(list(ld))
+    assert ld.dataset.documents_read == 0
+    assert first == np.concatenate([docs[g] for g in ld.dataset.order(0)]).tolist()
+    assert Counter(_tokens(list(ld))) == Counter(first) and ld.dataset.documents_read == 0
+
+
+def test_headers_of_every_dtype_and_version(tmp_path):
+    """Documents of several integer dtypes (byte orders, widths), empty ones, lengths of
+    several digit counts and a version-2 header in one dataset: every token, in plan order."""
+    import io
+
+    rng = np.random.default_rng(1)
+    dtypes = [np.int32, np.uint16, np.int64, np.dtype(">i4"), np.uint8, np.int16]
+    docs = [rng.integers(0, 200, size=int(n)).astype(dtypes[i % len(dtypes)])
+            for i, n in enumerate(rng.choice([0, 1, 9, 10, 99, 100, 1234], size=30))]
+    samples = [{"__key__": f"d{i:03d}", "tokens.npy": d} for i, d in enumerate(docs)]
+    v2 = io.BytesIO()
+    np.lib.format.write_array(v2, np.arange(7, dtype=np.int32), version=(2, 0))
+    samples.append({"__key__": "d999", "tokens.npy": v2.getvalue()})
+    docs.append(np.arange(7))
+    write_samples(samples, str(tmp_path / "mixed"), max_samples=7)
+    ds = feedpipe.FeedDataset(str(tmp_path / "mixed"), shuffle=True, seed=2)
+    packed = feedpipe.Packed(ds, 13)
+    got = _tokens(list(feedpipe.FeedLoader(packed, batch_size=3)))
+    assert got == np.concatenate([docs[g] for g in packed.order(0)]).astype(np.int64).tolist()
+    assert packed.documents_read == 0
+
+
+def test_device_and_isinstance(corpus):
+    """The loader over a Packed is a FeedLoader like any other: ``device=`` delivers its batches
+    through a DeviceLoader (``"cpu"`` here), the same as without."""
+    path, _ = corpus
+    (want,) = _loaders(path, 1, 3)
+    ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(path, shuffle=True, seed=5),
+                                             16), batch_size=3, device="cpu")
+    assert isinstance(ld, feedpipe.FeedLoader)
+    got = list(ld)
+    assert [b["position_ids"].tolist() for b in got] == [
+        b["position_ids"].tolist() for b in want]
+    assert "device" in ld.stats() and ld.stats()["route"] == "packed"

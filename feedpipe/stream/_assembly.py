@@ -59,7 +59,7 @@ class Assembly:
 def assemble(route: Route, dataset: FeedDataset, epoch: int, collate_fn: Any, *, skips: Skips,
              leaves: bool = False, threads: int = 0, fields: Sequence[str] = (),
              default: bool = True, columns: Columns | None = None,
-             pin: bool = False) -> Assembly:
+             pin: bool = False, reader: EpochReader | None = None) -> Assembly:
     """The parts of ``route`` reading ``dataset``'s ``epoch``.
 
     Args:
@@ -76,10 +76,14 @@ def assemble(route: Route, dataset: FeedDataset, epoch: int, collate_fn: Any, *,
         default: ``collate_fn`` is the default collation.
         columns: the shards' index as columns, when every shard is open here (``refs``).
         pin: resolved references land in pinned memory.
+        reader: the reader whose batches the loop will ask for (``packed``: its fetch makes
+            the next ones with each).
     """
     fetch: Callable[[np.ndarray], Any]
     maker: Any
     ahead = 0
+    if route.fetch == "packed":
+        return _packed(dataset, epoch, reader)
     if route.fetch == "refs":
         from ._refs import RefFetch, Resolver
         from ._store_gather import Finished
@@ -116,3 +120,13 @@ def assemble(route: Route, dataset: FeedDataset, epoch: int, collate_fn: Any, *,
         pool = ThreadPoolExecutor(threads, thread_name_prefix="feedpipe-transform")
         ahead = 2
     return Assembly(fetch, maker, pool, ahead)
+
+
+def _packed(dataset: Any, epoch: int, reader: EpochReader | None) -> Assembly:
+    """fetch=packed, sink=packed: token rows of a :class:`~feedpipe.Packed`, each batch made
+    whole by the fetch, with the reader's next batches."""
+    from ._packed import PackedFetch
+    from ._store_gather import Finished
+
+    upcoming = reader.batches() if reader is not None else iter(())
+    return Assembly(PackedFetch(dataset, epoch, upcoming), Finished())

@@ -170,8 +170,10 @@ class EpochReader:
         self.batch_size = state.batch_size
         self.worker, self.workers = worker, workers
         store = dataset.decoded
-        # a complete decoded store needs no shard this epoch: nothing to prefetch
-        self.prefetch = store is None or not store.complete()
+        # a complete decoded store needs no shard this epoch: nothing to prefetch; nor has a
+        # plan of rows (feedpipe.Packed) the shards' order to prefetch by
+        self.prefetch = (store is None or not store.complete()) and not getattr(
+            dataset, "plans_rows", False)
 
     def batches(self) -> Iterator[np.ndarray]:
         return iter_ids(self.plan, self.split, self.batch_size, self.worker, self.workers)

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from numbers import Integral
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader
@@ -32,6 +32,7 @@ from ._dataset import FeedDataset
 from ._epoch import EpochState
 from ._io import ZERO, IoTally, add, io_figures
 from ._ledger import Ledger
+from ._packed import Packed
 from ._routes import ROUTES, Config, Route, choose
 from ._worker_rows import RowRelease, writes_into
 from ._worker_source import WorkerBatches, WorkerSource, as_is, ring_depth
@@ -105,17 +106,9 @@ class FeedLoader:
         (torch.int64, 5)
     """
 
-    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
-        # no dataset: an unpickled loader (pickle calls __new__ bare)
-        from ._packed import Packed, PackedLoader
-
-        if isinstance(dataset, Packed):  # packed rows: their own reader (feedpipe.Packed)
-            return PackedLoader(dataset, *args, **kwargs)
-        return super().__new__(cls)
-
     def __init__(
         self,
-        dataset: FeedDataset,
+        dataset: FeedDataset | Packed,
         *,
         batch_size: int = 1,
         num_workers: int = 0,
@@ -131,12 +124,19 @@ class FeedLoader:
     ) -> None:
         from ._mixture import Mixture
 
-        if not isinstance(dataset, (FeedDataset, Mixture)):
-            raise TypeError(f"FeedLoader needs a FeedDataset or a Mixture, not "
+        if not isinstance(dataset, (FeedDataset, Mixture, Packed)):
+            raise TypeError(f"FeedLoader needs a FeedDataset, a Mixture or a Packed, not "
                             f"{type(dataset).__name__}")
         if isinstance(dataset, Mixture) and ledger is not None:
             raise ValueError("FeedLoader(ledger=) records one dataset's sample ids; a Mixture's "
                              "are not recorded yet: leave ledger= out for a Mixture")
+        if isinstance(dataset, Packed) and ledger is not None:
+            raise ValueError("FeedLoader over a Packed does not take ledger=: the ledger records "
+                             "sample ids, and a Packed loader delivers rows of tokens (leave "
+                             "ledger out)")
+        # a Packed (and a Mixture) is read through what the batch loop reads of a FeedDataset
+        # (a Packed's rows are its samples: feedpipe.stream._packed)
+        dataset = cast(FeedDataset, dataset)
         for bad in _REFUSED:
             if bad in loader_kwargs:
                 raise TypeError(f"FeedLoader does not take {bad}=: the FeedDataset's plan decides "
@@ -210,6 +210,8 @@ class FeedLoader:
     # -- the route -------------------------------------------------------------------------
     def _config(self) -> Config:
         ds, collate = self.dataset, self.collate_fn
+        if isinstance(ds, Packed):
+            return self._packed_config()
         store = ds.decoded
         state = "none" if store is None else ("complete" if store.complete() else "partial")
         from ._store_gather import gatherable
@@ -228,6 +230,12 @@ class FeedLoader:
             mixture=hasattr(ds, "mixture_plan"),
             decodes_agree=getattr(ds, "decodes_agree", True),
         )
+
+    def _packed_config(self) -> Config:
+        """A :class:`Packed` dataset's configuration: its rows take a ``packed`` route."""
+        return Config(num_workers=self.num_workers, threads=self.transform_threads,
+                      collator=isinstance(self.collate_fn, BatchCollator),
+                      default_collate=self.collate_fn is collate_samples, packed=True)
 
     @property
     def route(self) -> Route:
@@ -375,8 +383,8 @@ class FeedLoader:
             parts = assemble(route, ds, reader.plan.epoch, self.collate_fn, skips=skips,
                              threads=self.transform_threads, fields=tuple(ds.manifest.fields),
                              default=self.collate_fn is collate_samples, columns=self._columns,
-                             pin=self._pin)
-            if self._io is not None and route.fetch != "gather":
+                             pin=self._pin, reader=reader)
+            if self._io is not None and route.fetch not in ("gather", "packed"):
                 parts.fetch = self._io.counted(parts.fetch)
             try:
                 for batch in parts.run(reader, self._times):

@@ -2,31 +2,40 @@
 
 The packing of an epoch is a pure function of the plan's document order and the documents'
 lengths: row ``r`` holds tokens ``[r * seq_len, (r + 1) * seq_len)`` of the epoch's
-concatenation. Rows are therefore dealt to ranks and batches like samples, and a reader's place
-in an epoch is a row position: a state saved mid-document resumes, on any number of ranks, to
-exactly the tokens not yet delivered.
+concatenation. Rows are therefore dealt to ranks, batches and worker processes like samples
+(the ``packed`` routes of the loader: a Packed reads as a dataset whose samples are rows), and a
+reader's place in an epoch is a row position: a state saved mid-document resumes, on any number
+of ranks, to exactly the tokens not yet delivered. With several ranks the rows are made a
+multiple of the world size with rows of padding only, so every rank gets as many batches.
+
+Where the documents are raw ``.npy`` fields of local shards, no document is read whole: their
+lengths come from the headers (:class:`~feedpipe.stream._token_docs.TokenDocs`) and a group of
+batches' tokens is copied straight out of the shards' maps.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+from collections import deque
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import FeedpipeError, StateError
+from ..errors import StateError
+from ..plan._order import Plan, Split
 from ._dataset import FeedDataset
+from ._token_docs import NotMapped, PackedFieldError, TokenDocs
 
 log = logging.getLogger("feedpipe")
 
 IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
-
-
-class PackedFieldError(FeedpipeError, ValueError):
-    """A document of a :class:`Packed` dataset is not a 1-D integer array."""
+# the batches a reader's fetch makes together (PackedFetch): at most so many tokens and batches
+GROUP_TOKENS = 1 << 18
+GROUP_BATCHES = 16
 
 
 def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
@@ -54,23 +63,19 @@ def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, i
     return out
 
 
-def deal_rows(num_rows: int, start: int, world_size: int, rank: int,
-              batch_size: int) -> list[np.ndarray]:
-    """The batches of rows rank ``rank`` of ``world_size`` reads from global row ``start`` on:
-    each step gives ``batch_size`` consecutive rows to each rank in rank order.
+def rows_split(num_rows: int, start: int, world_size: int, rank: int,
+               whole_batches: bool = False) -> Split:
+    """Rank ``rank``'s share of an epoch's ``num_rows`` rows from row ``start`` on: the rows
+    are made a multiple of ``world_size`` from ``start`` with rows of padding only (rows past
+    the epoch's tokens), so every rank gets as many rows and no token is dealt twice.
 
     Example:
-        >>> [b.tolist() for b in deal_rows(7, 0, 2, 1, 2)]
-        [[2, 3], [6]]
+        >>> s = rows_split(7, 0, 2, 1)
+        >>> s.num_samples, s.positions(0, s.length).tolist()
+        (8, [1, 3, 5, 7])
     """
-    out = []
-    step = world_size * batch_size
-    for base in range(start, num_rows, step):
-        lo = base + rank * batch_size
-        hi = min(lo + batch_size, num_rows)
-        if lo < hi:
-            out.append(np.arange(lo, hi))
-    return out
+    end = start + -(-max(num_rows - start, 0) // world_size) * world_size
+    return Split(end, world_size, rank, int(start), False, bool(whole_batches))
 
 
 class Packed:
@@ -84,7 +89,10 @@ class Packed:
     dict of ``input_ids``, ``position_ids`` and ``labels`` (int64 ``[batch, seq_len]``) and
     ``cu_seqlens`` (int32, the boundaries of the pieces in the flattened batch, for
     variable-length attention kernels). ``position_ids`` count from 0 at each piece; ``labels``
-    are ``input_ids`` with -100 on padding, which only the epoch's last row has.
+    are ``input_ids`` with -100 on padding, which only the epoch's last row has (with several
+    ranks, also up to ``world_size - 1`` rows of padding only after it, so that every rank gets
+    as many batches). ``FeedLoader(..., num_workers=N)`` makes the rows in N worker processes
+    (route ``packed-workers``); ``device=`` works as for any dataset.
 
     Args:
         dataset: a FeedDataset whose samples hold one document each; its rank and world size
@@ -116,11 +124,36 @@ class Packed:
         self.seq_len = int(seq_len)
         self.field = field
         self.pad_id = int(pad_id)
-        self._lengths: dict[int, int] = {}  # global sample id -> tokens
         self.documents_read = 0
-        self._offsets: tuple[int, np.ndarray] | None = None
+        self._docs: TokenDocs | None | bool = False  # False: not looked at yet; None: read whole
+        self._lengths: np.ndarray | None = None  # per global sample id; -1: not known yet
+        self._epoch: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, order, offsets)
+        self._counting = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ...: the positions of a piece
+        # per open shard: its reader, its map as bytes and as elements of each dtype
+        self._views: dict[int, tuple[Any, np.ndarray, dict[np.dtype, np.ndarray]]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_epoch"] = None  # a worker computes its epoch's order itself
+        state["_views"] = {}  # maps are this process's own
+        return state
 
     # -- documents ---------------------------------------------------------------------------
+    def _located(self) -> TokenDocs | None:
+        """Where each document lies in the shards, when the documents are the raw ``.npy``
+        fields of local shards (no transform, no ``decode=`` of the field); ``None`` where each
+        document must be read whole (through the transform, or from a remote shard)."""
+        if self._docs is False:
+            ds = self.dataset
+            docs = None
+            if ds.transform is None and self.field not in ds.decode and ds.decoded is None:
+                try:
+                    docs = TokenDocs(ds.shards, self.field, ds.url)
+                except NotMapped:
+                    docs = None
+            self._docs = docs
+        return self._docs  # type: ignore[return-value]
+
     def document(self, g: int, epoch: int) -> np.ndarray:
         """The tokens of sample ``g`` as read in ``epoch`` (through the dataset's transform)."""
         ds = self.dataset
@@ -142,62 +175,233 @@ class Packed:
                 f"sample {g} of {ds.url}: field {self.field!r} is a {a.dtype} array of shape "
                 f"{a.shape}; Packed needs a 1-D integer array of token ids per document")
         self.documents_read += 1
-        self._lengths[int(g)] = len(a)
+        if self._lengths is not None:
+            self._lengths[int(g)] = len(a)
         return a
+
+    def lengths(self, epoch: int) -> np.ndarray:
+        """Every document's token count, by global sample id: from the ``.npy`` headers where
+        the documents are raw fields of local shards, else by reading (once) each document not
+        read yet (a document's length is the same in every epoch)."""
+        docs = self._located()
+        if docs is not None:
+            return docs.length
+        if self._lengths is None:
+            self._lengths = np.full(self.dataset.manifest.total_samples, -1, dtype=np.int64)
+        missing = np.flatnonzero(self._lengths < 0)
+        for g in missing.tolist():
+            self.document(g, epoch)
+        return self._lengths
 
     def order(self, epoch: int) -> np.ndarray:
         """Every document of ``epoch`` in plan order (all ranks')."""
-        plan = self.dataset.plan(epoch)
-        return plan.sample_ids(np.arange(self.dataset.manifest.total_samples))
+        return self._plan(epoch)[0]
 
     def offsets(self, epoch: int) -> np.ndarray:
-        """The token prefix sums of ``epoch``'s documents in plan order. Lengths not yet known
-        are read once (a document's length is the same in every epoch)."""
-        if self._offsets is not None and self._offsets[0] == epoch:
-            return self._offsets[1]
-        order = self.order(epoch)
-        lengths = np.empty(len(order), dtype=np.int64)
-        for i, g in enumerate(order.tolist()):
-            n = self._lengths.get(g)
-            lengths[i] = len(self.document(g, epoch)) if n is None else n
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self._offsets = (epoch, offsets)  # state_dict() and len() ask again within the epoch
-        return offsets
+        """The token prefix sums of ``epoch``'s documents in plan order."""
+        return self._plan(epoch)[1]
+
+    def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """``epoch``'s document order and token prefix sums (kept: every batch asks)."""
+        if self._epoch is not None and self._epoch[0] == epoch:
+            return self._epoch[1], self._epoch[2]
+        order = self.dataset.plan(epoch).sample_ids(
+            np.arange(self.dataset.manifest.total_samples))
+        offsets = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(self.lengths(epoch)[order], out=offsets[1:])
+        self._epoch = (epoch, order, offsets)
+        return order, offsets
 
     def num_rows(self, epoch: int) -> int:
         """Rows of all ranks in ``epoch``."""
         return -(-int(self.offsets(epoch)[-1]) // self.seq_len)
 
     # -- batches -----------------------------------------------------------------------------
-    def batches(self, epoch: int, start: int, batch_size: int) -> Iterator[dict[str, Any]]:
-        """This rank's batches of ``epoch`` from global row ``start`` on."""
-        offsets = self.offsets(epoch)
-        order = self.order(epoch)
-        world = self.dataset.world
-        rows = -(-int(offsets[-1]) // self.seq_len)
-        cached: tuple[int, np.ndarray] | None = None
-        for batch_rows in deal_rows(rows, start, world.world_size, world.rank, batch_size):
-            n, L = len(batch_rows), self.seq_len
-            ids = np.full((n, L), self.pad_id, dtype=np.int64)
-            pos = np.zeros((n, L), dtype=np.int64)
-            labels = np.full((n, L), IGNORE, dtype=np.int64)
-            cu = [0]
-            for i, r in enumerate(batch_rows.tolist()):
-                at = 0
-                for d, off, k in row_pieces(offsets, r, L):
-                    if cached is None or cached[0] != d:
-                        cached = (d, self.document(int(order[d]), epoch))
-                    ids[i, at:at + k] = cached[1][off:off + k]
-                    labels[i, at:at + k] = ids[i, at:at + k]
-                    pos[i, at:at + k] = np.arange(k)
-                    at += k
-                    cu.append(i * L + at)
-                if at < L:  # padding: a piece of its own, so no real token attends to it
-                    pos[i, at:] = np.arange(L - at)
-                    cu.append((i + 1) * L)
-            yield {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(pos),
-                   "labels": torch.from_numpy(labels),
-                   "cu_seqlens": torch.tensor(cu, dtype=torch.int32)}
+    def rows(self, epoch: int, rows: np.ndarray) -> dict[str, Any]:
+        """The batch of global rows ``rows`` (ascending) of ``epoch``."""
+        return self.batches_of(epoch, [rows])[0]
+
+    def batches_of(self, epoch: int, groups: list[np.ndarray], *,
+                   make: bool = True) -> list[Any]:
+        """The batches of global rows ``groups`` (each ascending, and ascending from one to the
+        next) of ``epoch``, made together: where the pieces of each batch lie is worked out for
+        all at once (numpy's per-call costs paid once), and each batch is then copied on its
+        own. ``make=False``: each batch's maker instead (a callable), for a reader that makes
+        a batch only when it is asked for: the memory of the batch before is reused, warm,
+        where a group of batches made at once takes fresh memory (page faults) each time."""
+        rows = np.concatenate(groups).astype(np.int64, copy=False)
+        order, offsets = self._plan(epoch)
+        L, total, n = self.seq_len, int(offsets[-1]), len(rows)
+        N = n * L
+        edges = np.zeros(len(groups) + 1, dtype=np.int64)  # each batch's place in the group
+        np.cumsum([len(g) * L for g in groups], out=edges[1:])
+        # runs of consecutive rows: each a contiguous range of the epoch's tokens, and the
+        # group the runs concatenated (only the epoch's last row can be short, and rows past
+        # the epoch's tokens are padding only: they come last)
+        real = rows[rows * L < total]
+        new = np.ones(len(real), dtype=bool)
+        new[1:] = real[1:] != real[:-1] + 1
+        first = np.flatnonzero(new)
+        tlo = real[first] * L
+        thi = np.minimum(np.append(real[first[1:] - 1], real[-1:]) * L + L, total)
+        d0 = np.searchsorted(offsets, tlo, side="right") - 1
+        cnt = np.searchsorted(offsets, thi, side="left") - d0
+        run = np.repeat(np.arange(len(first)), cnt)
+        doc = np.arange(len(run)) + np.repeat(d0 - (np.cumsum(cnt) - cnt), cnt)
+        a = np.maximum(offsets[doc], tlo[run])
+        k = np.minimum(offsets[doc + 1], thi[run]) - a
+        keep = k > 0  # documents without tokens are no piece
+        doc, k = doc[keep], k[keep]
+        into = a[keep] - offsets[doc]  # where each piece starts in its document
+        at = np.cumsum(k) - k  # where each piece starts in the group
+        m = int(k.sum())
+        # pieces of the positions start at each row, each document start and the padding
+        starts = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * L, at[into == 0],
+                                           [m] if m < N else []]).astype(np.int64))
+        ends = np.append(starts, N)
+        counts = np.diff(ends).tolist()
+        tokens = self._tokens(epoch, order[doc], into, k)  # the group's, copied now: a shard
+        # cut later cannot reach them
+        pos_edge = np.searchsorted(starts, edges).tolist()
+        if len(self._counting) < L:
+            self._counting = np.arange(L, dtype=np.int64)
+        group = _Group(tokens, counts, pos_edge, ends, edges.tolist(), m, L, self.pad_id,
+                       self._counting)
+        return [group.make(b) for b in range(len(groups))] if make else [
+            partial(group.make, b) for b in range(len(groups))]
+
+    def _tokens(self, epoch: int, docs: np.ndarray, into: np.ndarray,
+                k: np.ndarray) -> np.ndarray:
+        """Tokens ``[into, into + k)`` of each global document ``docs``, concatenated (in the
+        documents' dtype where they share one): copied out of the shards' maps, or out of each
+        document read whole."""
+        where = self._located()
+        if where is None:
+            views = []
+            last: tuple[int, np.ndarray] | None = None
+            for g, off, n in zip(docs.tolist(), into.tolist(), k.tolist()):
+                if last is None or last[0] != g:
+                    last = (g, self.document(g, epoch))
+                views.append(last[1][off:off + n])
+            out = np.empty(int(k.sum()), dtype=np.int64)
+            if views:
+                np.concatenate(views, out=out, casting="unsafe")
+            return out
+        shard = where.shard[docs]
+        kind = where.kind[docs]
+        size = where.itemsize[kind]
+        byte = where.start[docs] + into * size
+        shards = self.dataset.shards
+        used = np.unique(shard).tolist()
+        with shards.hold(used):  # opening one closes none this batch reads
+            maps = self._maps(used)
+            shards.check(used)  # a shard cut since it was opened: an error, not a SIGBUS
+        if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
+            dt = where.dtypes[0]
+            typed = {s: self._typed(s, maps[s], dt) for s in used}
+            views = [typed[s][e:e + n] for s, e, n in zip(
+                shard.tolist(), (byte // size).tolist(), k.tolist())]
+            return np.concatenate(views) if views else np.zeros(0, dtype=dt)
+        dtypes = where.dtypes
+        views = [maps[s][b:b + n * dtypes[t].itemsize].view(dtypes[t])
+                 for s, t, b, n in zip(shard.tolist(), kind.tolist(), byte.tolist(), k.tolist())]
+        out = np.empty(int(k.sum()), dtype=np.int64)
+        if views:
+            np.concatenate(views, out=out, casting="unsafe")
+        return out
+
+    def _maps(self, used: list[int]) -> dict[int, np.ndarray]:
+        """The maps of shards ``used`` as bytes, kept while their readers stay open (a closed
+        reader's view is let go, so its map closes)."""
+        shards, kept = self.dataset.shards, self._views
+        for s in [s for s, (r, _, _) in kept.items()
+                  if not shards.is_open(s) or shards.reader(s) is not r]:
+            del kept[s]
+        out = {}
+        for s in used:
+            hit = kept.get(s)
+            if hit is None:
+                r = shards.reader(s)
+                r.populate()  # an epoch reads every document of it: its pages in one call
+                hit = kept[s] = (r, np.frombuffer(r.buffer, dtype=np.uint8), {})  # type: ignore[arg-type]
+            out[s] = hit[1]
+        return out
+
+    def _typed(self, s: int, u8: np.ndarray, dt: np.dtype) -> np.ndarray:
+        """Shard ``s``'s map as elements of ``dt`` (kept with its bytes)."""
+        views = self._views[s][2]
+        v = views.get(dt)
+        if v is None:
+            v = views[dt] = u8[:len(u8) - len(u8) % dt.itemsize].view(dt)
+        return v
+
+    # -- the batch loop's view: rows are its samples ----------------------------------------
+    # FeedLoader reads a Packed as it reads a FeedDataset (the ``packed`` routes of
+    # feedpipe.stream._routes): its "samples" are the epoch's rows, in order (the shuffle is in
+    # the documents' order), dealt to ranks, batches and workers by the same Split.
+    plans_rows = True  # its plan orders rows, not samples: no shard prefetch follows it
+
+    @property
+    def shards(self) -> Any:
+        """The documents' dataset's shards."""
+        return self.dataset.shards
+
+    @property
+    def manifest(self) -> Any:
+        """The documents' dataset's manifest."""
+        return self.dataset.manifest
+
+    @property
+    def url(self) -> str:
+        """The documents' dataset's URL."""
+        return self.dataset.url
+
+    @property
+    def world(self) -> Any:
+        """The rank and world size rows are dealt to (the documents' dataset's)."""
+        return self.dataset.world
+
+    @property
+    def seed(self) -> int:
+        """The documents' dataset's seed."""
+        return self.dataset.seed
+
+    @property
+    def transform(self) -> Any:
+        """The documents' dataset's transform (what makes a sample a document)."""
+        return self.dataset.transform
+
+    @property
+    def decode(self) -> dict[str, Any]:
+        """None of its own: rows are cut from the documents (the dataset's ``decode=`` applies
+        where documents are read whole)."""
+        return {}
+
+    @property
+    def decoded(self) -> None:
+        """No decoded store: rows are cut from the documents each epoch."""
+        return None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the dataset's direct reader (a loader keeps its own)."""
+        return self.dataset.epoch
+
+    def attach(self) -> None:
+        """Attach the documents' dataset (:meth:`~feedpipe.FeedDataset.attach`)."""
+        self.dataset.attach()
+
+    def plan(self, epoch: int | None = None) -> Plan:
+        """``epoch``'s rows in order: position ``p`` is row ``p``."""
+        e = self.dataset.epoch if epoch is None else int(epoch)
+        return Plan((self.num_rows(e) + self.world.world_size,), epoch=e, shuffle=False)
+
+    def split_at(self, start: int = 0, whole_batches: bool = False) -> Split:
+        """This rank's share of the rows from row ``start`` on (:func:`rows_split`; an epoch's
+        row count is the same in every epoch)."""
+        w = self.world
+        return rows_split(self.num_rows(self.dataset.epoch), int(start), w.world_size, w.rank,
+                          whole_batches)
 
     # -- states ------------------------------------------------------------------------------
     def state_at(self, epoch: int, row: int) -> dict[str, Any]:
@@ -224,81 +428,66 @@ class Packed:
         return epoch, row
 
 
-class PackedLoader:
-    """What :class:`~feedpipe.FeedLoader` is over a :class:`Packed` dataset: batches of packed
-    rows read in this process, its own epoch and row position."""
+class PackedFetch:
+    """fetch=packed: the batch of the rows a reader asks for, made with the reader's next
+    batches (``upcoming``: the same batches of rows, in the same order), up to
+    ``GROUP_TOKENS`` tokens and ``GROUP_BATCHES`` batches at a time
+    (:meth:`Packed.batches_of`), so that numpy's per-call costs are paid once a group."""
 
-    def __init__(self, dataset: Packed, *, batch_size: int = 1, num_workers: int = 0,
-                 drop_last: bool = False, **kwargs: Any) -> None:
-        if int(num_workers) > 0 or kwargs:
-            given = {"num_workers": num_workers, **kwargs} if num_workers else kwargs
-            raise ValueError(f"FeedLoader over Packed reads rows in this process; it does not "
-                             f"take {', '.join(f'{k}=' for k in given)} (leave them out)")
-        if drop_last:
-            raise ValueError("FeedLoader over Packed: drop_last=True is not supported; every "
-                             "row but the epoch's last is full (leave drop_last out)")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        self.dataset = dataset
-        self.batch_size = int(batch_size)
-        self._epoch = 0
-        self._start = 0
-        self._batches = 0
-        self._finished = False
-        self._chosen = False
+    def __init__(self, packed: Packed, epoch: int, upcoming: Iterator[np.ndarray]) -> None:
+        self.packed, self.epoch, self.upcoming = packed, epoch, upcoming
+        self.group = max(1, GROUP_TOKENS // packed.seq_len)  # rows made at once
+        self.ready: deque[tuple[tuple[int, int], Any]] = deque()  # ((first row, rows), maker)
 
-    @property
-    def epoch(self) -> int:
-        """The epoch of this loader's current (or next) pass."""
-        return self._epoch
+    def __call__(self, rows: np.ndarray) -> dict[str, Any]:
+        # a reader's batches are disjoint runs of ascending rows: the first row and the count
+        # tell one from another
+        key = (int(rows[0]), len(rows)) if len(rows) else (-1, 0)
+        if self.ready and self.ready[0][0] == key:
+            return self.ready.popleft()[1]()
+        self.ready.clear()
+        groups = [rows]
+        for nxt in self.upcoming:  # in step with the reader: its batch of now comes first
+            if len(groups) == 1 and len(nxt) and (int(nxt[0]), len(nxt)) == key:
+                continue
+            groups.append(nxt)
+            if sum(map(len, groups)) >= self.group or len(groups) >= GROUP_BATCHES:
+                break
+        made = self.packed.batches_of(self.epoch, groups, make=False)
+        self.ready.extend(((int(g[0]), len(g)), m) for g, m in zip(groups[1:], made[1:]))
+        return made[0]()
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select ``epoch`` for the next pass, from its start unless a resume point of this same
-        epoch was loaded."""
-        if epoch != self._epoch or self._finished:
-            self._epoch, self._start = int(epoch), 0
-        self._batches, self._finished, self._chosen = 0, False, True
 
-    def _step(self) -> int:
-        world = self.dataset.dataset.world
-        return world.world_size * self.batch_size
+class _Group:
+    """The batches of one :meth:`Packed.batches_of` call, each made when asked (:meth:`make`):
+    the group's tokens, where each batch's position pieces start, and where the padding starts
+    (``m``)."""
 
-    def __len__(self) -> int:
-        """Batches of this rank in a whole epoch."""
-        return len(deal_rows(self.dataset.num_rows(self._epoch), 0,
-                             self.dataset.dataset.world.world_size,
-                             self.dataset.dataset.world.rank, self.batch_size))
+    __slots__ = ("tokens", "counts", "pos_edge", "ends", "edges", "m", "L", "pad", "count")
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        self.dataset.dataset.attach()
-        if self._finished and not self._chosen:
-            self._epoch, self._start = self._epoch + 1, 0
-        self._chosen = False
-        self._batches, self._finished = 0, False
-        for batch in self.dataset.batches(self._epoch, self._start, self.batch_size):
-            self._batches += 1
-            yield batch
-        self._finished = True
+    def __init__(self, tokens: np.ndarray, counts: list[int], pos_edge: list[int],
+                 ends: np.ndarray, edges: list[int], m: int, L: int, pad: int,
+                 count: np.ndarray) -> None:
+        self.tokens, self.counts = tokens, counts
+        self.pos_edge, self.ends, self.edges = pos_edge, ends, edges
+        self.m, self.L, self.pad, self.count = m, L, pad, count
 
-    @property
-    def position(self) -> int:
-        """The global row the training loop has reached in this epoch."""
-        rows = self.dataset.num_rows(self._epoch)
-        if self._finished:
-            return rows
-        return min(self._start + self._batches * self._step(), rows)
-
-    def state_dict(self) -> dict[str, Any]:
-        """What the loop consumed: the epoch and global row position."""
-        if self._finished:
-            return self.dataset.state_at(self._epoch + 1, 0)
-        return self.dataset.state_at(self._epoch, self.position)
-
-    def load_state_dict(self, state_dict: dict[str, Any], *, strict: bool = True) -> None:
-        """Continue exactly after the rows the saved loop consumed, on any number of ranks."""
-        self._epoch, self._start = self.dataset.resume_point(state_dict, strict=strict)
-        self._batches, self._finished, self._chosen = 0, False, True
-
-    def stats(self) -> dict[str, Any]:
-        return {"route": "packed", "batches": self._batches,
-                "documents_read": self.dataset.documents_read}
+    def make(self, b: int) -> dict[str, Any]:
+        """Batch ``b`` of the group."""
+        lo, hi, L = self.edges[b], self.edges[b + 1], self.L
+        buf = np.empty((3, hi - lo), dtype=np.int64)  # ids, positions, labels
+        ids, pos, labels = buf[0], buf[1], buf[2]
+        full = min(max(self.m - lo, 0), hi - lo)  # tokens before the padding
+        if full:
+            ids[:full] = self.tokens[lo:lo + full]
+            labels[:full] = ids[:full]
+        if full < hi - lo:
+            ids[full:] = self.pad
+            labels[full:] = IGNORE
+        i, j = self.pos_edge[b], self.pos_edge[b + 1]
+        count = self.count
+        np.concatenate([count[:c] for c in self.counts[i:j]], out=pos)
+        return {"input_ids": torch.from_numpy(ids.reshape(-1, L)),
+                "position_ids": torch.from_numpy(pos.reshape(-1, L)),
+                "labels": torch.from_numpy(labels.reshape(-1, L)),
+                "cu_seqlens": torch.from_numpy((self.ends[i:j + 1] - lo).astype(np.int32))}

@@ -6,15 +6,17 @@ Every route is one combination of four parts of the batch loop (:mod:`feedpipe.s
 * **fetch**: ``samples`` (each id's sample dict from the shards, or its output from the decoded
   store; for a :class:`~feedpipe.Mixture`, ``mixture``: each sample read through its own
   source, as the mixture's plan draws it), ``refs`` (where each member of a batch lies in the
-  shards: a few arrays, no bytes) or
-  ``gather`` (a whole batch copied out of a complete decoded store);
+  shards: a few arrays, no bytes), ``gather`` (a whole batch copied out of a complete decoded
+  store) or ``packed`` (rows of token documents cut to a context length,
+  :class:`~feedpipe.Packed`: the ids are rows);
 * **compute**: ``none`` (raw samples), ``call`` (``transform(sample)``) or ``into`` (the transform
   writes each image into its batch row, ``transform.into(sample, row)``);
 * **executor**: ``inline`` (the training process), ``threads`` (a pool of threads in the training
   process, ``FeedLoader(transform_threads=N)``) or ``workers`` (DataLoader worker processes);
 * **sink**: ``collate`` (the loader's ``collate_fn``), ``rows`` (rows of a
   :class:`~feedpipe.BatchCollator`'s buffers) or ``resolve`` (the references' bytes copied out of
-  this process's maps of the shards).
+  this process's maps of the shards) or ``packed`` (the fetch made the batch whole: token
+  rows).
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ class Route:
     Args:
         name: the route's name, as ``FeedLoader(route=...)`` takes it (:data:`ROUTES`).
         fetch: ``samples`` (``mixture`` when the dataset is a :class:`~feedpipe.Mixture`),
-            ``refs`` or ``gather``.
+            ``refs``, ``gather`` or ``packed``.
         compute: ``none``, ``call`` or ``into``.
         executor: ``inline``, ``threads`` or ``workers``.
-        sink: ``collate``, ``rows`` or ``resolve``.
+        sink: ``collate``, ``rows``, ``resolve`` or ``packed``.
         leaves: the asked-for executors (``"workers"``, ``"threads"``) this route may leave
             unused, because it serves better from the training process.
         here: why it does (the sentence logged when it leaves them unused).
@@ -75,6 +77,7 @@ class Config:
         mixture: the dataset is a :class:`~feedpipe.Mixture` (its samples are fetched through
             their sources).
         decodes_agree: the sources of a mixture decode their fields alike (``decode=``).
+        packed: the dataset is a :class:`~feedpipe.Packed` (token rows, not samples).
     """
 
     num_workers: int = 0
@@ -89,6 +92,7 @@ class Config:
     shards_fit: bool = True
     mixture: bool = False
     decodes_agree: bool = True
+    packed: bool = False
 
 
 ROUTES: dict[str, Route] = {r.name: r for r in (
@@ -104,6 +108,8 @@ ROUTES: dict[str, Route] = {r.name: r for r in (
           "every sample is in the complete decoded store"),
     Route("samples-threads", "samples", "call", "threads", "collate"),
     Route("samples-workers", "samples", "call", "workers", "collate"),
+    Route("packed", "packed", "none", "inline", "packed"),
+    Route("packed-workers", "packed", "none", "workers", "packed"),
 )}
 
 # -- the table of parts: what each part asks of the configuration --------------------------
@@ -216,6 +222,20 @@ def _threads_transform(c: Config, r: Route) -> str | None:
     return None
 
 
+def _packed_dataset(c: Config, r: Route) -> str | None:
+    if not c.packed:
+        return "it cuts token rows, and the dataset is not a Packed"
+    if not c.default_collate:
+        return "Packed makes its batches whole, and a collate_fn was given (leave it out)"
+    return None
+
+
+def _not_packed(c: Config, r: Route) -> str | None:
+    if c.packed:
+        return "it reads samples, and the dataset is a Packed (its rows take a packed route)"
+    return None
+
+
 #: What each part asks of the configuration, in the order :func:`refusal` checks it:
 #: ``(part, values, check)``; ``part`` is a field of :class:`Route` (``name`` for a route of its
 #: own), ``check(config, route)`` says why the configuration does not serve it, or ``None``.
@@ -236,6 +256,8 @@ REQUIREMENTS: tuple[tuple[str, tuple[str, ...], Check], ...] = (
     ("sink", ("rows",), _writes_into),
     ("sink", ("rows",), _rows_transform),
     ("executor", ("threads",), _threads_transform),
+    ("fetch", ("packed",), _packed_dataset),
+    ("fetch", ("samples", "refs", "gather"), _not_packed),
 )
 
 
@@ -265,7 +287,12 @@ def _store_is_complete(c: Config) -> bool:
 #: The ``"auto"`` choice, in order of preference: ``(when, candidates, binding)``. The first row
 #: whose ``when`` holds and one of whose candidates can serve (:func:`refusal`) gives the route;
 #: a ``binding`` row (the user asked for it) that none can serve is refused, not passed over.
+def _is_packed(c: Config) -> bool:
+    return c.packed
+
+
 PREFERENCE: tuple[tuple[Callable[[Config], bool], tuple[str, ...], bool], ...] = (
+    (_is_packed, ("packed-workers", "packed"), True),
     (_always, ("gather",), False),
     (_asked_threads, ("rows-threads", "samples-threads"), True),
     (_always, ("refs", "refs-workers"), False),
@@ -286,6 +313,9 @@ def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
     ======================  =================================================  =================
     condition               why                                                route
     ======================  =================================================  =================
+    a :class:`~feedpipe.    token rows cut from the documents' shards, a       ``packed-workers``
+    Packed` dataset         batch at a time                                    or ``packed`` (0
+                                                                               workers)
     complete decoded store  one copy per image out of the store, no shard      ``gather``
     of collator-shaped      read, no transform call (workers would add a
     records                 pickle and a pipe per batch)

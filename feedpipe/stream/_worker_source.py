@@ -99,8 +99,9 @@ class WorkerSource(IterableDataset):
                 ring.send_table = True  # a new epoch: the training process may have dropped
                 # the table it had
             parts = assemble(route, ds, reader.plan.epoch, buffers, skips=skips, leaves=True,
-                             fields=self.fields, default=self.default)
-            parts.fetch = tally.counted(parts.fetch)
+                             fields=self.fields, default=self.default, reader=reader)
+            if route.fetch != "packed":  # its ids are rows, not samples of a shard
+                parts.fetch = tally.counted(parts.fetch)
             told = 0
             times = PartTimes()
             for batch in parts.run(reader, times):
