@@ -150,7 +150,7 @@ def make(case: str, path: str, *, world: int = 1, rank: int = 0, workers: int = 
     ds_kw: dict[str, Any] = {"shuffle": True, "seed": seed, "rank": rank, "world_size": world}
     ld_kw: dict[str, Any] = {"batch_size": BATCH}
     if family == "tok":
-        from feedpipe import Packed
+        from feedpipe import FeedDataset, Packed
 
         ld_kw.update(extra)
         if workers and not reference:

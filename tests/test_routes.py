@@ -22,8 +22,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from _routes import (APART, BATCH, MIXED, ROUTES, data_path, digest, fill_store, ids_of, make,
-                     mixed, route_of, token_docs)
+from _routes import (
+    APART,
+    BATCH,
+    MIXED,
+    ROUTES,
+    data_path,
+    digest,
+    fill_store,
+    ids_of,
+    make,
+    mixed,
+    route_of,
+    token_docs,
+)
 
 from feedpipe import FeedDataset, FeedLoader, ShardFormatError
 from feedpipe.stream._routes import PREFERENCE, Config, choose, refusal
