@@ -61,6 +61,10 @@ def test_sigint_deferred_notes_a_ctrl_c_and_raises_it_where_the_caller_checks() 
         with sigint_deferred():
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):  # no pool: raised where it lands
+        with sigint_deferred(pool=False):
+            signal.raise_signal(signal.SIGINT)
+            pytest.fail("not raised where it landed")
 
 
 def test_sigint_deferred_leaves_a_programs_own_handler_alone() -> None:
@@ -98,22 +102,46 @@ raise SystemExit(main())
 """
 
 
-def test_ctrl_c_inside_the_pools_wait_ends_the_run_instead_of_hanging(tmp_path: Path) -> None:
-    """A KeyboardInterrupt raised there left that future's lock held by the main thread: the
-    pool's manager thread waited for it to mark the future running, and the main thread waited
-    for the manager thread to end, forever. Now the Ctrl-C is noted and raised between parts:
-    the run ends with the one-line --resume hint, and the --resume finishes the dataset."""
-    import concurrent.futures._base as base
+# the same with a Ctrl-C that lands while the main thread joins the pool's manager thread in
+# shutdown(): the manager thread sends it once the main thread has said it joins (the main thread
+# gives the manager thread the interpreter only when it blocks, in the join), then stays as the
+# parts still under way would keep it, until this process exits (or a few seconds, if the main
+# thread goes on waiting for it)
+_JOIN_WINDOW = """
+import atexit, faulthandler, os, signal, sys, threading
+import concurrent.futures.process as process
+signal.signal(signal.SIGINT, signal.default_int_handler)
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+joining, exiting = threading.Event(), threading.Event()
+internals = process._ExecutorManagerThread.join_executor_internals
+def join_executor_internals(self):
+    joining.wait()
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    exiting.wait(3)
+    internals(self)
+process._ExecutorManagerThread.join_executor_internals = join_executor_internals
+join = threading.Thread.join
+def joined(self, timeout=None):
+    if isinstance(self, process._ExecutorManagerThread):
+        joining.set()
+    return join(self, timeout)
+threading.Thread.join = joined
+atexit.register(exiting.set)
+from feedpipe.cli import main
+raise SystemExit(main())
+"""
 
-    if not hasattr(base, "_AcquireFutures"):
-        pytest.skip("this Python's concurrent.futures takes the futures' locks otherwise")
+
+def _interrupted_run(tmp_path: Path, script: str, *options: str) -> None:
+    """Run ``feedpipe shard ... options`` through ``script`` (which sends the SIGINT); it must
+    end with the one-line --resume hint, and the --resume finish the dataset."""
     src, out = tmp_path / "src", tmp_path / "out"
     make_image_folder(str(src), classes=4, per_class=10)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    args = ["shard", str(src), str(out), "--workers", "2", "--method", "general",
-            "--max-samples", "2", "--no-progress"]
-    p = subprocess.Popen([sys.executable, "-c", _WAIT_WINDOW, *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    args = ["shard", str(src), str(out), "--workers", "2", "--max-samples", "2"]
+    p = subprocess.Popen([sys.executable, "-c", script, *args, *options, "--no-progress"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
     try:
         stdout, stderr = p.communicate(timeout=60)
     except subprocess.TimeoutExpired:
@@ -129,6 +157,32 @@ def test_ctrl_c_inside_the_pools_wait_ends_the_run_instead_of_hanging(tmp_path: 
     assert "Traceback" not in stderr, stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--resume" in lines[0], stderr
-    again = subprocess.run([sys.executable, "-m", "feedpipe", *args[:-1], "--resume"],
+    again = subprocess.run([sys.executable, "-m", "feedpipe", *args, "--resume"],
                            capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0, again.stderr
+    verified = subprocess.run([sys.executable, "-m", "feedpipe", "verify", str(out)],
+                              capture_output=True, text=True, env=env, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+@pytest.mark.parametrize("method", ["general", "one-pass"])
+def test_ctrl_c_while_a_pool_shuts_down_ends_the_run_instead_of_hanging(
+        tmp_path: Path, method: str) -> None:
+    """A KeyboardInterrupt raised in that join made CPython take the still-running manager
+    thread for finished. At exit multiprocessing closed the pool's call queue (its feeder
+    thread stopped) before the manager thread had sent the workers their stop sentinels through
+    it: the workers never stopped, and the exit handler and the manager thread waited for them
+    forever. Now the Ctrl-C is noted and raised once the pool is shut down."""
+    _interrupted_run(tmp_path, _JOIN_WINDOW, "--method", method)
+
+
+def test_ctrl_c_inside_the_pools_wait_ends_the_run_instead_of_hanging(tmp_path: Path) -> None:
+    """A KeyboardInterrupt raised there left that future's lock held by the main thread: the
+    pool's manager thread waited for it to mark the future running, and the main thread waited
+    for the manager thread to end, forever. Now the Ctrl-C is noted and raised between parts:
+    the run ends with the one-line --resume hint, and the --resume finishes the dataset."""
+    import concurrent.futures._base as base
+
+    if not hasattr(base, "_AcquireFutures"):
+        pytest.skip("this Python's concurrent.futures takes the futures' locks otherwise")
+    _interrupted_run(tmp_path, _WAIT_WINDOW, "--method", "general")

@@ -56,7 +56,7 @@ class _Recorder:
 
 
 @contextmanager
-def sigint_deferred() -> Iterator[Callable[[], None]]:
+def sigint_deferred(pool: bool = True) -> Iterator[Callable[[], None]]:
     """Within the block, a Ctrl-C only is noted; the function it gives raises it, at a point the
     caller chooses (between two parts, not inside the pool's internals), and the end of the
     block raises one noted since the last check, unless an exception is already on its way.
@@ -66,9 +66,10 @@ def sigint_deferred() -> Iterator[Callable[[], None]]:
     thread then waits for; in the join of ``shutdown()`` CPython takes the still-running manager
     thread for finished. Either way the process hangs after the Ctrl-C instead of exiting.
 
-    Nothing changes outside the main thread (it gets no signals) or where SIGINT has a handler
-    other than Python's default (the program's own, or ignored): the check then does nothing.
-    Blocks nest: an inner one shares the outer one's notes."""
+    Nothing changes with ``pool=False`` (work done in this process stops where the Ctrl-C
+    lands), outside the main thread (it gets no signals), or where SIGINT has a handler other
+    than Python's default (the program's own, or ignored): the check then does nothing. Blocks
+    nest: an inner one shares the outer one's notes."""
     import signal
     import threading
 
@@ -76,7 +77,7 @@ def sigint_deferred() -> Iterator[Callable[[], None]]:
     if isinstance(current, _Recorder):  # nested: the outer block restores and raises
         yield current.check
         return
-    if threading.current_thread() is not threading.main_thread() or \
+    if not pool or threading.current_thread() is not threading.main_thread() or \
             current is not signal.default_int_handler:
         yield lambda: None
         return

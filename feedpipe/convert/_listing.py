@@ -28,7 +28,6 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,10 +226,6 @@ class TreeListing:
         self.close()
 
 
-def _no_check() -> None:
-    """The interrupt check of a listing without a pool: a Ctrl-C is raised where it lands."""
-
-
 def _executor(src: str, workers: int) -> Executor:
     if not is_local(src):
         return ThreadPoolExecutor(workers)
@@ -287,7 +282,7 @@ def list_tree_parallel(
         pool: Any = None
         # with a pool, a Ctrl-C is raised between directories, never inside it, nor in its
         # shutdown (see sigint_deferred); listed here, it stops the listing at once
-        with sigint_deferred() if nworkers > 1 else nullcontext(_no_check) as interrupted:
+        with sigint_deferred(nworkers > 1) as interrupted:
             try:
                 if nworkers <= 1:
                     results: Iterable[Chunk] = (

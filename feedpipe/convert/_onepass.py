@@ -43,7 +43,6 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -307,10 +306,6 @@ class StagedExecutor:
         return f"one pass, {self.workers} worker{'s' * (self.workers > 1)}"
 
 
-def _no_check() -> None:
-    """The interrupt check of a staging without a pool: a Ctrl-C is raised where it lands."""
-
-
 def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[str]]:
     """Join ``cuts`` into the shard ``out/name``; its record and fields."""
     rec, idx = join_ranges(out, name, [(c.path, c.start, c.length) for c in cuts],
@@ -368,7 +363,7 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                 results = pool.map(stage_dir, *args)
         # with a pool, a Ctrl-C is raised between directories, never inside it (see
         # sigint_deferred); staged here, it stops the staging at once
-        with sigint_deferred() if pool is not None else nullcontext(_no_check) as interrupted:
+        with sigint_deferred(pool is not None) as interrupted:
             try:
                 for top, sd in zip(dirs, results):
                     if sd is None:
