@@ -57,7 +57,7 @@ class _Recorder:
 
 @contextmanager
 def sigint_deferred(pool: bool = True) -> Iterator[Callable[[], None]]:
-    """Within the block, a Ctrl-C only is noted; the function it gives raises it, at a point the
+    """Within the block, a Ctrl-C is only noted; the function it gives raises it, at a point the
     caller chooses (between two parts, not inside the pool's internals), and the end of the
     block raises one noted since the last check, unless an exception is already on its way.
 

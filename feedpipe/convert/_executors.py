@@ -154,7 +154,8 @@ def _drive(pool: ProcessPoolExecutor, token: int | None, job: Job,
            interrupted: Callable[[], None]) -> int:
     """Submit every part (by reference to the inherited plan ``token``, or pickled), commit each
     shard once all its parts are written; the bytes written. ``interrupted()`` raises a Ctrl-C
-    noted meanwhile: it is called after each batch of parts that came in."""
+    noted meanwhile: it is called after each batch of parts that came in, so a Ctrl-C stops the
+    run when the next part is in (the parts under way finish either way)."""
     plan, paths = job.plan, job.part_paths
     written = 0
     futures: dict[Future[PartResult], tuple[int, int]] = {}
