@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,6 +37,58 @@ def sigint_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _Recorder:
+    """The SIGINT handler of :func:`sigint_deferred`: it notes the interrupt, and raises nothing."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.interrupted = True
+
+    def check(self) -> None:
+        """Raise the interrupt noted since the last check, if any."""
+        if self.interrupted:
+            self.interrupted = False
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def sigint_deferred(pool: bool = True) -> Iterator[Callable[[], None]]:
+    """Within the block, a Ctrl-C is only noted; the function it gives raises it, at a point the
+    caller chooses (between two parts, not inside the pool's internals), and the end of the
+    block raises one noted since the last check, unless an exception is already on its way.
+
+    A KeyboardInterrupt raised inside ``concurrent.futures`` can leave the pool unable to shut
+    down: in ``wait()`` it can leave futures' locks held by this thread, which the pool's manager
+    thread then waits for; in the join of ``shutdown()`` CPython takes the still-running manager
+    thread for finished. Either way the process hangs after the Ctrl-C instead of exiting.
+
+    Nothing changes with ``pool=False`` (work done in this process stops where the Ctrl-C
+    lands), outside the main thread (it gets no signals), or where SIGINT has a handler other
+    than Python's default (the program's own, or ignored): the check then does nothing. Blocks
+    nest: an inner one shares the outer one's notes."""
+    import signal
+    import threading
+
+    current = signal.getsignal(signal.SIGINT)
+    if isinstance(current, _Recorder):  # nested: the outer block restores and raises
+        yield current.check
+        return
+    if not pool or threading.current_thread() is not threading.main_thread() or \
+            current is not signal.default_int_handler:
+        yield lambda: None
+        return
+    recorder = _Recorder()
+    signal.signal(signal.SIGINT, recorder)
+    try:
+        yield recorder.check
+    finally:
+        signal.signal(signal.SIGINT, current)
+    if sys.exc_info()[1] is None:  # not while an exception is handled: the run stops anyway
+        recorder.check()
 
 
 def die_with_parent(parent: int) -> None:

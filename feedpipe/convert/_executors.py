@@ -23,7 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._helpers.pool_context import die_with_parent, pool_context, sigint_held
+from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
 from ..format._manifest import ShardRecord
 from ._shard_plan import Plan
 from ._sources import Source
@@ -133,10 +133,13 @@ class PoolExecutor:
         if token is not None:  # before the pool exists: its workers are forked with the plan
             _FORK_PLANS[token] = job.plan
         try:
-            with ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
-                                     initializer=die_with_parent,
-                                     initargs=(os.getpid(),)) as pool:
-                return _drive(pool, token, job)
+            # a Ctrl-C is raised between parts, never inside the pool (sigint_deferred), and
+            # the pool is shut down under the same deferral
+            with sigint_deferred() as interrupted, \
+                    ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                        initializer=die_with_parent,
+                                        initargs=(os.getpid(),)) as pool:
+                return _drive(pool, token, job, interrupted)
         finally:
             if token is not None:
                 _FORK_PLANS.pop(token, None)
@@ -147,9 +150,12 @@ class PoolExecutor:
         return f"process pool, {self.workers} workers"
 
 
-def _drive(pool: ProcessPoolExecutor, token: int | None, job: Job) -> int:
+def _drive(pool: ProcessPoolExecutor, token: int | None, job: Job,
+           interrupted: Callable[[], None]) -> int:
     """Submit every part (by reference to the inherited plan ``token``, or pickled), commit each
-    shard once all its parts are written; the bytes written."""
+    shard once all its parts are written; the bytes written. ``interrupted()`` raises a Ctrl-C
+    noted meanwhile: it is called after each batch of parts that came in, so a Ctrl-C stops the
+    run when the next part is in (the parts under way finish either way)."""
     plan, paths = job.plan, job.part_paths
     written = 0
     futures: dict[Future[PartResult], tuple[int, int]] = {}
@@ -167,6 +173,7 @@ def _drive(pool: ProcessPoolExecutor, token: int | None, job: Job) -> int:
                                           job.on_error)
                     futures[fut] = (i, j)
                     pending.add(fut)
+        interrupted()
         while pending:
             # each part as it comes: a shard is joined while the workers write the next ones
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -178,8 +185,9 @@ def _drive(pool: ProcessPoolExecutor, token: int | None, job: Job) -> int:
                 written += res.bytes
                 if len(results[i]) == len(plan[i]):
                     job.commit(i, [(paths[i, k], results[i][k]) for k in range(len(plan[i]))])
+            interrupted()
     except BaseException:
-        for fut in pending:
-            fut.cancel()
+        # the parts under way finish (each into its temp file); the others never start
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
     return written

@@ -31,7 +31,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._helpers.pool_context import die_with_parent, sigint_held
+from .._helpers.pool_context import die_with_parent, sigint_deferred, sigint_held
 from .._helpers.progress import progress
 from .._helpers.storage import filesystem, is_local, local_path
 from ._source_tree import Identity, TreeWalk, identity, root_entries
@@ -279,25 +279,31 @@ def list_tree_parallel(
         nworkers = min(workers if workers is not None else (os.cpu_count() or 1), len(dirs))
         bar = progress(len(dirs), "list", "dir", show_progress)
         files = chunks[0].files
-        try:
-            if nworkers <= 1:
-                results: Iterable[Chunk] = (
-                    _list_dir(src, d, p, labels_from_dirs, skip) for d, p in zip(dirs, paths))
-                pool: Any = None
-            else:
-                pool = _executor(src, nworkers)
-                with sigint_held():  # the workers start as the tasks are submitted
-                    results = pool.map(_list_dir, itertools.repeat(src), dirs, paths,
-                                       itertools.repeat(labels_from_dirs), itertools.repeat(skip))
-            for chunk in results:  # in directory order: the walk order of the problems
-                chunks.append(chunk)
-                files += chunk.files
-                bar.update(1)
-                bar.set_postfix_str(f"{files:,} files", refresh=False)
-        finally:
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
-            bar.close()
+        pool: Any = None
+        # with a pool, a Ctrl-C is raised between directories, never inside it, nor in its
+        # shutdown (see sigint_deferred); listed here, it stops the listing at once
+        with sigint_deferred(nworkers > 1) as interrupted:
+            try:
+                if nworkers <= 1:
+                    results: Iterable[Chunk] = (
+                        _list_dir(src, d, p, labels_from_dirs, skip)
+                        for d, p in zip(dirs, paths))
+                else:
+                    pool = _executor(src, nworkers)
+                    with sigint_held():  # the workers start as the tasks are submitted
+                        results = pool.map(_list_dir, itertools.repeat(src), dirs, paths,
+                                           itertools.repeat(labels_from_dirs),
+                                           itertools.repeat(skip))
+                for chunk in results:  # in directory order: the walk order of the problems
+                    chunks.append(chunk)
+                    files += chunk.files
+                    bar.update(1)
+                    bar.set_postfix_str(f"{files:,} files", refresh=False)
+                    interrupted()
+            finally:
+                if pool is not None:
+                    pool.shutdown(cancel_futures=True)
+                bar.close()
         return TreeListing(chunks, tmp, labels_from_dirs)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

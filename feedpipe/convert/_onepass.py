@@ -46,7 +46,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._helpers.pool_context import die_with_parent, pool_context, sigint_held
+from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
 from .._helpers.progress import progress
 from ..format._index import ShardIndex
 from ..format._manifest import ShardRecord
@@ -258,23 +258,28 @@ class StagedTree:
             for i, cuts in jobs:
                 done(i, *join_cuts(out, names[i], cuts))
             return
-        futures = [(i, pool.submit(join_cuts, out, names[i], cuts)) for i, cuts in jobs]
-        try:
-            for i, fut in futures:  # in shard order
-                done(i, *fut.result())
-        except BaseException:
-            # let the joins under way finish before anyone cleans OUT's temp files behind them
-            pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-            raise
+        # a Ctrl-C is raised between shards, never inside the pool (see sigint_deferred)
+        with sigint_deferred() as interrupted:
+            futures = [(i, pool.submit(join_cuts, out, names[i], cuts)) for i, cuts in jobs]
+            try:
+                for i, fut in futures:  # in shard order
+                    done(i, *fut.result())
+                    interrupted()
+            except BaseException:
+                # let the joins under way finish before anyone cleans OUT's temp files behind
+                # them
+                pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
+                raise
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)  # waits for a join under way
-            self._pool = None
-        for path in self._paths:
-            unlink_quiet(path)
-        self.listing.close()
+        with sigint_deferred():  # a Ctrl-C neither in the pool's shutdown nor before the cleanup
+            if self._pool is not None:
+                self._pool.shutdown(cancel_futures=True)  # waits for a join under way
+                self._pool = None
+            for path in self._paths:
+                unlink_quiet(path)
+            self.listing.close()
 
 
 class StagedExecutor:
@@ -356,18 +361,22 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                                        initializer=die_with_parent, initargs=(os.getpid(),))
             with sigint_held():  # the workers start as the tasks are submitted
                 results = pool.map(stage_dir, *args)
-        try:
-            for top, sd in zip(dirs, results):
-                if sd is None:
-                    said.append(f"directory {top!r} holds what only the general method converts "
-                                "(a bad input, a file that is not an image beside images, "
-                                "a link or special file, an unlistable directory, possible "
-                                "feedpipe output or a cls file)")
-                    return None
-                staged.append(sd)
-                bar.update(1)
-        finally:
-            bar.close()
+        # with a pool, a Ctrl-C is raised between directories, never inside it (see
+        # sigint_deferred); staged here, it stops the staging at once
+        with sigint_deferred(pool is not None) as interrupted:
+            try:
+                for top, sd in zip(dirs, results):
+                    if sd is None:
+                        said.append(f"directory {top!r} holds what only the general method "
+                                    "converts (a bad input, a file that is not an image beside "
+                                    "images, a link or special file, an unlistable directory, "
+                                    "possible feedpipe output or a cls file)")
+                        return None
+                    staged.append(sd)
+                    bar.update(1)
+                    interrupted()
+            finally:
+                bar.close()
         if labels_from_dirs and any(sd.chunk.samples == 0 for sd in staged
                                     if not sd.chunk.top.startswith(".")):
             # the class indices given to the workers counted it
@@ -388,8 +397,9 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
         return StagedTree(listing, order, stage_paths, pool)
     finally:
         if not ok:
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
-            for p in stage_paths:
-                unlink_quiet(p)
-            shutil.rmtree(tmp, ignore_errors=True)
+            with sigint_deferred():  # nor in the shutdown, nor before the cleanup
+                if pool is not None:
+                    pool.shutdown(cancel_futures=True)
+                for p in stage_paths:
+                    unlink_quiet(p)
+                shutil.rmtree(tmp, ignore_errors=True)
