@@ -211,10 +211,11 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
 
 class StagedTree:
     """A staged tree: ``listing`` (a :class:`~feedpipe.convert._listing.TreeListing`, sizes as
-    read) and the staged directories in the listing's order. :meth:`join` cuts shards out of
+    read; ``None`` for a staged table, whose listing is in memory) and the staged directories
+    in the listing's order. :meth:`join` cuts shards out of
     them; :meth:`close` removes every staging and chunk file."""
 
-    def __init__(self, listing: TreeListing, dirs: list[StagedDir], paths: list[str],
+    def __init__(self, listing: TreeListing | None, dirs: list[StagedDir], paths: list[str],
                  pool: ProcessPoolExecutor | None) -> None:
         self.listing = listing
         self.dirs = dirs
@@ -274,7 +275,8 @@ class StagedTree:
             self._pool = None
         for path in self._paths:
             unlink_quiet(path)
-        self.listing.close()
+        if self.listing is not None:
+            self.listing.close()
 
 
 class StagedExecutor:
@@ -283,9 +285,10 @@ class StagedExecutor:
 
     name = "staged"
 
-    def __init__(self, staged: StagedTree, workers: int) -> None:
+    def __init__(self, staged: StagedTree, workers: int, description: str = "") -> None:
         self.staged = staged
         self.workers = workers
+        self.description = description  # (default: the workers)
 
     def run(self, job: Any) -> int:
         plan = job.plan
@@ -298,7 +301,7 @@ class StagedExecutor:
         return 0
 
     def describe(self) -> str:
-        return f"one pass, {self.workers} worker{'s' * (self.workers > 1)}"
+        return self.description or f"one pass, {self.workers} worker{'s' * (self.workers > 1)}"
 
 
 def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[str]]:

@@ -170,22 +170,66 @@ def list_table(source: Any, rows: Rows, show_progress: bool | None = None) -> Li
 
 def _list_row(rows: Rows, n: int, where: str, key: str, row: dict[str, Any],
               samples: list[SampleSpec], problems: list[tuple[str, str]],
-              seen: dict[str, str]) -> None:
-    """List one row: a sample, or a problem."""
+              seen: dict[str, str]) -> tuple[str, list[tuple[str, bytes]]] | None:
+    """List one row: a sample (its key and members returned), or a problem (``None``)."""
     try:
         k, blobs = rows.encode(row, key, n)
     except (InputError, KeyClashError) as e:
         problems.append((where, str(e)))
-        return
+        return None
     except OutputError:
         raise
     except OSError as e:  # an image file named by a path in the row
         problems.append((where, f"cannot read {e.filename or 'a file it names'}: "
                                 f"{e.strerror or e}"))
-        return
+        return None
     first = seen.setdefault(k, where)
     if first != where:
         raise KeyClashError(f"{where}: duplicate sample key {k!r}: {first} has it too; give "
                             "every row its own key (a key column of unique values, or none)")
     samples.append(SampleSpec(k, [FileRef(ext, f"{where}: {ext}", len(data))
                                   for ext, data in blobs]))
+    return k, blobs
+
+
+def stage_table(source: Any, rows: Rows, stage_path: str,
+                show_progress: bool | None = None) -> tuple[Listing, Any]:
+    """List the table ``source`` as :func:`list_table` does and, in the same read, stage every
+    sample's tar members in ``stage_path`` (a hidden file of OUT).
+
+    Returns the listing and a :class:`~feedpipe.convert._onepass.StagedTree` whose shards are
+    cut from the staged bytes, so each row is read and encoded once: the planned route reads
+    it again to write it (``benchmarks/bench_convert.py --datasets parquet``). The staged
+    members are those a part writer would write, in listing order."""
+    from .._helpers.progress import progress
+    from ._listing import Chunk
+    from ._onepass import StagedDir, StagedTree
+    from ._writer import removed_on_error, write_members
+
+    samples: list[SampleSpec] = []
+    problems: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    staged = StagedDir(Chunk("", ""), stage_path)
+    keys, starts, first, exts = staged.keys, staged.starts, staged.first, staged.exts
+    members: list[tuple[str, int, int]] = []
+    pos = 0
+    with removed_on_error(stage_path), open(stage_path, "wb", buffering=1 << 20) as out, \
+            closing(progress(source.num_rows, "list", "row", show_progress)) as bar:
+        write = out.write
+        for n, (where, key, row) in enumerate(source.rows()):
+            bar.update(1)
+            got = _list_row(rows, n, where, key, row, samples, problems, seen)
+            if got is None:
+                continue
+            keys.append(got[0])
+            starts.append(pos)
+            first.append(len(members))
+            exts += [ext for ext, _ in got[1]]
+            pos, _ = write_members(write, got[0], got[1], pos, members)
+        starts.append(pos)
+        first.append(len(members))
+    if members:
+        names, offsets, sizes = zip(*members)
+        staged.names, staged.offsets, staged.sizes = list(names), list(offsets), list(sizes)
+    return Listing(samples, problems, rows.cmap.classes), StagedTree(None, [staged], [stage_path],
+                                                                     None)
