@@ -441,6 +441,13 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choic
 def _shard_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOptions, choice: Choice,
                 part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
     """The rows of ``table`` listed as samples, then planned and written as a tree's files."""
+    with frozen():  # (the listing: several objects per row, alive to the end)
+        return _shard_listed_rows(src, table, rows, out, opts, choice, part_of, nworkers, t0)
+
+
+def _shard_listed_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOptions,
+                       choice: Choice, part_of: tuple[int, int] | None, nworkers: int,
+                       t0: float) -> ShardSummary:
     from ._parts import list_part
     from ._table_rows import list_table, stage_table
 

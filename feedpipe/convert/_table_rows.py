@@ -24,10 +24,12 @@ from typing import Any
 
 from .._helpers.storage import filesystem
 from ..errors import InputError, KeyClashError, OutputError
+from ._gc_freeze import refreeze
 from ._sample_encoder import SampleEncoder
 from ._sources import FileRef, Listing, SampleSpec
 from ._table_columns import ColumnMap
 
+_REFREEZE_ROWS = 16384  # the listing's new objects kept out of full collections this often
 _CACHED_GROUPS = 2  # row groups kept encoded per process (one part's rows are mostly in order)
 
 
@@ -165,6 +167,8 @@ def list_table(source: Any, rows: Rows, show_progress: bool | None = None) -> Li
         for n, (where, key, row) in enumerate(source.rows()):
             bar.update(1)
             _list_row(rows, n, where, key, row, samples, problems, seen)
+            if n % _REFREEZE_ROWS == _REFREEZE_ROWS - 1:
+                refreeze()
     return Listing(samples, problems, rows.cmap.classes)
 
 
@@ -219,6 +223,8 @@ def stage_table(source: Any, rows: Rows, stage_path: str,
         for n, (where, key, row) in enumerate(source.rows()):
             bar.update(1)
             got = _list_row(rows, n, where, key, row, samples, problems, seen)
+            if n % _REFREEZE_ROWS == _REFREEZE_ROWS - 1:
+                refreeze()
             if got is None:
                 continue
             keys.append(got[0])
