@@ -75,9 +75,13 @@ class StagedDir:
     def cut(self, a: int, b: int) -> Cut:
         """Samples ``a`` to ``b`` (exclusive)."""
         m0, m1 = self.first[a], self.first[b]
-        return Cut(self.path, self.starts[a], self.starts[b] - self.starts[a], self.keys[a:b],
-                   [f - m0 for f in self.first[a:b + 1]], self.exts[m0:m1],
-                   self.names[m0:m1], self.offsets[m0:m1], self.sizes[m0:m1])
+        keys, first, exts = self.keys, self.first, self.exts
+        # (a staged table keeps no names: each is its sample's key and its field)
+        names = self.names[m0:m1] if self.names else [
+            f"{keys[i]}.{exts[m]}" for i in range(a, b) for m in range(first[i], first[i + 1])]
+        return Cut(self.path, self.starts[a], self.starts[b] - self.starts[a], keys[a:b],
+                   [f - m0 for f in first[a:b + 1]], exts[m0:m1], names,
+                   self.offsets[m0:m1], self.sizes[m0:m1])
 
 
 @dataclass

@@ -215,7 +215,8 @@ def stage_table(source: Any, rows: Rows, stage_path: str,
     seen: dict[str, str] = {}
     staged = StagedDir(Chunk("", ""), stage_path)
     keys, starts, first, exts = staged.keys, staged.starts, staged.first, staged.exts
-    members: list[tuple[str, int, int]] = []
+    offsets, sizes = staged.offsets, staged.sizes  # (no names: StagedDir.cut makes them)
+    members: list[tuple[str, int, int]] = []  # one row's
     pos = 0
     with removed_on_error(stage_path), open(stage_path, "wb", buffering=1 << 20) as out, \
             closing(progress(source.num_rows, "list", "row", show_progress)) as bar:
@@ -229,13 +230,14 @@ def stage_table(source: Any, rows: Rows, stage_path: str,
                 continue
             keys.append(got[0])
             starts.append(pos)
-            first.append(len(members))
+            first.append(len(exts))
             exts += [ext for ext, _ in got[1]]
             pos, _ = write_members(write, got[0], got[1], pos, members)
+            for _, offset, size in members:
+                offsets.append(offset)
+                sizes.append(size)
+            members.clear()
         starts.append(pos)
-        first.append(len(members))
-    if members:
-        names, offsets, sizes = zip(*members)
-        staged.names, staged.offsets, staged.sizes = list(names), list(offsets), list(sizes)
+        first.append(len(exts))
     return Listing(samples, problems, rows.cmap.classes), StagedTree(None, [staged], [stage_path],
                                                                      None)

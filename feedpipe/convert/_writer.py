@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import mmap
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -185,10 +184,10 @@ def copy_range(f: Any, out: Any, start: int, length: int, h: Any, path: str,
     """Append ``length`` bytes (-1: to the end) of the open file ``f`` from ``start`` to the open
     file ``out``, hashing them into ``h``.
 
-    The bytes are hashed from a read-only map of ``f`` and copied by the kernel
-    (``os.copy_file_range``), so they never pass through this process's buffers: joining
-    copies each staged byte once instead of twice (``benchmarks/bench_convert.py``). Where the
-    kernel cannot copy between the two files, the bytes go through a buffer."""
+    The bytes are hashed through one small reused buffer and copied by the kernel
+    (``os.copy_file_range``): they are not written through this process, and its memory does
+    not grow with the range (a map of the file would count the range in its resident size).
+    Where the kernel cannot copy between the two files, the bytes are written from a buffer."""
     size = os.fstat(f.fileno()).st_size
     end = size if length < 0 else start + length
     if end > size:
@@ -197,8 +196,16 @@ def copy_range(f: Any, out: Any, start: int, length: int, h: Any, path: str,
     if end <= start:
         return
     out.flush()
-    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        h.update(memoryview(m)[start:end])
+    buf = memoryview(bytearray(min(end - start, _HASH_BUFFER)))
+    f.seek(start)
+    pos = start
+    while pos < end:
+        n = f.readinto(buf[:min(end - pos, len(buf))])
+        if not n:
+            raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while joining "
+                              f"{final}")
+        h.update(buf[:n])
+        pos += n
     pos, dst = start, out.tell()
     while pos < end and _KERNEL_COPY:
         try:
@@ -225,6 +232,7 @@ def copy_range(f: Any, out: Any, start: int, length: int, h: Any, path: str,
 
 
 _KERNEL_COPY = hasattr(os, "copy_file_range")
+_HASH_BUFFER = 1 << 20
 
 
 def seal(f: Any, h: Any) -> int:
