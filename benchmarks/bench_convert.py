@@ -15,6 +15,10 @@ Systems:
     wds-shardwriter webdataset's recommended usage: a Python loop over the listed samples that
                     reads each sample's files and writes one dict per sample to
                     ``ShardWriter(pattern, maxsize=256e6)`` (``cls`` added for images)
+    mds             MosaicML Streaming's ``MDSWriter`` (size_limit 256 MiB) fed by a Python loop
+                    over the listed samples (``peer_systems.convert("mosaic")``); with
+                    ``--mds-python``, run by that interpreter (a venv where ``streaming``
+                    imports)
     tar             ``tar cf out/all.tar -C src .`` (GNU tar, one archive, no index)
 
 Timing starts after imports and stops when the last shard is written (feedpipe's timing includes
@@ -49,7 +53,13 @@ import datasets  # noqa: E402
 import render_results  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
-SYSTEMS = ("feedpipe-w2", "feedpipe-w1", "wds-shardwriter", "tar")
+SYSTEMS = ("feedpipe-w2", "feedpipe-w1", "wds-shardwriter", "mds", "tar")
+# issue 31's bars: feedpipe-w2 at least 2x MDSWriter's files/s; at most 1.5x tar's seconds
+BARS = {"tiny": (("feedpipe-w2/mds", 2.0), ("feedpipe-w2/tar", 1 / 1.5)),
+        "images": (("feedpipe-w2/tar", 1 / 1.5),)}
+# runs this file's worker under another interpreter, passed as argv[1] (see --mds-python)
+_UNDER = ("import runpy, sys; sys.argv = sys.argv[2:]; "
+          "runpy.run_path(sys.argv[0], run_name='__main__')")
 WDS_MAXSIZE = 256e6
 DEFAULT_PASSES = {"images": 5, "tiny": 3}
 
@@ -121,6 +131,13 @@ def worker(spec: dict[str, Any]) -> int:
 
         os.makedirs(out, exist_ok=True)
         fn = lambda: _shardwriter(src, out, labels)  # noqa: E731
+    elif system == "mds":
+        import peer_systems
+
+        peer_systems.import_streaming()
+        kind = "images" if labels else "tiny"
+        fn = lambda: {"mds_seconds": peer_systems.convert(  # noqa: E731
+            "mosaic", src, out, kind, 256 << 20)["seconds"]}
     elif system == "tar":
         os.makedirs(out, exist_ok=True)
         fn = lambda: _tar(src, out)  # noqa: E731
@@ -227,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                     "take ~1.5 min)")
     ap.add_argument("--datasets", default="images,tiny")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--mds-python", default=sys.executable,
+                    help="the interpreter that runs the mds system (default: this one)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile feedpipe (cProfile for workers=1, py-spy for workers=2)")
     a = ap.parse_args(argv)
@@ -268,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                 spec = {"system": system, "src": info["src"], "out": out, "labels": labels,
                         "expected_samples": info["samples"], "expected_files": info["files"],
                         "expected_bytes": info["bytes"]}
-                r = common.run_worker(SCRIPT, spec)
+                wrap = ([a.mds_python, "-c", _UNDER]
+                        if system == "mds" and a.mds_python != sys.executable else [])
+                r = common.run_worker(SCRIPT, spec, wrap=wrap)
                 r["pass"] = p
                 r["loadavg_1min_after"] = os.getloadavg()[0]
                 shutil.rmtree(out, ignore_errors=True)
@@ -286,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         stats = {s: _row_stats(runs[s], info) for s in systems}
         ratios = {}
         for num in ("feedpipe-w2", "feedpipe-w1"):
-            for den in ("wds-shardwriter", "tar"):
+            for den in ("wds-shardwriter", "mds", "tar"):
                 if num in stats and den in stats:
                     ratios[f"{num}/{den}"] = _ratios(per_pass, stats, num, den)
         target = ratios.get("feedpipe-w2/wds-shardwriter", {}).get("ratio_of_medians")
@@ -294,7 +315,11 @@ def main(argv: list[str] | None = None) -> int:
                                "ratios": ratios, "runs": runs,
                                "target": {"what": "feedpipe-w2 files/s >= 2x ShardWriter",
                                           "ratio": target,
-                                          "met": None if target is None else target >= 2.0}}
+                                          "met": None if target is None else target >= 2.0},
+                               "bars": {k: {"median_of_pass_ratios":
+                                            ratios.get(k, {}).get("median_of_pass_ratios"),
+                                            "at_least": bar}
+                                        for k, bar in BARS.get(ds, ())}}
         rows = [[s, common.fmt(st["median_seconds"], 2), common.fmt(st["files_per_s"]),
                  "-" if not st["files_per_s_range"] else
                  f"{st['files_per_s_range'][0]:,.0f}-{st['files_per_s_range'][1]:,.0f}",
@@ -314,7 +339,12 @@ def main(argv: list[str] | None = None) -> int:
                  f"(1-min load average during the runs: median {common.fmt(load, 1)} on "
                  f"{os.cpu_count()} CPUs)\n{tbl}\n{rat}\n"
                  f"  target feedpipe-w2 >= 2x ShardWriter: "
-                 f"{'MET' if target and target >= 2 else 'NOT MET'}\n")
+                 f"{'MET' if target and target >= 2 else 'NOT MET'}\n"
+                 + "".join(f"  bar {k} >= {bar:.3g} (median of per-pass ratios): "
+                           f"{common.fmt(v, 3)} "
+                           f"{'MET' if v is not None and v >= bar else 'NOT MET'}\n"
+                           for k, bar in BARS.get(ds, ())
+                           for v in [ratios.get(k, {}).get("median_of_pass_ratios")]))
         print(block, flush=True)
         text_out.append(block)
         if a.profile:

@@ -27,6 +27,10 @@ Phases (datasets from ``benchmarks/datasets.py``, sharded once by the working tr
   (main process and workers) for the same samples: the ledger adds work, never waiting, and on a
   shared machine wall time swings with the neighbours' load far more than 1%. Not in the
   default phases.
+- ``convert-parquet``: ``feedpipe.shard`` of a Parquet file written by pandas (``--parquet-rows``
+  rows of a short text, an integer label and a float; one row group) with 1 worker (a ref's
+  pool may decode the whole row group once per part); rows/s. Not in the default phases: a ref
+  from before Parquet conversion cannot run it.
 
 Each pass is a fresh interpreter importing feedpipe from the version's tree (``PYTHONPATH``);
 peak RSS is summed over the process tree (``peer_memory.PeakMemory``). Within a pass the two
@@ -196,7 +200,8 @@ def worker(spec: dict[str, Any]) -> None:
             out = tempfile.mkdtemp(prefix="bench-versions-out-")
             shutil.rmtree(out)
             t0 = time.perf_counter()
-            feedpipe.shard(spec["src"], out, max_bytes=64 << 20, workers=2,
+            feedpipe.shard(spec["src"], out, max_bytes=64 << 20,
+                           workers=1 if phase == "convert-parquet" else 2,
                            labels_from_dirs=phase == "convert", show_progress=False)
             dt = time.perf_counter() - t0
             n = spec["files"]
@@ -269,6 +274,24 @@ def _cpu_seconds() -> float:
     return own + kids.ru_utime + kids.ru_stime
 
 
+def _parquet(root: str, rows: int) -> dict[str, Any]:
+    """The convert-parquet phase's table, written by pandas once (small fields: where the
+    per-row cost, not the bytes, is the limit)."""
+    path = os.path.join(root, "parquet", f"rows-{rows}.parquet")
+    if not os.path.exists(path):
+        import numpy as np
+        import pandas as pd
+
+        rng = np.random.default_rng(0)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        pd.DataFrame({"text": [f"row {i} " + "x" * int(n)
+                               for i, n in enumerate(rng.integers(20, 60, rows))],
+                      "label": rng.integers(0, 10, rows), "score": rng.random(rows)}
+                     ).to_parquet(path + ".tmp")
+        os.replace(path + ".tmp", path)
+    return {"src": path, "shards": os.path.dirname(path), "files": rows}
+
+
 def tree_of(ref: str, where: str) -> str:
     """A checkout of ``ref`` under ``where`` (a git worktree), with the C extension built."""
     path = os.path.join(where, "before")
@@ -290,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--read-epochs", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="the small dataset, 2 passes")
     ap.add_argument("--name", default="bench_versions")
+    ap.add_argument("--parquet-rows", type=int, default=200_000,
+                    help="rows of the convert-parquet phase's table")
     a = ap.parse_args(argv)
     if a.worker:
         worker(load_spec(a.worker))
@@ -309,9 +334,12 @@ def main(argv: list[str] | None = None) -> int:
             feedpipe.shard(info["src"], shards, max_bytes=64 << 20, workers=2,
                            labels_from_dirs=labels, show_progress=False)
         data[name] = {"src": info["src"], "shards": shards, "files": info["files"]}
+    if "convert-parquet" in phases:
+        data["parquet"] = _parquet(a.root, a.parquet_rows)
     of_phase = {"direct": "images", "read": "images", "read-tiny": "tiny", "decode": "photos",
                 "decode-small": "images", "transform": "images", "convert": "images",
-                "convert-tiny": "tiny", "ledger": "images", "ledger-0": "images"}
+                "convert-tiny": "tiny", "convert-parquet": "parquet", "ledger": "images",
+                "ledger-0": "images"}
     passes = 2 if a.quick else a.passes
     scratch = tempfile.mkdtemp(prefix="bench-versions-")
     # phases that compare the working tree with itself need no checkout of the ref

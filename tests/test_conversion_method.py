@@ -29,7 +29,12 @@ from feedpipe.errors import MethodError
     (Facts(local=False, workers=2), "general", "pool"),
     (Facts(dask=True, workers=8), "general", "dask"),
     (Facts(gave_back="files at the top", workers=2), "general", "pool"),
-    (Facts(source="table", workers=2), "table", "pool"),
+    (Facts(source="table", workers=2), "table", "staged"),
+    (Facts(source="table", workers=1), "table", "staged"),
+    (Facts(source="table", requested="one-pass"), "table", "staged"),
+    (Facts(source="table", requested="general", workers=2), "table", "pool"),
+    (Facts(source="table", workers=2, resume=True), "table", "pool"),
+    (Facts(source="table", workers=2, local=False), "table", "pool"),
     (Facts(source="table", workers=1, resume=True, shuffle=True), "table", "serial"),
     (Facts(source="table", dask=True, part=True), "table", "dask"),
 ])
@@ -47,8 +52,9 @@ def test_the_table_of_choices(facts: Facts, method: str, executor: str) -> None:
     (Facts(requested="one-pass", dask=True), r"cannot run on a Dask cluster"),
     (Facts(requested="one-pass", gave_back="files at the top"),
      r"cannot convert this tree: files at the top; use --method auto or general"),
-    (Facts(requested="general", source="table"), r"cannot convert a Parquet source"),
-    (Facts(requested="one-pass", source="table"), r"cannot convert a Parquet source"),
+    (Facts(requested="one-pass", source="table", shuffle=True),
+     r"one-pass cannot serve this table: --shuffle"),
+    (Facts(requested="one-pass", source="table", dask=True), r"cannot run on a Dask cluster"),
 ])
 def test_a_forced_method_that_cannot_serve_is_refused_saying_why(facts: Facts,
                                                                  match: str) -> None:

@@ -54,7 +54,7 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference(table: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "o"
-    s = feedpipe.shard(str(table), str(out), workers=1, **OPTS)
+    s = feedpipe.shard(str(table), str(out), workers=1, method="general", **OPTS)
     assert (s.method, s.samples, s.files) == ("table", ROWS, ROWS)
     assert s.executor == "in this process, one worker"
     return out
@@ -94,11 +94,31 @@ def test_every_executor_writes_the_reference_bytes(table: Path, reference: Path,
         s = feedpipe.shard(str(table), str(out), dask=request.getfixturevalue("dask_client"),
                            **OPTS)
     else:
-        s = feedpipe.shard(str(table), str(out), workers=2,
+        s = feedpipe.shard(str(table), str(out), workers=2, method="general",
                            start_method=executor.split("-")[1], **OPTS)
         assert s.executor == "process pool, 2 workers"
     assert s.method == "table" and s.samples == ROWS
     assert dataset_bytes(out) == dataset_bytes(reference)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_fresh_run_reads_each_row_once_and_writes_the_reference_bytes(
+        table: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        workers: int) -> None:
+    """The rows are staged as they are listed: no row group is read again to write it (the
+    planned route read every row twice, and once more per part in each worker)."""
+    from feedpipe.convert import _table_rows
+
+    reads: list[object] = []
+    load = _table_rows.TableRows._load
+    monkeypatch.setattr(_table_rows.TableRows, "_load",
+                        lambda self, *a: reads.append(a) or load(self, *a))
+    out = tmp_path / "o"
+    s = feedpipe.shard(str(table), str(out), workers=workers, **OPTS)
+    assert reads == []
+    assert (s.method, s.samples) == ("table", ROWS) and s.executor.startswith("one pass")
+    assert dataset_bytes(out) == dataset_bytes(reference)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
 
 def test_shuffle_is_deterministic_and_a_permutation(table: Path, reference: Path,

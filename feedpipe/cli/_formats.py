@@ -77,8 +77,9 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
                    help="with --dask: retries of a failed task (default: 2)")
     p.add_argument("--method", choices=("auto", "general", "one-pass"), default="auto",
                    help="auto (default): one pass over a fresh local tree of top-level "
-                        "directories, else the general method (list, plan, write); general or "
-                        "one-pass force one (a forced one-pass that cannot serve the tree is "
+                        "directories or a fresh Parquet source (its rows staged as they are "
+                        "read), else the general method (list, plan, write); general or "
+                        "one-pass force one (a forced one-pass that cannot serve the input is "
                         "refused, saying why). Same shards either way")
     p.add_argument("--columns", metavar="COL=FIELD,...", default=None,
                    help="Parquet source: send columns to fields (img=jpg,label=cls,id=__key__; "

@@ -18,11 +18,25 @@ def frozen() -> Iterator[None]:
     objects itself (this would unfreeze them) or has turned the collector off. The collector is
     process-wide: objects another thread freezes during a conversion are unfrozen with the
     listing at its end. They stay alive either way; only their collection is deferred."""
+    global _ours
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
     gc.freeze()
+    _ours = True
     try:
         yield
     finally:
+        _ours = False
         gc.unfreeze()
+
+
+_ours = False  # a frozen() block of this module is under way
+
+
+def refreeze() -> None:
+    """Within :func:`frozen`, freeze what was allocated since: a listing being built grows by
+    objects that are none of them garbage, and each full collection while it grows would walk
+    all of it again (quadratic in the rows of a table). Outside :func:`frozen`, nothing."""
+    if _ours and gc.isenabled():
+        gc.freeze()

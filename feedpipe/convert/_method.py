@@ -45,9 +45,13 @@ def choose_method(f: Facts) -> Choice:
     =============  ====================================================  ========  ========
     ``method=``    the input and options                                 method    executor
     =============  ====================================================  ========  ========
-    any            a Parquet source (``general``/``one-pass``: refused;  table     serial,
-                   its rows listed, then planned as a tree's files)                pool or
-                                                                                   dask
+    auto,          a table (Parquet, a ``datasets.Dataset``) converted   table     staged
+    one-pass       afresh into a local OUT: no ``resume``, ``part``,
+                   ``shuffle``, ``dask``: its rows staged as they are
+                   listed, the shards cut from the staged bytes
+    any            any other table (``one-pass``: refused, saying why):  table     serial,
+                   its rows listed, then read again to write them as               pool or
+                   a tree's files are                                              dask
     auto, general  ``dask=`` (``one-pass``: refused)                     general   dask
     auto           a local folder tree converted afresh: no ``resume``,  one-pass  staged
                    ``part``, ``shuffle``, ``manifest`` (if the staging
@@ -74,11 +78,20 @@ def choose_method(f: Facts) -> Choice:
     """
     req = f.requested
     if f.source == "table":
-        if req != "auto":
-            raise MethodError(f"--method {req} cannot convert a Parquet source: its rows are "
-                              "listed and planned by the table method; use --method auto")
         if f.dask:
+            if req == "one-pass":
+                raise MethodError("--method one-pass cannot run on a Dask cluster (--dask): the "
+                                  "cluster writes with the general method; use --method auto")
             return Choice("table", "dask", "")
+        against = [why for why, on in (
+            ("--resume (the general method keeps the committed shards)", f.resume),
+            ("--part", f.part), ("--shuffle", f.shuffle),
+            ("an output that is not a local directory", not f.local)) if on]
+        if req != "general" and not against:
+            return Choice("table", "staged", "")
+        if req == "one-pass":
+            raise MethodError(f"--method one-pass cannot serve this table: {'; '.join(against)};"
+                              " use --method auto or general")
         return Choice("table", "serial" if f.workers <= 1 else "pool", "")
     if f.dask:
         if req == "one-pass":

@@ -75,9 +75,13 @@ class StagedDir:
     def cut(self, a: int, b: int) -> Cut:
         """Samples ``a`` to ``b`` (exclusive)."""
         m0, m1 = self.first[a], self.first[b]
-        return Cut(self.path, self.starts[a], self.starts[b] - self.starts[a], self.keys[a:b],
-                   [f - m0 for f in self.first[a:b + 1]], self.exts[m0:m1],
-                   self.names[m0:m1], self.offsets[m0:m1], self.sizes[m0:m1])
+        keys, first, exts = self.keys, self.first, self.exts
+        # (a staged table keeps no names: each is its sample's key and its field)
+        names = self.names[m0:m1] if self.names else [
+            f"{keys[i]}.{exts[m]}" for i in range(a, b) for m in range(first[i], first[i + 1])]
+        return Cut(self.path, self.starts[a], self.starts[b] - self.starts[a], keys[a:b],
+                   [f - m0 for f in first[a:b + 1]], exts[m0:m1], names,
+                   self.offsets[m0:m1], self.sizes[m0:m1])
 
 
 @dataclass
@@ -211,10 +215,11 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
 
 class StagedTree:
     """A staged tree: ``listing`` (a :class:`~feedpipe.convert._listing.TreeListing`, sizes as
-    read) and the staged directories in the listing's order. :meth:`join` cuts shards out of
+    read; ``None`` for a staged table, whose listing is in memory) and the staged directories
+    in the listing's order. :meth:`join` cuts shards out of
     them; :meth:`close` removes every staging and chunk file."""
 
-    def __init__(self, listing: TreeListing, dirs: list[StagedDir], paths: list[str],
+    def __init__(self, listing: TreeListing | None, dirs: list[StagedDir], paths: list[str],
                  pool: ProcessPoolExecutor | None) -> None:
         self.listing = listing
         self.dirs = dirs
@@ -279,7 +284,8 @@ class StagedTree:
                 self._pool = None
             for path in self._paths:
                 unlink_quiet(path)
-            self.listing.close()
+            if self.listing is not None:
+                self.listing.close()
 
 
 class StagedExecutor:
@@ -288,9 +294,10 @@ class StagedExecutor:
 
     name = "staged"
 
-    def __init__(self, staged: StagedTree, workers: int) -> None:
+    def __init__(self, staged: StagedTree, workers: int, description: str = "") -> None:
         self.staged = staged
         self.workers = workers
+        self.description = description  # (default: the workers)
 
     def run(self, job: Any) -> int:
         plan = job.plan
@@ -303,7 +310,7 @@ class StagedExecutor:
         return 0
 
     def describe(self) -> str:
-        return f"one pass, {self.workers} worker{'s' * (self.workers > 1)}"
+        return self.description or f"one pass, {self.workers} worker{'s' * (self.workers > 1)}"
 
 
 def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[str]]:

@@ -40,8 +40,9 @@ class ShardOptions:
         workers: processes writing in parallel (default: all cores).
         resume: keep the committed shards of an interrupted run and do the rest.
         method: ``"auto"``, ``"general"`` or ``"one-pass"`` (``"auto"`` takes one pass
-            where the input allows it; :attr:`ShardSummary.method` says which ran); a forced
-            method that cannot serve the input is refused, saying why.
+            where the input allows it; :attr:`ShardSummary.method` says which ran, and for a
+            table, whose method is ``"table"`` either way, :attr:`ShardSummary.executor`); a
+            forced method that cannot serve the input is refused, saying why.
         part: ``"I/N"`` or ``(I, N)``: convert only part I (0-based) of a deterministic
             partition into N (the same shares on any machine); :func:`feedpipe.merge`
             joins them.

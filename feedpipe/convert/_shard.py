@@ -97,7 +97,9 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
     nworkers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
     facts = Facts(requested=opts.method,
                   source="table" if tables is not None else "manifest" if opts.manifest else "tree",
-                  local=is_local(src) and is_local(out), resume=opts.resume, shuffle=opts.shuffle,
+                  # (a table is read through fsspec wherever it is: its staging needs OUT local)
+                  local=is_local(out) and (tables is not None or is_local(src)),
+                  resume=opts.resume, shuffle=opts.shuffle,
                   part=opts.part is not None, dask=opts.dask is not None, workers=nworkers)
     choice = choose_method(facts)
     if tables is None and (opts.columns is not None or opts.classes is not None):
@@ -161,7 +163,8 @@ def _locked(src: str, out: str, opts: ShardOptions, facts: Facts, choice: Choice
         if staged is None:  # the general method (or, forced, a MethodError saying why)
             choice = choose_method(dataclasses.replace(facts, gave_back="; ".join(why)))
     try:
-        listing, part_info = ((staged.listing.to_listing(), None) if staged is not None
+        listing, part_info = ((staged.listing.to_listing(), None)  # type: ignore[union-attr]
+                              if staged is not None
                               else _list(src, out, opts, part_of))
     except BaseException:
         if staged is not None:
@@ -246,6 +249,9 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
 def _executor(choice: Choice, opts: ShardOptions, workers: int,
               staged: StagedTree | None) -> Executor:
     if choice.executor == "staged" and staged is not None:
+        if choice.method == "table":  # (the listing read the rows: one process staged them)
+            return StagedExecutor(staged, 1, "one pass: rows staged as they were listed, "
+                                  "shards joined in this process")
         return StagedExecutor(staged, workers)
     if choice.executor == "dask":
         from ._dask import DaskExecutor
@@ -435,22 +441,39 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choic
 def _shard_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOptions, choice: Choice,
                 part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
     """The rows of ``table`` listed as samples, then planned and written as a tree's files."""
+    with frozen():  # (the listing: several objects per row, alive to the end)
+        return _shard_listed_rows(src, table, rows, out, opts, choice, part_of, nworkers, t0)
+
+
+def _shard_listed_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOptions,
+                       choice: Choice, part_of: tuple[int, int] | None, nworkers: int,
+                       t0: float) -> ShardSummary:
     from ._parts import list_part
-    from ._table_rows import list_table
+    from ._table_rows import list_table, stage_table
 
     cmap = rows.cmap
-    listing = list_table(table, rows, opts.show_progress)
-    if not listing.samples:
-        _drop_problems(listing, opts.on_error)
-        raise InputError(f"{printable(src)}: the table has no rows to convert"
-                         + (f" ({len(listing.problems)} skipped)" if listing.problems else ""))
-    part_info = None
-    if part_of is not None:
-        listing, part_info = list_part(listing, *part_of, shuffle=opts.shuffle, seed=opts.seed,
-                                       options=opts.output_options())
-    provenance = {"source": {**table.describe, "src": src}, "columns": cmap.to_dict()}
-    s = _convert(src, out, opts, choice, None, listing, part_info, nworkers, t0, rows,
-                 provenance)
+    staged = None
+    if choice.executor == "staged":  # (a fresh run into a local OUT: see choose_method)
+        prepare_out(out, False)
+        clean_temps(local_path(out), opts.prefix)
+        listing, staged = stage_table(table, rows, hidden(
+            local_path(out), f"{opts.prefix}-stage{0:06d}", f".tmp-{os.getpid()}"),
+            opts.show_progress)
+    else:
+        listing = list_table(table, rows, opts.show_progress)
+    with closing(staged) if staged is not None else nullcontext():
+        if not listing.samples:
+            _drop_problems(listing, opts.on_error)
+            raise InputError(f"{printable(src)}: the table has no rows to convert"
+                             + (f" ({len(listing.problems)} skipped)" if listing.problems
+                                else ""))
+        part_info = None
+        if part_of is not None:
+            listing, part_info = list_part(listing, *part_of, shuffle=opts.shuffle,
+                                           seed=opts.seed, options=opts.output_options())
+        provenance = {"source": {**table.describe, "src": src}, "columns": cmap.to_dict()}
+        s = _convert(src, out, opts, choice, staged, listing, part_info, nworkers, t0, rows,
+                     provenance)
     nrows = table.num_rows or 0
     return dataclasses.replace(s, files=nrows, columns=cmap.lines(),
                                files_per_s=nrows / s.seconds if s.seconds > 0 else 0.0)

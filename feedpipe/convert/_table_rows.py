@@ -24,10 +24,12 @@ from typing import Any
 
 from .._helpers.storage import filesystem
 from ..errors import InputError, KeyClashError, OutputError
+from ._gc_freeze import refreeze
 from ._sample_encoder import SampleEncoder
 from ._sources import FileRef, Listing, SampleSpec
 from ._table_columns import ColumnMap
 
+_REFREEZE_ROWS = 16384  # the listing's new objects kept out of full collections this often
 _CACHED_GROUPS = 2  # row groups kept encoded per process (one part's rows are mostly in order)
 
 
@@ -165,27 +167,77 @@ def list_table(source: Any, rows: Rows, show_progress: bool | None = None) -> Li
         for n, (where, key, row) in enumerate(source.rows()):
             bar.update(1)
             _list_row(rows, n, where, key, row, samples, problems, seen)
+            if n % _REFREEZE_ROWS == _REFREEZE_ROWS - 1:
+                refreeze()
     return Listing(samples, problems, rows.cmap.classes)
 
 
 def _list_row(rows: Rows, n: int, where: str, key: str, row: dict[str, Any],
               samples: list[SampleSpec], problems: list[tuple[str, str]],
-              seen: dict[str, str]) -> None:
-    """List one row: a sample, or a problem."""
+              seen: dict[str, str]) -> tuple[str, list[tuple[str, bytes]]] | None:
+    """List one row: a sample (its key and members returned), or a problem (``None``)."""
     try:
         k, blobs = rows.encode(row, key, n)
     except (InputError, KeyClashError) as e:
         problems.append((where, str(e)))
-        return
+        return None
     except OutputError:
         raise
     except OSError as e:  # an image file named by a path in the row
         problems.append((where, f"cannot read {e.filename or 'a file it names'}: "
                                 f"{e.strerror or e}"))
-        return
+        return None
     first = seen.setdefault(k, where)
     if first != where:
         raise KeyClashError(f"{where}: duplicate sample key {k!r}: {first} has it too; give "
                             "every row its own key (a key column of unique values, or none)")
     samples.append(SampleSpec(k, [FileRef(ext, f"{where}: {ext}", len(data))
                                   for ext, data in blobs]))
+    return k, blobs
+
+
+def stage_table(source: Any, rows: Rows, stage_path: str,
+                show_progress: bool | None = None) -> tuple[Listing, Any]:
+    """List the table ``source`` as :func:`list_table` does and, in the same read, stage every
+    sample's tar members in ``stage_path`` (a hidden file of OUT).
+
+    Returns the listing and a :class:`~feedpipe.convert._onepass.StagedTree` whose shards are
+    cut from the staged bytes, so each row is read and encoded once: the planned route reads
+    it again to write it (``benchmarks/bench_convert.py --datasets parquet``). The staged
+    members are those a part writer would write, in listing order."""
+    from .._helpers.progress import progress
+    from ._listing import Chunk
+    from ._onepass import StagedDir, StagedTree
+    from ._writer import removed_on_error, write_members
+
+    samples: list[SampleSpec] = []
+    problems: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    staged = StagedDir(Chunk("", ""), stage_path)
+    keys, starts, first, exts = staged.keys, staged.starts, staged.first, staged.exts
+    offsets, sizes = staged.offsets, staged.sizes  # (no names: StagedDir.cut makes them)
+    members: list[tuple[str, int, int]] = []  # one row's
+    pos = 0
+    with removed_on_error(stage_path), open(stage_path, "wb", buffering=1 << 20) as out, \
+            closing(progress(source.num_rows, "list", "row", show_progress)) as bar:
+        write = out.write
+        for n, (where, key, row) in enumerate(source.rows()):
+            bar.update(1)
+            got = _list_row(rows, n, where, key, row, samples, problems, seen)
+            if n % _REFREEZE_ROWS == _REFREEZE_ROWS - 1:
+                refreeze()
+            if got is None:
+                continue
+            keys.append(got[0])
+            starts.append(pos)
+            first.append(len(exts))
+            exts += [ext for ext, _ in got[1]]
+            pos, _ = write_members(write, got[0], got[1], pos, members)
+            for _, offset, size in members:
+                offsets.append(offset)
+                sizes.append(size)
+            members.clear()
+        starts.append(pos)
+        first.append(len(exts))
+    return Listing(samples, problems, rows.cmap.classes), StagedTree(None, [staged], [stage_path],
+                                                                     None)

@@ -172,23 +172,67 @@ def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
             for path, start, length in ranges:
                 bases.append(out.tell())
                 with open(path, "rb") as f:
-                    f.seek(start)
-                    left = length
-                    while left:
-                        chunk = f.read(1 << 22 if left < 0 else min(left, 1 << 22))
-                        if not chunk:
-                            if left > 0:
-                                raise OutputError(f"{path}: ends {left} bytes early at "
-                                                  f"{f.tell()} while joining {final}")
-                            break
-                        h.update(chunk)
-                        out.write(chunk)
-                        if left > 0:
-                            left -= len(chunk)
+                    copy_range(f, out, start, length, h, path, final)
             total = seal(out, h)
         idx = index(bases)
         record = commit(out_dir, name, tmp, total, h.hexdigest(), idx, skipped)
     return record, idx
+
+
+def copy_range(f: Any, out: Any, start: int, length: int, h: Any, path: str,
+               final: str) -> None:
+    """Append ``length`` bytes (-1: to the end) of the open file ``f`` from ``start`` to the open
+    file ``out``, hashing them into ``h``.
+
+    The bytes are hashed through one small reused buffer and copied by the kernel
+    (``os.copy_file_range``): they are not written through this process, and its memory does
+    not grow with the range (a map of the file would count the range in its resident size).
+    Where the kernel cannot copy between the two files, the bytes are written from a buffer."""
+    size = os.fstat(f.fileno()).st_size
+    end = size if length < 0 else start + length
+    if end > size:
+        raise OutputError(f"{path}: ends {end - size} bytes early at {size} while joining "
+                          f"{final}")
+    if end <= start:
+        return
+    out.flush()
+    buf = memoryview(bytearray(min(end - start, _HASH_BUFFER)))
+    f.seek(start)
+    pos = start
+    while pos < end:
+        n = f.readinto(buf[:min(end - pos, len(buf))])
+        if not n:
+            raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while joining "
+                              f"{final}")
+        h.update(buf[:n])
+        pos += n
+    pos, dst = start, out.tell()
+    while pos < end and _KERNEL_COPY:
+        try:
+            n = os.copy_file_range(f.fileno(), out.fileno(), end - pos, pos, dst)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            break  # (the bytes copied so far stay; the rest goes through a buffer)
+        if n == 0:
+            raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while joining "
+                              f"{final}")
+        pos += n
+        dst += n
+    out.seek(dst)
+    if pos < end:
+        f.seek(pos)
+        while pos < end:
+            chunk = f.read(min(end - pos, 1 << 22))
+            if not chunk:
+                raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while "
+                                  f"joining {final}")
+            out.write(chunk)
+            pos += len(chunk)
+
+
+_KERNEL_COPY = hasattr(os, "copy_file_range")
+_HASH_BUFFER = 1 << 20
 
 
 def seal(f: Any, h: Any) -> int:

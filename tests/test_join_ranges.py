@@ -1,0 +1,43 @@
+"""Joining byte ranges of staged files into a shard: the kernel's copy and the buffered one
+write the same bytes and hash, and a range past a file's end is an error naming the file."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from feedpipe.convert import _writer
+from feedpipe.errors import OutputError
+from feedpipe.format._index import ShardIndex
+from feedpipe.format._tar import END_OF_ARCHIVE
+
+
+def _index(bases: list[int]) -> ShardIndex:
+    return ShardIndex([], [0], [], [], [], [])
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_ranges_join_to_the_same_bytes_by_either_copy(tmp_path: Path, kernel: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_writer, "_KERNEL_COPY", kernel)
+    a, b = tmp_path / ".a", tmp_path / ".b"
+    a.write_bytes(bytes(range(256)) * 40)
+    b.write_bytes(b"xyz" * 5000)
+    out = tmp_path / "out"
+    out.mkdir()
+    ranges = [(str(a), 512, 4096), (str(b), 0, -1), (str(a), 0, 0), (str(a), 9728, -1)]
+    rec, _ = _writer.join_ranges(str(out), "s.tar", ranges, _index, [])
+    want = (a.read_bytes()[512:4608] + b.read_bytes() + a.read_bytes()[9728:]
+            + END_OF_ARCHIVE)
+    assert (out / "s.tar").read_bytes() == want
+    assert (rec.bytes, rec.sha256) == (len(want), hashlib.sha256(want).hexdigest())
+
+
+def test_a_range_past_the_end_names_the_file_and_leaves_no_shard(tmp_path: Path) -> None:
+    a = tmp_path / ".a"
+    a.write_bytes(b"q" * 1000)
+    with pytest.raises(OutputError, match=r"\.a: ends 24 bytes early at 1000 while joining"):
+        _writer.join_ranges(str(tmp_path), "s.tar", [(str(a), 512, 512)], _index, [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".a"]
