@@ -121,6 +121,24 @@ def test_draws_are_each_sources_own_plan_in_any_chunks(mix, seed, shuffle, chunk
             assert ids[p] == own.sample_ids(np.array([k % sizes[s]]))[0], (epoch, p)
 
 
+def test_a_source_too_large_to_keep_whole_draws_the_same_ids_per_chunk(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Past the size a source's whole permutation is kept for, each chunk draws its own ids:
+    the same ones."""
+    import feedpipe.plan._mixture as mixture
+
+    srcs, weights = [[40, 25], [7, 9, 3], [100]], [2, 1, 3]
+    kept = MixturePlan(srcs, weights, 500, seed=3)
+    assert all(kept._tabled)
+    monkeypatch.setattr(mixture, "_WHOLE_MAX", 64)
+    chunked = MixturePlan(srcs, weights, 500, seed=3)
+    assert chunked._tabled == [False, True, False]
+    for epoch in (0, 2):
+        for at in range(0, 500, 37):
+            pos = np.arange(at, min(at + 37, 500))
+            a, b = kept.draws(epoch, pos), chunked.draws(epoch, pos)
+            assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
+
+
 def test_bad_sources_and_weights_are_refused_with_the_reason() -> None:
     with pytest.raises(PlanError, match="at least one sample"):
         epoch_counts([3, 0])

@@ -67,6 +67,11 @@ def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None = None,
     return counts
 
 
+# the largest Feistel domain a source's whole permutation is drawn and kept for (32 MiB of
+# table while it is made, at most as much of ids kept)
+_WHOLE_MAX = 1 << 22
+
+
 def _source_seed(seed: int, source: int) -> int:
     h = hashlib.blake2b(f"feedpipe-mixture\0{seed}\0{source}".encode(), digest_size=8)
     return int.from_bytes(h.digest(), "little")
@@ -111,10 +116,12 @@ class MixturePlan:
         self._plans: dict[tuple[int, int], Plan] = {}  # (source, cycle): its order, made once
         # (source, cycle): its whole permutation's ids, for a source an epoch draws a good part
         # of (at least a quarter of its Feistel domain): drawing it whole costs about what its
-        # chunks would, and each chunk is then one lookup
+        # chunks would, and each chunk is then one lookup. Not for a source whose domain is
+        # over _WHOLE_MAX: its table and ids would hold far more memory than a chunk's draws
         self._ids: dict[tuple[int, int], np.ndarray] = {}
-        self._tabled = [1 << max(2, int(n - 1).bit_length()) <= 4 * int(c)
-                        for n, c in zip(self.sizes.tolist(), self.counts.tolist())]
+        domains = [1 << max(2, int(n - 1).bit_length()) for n in self.sizes.tolist()]
+        self._tabled = [d <= 4 * int(c) and d <= _WHOLE_MAX
+                        for d, c in zip(domains, self.counts.tolist())]
         self.source_at = src[order]  # the source of each position
         self.draw_at = j[order]  # which of its source's draws this epoch each position is
 
