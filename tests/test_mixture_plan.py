@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedpipe.errors import PlanError
-from feedpipe.plan._mixture import MixturePlan, epoch_counts
-from feedpipe.plan._order import Split
+from feedpipe.plan._mixture import MixturePlan, _source_seed, epoch_counts
+from feedpipe.plan._order import Plan, Split
 
 shards = st.lists(st.integers(1, 9), min_size=1, max_size=4)  # one source's shard counts
 sources = st.lists(shards, min_size=1, max_size=4)
@@ -95,6 +95,48 @@ def test_any_world_deals_the_same_epoch_and_resumes_to_exactly_the_rest(mix, wor
     extra = dealt - Counter(whole)
     assert Counter(whole) - dealt == Counter()  # nothing lost
     assert sum(extra.values()) == Split(n, world, 0, start=stop).padding  # padding, as documented
+
+
+@settings(max_examples=60, deadline=None)
+@given(mixtures(), st.integers(0, 2**31), st.lists(st.booleans(), min_size=4, max_size=4),
+       st.integers(1, 40))
+def test_draws_are_each_sources_own_plan_in_any_chunks(mix, seed, shuffle, chunk) -> None:  # type: ignore[no-untyped-def]
+    """The module's definition, checked against each source's own Plan: the k-th draw ever of
+    source s is position k % size_s of its Plan of "epoch" k // size_s, whatever chunks of the
+    epoch a reader asks for (a source's permutation drawn whole and kept, or drawn per chunk)."""
+    srcs, weights, size = mix
+    flags = shuffle[:len(srcs)]
+    plan = MixturePlan(srcs, weights, size, seed=seed, shuffle=flags)
+    sizes = [sum(s) for s in srcs]
+    for epoch in (0, 1, 5):
+        pos = np.arange(plan.epoch_size)
+        got = [plan.draws(epoch, pos[at:at + chunk]) for at in range(0, len(pos), chunk)]
+        src = np.concatenate([g[0] for g in got])
+        ids = np.concatenate([g[1] for g in got])
+        assert src.tolist() == plan.source_at.tolist()
+        for p in range(plan.epoch_size):
+            s = int(src[p])
+            k = epoch * int(plan.counts[s]) + int(plan.draw_at[p])
+            own = Plan(tuple(srcs[s]), _source_seed(seed, s), k // sizes[s], flags[s])
+            assert ids[p] == own.sample_ids(np.array([k % sizes[s]]))[0], (epoch, p)
+
+
+def test_a_source_too_large_to_keep_whole_draws_the_same_ids_per_chunk(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Past the size a source's whole permutation is kept for, each chunk draws its own ids:
+    the same ones."""
+    import feedpipe.plan._mixture as mixture
+
+    srcs, weights = [[40, 25], [7, 9, 3], [100]], [2, 1, 3]
+    kept = MixturePlan(srcs, weights, 500, seed=3)
+    assert all(kept._tabled)
+    monkeypatch.setattr(mixture, "_WHOLE_MAX", 64)
+    chunked = MixturePlan(srcs, weights, 500, seed=3)
+    assert chunked._tabled == [False, True, False]
+    for epoch in (0, 2):
+        for at in range(0, 500, 37):
+            pos = np.arange(at, min(at + 37, 500))
+            a, b = kept.draws(epoch, pos), chunked.draws(epoch, pos)
+            assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
 
 
 def test_bad_sources_and_weights_are_refused_with_the_reason() -> None:

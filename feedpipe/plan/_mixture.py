@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import PlanError
-from ._order import Plan
+from ._order import Plan, feistel, round_keys
 
 
 def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None = None,
@@ -65,6 +65,11 @@ def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None = None,
         order = np.lexsort((np.arange(len(n)), -(quota - counts)))  # largest remainder first
         counts[order[:short]] += 1
     return counts
+
+
+# the largest Feistel domain a source's whole permutation is drawn and kept for (32 MiB of
+# table while it is made, at most as much of ids kept)
+_WHOLE_MAX = 1 << 22
 
 
 def _source_seed(seed: int, source: int) -> int:
@@ -109,6 +114,14 @@ class MixturePlan:
         ideal = (2 * j + 1) / (2 * np.repeat(self.counts, self.counts).astype(np.float64))
         order = np.lexsort((src, ideal))
         self._plans: dict[tuple[int, int], Plan] = {}  # (source, cycle): its order, made once
+        # (source, cycle): its whole permutation's ids, for a source an epoch draws a good part
+        # of (at least a quarter of its Feistel domain): drawing it whole costs about what its
+        # chunks would, and each chunk is then one lookup. Not for a source whose domain is
+        # over _WHOLE_MAX: its table and ids would hold far more memory than a chunk's draws
+        self._ids: dict[tuple[int, int], np.ndarray] = {}
+        domains = [1 << max(2, int(n - 1).bit_length()) for n in self.sizes.tolist()]
+        self._tabled = [d <= 4 * int(c) and d <= _WHOLE_MAX
+                        for d, c in zip(domains, self.counts.tolist())]
         self.source_at = src[order]  # the source of each position
         self.draw_at = j[order]  # which of its source's draws this epoch each position is
 
@@ -125,6 +138,21 @@ class MixturePlan:
                                            self.shuffle[source])
         return plan
 
+    def _whole(self, source: int, cycle: int) -> np.ndarray | None:
+        """Every sample id of ``source``'s ``cycle``-th permutation, in order, made once and kept
+        while chunks of the epoch draw from it; ``None`` where drawing it whole would cost far
+        more than the epoch draws of it (a source drawn a small share of its size an epoch),
+        or where the source is not shuffled (its ids are its draws' places)."""
+        if not self.shuffle[source] or not self._tabled[source]:
+            return None
+        key = (source, cycle)
+        ids = self._ids.get(key)
+        if ids is None:
+            if len(self._ids) >= 2 * len(self.counts):
+                self._ids.clear()
+            ids = self._ids[key] = whole_permutation(self._plan(source, cycle))
+        return ids
+
     def draws(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The source and the sample id within it (its manifest order) at each of
         ``positions`` of ``epoch``."""
@@ -132,24 +160,61 @@ class MixturePlan:
         if len(pos) and (pos.min() < 0 or pos.max() >= self.epoch_size):
             raise PlanError(f"positions outside an epoch of {self.epoch_size}")
         src = self.source_at[pos]
-        draw = self.draw_at[pos]
-        ids = np.empty(len(pos), dtype=np.int64)
-        for s, count in enumerate(self.counts.tolist()):
-            if not count:
-                continue
-            sel = np.flatnonzero(src == s)
-            if not len(sel):
-                continue
-            size = int(self.sizes[s])
-            cycle, at = np.divmod(int(epoch) * count + draw[sel], size)
-            first, last = int(cycle.min()), int(cycle.max())
-            if first == last:  # the common case: one permutation of the source
-                ids[sel] = self._plan(s, first).sample_ids(at)
-                continue
-            out = np.empty(len(at), dtype=np.int64)
-            for c in range(first, last + 1):
-                here = cycle == c
-                if here.any():
-                    out[here] = self._plan(s, c).sample_ids(at[here])
-            ids[sel] = out
+        cycle, at = np.divmod(int(epoch) * self.counts[src] + self.draw_at[pos],
+                              self.sizes[src])
+        if len(self.counts) == 1:
+            present = [0]
+        else:
+            present = np.flatnonzero(np.bincount(src, minlength=len(self.counts))).tolist()
+        ids = at if len(present) == 1 else np.empty(len(pos), dtype=np.int64)
+        for s in present:
+            sel = slice(None) if len(present) == 1 else np.flatnonzero(src == s)
+            c, a = cycle[sel], at[sel]
+            first, last = int(c.min()), int(c.max())
+            for k in range(first, last + 1):
+                here = slice(None) if first == last else c == k
+                whole = self._whole(s, k)
+                if whole is not None:
+                    got = whole[a[here]]
+                elif self.shuffle[s]:
+                    got = self._plan(s, k).sample_ids(a[here])
+                else:
+                    continue  # manifest order: its ids are its places, already there
+                if first == last:
+                    a = got
+                else:
+                    a[here] = got
+            if len(present) > 1:
+                ids[sel] = a
+            else:
+                ids = a
         return src, ids
+
+
+def whole_permutation(plan: Plan) -> np.ndarray:
+    """``plan.sample_ids(np.arange(plan.num_samples))`` for a shuffled :class:`Plan` of one
+    window, computed as a table: the Feistel rounds run once over the whole power-of-two
+    domain (no element twice), and the cycle walk back into ``[0, n)`` is table lookups, not
+    more rounds.
+
+    Example:
+        >>> p = Plan((5, 3, 9), seed=4, epoch=2)
+        >>> whole_permutation(p).tolist() == p.sample_ids(np.arange(17)).tolist()
+        True
+    """
+    n = plan.num_samples
+    bits = max(2, (n - 1).bit_length())
+    # the same network feistel() uses on [0, n): its widths come from the bits of n - 1 only
+    table = feistel(np.arange(1 << bits, dtype=np.uint64), 1 << bits,
+                    round_keys(plan.seed, plan.epoch, 0))
+    perm = table[:n].astype(np.int64)
+    bad = np.flatnonzero(perm >= n)
+    while len(bad):
+        perm[bad] = table[perm[bad]]
+        bad = bad[perm[bad] >= n]
+    order = plan._order
+    counts = np.asarray(plan.counts, dtype=np.int64)[order]
+    starts = np.zeros(len(order), dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    j = np.searchsorted(starts, perm, side="right") - 1
+    return np.asarray(plan.first_ids[order][j] + (perm - starts[j]), dtype=np.int64)

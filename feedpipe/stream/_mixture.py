@@ -179,8 +179,11 @@ class Mixture(IterableDataset):
         self.manifest = replace(self.shards.manifest, total_samples=self.epoch_size)
         self.identity = self._identity()
         self._reader = EpochState()
-        self._seeds = np.array([ds.seed for ds in self.sources.values()], dtype=np.int64)
-        self._names = np.array(self.names, dtype=object)
+        # per shard of the union: its source's seed and name, so that tagging a raw batch is
+        # one gather a column, with no per-sample step through the source
+        seeds = np.array([ds.seed for ds in self.sources.values()], dtype=np.int64)
+        self._shard_seeds = seeds[self.shards.source_of]
+        self._shard_names = np.array(self.names, dtype=object)[self.shards.source_of]
         self._check_world()
 
     def _weights(self, weights: Any) -> list[float] | None:
@@ -276,11 +279,10 @@ class Mixture(IterableDataset):
         """A raw batch by reference (numbered in :class:`MixtureShards`), said as the
         ``samples`` fetch says it: each sample's ``__source__``, its ``__index__`` in that
         source and the source's ``__seed__`` (in this process's memory: before pinning)."""
-        src = self.shards.source_of[shards]
         batch["__index__"] = torch.from_numpy(batch["__index__"].numpy()
-                                              - self.shards.base_of[shards])
-        batch["__seed__"] = torch.from_numpy(self._seeds.take(src))
-        batch["__source__"] = self._names.take(src).tolist()
+                                              - self.shards.base_of.take(shards))
+        batch["__seed__"] = torch.from_numpy(self._shard_seeds.take(shards))
+        batch["__source__"] = self._shard_names.take(shards).tolist()
 
     def check_fields(self, raw_default: bool) -> None:
         """Refuse sources whose fields or ``decode=`` differ when their raw samples are collated

@@ -59,11 +59,18 @@ class MixtureFetch:
 
     def __call__(self, ids: np.ndarray) -> list[Item]:
         src = np.searchsorted(self.bases, ids, side="right") - 1
-        out: list[Any] = [None] * len(ids)
+        got: list[Item] = []
+        where: list[np.ndarray] = []
         for s in np.unique(src).tolist():
             at = np.flatnonzero(src == s)
-            name = self.names[s]
-            for j, (g, x, done) in zip(at.tolist(), self.fetches[s](ids[at] - self.bases[s])):
+            name, base = self.names[s], int(self.bases[s])
+            for g, x, done in self.fetches[s](ids[at] - base):
                 x["__source__"] = name
-                out[j] = (int(self.bases[s]) + g, x, done)
-        return out
+                got.append((base + g, x, done))
+            where.append(at)
+        if len(where) <= 1:
+            return got
+        # each source's samples were read together: put them back in the batch's order
+        pos = np.empty(len(ids), dtype=np.int64)
+        pos[np.concatenate(where)] = np.arange(len(ids))
+        return list(map(got.__getitem__, pos.tolist()))
