@@ -89,9 +89,11 @@ class Packed:
     dict of ``input_ids``, ``position_ids`` and ``labels`` (int64 ``[batch, seq_len]``) and
     ``cu_seqlens`` (int32, the boundaries of the pieces in the flattened batch, for
     variable-length attention kernels). ``position_ids`` count from 0 at each piece; ``labels``
-    are ``input_ids`` with -100 on padding, which only the epoch's last row has (with several
-    ranks, also up to ``world_size - 1`` rows of padding only after it, so that every rank gets
-    as many batches). ``FeedLoader(..., num_workers=N)`` makes the rows in N worker processes
+    are ``input_ids`` with -100 on padding, which only the epoch's last row has, and with
+    several ranks up to ``world_size - 1`` rows of padding only after it: every rank must take
+    as many steps (under DDP a rank that runs out of batches first leaves the others waiting in
+    a collective that never completes), so the rows are made a multiple of the world size and
+    ``len(loader)`` is the same on every rank. ``FeedLoader(..., num_workers=N)`` makes the rows in N worker processes
     (route ``packed-workers``); ``device=`` works as for any dataset.
 
     Args:
