@@ -93,8 +93,9 @@ class Packed:
     several ranks up to ``world_size - 1`` rows of padding only after it: every rank must take
     as many steps (under DDP a rank that runs out of batches first leaves the others waiting in
     a collective that never completes), so the rows are made a multiple of the world size and
-    ``len(loader)`` is the same on every rank. ``FeedLoader(..., num_workers=N)`` makes the rows in N worker processes
-    (route ``packed-workers``); ``device=`` works as for any dataset.
+    ``len(loader)`` is the same on every rank. ``FeedLoader(..., num_workers=N)`` makes the
+    rows in N worker processes (route ``packed-workers``); ``device=`` works as for any
+    dataset.
 
     Args:
         dataset: a FeedDataset whose samples hold one document each; its rank and world size
