@@ -11,7 +11,9 @@ process, no workers, batches of ``--batch`` rows of ``--seq-len`` tokens, one wh
 delivered per second (rows x seq_len delivered: feedpipe's one padded last row counts, LitData
 leaves its short last block out; setup excluded, first batch included), time to the first batch,
 peak RSS (``VmHWM``). Reported: each system's median over the passes, and the median of the
-per-pass ratios of feedpipe's tokens/s to the best peer's of the same pass. feedpipe's batches
+per-pass ratios of feedpipe's tokens/s to the best peer's of the same pass, and the same
+ratio of tokens per CPU second of the process (the figure to read where other work shares the
+cores: wall time then counts the waits for a core). feedpipe's batches
 also carry ``position_ids``, ``labels`` and ``cu_seqlens``; LitData's are the token ids only.
 Streaming is left out, with the reason in the JSON, where it does not import.
 
@@ -23,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -36,6 +39,14 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import default_root, environment  # noqa: E402  (beside this script)
+
+# why Streaming cannot be measured beside a CPU-only torch, whatever else its import lacks
+STREAMING_NEEDS_TORCHVISION = (
+    "; and `import streaming` imports torchvision (streaming/__init__ imports streaming.vision, "
+    "whose base class is torchvision's VisionDataset), which is not installed here: the "
+    "torchvision wheels on PyPI are CUDA builds whose _C.so needs libc10_cuda.so and "
+    "libtorch_cuda.so, which a CPU-only torch does not ship, so `import torchvision` fails "
+    "(RuntimeError: operator torchvision::nms does not exist)")
 
 
 def corpus(n: int, mean: int) -> list[np.ndarray]:
@@ -125,15 +136,17 @@ def measure(system: str, path: str, seq_len: int, batch: int) -> dict[str, Any]:
         def count(b: Any) -> int:
             return int(b.numel()) if hasattr(b, "numel") else sum(int(r.numel()) for r in b)
     setup = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     first = next(it)
     ttfb = time.perf_counter() - t1
     tokens = count(first)
     for b in it:
         tokens += count(b)
     wall = time.perf_counter() - t1
+    cpu = time.process_time() - c1
     return {"system": system, "tokens": tokens, "setup_s": setup, "first_batch_s": ttfb,
-            "epoch_s": wall, "tokens_per_s": tokens / wall,
+            "epoch_s": wall, "tokens_per_s": tokens / wall, "cpu_s": cpu,
+            "tokens_per_cpu_s": tokens / max(cpu, 1e-9),
             "peak_rss_bytes": peak_rss()}
 
 
@@ -164,6 +177,7 @@ def main() -> None:
     if a.measure:
         print(json.dumps(measure(a.measure[0], a.measure[1], a.seq_len, a.batch)))
         return
+    load_before = list(os.getloadavg())
     docs = corpus(a.docs, a.mean_len)
     paths, skipped = {}, {}
     for system in ("feedpipe", "litdata", "streaming"):
@@ -171,11 +185,13 @@ def main() -> None:
             paths[system] = prepare(system, os.path.join(a.root, f"{a.docs}-{a.mean_len}"), docs)
         except Exception as e:  # noqa: BLE001  (a peer that does not import is left out, said)
             skipped[system] = f"does not import here: {type(e).__name__}: {e}"
+            if system == "streaming" and importlib.util.find_spec("torchvision") is None:
+                skipped[system] += STREAMING_NEEDS_TORCHVISION
     # every system's modules from their bytecode caches, as an installed package's are: the
     # first pass writes the caches where PYTHONDONTWRITEBYTECODE kept them from being written
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     passes: dict[str, list[dict[str, Any]]] = {s: [] for s in paths}
-    ratios = []
+    ratios, cpu_ratios = [], []
     for k in range(a.passes):
         order = list(paths) if k % 2 == 0 else list(reversed(paths))
         this = {}
@@ -193,26 +209,33 @@ def main() -> None:
         peers = [r["tokens_per_s"] for s, r in this.items() if s != "feedpipe"]
         if "feedpipe" in this and peers:
             ratios.append(this["feedpipe"]["tokens_per_s"] / max(peers))
+            cpu_ratios.append(this["feedpipe"]["tokens_per_cpu_s"] / max(
+                r["tokens_per_cpu_s"] for s, r in this.items() if s != "feedpipe"))
     results = []
     for system, rs in passes.items():
         if not rs:
             continue
         med = {key: float(np.median([r[key] for r in rs]))
-               for key in ("setup_s", "first_batch_s", "epoch_s", "tokens_per_s")}
+               for key in ("setup_s", "first_batch_s", "epoch_s", "tokens_per_s", "cpu_s",
+                           "tokens_per_cpu_s")}
         results.append({"system": system, "tokens": rs[0]["tokens"], **med,
                         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs),
                         "passes": len(rs)})
     ratio = float(np.median(ratios)) if ratios else None
+    cpu_ratio = float(np.median(cpu_ratios)) if cpu_ratios else None
     doc = {"benchmark": "packed", "environment": environment(),
            "params": {"docs": a.docs, "mean_len": a.mean_len, "seq_len": a.seq_len,
                       "batch": a.batch, "passes": a.passes,
                       "corpus_tokens": int(sum(len(d) for d in docs))},
            "results": results, "skipped": skipped,
-           "ratios": ratios, "load_after": list(os.getloadavg()),
+           "ratios": ratios, "cpu_ratios": cpu_ratios, "load_before": load_before,
+           "load_after": list(os.getloadavg()),
            "summary_text": (f"feedpipe.Packed tokens/s over the best peer: {ratio:.2f}x "
                             f"(median of {len(ratios)} per-pass ratios; "
-                            f"{', '.join(f'{r:.2f}' for r in ratios)})" if ratio else
-                            "no peer measured")}
+                            f"{', '.join(f'{r:.2f}' for r in ratios)}); tokens per CPU "
+                            f"second: {cpu_ratio:.2f}x (per pass "
+                            f"{', '.join(f'{r:.2f}' for r in cpu_ratios)})"
+                            if ratio and cpu_ratio else "no peer measured")}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2)

@@ -366,3 +366,36 @@ def test_device_and_isinstance(corpus):
     assert [b["position_ids"].tolist() for b in got] == [
         b["position_ids"].tolist() for b in want]
     assert "device" in ld.stats() and ld.stats()["route"] == "packed"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_len_is_the_same_on_every_rank(corpus, world, drop_last):
+    """Every rank takes as many steps (a rank short of one hangs DDP): ``len(loader)`` is equal
+    on every rank and is what each yields; rows past the epoch's tokens are padding only."""
+    path, docs = corpus
+    for batch in (1, 2, 3):
+        loaders = [feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(
+            path, shuffle=True, seed=5, rank=r, world_size=world), 16), batch_size=batch,
+            drop_last=drop_last) for r in range(world)]
+        lens = [len(ld) for ld in loaders]
+        got = _lockstep(loaders)
+        assert len(set(lens)) == 1 and [len(g) for g in got] == lens
+        rows = [row for g in got for b in g for row in b["labels"]]
+        filled = [int((row != -100).sum()) for row in rows]
+        assert sum(1 for f in filled if 0 < f < 16) <= 1  # only the epoch's last row is short
+        assert filled.count(0) < world  # rows of padding only: fewer than the ranks
+
+
+def test_an_epoch_without_a_memoized_transform_imports_no_function_index(corpus):
+    """The io tally asks whether the transform is a FunctionIndex's: a loader without one does
+    not import the function index (and its LMDB wrapper) to find out, in its first batch."""
+    path, _ = corpus
+    code = ("import sys, feedpipe\n"
+            "ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(sys.argv[1]), 16),"
+            " batch_size=2)\n"
+            "n = sum(1 for _ in ld)\n"
+            "print(n, 'feedpipe.caches._function_index' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert int(out[0]) > 0 and out[1] == "False"

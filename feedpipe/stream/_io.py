@@ -20,6 +20,7 @@ fetched during the pass is counted with it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 FIELDS = ("local_bytes", "remote_requests", "remote_bytes", "l1_hits", "l1_misses", "l1_fills",
           "decoded_hits", "decoded_misses", "l2_hits", "l2_misses")
 ZERO = (0,) * len(FIELDS)
+_MEMO = __name__.rsplit(".", 2)[0] + ".caches._function_index"  # where Memoized is defined
 
 
 def io_figures(counts: tuple[int, ...] | list[int]) -> dict[str, Any]:
@@ -76,10 +78,11 @@ class IoTally:
              else rec.tar_size / max(1, rec.samples) for rec in shards.manifest.shards],
             dtype=np.float64)
         self._first = shards.first
-        from ..caches._function_index import Memoized
-
+        # a transform is a Memoized only once its module was imported: a loader without one
+        # does not import it (with its LMDB wrapper) in its first batch
+        memo = sys.modules.get(_MEMO)
         fn = dataset.transform
-        self._index = fn.index if isinstance(fn, Memoized) else None
+        self._index = fn.index if memo is not None and isinstance(fn, memo.Memoized) else None
         self.local_bytes = 0.0
         self._last = self._read()
 

@@ -89,10 +89,13 @@ class Packed:
     dict of ``input_ids``, ``position_ids`` and ``labels`` (int64 ``[batch, seq_len]``) and
     ``cu_seqlens`` (int32, the boundaries of the pieces in the flattened batch, for
     variable-length attention kernels). ``position_ids`` count from 0 at each piece; ``labels``
-    are ``input_ids`` with -100 on padding, which only the epoch's last row has (with several
-    ranks, also up to ``world_size - 1`` rows of padding only after it, so that every rank gets
-    as many batches). ``FeedLoader(..., num_workers=N)`` makes the rows in N worker processes
-    (route ``packed-workers``); ``device=`` works as for any dataset.
+    are ``input_ids`` with -100 on padding, which only the epoch's last row has, and with
+    several ranks up to ``world_size - 1`` rows of padding only after it: every rank must take
+    as many steps (under DDP a rank that runs out of batches first leaves the others waiting in
+    a collective that never completes), so the rows are made a multiple of the world size and
+    ``len(loader)`` is the same on every rank. ``FeedLoader(..., num_workers=N)`` makes the
+    rows in N worker processes (route ``packed-workers``); ``device=`` works as for any
+    dataset.
 
     Args:
         dataset: a FeedDataset whose samples hold one document each; its rank and world size
@@ -128,7 +131,7 @@ class Packed:
         self._docs: TokenDocs | None | bool = False  # False: not looked at yet; None: read whole
         self._lengths: np.ndarray | None = None  # per global sample id; -1: not known yet
         self._epoch: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, order, offsets)
-        self._counting = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ...: the positions of a piece
+        self._counting = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ...: a token's place in its batch
         # per open shard: its reader, its map as bytes and as elements of each dtype
         self._views: dict[int, tuple[Any, np.ndarray, dict[np.dtype, np.ndarray]]] = {}
 
@@ -259,12 +262,13 @@ class Packed:
         starts = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * L, at[into == 0],
                                            [m] if m < N else []]).astype(np.int64))
         ends = np.append(starts, N)
-        counts = np.diff(ends).tolist()
+        counts = np.diff(ends)
         tokens = self._tokens(epoch, order[doc], into, k)  # the group's, copied now: a shard
         # cut later cannot reach them
         pos_edge = np.searchsorted(starts, edges).tolist()
-        if len(self._counting) < L:
-            self._counting = np.arange(L, dtype=np.int64)
+        most = int(np.diff(edges).max(initial=0))  # the tokens of the group's largest batch
+        if len(self._counting) < most:
+            self._counting = np.arange(most, dtype=np.int64)
         group = _Group(tokens, counts, pos_edge, ends, edges.tolist(), m, L, self.pad_id,
                        self._counting)
         return [group.make(b) for b in range(len(groups))] if make else [
@@ -465,7 +469,7 @@ class _Group:
 
     __slots__ = ("tokens", "counts", "pos_edge", "ends", "edges", "m", "L", "pad", "count")
 
-    def __init__(self, tokens: np.ndarray, counts: list[int], pos_edge: list[int],
+    def __init__(self, tokens: np.ndarray, counts: np.ndarray, pos_edge: list[int],
                  ends: np.ndarray, edges: list[int], m: int, L: int, pad: int,
                  count: np.ndarray) -> None:
         self.tokens, self.counts = tokens, counts
@@ -484,9 +488,11 @@ class _Group:
         if full < hi - lo:
             ids[full:] = self.pad
             labels[full:] = IGNORE
+        # a token's position: its place in the batch less its piece's start (no loop over
+        # the pieces)
         i, j = self.pos_edge[b], self.pos_edge[b + 1]
-        count = self.count
-        np.concatenate([count[:c] for c in self.counts[i:j]], out=pos)
+        np.subtract(self.count[:hi - lo], np.repeat(self.ends[i:j] - lo, self.counts[i:j]),
+                    out=pos)
         return {"input_ids": torch.from_numpy(ids.reshape(-1, L)),
                 "position_ids": torch.from_numpy(pos.reshape(-1, L)),
                 "labels": torch.from_numpy(labels.reshape(-1, L)),
