@@ -13,6 +13,8 @@ Bytes read from local shards (the dataset's own files, or the L1 cache's copies)
 batch, from the manifest: each sample read from a shard counts that shard's size over its
 sample count, so an epoch counts the shards' sizes, headers included. Samples the decoded store
 served count nothing there.
+A :class:`~feedpipe.Packed` dataset counts the token bytes it copied out of its documents
+(``Packed.bytes_read``): rows take slices of the shards, not whole samples.
 
 The remote count is the process's, not the dataset's: what another dataset of the same process
 fetched during the pass is counted with it.
@@ -84,6 +86,9 @@ class IoTally:
         fn = dataset.transform
         self._index = fn.index if memo is not None and isinstance(fn, memo.Memoized) else None
         self.local_bytes = 0.0
+        # a Packed counts the token bytes it slices out of the shards itself
+        self._sliced = getattr(dataset, "bytes_read", None) is not None
+        self._sliced_from = dataset.bytes_read if self._sliced else 0  # type: ignore[attr-defined]
         self._last = self._read()
 
     def counted(self, fetch: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], Any]:
@@ -114,7 +119,10 @@ class IoTally:
         store = ds.decoded
         dec = (store.stats.hits, store.stats.misses) if store is not None else (0, 0)
         l2 = self._index.counts() if self._index is not None else (0, 0)
-        return (round(self.local_bytes), requests, fetched, *l1, *dec, *l2)
+        local = self.local_bytes
+        if self._sliced:
+            local += ds.bytes_read - self._sliced_from  # type: ignore[attr-defined]
+        return (round(local), requests, fetched, *l1, *dec, *l2)
 
     def take(self) -> tuple[int, ...]:
         """What was counted since the last take. A tier whose counters went back (a store or

@@ -128,6 +128,7 @@ class Packed:
         self.field = field
         self.pad_id = int(pad_id)
         self.documents_read = 0
+        self.bytes_read = 0  # token bytes copied out of the documents (loader.stats()["io"])
         self._docs: TokenDocs | None | bool = False  # False: not looked at yet; None: read whole
         self._lengths: np.ndarray | None = None  # per global sample id; -1: not known yet
         self._epoch: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, order, offsets)
@@ -290,11 +291,13 @@ class Packed:
             out = np.empty(int(k.sum()), dtype=np.int64)
             if views:
                 np.concatenate(views, out=out, casting="unsafe")
+            self.bytes_read += sum(v.nbytes for v in views)
             return out
         shard = where.shard[docs]
         kind = where.kind[docs]
         size = where.itemsize[kind]
         byte = where.start[docs] + into * size
+        self.bytes_read += int((k * size).sum())
         shards = self.dataset.shards
         used = np.unique(shard).tolist()
         with shards.hold(used):  # opening one closes none this batch reads
