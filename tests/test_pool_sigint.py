@@ -266,3 +266,42 @@ def test_a_resume_over_a_finished_dataset_with_a_shard_gone_redoes_it(tmp_path: 
     s = shard(str(src), str(out), workers=1, max_samples=2, resume=True)
     assert s.reused_shards == 0 and s.shards == 4
     assert (out / "data-000001.tar").exists()
+
+
+def test_a_join_that_fails_on_its_thread_stops_the_run_and_leaves_no_temp_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool's shards are joined on threads of the parent while the workers write the next
+    parts: a join's error (here the disk full on shard 3) still ends the run with that error,
+    the joins under way finish, no temp file stays, and --resume finishes the same bytes as a
+    clean run."""
+    import errno
+
+    import feedpipe
+    import feedpipe.convert._executors as executors
+    from feedpipe.errors import OutputError
+
+    src = tmp_path / "src"
+    make_image_folder(str(src), classes=2, per_class=20)
+    real = executors.finish_shard
+
+    def finish_shard(out: str, name: str, parts: list) -> object:  # type: ignore[type-arg]
+        if name == "data-000003.tar":
+            raise OutputError(errno.ENOSPC, f"{out}/{name}: no space left on the device")
+        return real(out, name, parts)
+
+    monkeypatch.setattr(executors, "finish_shard", finish_shard)
+    out = tmp_path / "out"
+    with pytest.raises(OutputError, match=r"data-000003\.tar: no space"):
+        feedpipe.shard(str(src), str(out), max_samples=2, workers=2, method="general")
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name or ".part" in p.name]
+    assert not (out / "manifest.json").exists() and not (out / "data-000003.tar").exists()
+    monkeypatch.undo()
+    s = feedpipe.shard(str(src), str(out), max_samples=2, workers=2, method="general",
+                       resume=True)
+    assert s.shards == 20 and s.reused_shards < 20
+    feedpipe.shard(str(src), str(tmp_path / "clean"), max_samples=2, workers=2,
+                   method="general")
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        p.name for p in (tmp_path / "clean").iterdir())
+    for p in (tmp_path / "clean").glob("*.tar"):
+        assert (out / p.name).read_bytes() == p.read_bytes()
