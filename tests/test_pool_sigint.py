@@ -284,7 +284,7 @@ def test_a_join_that_fails_on_its_thread_stops_the_run_and_leaves_no_temp_file(
     make_image_folder(str(src), classes=2, per_class=20)
     real = executors.finish_shard
 
-    def finish_shard(out: str, name: str, parts: list) -> object:  # type: ignore[type-arg]
+    def finish_shard(out: str, name: str, parts: list[tuple[str, object]]) -> object:
         if name == "data-000003.tar":
             raise OutputError(errno.ENOSPC, f"{out}/{name}: no space left on the device")
         return real(out, name, parts)
