@@ -278,13 +278,14 @@ def test_a_join_that_fails_on_its_thread_stops_the_run_and_leaves_no_temp_file(
 
     import feedpipe
     import feedpipe.convert._executors as executors
+    from feedpipe.convert._writer import PartResult
     from feedpipe.errors import OutputError
 
     src = tmp_path / "src"
     make_image_folder(str(src), classes=2, per_class=20)
     real = executors.finish_shard
 
-    def finish_shard(out: str, name: str, parts: list[tuple[str, object]]) -> object:
+    def finish_shard(out: str, name: str, parts: list[tuple[str, PartResult]]) -> object:
         if name == "data-000003.tar":
             raise OutputError(errno.ENOSPC, f"{out}/{name}: no space left on the device")
         return real(out, name, parts)
