@@ -165,6 +165,7 @@ def _interrupted_run(tmp_path: Path, script: str, *options: str, finished: bool 
                            capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0, again.stderr
     assert finished == ("already holds this conversion, complete" in again.stderr), again.stderr
+    assert finished == ("all there already: nothing written" in again.stdout), again.stdout
     verified = subprocess.run([sys.executable, "-m", "feedpipe", "verify", str(out)],
                               capture_output=True, text=True, env=env, timeout=120)
     assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -134,7 +134,11 @@ def _shard_text(a: argparse.Namespace, s: Any) -> str:
         lines.append("  merged   all parts -> manifest.json" if s.merged else
                      f"  part     {s.part} done; once all {count} parts are done, run "
                      f"`feedpipe merge {s.out}` (or give the last part --merge)")
+    from ..convert._shard import ALREADY_COMPLETE
+
     kept = f"   ({s.reused_shards} kept from the interrupted run)" if s.reused_shards else ""
+    if s.executor == ALREADY_COMPLETE:
+        kept = "   (all there already: nothing written)"
     lines += [
         f"  method   {s.method:>10}   ({s.executor}{'; ' + s.why if s.why else ''})",
         f"  shards   {s.shards:>10}{kept}",

@@ -281,6 +281,10 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
         method=choice.method, executor=executor.describe(), why=choice.why)
 
 
+# the executor of a resume over a dataset already complete (the CLI's summary says so)
+ALREADY_COMPLETE = "nothing to do: the dataset was already complete"
+
+
 def _already_complete(out: str, m: Manifest, plan: Any, name_prefix: str, total_files: int,
                       t0: float) -> ShardSummary:
     """The summary of a ``resume`` over a dataset this very conversion finished (same inputs
@@ -302,7 +306,7 @@ def _already_complete(out: str, m: Manifest, plan: Any, name_prefix: str, total_
         bytes=nbytes, skipped=len(m.skipped), reused_shards=len(m.shards), seconds=secs,
         files_per_s=0.0, mb_per_s=0.0, skipped_inputs=list(m.skipped),
         method=method if isinstance(method, str) else "general",
-        executor="nothing to do: the dataset was already complete")
+        executor=ALREADY_COMPLETE)
 
 
 def _executor(choice: Choice, opts: ShardOptions, workers: int,
