@@ -18,15 +18,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import (
-    FIRST_COMPLETED,
-    Future,
-    ProcessPoolExecutor,
-    ThreadPoolExecutor,
-    wait,
-)
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -168,7 +161,6 @@ def _drive(pool: ProcessPoolExecutor, token: int | None, job: Job,
     futures: dict[Future[PartResult], tuple[int, int]] = {}
     results: dict[int, dict[int, PartResult]] = {i: {} for i in job.todo}
     pending: set[Future[PartResult]] = set()
-    joins = _Joins(job)
     try:
         with sigint_held():  # the workers start as the first parts are submitted
             for i in job.todo:
@@ -192,67 +184,10 @@ def _drive(pool: ProcessPoolExecutor, token: int | None, job: Job,
                 job.bar.update(res.files)
                 written += res.bytes
                 if len(results[i]) == len(plan[i]):
-                    joins.submit(i, [(paths[i, k], results[i][k]) for k in range(len(plan[i]))])
-            joins.collect()
+                    job.commit(i, [(paths[i, k], results[i][k]) for k in range(len(plan[i]))])
             interrupted()
-        joins.close()
     except BaseException:
-        # the parts and joins under way finish (each into its temp file); the others never start
-        joins.abandon()
+        # the parts under way finish (each into its temp file); the others never start
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     return written
-
-
-class _Joins:
-    """The shards of a pool's run, joined and committed on a few threads of this process while
-    the workers write the next parts.
-
-    Each commit syncs its shard, index and ``--resume`` record to disk before the shard's rename
-    (crash safety). One after the other, each sync waits for its own journal commit, and for
-    thousands of tiny shards the run is mostly that wait; syncs issued together are committed
-    together, so several joins at once write the same files with the same guarantees in a
-    fraction of the time. Shards are recorded (``job.record``) in the calling thread; an error
-    of a join is raised there too. Used where a Ctrl-C is deferred (:func:`sigint_deferred`),
-    so that none lands inside the futures' internals."""
-
-    THREADS = 4
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        self.pool: ThreadPoolExecutor | None = None
-        self.running: dict[Future[tuple[ShardRecord, Any, list[tuple[str, str]]]], int] = {}
-        self.done: deque[Future[tuple[ShardRecord, Any, list[tuple[str, str]]]]] = deque()
-
-    def submit(self, i: int, parts: list[tuple[str, PartResult]]) -> None:
-        """Join shard ``i`` from its written parts."""
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(self.THREADS, thread_name_prefix="feedpipe-join")
-        fut = self.pool.submit(finish_shard, self.job.out, self.job.names[i], parts)
-        self.running[fut] = i
-        fut.add_done_callback(self.done.append)  # (a deque's append is thread-safe)
-
-    def collect(self, wait_all: bool = False) -> None:
-        """Record the shards joined so far (``wait_all``: every one submitted)."""
-        if wait_all:
-            finished = list(self.running)
-            self.done.clear()
-        else:
-            finished = [self.done.popleft() for _ in range(len(self.done))]
-        for fut in finished:
-            i = self.running.pop(fut)
-            rec, idx, skipped = fut.result()
-            self.job.record(i, rec, skipped, idx.fields())
-
-    def close(self) -> None:
-        """Wait for every join and record it."""
-        try:
-            self.collect(wait_all=True)
-        finally:
-            self.abandon()
-
-    def abandon(self) -> None:
-        """Let the joins under way finish, and start no other."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
