@@ -11,6 +11,7 @@ between parts (``sigint_deferred``)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -132,9 +133,11 @@ raise SystemExit(main())
 """
 
 
-def _interrupted_run(tmp_path: Path, script: str, *options: str) -> None:
+def _interrupted_run(tmp_path: Path, script: str, *options: str, finished: bool = False) -> None:
     """Run ``feedpipe shard ... options`` through ``script`` (which sends the SIGINT); it must
-    end with the one-line --resume hint, and the --resume finish the dataset."""
+    end with the one-line --resume hint, and the --resume finish the dataset. ``finished``: the
+    SIGINT comes after the manifest is written: the run ends with status 0 and one line saying
+    there is nothing to resume, and the --resume says the dataset is complete."""
     src, out = tmp_path / "src", tmp_path / "out"
     make_image_folder(str(src), classes=4, per_class=10)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
@@ -153,13 +156,16 @@ def _interrupted_run(tmp_path: Path, script: str, *options: str) -> None:
         os.killpg(p.pid, signal.SIGKILL)
         stderr = p.communicate()[1]
         pytest.fail(f"the run hung after the Ctrl-C; its threads:\n{stderr}")
-    assert p.returncode == 130, (stdout, stderr)
+    assert p.returncode == (0 if finished else 130), (stdout, stderr)
     assert "Traceback" not in stderr, stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "--resume" in lines[0], stderr
+    assert len(lines) == 1, stderr
+    assert ("nothing to resume" if finished else "--resume") in lines[0], stderr
     again = subprocess.run([sys.executable, "-m", "feedpipe", *args, "--resume"],
                            capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0, again.stderr
+    assert finished == ("already holds this conversion, complete" in again.stderr), again.stderr
+    assert finished == ("all there already: nothing written" in again.stdout), again.stdout
     verified = subprocess.run([sys.executable, "-m", "feedpipe", "verify", str(out)],
                               capture_output=True, text=True, env=env, timeout=120)
     assert verified.returncode == 0, verified.stdout + verified.stderr
@@ -172,8 +178,11 @@ def test_ctrl_c_while_a_pool_shuts_down_ends_the_run_instead_of_hanging(
     thread for finished. At exit multiprocessing closed the pool's call queue (its feeder
     thread stopped) before the manager thread had sent the workers their stop sentinels through
     it: the workers never stopped, and the exit handler and the manager thread waited for them
-    forever. Now the Ctrl-C is noted and raised once the pool is shut down."""
-    _interrupted_run(tmp_path, _JOIN_WINDOW, "--method", method)
+    forever. Now the Ctrl-C is noted and raised once the pool is shut down.
+
+    The one-pass method shuts its pool down after the manifest is written (the pool joined the
+    shards): that Ctrl-C came when the dataset was complete, and the run says it finished."""
+    _interrupted_run(tmp_path, _JOIN_WINDOW, "--method", method, finished=method == "one-pass")
 
 
 def test_ctrl_c_inside_the_pools_wait_ends_the_run_instead_of_hanging(tmp_path: Path) -> None:
@@ -186,3 +195,75 @@ def test_ctrl_c_inside_the_pools_wait_ends_the_run_instead_of_hanging(tmp_path: 
     if not hasattr(base, "_AcquireFutures"):
         pytest.skip("this Python's concurrent.futures takes the futures' locks otherwise")
     _interrupted_run(tmp_path, _WAIT_WINDOW, "--method", "general")
+
+
+# `feedpipe shard` with a Ctrl-C that lands the moment the dataset's manifest has been written
+# (the end of a run: the pool shut down, the manifest is the commit point): a real SIGINT, sent
+# from inside the run right after manifest.json appeared
+_AFTER_MANIFEST = """
+import os, signal, sys
+import feedpipe.convert._output_dir as output_dir
+signal.signal(signal.SIGINT, signal.default_int_handler)
+write_manifest = output_dir.write_manifest
+def written(*args, **kwargs):
+    path = write_manifest(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGINT)
+    return path
+output_dir.write_manifest = written
+from feedpipe.cli import main
+raise SystemExit(main())
+"""
+
+
+def _shards(out: Path) -> dict[str, tuple[int, int]]:
+    """Each shard's inode and modification time: a rewritten shard changes both."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*.tar")}
+
+
+def test_a_ctrl_c_after_the_manifest_is_written_reports_a_finished_run(tmp_path: Path) -> None:
+    """The dataset is complete once its manifest is written: a Ctrl-C after that point was
+    reported as an interrupted conversion (status 130, "rerun with --resume"), and the --resume
+    then redid every shard. Now the run says it finished (status 0, its summary, and one line
+    saying there is nothing to resume), and a --resume over the finished dataset says it is
+    complete and writes nothing."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_image_folder(str(src), classes=4, per_class=10)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    args = ["shard", str(src), str(out), "--workers", "2", "--max-samples", "2",
+            "--method", "general", "--no-progress"]
+    p = subprocess.run([sys.executable, "-c", _AFTER_MANIFEST, *args], capture_output=True,
+                       text=True, env=env, timeout=120, start_new_session=True)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and "--resume" not in p.stderr, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "nothing to resume" in lines[0], p.stderr
+    assert "shards" in p.stdout, p.stdout  # the summary
+    assert (out / "manifest.json").exists()
+    assert not [n for n in os.listdir(out) if n.startswith(".feedpipe-shard-state")
+                or n.endswith(".record.json")], os.listdir(out)  # tidied up in full
+    before = _shards(out)
+    assert len(before) == 20
+    again = subprocess.run([sys.executable, "-m", "feedpipe", *args, "--resume", "--json"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "already holds this conversion, complete" in again.stderr, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["shards"] == summary["reused_shards"] == 20, summary
+    assert _shards(out) == before  # nothing rewritten
+    verified = subprocess.run([sys.executable, "-m", "feedpipe", "verify", str(out)],
+                              capture_output=True, text=True, env=env, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_resume_over_a_finished_dataset_with_a_shard_gone_redoes_it(tmp_path: Path) -> None:
+    """The check of a finished dataset is cheap (the manifest's fingerprint, each shard's size):
+    a shard missing is said, and the conversion is redone into a whole dataset again."""
+    from feedpipe import shard
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_image_folder(str(src), classes=2, per_class=4)
+    shard(str(src), str(out), workers=1, max_samples=2)
+    (out / "data-000001.tar").unlink()
+    s = shard(str(src), str(out), workers=1, max_samples=2, resume=True)
+    assert s.reused_shards == 0 and s.shards == 4
+    assert (out / "data-000001.tar").exists()

@@ -5,8 +5,9 @@ written once under ``--data``) with 2 workers, in a subprocess that leads its ow
 and sends SIGINT to the whole group after a random delay. A try ends:
 
 - clean: status 130 and one line on stderr, the hint to rerun with ``--resume``;
-- finished: status 0, the run was done before the interrupt came (or was killed by it as the
-  interpreter exited, its manifest written: the shell shows no message then);
+- finished: status 0, the run was done before the interrupt came (or the interrupt came after
+  its manifest was written: then one line says there is nothing to resume; or it was killed by
+  it as the interpreter exited, its manifest written: the shell shows no message then);
 - traceback: "Traceback" on stderr;
 - hang: still running after ``--wait`` seconds. Every thread's stack of the run is printed
   (faulthandler, on SIGUSR1) before it is killed;
@@ -18,6 +19,7 @@ The delay counts from the start, or with ``--at METHOD`` from the run's first ca
     python tools/ctrlc_trial.py 120                          # start-up, mid-run, the end
     python tools/ctrlc_trial.py 60 --at shutdown --lo 0 --hi 0.1   # a pool's end, the manifest
     python tools/ctrlc_trial.py 60 --method general
+    python tools/ctrlc_trial.py 40 --dask tcp://127.0.0.1:8786   # tasks on a running cluster
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ sys.argv[0] = "feedpipe"
 raise SystemExit(main())
 """
 HINT = "rerun the same command with --resume"
+DONE = "nothing to resume"
 
 
 def main() -> int:
@@ -66,6 +69,8 @@ def main() -> int:
                     help="count the delay from the run's first call of this pool method")
     ap.add_argument("--method", default=None, help="feedpipe shard --method")
     ap.add_argument("--max-samples", type=int, default=50, help="per shard (default 50)")
+    ap.add_argument("--dask", default=None, help="feedpipe shard --dask ADDRESS (a cluster "
+                    "started apart: the Ctrl-C reaches the client only)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--wait", type=float, default=30, help="a hang after this long, s")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "ctrlc-trial-data"))
@@ -84,6 +89,7 @@ def main() -> int:
         cmd = [sys.executable, "-c", BOOT, "shard", img, out, "--workers", "2",
                "--max-samples", str(a.max_samples), "--no-progress"]
         cmd += ["--method", a.method] if a.method else []
+        cmd += ["--dask", a.dask] if a.dask else []
         env = dict(os.environ)
         fds: tuple[int, ...] = ()
         if a.at:
@@ -123,7 +129,9 @@ def main() -> int:
                 kind = "traceback"
             elif p.returncode == 130 and len(lines) == 1 and HINT in lines[0]:
                 kind = "clean"
-            elif not lines and (p.returncode == 0 or (p.returncode == -signal.SIGINT and done)):
+            elif done and ((p.returncode == 0 and (not lines or
+                                                   (len(lines) == 1 and DONE in lines[0])))
+                           or (p.returncode == -signal.SIGINT and not lines)):
                 kind = "finished"
             else:
                 kind = "other"

@@ -115,3 +115,60 @@ def die_with_parent(parent: int) -> None:
             pass
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+class InterruptedAfterCommit(KeyboardInterrupt):
+    """A Ctrl-C that came after the work reached its commit point (:class:`CommitPoint`): the
+    work is complete and nothing is to be resumed. ``result`` is what the work returned, where
+    it got that far (else ``None``)."""
+
+    def __init__(self, message: str, result: Any = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class CommitPoint:
+    """Used as ``with CommitPoint(what) as cp:``. Until :meth:`reached` a Ctrl-C raises where it
+    lands, as usual; from the call on (the moment the work is complete, e.g. just before its
+    manifest is written) it is only noted, and the end of the block raises a noted one as
+    :class:`InterruptedAfterCommit` carrying ``cp.result`` and ``what`` in its message.
+
+    So a Ctrl-C that comes while a finished conversion writes its manifest, tidies up, releases
+    its lock or prints its summary is not reported as an interrupted conversion (which would
+    send the user to redo it). Nothing is deferred outside the main thread, or where SIGINT has
+    a handler other than Python's default (the program's own, or ignored); blocks nest (an inner
+    one does nothing)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.result: Any = None
+        self._recorder: _Recorder | None = None
+        self._old: Any = None
+
+    def __enter__(self) -> CommitPoint:
+        return self
+
+    def reached(self) -> None:
+        """From now on the work is complete: a Ctrl-C is noted, not raised."""
+        import signal
+        import threading
+
+        if self._recorder is not None or \
+                threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(signal.SIGINT)
+        if current is not signal.default_int_handler:  # (a _Recorder: an outer block defers)
+            return
+        self._recorder = _Recorder()
+        self._old = signal.signal(signal.SIGINT, self._recorder)
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        import signal
+
+        if self._recorder is None:
+            return
+        signal.signal(signal.SIGINT, self._old)
+        noted, self._recorder = self._recorder.interrupted, None
+        if noted and exc is None:
+            raise InterruptedAfterCommit(f"{self.what} was complete when the Ctrl-C came: "
+                                         "nothing to resume", self.result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from .._helpers.sizes import format_size
@@ -92,6 +93,7 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_shard(a: argparse.Namespace) -> int:
+    from .._helpers.pool_context import CommitPoint, InterruptedAfterCommit
     from ..convert._options import ShardOptions
     from ..convert._shard import shard
 
@@ -101,8 +103,24 @@ def cmd_shard(a: argparse.Namespace) -> int:
         manifest=a.manifest, workers=a.workers, resume=a.resume, method=a.method, part=a.part,
         merge=a.merge, dask=a.dask, retries=a.retries,
         show_progress=False if a.no_progress else None, columns=a.columns, classes=a.classes)
-    s = shard(a.src, a.out, opts)
-    emit(a, s.to_dict(), lambda: _shard_text(a, s))
+    try:
+        s = shard(a.src, a.out, opts)
+        late: InterruptedAfterCommit | None = None
+    except InterruptedAfterCommit as e:  # the dataset is complete: the summary stands
+        s, late = e.result, e
+    try:
+        with CommitPoint("the conversion") as point:
+            point.reached()  # a Ctrl-C while the summary prints does not undo the run either
+            emit(a, s.to_dict(), lambda: _shard_text(a, s))
+    except InterruptedAfterCommit as e:
+        late = late or e
+    if late is not None:
+        # status 0: the exit status says whether OUT is usable, and it is; 130 would send the
+        # user (or a script retrying on it) to resume a conversion that has nothing left to do
+        done = (f"part {s.part} was complete (its part record written)" if s.part else
+                "the dataset was complete (manifest.json written)")
+        print(f"feedpipe shard: {s.out}: the Ctrl-C came after {done}: it is finished, "
+              "there is nothing to resume", file=sys.stderr)
     return 0
 
 
@@ -116,7 +134,11 @@ def _shard_text(a: argparse.Namespace, s: Any) -> str:
         lines.append("  merged   all parts -> manifest.json" if s.merged else
                      f"  part     {s.part} done; once all {count} parts are done, run "
                      f"`feedpipe merge {s.out}` (or give the last part --merge)")
+    from ..convert._shard import ALREADY_COMPLETE
+
     kept = f"   ({s.reused_shards} kept from the interrupted run)" if s.reused_shards else ""
+    if s.executor == ALREADY_COMPLETE:
+        kept = "   (all there already: nothing written)"
     lines += [
         f"  method   {s.method:>10}   ({s.executor}{'; ' + s.why if s.why else ''})",
         f"  shards   {s.shards:>10}{kept}",

@@ -115,8 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``feedpipe`` subcommand; returns the exit status.
 
     0: done; 1: a check found problems (``verify``); 2: bad input or options (the message says
-    which); 130: interrupted. A reader that closes stdout early (``feedpipe ... | head``) ends
-    the command quietly with status 141, as a shell reports a process ended by SIGPIPE."""
+    which); 130: interrupted (a ``shard`` whose manifest was written when the Ctrl-C came is
+    finished: 0, and a line saying so). A reader that closes stdout early (``feedpipe ... |
+    head``) ends the command quietly with status 141, as a shell reports a process ended by
+    SIGPIPE."""
     argv = list(sys.argv[1:] if argv is None else argv)
     Parser.json_errors = "--json" in argv
     try:

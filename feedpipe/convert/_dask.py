@@ -30,6 +30,7 @@ So the shards, indexes and manifest are byte-identical to a local run's with the
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,8 +43,10 @@ from ._shard_plan import sample_size
 from ._sources import SampleSpec, Source
 from ._writer import PartResult, finish_shard, write_part
 
+log = logging.getLogger("feedpipe.convert")
 _PURPOSE = "feedpipe shard --dask"
 CONNECT_TIMEOUT = "30s"
+STOP_TIMEOUT = 120  # s: a task stops after its shard under way
 TASK_FILES = 4096
 TASK_BYTES = 64 << 20
 TASKS_PER_SLOT = 4
@@ -151,13 +154,16 @@ def _check_out(out: str) -> None:
 
 
 def write_task(source: Source, units: list[Unit], parts: list[list[list[SampleSpec]]],
-               paths: list[list[str]], names: list[str], on_error: str, out: str
-               ) -> list[UnitResult]:
+               paths: list[list[str]], names: list[str], on_error: str, out: str,
+               stop: str | None = None) -> list[UnitResult]:
     """Task: write the parts of ``units`` (``parts[k]``, ``paths[k]``: unit ``k``'s) as hidden
-    temp files in ``out``; commit each whole shard as soon as its parts are written."""
+    temp files in ``out``; commit each whole shard as soon as its parts are written. Once the
+    file ``stop`` exists (the client's run is ending) no other unit is started."""
     _check_out(out)
     results = []
     for unit, specs, upaths, name in zip(units, parts, paths, names):
+        if stop is not None and os.path.exists(stop):
+            break
         r = UnitResult(unit, [write_part(source, s, p, on_error) for s, p in zip(specs, upaths)])
         if unit.whole:
             rec, idx, skipped = finish_shard(out, name, list(zip(upaths, r.parts)))
@@ -166,12 +172,16 @@ def write_task(source: Source, units: list[Unit], parts: list[list[list[SampleSp
     return results
 
 
-def join_task(out: str, name: str, shard: int, paths: list[str], *done: list[UnitResult]
-              ) -> Committed:
+def join_task(out: str, name: str, shard: int, paths: list[str], *done: list[UnitResult],
+              stop: str | None = None) -> Committed | None:
     """Task: join the parts of a split shard (written by the tasks ``done``) into ``out/name``
-    atomically; its record, skips and fields."""
+    atomically; its record, skips and fields (``None``: the file ``stop`` exists, the run is
+    ending, or a writer stopped before its parts)."""
     _check_out(out)
     got = sorted((r for d in done for r in d if r.unit.shard == shard), key=lambda r: r.unit.first)
+    if (stop is not None and os.path.exists(stop)) or \
+            sum(r.unit.end - r.unit.first for r in got) != len(paths):
+        return None
     results = [p for r in got for p in r.parts]
     rec, idx, skipped = finish_shard(out, name, list(zip(paths, results)))
     return rec, skipped, idx.fields()
@@ -206,6 +216,7 @@ def run_on_dask(
     except OSError as e:
         raise OutputError(f"{cluster}: cannot connect to the dask scheduler ({e})") from e
     run = uuid.uuid4().hex[:8]
+    stop = os.path.join(out, f".feedpipe-dask-stop-{run}")
     futures: list[Any] = []
     try:
         slots = max(1, sum(client.nthreads().values()))
@@ -215,7 +226,7 @@ def run_on_dask(
             fut = client.submit(
                 write_task, source, units, [plan[u.shard][u.first:u.end] for u in units],
                 [[part_paths[u.shard, j] for j in range(u.first, u.end)] for u in units],
-                [names[u.shard] for u in units], on_error, out,
+                [names[u.shard] for u in units], on_error, out, stop,
                 key=f"feedpipe-write-{k}-{run}", retries=retries, pure=False)
             kind[fut.key] = None
             futures.append(fut)
@@ -224,7 +235,7 @@ def run_on_dask(
                     writers.setdefault(u.shard, []).append(fut)
         for i, deps in writers.items():
             paths = [part_paths[i, j] for j in range(len(plan[i]))]
-            fut = client.submit(join_task, out, names[i], i, paths, *deps,
+            fut = client.submit(join_task, out, names[i], i, paths, *deps, stop=stop,
                                 key=f"feedpipe-join-{names[i]}-{run}", retries=retries,
                                 pure=False)
             kind[fut.key] = i
@@ -234,7 +245,8 @@ def run_on_dask(
             result = fut.result()  # raises the task's own error once its retries are spent
             joined = kind[fut.key]
             if joined is not None:
-                record(joined, *result)
+                if result is not None:
+                    record(joined, *result)
                 continue
             for r in result:
                 bar.update(r.files)
@@ -243,11 +255,40 @@ def run_on_dask(
                     record(r.unit.shard, *r.committed)
         return written
     except BaseException:
-        client.cancel(futures)
+        _stop_tasks(client, futures, stop, distributed)
         raise
     finally:
         if own:
             client.close()
+
+
+def _stop_tasks(client: Any, futures: list[Any], stop: str, distributed: Any) -> None:
+    """End the run's tasks before the run ends (a Ctrl-C, or a task's error): a task the
+    cluster is running cannot be cancelled (its worker thread goes on), and would go on writing
+    shards into OUT behind the back of a ``--resume``, or of a user told the run stopped. The
+    file ``stop`` tells every task to start no other shard; this waits until each has ended
+    (the shards under way finish, as in a local pool), then cancels what is left. A second
+    Ctrl-C stops the wait."""
+    try:
+        try:
+            with open(stop, "x"):
+                pass
+        except OSError as e:
+            log.warning("feedpipe shard --dask: cannot tell the cluster's tasks to stop (%s): "
+                        "those running go on to their end and may still commit shards into "
+                        "%s", e, os.path.dirname(stop))
+        else:
+            distributed.wait(futures, timeout=STOP_TIMEOUT)
+    except BaseException as e:  # (a second Ctrl-C, or the wait's timeout)
+        log.warning("feedpipe shard --dask: stopped waiting for the cluster's tasks to end "
+                    "(%s): those still running may commit shards into %s",
+                    type(e).__name__, os.path.dirname(stop))
+    finally:
+        client.cancel(futures)
+        try:
+            os.unlink(stop)
+        except OSError:
+            pass
 
 
 class DaskExecutor:

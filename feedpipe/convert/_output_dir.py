@@ -11,6 +11,7 @@ run.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..format._manifest import Manifest, write_manifest, write_wids_index
 from ..format._write_lock import WriterLock
 from ._writer import output_error
 
+log = logging.getLogger("feedpipe.convert")
 STATE_NAME = ".feedpipe-shard-state.json"
 WIDS_NAME = "wids.json"
 
@@ -113,6 +115,33 @@ def write_dataset_manifest(out: str, m: Manifest) -> None:
         if isinstance(e, OSError):
             raise output_error(e, os.path.join(out, MANIFEST_NAME)) from e
         raise
+
+
+def finished_dataset(out: str, fp: str) -> Manifest | None:
+    """The manifest of ``out`` where it records a conversion of plan fingerprint ``fp`` (the same
+    inputs and options) and each of its shards is there at the size it records; else ``None``.
+    A cheap check (no shard is read): ``feedpipe verify`` checks the bytes."""
+    path = os.path.join(out, MANIFEST_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            m = Manifest.from_json(f.read(), where=path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # (a damaged manifest: check_state says what to do)
+        return None
+    if m.created_by.get("plan_fingerprint") != fp:
+        return None
+    for rec in m.shards:
+        try:
+            size = os.path.getsize(os.path.join(out, rec.name))
+        except OSError:
+            size = -1
+        if size != rec.bytes:
+            log.warning("%s: holds a finished dataset of this conversion, but its shard %s is "
+                        "%s: the conversion is redone", out, rec.name,
+                        "missing" if size < 0 else f"{size} bytes, not the {rec.bytes} recorded")
+            return None
+    return m
 
 
 def check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME,

@@ -29,9 +29,11 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import closing, nullcontext
+from contextvars import ContextVar
 from typing import Any
 
 from .. import __version__
+from .._helpers.pool_context import CommitPoint
 from .._helpers.progress import progress
 from .._helpers.storage import is_local, local_path
 from ..errors import InputError, KeyClashError, OutputError
@@ -48,6 +50,7 @@ from ._output_dir import (
     STATE_NAME,
     check_state,
     clean_temps,
+    finished_dataset,
     prepare_out,
     take_lock,
     unlink_quiet,
@@ -116,7 +119,36 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
 
 def _under_lock(out: str, part_of: tuple[int, int] | None,
                 run: Callable[[], ShardSummary]) -> ShardSummary:
-    """``run()`` with ``out`` locked for this writer (:mod:`~feedpipe.format._write_lock`)."""
+    """``run()`` with ``out`` locked for this writer (:mod:`~feedpipe.format._write_lock`).
+
+    From the moment the run commits (:func:`_commit`) to its return, a Ctrl-C is only noted,
+    then raised as an :class:`~feedpipe._helpers.pool_context.InterruptedAfterCommit` holding
+    the summary: the dataset is complete, and must not be reported as interrupted."""
+    what = (f"{printable(out)}: the conversion" if part_of is None
+            else f"{printable(out)}: part {part_of[0]}/{part_of[1]} of the conversion")
+    with CommitPoint(what) as point:
+        token = _COMMIT_POINT.set(point)
+        try:
+            point.result = _locked_run(out, part_of, run)
+        finally:
+            _COMMIT_POINT.reset(token)
+        return point.result
+
+
+# the commit point of the run under way in this context (see _under_lock)
+_COMMIT_POINT: ContextVar[CommitPoint | None] = ContextVar("feedpipe_shard_commit",
+                                                           default=None)
+
+
+def _commit_point_reached() -> None:
+    """The run is complete from here on (its manifest or part record is being written)."""
+    point = _COMMIT_POINT.get()
+    if point is not None:
+        point.reached()
+
+
+def _locked_run(out: str, part_of: tuple[int, int] | None,
+                run: Callable[[], ShardSummary]) -> ShardSummary:
     existed = not is_local(out) or os.path.lexists(local_path(out))
     lock = take_lock(out, None if part_of is None else part_tag(*part_of), "feedpipe shard")
     try:
@@ -198,6 +230,10 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
         samples = shuffled(samples, opts.seed)
     plan = plan_shards(samples, opts.max_bytes, opts.max_samples, PART_SAMPLES)
     fp = plan_fingerprint(opts.output_options(), plan)
+    total_files = sum(len(s.files) for s in samples)
+    done = finished_dataset(out, fp) if opts.resume and part_of is None else None
+    if done is not None:
+        return _already_complete(out, done, plan, name_prefix, total_files, t0)
     check_state(out, fp, opts.resume, state, opts.output_options())
     if staged is None:  # (the staging files are this run's)
         clean_temps(out, name_prefix, state)
@@ -210,7 +246,6 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
                 records[i] = got
     reused = len(records)
     todo = [i for i in range(len(plan)) if i not in records]
-    total_files = sum(len(s.files) for s in samples)
     bar = progress(total_files, "shard", "file", opts.show_progress)
     bar.update(sum(len(s.files) for i in records for p in plan[i] for s in p))
 
@@ -244,6 +279,34 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
         mb_per_s=nbytes / secs / 1e6 if secs > 0 else 0.0, skipped_inputs=list(m.skipped),
         part=None if part_info is None else part_info.label, merged=merged,
         method=choice.method, executor=executor.describe(), why=choice.why)
+
+
+# the executor of a resume over a dataset already complete (the CLI's summary says so)
+ALREADY_COMPLETE = "nothing to do: the dataset was already complete"
+
+
+def _already_complete(out: str, m: Manifest, plan: Any, name_prefix: str, total_files: int,
+                      t0: float) -> ShardSummary:
+    """The summary of a ``resume`` over a dataset this very conversion finished (same inputs
+    and options, every shard there at its recorded size): nothing is written. What a resume
+    would have needed and an older run left behind is removed."""
+    _commit_point_reached()
+    clean_temps(out, name_prefix)
+    for i in range(len(plan)):
+        unlink_quiet(os.path.join(out, f".{name_prefix}-{i:06d}.tar.record.json"))
+    unlink_quiet(os.path.join(out, STATE_NAME))
+    log.warning("feedpipe shard: %s already holds this conversion, complete (its manifest.json "
+                "and all %d shards): nothing to resume, nothing written", printable(out),
+                len(m.shards))
+    secs = time.perf_counter() - t0
+    nbytes = sum(r.bytes for r in m.shards)
+    method = m.created_by.get("method")
+    return ShardSummary(
+        out=out, shards=len(m.shards), samples=m.total_samples, files=total_files,
+        bytes=nbytes, skipped=len(m.skipped), reused_shards=len(m.shards), seconds=secs,
+        files_per_s=0.0, mb_per_s=0.0, skipped_inputs=list(m.skipped),
+        method=method if isinstance(method, str) else "general",
+        executor=ALREADY_COMPLETE)
 
 
 def _executor(choice: Choice, opts: ShardOptions, workers: int,
@@ -284,7 +347,10 @@ def _manifest(src: str, opts: ShardOptions, choice: Choice, listing: Listing, pl
 def _commit(out: str, opts: ShardOptions, m: Manifest, listing: Listing,
             part_info: PartInfo | None, names: list[str], state: str) -> bool:
     """Write the manifest (a part: its part record, and with ``merge`` the manifest once every
-    part is done) and remove what only a resume needed; whether this run merged the parts."""
+    part is done) and remove what only a resume needed; whether this run merged the parts.
+    This is the run's commit point: a Ctrl-C from here on is noted, not raised (see
+    :func:`_under_lock`), so the files that only a resume needed are removed in full."""
+    _commit_point_reached()
     if part_info is None:
         write_dataset_manifest(out, m)
         for name in names:
