@@ -53,6 +53,26 @@ def dataset_identity(manifest: Manifest) -> dict[str, Any]:
             "samples": manifest.total_samples}
 
 
+
+def checked_resume_point(state: Any, mismatch: Any, url: str, strict: bool) -> tuple[int, int]:
+    """The ``(epoch, position)`` of a loader ``state`` for the dataset at ``url``, whose
+    ``mismatch(state)`` says why the state is another dataset's (or ``None``): refused with a
+    :class:`~feedpipe.errors.StateError`, or with ``strict=False`` logged and the saved epoch's
+    start."""
+    if not isinstance(state, dict) or "position" not in state:
+        raise StateError("not a feedpipe loader state (no 'position'): pass what "
+                         "FeedLoader.state_dict() returned")
+    why = mismatch(state)
+    if why is not None:
+        if strict:
+            raise StateError(f"cannot resume {url}: {why}; the order would differ and "
+                             "samples would repeat or be lost (load_state_dict(state, "
+                             "strict=False) starts the saved epoch afresh instead)")
+        log.warning("feedpipe: %s: %s; starting epoch %s afresh", url, why,
+                    state.get("epoch", 0))
+        return int(state.get("epoch", 0)), 0
+    return int(state["epoch"]), int(state["position"])
+
 class FeedDataset(IterableDataset):
     """Stream a feedpipe (or ``feedpipe index``-ed WebDataset) shard dataset.
 
@@ -279,19 +299,7 @@ class FeedDataset(IterableDataset):
         A state saved on another dataset, shard layout, seed or shuffle would repeat and lose
         samples: refused with a :class:`~feedpipe.errors.StateError` saying what differs, unless
         ``strict=False``, which logs the difference and gives the saved epoch's start."""
-        if not isinstance(state, dict) or "position" not in state:
-            raise StateError("not a feedpipe loader state (no 'position'): pass what "
-                             "FeedLoader.state_dict() returned")
-        why = self._mismatch(state)
-        if why is not None:
-            if strict:
-                raise StateError(f"cannot resume {self.url}: {why}; the order would differ and "
-                                 "samples would repeat or be lost (load_state_dict(state, "
-                                 "strict=False) starts the saved epoch afresh instead)")
-            log.warning("feedpipe: %s: %s; starting epoch %s afresh", self.url, why,
-                        state.get("epoch", 0))
-            return int(state.get("epoch", 0)), 0
-        return int(state["epoch"]), int(state["position"])
+        return checked_resume_point(state, self._mismatch, self.url, strict)
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """The direct reader's resumable state: its epoch and the global position reached

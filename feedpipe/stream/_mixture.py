@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import FeedpipeError, PlanError, StateError
+from ..errors import FeedpipeError, PlanError
 from ..plan._mixture import MixturePlan
 from ..plan._order import Split, worker_positions
 from ._batch_loop import EpochReader, Skips
-from ._dataset import FeedDataset
+from ._dataset import FeedDataset, checked_resume_point
 from ._epoch import EpochState
 from ._mixture_fetch import BySource, BySourceInto
 from ._mixture_shards import MixtureShards
@@ -352,19 +352,7 @@ class Mixture(IterableDataset):
     def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
         """The ``(epoch, position)`` a reader loading ``state`` continues from; a state of
         another mixture is refused (``strict=False``: logged, the saved epoch from its start)."""
-        if not isinstance(state, dict) or "position" not in state:
-            raise StateError("not a feedpipe loader state (no 'position'): pass what "
-                             "FeedLoader.state_dict() returned")
-        why = self._mismatch(state)
-        if why is not None:
-            if strict:
-                raise StateError(f"cannot resume {self.url}: {why}; the order would differ "
-                                 "(load_state_dict(state, strict=False) starts the saved epoch "
-                                 "afresh instead)")
-            log.warning("feedpipe: %s: %s; starting epoch %s afresh", self.url, why,
-                        state.get("epoch", 0))
-            return int(state.get("epoch", 0)), 0
-        return int(state["epoch"]), int(state["position"])
+        return checked_resume_point(state, self._mismatch, self.url, strict)
 
     def _mismatch(self, state: dict[str, Any]) -> str | None:
         if state.get("kind") != "mixture" or state.get("version") != STATE_VERSION:
