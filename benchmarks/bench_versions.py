@@ -20,6 +20,14 @@ Phases (datasets from ``benchmarks/datasets.py``, sharded once by the working tr
   256, a function of each sample's bytes and label), 2 epochs after one untimed; samples/s.
 - ``convert`` / ``convert-tiny``: ``feedpipe.shard`` of the ``images`` / ``tiny`` source trees
   with 2 workers into a fresh directory; source files/s.
+- ``mixture``: a ``Mixture`` of three sources (``images``' shards opened three times, seeded
+  apart, weights 0.5 / 0.3 / 0.2), raw batches of 256 with ``num_workers=2``,
+  ``--read-epochs`` epochs after one untimed; samples/s.
+- ``packed``: ``Packed(FeedDataset(tokens, shuffle=True), 2048)`` in batches of 8 rows,
+  ``num_workers=0``, over 20,000 int32 token documents of random length (mean 600, written
+  once by the working tree), ``--read-epochs`` epochs after one untimed; tokens/s.
+  ``mixture`` and ``packed`` are left out, said on stderr and in the JSON's ``skipped``, when
+  the ``--before`` ref has no ``Mixture`` / ``Packed`` (b174a8c has neither).
 - ``ledger`` / ``ledger-0``: what ``FeedLoader(ledger=DIR)`` costs. Not two versions: the
   working tree's ``read`` phase (``ledger-0``: the same with ``num_workers=0``) without a ledger
   (the ``before`` column) against the same with a fresh ledger directory (the ``tree`` column),
@@ -73,7 +81,11 @@ from common import (
 )
 
 PHASES = ("direct", "read", "read-tiny", "decode", "decode-small", "transform", "convert",
-          "convert-tiny")
+          "convert-tiny", "mixture", "packed")
+# phases of public names younger than some refs: a ref without the name has nothing to compare
+NEEDS = {"mixture": "Mixture", "packed": "Packed"}
+MIX_WEIGHTS = {"web": 0.5, "books": 0.3, "code": 0.2}
+SEQ_LEN, PACKED_BATCH = 2048, 8
 SAME_TREE = ("ledger", "ledger-0")  # the working tree without and with a ledger
 BATCH = 256
 SPEED_BAR, RSS_BAR = 0.97, 1.1
@@ -179,6 +191,15 @@ def worker(spec: dict[str, Any]) -> None:
                 spent = {}
             if ledger is not None:
                 shutil.rmtree(ledger, ignore_errors=True)
+        elif phase == "mixture":  # three sources (one shard set, seeded apart), raw batches
+            mix = feedpipe.Mixture({name: feedpipe.FeedDataset(root, shuffle=True, seed=i)
+                                    for i, name in enumerate(MIX_WEIGHTS)}, MIX_WEIGHTS)
+            fl = feedpipe.FeedLoader(mix, batch_size=BATCH, num_workers=2)
+            n, dt = _epochs(fl, spec["epochs"], lambda b: len(b["__key__"]))
+        elif phase == "packed":  # token documents packed to rows; the rate counts tokens
+            packed = feedpipe.Packed(feedpipe.FeedDataset(root, shuffle=True, seed=0), SEQ_LEN)
+            fl = feedpipe.FeedLoader(packed, batch_size=PACKED_BATCH)
+            n, dt = _epochs(fl, spec["epochs"], lambda b: int(b["input_ids"].numel()))
         elif phase == "decode":
             ds = feedpipe.FeedDataset(root, shuffle=True, seed=0,
                                       transform=ImagePipeline(224, mean=None))
@@ -292,6 +313,32 @@ def _parquet(root: str, rows: int) -> dict[str, Any]:
     return {"src": path, "shards": os.path.dirname(path), "files": rows}
 
 
+def _tokens(root: str, docs: int) -> dict[str, Any]:
+    """The packed phase's corpus: ``docs`` int32 token documents of random length (mean 600,
+    seed 0) as ``tokens.npy`` fields, written once by the working tree."""
+    out = os.path.join(root, "tokens", f"docs-{docs}")
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        import numpy as np
+
+        import feedpipe
+
+        rng = np.random.default_rng(0)
+        lengths = rng.integers(16, 1200, size=docs)
+        shutil.rmtree(out, ignore_errors=True)
+        feedpipe.write_samples(
+            ({"__key__": f"d{i:07d}",
+              "tokens.npy": rng.integers(0, 50_000, size=int(k), dtype=np.int32)}
+             for i, k in enumerate(lengths)), out, max_samples=max(1, docs // 8))
+    return {"src": out, "shards": out, "files": docs}
+
+
+def has_name(ref: str, name: str) -> bool:
+    """Whether ``ref``'s public API exports ``name`` (read from its ``feedpipe/__init__.py``)."""
+    r = subprocess.run(["git", "-C", REPO, "show", f"{ref}:feedpipe/__init__.py"],
+                       capture_output=True, text=True, check=False)
+    return f'"{name}"' in r.stdout
+
+
 def tree_of(ref: str, where: str) -> str:
     """A checkout of ``ref`` under ``where`` (a git worktree), with the C extension built."""
     path = os.path.join(where, "before")
@@ -324,6 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     import feedpipe
 
     phases = a.phases.split(",")
+    skipped = {p: f"{a.before} has no feedpipe.{NEEDS[p]}" for p in phases
+               if p in NEEDS and not has_name(a.before, NEEDS[p])}
+    for p, why in skipped.items():
+        print(f"phase {p} left out: {why} (compare with a later --before)", file=sys.stderr)
+    phases = [p for p in phases if p not in skipped]
+    if not phases:
+        print("no phase left to compare", file=sys.stderr)
+        return 1
     data = {}
     for name, labels in (("images", True), ("tiny", False), ("photos", True)):
         info = datasets.ensure(name, root=a.root, quick=a.quick)
@@ -336,10 +391,12 @@ def main(argv: list[str] | None = None) -> int:
         data[name] = {"src": info["src"], "shards": shards, "files": info["files"]}
     if "convert-parquet" in phases:
         data["parquet"] = _parquet(a.root, a.parquet_rows)
+    if "packed" in phases:
+        data["tokens"] = _tokens(a.root, 2000 if a.quick else 20_000)
     of_phase = {"direct": "images", "read": "images", "read-tiny": "tiny", "decode": "photos",
                 "decode-small": "images", "transform": "images", "convert": "images",
                 "convert-tiny": "tiny", "convert-parquet": "parquet", "ledger": "images",
-                "ledger-0": "images"}
+                "ledger-0": "images", "mixture": "images", "packed": "tokens"}
     passes = 2 if a.quick else a.passes
     scratch = tempfile.mkdtemp(prefix="bench-versions-")
     # phases that compare the working tree with itself need no checkout of the ref
@@ -428,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
            "passes": passes,
            "environment": env, "summary": summary, "bars": bars,
            "runs": {f"{k[0]}/{k[1]}": v for k, v in runs.items()}, "errors": errors,
+           "skipped": skipped,
            "elapsed_seconds": time.perf_counter() - t_start}
     path = write_results(a.name, doc)
     with open(path[:-5] + ".md", "w", encoding="utf-8") as f:
