@@ -399,3 +399,36 @@ def test_an_epoch_without_a_memoized_transform_imports_no_function_index(corpus)
     out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
                          check=True).stdout.split()
     assert int(out[0]) > 0 and out[1] == "False"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_each_epoch_of_a_mixture_delivers_its_own_documents(tmp_path, world):
+    """A ``Packed(Mixture(...))`` whose epochs draw different documents (``epoch_size`` below the
+    sources' size) has as many rows as each epoch's own tokens need: every token of the epoch's
+    documents once on every later epoch too, none lost to the first epoch's row count, and
+    ``len(loader)`` the epoch's batches."""
+    lengths = np.random.default_rng(0).integers(5, 60, size=80).tolist()
+    docs = _docs(lengths)
+    for name, part in (("web", docs[:60]), ("books", docs[60:])):
+        write_samples([{"__key__": f"{name}{i:03d}", "tokens.npy": d}
+                       for i, d in enumerate(part)], str(tmp_path / name), max_samples=16)
+
+    def mixture(rank: int) -> feedpipe.Mixture:
+        return feedpipe.Mixture({n: feedpipe.FeedDataset(str(tmp_path / n), shuffle=True,
+                                                         rank=rank, world_size=world)
+                                 for n in ("web", "books")},
+                                weights={"web": 3, "books": 1}, epoch_size=20, seed=3)
+
+    loaders = [feedpipe.FeedLoader(feedpipe.Packed(mixture(r), seq_len=32), batch_size=4)
+               for r in range(world)]
+    mix = mixture(0)
+    totals = set()
+    for epoch in range(5):
+        lens = [len(ld) for ld in loaders]
+        got = _lockstep(loaders)
+        assert [len(g) for g in got] == lens == [lens[0]] * world
+        drawn = mix.plan(epoch).sample_ids(np.arange(mix.epoch_size))
+        want = Counter(t for g in drawn.tolist() for t in docs[g].tolist())
+        assert Counter(t for g in got for t in _tokens(g)) == want, epoch
+        totals.add(sum(want.values()))
+    assert len(totals) > 1  # the epochs do draw documents of other lengths

@@ -403,12 +403,14 @@ class Packed:
         e = self.dataset.epoch if epoch is None else int(epoch)
         return Plan((self.num_rows(e) + self.world.world_size,), epoch=e, shuffle=False)
 
-    def split_at(self, start: int = 0, whole_batches: bool = False) -> Split:
-        """This rank's share of the rows from row ``start`` on (:func:`rows_split`; an epoch's
-        row count is the same in every epoch)."""
+    def split_at(self, start: int = 0, whole_batches: bool = False, *,
+                 epoch: int | None = None) -> Split:
+        """This rank's share of ``epoch``'s rows (``None``: the dataset's direct reader's
+        epoch) from row ``start`` on (:func:`rows_split`). The row count is the epoch's own:
+        the epochs of a :class:`~feedpipe.Mixture` draw documents of other lengths."""
         w = self.world
-        return rows_split(self.num_rows(self.dataset.epoch), int(start), w.world_size, w.rank,
-                          whole_batches)
+        e = self.dataset.epoch if epoch is None else int(epoch)
+        return rows_split(self.num_rows(e), int(start), w.world_size, w.rank, whole_batches)
 
     # -- states ------------------------------------------------------------------------------
     def state_at(self, epoch: int, row: int) -> dict[str, Any]:
