@@ -26,6 +26,10 @@ the process (the figure to read where other work shares the cores: wall time the
 waits for a core). feedpipe's batches also carry ``position_ids``, ``labels`` (int64, as
 the issue asks) and ``cu_seqlens``; LitData's are the token ids only, in their stored dtype.
 
+Where feedpipe's optional C extension (``feedpipe._packrows``, which copies the token pieces)
+is built, ``feedpipe-numpy`` is feedpipe with it switched off, as where it did not build (not a
+peer, in no ratio).
+
 **The floor** (not a peer, in no ratio): a numpy loop that writes the same three int64 fields of
 every batch and does nothing else (ids cast from the corpus's int32 tokens read in order,
 labels a copy of them, positions a copy of a ramp): what writing those bytes costs on this
@@ -108,9 +112,13 @@ def measure(system: str, path: str, seq_len: int, batch: int, epochs: int,
             docs: int, mean_len: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     epoch: Any  # a callable: an iterator over one epoch's batches
-    if system == "feedpipe":
+    if system in ("feedpipe", "feedpipe-numpy"):
         import feedpipe
 
+        if system == "feedpipe-numpy":  # as where the C extension did not build
+            from feedpipe.stream import _packed
+
+            _packed._packrows = None
         ds = feedpipe.FeedDataset(path, shuffle=True, seed=0)
         loader = feedpipe.FeedLoader(feedpipe.Packed(ds, seq_len), batch_size=batch)
         epoch = loader.__iter__
@@ -222,6 +230,7 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+PEERS = ("litdata", "streaming")
 FIGURES = {  # ratio name -> the per-system figure it compares
     "steady": "steady_tokens_per_s", "steady_cpu": "steady_tokens_per_cpu_s",
     "first": "tokens_per_s", "first_cpu": "tokens_per_cpu_s"}
@@ -256,6 +265,10 @@ def main() -> None:
             if system == "streaming" and importlib.util.find_spec("torchvision") is None:
                 skipped[system] += STREAMING_NEEDS_TORCHVISION
     paths["floor"] = "-"  # made in its own process from the corpus's seed
+    from feedpipe.stream._packed import piece_copier
+
+    if piece_copier() != "numpy":  # feedpipe as where its C extension did not build, too
+        paths["feedpipe-numpy"] = paths["feedpipe"]
     # every system's modules from their bytecode caches, as an installed package's are: the
     # first pass writes the caches where PYTHONDONTWRITEBYTECODE kept them from being written
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -277,7 +290,7 @@ def main() -> None:
                 continue
             this[system] = json.loads(p.stdout.strip().splitlines()[-1])
             passes[system].append(this[system])
-        peers = {s: r for s, r in this.items() if s not in ("feedpipe", "floor")}
+        peers = {s: r for s, r in this.items() if s in PEERS}
         if "feedpipe" in this and peers:
             for name, key in FIGURES.items():
                 ratios[name].append(this["feedpipe"][key] / max(r[key] for r in peers.values()))
@@ -305,6 +318,12 @@ def main() -> None:
                f"per-pass ratios.\nThe bar's figure, steady epochs (2..{a.epochs}) by wall: "
                f"{said('steady')}\nsteady epochs by CPU: {said('steady_cpu')}\n"
                f"first epoch by wall: {said('first')}\nfirst epoch by CPU: {said('first_cpu')}")
+    numpy_share = [a["steady_tokens_per_s"] / b["steady_tokens_per_s"] for a, b in zip(
+        passes.get("feedpipe-numpy", []), passes["feedpipe"])]
+    if numpy_share:
+        summary += (f"\nfeedpipe without its C extension (numpy copies the pieces), steady "
+                    f"tokens/s over feedpipe's: {np.median(numpy_share):.2f} (per pass "
+                    f"{', '.join(f'{r:.2f}' for r in numpy_share)})")
     if floor_share:
         summary += (f"\nfeedpipe's steady tokens/s over the numpy floor's (writing the three "
                     f"int64 fields only): {np.median(floor_share):.2f} (per pass "
@@ -318,7 +337,8 @@ def main() -> None:
            "first_ratio": median["first"], "first_cpu_ratio": median["first_cpu"],
            "ratios": ratios["steady"], "cpu_ratios": ratios["steady_cpu"],
            "first_ratios": ratios["first"], "first_cpu_ratios": ratios["first_cpu"],
-           "floor_shares": floor_share,
+           "floor_shares": floor_share, "numpy_shares": numpy_share,
+           "piece_copier": piece_copier(),
            "load_before": load_before, "load_after": list(os.getloadavg()),
            "summary_text": summary}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)

@@ -32,12 +32,35 @@ from ._token_docs import NotMapped, PackedFieldError, TokenDocs
 if TYPE_CHECKING:
     from ._batch_loop import PartTimes
 
+try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
+    from .. import _packrows
+except ImportError:  # pragma: no cover - where it did not build, numpy copies them
+    _packrows = None
+
 log = logging.getLogger("feedpipe")
 
 IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
 # the batches a reader's fetch makes together (PackedFetch): at most so many tokens and batches
 GROUP_TOKENS = 1 << 18
 GROUP_BATCHES = 16
+
+
+def piece_copier() -> str:
+    """What copies the token pieces of raw ``.npy`` documents out of the shards: the C
+    extension ``feedpipe._packrows`` where it was built, else ``numpy`` (slower: one view
+    object per piece, see ``benchmarks/bench_packed.py``)."""
+    return "numpy" if _packrows is None else "feedpipe._packrows"
+
+
+_said: list[bool] = []  # the numpy copy was logged (once a process)
+
+
+def _say_numpy() -> None:
+    if not _said:
+        _said.append(True)
+        log.info("feedpipe: Packed copies token pieces with numpy: the C extension "
+                 "feedpipe._packrows was not built (it needs a C compiler when feedpipe is "
+                 "installed); the batches are the same, made more slowly")
 
 
 def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
@@ -303,7 +326,14 @@ class Packed:
         with shards.hold(used):  # opening one closes none this batch reads
             maps = self._maps(used)
             shards.check(used)  # a shard cut since it was opened: an error, not a SIGBUS
+        if len(where.dtypes) == 1 and _packrows is not None:  # the common case, in C
+            dt = where.dtypes[0]
+            out = np.empty(int(k.sum()), dtype=dt)
+            _packrows.gather(out, tuple(maps[s] for s in used), np.searchsorted(used, shard),
+                             byte, k, dt.itemsize)
+            return out
         if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
+            _say_numpy()
             dt = where.dtypes[0]
             typed = {s: self._typed(s, maps[s], dt) for s in used}
             views = [typed[s][e:e + n] for s, e, n in zip(
