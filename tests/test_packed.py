@@ -500,3 +500,20 @@ def test_the_c_copy_refuses_pieces_outside_their_maps() -> None:
     with pytest.raises(TypeError, match="int64"):
         _packrows.gather(out, (m,), np.zeros(1, np.int32), i64(0), i64(1), 4)
     assert out[2:].tolist() == [0, 0]  # nothing written by a refused call
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_batches_do_not_depend_on_how_many_are_made_together(corpus, monkeypatch, group):
+    """A reader's batches are made a group at a time (``GROUP_BATCHES``): groups of 1 or 3
+    batches give the batches one group of the whole epoch gives."""
+    from feedpipe.stream import _packed
+
+    path, _ = corpus
+    whole = _epoch_batches(path)
+    assert len(whole) > 3 * group
+    monkeypatch.setattr(_packed, "GROUP_BATCHES", group)
+    got = _epoch_batches(path)
+    assert len(got) == len(whole)
+    for a, b in zip(got, whole):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k

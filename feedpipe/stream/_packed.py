@@ -41,8 +41,8 @@ log = logging.getLogger("feedpipe")
 
 IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
 # the batches a reader's fetch makes together (PackedFetch): at most so many tokens and batches
-GROUP_TOKENS = 1 << 18
-GROUP_BATCHES = 16
+GROUP_TOKENS = 1 << 19
+GROUP_BATCHES = 32
 
 
 def piece_copier() -> str:
