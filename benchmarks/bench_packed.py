@@ -274,7 +274,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     passes: dict[str, list[dict[str, Any]]] = {s: [] for s in paths}
     ratios: dict[str, list[float]] = {k: [] for k in FIGURES}
-    floor_share: list[float] = []  # feedpipe's steady tokens/s over the floor's
+    floor_share: list[float] = []  # feedpipe's steady tokens per CPU second over the floor's
     for k in range(a.passes):
         order = list(paths) if k % 2 == 0 else list(reversed(paths))
         this = {}
@@ -295,8 +295,8 @@ def main() -> None:
             for name, key in FIGURES.items():
                 ratios[name].append(this["feedpipe"][key] / max(r[key] for r in peers.values()))
         if "feedpipe" in this and "floor" in this:
-            floor_share.append(this["feedpipe"]["steady_tokens_per_s"]
-                               / this["floor"]["steady_tokens_per_s"])
+            floor_share.append(this["feedpipe"]["steady_tokens_per_cpu_s"]
+                               / this["floor"]["steady_tokens_per_cpu_s"])
     results = []
     for system, rs in passes.items():
         if not rs:
@@ -318,15 +318,15 @@ def main() -> None:
                f"per-pass ratios.\nThe bar's figure, steady epochs (2..{a.epochs}) by wall: "
                f"{said('steady')}\nsteady epochs by CPU: {said('steady_cpu')}\n"
                f"first epoch by wall: {said('first')}\nfirst epoch by CPU: {said('first_cpu')}")
-    numpy_share = [a["steady_tokens_per_s"] / b["steady_tokens_per_s"] for a, b in zip(
+    numpy_share = [a["steady_tokens_per_cpu_s"] / b["steady_tokens_per_cpu_s"] for a, b in zip(
         passes.get("feedpipe-numpy", []), passes["feedpipe"])]
     if numpy_share:
         summary += (f"\nfeedpipe without its C extension (numpy copies the pieces), steady "
-                    f"tokens/s over feedpipe's: {np.median(numpy_share):.2f} (per pass "
-                    f"{', '.join(f'{r:.2f}' for r in numpy_share)})")
+                    f"tokens per CPU second over feedpipe's: {np.median(numpy_share):.2f} "
+                    f"(per pass {', '.join(f'{r:.2f}' for r in numpy_share)})")
     if floor_share:
-        summary += (f"\nfeedpipe's steady tokens/s over the numpy floor's (writing the three "
-                    f"int64 fields only): {np.median(floor_share):.2f} (per pass "
+        summary += (f"\nfeedpipe's steady tokens per CPU second over the numpy floor's (writing "
+                    f"the three int64 fields only): {np.median(floor_share):.2f} (per pass "
                     f"{', '.join(f'{r:.2f}' for r in floor_share)})")
     doc = {"benchmark": "packed", "environment": environment(),
            "params": {"docs": a.docs, "mean_len": a.mean_len, "seq_len": a.seq_len,
