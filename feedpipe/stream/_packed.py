@@ -488,6 +488,7 @@ class PackedFetch:
         clock = time.perf_counter
         pending: list[np.ndarray] = []
         rows = 0
+        size = 1  # the first batch is made on its own: the reader waits for no group
         end = object()
         it = iter(batches)
         while True:
@@ -495,7 +496,7 @@ class PackedFetch:
             if ids is not end:
                 pending.append(ids)  # type: ignore[arg-type]
                 rows += len(ids)  # type: ignore[arg-type]
-                if rows < most and len(pending) < GROUP_BATCHES:
+                if rows < most and len(pending) < size:
                     continue
             if not pending:
                 return
@@ -511,6 +512,7 @@ class PackedFetch:
                 yield batch
             # the group's tokens go before the next group's are copied: one at a time alive
             pending, rows, group = [], 0, None  # type: ignore[assignment]
+            size = GROUP_BATCHES
 
 
 class _Group:
