@@ -24,7 +24,8 @@ static int get_i64(PyObject *obj, Py_buffer *view, const char *name)
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return -1;
     const char *f = view->format;
-    if (view->itemsize != 8 || f == NULL || strchr("ql", f[strlen(f) - 1]) == NULL
+    size_t flen = f == NULL ? 0 : strlen(f);
+    if (view->itemsize != 8 || flen == 0 || (f[flen - 1] != 'q' && f[flen - 1] != 'l')
         || strchr(f, '>') != NULL || strchr(f, '!') != NULL) {
         PyErr_Format(PyExc_TypeError, "_packrows: %s must be a contiguous int64 array", name);
         PyBuffer_Release(view);
@@ -76,26 +77,27 @@ static PyObject *gather(PyObject *Py_UNUSED(self), PyObject *args)
     /* every piece checked before any byte moves */
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (w[i] < 0 || w[i] >= nmaps || st[i] < 0 || k[i] < 0
-            || k[i] > (views[w[i]].len - st[i]) / itemsize || st[i] > views[w[i]].len) {
+        if (w[i] < 0 || w[i] >= nmaps || st[i] < 0 || st[i] > views[w[i]].len || k[i] < 0
+            || k[i] > (views[w[i]].len - st[i]) / itemsize) {
             PyErr_Format(PyExc_ValueError,
                          "_packrows.gather: piece %zd (map %lld, byte %lld, %lld tokens) is outside "
                          "its map", i, (long long)w[i], (long long)st[i], (long long)k[i]);
             goto done;
         }
-        total += (Py_ssize_t)k[i] * itemsize;
-    }
-    if (total > out.len) {
-        PyErr_SetString(PyExc_ValueError, "_packrows.gather: the pieces do not fit in out");
-        goto done;
+        total += (Py_ssize_t)k[i] * itemsize; /* at most a map's size: no overflow */
+        if (total > out.len) {
+            PyErr_SetString(PyExc_ValueError, "_packrows.gather: the pieces do not fit in out");
+            goto done;
+        }
     }
     Py_BEGIN_ALLOW_THREADS
     char *dst = out.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + AHEAD < n) {
+        if (i + AHEAD < n) { /* a hint: it never faults */
             const char *p = (const char *)views[w[i + AHEAD]].buf + st[i + AHEAD];
             __builtin_prefetch(p);
-            __builtin_prefetch(p + 64);
+            if (k[i + AHEAD] * itemsize > 64)
+                __builtin_prefetch(p + 64);
         }
         size_t bytes = (size_t)k[i] * (size_t)itemsize;
         memcpy(dst, (const char *)views[w[i]].buf + st[i], bytes);

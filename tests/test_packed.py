@@ -494,6 +494,8 @@ def test_the_c_copy_refuses_pieces_outside_their_maps() -> None:
     with pytest.raises(ValueError, match="outside its map"):
         _packrows.gather(out, (m,), i64(0), i64(12), i64(2), 4)  # past the map's end
     with pytest.raises(ValueError, match="outside its map"):
+        _packrows.gather(out, (m,), i64(0), i64(17), i64(0), 4)  # starts past it
+    with pytest.raises(ValueError, match="outside its map"):
         _packrows.gather(out, (m,), i64(1), i64(0), i64(1), 4)  # no such map
     with pytest.raises(ValueError, match="do not fit"):
         _packrows.gather(out, (m, m), i64(0, 1), i64(0, 0), i64(3, 3), 4)
