@@ -252,11 +252,12 @@ class Packed:
 
     def batches_of(self, epoch: int, groups: list[np.ndarray]) -> list[dict[str, Any]]:
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
-        next) of ``epoch``, made together (:meth:`group`)."""
-        group = self.group(epoch, groups)
+        next) of ``epoch``, made together: where the pieces of each batch lie is worked out for
+        all at once, and their tokens are copied at once."""
+        group = self._group(epoch, groups)
         return [group.make(b) for b in range(len(groups))]
 
-    def group(self, epoch: int, groups: list[np.ndarray]) -> _Group:
+    def _group(self, epoch: int, groups: list[np.ndarray]) -> _Group:
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
         next) of ``epoch``, ready to be made one by one (:meth:`_Group.make`): where the pieces
         of each batch lie is worked out for all at once, and their tokens are copied out of the
@@ -469,7 +470,7 @@ class Packed:
 
 class PackedFetch:
     """fetch=packed: a reader's batches of rows made in groups of up to ``GROUP_TOKENS``
-    tokens and ``GROUP_BATCHES`` batches (:meth:`Packed.group`), so that numpy's per-call
+    tokens and ``GROUP_BATCHES`` batches (``Packed._group``), so that numpy's per-call
     costs are paid once a group, and each batch of a group written when it is asked for."""
 
     def __init__(self, packed: Packed, epoch: int) -> None:
@@ -501,7 +502,7 @@ class PackedFetch:
             if not pending:
                 return
             t0 = clock()
-            group = packed.group(epoch, pending)
+            group = packed._group(epoch, pending)
             if times is not None:
                 times.fetch += clock() - t0
             for b in range(len(pending)):
@@ -516,7 +517,7 @@ class PackedFetch:
 
 
 class _Group:
-    """The batches of one :meth:`Packed.group` call, each made when asked (:meth:`make`): the
+    """The batches of one ``Packed._group`` call, each made when asked (:meth:`make`): the
     group's tokens (``tokens``; the padding starts at ``m``), and where each piece of the
     positions starts (``starts``, ascending: each row, each document and the padding start
     one)."""
