@@ -1,8 +1,11 @@
-"""Build hook for the one optional C extension; all metadata is in pyproject.toml.
+"""Build hook for the optional C extensions; all metadata is in pyproject.toml.
 
 ``feedpipe._jpegcrop`` decodes only the crop window of a JPEG with libjpeg-turbo (see its source).
 It needs a C compiler and libjpeg-turbo's headers (Debian: ``libjpeg-dev``). It is optional: where
 it does not build, the install goes on and feedpipe decodes whole images with simplejpeg.
+
+``feedpipe._packrows`` copies ``feedpipe.Packed``'s token pieces out of the shards' maps (see its
+source). It needs a C compiler only. It is optional too: without it, numpy copies them, slower.
 """
 
 from setuptools import Extension, setup
@@ -15,6 +18,12 @@ setup(
             libraries=["jpeg"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "feedpipe._packrows",
+            sources=["feedpipe/_packrows.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

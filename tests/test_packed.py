@@ -10,6 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,7 @@ import feedpipe
 from feedpipe.convert._shard_writer import write_samples
 from feedpipe.errors import StateError
 from feedpipe.plan._order import Plan, iter_ids
-from feedpipe.stream._packed import PackedFieldError, row_pieces, rows_split
+from feedpipe.stream._packed import PackedFieldError, piece_copier, row_pieces, rows_split
 
 
 def _docs(lengths: list[int]) -> list[np.ndarray]:
@@ -399,3 +400,122 @@ def test_an_epoch_without_a_memoized_transform_imports_no_function_index(corpus)
     out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
                          check=True).stdout.split()
     assert int(out[0]) > 0 and out[1] == "False"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_each_epoch_of_a_mixture_delivers_its_own_documents(tmp_path, world):
+    """A ``Packed(Mixture(...))`` whose epochs draw different documents (``epoch_size`` below the
+    sources' size) has as many rows as each epoch's own tokens need: every token of the epoch's
+    documents once on every later epoch too, none lost to the first epoch's row count, and
+    ``len(loader)`` the epoch's batches."""
+    lengths = np.random.default_rng(0).integers(5, 60, size=80).tolist()
+    docs = _docs(lengths)
+    for name, part in (("web", docs[:60]), ("books", docs[60:])):
+        write_samples([{"__key__": f"{name}{i:03d}", "tokens.npy": d}
+                       for i, d in enumerate(part)], str(tmp_path / name), max_samples=16)
+
+    def mixture(rank: int) -> feedpipe.Mixture:
+        return feedpipe.Mixture({n: feedpipe.FeedDataset(str(tmp_path / n), shuffle=True,
+                                                         rank=rank, world_size=world)
+                                 for n in ("web", "books")},
+                                weights={"web": 3, "books": 1}, epoch_size=20, seed=3)
+
+    loaders = [feedpipe.FeedLoader(feedpipe.Packed(mixture(r), seq_len=32), batch_size=4)
+               for r in range(world)]
+    mix = mixture(0)
+    totals = set()
+    for epoch in range(5):
+        lens = [len(ld) for ld in loaders]
+        got = _lockstep(loaders)
+        assert [len(g) for g in got] == lens == [lens[0]] * world
+        drawn = mix.plan(epoch).sample_ids(np.arange(mix.epoch_size))
+        want = Counter(t for g in drawn.tolist() for t in docs[g].tolist())
+        assert Counter(t for g in got for t in _tokens(g)) == want, epoch
+        totals.add(sum(want.values()))
+    assert len(totals) > 1  # the epochs do draw documents of other lengths
+
+
+needs_packrows = pytest.mark.skipif(
+    piece_copier() == "numpy",
+    reason="feedpipe._packrows did not build (no C compiler at install)")
+
+
+def _epoch_batches(path, epoch=2):
+    ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(path, shuffle=True, seed=5),
+                                             16), batch_size=3)
+    ld.set_epoch(epoch)
+    return [{k: v.clone() for k, v in b.items()} for b in ld]
+
+
+@needs_packrows
+def test_the_c_copy_and_the_numpy_copy_give_the_same_batches(tmp_path, monkeypatch, caplog):
+    """The token pieces copied by ``feedpipe._packrows`` and by numpy (where it did not build)
+    make the same batches, for each token dtype a document may have; the numpy copy says so in
+    a log record."""
+    import logging
+
+    from feedpipe.stream import _packed
+
+    rng = np.random.default_rng(1)
+    for dtype in (np.int32, np.uint16, np.int64, ">i4"):
+        docs = [rng.integers(0, 30_000, size=int(n)).astype(dtype)
+                for n in rng.integers(1, 50, size=30)]
+        path = str(tmp_path / np.dtype(dtype).str)
+        write_samples([{"__key__": f"d{i:03d}", "tokens.npy": d} for i, d in enumerate(docs)],
+                      path, max_samples=7)
+        fast = _epoch_batches(path)
+        with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="feedpipe"):
+            m.setattr(_packed, "_packrows", None)
+            m.setattr(_packed, "_said", [])
+            slow = _epoch_batches(path)
+        assert "copies token pieces with numpy" in caplog.text
+        caplog.clear()
+        assert len(fast) == len(slow) > 1
+        for a, b in zip(fast, slow):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert torch.equal(a[k], b[k]), (dtype, k)
+        want = [int(t) for i in feedpipe.FeedDataset(path, shuffle=True, seed=5).plan(2)
+                .sample_ids(np.arange(len(docs))).tolist() for t in docs[i]]
+        assert _tokens(fast) == want
+
+
+@needs_packrows
+def test_the_c_copy_refuses_pieces_outside_their_maps() -> None:
+    from feedpipe import _packrows
+
+    m = np.arange(16, dtype=np.uint8)
+    out = np.zeros(4, dtype=np.int32)
+
+    def i64(*v: int) -> np.ndarray:
+        return np.array(v, dtype=np.int64)
+    assert _packrows.gather(out, (m,), i64(0), i64(4), i64(2), 4) == 2
+    assert out[:2].tolist() == np.frombuffer(m[4:12].tobytes(), dtype=np.int32).tolist()
+    with pytest.raises(ValueError, match="outside its map"):
+        _packrows.gather(out, (m,), i64(0), i64(12), i64(2), 4)  # past the map's end
+    with pytest.raises(ValueError, match="outside its map"):
+        _packrows.gather(out, (m,), i64(0), i64(17), i64(0), 4)  # starts past it
+    with pytest.raises(ValueError, match="outside its map"):
+        _packrows.gather(out, (m,), i64(1), i64(0), i64(1), 4)  # no such map
+    with pytest.raises(ValueError, match="do not fit"):
+        _packrows.gather(out, (m, m), i64(0, 1), i64(0, 0), i64(3, 3), 4)
+    with pytest.raises(TypeError, match="int64"):
+        _packrows.gather(out, (m,), np.zeros(1, np.int32), i64(0), i64(1), 4)
+    assert out[2:].tolist() == [0, 0]  # nothing written by a refused call
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_batches_do_not_depend_on_how_many_are_made_together(corpus, monkeypatch, group):
+    """A reader's batches are made a group at a time (``GROUP_BATCHES``): groups of 1 or 3
+    batches give the batches one group of the whole epoch gives."""
+    from feedpipe.stream import _packed
+
+    path, _ = corpus
+    whole = _epoch_batches(path)
+    assert len(whole) > 3 * group
+    monkeypatch.setattr(_packed, "GROUP_BATCHES", group)
+    got = _epoch_batches(path)
+    assert len(got) == len(whole)
+    for a, b in zip(got, whole):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k

@@ -124,9 +124,17 @@ def assemble(route: Route, dataset: FeedDataset, epoch: int, collate_fn: Any, *,
 
 def _packed(dataset: Any, epoch: int, reader: EpochReader | None) -> Assembly:
     """fetch=packed, sink=packed: token rows of a :class:`~feedpipe.Packed`, each batch made
-    whole by the fetch, with the reader's next batches."""
+    whole by the fetch, a group of the reader's batches at a time."""
     from ._packed import PackedFetch
     from ._store_gather import Finished
 
-    upcoming = reader.batches() if reader is not None else iter(())
-    return Assembly(PackedFetch(dataset, epoch, upcoming), Finished())
+    return PackedAssembly(PackedFetch(dataset, epoch), Finished())
+
+
+@dataclass
+class PackedAssembly(Assembly):
+    """The packed routes' parts: the fetch runs the loop itself, a group of batches at a time
+    (:meth:`~feedpipe.stream._packed.PackedFetch.run`), as nothing is left for a maker."""
+
+    def run(self, reader: EpochReader, times: PartTimes | None = None) -> Iterator[Any]:
+        return self.fetch.run(reader.batches(), times)  # type: ignore[attr-defined]

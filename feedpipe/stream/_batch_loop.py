@@ -83,7 +83,8 @@ class LoopDataset(Protocol):
 
     def plan(self, epoch: int | None = None) -> Plan: ...
 
-    def split_at(self, start: int = 0, whole_batches: bool = False) -> Split: ...
+    def split_at(self, start: int = 0, whole_batches: bool = False, *,
+                 epoch: int | None = None) -> Split: ...
 
 
 class Maker(Protocol):
@@ -166,7 +167,7 @@ class EpochReader:
                  workers: int = 1) -> None:
         self.dataset = dataset
         self.plan = dataset.plan(state.epoch)
-        self.split = dataset.split_at(state.start, state.whole_batches)
+        self.split = dataset.split_at(state.start, state.whole_batches, epoch=state.epoch)
         self.batch_size = state.batch_size
         self.worker, self.workers = worker, workers
         store = dataset.decoded

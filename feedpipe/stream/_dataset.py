@@ -216,9 +216,10 @@ class FeedDataset(IterableDataset):
         return Plan(self.shards.counts, self.seed, self.epoch if epoch is None else epoch,
                     self.shuffle, self.shuffle_window)
 
-    def split_at(self, start: int = 0, whole_batches: bool = False) -> Split:
+    def split_at(self, start: int = 0, whole_batches: bool = False, *,
+                 epoch: int | None = None) -> Split:
         """This rank's share of the epoch's positions from ``start`` on; ``whole_batches``:
-        each rank's short last batch is left out."""
+        each rank's short last batch is left out (every ``epoch`` has as many positions)."""
         return Split(self.manifest.total_samples, self.world.world_size, self.world.rank,
                      int(start), self.drop_last, bool(whole_batches))
 

@@ -86,4 +86,4 @@ class EpochState:
 
     def split(self, dataset: FeedDataset) -> Split:
         """This rank's share of the rest of the epoch of ``dataset``."""
-        return dataset.split_at(self.start, self.whole_batches)
+        return dataset.split_at(self.start, self.whole_batches, epoch=self.epoch)

@@ -268,9 +268,11 @@ class FeedLoader:
         self._epoch_chosen = True
 
     def __len__(self) -> int:
-        """Batches of this rank in a whole epoch (a resumed epoch yields only the rest)."""
+        """Batches of this rank in a whole epoch, the epoch the next pass reads (a resumed
+        epoch yields only the rest)."""
         self.dataset.attach()
-        return self.dataset.split_at(0, self.drop_last).batches(self.batch_size)
+        epoch = self._state.epoch + int(self._done() and not self._epoch_chosen)
+        return self.dataset.split_at(0, self.drop_last, epoch=epoch).batches(self.batch_size)
 
     def _done(self) -> bool:
         return self._finished or self._batches >= self._split.batches(self.batch_size) > 0

@@ -253,8 +253,10 @@ class Mixture(IterableDataset):
         return MixtureEpoch(self.mixture_plan, self.epoch if epoch is None else int(epoch),
                             self.shards.bases)
 
-    def split_at(self, start: int = 0, whole_batches: bool = False) -> Split:
-        """This rank's share of the epoch's positions from ``start`` on."""
+    def split_at(self, start: int = 0, whole_batches: bool = False, *,
+                 epoch: int | None = None) -> Split:
+        """This rank's share of the epoch's positions from ``start`` on (every ``epoch`` has
+        ``epoch_size``)."""
         return Split(self.epoch_size, self.world.world_size, self.world.rank, int(start),
                      self.drop_last, bool(whole_batches))
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import io
 import logging
-from collections import deque
+import time
 from collections.abc import Iterator
-from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,12 +29,38 @@ from ..plan._order import Plan, Split
 from ._dataset import FeedDataset
 from ._token_docs import NotMapped, PackedFieldError, TokenDocs
 
+if TYPE_CHECKING:
+    from ._batch_loop import PartTimes
+
+try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
+    from .. import _packrows
+except ImportError:  # pragma: no cover - where it did not build, numpy copies them
+    _packrows = None
+
 log = logging.getLogger("feedpipe")
 
 IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
 # the batches a reader's fetch makes together (PackedFetch): at most so many tokens and batches
-GROUP_TOKENS = 1 << 18
-GROUP_BATCHES = 16
+GROUP_TOKENS = 1 << 19
+GROUP_BATCHES = 32
+
+
+def piece_copier() -> str:
+    """What copies the token pieces of raw ``.npy`` documents out of the shards: the C
+    extension ``feedpipe._packrows`` where it was built, else ``numpy`` (slower: one view
+    object per piece, see ``benchmarks/bench_packed.py``)."""
+    return "numpy" if _packrows is None else "feedpipe._packrows"
+
+
+_said: list[bool] = []  # the numpy copy was logged (once a process)
+
+
+def _say_numpy() -> None:
+    if not _said:
+        _said.append(True)
+        log.info("feedpipe: Packed copies token pieces with numpy: the C extension "
+                 "feedpipe._packrows was not built (it needs a C compiler when feedpipe is "
+                 "installed); the batches are the same, made more slowly")
 
 
 def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
@@ -225,14 +250,20 @@ class Packed:
         """The batch of global rows ``rows`` (ascending) of ``epoch``."""
         return self.batches_of(epoch, [rows])[0]
 
-    def batches_of(self, epoch: int, groups: list[np.ndarray], *,
-                   make: bool = True) -> list[Any]:
+    def batches_of(self, epoch: int, groups: list[np.ndarray]) -> list[dict[str, Any]]:
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
         next) of ``epoch``, made together: where the pieces of each batch lie is worked out for
-        all at once (numpy's per-call costs paid once), and each batch is then copied on its
-        own. ``make=False``: each batch's maker instead (a callable), for a reader that makes
-        a batch only when it is asked for: the memory of the batch before is reused, warm,
-        where a group of batches made at once takes fresh memory (page faults) each time."""
+        all at once, and their tokens are copied at once."""
+        group = self._group(epoch, groups)
+        return [group.make(b) for b in range(len(groups))]
+
+    def _group(self, epoch: int, groups: list[np.ndarray]) -> _Group:
+        """The batches of global rows ``groups`` (each ascending, and ascending from one to the
+        next) of ``epoch``, ready to be made one by one (:meth:`_Group.make`): where the pieces
+        of each batch lie is worked out for all at once, and their tokens are copied out of the
+        documents now (numpy's per-call costs paid once a group, and a shard cut later cannot
+        reach them), while each batch's fields are written only when it is asked for (the
+        memory of the batch before, freed by then, is reused while it is still in the cache)."""
         rows = np.concatenate(groups).astype(np.int64, copy=False)
         order, offsets = self._plan(epoch)
         L, total, n = self.seq_len, int(offsets[-1]), len(rows)
@@ -262,18 +293,11 @@ class Packed:
         # pieces of the positions start at each row, each document start and the padding
         starts = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * L, at[into == 0],
                                            [m] if m < N else []]).astype(np.int64))
-        ends = np.append(starts, N)
-        counts = np.diff(ends)
-        tokens = self._tokens(epoch, order[doc], into, k)  # the group's, copied now: a shard
-        # cut later cannot reach them
-        pos_edge = np.searchsorted(starts, edges).tolist()
+        tokens = self._tokens(epoch, order[doc], into, k)
         most = int(np.diff(edges).max(initial=0))  # the tokens of the group's largest batch
         if len(self._counting) < most:
             self._counting = np.arange(most, dtype=np.int64)
-        group = _Group(tokens, counts, pos_edge, ends, edges.tolist(), m, L, self.pad_id,
-                       self._counting)
-        return [group.make(b) for b in range(len(groups))] if make else [
-            partial(group.make, b) for b in range(len(groups))]
+        return _Group(tokens, starts, edges, m, L, self.pad_id, self._counting)
 
     def _tokens(self, epoch: int, docs: np.ndarray, into: np.ndarray,
                 k: np.ndarray) -> np.ndarray:
@@ -303,7 +327,14 @@ class Packed:
         with shards.hold(used):  # opening one closes none this batch reads
             maps = self._maps(used)
             shards.check(used)  # a shard cut since it was opened: an error, not a SIGBUS
+        if len(where.dtypes) == 1 and _packrows is not None:  # the common case, in C
+            dt = where.dtypes[0]
+            out = np.empty(int(k.sum()), dtype=dt)
+            _packrows.gather(out, tuple(maps[s] for s in used), np.searchsorted(used, shard),
+                             byte, k, dt.itemsize)
+            return out
         if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
+            _say_numpy()
             dt = where.dtypes[0]
             typed = {s: self._typed(s, maps[s], dt) for s in used}
             views = [typed[s][e:e + n] for s, e, n in zip(
@@ -403,12 +434,14 @@ class Packed:
         e = self.dataset.epoch if epoch is None else int(epoch)
         return Plan((self.num_rows(e) + self.world.world_size,), epoch=e, shuffle=False)
 
-    def split_at(self, start: int = 0, whole_batches: bool = False) -> Split:
-        """This rank's share of the rows from row ``start`` on (:func:`rows_split`; an epoch's
-        row count is the same in every epoch)."""
+    def split_at(self, start: int = 0, whole_batches: bool = False, *,
+                 epoch: int | None = None) -> Split:
+        """This rank's share of ``epoch``'s rows (``None``: the dataset's direct reader's
+        epoch) from row ``start`` on (:func:`rows_split`). The row count is the epoch's own:
+        the epochs of a :class:`~feedpipe.Mixture` draw documents of other lengths."""
         w = self.world
-        return rows_split(self.num_rows(self.dataset.epoch), int(start), w.world_size, w.rank,
-                          whole_batches)
+        e = self.dataset.epoch if epoch is None else int(epoch)
+        return rows_split(self.num_rows(e), int(start), w.world_size, w.rank, whole_batches)
 
     # -- states ------------------------------------------------------------------------------
     def state_at(self, epoch: int, row: int) -> dict[str, Any]:
@@ -436,67 +469,93 @@ class Packed:
 
 
 class PackedFetch:
-    """fetch=packed: the batch of the rows a reader asks for, made with the reader's next
-    batches (``upcoming``: the same batches of rows, in the same order), up to
-    ``GROUP_TOKENS`` tokens and ``GROUP_BATCHES`` batches at a time
-    (:meth:`Packed.batches_of`), so that numpy's per-call costs are paid once a group."""
+    """fetch=packed: a reader's batches of rows made in groups of up to ``GROUP_TOKENS``
+    tokens and ``GROUP_BATCHES`` batches (``Packed._group``), so that numpy's per-call
+    costs are paid once a group, and each batch of a group written when it is asked for."""
 
-    def __init__(self, packed: Packed, epoch: int, upcoming: Iterator[np.ndarray]) -> None:
-        self.packed, self.epoch, self.upcoming = packed, epoch, upcoming
+    def __init__(self, packed: Packed, epoch: int) -> None:
+        self.packed, self.epoch = packed, epoch
         self.group = max(1, GROUP_TOKENS // packed.seq_len)  # rows made at once
-        self.ready: deque[tuple[tuple[int, int], Any]] = deque()  # ((first row, rows), maker)
 
     def __call__(self, rows: np.ndarray) -> dict[str, Any]:
-        # a reader's batches are disjoint runs of ascending rows: the first row and the count
-        # tell one from another
-        key = (int(rows[0]), len(rows)) if len(rows) else (-1, 0)
-        if self.ready and self.ready[0][0] == key:
-            return self.ready.popleft()[1]()
-        self.ready.clear()
-        groups = [rows]
-        for nxt in self.upcoming:  # in step with the reader: its batch of now comes first
-            if len(groups) == 1 and len(nxt) and (int(nxt[0]), len(nxt)) == key:
-                continue
-            groups.append(nxt)
-            if sum(map(len, groups)) >= self.group or len(groups) >= GROUP_BATCHES:
-                break
-        made = self.packed.batches_of(self.epoch, groups, make=False)
-        self.ready.extend(((int(g[0]), len(g)), m) for g, m in zip(groups[1:], made[1:]))
-        return made[0]()
+        """The batch of rows ``rows`` on its own."""
+        return self.packed.rows(self.epoch, rows)
+
+    def run(self, batches: Iterator[np.ndarray],
+            times: PartTimes | None = None) -> Iterator[dict[str, Any]]:
+        """The batch of each of ``batches`` (a reader's batches of rows, in order).
+        ``times``: the groups' seconds are added to ``fetch``, the batches' to ``sink``."""
+        packed, epoch, most = self.packed, self.epoch, self.group
+        clock = time.perf_counter
+        pending: list[np.ndarray] = []
+        rows = 0
+        size = 1  # the first batch is made on its own: the reader waits for no group
+        end = object()
+        it = iter(batches)
+        while True:
+            ids = next(it, end)
+            if ids is not end:
+                pending.append(ids)  # type: ignore[arg-type]
+                rows += len(ids)  # type: ignore[arg-type]
+                if rows < most and len(pending) < size:
+                    continue
+            if not pending:
+                return
+            t0 = clock()
+            group = packed._group(epoch, pending)
+            if times is not None:
+                times.fetch += clock() - t0
+            for b in range(len(pending)):
+                t0 = clock()
+                batch = group.make(b)
+                if times is not None:
+                    times.sink += clock() - t0
+                yield batch
+            # the group's tokens go before the next group's are copied: one at a time alive
+            pending, rows, group = [], 0, None  # type: ignore[assignment]
+            size = GROUP_BATCHES
 
 
 class _Group:
-    """The batches of one :meth:`Packed.batches_of` call, each made when asked (:meth:`make`):
-    the group's tokens, where each batch's position pieces start, and where the padding starts
-    (``m``)."""
+    """The batches of one ``Packed._group`` call, each made when asked (:meth:`make`): the
+    group's tokens (``tokens``; the padding starts at ``m``), and where each piece of the
+    positions starts (``starts``, ascending: each row, each document and the padding start
+    one)."""
 
-    __slots__ = ("tokens", "counts", "pos_edge", "ends", "edges", "m", "L", "pad", "count")
+    __slots__ = ("tokens", "lo", "size", "full", "at", "local", "counts", "cu", "L", "pad",
+                 "count")
 
-    def __init__(self, tokens: np.ndarray, counts: np.ndarray, pos_edge: list[int],
-                 ends: np.ndarray, edges: list[int], m: int, L: int, pad: int,
-                 count: np.ndarray) -> None:
-        self.tokens, self.counts = tokens, counts
-        self.pos_edge, self.ends, self.edges = pos_edge, ends, edges
-        self.m, self.L, self.pad, self.count = m, L, pad, count
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray, edges: np.ndarray, m: int,
+                 L: int, pad: int, count: np.ndarray) -> None:
+        self.tokens, self.L, self.pad, self.count = tokens, L, pad, count
+        lo, size = edges[:-1], np.diff(edges)
+        self.lo, self.size = lo.tolist(), size.tolist()
+        self.full = np.clip(m - lo, 0, size).tolist()  # each batch's tokens before the padding
+        # batch b's pieces are starts[at[b]:at[b + 1]] (each batch's first row starts one)
+        at = np.searchsorted(starts, edges)
+        self.at = at.tolist()
+        per = np.diff(at)
+        self.local = starts - np.repeat(lo, per)  # where each piece starts in its batch
+        self.counts = np.diff(np.append(starts, edges[-1:]))  # each piece's tokens
+        # each batch's cu_seqlens: its pieces' starts, then its size (b's are cu[at[b] + b:
+        # at[b + 1] + b + 1])
+        self.cu = np.insert(self.local, at[1:], size).astype(np.int32)
 
     def make(self, b: int) -> dict[str, Any]:
-        """Batch ``b`` of the group."""
-        lo, hi, L = self.edges[b], self.edges[b + 1], self.L
-        buf = np.empty((3, hi - lo), dtype=np.int64)  # ids, positions, labels
-        ids, pos, labels = buf[0], buf[1], buf[2]
-        full = min(max(self.m - lo, 0), hi - lo)  # tokens before the padding
-        if full:
-            ids[:full] = self.tokens[lo:lo + full]
-            labels[:full] = ids[:full]
-        if full < hi - lo:
+        """Batch ``b`` of the group, in memory of its own."""
+        lo, n, full, L = self.lo[b], self.size[b], self.full[b], self.L
+        i, j = self.at[b], self.at[b + 1]
+        buf = np.empty((3, n), dtype=np.int64)  # ids, positions, labels
+        ids, pos, labels = buf
+        ids[:full] = self.tokens[lo:lo + full]
+        labels[:full] = ids[:full]
+        if full < n:  # the epoch's last tokens: padding after them
             ids[full:] = self.pad
             labels[full:] = IGNORE
         # a token's position: its place in the batch less its piece's start (no loop over
         # the pieces)
-        i, j = self.pos_edge[b], self.pos_edge[b + 1]
-        np.subtract(self.count[:hi - lo], np.repeat(self.ends[i:j] - lo, self.counts[i:j]),
-                    out=pos)
+        np.subtract(self.count[:n], np.repeat(self.local[i:j], self.counts[i:j]), out=pos)
         return {"input_ids": torch.from_numpy(ids.reshape(-1, L)),
                 "position_ids": torch.from_numpy(pos.reshape(-1, L)),
                 "labels": torch.from_numpy(labels.reshape(-1, L)),
-                "cu_seqlens": torch.from_numpy((self.ends[i:j + 1] - lo).astype(np.int32))}
+                "cu_seqlens": torch.from_numpy(self.cu[i + b:j + b + 1])}
