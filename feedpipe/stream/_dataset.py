@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .._helpers.exit_close import closed_at_exit
 from ..caches._decoded import open_decoded_store
 from ..caches._manifest_copy import load_manifest_cached
 from ..caches._shards import ShardCache, make_cache
@@ -353,9 +354,10 @@ class FeedDataset(IterableDataset):
             # (locating shards, checking them for truncation) is done once a run of RUN. Not
             # through the L1 cache: opening a run's shards together would run its plan clock
             # ahead of the reads, letting shards still in use go (and counting them twice)
-            return each_sample(self, self._reader, worker, workers, RUN, skips=Skips(),
-                               to_bytes=info is not None, left_out=self._left_out)
-        return self._batched(worker, workers, to_bytes=info is not None)
+            return closed_at_exit(each_sample(self, self._reader, worker, workers, RUN,
+                                              skips=Skips(), to_bytes=info is not None,
+                                              left_out=self._left_out))
+        return closed_at_exit(self._batched(worker, workers, to_bytes=info is not None))
 
     def _batched(self, worker: int, workers: int, *, to_bytes: bool) -> Iterator[Any]:
         """:meth:`__iter__` batch by batch of the plan: through the L1 cache, or with a decoded

@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from numbers import Integral
 from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader
 
+from .._helpers.exit_close import closed_at_exit
 from .._helpers.fork_safety import default_start_method, process_fork_unsafe
 from ..device._loader import DeviceLoader
 from ..errors import StartMethodError, StateError
@@ -278,6 +279,9 @@ class FeedLoader:
         return self._finished or self._batches >= self._split.batches(self.batch_size) > 0
 
     def __iter__(self) -> Iterator[Any]:
+        return closed_at_exit(self._pass())
+
+    def _pass(self) -> Generator[Any, None, None]:
         clock = time.perf_counter
         t_start = clock()
         self._times = PartTimes()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .._helpers.exit_close import closed_at_exit
 from ..errors import FeedpipeError, PlanError
 from ..plan._mixture import MixturePlan
 from ..plan._order import Split, worker_positions
@@ -384,6 +385,9 @@ class Mixture(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         """This reader's samples of the epoch (a DataLoader worker's share when in one), each
         through its source's transform."""
+        return closed_at_exit(self._samples())
+
+    def _samples(self) -> Generator[Any, None, None]:
         from ._assembly import assemble
         from ._collate import LeftOut
         from ._routes import ROUTES
