@@ -286,3 +286,25 @@ def test_a_failure_while_joining_leaves_no_half_shard(tmp_path: Path,
     feedpipe.shard(str(src), str(tmp_path / "general"), max_samples=5, workers=2,
                    method="general")
     assert dir_bytes(out) == dir_bytes(tmp_path / "general")
+
+
+_PATH_PARTS = st.sampled_from(["a", "b.c", ".h", "x y", "1%", "é", "cls", "d\\e", "", "n" * 99])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_PATH_PARTS, min_size=1, max_size=4),
+       st.sampled_from(["jpg", "JPEG", "tar.gz", "cls", "json", "", "a b", "%", ".x"]),
+       st.booleans())
+def test_the_staging_shortcut_keys_files_as_classify_does(parts: list[str], ext: str,
+                                                          labels: bool) -> None:
+    # stage_dir keys plain files without classify; whatever it keys so, classify keys the same
+    # (a hidden top-level directory, a dotted stem, a name to escape: all left to classify)
+    rel = "top/" + "/".join(parts) + (f".{ext}" if ext else "")
+    for path in (rel, rel[4:]):
+        fast = onepass._sample_key(path, labels, {})
+        if fast is None:
+            continue
+        got = feedpipe.convert._sources.classify(path, 1, labels_from_dirs=labels)
+        assert isinstance(got, tuple), (path, got)
+        assert (got[0], got[1].ext) == fast, path
+        assert not (labels and fast[1] == "cls")

@@ -49,10 +49,12 @@ from typing import Any
 from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
 from .._helpers.progress import progress
 from ..format._index import ShardIndex
+from ..format._keys import NEEDS_ESCAPE, valid_extension
 from ..format._manifest import ShardRecord
+from ..format._tar import BLOCK, SHORT_HEADER, member_header
 from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
-from ._sources import SampleSpec, classify, leave_out_non_images, read_local
-from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet, write_members
+from ._sources import FileRef, SampleSpec, classify, leave_out_non_images, read_local
+from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet
 
 
 @dataclass
@@ -148,69 +150,148 @@ def _walk_plain(root: str, top: str) -> list[str] | None:
     return out
 
 
+def _sample_key(rel: str, labels: bool, exts: dict[str, str | None]) -> tuple[str, str] | None:
+    """``(key, ext)`` of the listed file ``rel`` when it is a plain sample file whose key needs
+    no encoding: what :func:`~feedpipe.convert._sources.classify` gives it, without its checks
+    (an ASCII path with nothing to escape, no dot in its stem's last component, not hidden).
+    ``None``: anything else, left to ``classify``. ``exts`` caches each extension's verdict: a
+    tree holds few distinct ones."""
+    if (rel.startswith(".") or "/." in rel or not rel.isascii()
+            or NEEDS_ESCAPE.search(rel) is not None):
+        return None
+    dot = rel.rfind(".")
+    slash = rel.rfind("/")
+    if dot <= slash + 1 or rel.find(".", slash + 1) != dot or (labels and slash < 0):
+        return None
+    ext = rel[dot + 1:]
+    ok = exts.get(ext, "")
+    if ok == "":
+        ok = exts[ext] = ext if valid_extension(ext) and not (labels and ext == "cls") else None
+    if ok is None:
+        return None
+    return rel[:dot], ok
+
+
 def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
               stage_path: str) -> StagedDir | None:
     """List, read and stage the top-level directory ``top`` of the local tree at ``root``
     (``cls``: its class index under ``labels_from_dirs``); ``None``: leave it to the general
-    path (nothing is left behind)."""
+    path (nothing is left behind).
+
+    The per-file work is written out here rather than through ``classify`` and
+    :func:`~feedpipe.convert._writer.write_members`: a tree of small files spends most of its
+    staging time on it (``benchmarks/bench_convert.py --profile``). Headers are packed from
+    :data:`~feedpipe.format._tar.SHORT_HEADER`, byte for byte what ``member_header`` packs."""
     rels = _walk_plain(root, top)
     if rels is None:
         return None
     labels = cls is not None
-    by_key: dict[str, list[Any]] = {}
+    by_key: dict[str, list[tuple[str, str]]] = {}
     ignored = 0
+    exts: dict[str, str | None] = {}
     for rel in rels:
-        got = classify(rel, 1, labels_from_dirs=labels)  # the size is checked once read
-        if got is None:
-            ignored += 1
-            continue
-        if isinstance(got, str) or (labels and got[1].ext == "cls"):
-            return None
-        by_key.setdefault(got[0], []).append(got[1])
-    if labels and leave_out_non_images(dict(by_key), [])[0]:  # the general path reports them
-        return None
+        fast = _sample_key(rel, labels, exts)
+        if fast is not None:
+            key, ext = fast
+        else:
+            got = classify(rel, 1, labels_from_dirs=labels)  # the size is checked once read
+            if got is None:
+                ignored += 1
+                continue
+            if isinstance(got, str) or (labels and got[1].ext == "cls"):
+                return None
+            key, ext = got[0], got[1].ext
+        files = by_key.get(key)
+        if files is None:
+            by_key[key] = [(ext, rel)]
+        else:
+            files.append((ext, rel))
+    if labels and leave_out_non_images(
+            {k: [FileRef(e, r, 1) for e, r in v] for k, v in by_key.items()}, [])[0]:
+        return None  # the general path reports them
     keys = sorted(by_key)
     base = root if root.endswith("/") else root + "/"
     extras = [("cls", str(cls).encode())] if labels else []
     staged = StagedDir(Chunk(top, chunk_path), stage_path, keys)
-    starts, first, exts = staged.starts, staged.first, staged.exts
-    members: list[tuple[str, int, int]] = []
+    starts, first, exts_out = staged.starts, staged.first, staged.exts
+    names, offsets, sizes = staged.names, staged.offsets, staged.sizes
     rows: list[tuple[str, list[tuple[str, str, int]]]] = []
-    pos = files = 0
-    with removed_on_error(stage_path), open(stage_path, "wb", buffering=1 << 20) as out:
+    pos = files_read = 0
+    pad, mode_to_size, mtime, after, template_sum, max_fast = SHORT_HEADER
+    zeros = bytes(BLOCK)
+    size_fields: dict[int, tuple[bytes, int]] = {}  # size -> (field, template sum + its sum)
+    pending: list[bytes] = []  # (written in batches: one write call per file costs)
+    pending_bytes = 0
+    with removed_on_error(stage_path), open(stage_path, "wb") as out:
         write = out.write
         for key in keys:
-            blobs = []
+            blobs: list[tuple[str, bytes]] = []
             row = []
-            for ref in by_key[key]:
+            for ext, rel in by_key[key]:
                 try:
-                    data = read_local(base + ref.path)
+                    data = read_local(base + rel)
                 except OSError:
                     data = b""
                 if not data:  # unreadable or empty: the general path says which and why
+                    out.close()
                     unlink_quiet(stage_path)
                     return None
-                blobs.append((ref.ext, data))
-                row.append((ref.ext, ref.path, len(data)))
+                blobs.append((ext, data))
+                row.append((ext, rel, len(data)))
             blobs += extras
             starts.append(pos)
-            first.append(len(members))
-            exts += [ext for ext, _ in blobs]
-            pos, _ = write_members(write, key, blobs, pos, members)
+            first.append(len(names))
+            for ext, data in blobs:
+                name = f"{key}.{ext}"
+                size = len(data)
+                raw = name.encode("utf-8")
+                if len(raw) <= 100 and size < max_fast:
+                    got_size = size_fields.get(size)
+                    if got_size is None:
+                        field_ = b"%011o\0" % size
+                        got_size = size_fields[size] = (field_, template_sum + sum(field_))
+                    header = b"".join((raw, pad[len(raw):], mode_to_size, got_size[0], mtime,
+                                       b"%06o\0 " % (got_size[1] + sum(raw)), after))
+                else:
+                    header = member_header(name, size)
+                tail = -size % BLOCK
+                names.append(name)
+                offsets.append(pos + len(header))
+                sizes.append(size)
+                exts_out.append(ext)
+                step = len(header) + size + tail
+                pos += step
+                if size > _WRITE_BATCH // 16:  # a large member: written as it is, not copied
+                    pending.append(header)
+                    write(b"".join(pending))
+                    write(data)
+                    pending[:] = (zeros[:tail],)
+                    pending_bytes = tail
+                else:
+                    pending += (header, data, zeros[:tail])
+                    pending_bytes += step
+            if pending_bytes >= _WRITE_BATCH:
+                write(b"".join(pending))
+                pending.clear()
+                pending_bytes = 0
             rows.append((key, row))
-            files += len(row)
+            files_read += len(row)
+        if pending:
+            write(b"".join(pending))
         starts.append(pos)
-        first.append(len(members))
+        first.append(len(names))
     with removed_on_error(stage_path, chunk_path):  # (a partial chunk: with the listing's tmp)
         write_rows(chunk_path, rows)
-    if members:
-        names, offsets, sizes = zip(*members)
-        staged.names, staged.offsets, staged.sizes = list(names), list(offsets), list(sizes)
     c = staged.chunk
-    c.samples, c.files, c.ignored = len(keys), files, ignored
+    c.samples, c.files, c.ignored = len(keys), files_read, ignored
     if keys:
         c.first, c.last = keys[0], keys[-1]
     return staged
+
+
+# bytes gathered before one write to a staging file (a few hundred small members a call); a
+# member over a sixteenth of it is written on its own
+_WRITE_BATCH = 1 << 20
 
 
 class StagedTree:
