@@ -135,14 +135,14 @@ def test_anything_unusual_goes_to_the_general_path(tmp_path: Path, monkeypatch: 
     elif case == "symlink":
         os.symlink(src / "a" / "1.jpg", src / "b" / "link.jpg")
     elif case == "unreadable":
-        real = onepass.read_local
+        real = onepass.read_file
 
-        def read(path: str, size: int = -1) -> bytes:
+        def read(path: str) -> bytes:
             if path.endswith("c/2.jpg"):
                 raise PermissionError(13, "Permission denied", path)
-            return real(path, size)
+            return real(path)
 
-        monkeypatch.setattr(onepass, "read_local", read)
+        monkeypatch.setattr(onepass, "read_file", read)
     elif case == "cls-file":
         (src / "a" / "1.cls").write_bytes(b"3")
     elif case == "empty-class":
@@ -308,3 +308,18 @@ def test_the_staging_shortcut_keys_files_as_classify_does(parts: list[str], ext:
         assert isinstance(got, tuple), (path, got)
         assert (got[0], got[1].ext) == fast, path
         assert not (labels and fast[1] == "cls")
+
+
+def test_the_staging_read_gives_a_regular_file_whole_and_nothing_for_anything_else(
+        tmp_path: Path) -> None:
+    data = bytes(range(256)) * 300
+    (tmp_path / "f.bin").write_bytes(data)
+    assert onepass.read_file(str(tmp_path / "f.bin")) == data
+    (tmp_path / "empty.bin").write_bytes(b"")
+    assert onepass.read_file(str(tmp_path / "empty.bin")) == b""
+    os.mkfifo(tmp_path / "pipe.bin")  # (no writer: a blocking open or read would hang here)
+    assert onepass.read_file(str(tmp_path / "pipe.bin")) == b""
+    (tmp_path / "d").mkdir()
+    assert onepass.read_file(str(tmp_path / "d")) == b""
+    with pytest.raises(FileNotFoundError):
+        onepass.read_file(str(tmp_path / "missing.bin"))

@@ -39,14 +39,24 @@ real = sources.read_local
 
 marker = out + ".swapped"  # (outside the source: a later listing must not see it)
 
-def read_local(path, size=-1):
+real_file = onepass.read_file  # (the one-pass staging's read)
+
+def swap(path):
     if path.endswith(target) and not os.path.exists(marker):
         os.unlink(path)
         os.mkfifo(path)
         open(marker, "wb").close()
+
+def read_local(path, size=-1):
+    swap(path)
     return real(path, size)
 
+def read_file(path):
+    swap(path)
+    return real_file(path)
+
 sources.read_local = onepass.read_local = read_local
+onepass.read_file = read_file
 try:
     s = feedpipe.shard(src, out, workers=2, on_error=on_error, method=method)
     print(json.dumps({"samples": s.samples, "skipped": s.skipped_inputs}))

@@ -44,6 +44,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from stat import S_ISREG
 from typing import Any
 
 from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
@@ -53,7 +54,14 @@ from ..format._keys import NEEDS_ESCAPE, valid_extension
 from ..format._manifest import ShardRecord
 from ..format._tar import BLOCK, SHORT_HEADER, member_header
 from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
-from ._sources import FileRef, SampleSpec, classify, leave_out_non_images, read_local
+from ._sources import (
+    READ_FLAGS,
+    FileRef,
+    SampleSpec,
+    classify,
+    leave_out_non_images,
+    read_local,
+)
 from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet
 
 
@@ -120,11 +128,12 @@ def shard_index(cuts: list[Cut], bases: list[int]) -> ShardIndex:
     return idx
 
 
-def _walk_plain(root: str, top: str) -> list[str] | None:
-    """The relative paths of the regular files below ``root/top`` in the listing's walk order
-    (sorted per directory, a directory's files before its subdirectories), without a ``stat``;
-    ``None`` at a link, a special file or a directory that cannot be listed."""
-    out: list[str] = []
+def _walk_plain(root: str, top: str) -> list[tuple[str, list[str]]] | None:
+    """The regular files below ``root/top`` in the listing's walk order (sorted per directory, a
+    directory's files before its subdirectories), without a ``stat``: per directory, its path
+    relative to ``root`` (ending in ``/``) and its files' names. ``None`` at a link, a special
+    file or a directory that cannot be listed."""
+    out: list[tuple[str, list[str]]] = []
     stack = [(top + "/", os.path.join(root, top))]
     while stack:
         rel_dir, path = stack.pop()
@@ -134,6 +143,7 @@ def _walk_plain(root: str, top: str) -> list[str] | None:
         except OSError:
             return None
         subdirs = []
+        files: list[str] = []
         try:
             for e in entries:  # (without the entry type from the directory, these lstat)
                 if e.name == "manifest.json" or e.name.startswith(".feedpipe-"):
@@ -141,35 +151,64 @@ def _walk_plain(root: str, top: str) -> list[str] | None:
                 if e.is_dir(follow_symlinks=False):
                     subdirs.append((rel_dir + e.name + "/", e.path))
                 elif e.is_file(follow_symlinks=False):
-                    out.append(rel_dir + e.name)
+                    files.append(e.name)
                 else:
                     return None
         except OSError:
             return None
+        if files:
+            out.append((rel_dir, files))
         stack.extend(reversed(subdirs))
     return out
 
 
-def _sample_key(rel: str, labels: bool, exts: dict[str, str | None]) -> tuple[str, str] | None:
-    """``(key, ext)`` of the listed file ``rel`` when it is a plain sample file whose key needs
-    no encoding: what :func:`~feedpipe.convert._sources.classify` gives it, without its checks
-    (an ASCII path with nothing to escape, no dot in its stem's last component, not hidden).
-    ``None``: anything else, left to ``classify``. ``exts`` caches each extension's verdict: a
-    tree holds few distinct ones."""
-    if (rel.startswith(".") or "/." in rel or not rel.isascii()
-            or NEEDS_ESCAPE.search(rel) is not None):
+# The shortcut of stage_dir: what classify would say of a plain path, judged a directory and a
+# name at a time. A plain directory (relative, ending in "/") is ASCII, has nothing to escape and
+# no hidden component; a plain name in it is the same, with one dot, which starts a valid field
+# name (for a class folder, not "cls"). A plain file's key is its path without the extension.
+def _plain_dir(rel_dir: str) -> bool:
+    return (not rel_dir.startswith(".") and "/." not in rel_dir and rel_dir.isascii()
+            and NEEDS_ESCAPE.search(rel_dir) is None)
+
+
+def _plain_name(name: str, labels: bool, exts: dict[str, str | None]) -> tuple[str, str] | None:
+    """``(stem, ext)`` of a plain name, else ``None``. ``exts`` caches each extension's verdict
+    (a tree holds few distinct ones)."""
+    dot = name.rfind(".")
+    if (dot <= 0 or name.find(".") != dot or not name.isascii()
+            or NEEDS_ESCAPE.search(name) is not None):
         return None
-    dot = rel.rfind(".")
-    slash = rel.rfind("/")
-    if dot <= slash + 1 or rel.find(".", slash + 1) != dot or (labels and slash < 0):
-        return None
-    ext = rel[dot + 1:]
+    ext = name[dot + 1:]
     ok = exts.get(ext, "")
     if ok == "":
         ok = exts[ext] = ext if valid_extension(ext) and not (labels and ext == "cls") else None
-    if ok is None:
+    return None if ok is None else (name[:dot], ok)
+
+
+def _sample_key(rel: str, labels: bool, exts: dict[str, str | None]) -> tuple[str, str] | None:
+    """``(key, ext)`` of the file ``rel`` (relative to the root, in a directory) by the shortcut,
+    or ``None`` where it leaves the file to ``classify``."""
+    head, _, name = rel.rpartition("/")
+    if not head or not _plain_dir(head + "/"):
         return None
-    return rel[:dot], ok
+    got = _plain_name(name, labels, exts)
+    return None if got is None else (f"{head}/{got[0]}", got[1])
+
+
+def read_file(path: str) -> bytes:
+    """A local source file's bytes for staging: ``b""`` for one that is not a regular file (the
+    general path then says what it is), else what :func:`~feedpipe.convert._sources.read_local`
+    reads, with its common case (one read of the size ``fstat`` gave, and a byte) written out:
+    staging calls it once per file."""
+    fd = os.open(path, READ_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not S_ISREG(st.st_mode):
+            return b""
+        data = os.read(fd, st.st_size + 1)
+    finally:
+        os.close(fd)
+    return data if len(data) == st.st_size else read_local(path)  # (it changed meanwhile)
 
 
 def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
@@ -178,34 +217,38 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
     (``cls``: its class index under ``labels_from_dirs``); ``None``: leave it to the general
     path (nothing is left behind).
 
-    The per-file work is written out here rather than through ``classify`` and
+    The per-file work is written out here rather than through ``classify``, ``read_local`` and
     :func:`~feedpipe.convert._writer.write_members`: a tree of small files spends most of its
     staging time on it (``benchmarks/bench_convert.py --profile``). Headers are packed from
     :data:`~feedpipe.format._tar.SHORT_HEADER`, byte for byte what ``member_header`` packs."""
-    rels = _walk_plain(root, top)
-    if rels is None:
+    groups = _walk_plain(root, top)
+    if groups is None:
         return None
     labels = cls is not None
     by_key: dict[str, list[tuple[str, str]]] = {}
     ignored = 0
     exts: dict[str, str | None] = {}
-    for rel in rels:
-        fast = _sample_key(rel, labels, exts)
-        if fast is not None:
-            key, ext = fast
-        else:
-            got = classify(rel, 1, labels_from_dirs=labels)  # the size is checked once read
-            if got is None:
-                ignored += 1
-                continue
-            if isinstance(got, str) or (labels and got[1].ext == "cls"):
-                return None
-            key, ext = got[0], got[1].ext
-        files = by_key.get(key)
-        if files is None:
-            by_key[key] = [(ext, rel)]
-        else:
-            files.append((ext, rel))
+    for rel_dir, dir_names in groups:
+        plain = _plain_dir(rel_dir)
+        for name in dir_names:
+            fast = _plain_name(name, labels, exts) if plain else None
+            if fast is not None:
+                key, ext = rel_dir + fast[0], fast[1]
+                rel = rel_dir + name
+            else:
+                rel = rel_dir + name
+                got = classify(rel, 1, labels_from_dirs=labels)  # the size is checked once read
+                if got is None:
+                    ignored += 1
+                    continue
+                if isinstance(got, str) or (labels and got[1].ext == "cls"):
+                    return None
+                key, ext = got[0], got[1].ext
+            files = by_key.get(key)
+            if files is None:
+                by_key[key] = [(ext, rel)]
+            else:
+                files.append((ext, rel))
     if labels and leave_out_non_images(
             {k: [FileRef(e, r, 1) for e, r in v] for k, v in by_key.items()}, [])[0]:
         return None  # the general path reports them
@@ -229,10 +272,11 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
             row = []
             for ext, rel in by_key[key]:
                 try:
-                    data = read_local(base + rel)
+                    data = read_file(base + rel)
                 except OSError:
                     data = b""
-                if not data:  # unreadable or empty: the general path says which and why
+                if not data:  # unreadable, empty or not a regular file: the general path says
+                    # which and why
                     out.close()
                     unlink_quiet(stage_path)
                     return None
