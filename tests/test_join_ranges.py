@@ -1,5 +1,6 @@
-"""Joining byte ranges of staged files into a shard: the kernel's copy and the buffered one
-write the same bytes and hash, and a range past a file's end is an error naming the file."""
+"""Joining byte ranges of staged files into a shard: the kernel's copy and the buffered one, on a
+thread beside the hashing or before it, write the same bytes and hash, and a range past a file's
+end is an error naming the file."""
 
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ def _index(bases: list[int]) -> ShardIndex:
     return ShardIndex([], [0], [], [], [], [])
 
 
+@pytest.mark.parametrize("threaded", [True, False], ids=["copy-beside-hash", "copy-then-hash"])
 @pytest.mark.parametrize("kernel", [True, False])
 def test_ranges_join_to_the_same_bytes_by_either_copy(tmp_path: Path, kernel: bool,
+                                                      threaded: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_writer, "_KERNEL_COPY", kernel)
+    monkeypatch.setattr(_writer, "_THREAD_FROM", 0 if threaded else 1 << 40)
     a, b = tmp_path / ".a", tmp_path / ".b"
     a.write_bytes(bytes(range(256)) * 40)
     b.write_bytes(b"xyz" * 5000)

@@ -39,14 +39,24 @@ real = sources.read_local
 
 marker = out + ".swapped"  # (outside the source: a later listing must not see it)
 
-def read_local(path, size=-1):
+real_file = onepass.read_file  # (the one-pass staging's read)
+
+def swap(path):
     if path.endswith(target) and not os.path.exists(marker):
         os.unlink(path)
         os.mkfifo(path)
         open(marker, "wb").close()
+
+def read_local(path, size=-1):
+    swap(path)
     return real(path, size)
 
+def read_file(path):
+    swap(path)
+    return real_file(path)
+
 sources.read_local = onepass.read_local = read_local
+onepass.read_file = read_file
 try:
     s = feedpipe.shard(src, out, workers=2, on_error=on_error, method=method)
     print(json.dumps({"samples": s.samples, "skipped": s.skipped_inputs}))
@@ -224,3 +234,32 @@ def test_a_file_whose_extension_is_the_class_field_but_for_case_is_refused(
                        match=r"a/x\.CLS and the 'cls' field of --labels-from-dirs make one "
                              r"sample whose fields differ only in case"):
         feedpipe.shard(str(src), str(tmp_path / "o"), labels_from_dirs=True, workers=1)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("change", ["grown", "shrunk"])
+def test_a_file_whose_size_changed_after_the_listing_is_taken_as_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, change: str) -> None:
+    # the general path lists sizes before it reads (the one-pass path takes its sizes from the
+    # reads): a file that changes in between is read whole, and the shards, index and manifest
+    # hold what was read, a sound dataset
+    from feedpipe.convert import _shard
+
+    src = tmp_path / "src"
+    write_tree(src, [f"{d}/{i}.bin" for d in "ab" for i in range(4)])
+    target = src / "a" / "2.bin"
+    new = b"x" * (3000 if change == "grown" else 3)
+    real_plan = _shard.plan_shards
+
+    def plan_then_change(*a, **k):  # type: ignore[no-untyped-def]
+        plan = real_plan(*a, **k)
+        target.write_bytes(new)  # after the listing took its size, before any read
+        return plan
+
+    monkeypatch.setattr(_shard, "plan_shards", plan_then_change)
+    out = tmp_path / "out"
+    s = feedpipe.shard(str(src), str(out), workers=workers, method="general")
+    assert s.samples == 8
+    got = {r["__key__"]: r["bin"] for r in read_dataset(out)}
+    assert got["a/2"] == new
+    assert feedpipe.verify(str(out), show_progress=False).ok

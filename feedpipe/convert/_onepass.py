@@ -11,12 +11,16 @@ one worker per directory:
 3. reads their files in key order and writes their tar members to a *staging* file in OUT (the
    sizes come from the reads).
 
-The parent then holds the very listing the general path would build: the same samples, keys and
-sizes, from the same chunk files (:mod:`~feedpipe.convert._listing`). It plans the same shards
-with the same fingerprint and joins each shard from byte ranges of the staging files
-(:func:`~feedpipe.convert._writer.join_ranges`). The output is the general path's, byte for byte
-(``tests/test_onepass.py``). What it saves is the ``stat`` per file and the wait between listing
-and writing (``benchmarks/bench_peers.py --phases convert``).
+As each directory comes in, the parent (otherwise waiting) appends its staged bytes, in key
+order, to the shards they belong to (:mod:`~feedpipe.convert._prejoin`: an unshuffled plan is cut
+front to back), and the staging file goes. Once all are in, the parent holds the very listing the
+general path would build: the same samples, keys and sizes, from the same chunk files
+(:mod:`~feedpipe.convert._listing`). It plans the same shards with the same fingerprint, checks
+that they are the ones joined, and commits them. The output is the general path's, byte for byte
+(``tests/test_onepass.py``). What it saves is the ``stat`` per file, the wait between listing
+and writing, and most of the joining after the staging (``benchmarks/bench_convert.py``). A
+staged table (:mod:`~feedpipe.convert._table_rows`) is joined after its listing instead, from
+byte ranges of its staging file (:func:`~feedpipe.convert._writer.join_ranges`).
 
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
 which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
@@ -25,9 +29,9 @@ directory that may hold feedpipe output (``manifest.json``, ``.feedpipe-*`` file
 the root; a ``cls`` file under ``labels_from_dirs``, or a class directory without samples;
 fewer top-level directories than workers.
 
-A directory is one worker's work. OUT holds a directory's staged bytes beside the shards cut
-from it, and each staging file goes as soon as its last shard is committed. So OUT needs room
-for the data plus about its largest top-level directory.
+A directory is one worker's work. OUT holds a directory's staged bytes until they are in the
+shards being joined, so it needs room for the data plus the directories staged ahead of the
+joining (about one per worker).
 
 Nothing is committed before the plan's fingerprint is saved, as on the general path. A run
 killed while staging leaves only hidden temp files, which ``--resume`` or a new run removes. The
@@ -44,15 +48,33 @@ import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from stat import S_ISREG
 from typing import Any
 
 from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
 from .._helpers.progress import progress
 from ..format._index import ShardIndex
+from ..format._keys import NEEDS_ESCAPE, encode_key, valid_extension
 from ..format._manifest import ShardRecord
+from ..format._tar import BLOCK, SHORT_HEADER, member_header
 from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
-from ._sources import SampleSpec, classify, leave_out_non_images, read_local
-from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet, write_members
+from ._prejoin import Joined, PreJoin
+from ._sources import (
+    READ_FLAGS,
+    FileRef,
+    SampleSpec,
+    classify,
+    leave_out_non_images,
+    read_local,
+)
+from ._writer import (
+    commit,
+    hidden,
+    join_ranges,
+    removed_on_error,
+    sync_file,
+    unlink_quiet,
+)
 
 
 @dataclass
@@ -118,11 +140,12 @@ def shard_index(cuts: list[Cut], bases: list[int]) -> ShardIndex:
     return idx
 
 
-def _walk_plain(root: str, top: str) -> list[str] | None:
-    """The relative paths of the regular files below ``root/top`` in the listing's walk order
-    (sorted per directory, a directory's files before its subdirectories), without a ``stat``;
-    ``None`` at a link, a special file or a directory that cannot be listed."""
-    out: list[str] = []
+def _walk_plain(root: str, top: str) -> list[tuple[str, list[str]]] | None:
+    """The regular files below ``root/top`` in the listing's walk order (sorted per directory, a
+    directory's files before its subdirectories), without a ``stat``: per directory, its path
+    relative to ``root`` (ending in ``/``) and its files' names. ``None`` at a link, a special
+    file or a directory that cannot be listed."""
+    out: list[tuple[str, list[str]]] = []
     stack = [(top + "/", os.path.join(root, top))]
     while stack:
         rel_dir, path = stack.pop()
@@ -132,6 +155,7 @@ def _walk_plain(root: str, top: str) -> list[str] | None:
         except OSError:
             return None
         subdirs = []
+        files: list[str] = []
         try:
             for e in entries:  # (without the entry type from the directory, these lstat)
                 if e.name == "manifest.json" or e.name.startswith(".feedpipe-"):
@@ -139,78 +163,191 @@ def _walk_plain(root: str, top: str) -> list[str] | None:
                 if e.is_dir(follow_symlinks=False):
                     subdirs.append((rel_dir + e.name + "/", e.path))
                 elif e.is_file(follow_symlinks=False):
-                    out.append(rel_dir + e.name)
+                    files.append(e.name)
                 else:
                     return None
         except OSError:
             return None
+        if files:
+            out.append((rel_dir, files))
         stack.extend(reversed(subdirs))
     return out
+
+
+# The shortcut of stage_dir: what classify would say of a plain path, judged a directory and a
+# name at a time. A plain directory (relative, ending in "/") is ASCII, has nothing to escape and
+# no hidden component; a plain name in it is the same, with one dot, which starts a valid field
+# name (for a class folder, not "cls"). A plain file's key is its path without the extension.
+def _plain_dir(rel_dir: str) -> bool:
+    return (not rel_dir.startswith(".") and "/." not in rel_dir and rel_dir.isascii()
+            and NEEDS_ESCAPE.search(rel_dir) is None)
+
+
+def _plain_name(name: str, labels: bool, exts: dict[str, str | None]) -> tuple[str, str] | None:
+    """``(stem, ext)`` of a plain name, else ``None``. ``exts`` caches each extension's verdict
+    (a tree holds few distinct ones)."""
+    dot = name.rfind(".")
+    if (dot <= 0 or name.find(".") != dot or not name.isascii()
+            or NEEDS_ESCAPE.search(name) is not None):
+        return None
+    ext = name[dot + 1:]
+    ok = exts.get(ext, "")
+    if ok == "":
+        ok = exts[ext] = ext if valid_extension(ext) and not (labels and ext == "cls") else None
+    return None if ok is None else (name[:dot], ok)
+
+
+def _sample_key(rel: str, labels: bool, exts: dict[str, str | None]) -> tuple[str, str] | None:
+    """``(key, ext)`` of the file ``rel`` (relative to the root, in a directory) by the shortcut,
+    or ``None`` where it leaves the file to ``classify``."""
+    head, _, name = rel.rpartition("/")
+    if not head or not _plain_dir(head + "/"):
+        return None
+    got = _plain_name(name, labels, exts)
+    return None if got is None else (f"{head}/{got[0]}", got[1])
+
+
+def read_file(path: str) -> bytes:
+    """A local source file's bytes for staging: ``b""`` for one that is not a regular file (the
+    general path then says what it is), else what :func:`~feedpipe.convert._sources.read_local`
+    reads, with its common case (one read of the size ``fstat`` gave, and a byte) written out:
+    staging calls it once per file."""
+    fd = os.open(path, READ_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not S_ISREG(st.st_mode):
+            return b""
+        data = os.read(fd, st.st_size + 1)
+    finally:
+        os.close(fd)
+    return data if len(data) == st.st_size else read_local(path)  # (it changed meanwhile)
 
 
 def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
               stage_path: str) -> StagedDir | None:
     """List, read and stage the top-level directory ``top`` of the local tree at ``root``
     (``cls``: its class index under ``labels_from_dirs``); ``None``: leave it to the general
-    path (nothing is left behind)."""
-    rels = _walk_plain(root, top)
-    if rels is None:
+    path (nothing is left behind).
+
+    The per-file work is written out here rather than through ``classify``, ``read_local`` and
+    :func:`~feedpipe.convert._writer.write_members`: a tree of small files spends most of its
+    staging time on it (``benchmarks/bench_convert.py --profile``). Headers are packed from
+    :data:`~feedpipe.format._tar.SHORT_HEADER`, byte for byte what ``member_header`` packs."""
+    groups = _walk_plain(root, top)
+    if groups is None:
         return None
     labels = cls is not None
-    by_key: dict[str, list[Any]] = {}
+    by_key: dict[str, list[tuple[str, str]]] = {}
     ignored = 0
-    for rel in rels:
-        got = classify(rel, 1, labels_from_dirs=labels)  # the size is checked once read
-        if got is None:
-            ignored += 1
-            continue
-        if isinstance(got, str) or (labels and got[1].ext == "cls"):
-            return None
-        by_key.setdefault(got[0], []).append(got[1])
-    if labels and leave_out_non_images(dict(by_key), [])[0]:  # the general path reports them
-        return None
+    exts: dict[str, str | None] = {}
+    for rel_dir, dir_names in groups:
+        plain = _plain_dir(rel_dir)
+        for name in dir_names:
+            fast = _plain_name(name, labels, exts) if plain else None
+            if fast is not None:
+                key, ext = rel_dir + fast[0], fast[1]
+                rel = rel_dir + name
+            else:
+                rel = rel_dir + name
+                got = classify(rel, 1, labels_from_dirs=labels)  # the size is checked once read
+                if got is None:
+                    ignored += 1
+                    continue
+                if isinstance(got, str) or (labels and got[1].ext == "cls"):
+                    return None
+                key, ext = got[0], got[1].ext
+            files = by_key.get(key)
+            if files is None:
+                by_key[key] = [(ext, rel)]
+            else:
+                files.append((ext, rel))
+    if labels and leave_out_non_images(
+            {k: [FileRef(e, r, 1) for e, r in v] for k, v in by_key.items()}, [])[0]:
+        return None  # the general path reports them
     keys = sorted(by_key)
     base = root if root.endswith("/") else root + "/"
     extras = [("cls", str(cls).encode())] if labels else []
     staged = StagedDir(Chunk(top, chunk_path), stage_path, keys)
-    starts, first, exts = staged.starts, staged.first, staged.exts
-    members: list[tuple[str, int, int]] = []
+    starts, first, exts_out = staged.starts, staged.first, staged.exts
+    names, offsets, sizes = staged.names, staged.offsets, staged.sizes
     rows: list[tuple[str, list[tuple[str, str, int]]]] = []
-    pos = files = 0
-    with removed_on_error(stage_path), open(stage_path, "wb", buffering=1 << 20) as out:
+    pos = files_read = 0
+    pad, mode_to_size, mtime, after, template_sum, max_fast = SHORT_HEADER
+    zeros = bytes(BLOCK)
+    size_fields: dict[int, tuple[bytes, int]] = {}  # size -> (field, template sum + its sum)
+    pending: list[bytes] = []  # (written in batches: one write call per file costs)
+    pending_bytes = 0
+    with removed_on_error(stage_path), open(stage_path, "wb") as out:
         write = out.write
         for key in keys:
-            blobs = []
+            blobs: list[tuple[str, bytes]] = []
             row = []
-            for ref in by_key[key]:
+            for ext, rel in by_key[key]:
                 try:
-                    data = read_local(base + ref.path)
+                    data = read_file(base + rel)
                 except OSError:
                     data = b""
-                if not data:  # unreadable or empty: the general path says which and why
+                if not data:  # unreadable, empty or not a regular file: the general path says
+                    # which and why
+                    out.close()
                     unlink_quiet(stage_path)
                     return None
-                blobs.append((ref.ext, data))
-                row.append((ref.ext, ref.path, len(data)))
+                blobs.append((ext, data))
+                row.append((ext, rel, len(data)))
             blobs += extras
             starts.append(pos)
-            first.append(len(members))
-            exts += [ext for ext, _ in blobs]
-            pos, _ = write_members(write, key, blobs, pos, members)
+            first.append(len(names))
+            for ext, data in blobs:
+                name = f"{key}.{ext}"
+                size = len(data)
+                raw = name.encode("utf-8")
+                if len(raw) <= 100 and size < max_fast:
+                    got_size = size_fields.get(size)
+                    if got_size is None:
+                        field_ = b"%011o\0" % size
+                        got_size = size_fields[size] = (field_, template_sum + sum(field_))
+                    header = b"".join((raw, pad[len(raw):], mode_to_size, got_size[0], mtime,
+                                       b"%06o\0 " % (got_size[1] + sum(raw)), after))
+                else:
+                    header = member_header(name, size)
+                tail = -size % BLOCK
+                names.append(name)
+                offsets.append(pos + len(header))
+                sizes.append(size)
+                exts_out.append(ext)
+                step = len(header) + size + tail
+                pos += step
+                if size > _WRITE_BATCH // 16:  # a large member: written as it is, not copied
+                    pending.append(header)
+                    write(b"".join(pending))
+                    write(data)
+                    pending[:] = (zeros[:tail],)
+                    pending_bytes = tail
+                else:
+                    pending += (header, data, zeros[:tail])
+                    pending_bytes += step
+            if pending_bytes >= _WRITE_BATCH:
+                write(b"".join(pending))
+                pending.clear()
+                pending_bytes = 0
             rows.append((key, row))
-            files += len(row)
+            files_read += len(row)
+        if pending:
+            write(b"".join(pending))
         starts.append(pos)
-        first.append(len(members))
+        first.append(len(names))
     with removed_on_error(stage_path, chunk_path):  # (a partial chunk: with the listing's tmp)
         write_rows(chunk_path, rows)
-    if members:
-        names, offsets, sizes = zip(*members)
-        staged.names, staged.offsets, staged.sizes = list(names), list(offsets), list(sizes)
     c = staged.chunk
-    c.samples, c.files, c.ignored = len(keys), files, ignored
+    c.samples, c.files, c.ignored = len(keys), files_read, ignored
     if keys:
         c.first, c.last = keys[0], keys[-1]
     return staged
+
+
+# bytes gathered before one write to a staging file (a few hundred small members a call); a
+# member over a sixteenth of it is written on its own
+_WRITE_BATCH = 1 << 20
 
 
 class StagedTree:
@@ -220,11 +357,14 @@ class StagedTree:
     them; :meth:`close` removes every staging and chunk file."""
 
     def __init__(self, listing: TreeListing | None, dirs: list[StagedDir], paths: list[str],
-                 pool: ProcessPoolExecutor | None) -> None:
+                 pool: ProcessPoolExecutor | None, joined: list[Joined] | None = None) -> None:
         self.listing = listing
         self.dirs = dirs
         self._paths = paths  # every staging file, those of directories without samples too
         self._pool = pool  # the staging workers, which join the shards too
+        self.joined = joined  # the shards joined while staging (see _prejoin), sealed
+        if joined is not None:
+            self._paths = paths + [j.tmp for j in joined]
 
     def cuts(self, counts: list[int]) -> Iterator[list[Cut]]:
         """Per shard of ``counts[i]`` consecutive samples (in listing order), its cuts."""
@@ -245,8 +385,12 @@ class StagedTree:
     def join(self, plan: list[list[list[SampleSpec]]], names: list[str], out: str,
              record: Callable[[int, ShardRecord, set[str]], None]) -> None:
         """Write every shard of ``plan`` (a plan of this listing's samples, in order) from the
-        staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed."""
+        staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed.
+        Shards already joined while staging are committed as they are."""
         counts = [sum(len(p) for p in shard) for shard in plan]
+        if self.joined is not None:
+            self._commit_joined(counts, names, out, record)
+            return
         jobs = list(enumerate(self.cuts(counts)))
         last = {cut.path: i for i, cuts in jobs for cut in cuts}  # the last shard cut from each
         by_shard: dict[int, list[str]] = {}
@@ -276,6 +420,20 @@ class StagedTree:
                 pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
                 raise
+
+    def _commit_joined(self, counts: list[int], names: list[str], out: str,
+                       record: Callable[[int, ShardRecord, set[str]], None]) -> None:
+        joined = self.joined or []
+        if [j.samples for j in joined] != counts or [j.name for j in joined] != names:
+            # cannot happen: the plan of an unshuffled whole run cuts as the staging did
+            raise RuntimeError(f"{out}: the shards joined while staging ({len(joined)}) are not "
+                               f"the plan's ({len(counts)}); convert with method='general'")
+        for i, j in enumerate(joined):
+            idx = shard_index(j.cuts, j.bases)
+            with removed_on_error(j.tmp, os.path.join(out, j.name)):
+                sync_file(j.tmp)  # (sealed unsynced: see feedpipe.convert._prejoin)
+                rec = commit(out, j.name, j.tmp, j.total, j.sha256, idx, [])
+            record(i, rec, idx.fields())
 
     def close(self) -> None:
         with sigint_deferred():  # a Ctrl-C neither in the pool's shutdown nor before the cleanup
@@ -322,9 +480,15 @@ def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[st
 
 def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, workers: int,
                show_progress: bool | None = None, start_method: str | None = None,
-               why: list[str] | None = None) -> StagedTree | None:
+               why: list[str] | None = None,
+               cut: tuple[int, int | None] | None = None) -> StagedTree | None:
     """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
-    ``None`` when the general path must convert it (the reason then appended to ``why``)."""
+    ``None`` when the general path must convert it (the reason then appended to ``why``).
+
+    ``cut``: ``(max_bytes, max_samples)`` of an unshuffled whole run: the shards of
+    ``PREFIX-NNNNNN.tar`` are then joined as the directories come in
+    (:mod:`~feedpipe.convert._prejoin`), and the result's ``joined`` holds them, sealed and
+    not committed."""
     said = why if why is not None else []
     files, dirs, outputs = top_entries(src)
     visible = [d for d in dirs if not d.startswith(".")]
@@ -353,6 +517,12 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     ok = False
     tmp = tempfile.mkdtemp(prefix="feedpipe-listing-")
     pool = None
+    pre = None if cut is None else PreJoin(out, prefix, *cut)
+    # the directories in key order (a key starts with its top directory, escaped, and "/"),
+    # which the shards are joined in; arrivals out of that order wait for their turn
+    key_order = sorted(range(len(dirs)), key=lambda i: encode_key(dirs[i] + "/x")[:-1])
+    arrived: dict[int, StagedDir] = {}
+    joined_upto = 0
     try:
         root_chunk = write_chunk(files, "", os.path.join(tmp, "root.chunk"), labels_from_dirs)
         chunk_paths = [os.path.join(tmp, p) for p in chunk_paths]
@@ -380,6 +550,13 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                                     "possible feedpipe output or a cls file)")
                         return None
                     staged.append(sd)
+                    if pre is not None:
+                        arrived[len(staged) - 1] = sd
+                        while joined_upto < len(dirs) and key_order[joined_upto] in arrived:
+                            next_sd = arrived.pop(key_order[joined_upto])
+                            joined_upto += 1
+                            if next_sd.chunk.samples:
+                                pre.add(next_sd)
                     bar.update(1)
                     interrupted()
             finally:
@@ -400,13 +577,23 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
             # cannot happen with feedpipe's key encoding (see feedpipe.convert._listing)
             said.append("the key ranges of two top-level directories overlap")
             return None
+        joined = None
+        if pre is not None:
+            expected = [staged[i] for i in key_order if staged[i].chunk.samples]
+            if len(expected) != len(order) or any(a is not b for a, b in zip(expected, order)):
+                # cannot happen: the directories' keys sort as their escaped names do
+                said.append("the top-level directories' keys do not sort as their names")
+                return None
+            joined = pre.finish()
         ok = True
-        return StagedTree(listing, order, stage_paths, pool)
+        return StagedTree(listing, order, stage_paths, pool, joined)
     finally:
         if not ok:
             with sigint_deferred():  # nor in the shutdown, nor before the cleanup
                 if pool is not None:
                     pool.shutdown(cancel_futures=True)
-                for p in stage_paths:
+                if pre is not None:
+                    pre.close()
+                for p in stage_paths + ([] if pre is None else pre.temps()):
                     unlink_quiet(p)
                 shutil.rmtree(tmp, ignore_errors=True)

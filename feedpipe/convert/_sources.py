@@ -103,6 +103,7 @@ class Source:
 
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+READ_FLAGS = _OPEN_FLAGS  # (for a reader that inlines read_local: one-pass staging)
 
 
 class NotRegularFileError(OSError):

@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -162,87 +163,160 @@ def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
 
     ``ranges`` are ``(path, start, length)`` (-1: to the end), each a run of whole tar members.
     ``index(bases)`` gives the shard's index from where each range starts in the shard. The
-    index and the ``--resume`` record are written first; the ``.tar`` appears by rename last."""
+    index and the ``--resume`` record are written first; the ``.tar`` appears by rename last.
+
+    Where each range lands is known before a byte moves, so the bytes are copied by the kernel
+    (``os.copy_file_range``, at their offsets, on a helper thread) while this thread reads them
+    once more to hash them: the two passes overlap rather than follow each other. Neither
+    counts the ranges in this process's memory (a map of the files would)."""
     final = os.path.join(out_dir, name)
     tmp = hidden(out_dir, name, f".tmp-{os.getpid()}")
-    h = hashlib.sha256()
+    spans = _spans(ranges, final)
     bases: list[int] = []
+    at = 0
+    for _, start, end in spans:
+        bases.append(at)
+        at += end - start
+    h = hashlib.sha256()
     with removed_on_error(tmp, final):
         with open(tmp, "wb") as out:
-            for path, start, length in ranges:
-                bases.append(out.tell())
-                with open(path, "rb") as f:
-                    copy_range(f, out, start, length, h, path, final)
+            copy = _Copy(out.fileno(), spans, bases, final)
+            if at >= _THREAD_FROM:
+                copy.start()
+                try:
+                    _hash_spans(spans, h, final)
+                finally:
+                    copy.join()
+            else:
+                copy.run()
+                _hash_spans(spans, h, final)
+            if copy.error is not None:
+                raise copy.error
+            out.seek(at)
             total = seal(out, h)
         idx = index(bases)
         record = commit(out_dir, name, tmp, total, h.hexdigest(), idx, skipped)
     return record, idx
 
 
-def copy_range(f: Any, out: Any, start: int, length: int, h: Any, path: str,
-               final: str) -> None:
-    """Append ``length`` bytes (-1: to the end) of the open file ``f`` from ``start`` to the open
-    file ``out``, hashing them into ``h``.
+def append_range(path: str, start: int, end: int, dst_fd: int, dst: int, h: Any,
+                 final: str) -> None:
+    """Copy bytes ``start:end`` of the file ``path`` to the file ``dst_fd`` at ``dst``,
+    hashing them into ``h`` (a shard being filled range by range: ``final`` names it in
+    errors); a range past the file's end is an :class:`OutputError` naming the file."""
+    spans = _spans([(path, start, end - start)], final)
+    _hash_spans(spans, h, final)
+    copy = _Copy(dst_fd, spans, [dst], final)
+    copy.run()
+    if copy.error is not None:
+        raise copy.error
 
-    The bytes are hashed through one small reused buffer and copied by the kernel
-    (``os.copy_file_range``): they are not written through this process, and its memory does
-    not grow with the range (a map of the file would count the range in its resident size).
-    Where the kernel cannot copy between the two files, the bytes are written from a buffer."""
-    size = os.fstat(f.fileno()).st_size
-    end = size if length < 0 else start + length
-    if end > size:
-        raise OutputError(f"{path}: ends {end - size} bytes early at {size} while joining "
-                          f"{final}")
-    if end <= start:
-        return
-    out.flush()
-    buf = memoryview(bytearray(min(end - start, _HASH_BUFFER)))
-    f.seek(start)
-    pos = start
-    while pos < end:
-        n = f.readinto(buf[:min(end - pos, len(buf))])
-        if not n:
-            raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while joining "
+
+def _spans(ranges: list[tuple[str, int, int]], final: str) -> list[tuple[str, int, int]]:
+    """``ranges`` as ``(path, start, end)``, each checked against its file's size."""
+    out = []
+    for path, start, length in ranges:
+        size = os.stat(path).st_size
+        end = size if length < 0 else start + length
+        if end > size:
+            raise OutputError(f"{path}: ends {end - size} bytes early at {size} while joining "
                               f"{final}")
-        h.update(buf[:n])
-        pos += n
-    pos, dst = start, out.tell()
-    while pos < end and _KERNEL_COPY:
+        out.append((path, start, max(start, end)))
+    return out
+
+
+def _hash_spans(spans: list[tuple[str, int, int]], h: Any, final: str) -> None:
+    """Hash the bytes of ``spans`` into ``h``, in order, through one small reused buffer."""
+    buf = memoryview(bytearray(_HASH_BUFFER))
+    for path, start, end in spans:
+        if end <= start:
+            continue
+        with open(path, "rb", buffering=0) as f:
+            f.seek(start)
+            pos = start
+            while pos < end:
+                n = f.readinto(buf[:min(end - pos, len(buf))])
+                if not n:
+                    raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while "
+                                      f"joining {final}")
+                h.update(buf[:n])
+                pos += n
+
+
+class _Copy(threading.Thread):
+    """Copies ``spans`` to the file ``dst_fd`` at ``bases`` (by the kernel where it can, else
+    through a buffer); a failure is kept in ``error`` for the joining thread to raise."""
+
+    def __init__(self, dst_fd: int, spans: list[tuple[str, int, int]], bases: list[int],
+                 final: str) -> None:
+        super().__init__(name="feedpipe-join-copy", daemon=True)
+        self.dst_fd, self.spans, self.bases, self.final = dst_fd, spans, bases, final
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
         try:
-            n = os.copy_file_range(f.fileno(), out.fileno(), end - pos, pos, dst)
-        except OSError as e:
-            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            break  # (the bytes copied so far stay; the rest goes through a buffer)
-        if n == 0:
-            raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while joining "
-                              f"{final}")
-        pos += n
-        dst += n
-    out.seek(dst)
-    if pos < end:
-        f.seek(pos)
-        while pos < end:
-            chunk = f.read(min(end - pos, 1 << 22))
-            if not chunk:
-                raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while "
-                                  f"joining {final}")
-            out.write(chunk)
-            pos += len(chunk)
+            for (path, start, end), base in zip(self.spans, self.bases):
+                if end > start:
+                    self._copy(path, start, end, base)
+        except BaseException as e:  # raised by the joining thread
+            self.error = e
+
+    def _copy(self, path: str, start: int, end: int, dst: int) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            pos = start
+            while pos < end and _KERNEL_COPY:
+                try:
+                    n = os.copy_file_range(fd, self.dst_fd, end - pos, pos, dst)
+                except OSError as e:
+                    if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP,
+                                       errno.EINVAL):
+                        raise
+                    break  # (the bytes copied so far stay; the rest goes through a buffer)
+                if n == 0:
+                    raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while "
+                                      f"joining {self.final}")
+                pos += n
+                dst += n
+            while pos < end:
+                chunk = os.pread(fd, min(end - pos, 1 << 22), pos)
+                if not chunk:
+                    raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while "
+                                      f"joining {self.final}")
+                written = 0
+                while written < len(chunk):
+                    written += os.pwrite(self.dst_fd, chunk[written:], dst + written)
+                pos += len(chunk)
+                dst += len(chunk)
+        finally:
+            os.close(fd)
 
 
 _KERNEL_COPY = hasattr(os, "copy_file_range")
 _HASH_BUFFER = 1 << 20
+# a join smaller than this copies, then hashes, in one thread (a thread would only add its start)
+_THREAD_FROM = 4 << 20
 
 
-def seal(f: Any, h: Any) -> int:
+def seal(f: Any, h: Any, *, sync: bool = True) -> int:
     """End the shard being written to the file object ``f`` (its bytes hashed into ``h`` so far):
-    the end-of-archive blocks, flushed and synced to disk; its size."""
+    the end-of-archive blocks, flushed and (unless ``sync`` is false: the caller syncs it
+    before its commit) synced to disk; its size."""
     f.write(END_OF_ARCHIVE)
     h.update(END_OF_ARCHIVE)
     f.flush()
-    os.fsync(f.fileno())
+    if sync:
+        os.fsync(f.fileno())
     return int(f.tell())
+
+
+def sync_file(path: str) -> None:
+    """``fsync`` the file ``path`` (a shard sealed with ``sync=False``, before its commit)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def commit(out_dir: str, name: str, tmp: str, total: int, sha256: str, idx: ShardIndex,

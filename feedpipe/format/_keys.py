@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 
 _NEEDS_ESCAPE = re.compile(r"[%\\\s\x00-\x1f\x7f]")
+# a path that matches nothing of it is its own key (but for dots in its last component)
+NEEDS_ESCAPE = _NEEDS_ESCAPE
 
 
 def _escape(text: str, *, dots: bool) -> str:

@@ -55,6 +55,10 @@ _MODE_TO_SIZE = bytes(_TEMPLATE[100:124])
 _MTIME = bytes(_TEMPLATE[136:148])
 _AFTER_CHKSUM = bytes(_TEMPLATE[156:512])
 _NAME_PAD = b"\0" * 100
+# what a writer packing short-name headers itself needs (see member_header): the name's padding,
+# the template's pieces around the size and checksum fields, the template's byte sum (checksum
+# field as spaces), and the largest size the short form takes
+SHORT_HEADER = (_NAME_PAD, _MODE_TO_SIZE, _MTIME, _AFTER_CHKSUM, _TEMPLATE_SUM, _MAX_FAST_SIZE)
 
 
 def member_header(name: str, size: int) -> bytes:
