@@ -261,6 +261,8 @@ class ImagePipeline:
         self.label_field = label_field
         self.on_error = on_error
         self._norm = None if spec.std is None else Normalize(spec.mean or (), spec.std)
+        self._size = as_size(spec.size)
+        self._out_shape = (3, *self._size)
 
     def image(self, data: Any, rng: np.random.Generator | None) -> torch.Tensor:
         """The transformed CHW image of image bytes ``data`` (``rng`` needed when training)."""
@@ -270,7 +272,7 @@ class ImagePipeline:
     def _image(self, data: Any, rng: np.random.Generator | None,
                out: torch.Tensor | None = None) -> torch.Tensor:
         spec = self.spec
-        size = as_size(spec.size)
+        size = self._size
         if image_format(data) == "jpeg":
             h, w = jpeg_size(data)
             box, flip = spec.geometry(h, w, rng)
@@ -284,8 +286,9 @@ class ImagePipeline:
             box, flip = spec.geometry(whole.shape[0], whole.shape[1], rng)
             window = whole[box.top:box.top + box.height, box.left:box.left + box.width]
         if self._norm is None:
-            x = resize_to_tensor(window, size, flip=flip, out=out)
-            return x if out is not None else x.contiguous()
+            if out is None:  # contiguous CHW, written plane by plane (see resize_to_tensor)
+                out = torch.empty((window.shape[2], *size), dtype=torch.uint8)
+            return resize_to_tensor(window, size, flip=flip, out=out)
         x = resize_to_tensor(window, size, flip=flip)
         return normalize_tensor(x, self._norm.mean_tensor, self._norm.std_tensor, out=out)
 
@@ -296,7 +299,7 @@ class ImagePipeline:
     @property
     def out_shape(self) -> tuple[int, int, int]:
         """The shape of an output image: ``(3, H, W)``."""
-        return (3, *as_size(self.spec.size))
+        return self._out_shape
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -321,7 +324,7 @@ class ImagePipeline:
             >>> bool(torch.equal(row, p(sample)[0])), label
             (True, 0)
         """
-        if out.dtype != self.out_dtype or tuple(out.shape) != self.out_shape:
+        if out.shape != self._out_shape or out.dtype != self.out_dtype:
             raise ValueError(f"out= must be a {self.out_dtype} tensor of shape {self.out_shape}, "
                              f"not {out.dtype} {tuple(out.shape)}")
         return self._apply(sample, out)[1]
