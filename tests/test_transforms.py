@@ -198,6 +198,31 @@ def test_reduction_into_a_batch_row_is_the_torch_paths_image(monkeypatch: pytest
         assert not batch[0].any() and not batch[2].any()  # nothing written beside the row
 
 
+def test_resized_images_do_not_share_the_resize_scratch_buffers() -> None:
+    """Enlargements pass through per-thread scratch arrays on their way to CHW: every result
+    (a new tensor or the caller's row) keeps its pixels after later resizes, in this thread
+    and in others."""
+    import threading
+
+    from feedpipe.transforms import _resize as image_ops
+
+    imgs = [simplejpeg.decode_jpeg(jpeg(90, 70, seed=s), colorspace="RGB")[5:80, 3:60]
+            for s in (5, 6, 7)]
+    want = [_torch_resize(np.ascontiguousarray(im[:, ::-1]), (120, 100)) for im in imgs]
+    rows = torch.zeros((3, 3, 120, 100), dtype=torch.uint8)
+    kept = [image_ops.resize_to_tensor(imgs[0], (120, 100), flip=True),
+            image_ops.resize_to_tensor(imgs[1], (120, 100), flip=True, out=rows[1])]
+    other = threading.Thread(target=image_ops.resize_to_tensor, args=(imgs[2], (120, 100)),
+                             kwargs={"flip": True, "out": rows[2]})
+    other.start()
+    other.join()
+    kept.append(image_ops.resize_to_tensor(imgs[2], (120, 100), flip=True))
+    for got, ref in zip(kept, want):
+        assert (got.int() - ref.int()).abs().max() <= 1  # OpenCV's bilinear: within one level
+    assert torch.equal(rows[2], kept[2]) and torch.equal(rows[1], kept[1])
+    assert not torch.equal(kept[0], kept[1]) and not torch.equal(kept[1], kept[2])
+
+
 def _torch_resize(img: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
     x = torch.from_numpy(np.ascontiguousarray(img)).unsqueeze(0).permute(0, 3, 1, 2)
     return torch.nn.functional.interpolate(x, size=size, mode="bilinear", antialias=True,

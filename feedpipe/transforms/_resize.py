@@ -12,6 +12,8 @@ resize takes the torch path.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -20,10 +22,31 @@ from ._geometry import Size
 from ._opencv import opencv
 from ._threads import one_thread
 
+_SCRATCH = threading.local()  # each thread's reused HWC buffers (_enlarge_hwc's scratch=True)
 
-def _enlarge_hwc(img: np.ndarray, size: Size, flip: bool) -> np.ndarray | None:
+
+def _scratch(shape: tuple[int, int, int], which: int) -> np.ndarray:
+    """This thread's reused ``uint8`` array ``which`` (0 or 1) of ``shape``. An enlargement on its
+    way into a CHW row passes through an HWC array; a fresh one per image costs an allocation
+    and cold cache lines that a reused one does not (``benchmarks/bench_decode_parts.py``)."""
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None:
+        bufs = _SCRATCH.bufs = {}
+    key = (shape, which)
+    buf = bufs.get(key)
+    if buf is None:
+        if len(bufs) >= 8:  # a few output sizes at most in one process: never grow unbounded
+            bufs.clear()
+        buf = bufs[key] = np.empty(shape, np.uint8)
+    return buf
+
+
+def _enlarge_hwc(img: np.ndarray, size: Size, flip: bool,
+                 scratch: bool = False) -> np.ndarray | None:
     """``img`` resized up to ``size`` (and flipped) by OpenCV, HWC ``uint8``; ``None`` when this
-    is not an enlargement of a 1-4 channel ``uint8`` image or OpenCV is missing."""
+    is not an enlargement of a 1-4 channel ``uint8`` image or OpenCV is missing. With
+    ``scratch``, the result lives in this thread's reused buffers (see :func:`_scratch`): valid
+    until the thread's next call, for a caller that copies it out at once."""
     if (img.ndim != 3 or img.dtype != np.uint8 or not 1 <= img.shape[2] <= 4
             or img.shape[0] > size[0] or img.shape[1] > size[1] or 0 in img.shape):
         return None
@@ -33,10 +56,19 @@ def _enlarge_hwc(img: np.ndarray, size: Size, flip: bool) -> np.ndarray | None:
     c = img.shape[2]
     if img.strides[2] != 1 or img.strides[1] != c or img.strides[0] <= 0:
         img = np.ascontiguousarray(img)  # cv2 reads rows of packed pixels only
-    out = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
+    if not scratch:
+        out = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
+        if flip:
+            out = cv2.flip(out, 1)
+        return out.reshape(size[0], size[1], c)  # cv2 drops a single channel's axis
+    shape = (size[0], size[1], c)
+    first = _scratch(shape, 0)
+    out = cv2.resize(img, (size[1], size[0]), dst=first.reshape(shape[:2]) if c == 1 else first,
+                     interpolation=cv2.INTER_LINEAR)
     if flip:
-        out = cv2.flip(out, 1)
-    return out.reshape(size[0], size[1], c)  # cv2 drops a single channel's axis
+        second = _scratch(shape, 1)
+        out = cv2.flip(out, 1, dst=second.reshape(shape[:2]) if c == 1 else second)
+    return out.reshape(shape)
 
 
 def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
@@ -62,7 +94,7 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
             img.shape[2] if img.ndim == 3 else 1, size[0], size[1])):
         raise ValueError(f"out= must be a uint8 tensor of shape {(img.shape[2], *size)}, not "
                          f"{out.dtype} {tuple(out.shape)}")
-    up = _enlarge_hwc(img, size, flip)
+    up = _enlarge_hwc(img, size, flip, scratch=True)
     if up is not None:
         chw = out if out is not None and out.is_contiguous() else torch.empty(
             (up.shape[2], size[0], size[1]), dtype=torch.uint8)
