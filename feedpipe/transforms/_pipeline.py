@@ -261,8 +261,6 @@ class ImagePipeline:
         self.label_field = label_field
         self.on_error = on_error
         self._norm = None if spec.std is None else Normalize(spec.mean or (), spec.std)
-        self._size = as_size(spec.size)
-        self._out_shape = (3, *self._size)
 
     def image(self, data: Any, rng: np.random.Generator | None) -> torch.Tensor:
         """The transformed CHW image of image bytes ``data`` (``rng`` needed when training)."""
@@ -272,7 +270,7 @@ class ImagePipeline:
     def _image(self, data: Any, rng: np.random.Generator | None,
                out: torch.Tensor | None = None) -> torch.Tensor:
         spec = self.spec
-        size = self._size
+        size = as_size(spec.size)
         if image_format(data) == "jpeg":
             h, w = jpeg_size(data)
             box, flip = spec.geometry(h, w, rng)
@@ -299,7 +297,7 @@ class ImagePipeline:
     @property
     def out_shape(self) -> tuple[int, int, int]:
         """The shape of an output image: ``(3, H, W)``."""
-        return self._out_shape
+        return (3, *as_size(self.spec.size))
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -324,7 +322,7 @@ class ImagePipeline:
             >>> bool(torch.equal(row, p(sample)[0])), label
             (True, 0)
         """
-        if out.shape != self._out_shape or out.dtype != self.out_dtype:
+        if out.dtype != self.out_dtype or tuple(out.shape) != self.out_shape:
             raise ValueError(f"out= must be a {self.out_dtype} tensor of shape {self.out_shape}, "
                              f"not {out.dtype} {tuple(out.shape)}")
         return self._apply(sample, out)[1]
