@@ -169,6 +169,60 @@ def test_opencv_enlargement_matches_the_torch_path(monkeypatch: pytest.MonkeyPat
                        _torch_resize(img, (40, 30)))
 
 
+@pytest.mark.parametrize("view", ["window", "packed", "channels-reversed", "one-channel",
+                                  "four-channel"])
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("size", [(40, 30), (100, 40), (75, 57)])
+def test_reduction_into_a_batch_row_is_the_torch_paths_image(monkeypatch: pytest.MonkeyPatch,
+                                                             view: str, flip: bool,
+                                                             size: tuple[int, int]) -> None:
+    """A reduction (or a mixed one: one side down, the other up, or no resize at all) written
+    into a batch row (``out=``, as ImagePipeline.into does) has exactly the pixels of the
+    antialiased torch resize of the flipped crop, with OpenCV doing the flip and the CHW
+    write, and without OpenCV."""
+    from feedpipe.transforms import _opencv
+    from feedpipe.transforms import _resize as image_ops
+
+    whole = simplejpeg.decode_jpeg(jpeg(90, 70, seed=4), colorspace="RGB")
+    base = whole[5:80, 3:60]  # a window: rows longer than the crop, as decode_window gives
+    img = {"window": base, "packed": np.ascontiguousarray(base),
+           "channels-reversed": base[:, :, ::-1], "one-channel": base[:, :, :1],
+           "four-channel": np.concatenate([base, base[:, :, :1]], axis=2)}[view]
+    want = _torch_resize(img[:, ::-1] if flip else img, size)
+    for cv2_state in (None, False):  # with OpenCV (where installed), then as if it were not
+        monkeypatch.setattr(_opencv, "_CV2", cv2_state)
+        batch = torch.zeros((3, img.shape[2], *size), dtype=torch.uint8)
+        got = image_ops.resize_to_tensor(img, size, flip=flip, out=batch[1])
+        assert got is batch[1] or got.data_ptr() == batch[1].data_ptr()
+        assert torch.equal(batch[1], want), cv2_state
+        assert not batch[0].any() and not batch[2].any()  # nothing written beside the row
+
+
+def test_resized_images_do_not_share_the_resize_scratch_buffers() -> None:
+    """Enlargements pass through per-thread scratch arrays on their way to CHW: every result
+    (a new tensor or the caller's row) keeps its pixels after later resizes, in this thread
+    and in others."""
+    import threading
+
+    from feedpipe.transforms import _resize as image_ops
+
+    imgs = [simplejpeg.decode_jpeg(jpeg(90, 70, seed=s), colorspace="RGB")[5:80, 3:60]
+            for s in (5, 6, 7)]
+    want = [_torch_resize(np.ascontiguousarray(im[:, ::-1]), (120, 100)) for im in imgs]
+    rows = torch.zeros((3, 3, 120, 100), dtype=torch.uint8)
+    kept = [image_ops.resize_to_tensor(imgs[0], (120, 100), flip=True),
+            image_ops.resize_to_tensor(imgs[1], (120, 100), flip=True, out=rows[1])]
+    other = threading.Thread(target=image_ops.resize_to_tensor, args=(imgs[2], (120, 100)),
+                             kwargs={"flip": True, "out": rows[2]})
+    other.start()
+    other.join()
+    kept.append(image_ops.resize_to_tensor(imgs[2], (120, 100), flip=True))
+    for got, ref in zip(kept, want):
+        assert (got.int() - ref.int()).abs().max() <= 1  # OpenCV's bilinear: within one level
+    assert torch.equal(rows[2], kept[2]) and torch.equal(rows[1], kept[1])
+    assert not torch.equal(kept[0], kept[1]) and not torch.equal(kept[1], kept[2])
+
+
 def _torch_resize(img: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
     x = torch.from_numpy(np.ascontiguousarray(img)).unsqueeze(0).permute(0, 3, 1, 2)
     return torch.nn.functional.interpolate(x, size=size, mode="bilinear", antialias=True,

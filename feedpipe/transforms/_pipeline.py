@@ -284,8 +284,9 @@ class ImagePipeline:
             box, flip = spec.geometry(whole.shape[0], whole.shape[1], rng)
             window = whole[box.top:box.top + box.height, box.left:box.left + box.width]
         if self._norm is None:
-            x = resize_to_tensor(window, size, flip=flip, out=out)
-            return x if out is not None else x.contiguous()
+            if out is None:  # contiguous CHW, written plane by plane (see resize_to_tensor)
+                out = torch.empty((window.shape[2], *size), dtype=torch.uint8)
+            return resize_to_tensor(window, size, flip=flip, out=out)
         x = resize_to_tensor(window, size, flip=flip)
         return normalize_tensor(x, self._norm.mean_tensor, self._norm.std_tensor, out=out)
 

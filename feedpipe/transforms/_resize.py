@@ -4,11 +4,15 @@ An enlargement (the usual case for a random-resized crop) goes through OpenCV's
 ``cv2.resize`` (bilinear, fixed-point SIMD) and ``cv2.split`` straight into CHW planes. It is
 faster than the torch path and within one grey level of it (``benchmarks/bench_resize.py``). A
 reduction keeps ``torch.nn.functional.interpolate`` on ``uint8`` channels-last tensors with
-``antialias=True``: OpenCV's bilinear does not antialias, and its area filter is slower than
-torch's. Without OpenCV every resize takes the torch path.
+``antialias=True`` (the filter class of torchvision's and DALI's random-resized crops: OpenCV's
+bilinear does not antialias, and its area filter is slower than torch's); written into a batch
+row, OpenCV still does its flip and its CHW write, with torch's pixels. Without OpenCV every
+resize takes the torch path.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import torch
@@ -18,10 +22,31 @@ from ._geometry import Size
 from ._opencv import opencv
 from ._threads import one_thread
 
+_SCRATCH = threading.local()  # each thread's reused HWC buffers (_enlarge_hwc's scratch=True)
 
-def _enlarge_hwc(img: np.ndarray, size: Size, flip: bool) -> np.ndarray | None:
+
+def _scratch(shape: tuple[int, int, int], which: int) -> np.ndarray:
+    """This thread's reused ``uint8`` array ``which`` (0 or 1) of ``shape``. An enlargement on its
+    way into a CHW row passes through an HWC array; a fresh one per image costs an allocation
+    and cold cache lines that a reused one does not (``benchmarks/bench_decode_parts.py``)."""
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None:
+        bufs = _SCRATCH.bufs = {}
+    key = (shape, which)
+    buf = bufs.get(key)
+    if buf is None:
+        if len(bufs) >= 8:  # a few output sizes at most in one process: never grow unbounded
+            bufs.clear()
+        buf = bufs[key] = np.empty(shape, np.uint8)
+    return buf
+
+
+def _enlarge_hwc(img: np.ndarray, size: Size, flip: bool,
+                 scratch: bool = False) -> np.ndarray | None:
     """``img`` resized up to ``size`` (and flipped) by OpenCV, HWC ``uint8``; ``None`` when this
-    is not an enlargement of a 1-4 channel ``uint8`` image or OpenCV is missing."""
+    is not an enlargement of a 1-4 channel ``uint8`` image or OpenCV is missing. With
+    ``scratch``, the result lives in this thread's reused buffers (see :func:`_scratch`): valid
+    until the thread's next call, for a caller that copies it out at once."""
     if (img.ndim != 3 or img.dtype != np.uint8 or not 1 <= img.shape[2] <= 4
             or img.shape[0] > size[0] or img.shape[1] > size[1] or 0 in img.shape):
         return None
@@ -31,10 +56,19 @@ def _enlarge_hwc(img: np.ndarray, size: Size, flip: bool) -> np.ndarray | None:
     c = img.shape[2]
     if img.strides[2] != 1 or img.strides[1] != c or img.strides[0] <= 0:
         img = np.ascontiguousarray(img)  # cv2 reads rows of packed pixels only
-    out = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
+    if not scratch:
+        out = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
+        if flip:
+            out = cv2.flip(out, 1)
+        return out.reshape(size[0], size[1], c)  # cv2 drops a single channel's axis
+    shape = (size[0], size[1], c)
+    first = _scratch(shape, 0)
+    out = cv2.resize(img, (size[1], size[0]), dst=first.reshape(shape[:2]) if c == 1 else first,
+                     interpolation=cv2.INTER_LINEAR)
     if flip:
-        out = cv2.flip(out, 1)
-    return out.reshape(size[0], size[1], c)  # cv2 drops a single channel's axis
+        second = _scratch(shape, 1)
+        out = cv2.flip(out, 1, dst=second.reshape(shape[:2]) if c == 1 else second)
+    return out.reshape(shape)
 
 
 def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
@@ -47,7 +81,9 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
     contiguous CHW tensor (see the module docstring), straight into ``out`` when it is
     contiguous. Otherwise torch: the one copy it needs anyway (a dense channels-last input) also
     does the flip, and ``uint8`` channels-last is torch's vectorised interpolation path (no
-    float round trip). The result is then in channels-last memory, or copied into ``out``.
+    float round trip). The result is then in channels-last memory, or written into ``out``
+    (by OpenCV's flip and split where it is installed and ``out`` is contiguous: the same
+    pixels).
 
     Example:
         >>> import numpy as np
@@ -58,18 +94,31 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
             img.shape[2] if img.ndim == 3 else 1, size[0], size[1])):
         raise ValueError(f"out= must be a uint8 tensor of shape {(img.shape[2], *size)}, not "
                          f"{out.dtype} {tuple(out.shape)}")
-    up = _enlarge_hwc(img, size, flip)
+    up = _enlarge_hwc(img, size, flip, scratch=True)
     if up is not None:
         chw = out if out is not None and out.is_contiguous() else torch.empty(
             (up.shape[2], size[0], size[1]), dtype=torch.uint8)
-        planes = chw.numpy()
-        if up.shape[2] == 1:
-            planes[0] = up[:, :, 0]
-        else:
-            opencv().split(up, list(planes))
+        _split_into(up, chw)
         if out is not None and chw is not out:
             out.copy_(chw)
         return chw if out is None else out
+    cv2 = opencv()
+    if (cv2 is not None and out is not None and out.is_contiguous() and img.ndim == 3
+            and img.dtype == np.uint8 and img.strides[2] == 1 and img.strides[1] == img.shape[2]
+            and img.strides[0] > 0 and 1 <= img.shape[2] <= 4):
+        # OpenCV's flip (or a packed copy) makes the dense channels-last input torch's uint8
+        # kernel wants, and its split writes the result's planes straight into ``out``: torch's
+        # own channels-last to CHW copy is the slower way to the same bytes
+        # (benchmarks/bench_decode_parts.py).
+        dense = cv2.flip(img, 1) if flip else np.ascontiguousarray(img)
+        dense = dense.reshape(img.shape)  # cv2 drops a single channel's axis
+        with one_thread():
+            x = torch.from_numpy(dense).unsqueeze(0).permute(0, 3, 1, 2)
+            if (x.shape[2], x.shape[3]) != size:
+                x = F.interpolate(x, size=size, mode="bilinear", antialias=True,
+                                  align_corners=False)
+            _split_into(x[0].permute(1, 2, 0).numpy(), out)
+        return out
     if min(img.strides) < 0:  # torch takes no negative strides (a channel-reversed view)
         img = np.ascontiguousarray(img)
     with one_thread():
@@ -81,6 +130,16 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
         if out is not None:
             return out.copy_(x[0])
         return x[0]
+
+
+def _split_into(hwc: np.ndarray, chw: torch.Tensor) -> None:
+    """The planes of a dense HWC ``uint8`` array written into the contiguous CHW tensor ``chw``
+    (OpenCV present)."""
+    planes = chw.numpy()
+    if hwc.shape[2] == 1:
+        planes[0] = hwc[:, :, 0]
+    else:
+        opencv().split(hwc, list(planes))
 
 
 def resize_hwc(img: np.ndarray, size: Size) -> np.ndarray:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -13,8 +12,34 @@ _one_thread_users = 0
 _saved_threads = 0
 
 
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
+class _OneThread:
+    """:func:`one_thread`'s context manager: a class, not a generator, since it wraps every
+    image, and a generator-based one costs more to enter and leave."""
+
+    __slots__ = ("counted",)
+
+    def __enter__(self) -> None:
+        global _one_thread_users, _saved_threads
+        self.counted = not (torch.get_num_threads() == 1 and _one_thread_users == 0)
+        if not self.counted:
+            return
+        with _ONE_THREAD_LOCK:
+            if _one_thread_users == 0:
+                _saved_threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+            _one_thread_users += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _one_thread_users
+        if not self.counted:
+            return
+        with _ONE_THREAD_LOCK:
+            _one_thread_users -= 1
+            if _one_thread_users == 0:
+                torch.set_num_threads(_saved_threads)
+
+
+def one_thread() -> AbstractContextManager[None]:
     """Run torch ops on the calling thread only, for the duration.
 
     One image is too little work to split over torch's intra-op threads. With
@@ -31,19 +56,4 @@ def one_thread() -> Iterator[None]:
         ...     torch.get_num_threads()
         1
     """
-    global _one_thread_users, _saved_threads
-    if torch.get_num_threads() == 1 and _one_thread_users == 0:
-        yield
-        return
-    with _ONE_THREAD_LOCK:
-        if _one_thread_users == 0:
-            _saved_threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _one_thread_users += 1
-    try:
-        yield
-    finally:
-        with _ONE_THREAD_LOCK:
-            _one_thread_users -= 1
-            if _one_thread_users == 0:
-                torch.set_num_threads(_saved_threads)
+    return _OneThread()
