@@ -226,35 +226,19 @@ def test_disk_full_is_one_line_and_resume_completes(tmp_path: Path, limit: int) 
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "again")
 
 
-def test_each_staging_file_goes_once_its_bytes_are_in_shards(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 4 directories of 5 samples, shards of 5: the shards are joined while the directories are
-    # staged, and a directory's staging file goes as soon as its bytes are in a shard, so OUT
-    # never holds the staged bytes twice over
-    from feedpipe.convert import _prejoin
-
+def test_each_staging_file_goes_once_its_shards_are_committed(tmp_path: Path) -> None:
+    # 4 directories of 5 samples, shards of 5: shard i is cut from directory i alone, so when
+    # shard i is committed, the staging files of directories before it are gone
     src = _dir_tree(tmp_path / "src", 4, lambda d, i: bytes([d, i]) * 700)
     out = tmp_path / "o"
-    after_add = []
-    real_add = _prejoin.PreJoin.add
-
-    def add(self: Any, sd: Any) -> None:
-        real_add(self, sd)
-        after_add.append((os.path.exists(sd.path), len(self.shards)))
-
-    monkeypatch.setattr(_prejoin.PreJoin, "add", add)
-    at_commit = []
+    staged = []
 
     def on_shard(rec: Any) -> None:
-        at_commit.append(sorted(n for n in os.listdir(out) if "-stage" in n))
+        staged.append(sorted(n for n in os.listdir(out) if "-stage" in n))
 
     feedpipe.shard(str(src), str(out), max_samples=5, workers=2, on_shard=on_shard)
-    assert after_add == [(False, 1), (False, 2), (False, 3), (False, 4)]
-    assert at_commit == [[]] * 4
-    assert not [n for n in os.listdir(out) if "-stage" in n or ".tmp-" in n]
-    feedpipe.shard(str(src), str(tmp_path / "general"), max_samples=5, workers=2,
-                   method="general")
-    assert dataset_bytes(out) == dataset_bytes(tmp_path / "general")
+    assert [len(s) for s in staged] == [4, 3, 2, 1]
+    assert not [n for n in os.listdir(out) if "-stage" in n]
 
 
 def test_the_general_paths_errors_come_first_and_out_is_left_alone(
@@ -339,18 +323,3 @@ def test_the_staging_read_gives_a_regular_file_whole_and_nothing_for_anything_el
     assert onepass.read_file(str(tmp_path / "d")) == b""
     with pytest.raises(FileNotFoundError):
         onepass.read_file(str(tmp_path / "missing.bin"))
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-def test_directories_whose_keys_sort_unlike_their_names_join_in_key_order(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
-    # "a b" lists before "a!b" but its key "a%20b/..." sorts after "a!b/...": the shards are
-    # joined in key order whatever order the directories are staged in
-    src = tmp_path / "src"
-    write_tree(src, [f"{d}/{i}.bin" for d in ("a b", "a!b", "a%c", "a.b", "a") for i in range(3)])
-    work = tmp_path / "w"
-    work.mkdir()
-    for kw in ({"max_samples": 2}, {"max_bytes": 5000}, {}):
-        one, general, taken = _both(src, work, monkeypatch, workers=workers, **kw)
-        assert taken, kw
-        assert one == general, kw

@@ -11,16 +11,12 @@ one worker per directory:
 3. reads their files in key order and writes their tar members to a *staging* file in OUT (the
    sizes come from the reads).
 
-As each directory comes in, the parent (otherwise waiting) appends its staged bytes, in key
-order, to the shards they belong to (:mod:`~feedpipe.convert._prejoin`: an unshuffled plan is cut
-front to back), and the staging file goes. Once all are in, the parent holds the very listing the
-general path would build: the same samples, keys and sizes, from the same chunk files
-(:mod:`~feedpipe.convert._listing`). It plans the same shards with the same fingerprint, checks
-that they are the ones joined, and commits them. The output is the general path's, byte for byte
-(``tests/test_onepass.py``). What it saves is the ``stat`` per file, the wait between listing
-and writing, and most of the joining after the staging (``benchmarks/bench_convert.py``). A
-staged table (:mod:`~feedpipe.convert._table_rows`) is joined after its listing instead, from
-byte ranges of its staging file (:func:`~feedpipe.convert._writer.join_ranges`).
+The parent then holds the very listing the general path would build: the same samples, keys and
+sizes, from the same chunk files (:mod:`~feedpipe.convert._listing`). It plans the same shards
+with the same fingerprint and joins each shard from byte ranges of the staging files
+(:func:`~feedpipe.convert._writer.join_ranges`). The output is the general path's, byte for byte
+(``tests/test_onepass.py``). What it saves is the ``stat`` per file and the wait between listing
+and writing (``benchmarks/bench_peers.py --phases convert``).
 
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
 which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
@@ -29,9 +25,9 @@ directory that may hold feedpipe output (``manifest.json``, ``.feedpipe-*`` file
 the root; a ``cls`` file under ``labels_from_dirs``, or a class directory without samples;
 fewer top-level directories than workers.
 
-A directory is one worker's work. OUT holds a directory's staged bytes until they are in the
-shards being joined, so it needs room for the data plus the directories staged ahead of the
-joining (about one per worker).
+A directory is one worker's work. OUT holds a directory's staged bytes beside the shards cut
+from it, and each staging file goes as soon as its last shard is committed. So OUT needs room
+for the data plus about its largest top-level directory.
 
 Nothing is committed before the plan's fingerprint is saved, as on the general path. A run
 killed while staging leaves only hidden temp files, which ``--resume`` or a new run removes. The
@@ -54,11 +50,10 @@ from typing import Any
 from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
 from .._helpers.progress import progress
 from ..format._index import ShardIndex
-from ..format._keys import NEEDS_ESCAPE, encode_key, valid_extension
+from ..format._keys import NEEDS_ESCAPE, valid_extension
 from ..format._manifest import ShardRecord
 from ..format._tar import BLOCK, SHORT_HEADER, member_header
 from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
-from ._prejoin import Joined, PreJoin
 from ._sources import (
     READ_FLAGS,
     FileRef,
@@ -67,14 +62,7 @@ from ._sources import (
     leave_out_non_images,
     read_local,
 )
-from ._writer import (
-    commit,
-    hidden,
-    join_ranges,
-    removed_on_error,
-    sync_file,
-    unlink_quiet,
-)
+from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet
 
 
 @dataclass
@@ -357,14 +345,11 @@ class StagedTree:
     them; :meth:`close` removes every staging and chunk file."""
 
     def __init__(self, listing: TreeListing | None, dirs: list[StagedDir], paths: list[str],
-                 pool: ProcessPoolExecutor | None, joined: list[Joined] | None = None) -> None:
+                 pool: ProcessPoolExecutor | None) -> None:
         self.listing = listing
         self.dirs = dirs
         self._paths = paths  # every staging file, those of directories without samples too
         self._pool = pool  # the staging workers, which join the shards too
-        self.joined = joined  # the shards joined while staging (see _prejoin), sealed
-        if joined is not None:
-            self._paths = paths + [j.tmp for j in joined]
 
     def cuts(self, counts: list[int]) -> Iterator[list[Cut]]:
         """Per shard of ``counts[i]`` consecutive samples (in listing order), its cuts."""
@@ -385,12 +370,8 @@ class StagedTree:
     def join(self, plan: list[list[list[SampleSpec]]], names: list[str], out: str,
              record: Callable[[int, ShardRecord, set[str]], None]) -> None:
         """Write every shard of ``plan`` (a plan of this listing's samples, in order) from the
-        staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed.
-        Shards already joined while staging are committed as they are."""
+        staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed."""
         counts = [sum(len(p) for p in shard) for shard in plan]
-        if self.joined is not None:
-            self._commit_joined(counts, names, out, record)
-            return
         jobs = list(enumerate(self.cuts(counts)))
         last = {cut.path: i for i, cuts in jobs for cut in cuts}  # the last shard cut from each
         by_shard: dict[int, list[str]] = {}
@@ -420,20 +401,6 @@ class StagedTree:
                 pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
                 raise
-
-    def _commit_joined(self, counts: list[int], names: list[str], out: str,
-                       record: Callable[[int, ShardRecord, set[str]], None]) -> None:
-        joined = self.joined or []
-        if [j.samples for j in joined] != counts or [j.name for j in joined] != names:
-            # cannot happen: the plan of an unshuffled whole run cuts as the staging did
-            raise RuntimeError(f"{out}: the shards joined while staging ({len(joined)}) are not "
-                               f"the plan's ({len(counts)}); convert with method='general'")
-        for i, j in enumerate(joined):
-            idx = shard_index(j.cuts, j.bases)
-            with removed_on_error(j.tmp, os.path.join(out, j.name)):
-                sync_file(j.tmp)  # (sealed unsynced: see feedpipe.convert._prejoin)
-                rec = commit(out, j.name, j.tmp, j.total, j.sha256, idx, [])
-            record(i, rec, idx.fields())
 
     def close(self) -> None:
         with sigint_deferred():  # a Ctrl-C neither in the pool's shutdown nor before the cleanup
@@ -480,15 +447,9 @@ def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[st
 
 def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, workers: int,
                show_progress: bool | None = None, start_method: str | None = None,
-               why: list[str] | None = None,
-               cut: tuple[int, int | None] | None = None) -> StagedTree | None:
+               why: list[str] | None = None) -> StagedTree | None:
     """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
-    ``None`` when the general path must convert it (the reason then appended to ``why``).
-
-    ``cut``: ``(max_bytes, max_samples)`` of an unshuffled whole run: the shards of
-    ``PREFIX-NNNNNN.tar`` are then joined as the directories come in
-    (:mod:`~feedpipe.convert._prejoin`), and the result's ``joined`` holds them, sealed and
-    not committed."""
+    ``None`` when the general path must convert it (the reason then appended to ``why``)."""
     said = why if why is not None else []
     files, dirs, outputs = top_entries(src)
     visible = [d for d in dirs if not d.startswith(".")]
@@ -517,12 +478,6 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     ok = False
     tmp = tempfile.mkdtemp(prefix="feedpipe-listing-")
     pool = None
-    pre = None if cut is None else PreJoin(out, prefix, *cut)
-    # the directories in key order (a key starts with its top directory, escaped, and "/"),
-    # which the shards are joined in; arrivals out of that order wait for their turn
-    key_order = sorted(range(len(dirs)), key=lambda i: encode_key(dirs[i] + "/x")[:-1])
-    arrived: dict[int, StagedDir] = {}
-    joined_upto = 0
     try:
         root_chunk = write_chunk(files, "", os.path.join(tmp, "root.chunk"), labels_from_dirs)
         chunk_paths = [os.path.join(tmp, p) for p in chunk_paths]
@@ -550,13 +505,6 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                                     "possible feedpipe output or a cls file)")
                         return None
                     staged.append(sd)
-                    if pre is not None:
-                        arrived[len(staged) - 1] = sd
-                        while joined_upto < len(dirs) and key_order[joined_upto] in arrived:
-                            next_sd = arrived.pop(key_order[joined_upto])
-                            joined_upto += 1
-                            if next_sd.chunk.samples:
-                                pre.add(next_sd)
                     bar.update(1)
                     interrupted()
             finally:
@@ -577,23 +525,13 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
             # cannot happen with feedpipe's key encoding (see feedpipe.convert._listing)
             said.append("the key ranges of two top-level directories overlap")
             return None
-        joined = None
-        if pre is not None:
-            expected = [staged[i] for i in key_order if staged[i].chunk.samples]
-            if len(expected) != len(order) or any(a is not b for a, b in zip(expected, order)):
-                # cannot happen: the directories' keys sort as their escaped names do
-                said.append("the top-level directories' keys do not sort as their names")
-                return None
-            joined = pre.finish()
         ok = True
-        return StagedTree(listing, order, stage_paths, pool, joined)
+        return StagedTree(listing, order, stage_paths, pool)
     finally:
         if not ok:
             with sigint_deferred():  # nor in the shutdown, nor before the cleanup
                 if pool is not None:
                     pool.shutdown(cancel_futures=True)
-                if pre is not None:
-                    pre.close()
-                for p in stage_paths + ([] if pre is None else pre.temps()):
+                for p in stage_paths:
                     unlink_quiet(p)
                 shutil.rmtree(tmp, ignore_errors=True)

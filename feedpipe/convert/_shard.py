@@ -478,8 +478,7 @@ def _stage(src: str, out: str, opts: ShardOptions, workers: int,
     clean_temps(out, opts.prefix)
     staged = stage_tree(src, out, opts.prefix, labels_from_dirs=opts.labels_from_dirs,
                         workers=workers, show_progress=opts.show_progress,
-                        start_method=opts.start_method, why=why,
-                        cut=(opts.max_bytes, opts.max_samples))
+                        start_method=opts.start_method, why=why)
     if staged is None and not existed:  # (a failure, as on the general path, leaves it)
         try:
             os.rmdir(out)

@@ -199,19 +199,6 @@ def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
     return record, idx
 
 
-def append_range(path: str, start: int, end: int, dst_fd: int, dst: int, h: Any,
-                 final: str) -> None:
-    """Copy bytes ``start:end`` of the file ``path`` to the file ``dst_fd`` at ``dst``,
-    hashing them into ``h`` (a shard being filled range by range: ``final`` names it in
-    errors); a range past the file's end is an :class:`OutputError` naming the file."""
-    spans = _spans([(path, start, end - start)], final)
-    _hash_spans(spans, h, final)
-    copy = _Copy(dst_fd, spans, [dst], final)
-    copy.run()
-    if copy.error is not None:
-        raise copy.error
-
-
 def _spans(ranges: list[tuple[str, int, int]], final: str) -> list[tuple[str, int, int]]:
     """``ranges`` as ``(path, start, end)``, each checked against its file's size."""
     out = []
@@ -298,25 +285,14 @@ _HASH_BUFFER = 1 << 20
 _THREAD_FROM = 4 << 20
 
 
-def seal(f: Any, h: Any, *, sync: bool = True) -> int:
+def seal(f: Any, h: Any) -> int:
     """End the shard being written to the file object ``f`` (its bytes hashed into ``h`` so far):
-    the end-of-archive blocks, flushed and (unless ``sync`` is false: the caller syncs it
-    before its commit) synced to disk; its size."""
+    the end-of-archive blocks, flushed and synced to disk; its size."""
     f.write(END_OF_ARCHIVE)
     h.update(END_OF_ARCHIVE)
     f.flush()
-    if sync:
-        os.fsync(f.fileno())
+    os.fsync(f.fileno())
     return int(f.tell())
-
-
-def sync_file(path: str) -> None:
-    """``fsync`` the file ``path`` (a shard sealed with ``sync=False``, before its commit)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def commit(out_dir: str, name: str, tmp: str, total: int, sha256: str, idx: ShardIndex,
