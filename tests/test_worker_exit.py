@@ -112,6 +112,62 @@ def test_workers_exit_with_a_terminated_training_process(
             os.kill(pid, signal.SIGKILL)
 
 
+LATE = textwrap.dedent("""
+    import os, sys, time
+    from feedpipe import FeedDataset, FeedLoader
+
+    path, route = sys.argv[1], sys.argv[2]
+    parent = os.getpid()
+
+    def late(worker_id):  # worker 1 starts its share only once the training process is gone
+        if worker_id == 1:
+            while os.getppid() == parent:
+                time.sleep(0.02)  # polling for the parent's exit
+
+    loader = FeedLoader(FeedDataset(path, shuffle=True, seed=1), batch_size=16, num_workers=2,
+                        route=route, worker_init_fn=late, multiprocessing_context="fork")
+    for batch in loader:
+        print("READY", flush=True)
+        time.sleep(3600)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("route", ["samples-workers", "refs-workers"])
+def test_a_worker_that_starts_after_the_training_process_ended_exits(
+        route: str, big_samples: tuple[str, str], tmp_path: Path) -> None:
+    """A forked worker slow to start (a loaded machine) that begins its share only after the
+    training process has gone: it exits too, instead of making a batch larger than the pipe
+    and waiting forever to hand it over. It watched only the parent it saw then (init, once
+    its parent was gone), not the training process that forked it."""
+    path, _ = big_samples
+    script = tmp_path / "late.py"
+    script.write_text(LATE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(feedpipe.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
+    err = (tmp_path / "stderr").open("w+")
+    p = subprocess.Popen([sys.executable, str(script), path, route], stdout=subprocess.PIPE,
+                         stderr=err, text=True, env=env)
+    workers: list[int] = []
+    try:
+        line = p.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("READY"), (err.seek(0), err.read())
+        workers = children(p.pid)
+        assert len(workers) >= 2, workers
+        p.send_signal(signal.SIGTERM)
+        p.wait()
+        p.stdout.close()  # type: ignore[union-attr]
+        deadline = time.monotonic() + GONE_WITHIN
+        while alive(workers) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the pids
+        assert not alive(workers), f"workers {alive(workers)} outlived the training process"
+    finally:
+        err.close()
+        for pid in alive(workers):
+            os.kill(pid, signal.SIGKILL)
+
+
 UNFINISHED = textwrap.dedent("""
     import sys
     import numpy as np

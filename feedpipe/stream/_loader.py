@@ -418,6 +418,7 @@ class FeedLoader:
             loader = DataLoader(source, batch_size=None, num_workers=self.num_workers,
                                 collate_fn=as_is, **kwargs)
             self._loaders[route.name] = loader
+        loader.dataset.started_here()  # type: ignore[attr-defined]
         resolver = None
         if route.sink == "resolve":
             from ._refs import Resolver

@@ -73,7 +73,14 @@ class WorkerSource(IterableDataset):
         self.fields, self.default, self.depth = fields, default, depth
         self._ring: WorkerRing | None = None
         self._ring_pid = 0
-        self._owner = 0  # the process that pickled it for its workers (spawn, forkserver)
+        # the training process its workers serve: set where they are started (fork) or pickled
+        # (spawn, forkserver); a worker slow to start may find its parent gone already, when
+        # getppid() names init, and must still see the process it was started for go
+        self._owner = os.getpid()
+
+    def started_here(self) -> None:
+        """Note that this process starts the workers (each pass of the training loop)."""
+        self._owner = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
