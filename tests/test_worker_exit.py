@@ -79,32 +79,39 @@ def alive(pids: list[int]) -> list[int]:
     return [p for p in pids if _stat(p)[1] not in ("X", "Z")]
 
 
+def left_behind(script: str, path: str, route: str, stderr: Path) -> list[int]:
+    """Run training ``script`` until its first batch, end it with SIGTERM, and give the pids
+    of its worker processes still alive ``GONE_WITHIN`` seconds later."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(feedpipe.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
+    with stderr.open("w+") as err:
+        p = subprocess.Popen([sys.executable, script, path, route], stdout=subprocess.PIPE,
+                             stderr=err, text=True, env=env)
+        try:
+            line = p.stdout.readline()  # type: ignore[union-attr]
+            assert line.startswith("READY"), (err.seek(0), err.read())
+            workers = children(p.pid)
+            assert len(workers) >= 2, workers
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait()
+            p.stdout.close()  # type: ignore[union-attr]
+    deadline = time.monotonic() + GONE_WITHIN
+    while alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the pids
+    return alive(workers)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("route", ["samples-workers", "refs-workers", "rows-workers"])
 def test_workers_exit_with_a_terminated_training_process(
         route: str, big_samples: tuple[str, str], tmp_path: Path) -> None:
     path, script = big_samples
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(feedpipe.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
     lingering: list[int] = []
     try:
         for trial in range(TRIALS):
-            err = (tmp_path / f"stderr-{trial}").open("w+")
-            p = subprocess.Popen([sys.executable, script, path, route], stdout=subprocess.PIPE,
-                                 stderr=err, text=True, env=env)
-            line = p.stdout.readline()  # type: ignore[union-attr]
-            assert line.startswith("READY"), (err.seek(0), err.read())
-            workers = children(p.pid)
-            assert len(workers) >= 2, workers
-            p.send_signal(signal.SIGTERM)
-            p.wait()
-            p.stdout.close()  # type: ignore[union-attr]
-            err.close()
-            deadline = time.monotonic() + GONE_WITHIN
-            while alive(workers) and time.monotonic() < deadline:
-                time.sleep(0.05)  # polling the pids
-            lingering += alive(workers)
+            lingering += left_behind(script, path, route, tmp_path / f"stderr-{trial}")
             assert not lingering, f"trial {trial}: workers {lingering} outlived the training " \
                                   "process"
     finally:
@@ -144,28 +151,10 @@ def test_a_worker_that_starts_after_the_training_process_ended_exits(
     path, _ = big_samples
     script = tmp_path / "late.py"
     script.write_text(LATE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(feedpipe.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
-    err = (tmp_path / "stderr").open("w+")
-    p = subprocess.Popen([sys.executable, str(script), path, route], stdout=subprocess.PIPE,
-                         stderr=err, text=True, env=env)
-    workers: list[int] = []
-    try:
-        line = p.stdout.readline()  # type: ignore[union-attr]
-        assert line.startswith("READY"), (err.seek(0), err.read())
-        workers = children(p.pid)
-        assert len(workers) >= 2, workers
-        p.send_signal(signal.SIGTERM)
-        p.wait()
-        p.stdout.close()  # type: ignore[union-attr]
-        deadline = time.monotonic() + GONE_WITHIN
-        while alive(workers) and time.monotonic() < deadline:
-            time.sleep(0.05)  # polling the pids
-        assert not alive(workers), f"workers {alive(workers)} outlived the training process"
-    finally:
-        err.close()
-        for pid in alive(workers):
-            os.kill(pid, signal.SIGKILL)
+    lingering = left_behind(str(script), path, route, tmp_path / "stderr")
+    for pid in lingering:
+        os.kill(pid, signal.SIGKILL)
+    assert not lingering, f"workers {lingering} outlived the training process"
 
 
 UNFINISHED = textwrap.dedent("""
