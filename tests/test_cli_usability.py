@@ -39,7 +39,7 @@ def test_ctrl_c_during_shard_prints_no_traceback_and_says_resume(tmp_path: Path)
     cmd = [sys.executable, "-m", "feedpipe", "shard", str(src), str(out), "--workers", "2",
            "--max-samples", "4"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env, start_new_session=True)
+                         env=env, start_new_session=True, preexec_fn=_terminal_sigint)
     deadline = time.monotonic() + 120
     # mid-conversion: once the first shard is committed (a condition, polled)
     while not (out.is_dir() and any(n.endswith(".tar") for n in os.listdir(out))):
@@ -58,6 +58,13 @@ def test_ctrl_c_during_shard_prints_no_traceback_and_says_resume(tmp_path: Path)
     assert _feedpipe("verify", str(out)).returncode == 0
 
 
+def _terminal_sigint() -> None:
+    """In the child, before it runs: SIGINT as a terminal's program gets it (the default). A
+    suite run in the background (``nohup ... &``, some CI runners) has SIGINT ignored, which a
+    child would inherit, and Python keeps an ignored SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _handler_in_worker() -> object:
     return signal.getsignal(signal.SIGINT)
 
@@ -69,10 +76,11 @@ def test_conversion_pool_workers_leave_ctrl_c_to_the_parent() -> None:
 
     from feedpipe._helpers.pool_context import die_with_parent, pool_context
 
+    before = signal.getsignal(signal.SIGINT)  # Python's handler, or ignored in a background run
     with ProcessPoolExecutor(1, mp_context=pool_context(), initializer=die_with_parent,
                              initargs=(os.getpid(),)) as pool:
         assert pool.submit(_handler_in_worker).result() == signal.SIG_IGN
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process: as was
+    assert signal.getsignal(signal.SIGINT) is before  # this process: as was
 
 
 def test_a_directory_an_interrupted_run_left_suggests_resume(tmp_path: Path) -> None:
