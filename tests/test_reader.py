@@ -369,6 +369,62 @@ def test_pages_served_from_a_map_are_dropped_as_reading_goes_on(
     assert {s["__key__"]: bytes(s["bin"]) for s in held} == blobs
 
 
+def _large_shard(tmp_path: Path, n: int, size: int) -> tuple[Path, dict[str, bytes]]:
+    import os
+
+    import feedpipe
+
+    src = tmp_path / "src"
+    src.mkdir()
+    blobs = {f"s{i:05d}": os.urandom(size) for i in range(n)}
+    for k, v in blobs.items():
+        (src / f"{k}.bin").write_bytes(v)
+    feedpipe.shard(str(src), str(tmp_path / "out"), show_progress=False)
+    return next((tmp_path / "out").glob("*.tar")), blobs
+
+
+@pytest.mark.parametrize("cached_by", ["read", "map"])
+def test_what_a_sample_maps_is_measured_so_rss_stays_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached_by: str) -> None:
+    """How much one touch of a map maps depends on how its file came into the page cache: a
+    file cached by read() can hold large folios, mapped whole (hundreds of KiB a touch, Linux
+    6.x), one faulted in through a map only the kernel's fault-around. Each reader measures it,
+    so a shuffled pass over a shard keeps about DROP_EVERY of it mapped either way."""
+    import os
+    import random
+
+    from feedpipe.format import _reader as reader_mod
+
+    shard, blobs = _large_shard(tmp_path, 6000, 4 << 10)  # small samples: the touch is what maps
+    if _mapped_rss(str(shard)) is None or reader_mod._mapped_bytes(memoryview(b"x")) is None:
+        pytest.skip("needs /proc/self/smaps and /proc/self/pagemap")
+    fd = os.open(shard, os.O_RDONLY)
+    try:  # out of the page cache, then back in the way the case says
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if cached_by == "read":
+            while os.read(fd, 1 << 20):
+                pass
+    finally:
+        os.close(fd)
+    monkeypatch.setattr(reader_mod, "DROP_EVERY", 2 << 20)
+    r = ShardReader(str(shard))
+    order = list(range(len(r)))
+    random.Random(0).shuffle(order)
+    most = 0
+    for k, i in enumerate(order):
+        s = r.sample(i)
+        assert bytes(s["bin"]) == blobs[s["__key__"]]  # every page of it touched
+        if k % 16 == 15:
+            rss = _mapped_rss(str(shard))
+            assert rss is not None
+            most = max(most, rss)
+    r.close()
+    # what was served since the last drop (DROP_EVERY, charged as measured) and the last
+    # sample's folio: not the 27 MB shard, nor what a fixed fault-around charge lets through
+    assert most <= 2 * (2 << 20) + (1 << 20), most
+
+
 def _mapped_kb(path: str) -> int | None:
     """Resident KB of this process's map of ``path`` (Linux), else None."""
     try:

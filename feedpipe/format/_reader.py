@@ -19,6 +19,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from .._helpers.retry import call as retrying
 from .._helpers.storage import filesystem, is_local, local_path, read_range
 from ..errors import CompressedShardError, ShardFormatError, SourceNotFoundError
@@ -35,12 +37,21 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 # shuffled epoch would grow RSS towards the size of every shard it touched. Dropping the map's
 # pages bounds what each open shard adds to RSS: the page cache keeps them, and the next touch
 # is a minor fault (peak RSS: benchmarks/bench_peers.py, its memory phase). A touch maps more
-# than the sample: the kernel maps the cached pages around a fault too (fault-around), and where
-# the page cache holds large folios, the whole folio. So each sample is charged its span plus
-# _FAULT_AROUND. Safe for views already handed out: the map is of a file opened read-only, so a
-# dropped page reads back the same bytes.
+# than the sample: the kernel maps the cached pages around a fault too (fault-around, 64 KiB by
+# default), and where the page cache holds large folios (a file cached by read() or written on
+# ext4 with Linux 6.x), the whole folio, up to about 1 MiB. How much depends on how the file
+# came into the page cache, so each reader measures it (:func:`_mapped_bytes`, at its first
+# drops and every _RECHARGE_EVERY drops after) and charges each sample its span plus what a
+# sample was seen to map beyond it, never less than _FAULT_AROUND_MIN; until it has measured,
+# or where it cannot, _FAULT_AROUND. Unmapping is paid per page mapped, and a drop is one call:
+# charging the measured figure drops as often as the bound needs, not more. Safe for views
+# already handed out: the map is of a file opened read-only, so a dropped page reads back the
+# same bytes.
 DROP_EVERY = 4 << 20
 _FAULT_AROUND = 1 << 20
+_FAULT_AROUND_MIN = 64 << 10
+_RECHARGE_EVERY = 32
+_PAGE = mmap.PAGESIZE
 ADVISE_GAP = 1 << 16  # byte ranges closer than this are advised as one
 
 Sample = dict[str, Any]
@@ -150,6 +161,9 @@ class ShardReader:
         self._mv: memoryview | None = None
         self._populated = False  # every page of the map faulted in (see populate)
         self._served = 0  # bytes sample() served from the map since its pages were last dropped
+        self._taken = 0  # samples served since then
+        self._charge = _FAULT_AROUND  # what a sample is charged beyond its span (DROP_EVERY)
+        self._drops = 0
         self._fs: Any = None
         self._path = url
         if is_local(url):
@@ -315,9 +329,10 @@ class ShardReader:
                 o = offs[m]
                 d[exts[m]] = mv[o : o + sizes[m]]
             if not self._populated:  # a populated map is kept whole on purpose
-                self._served += offs[b - 1] + sizes[b - 1] - offs[a] + _FAULT_AROUND
-                if self._served >= DROP_EVERY:
+                if self._served >= DROP_EVERY:  # before this one: the ones served are touched
                     self.drop_pages()
+                self._served += offs[b - 1] + sizes[b - 1] - offs[a] + self._charge
+                self._taken += 1
             return d
         if self._fs is None:  # an empty local file has no map; its index is empty too
             raise IndexError(i)
@@ -348,8 +363,25 @@ class ShardReader:
         reads samples some time after :meth:`sample` handed them out (a whole batch fetched,
         then decoded): their touches come too late for the accounting in :meth:`sample`."""
         if self._mm is not None and self._mv is not None and not self._populated:
-            self._served = 0
+            self._drops += 1
+            d = self._drops
+            if self._taken and (d & (d - 1) == 0 or d % _RECHARGE_EVERY == 0):
+                self._recharge()
+            self._served = self._taken = 0
             self._mm.madvise(mmap.MADV_DONTNEED)
+
+    def _recharge(self) -> None:
+        """Set what a sample is charged beyond its span from what the map has mapped since the
+        last drop (see :data:`DROP_EVERY`)."""
+        assert self._mv is not None
+        mapped = _mapped_bytes(self._mv)
+        if mapped is None:
+            return
+        spans = self._served - self._taken * self._charge
+        seen = (mapped - spans) // self._taken
+        # what one touch maps varies with the folios it meets: up at once, down by halves
+        charge = seen if seen >= self._charge else (seen + self._charge) // 2
+        self._charge = min(DROP_EVERY, max(_FAULT_AROUND_MIN, charge))
 
     def close(self) -> None:
         """Release the map (views still held by callers keep it alive until they go)."""
@@ -385,6 +417,29 @@ def _willneed(mm: mmap.mmap, lo: int, hi: int) -> None:
         mm.madvise(mmap.MADV_WILLNEED, start, hi - start)
     except (OSError, ValueError):  # advice only: a refusal costs speed, never correctness
         pass
+
+
+def _mapped_bytes(view: memoryview) -> int | None:
+    """Bytes of the map behind ``view`` mapped into this process now (its present pages, from
+    ``/proc/self/pagemap``), or None where that file cannot be read (not Linux, or locked
+    down). Opened anew each time: ``/proc/self`` names the process that opens it, and a
+    forked worker reads its own pages."""
+    if not len(view):
+        return None
+    base = np.frombuffer(view, np.uint8, count=1).ctypes.data
+    first, last = base // _PAGE, (base + len(view) - 1) // _PAGE
+    try:
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        raw = os.pread(fd, (last - first + 1) * 8, first * 8)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    entries = np.frombuffer(raw, np.uint64)
+    return int(np.count_nonzero(entries >> np.uint64(63))) * _PAGE  # bit 63: page present
 
 
 def open_shard(url: str, **kwargs: Any) -> ShardReader:
