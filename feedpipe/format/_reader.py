@@ -47,7 +47,7 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 # charging the measured figure drops as often as the bound needs, not more. Safe for views
 # already handed out: the map is of a file opened read-only, so a dropped page reads back the
 # same bytes.
-DROP_EVERY = 4 << 20
+DROP_EVERY = 1 << 20
 _FAULT_AROUND = 1 << 20
 _FAULT_AROUND_MIN = 64 << 10
 _RECHARGE_EVERY = 32
