@@ -41,16 +41,18 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 # default), and where the page cache holds large folios (a file cached by read() or written on
 # ext4 with Linux 6.x), the whole folio, up to about 1 MiB. How much depends on how the file
 # came into the page cache, so each reader measures it (:func:`_mapped_bytes`, at its first
-# drops and every _RECHARGE_EVERY drops after) and charges each sample its span plus what a
-# sample was seen to map beyond it, never less than _FAULT_AROUND_MIN; until it has measured,
-# or where it cannot, _FAULT_AROUND. Unmapping is paid per page mapped, and a drop is one call:
-# charging the measured figure drops as often as the bound needs, not more. Safe for views
-# already handed out: the map is of a file opened read-only, so a dropped page reads back the
-# same bytes.
+# drops, then every _RECHARGE_EVERY drops, or every drop per _RECHARGE_BYTES of map where that
+# is rarer: the measure reads 8 bytes per page of the map) and charges each sample its span plus
+# what a sample was seen to map beyond it, never less than _FAULT_AROUND_MIN; until it has
+# measured, or where it cannot, _FAULT_AROUND. Unmapping is paid per page mapped, and a drop is
+# one call: charging the measured figure drops as often as the bound needs, not more. Safe for
+# views already handed out: the map is of a file opened read-only, so a dropped page reads back
+# the same bytes.
 DROP_EVERY = 1 << 20
 _FAULT_AROUND = 1 << 20
 _FAULT_AROUND_MIN = 64 << 10
 _RECHARGE_EVERY = 32
+_RECHARGE_BYTES = 8 << 20
 _PAGE = mmap.PAGESIZE
 ADVISE_GAP = 1 << 16  # byte ranges closer than this are advised as one
 
@@ -365,7 +367,8 @@ class ShardReader:
         if self._mm is not None and self._mv is not None and not self._populated:
             self._drops += 1
             d = self._drops
-            if self._taken and (d & (d - 1) == 0 or d % _RECHARGE_EVERY == 0):
+            every = max(_RECHARGE_EVERY, len(self._mv) // _RECHARGE_BYTES)
+            if self._taken and (d & (d - 1) == 0 or d % every == 0):
                 self._recharge()
             self._served = self._taken = 0
             self._mm.madvise(mmap.MADV_DONTNEED)
