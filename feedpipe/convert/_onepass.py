@@ -49,7 +49,7 @@ from typing import Any
 
 from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
 from .._helpers.progress import progress
-from ..format._index import ShardIndex
+from ..format._index import ShardIndex, format_index
 from ..format._keys import NEEDS_ESCAPE, valid_extension
 from ..format._manifest import ShardRecord
 from ..format._tar import BLOCK, SHORT_HEADER, member_header
@@ -62,7 +62,15 @@ from ._sources import (
     leave_out_non_images,
     read_local,
 )
-from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet
+from ._writer import (
+    commit,
+    hidden,
+    join_ranges,
+    range_bases,
+    removed_on_error,
+    seal_ranges,
+    unlink_quiet,
+)
 
 
 @dataclass
@@ -390,10 +398,20 @@ class StagedTree:
             return
         # a Ctrl-C is raised between shards, never inside the pool (see sigint_deferred)
         with sigint_deferred() as interrupted:
-            futures = [(i, pool.submit(join_cuts, out, names[i], cuts)) for i, cuts in jobs]
+            futures = [(i, pool.submit(seal_ranges, out, names[i], cut_ranges(cuts)))
+                       for i, cuts in jobs]
             try:
                 for i, fut in futures:  # in shard order
-                    done(i, *fut.result())
+                    # the index is made here while the workers copy and hash: this process
+                    # has nothing else to do meanwhile, and they have no core to spare
+                    cuts = jobs[i][1]
+                    idx = shard_index(cuts, range_bases([c.length for c in cuts]))
+                    text = format_index(idx)
+                    tmp, _, total, sha256 = fut.result()
+                    with removed_on_error(tmp, os.path.join(out, names[i])):
+                        rec = commit(out, names[i], tmp, total, sha256, idx, [],
+                                     index_text=text)
+                    done(i, rec, idx.fields())
                     interrupted()
             except BaseException:
                 # let the joins under way finish before anyone cleans OUT's temp files behind
@@ -438,10 +456,16 @@ class StagedExecutor:
         return self.description or f"one pass, {self.workers} worker{'s' * (self.workers > 1)}"
 
 
+def cut_ranges(cuts: list[Cut]) -> list[tuple[str, int, int]]:
+    """The byte ranges of ``cuts``, as :func:`~feedpipe.convert._writer.join_ranges` takes
+    them."""
+    return [(c.path, c.start, c.length) for c in cuts]
+
+
 def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[str]]:
     """Join ``cuts`` into the shard ``out/name``; its record and fields."""
-    rec, idx = join_ranges(out, name, [(c.path, c.start, c.length) for c in cuts],
-                           lambda bases: shard_index(cuts, bases), [])
+    rec, idx = join_ranges(out, name, cut_ranges(cuts), lambda bases: shard_index(cuts, bases),
+                           [])
     return rec, idx.fields()
 
 
