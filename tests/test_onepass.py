@@ -323,3 +323,18 @@ def test_the_staging_read_gives_a_regular_file_whole_and_nothing_for_anything_el
     assert onepass.read_file(str(tmp_path / "d")) == b""
     with pytest.raises(FileNotFoundError):
         onepass.read_file(str(tmp_path / "missing.bin"))
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1, 5000])
+def test_the_staging_read_takes_files_around_its_guess_whole(tmp_path: Path, delta: int) -> None:
+    # under the guess: one read, no stat; from it on: the stat, and the rest in one more read
+    n = onepass._GUESS + delta
+    data = (bytes(range(256)) * (n // 256 + 1))[:n]
+    (tmp_path / "f.bin").write_bytes(data)
+    assert onepass.read_file(str(tmp_path / "f.bin")) == data
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs a device that fills a read")
+def test_the_staging_read_refuses_a_device_that_fills_its_read() -> None:
+    # the walk saw a regular file; a device put in its place is not read as one
+    assert onepass.read_file("/dev/zero") == b""

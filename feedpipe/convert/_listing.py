@@ -192,6 +192,8 @@ class TreeListing:
         else:  # cannot happen with feedpipe's key encoding; merge all rather than be wrong
             streams = [_rows(c.path) for c in dirs]
         streams += [_rows(c.path) for c in root]
+        if len(streams) == 1:  # (a merge of one stream would only add its cost per row)
+            return streams[0]
         return heapq.merge(*streams, key=lambda row: row[0])
 
     def __iter__(self) -> Iterator[SampleSpec]:
