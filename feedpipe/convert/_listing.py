@@ -148,6 +148,14 @@ def write_rows(path: str, rows: Iterable[tuple[str, list[tuple[str, str, int]]]]
             f.write(record)
 
 
+def rows(path: str) -> Iterator[tuple[str, list[tuple[str, str, int]]]]:
+    """The rows of a chunk file (:func:`write_rows`), each file as a plain tuple."""
+    # length-prefixed records: marshal.load from a file object reads it a few bytes at a time
+    with open(path, "rb") as f:
+        while head := f.read(8):
+            yield from marshal.loads(f.read(int.from_bytes(head, "little")))
+
+
 def _rows(path: str) -> Iterator[tuple[str, list[FileRef]]]:
     # length-prefixed records: marshal.load from a file object reads it a few bytes at a time
     make = FileRef._make

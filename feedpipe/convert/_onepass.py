@@ -37,6 +37,7 @@ already committed.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import shutil
@@ -53,10 +54,11 @@ from ..format._index import ShardIndex, format_index
 from ..format._keys import NEEDS_ESCAPE, valid_extension
 from ..format._manifest import ShardRecord
 from ..format._tar import BLOCK, SHORT_HEADER, member_header
-from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
+from ._listing import Chunk, TreeListing, rows, top_entries, write_chunk, write_rows
 from ._sources import (
     READ_FLAGS,
     FileRef,
+    Listing,
     SampleSpec,
     classify,
     leave_out_non_images,
@@ -363,6 +365,36 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
 _WRITE_BATCH = 1 << 20
 
 
+def _samples(chunk_path: str, extra: tuple[str, bytes] | None) -> list[SampleSpec]:
+    """The samples of a staged directory's chunk file, as the listing makes them; ``extra``:
+    the ``cls`` field of each (``--labels-from-dirs``: one class per top-level directory)."""
+    make = FileRef._make
+    if extra is None:
+        return [SampleSpec(key, [make(r) for r in files]) for key, files in rows(chunk_path)]
+    return [SampleSpec(key, [make(r) for r in files], [extra])
+            for key, files in rows(chunk_path)]
+
+
+class StagedListing(TreeListing):
+    """The :class:`~feedpipe.convert._listing.TreeListing` of a staged tree whose root holds no
+    samples, its samples made as the directories were staged (``samples``: per top-level
+    directory). :meth:`to_listing` puts them in the listing's order: by key, which is the
+    order of the directories' first keys, the directories' key ranges being disjoint."""
+
+    def __init__(self, chunks: list[Chunk], tmp: str, labels_from_dirs: bool,
+                 samples: dict[str, list[SampleSpec]]) -> None:
+        super().__init__(chunks, tmp, labels_from_dirs)
+        self._samples = samples
+
+    def to_listing(self) -> Listing:
+        dirs = sorted((c for c in self.chunks if c.top and c.samples), key=lambda c: c.first or "")
+        out: list[SampleSpec] = []
+        for c in dirs:
+            out += self._samples[c.top]
+        return Listing(out, self.problems, self.classes, self.ignored, self.outputs,
+                       self.left_out)
+
+
 class StagedTree:
     """A staged tree: ``listing`` (a :class:`~feedpipe.convert._listing.TreeListing`, sizes as
     read; ``None`` for a staged table, whose listing is in memory) and the staged directories
@@ -374,7 +406,19 @@ class StagedTree:
         self.listing = listing
         self.dirs = dirs
         self._paths = paths  # every staging file, those of directories without samples too
-        self._pool = pool  # the staging workers, which join the shards too
+        self._pool = pool  # the staging workers, which seal the shards too
+        self._jobs: list[tuple[int, list[Cut]]] | None = None  # per shard: its cuts (started)
+        self._futures: list[Any] | None = None  # per shard: its seal on the pool (started)
+        self._committed = 0  # the shards of _futures committed so far (in order)
+
+    def sample_sizes(self) -> list[int]:
+        """The bytes each sample takes in a shard (:func:`~feedpipe.convert._shard_plan.
+        sample_size`), in the listing's order: as staged, their members being the shard's."""
+        out: list[int] = []
+        for sd in self.dirs:
+            starts = sd.starts
+            out += [b - a for a, b in zip(starts, starts[1:])]
+        return out
 
     def cuts(self, counts: list[int]) -> Iterator[list[Cut]]:
         """Per shard of ``counts[i]`` consecutive samples (in listing order), its cuts."""
@@ -392,12 +436,33 @@ class StagedTree:
                     d, k = d + 1, 0
             yield out
 
+    def start(self, plan: list[list[list[SampleSpec]]], names: list[str], out: str) -> None:
+        """Start sealing the shards of ``plan`` on the staging workers (see :meth:`join`), as
+        soon as the plan is made: the caller's work until :meth:`join` (the plan's fingerprint
+        and its state file, which must precede any commit but no copy) overlaps theirs. Without
+        a pool, or for one shard, nothing starts before :meth:`join`."""
+        if self._pool is None or len(plan) <= 1 or self._jobs is not None:
+            return
+        counts = [sum(len(p) for p in shard) for shard in plan]
+        self._jobs = list(enumerate(self.cuts(counts)))
+        pool = self._pool
+        with sigint_held():  # (workers started before: only the submissions)
+            self._futures = [pool.submit(seal_ranges, out, names[i], cut_ranges(cuts))
+                             for i, cuts in self._jobs]
+
     def join(self, plan: list[list[list[SampleSpec]]], names: list[str], out: str,
              record: Callable[[int, ShardRecord, set[str]], None]) -> None:
         """Write every shard of ``plan`` (a plan of this listing's samples, in order) from the
-        staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed."""
-        counts = [sum(len(p) for p in shard) for shard in plan]
-        jobs = list(enumerate(self.cuts(counts)))
+        staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed.
+
+        The workers seal each shard's temp file (copied, hashed, synced); this process makes its
+        index meanwhile and commits it (index, record, rename)."""
+        self.start(plan, names, out)
+        if self._jobs is None:
+            counts = [sum(len(p) for p in shard) for shard in plan]
+            jobs = list(enumerate(self.cuts(counts)))
+        else:
+            jobs = self._jobs
         last = {cut.path: i for i, cuts in jobs for cut in cuts}  # the last shard cut from each
         by_shard: dict[int, list[str]] = {}
         for path, i in last.items():
@@ -408,40 +473,43 @@ class StagedTree:
             for path in by_shard.get(i, ()):  # all shards up to i are committed: OUT holds
                 unlink_quiet(path)  # the staged bytes once, not once more as shards
 
-        pool = self._pool
-        if pool is None or len(plan) <= 1:
+        futures = self._futures
+        if futures is None:
             for i, cuts in jobs:
                 done(i, *join_cuts(out, names[i], cuts))
             return
         # a Ctrl-C is raised between shards, never inside the pool (see sigint_deferred)
         with sigint_deferred() as interrupted:
-            futures = [(i, pool.submit(seal_ranges, out, names[i], cut_ranges(cuts)))
-                       for i, cuts in jobs]
             try:
-                for i, fut in futures:  # in shard order
+                for (i, cuts), fut in zip(jobs, futures):  # in shard order
                     # the index is made here while the workers copy and hash: this process
                     # has nothing else to do meanwhile, and they have no core to spare
-                    cuts = jobs[i][1]
                     idx = shard_index(cuts, range_bases([c.length for c in cuts]))
                     text = format_index(idx)
                     tmp, _, total, sha256 = fut.result()
                     with removed_on_error(tmp, os.path.join(out, names[i])):
                         rec = commit(out, names[i], tmp, total, sha256, idx, [],
                                      index_text=text)
+                    self._committed += 1
                     done(i, rec, idx.fields())
                     interrupted()
             except BaseException:
-                # let the joins under way finish before anyone cleans OUT's temp files behind
-                # them
-                pool.shutdown(wait=True, cancel_futures=True)
-                self._pool = None
+                self._stop()
                 raise
+
+    def _stop(self) -> None:
+        """Shut the pool down, letting the seals under way finish, and remove the temp shards
+        sealed but not committed (those of a failed or interrupted run)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        for fut in (self._futures or [])[self._committed:]:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                unlink_quiet(fut.result()[0])
 
     def close(self) -> None:
         with sigint_deferred():  # a Ctrl-C neither in the pool's shutdown nor before the cleanup
-            if self._pool is not None:
-                self._pool.shutdown(cancel_futures=True)  # waits for a join under way
-                self._pool = None
+            self._stop()  # (waits for a seal under way)
             for path in self._paths:
                 unlink_quiet(path)
             if self.listing is not None:
@@ -536,6 +604,12 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                 results = pool.map(stage_dir, *args)
         # with a pool, a Ctrl-C is raised between directories, never inside it (see
         # sigint_deferred); staged here, it stops the staging at once
+        # each directory's samples are read back here as it comes in, while the workers stage
+        # the next ones: this process would wait for them otherwise (the objects are none of
+        # them garbage: the collector is paused meanwhile, as in TreeListing.to_listing)
+        samples: dict[str, list[SampleSpec]] = {}
+        paused = gc.isenabled()
+        gc.disable()
         with sigint_deferred(pool is not None) as interrupted:
             try:
                 for top, sd in zip(dirs, results):
@@ -546,16 +620,23 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                                     "possible feedpipe output or a cls file)")
                         return None
                     staged.append(sd)
+                    cls = index.get(top) if labels_from_dirs else None
+                    samples[top] = _samples(sd.chunk.path, None if cls is None
+                                            else ("cls", str(cls).encode()))
                     bar.update(1)
                     interrupted()
             finally:
                 bar.close()
+                if paused:
+                    gc.enable()
         if labels_from_dirs and any(sd.chunk.samples == 0 for sd in staged
                                     if not sd.chunk.top.startswith(".")):
             # the class indices given to the workers counted it
             said.append("a class directory without samples")
             return None
-        listing = TreeListing([root_chunk, *(sd.chunk for sd in staged)], tmp, labels_from_dirs)
+        chunks = [root_chunk, *(sd.chunk for sd in staged)]
+        listing = (TreeListing(chunks, tmp, labels_from_dirs) if root_chunk.samples
+                   else StagedListing(chunks, tmp, labels_from_dirs, samples))
         if not listing.samples:
             said.append("no samples")  # the general path says what the tree holds instead
             return None

@@ -228,7 +228,12 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     out = local_path(out)
     if opts.shuffle and part_of is None:  # a part's samples come in their final order
         samples = shuffled(samples, opts.seed)
-    plan = plan_shards(samples, opts.max_bytes, opts.max_samples, PART_SAMPLES)
+    sizes = staged.sample_sizes() if staged is not None else None
+    plan = plan_shards(samples, opts.max_bytes, opts.max_samples, PART_SAMPLES,
+                       sizes if sizes is not None and len(sizes) == len(samples) else None)
+    names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
+    if staged is not None:  # (its workers copy meanwhile; nothing is committed before run)
+        staged.start(plan, names, out)
     fp = plan_fingerprint(opts.output_options(), plan)
     total_files = sum(len(s.files) for s in samples)
     done = finished_dataset(out, fp) if opts.resume and part_of is None else None
@@ -237,7 +242,6 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     check_state(out, fp, opts.resume, state, opts.output_options())
     if staged is None:  # (the staging files are this run's)
         clean_temps(out, name_prefix, state)
-    names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
     records: Records = {}
     if opts.resume:
         for i, name in enumerate(names):

@@ -61,8 +61,9 @@ def shard_full(shard_bytes: int, shard_count: int, size: int, max_bytes: int,
 
 
 def plan_shards(samples: list[SampleSpec], max_bytes: int, max_samples: int | None,
-                part_samples: int = PART_SAMPLES) -> Plan:
-    """Cut samples into shards, and each shard into parts.
+                part_samples: int = PART_SAMPLES, sizes: list[int] | None = None) -> Plan:
+    """Cut samples into shards, and each shard into parts. ``sizes``: each sample's
+    :func:`sample_size`, where the caller knows them already (one-pass staging wrote them).
 
     Example:
         >>> from feedpipe.convert._sources import FileRef
@@ -76,8 +77,8 @@ def plan_shards(samples: list[SampleSpec], max_bytes: int, max_samples: int | No
     shard_bytes = part_bytes = 0
     shard_count = 0
     limit = max_bytes - len(END_OF_ARCHIVE)
-    for spec in samples:
-        size = sample_size(spec)
+    for i, spec in enumerate(samples):
+        size = sample_size(spec) if sizes is None else sizes[i]
         full = shard_count > 0 and (
             shard_bytes + size > limit or (max_samples is not None and shard_count >= max_samples)
         )
