@@ -338,3 +338,30 @@ def test_the_staging_read_takes_files_around_its_guess_whole(tmp_path: Path, del
 def test_the_staging_read_refuses_a_device_that_fills_its_read() -> None:
     # the walk saw a regular file; a device put in its place is not read as one
     assert onepass.read_file("/dev/zero") == b""
+
+
+def test_shards_sealed_before_a_failure_ahead_of_the_join_leave_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the workers seal shards as soon as they are planned, before the plan's state file is
+    # written: a failure there leaves none of their temp files in OUT
+    src = _dir_tree(tmp_path / "src", 8, lambda d, i: bytes([d, i]) * 900)
+    out = tmp_path / "o"
+    trees: list[onepass.StagedTree] = []
+    start = onepass.StagedTree.start
+
+    def spy(self: onepass.StagedTree, *a: Any) -> None:
+        trees.append(self)
+        start(self, *a)
+
+    def fail(*a: Any, **k: Any) -> None:
+        for fut in trees[0]._futures or []:
+            fut.result()  # every shard sealed (and not committed) when the failure comes
+        raise RuntimeError("state file failed")
+
+    monkeypatch.setattr(onepass.StagedTree, "start", spy)
+    monkeypatch.setattr(convert, "check_state", fail)
+    with pytest.raises(RuntimeError, match="state file failed"):
+        feedpipe.shard(str(src), str(out), max_samples=5, workers=2)
+    assert trees and len(trees[0]._futures or []) == 8
+    names = os.listdir(out) if out.exists() else []
+    assert not [n for n in names if ".tmp-" in n or "-stage" in n], names
