@@ -288,7 +288,9 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
     rows: list[tuple[str, list[tuple[str, str, int]]]] = []
     pos = files_read = 0
     pad, mode_to_size, mtime, after, template_sum, max_fast = SHORT_HEADER
-    zeros = bytes(BLOCK)
+    tails = [bytes(n) for n in range(BLOCK)]  # the padding after a member, by its length
+    pads = [pad[n:] for n in range(101)]  # a short name's padding, by the name's length
+    os_open, os_read, os_close = os.open, os.read, os.close
     size_fields: dict[int, tuple[bytes, int]] = {}  # size -> (field, template sum + its sum)
     pending: list[bytes] = []  # (written in batches: one write call per file costs)
     pending_bytes = 0
@@ -298,8 +300,14 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
             blobs: list[tuple[str, bytes]] = []
             row = []
             for ext, rel in by_key[key]:
-                try:
-                    data = read_file(base + rel)
+                try:  # (read_file's common case, written out: it runs once per file)
+                    fd = os_open(base + rel, READ_FLAGS)
+                    try:
+                        data = os_read(fd, _GUESS)
+                    finally:
+                        os_close(fd)
+                    if len(data) >= _GUESS:
+                        data = read_file(base + rel)
                 except OSError:
                     data = b""
                 if not data:  # unreadable, empty or not a regular file: the general path says
@@ -321,7 +329,7 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
                     if got_size is None:
                         field_ = b"%011o\0" % size
                         got_size = size_fields[size] = (field_, template_sum + sum(field_))
-                    header = b"".join((raw, pad[len(raw):], mode_to_size, got_size[0], mtime,
+                    header = b"".join((raw, pads[len(raw)], mode_to_size, got_size[0], mtime,
                                        b"%06o\0 " % (got_size[1] + sum(raw)), after))
                 else:
                     header = member_header(name, size)
@@ -336,10 +344,10 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
                     pending.append(header)
                     write(b"".join(pending))
                     write(data)
-                    pending[:] = (zeros[:tail],)
+                    pending[:] = (tails[tail],)
                     pending_bytes = tail
                 else:
-                    pending += (header, data, zeros[:tail])
+                    pending += (header, data, tails[tail])
                     pending_bytes += step
             if pending_bytes >= _WRITE_BATCH:
                 write(b"".join(pending))
