@@ -11,12 +11,15 @@ one worker per directory:
 3. reads their files in key order and writes their tar members to a *staging* file in OUT (the
    sizes come from the reads).
 
-The parent then holds the very listing the general path would build: the same samples, keys and
+The parent reads each directory's samples back as it comes in, while the workers stage the next
+ones. It then holds the very listing the general path would build: the same samples, keys and
 sizes, from the same chunk files (:mod:`~feedpipe.convert._listing`). It plans the same shards
-with the same fingerprint and joins each shard from byte ranges of the staging files
-(:func:`~feedpipe.convert._writer.join_ranges`). The output is the general path's, byte for byte
+with the same fingerprint. As soon as the plan is made, the workers seal each shard's temp file
+from byte ranges of the staging files (:func:`~feedpipe.convert._writer.seal_ranges`: copied,
+hashed, synced), while the parent fingerprints the plan, saves its state file, makes each
+shard's index and commits the shards in order. The output is the general path's, byte for byte
 (``tests/test_onepass.py``). What it saves is the ``stat`` per file and the wait between listing
-and writing (``benchmarks/bench_peers.py --phases convert``).
+and writing (``benchmarks/bench_convert.py``).
 
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
 which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
