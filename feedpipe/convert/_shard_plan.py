@@ -108,11 +108,17 @@ def plan_fingerprint(options: dict[str, Any], plan: Plan) -> str:
     # the same bytes as one update per field, gathered into few updates (a shard's text at once)
     for s, parts in enumerate(plan):
         text: list[str] = []
+        add = text.append
         for part in parts:
             for spec in part:
-                text.append(f"{s}\0{spec.key}\0")
-                for f in spec.files:
-                    text.append(f"{f.ext}\0{f.path}\0{f.size}\0")
+                files = spec.files
+                if len(files) == 1:  # (most samples: their text in one piece)
+                    ext, path, size = files[0]
+                    add(f"{s}\0{spec.key}\0{ext}\0{path}\0{size}\0")
+                else:
+                    add(f"{s}\0{spec.key}\0")
+                    for f in files:
+                        add(f"{f.ext}\0{f.path}\0{f.size}\0")
                 if spec.extras:
                     h.update("".join(text).encode())
                     text.clear()
