@@ -365,3 +365,16 @@ def test_shards_sealed_before_a_failure_ahead_of_the_join_leave_nothing(
     assert trees and len(trees[0]._futures or []) == 8
     names = os.listdir(out) if out.exists() else []
     assert not [n for n in names if ".tmp-" in n or "-stage" in n], names
+
+
+def test_a_top_level_directory_of_feedpipe_output_goes_to_the_general_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the root's directories are not listed ahead for output: the worker's walk finds it
+    src = _tree(tmp_path)
+    feedpipe.shard(str(_tree(tmp_path / "other")), str(src / "old"), workers=1)
+    work = tmp_path / "w"
+    work.mkdir()
+    one, general, taken = _both(src, work, monkeypatch, workers=2)
+    assert not taken
+    assert one == general
+    assert json.loads(one["manifest.json"])["total_samples"] == 12

@@ -57,7 +57,8 @@ from ..format._index import ShardIndex, format_index
 from ..format._keys import NEEDS_ESCAPE, valid_extension
 from ..format._manifest import ShardRecord
 from ..format._tar import BLOCK, SHORT_HEADER, member_header
-from ._listing import Chunk, TreeListing, rows, top_entries, write_chunk, write_rows
+from ._listing import Chunk, TreeListing, rows, write_chunk, write_rows
+from ._source_tree import root_entries
 from ._sources import (
     READ_FLAGS,
     FileRef,
@@ -571,7 +572,9 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
     ``None`` when the general path must convert it (the reason then appended to ``why``)."""
     said = why if why is not None else []
-    files, dirs, outputs = top_entries(src)
+    # (a directory of feedpipe output is not looked for here: each worker's walk of its
+    # directory gives the run back at the signs of one, a manifest.json or .feedpipe-* file)
+    files, dirs, outputs = root_entries(src, outputs=False)
     visible = [d for d in dirs if not d.startswith(".")]
     if outputs or any(os.path.islink(os.path.join(src, d)) for d in dirs):
         # links are followed and output directories skipped by the general path
