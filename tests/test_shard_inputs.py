@@ -32,14 +32,9 @@ def _leftovers(out: Path) -> list[str]:
 _SWAP_SCRIPT = r"""
 import json, os, sys
 import feedpipe
-from feedpipe.convert import _onepass as onepass
-from feedpipe.convert import _sources as sources
 src, out, target, on_error, method = sys.argv[1:6]
-real = sources.read_local
 
 marker = out + ".swapped"  # (outside the source: a later listing must not see it)
-
-real_file = onepass.read_file  # (the one-pass staging's read)
 
 def swap(path):
     if path.endswith(target) and not os.path.exists(marker):
@@ -47,16 +42,14 @@ def swap(path):
         os.mkfifo(path)
         open(marker, "wb").close()
 
-def read_local(path, size=-1):
-    swap(path)
-    return real(path, size)
+real_open = os.open
 
-def read_file(path):
-    swap(path)
-    return real_file(path)
+def open_(path, *a, **k):  # (every reader of a source file opens it with os.open)
+    if isinstance(path, str):
+        swap(path)
+    return real_open(path, *a, **k)
 
-sources.read_local = onepass.read_local = read_local
-onepass.read_file = read_file
+os.open = open_
 try:
     s = feedpipe.shard(src, out, workers=2, on_error=on_error, method=method)
     print(json.dumps({"samples": s.samples, "skipped": s.skipped_inputs}))
