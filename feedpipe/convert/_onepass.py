@@ -542,9 +542,12 @@ class StagedExecutor:
     def run(self, job: Any) -> int:
         plan = job.plan
 
+        shown = getattr(job.bar, "shown", True)
+
         def record(i: int, rec: ShardRecord, fields: set[str]) -> None:
             job.record(i, rec, [], fields)
-            job.bar.update(sum(len(s.files) for part in plan[i] for s in part))
+            if shown:  # (a count per sample: not made for a bar that shows nothing)
+                job.bar.update(sum(len(s.files) for part in plan[i] for s in part))
 
         self.staged.join(plan, job.names, job.out, record)
         return 0

@@ -235,7 +235,9 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     if staged is not None:  # (its workers copy meanwhile; nothing is committed before run)
         staged.start(plan, names, out)
     fp = plan_fingerprint(opts.output_options(), plan)
-    total_files = sum(len(s.files) for s in samples)
+    total_files = (staged.listing.files  # (counted as staged: every sample is kept)
+                   if staged is not None and staged.listing is not None
+                   and samples is listing.samples else sum(len(s.files) for s in samples))
     done = finished_dataset(out, fp) if opts.resume and part_of is None else None
     if done is not None:
         return _already_complete(out, done, plan, name_prefix, total_files, t0)
