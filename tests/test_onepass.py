@@ -134,15 +134,15 @@ def test_anything_unusual_goes_to_the_general_path(tmp_path: Path, monkeypatch: 
         (src / "top.txt").write_bytes(b"x")
     elif case == "symlink":
         os.symlink(src / "a" / "1.jpg", src / "b" / "link.jpg")
-    elif case == "unreadable":
-        real = onepass.read_file
+    elif case == "unreadable":  # (as root, a chmod would not keep the file from being read)
+        real = os.open
 
-        def read(path: str) -> bytes:
-            if path.endswith("c/2.jpg"):
+        def open_(path: Any, *a: Any, **k: Any) -> int:
+            if str(path).endswith("c/2.jpg"):
                 raise PermissionError(13, "Permission denied", path)
-            return real(path)
+            return real(path, *a, **k)
 
-        monkeypatch.setattr(onepass, "read_file", read)
+        monkeypatch.setattr(os, "open", open_)
     elif case == "cls-file":
         (src / "a" / "1.cls").write_bytes(b"3")
     elif case == "empty-class":
@@ -323,3 +323,58 @@ def test_the_staging_read_gives_a_regular_file_whole_and_nothing_for_anything_el
     assert onepass.read_file(str(tmp_path / "d")) == b""
     with pytest.raises(FileNotFoundError):
         onepass.read_file(str(tmp_path / "missing.bin"))
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1, 5000])
+def test_the_staging_read_takes_files_around_its_guess_whole(tmp_path: Path, delta: int) -> None:
+    # under the guess: one read, no stat; from it on: the stat, and the rest in one more read
+    n = onepass._GUESS + delta
+    data = (bytes(range(256)) * (n // 256 + 1))[:n]
+    (tmp_path / "f.bin").write_bytes(data)
+    assert onepass.read_file(str(tmp_path / "f.bin")) == data
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs a device that fills a read")
+def test_the_staging_read_refuses_a_device_that_fills_its_read() -> None:
+    # the walk saw a regular file; a device put in its place is not read as one
+    assert onepass.read_file("/dev/zero") == b""
+
+
+def test_shards_sealed_before_a_failure_ahead_of_the_join_leave_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the workers seal shards as soon as they are planned, before the plan's state file is
+    # written: a failure there leaves none of their temp files in OUT
+    src = _dir_tree(tmp_path / "src", 8, lambda d, i: bytes([d, i]) * 900)
+    out = tmp_path / "o"
+    trees: list[onepass.StagedTree] = []
+    start = onepass.StagedTree.start
+
+    def spy(self: onepass.StagedTree, *a: Any) -> None:
+        trees.append(self)
+        start(self, *a)
+
+    def fail(*a: Any, **k: Any) -> None:
+        for fut in trees[0]._futures or []:
+            fut.result()  # every shard sealed (and not committed) when the failure comes
+        raise RuntimeError("state file failed")
+
+    monkeypatch.setattr(onepass.StagedTree, "start", spy)
+    monkeypatch.setattr(convert, "check_state", fail)
+    with pytest.raises(RuntimeError, match="state file failed"):
+        feedpipe.shard(str(src), str(out), max_samples=5, workers=2)
+    assert trees and len(trees[0]._futures or []) == 8
+    names = os.listdir(out) if out.exists() else []
+    assert not [n for n in names if ".tmp-" in n or "-stage" in n], names
+
+
+def test_a_top_level_directory_of_feedpipe_output_goes_to_the_general_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the root's directories are not listed ahead for output: the worker's walk finds it
+    src = _tree(tmp_path)
+    feedpipe.shard(str(_tree(tmp_path / "other")), str(src / "old"), workers=1)
+    work = tmp_path / "w"
+    work.mkdir()
+    one, general, taken = _both(src, work, monkeypatch, workers=2)
+    assert not taken
+    assert one == general
+    assert json.loads(one["manifest.json"])["total_samples"] == 12

@@ -32,14 +32,9 @@ def _leftovers(out: Path) -> list[str]:
 _SWAP_SCRIPT = r"""
 import json, os, sys
 import feedpipe
-from feedpipe.convert import _onepass as onepass
-from feedpipe.convert import _sources as sources
 src, out, target, on_error, method = sys.argv[1:6]
-real = sources.read_local
 
 marker = out + ".swapped"  # (outside the source: a later listing must not see it)
-
-real_file = onepass.read_file  # (the one-pass staging's read)
 
 def swap(path):
     if path.endswith(target) and not os.path.exists(marker):
@@ -47,16 +42,14 @@ def swap(path):
         os.mkfifo(path)
         open(marker, "wb").close()
 
-def read_local(path, size=-1):
-    swap(path)
-    return real(path, size)
+real_open = os.open
 
-def read_file(path):
-    swap(path)
-    return real_file(path)
+def open_(path, *a, **k):  # (every reader of a source file opens it with os.open)
+    if isinstance(path, str):
+        swap(path)
+    return real_open(path, *a, **k)
 
-sources.read_local = onepass.read_local = read_local
-onepass.read_file = read_file
+os.open = open_
 try:
     s = feedpipe.shard(src, out, workers=2, on_error=on_error, method=method)
     print(json.dumps({"samples": s.samples, "skipped": s.skipped_inputs}))
@@ -263,3 +256,25 @@ def test_a_file_whose_size_changed_after_the_listing_is_taken_as_read(
     got = {r["__key__"]: r["bin"] for r in read_dataset(out)}
     assert got["a/2"] == new
     assert feedpipe.verify(str(out), show_progress=False).ok
+
+
+def test_the_plan_fingerprint_hashes_each_field_of_each_sample_in_order() -> None:
+    # the digest --resume compares: its bytes must not move whichever way they are gathered
+    import hashlib
+
+    from feedpipe.convert._shard_plan import plan_fingerprint
+    from feedpipe.convert._sources import FileRef, SampleSpec
+
+    one = SampleSpec("a/1", [FileRef("jpg", "a/1.jpg", 10)])
+    two = SampleSpec("a/2", [FileRef("jpg", "a/2.jpg", 20), FileRef("json", "a/2.json", 3)])
+    cls = SampleSpec("b/1", [FileRef("png", "b/1.png", 7)], [("cls", b"1")])
+    plan = [[[one, two]], [[cls], [one]]]
+    h = hashlib.sha256(json.dumps({"x": 1}, sort_keys=True).encode())
+    for s, parts in enumerate(plan):
+        for spec in (spec for part in parts for spec in part):
+            h.update(f"{s}\0{spec.key}\0".encode())
+            for f in spec.files:
+                h.update(f"{f.ext}\0{f.path}\0{f.size}\0".encode())
+            for e, b in spec.extras:
+                h.update(e.encode() + b"\0" + hashlib.sha256(b).digest())
+    assert plan_fingerprint({"x": 1}, plan) == h.hexdigest()

@@ -7,6 +7,8 @@ from typing import Any
 
 
 class _Null:
+    shown = False  # (a caller may skip counting what it would only hand to update)
+
     def update(self, n: int = 1) -> None:
         pass
 

@@ -148,6 +148,14 @@ def write_rows(path: str, rows: Iterable[tuple[str, list[tuple[str, str, int]]]]
             f.write(record)
 
 
+def rows(path: str) -> Iterator[tuple[str, list[tuple[str, str, int]]]]:
+    """The rows of a chunk file (:func:`write_rows`), each file as a plain tuple."""
+    # length-prefixed records: marshal.load from a file object reads it a few bytes at a time
+    with open(path, "rb") as f:
+        while head := f.read(8):
+            yield from marshal.loads(f.read(int.from_bytes(head, "little")))
+
+
 def _rows(path: str) -> Iterator[tuple[str, list[FileRef]]]:
     # length-prefixed records: marshal.load from a file object reads it a few bytes at a time
     make = FileRef._make
@@ -192,6 +200,8 @@ class TreeListing:
         else:  # cannot happen with feedpipe's key encoding; merge all rather than be wrong
             streams = [_rows(c.path) for c in dirs]
         streams += [_rows(c.path) for c in root]
+        if len(streams) == 1:  # (a merge of one stream would only add its cost per row)
+            return streams[0]
         return heapq.merge(*streams, key=lambda row: row[0])
 
     def __iter__(self) -> Iterator[SampleSpec]:

@@ -11,12 +11,15 @@ one worker per directory:
 3. reads their files in key order and writes their tar members to a *staging* file in OUT (the
    sizes come from the reads).
 
-The parent then holds the very listing the general path would build: the same samples, keys and
+The parent reads each directory's samples back as it comes in, while the workers stage the next
+ones. It then holds the very listing the general path would build: the same samples, keys and
 sizes, from the same chunk files (:mod:`~feedpipe.convert._listing`). It plans the same shards
-with the same fingerprint and joins each shard from byte ranges of the staging files
-(:func:`~feedpipe.convert._writer.join_ranges`). The output is the general path's, byte for byte
+with the same fingerprint. As soon as the plan is made, the workers seal each shard's temp file
+from byte ranges of the staging files (:func:`~feedpipe.convert._writer.seal_ranges`: copied,
+hashed, synced), while the parent fingerprints the plan, saves its state file, makes each
+shard's index and commits the shards in order. The output is the general path's, byte for byte
 (``tests/test_onepass.py``). What it saves is the ``stat`` per file and the wait between listing
-and writing (``benchmarks/bench_peers.py --phases convert``).
+and writing (``benchmarks/bench_convert.py``).
 
 Anything unusual gives the run back to the general path (:func:`stage_tree` returns ``None``),
 which owns the error messages and the ``on_error`` policy: a bad input of any kind (zero-byte,
@@ -37,6 +40,7 @@ already committed.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import shutil
@@ -49,20 +53,30 @@ from typing import Any
 
 from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
 from .._helpers.progress import progress
-from ..format._index import ShardIndex
+from ..format._index import ShardIndex, format_index
 from ..format._keys import NEEDS_ESCAPE, valid_extension
 from ..format._manifest import ShardRecord
 from ..format._tar import BLOCK, SHORT_HEADER, member_header
-from ._listing import Chunk, TreeListing, top_entries, write_chunk, write_rows
+from ._listing import Chunk, TreeListing, rows, write_chunk, write_rows
+from ._source_tree import root_entries
 from ._sources import (
     READ_FLAGS,
     FileRef,
+    Listing,
     SampleSpec,
     classify,
     leave_out_non_images,
     read_local,
 )
-from ._writer import hidden, join_ranges, removed_on_error, unlink_quiet
+from ._writer import (
+    commit,
+    hidden,
+    join_ranges,
+    range_bases,
+    removed_on_error,
+    seal_ranges,
+    unlink_quiet,
+)
 
 
 @dataclass
@@ -198,17 +212,34 @@ def _sample_key(rel: str, labels: bool, exts: dict[str, str | None]) -> tuple[st
 def read_file(path: str) -> bytes:
     """A local source file's bytes for staging: ``b""`` for one that is not a regular file (the
     general path then says what it is), else what :func:`~feedpipe.convert._sources.read_local`
-    reads, with its common case (one read of the size ``fstat`` gave, and a byte) written out:
-    staging calls it once per file."""
+    reads. Staging calls it once per file, so its common case is written out: a file under
+    :data:`_GUESS` bytes is one ``open``, one ``read`` and one ``close``.
+
+    That case asks no ``fstat``: the walk found a regular file here (its type from the
+    directory), and a regular file's read comes back short only at its end. Whatever took its
+    place since is caught all the same: a directory fails the read, a FIFO (opened
+    non-blocking) reads nothing or fails, and a device, which fills the read, is read again
+    through ``read_local``, which checks the type and refuses it."""
     fd = os.open(path, READ_FLAGS)
     try:
+        try:
+            data = os.read(fd, _GUESS)
+        except IsADirectoryError:
+            return b""
+        if len(data) < _GUESS:
+            return data
         st = os.fstat(fd)
         if not S_ISREG(st.st_mode):
             return b""
-        data = os.read(fd, st.st_size + 1)
+        if st.st_size >= _GUESS:
+            data += os.read(fd, st.st_size + 1 - _GUESS)
     finally:
         os.close(fd)
     return data if len(data) == st.st_size else read_local(path)  # (it changed meanwhile)
+
+
+# a file shorter than this is read in one read of this size, without a stat (see read_file)
+_GUESS = 1 << 16
 
 
 def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
@@ -261,7 +292,9 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
     rows: list[tuple[str, list[tuple[str, str, int]]]] = []
     pos = files_read = 0
     pad, mode_to_size, mtime, after, template_sum, max_fast = SHORT_HEADER
-    zeros = bytes(BLOCK)
+    tails = [bytes(n) for n in range(BLOCK)]  # the padding after a member, by its length
+    pads = [pad[n:] for n in range(101)]  # a short name's padding, by the name's length
+    os_open, os_read, os_close = os.open, os.read, os.close
     size_fields: dict[int, tuple[bytes, int]] = {}  # size -> (field, template sum + its sum)
     pending: list[bytes] = []  # (written in batches: one write call per file costs)
     pending_bytes = 0
@@ -271,8 +304,14 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
             blobs: list[tuple[str, bytes]] = []
             row = []
             for ext, rel in by_key[key]:
-                try:
-                    data = read_file(base + rel)
+                try:  # (read_file's common case, written out: it runs once per file)
+                    fd = os_open(base + rel, READ_FLAGS)
+                    try:
+                        data = os_read(fd, _GUESS)
+                    finally:
+                        os_close(fd)
+                    if len(data) >= _GUESS:
+                        data = read_file(base + rel)
                 except OSError:
                     data = b""
                 if not data:  # unreadable, empty or not a regular file: the general path says
@@ -294,7 +333,7 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
                     if got_size is None:
                         field_ = b"%011o\0" % size
                         got_size = size_fields[size] = (field_, template_sum + sum(field_))
-                    header = b"".join((raw, pad[len(raw):], mode_to_size, got_size[0], mtime,
+                    header = b"".join((raw, pads[len(raw)], mode_to_size, got_size[0], mtime,
                                        b"%06o\0 " % (got_size[1] + sum(raw)), after))
                 else:
                     header = member_header(name, size)
@@ -309,10 +348,10 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
                     pending.append(header)
                     write(b"".join(pending))
                     write(data)
-                    pending[:] = (zeros[:tail],)
+                    pending[:] = (tails[tail],)
                     pending_bytes = tail
                 else:
-                    pending += (header, data, zeros[:tail])
+                    pending += (header, data, tails[tail])
                     pending_bytes += step
             if pending_bytes >= _WRITE_BATCH:
                 write(b"".join(pending))
@@ -338,6 +377,36 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
 _WRITE_BATCH = 1 << 20
 
 
+def _samples(chunk_path: str, extra: tuple[str, bytes] | None) -> list[SampleSpec]:
+    """The samples of a staged directory's chunk file, as the listing makes them; ``extra``:
+    the ``cls`` field of each (``--labels-from-dirs``: one class per top-level directory)."""
+    make = FileRef._make
+    if extra is None:
+        return [SampleSpec(key, [make(r) for r in files]) for key, files in rows(chunk_path)]
+    return [SampleSpec(key, [make(r) for r in files], [extra])
+            for key, files in rows(chunk_path)]
+
+
+class StagedListing(TreeListing):
+    """The :class:`~feedpipe.convert._listing.TreeListing` of a staged tree whose root holds no
+    samples, its samples made as the directories were staged (``samples``: per top-level
+    directory). :meth:`to_listing` puts them in the listing's order: by key, which is the
+    order of the directories' first keys, the directories' key ranges being disjoint."""
+
+    def __init__(self, chunks: list[Chunk], tmp: str, labels_from_dirs: bool,
+                 samples: dict[str, list[SampleSpec]]) -> None:
+        super().__init__(chunks, tmp, labels_from_dirs)
+        self._samples = samples
+
+    def to_listing(self) -> Listing:
+        dirs = sorted((c for c in self.chunks if c.top and c.samples), key=lambda c: c.first or "")
+        out: list[SampleSpec] = []
+        for c in dirs:
+            out += self._samples[c.top]
+        return Listing(out, self.problems, self.classes, self.ignored, self.outputs,
+                       self.left_out)
+
+
 class StagedTree:
     """A staged tree: ``listing`` (a :class:`~feedpipe.convert._listing.TreeListing`, sizes as
     read; ``None`` for a staged table, whose listing is in memory) and the staged directories
@@ -349,7 +418,19 @@ class StagedTree:
         self.listing = listing
         self.dirs = dirs
         self._paths = paths  # every staging file, those of directories without samples too
-        self._pool = pool  # the staging workers, which join the shards too
+        self._pool = pool  # the staging workers, which seal the shards too
+        self._jobs: list[tuple[int, list[Cut]]] | None = None  # per shard: its cuts (started)
+        self._futures: list[Any] | None = None  # per shard: its seal on the pool (started)
+        self._committed = 0  # the shards of _futures committed so far (in order)
+
+    def sample_sizes(self) -> list[int]:
+        """The bytes each sample takes in a shard (:func:`~feedpipe.convert._shard_plan.
+        sample_size`), in the listing's order: as staged, their members being the shard's."""
+        out: list[int] = []
+        for sd in self.dirs:
+            starts = sd.starts
+            out += [b - a for a, b in zip(starts, starts[1:])]
+        return out
 
     def cuts(self, counts: list[int]) -> Iterator[list[Cut]]:
         """Per shard of ``counts[i]`` consecutive samples (in listing order), its cuts."""
@@ -367,12 +448,33 @@ class StagedTree:
                     d, k = d + 1, 0
             yield out
 
+    def start(self, plan: list[list[list[SampleSpec]]], names: list[str], out: str) -> None:
+        """Start sealing the shards of ``plan`` on the staging workers (see :meth:`join`), as
+        soon as the plan is made: the caller's work until :meth:`join` (the plan's fingerprint
+        and its state file, which must precede any commit but no copy) overlaps theirs. Without
+        a pool, or for one shard, nothing starts before :meth:`join`."""
+        if self._pool is None or len(plan) <= 1 or self._jobs is not None:
+            return
+        counts = [sum(len(p) for p in shard) for shard in plan]
+        self._jobs = list(enumerate(self.cuts(counts)))
+        pool = self._pool
+        with sigint_held():  # (workers started before: only the submissions)
+            self._futures = [pool.submit(seal_ranges, out, names[i], cut_ranges(cuts))
+                             for i, cuts in self._jobs]
+
     def join(self, plan: list[list[list[SampleSpec]]], names: list[str], out: str,
              record: Callable[[int, ShardRecord, set[str]], None]) -> None:
         """Write every shard of ``plan`` (a plan of this listing's samples, in order) from the
-        staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed."""
-        counts = [sum(len(p) for p in shard) for shard in plan]
-        jobs = list(enumerate(self.cuts(counts)))
+        staged bytes, on the staging workers; ``record(i, rec, fields)`` as each is committed.
+
+        The workers seal each shard's temp file (copied, hashed, synced); this process makes its
+        index meanwhile and commits it (index, record, rename)."""
+        self.start(plan, names, out)
+        if self._jobs is None:
+            counts = [sum(len(p) for p in shard) for shard in plan]
+            jobs = list(enumerate(self.cuts(counts)))
+        else:
+            jobs = self._jobs
         last = {cut.path: i for i, cuts in jobs for cut in cuts}  # the last shard cut from each
         by_shard: dict[int, list[str]] = {}
         for path, i in last.items():
@@ -383,30 +485,43 @@ class StagedTree:
             for path in by_shard.get(i, ()):  # all shards up to i are committed: OUT holds
                 unlink_quiet(path)  # the staged bytes once, not once more as shards
 
-        pool = self._pool
-        if pool is None or len(plan) <= 1:
+        futures = self._futures
+        if futures is None:
             for i, cuts in jobs:
                 done(i, *join_cuts(out, names[i], cuts))
             return
         # a Ctrl-C is raised between shards, never inside the pool (see sigint_deferred)
         with sigint_deferred() as interrupted:
-            futures = [(i, pool.submit(join_cuts, out, names[i], cuts)) for i, cuts in jobs]
             try:
-                for i, fut in futures:  # in shard order
-                    done(i, *fut.result())
+                for (i, cuts), fut in zip(jobs, futures):  # in shard order
+                    # the index is made here while the workers copy and hash: this process
+                    # has nothing else to do meanwhile, and they have no core to spare
+                    idx = shard_index(cuts, range_bases([c.length for c in cuts]))
+                    text = format_index(idx)
+                    tmp, _, total, sha256 = fut.result()
+                    with removed_on_error(tmp, os.path.join(out, names[i])):
+                        rec = commit(out, names[i], tmp, total, sha256, idx, [],
+                                     index_text=text)
+                    self._committed += 1
+                    done(i, rec, idx.fields())
                     interrupted()
             except BaseException:
-                # let the joins under way finish before anyone cleans OUT's temp files behind
-                # them
-                pool.shutdown(wait=True, cancel_futures=True)
-                self._pool = None
+                self._stop()
                 raise
+
+    def _stop(self) -> None:
+        """Shut the pool down, letting the seals under way finish, and remove the temp shards
+        sealed but not committed (those of a failed or interrupted run)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        for fut in (self._futures or [])[self._committed:]:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                unlink_quiet(fut.result()[0])
 
     def close(self) -> None:
         with sigint_deferred():  # a Ctrl-C neither in the pool's shutdown nor before the cleanup
-            if self._pool is not None:
-                self._pool.shutdown(cancel_futures=True)  # waits for a join under way
-                self._pool = None
+            self._stop()  # (waits for a seal under way)
             for path in self._paths:
                 unlink_quiet(path)
             if self.listing is not None:
@@ -427,9 +542,12 @@ class StagedExecutor:
     def run(self, job: Any) -> int:
         plan = job.plan
 
+        shown = getattr(job.bar, "shown", True)
+
         def record(i: int, rec: ShardRecord, fields: set[str]) -> None:
             job.record(i, rec, [], fields)
-            job.bar.update(sum(len(s.files) for part in plan[i] for s in part))
+            if shown:  # (a count per sample: not made for a bar that shows nothing)
+                job.bar.update(sum(len(s.files) for part in plan[i] for s in part))
 
         self.staged.join(plan, job.names, job.out, record)
         return 0
@@ -438,10 +556,16 @@ class StagedExecutor:
         return self.description or f"one pass, {self.workers} worker{'s' * (self.workers > 1)}"
 
 
+def cut_ranges(cuts: list[Cut]) -> list[tuple[str, int, int]]:
+    """The byte ranges of ``cuts``, as :func:`~feedpipe.convert._writer.join_ranges` takes
+    them."""
+    return [(c.path, c.start, c.length) for c in cuts]
+
+
 def join_cuts(out: str, name: str, cuts: list[Cut]) -> tuple[ShardRecord, set[str]]:
     """Join ``cuts`` into the shard ``out/name``; its record and fields."""
-    rec, idx = join_ranges(out, name, [(c.path, c.start, c.length) for c in cuts],
-                           lambda bases: shard_index(cuts, bases), [])
+    rec, idx = join_ranges(out, name, cut_ranges(cuts), lambda bases: shard_index(cuts, bases),
+                           [])
     return rec, idx.fields()
 
 
@@ -451,7 +575,9 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
     ``None`` when the general path must convert it (the reason then appended to ``why``)."""
     said = why if why is not None else []
-    files, dirs, outputs = top_entries(src)
+    # (a directory of feedpipe output is not looked for here: each worker's walk of its
+    # directory gives the run back at the signs of one, a manifest.json or .feedpipe-* file)
+    files, dirs, outputs = root_entries(src, outputs=False)
     visible = [d for d in dirs if not d.startswith(".")]
     if outputs or any(os.path.islink(os.path.join(src, d)) for d in dirs):
         # links are followed and output directories skipped by the general path
@@ -495,6 +621,12 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                 results = pool.map(stage_dir, *args)
         # with a pool, a Ctrl-C is raised between directories, never inside it (see
         # sigint_deferred); staged here, it stops the staging at once
+        # each directory's samples are read back here as it comes in, while the workers stage
+        # the next ones: this process would wait for them otherwise (the objects are none of
+        # them garbage: the collector is paused meanwhile, as in TreeListing.to_listing)
+        samples: dict[str, list[SampleSpec]] = {}
+        paused = gc.isenabled()
+        gc.disable()
         with sigint_deferred(pool is not None) as interrupted:
             try:
                 for top, sd in zip(dirs, results):
@@ -505,16 +637,23 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
                                     "possible feedpipe output or a cls file)")
                         return None
                     staged.append(sd)
+                    cls = index.get(top) if labels_from_dirs else None
+                    samples[top] = _samples(sd.chunk.path, None if cls is None
+                                            else ("cls", str(cls).encode()))
                     bar.update(1)
                     interrupted()
             finally:
                 bar.close()
+                if paused:
+                    gc.enable()
         if labels_from_dirs and any(sd.chunk.samples == 0 for sd in staged
                                     if not sd.chunk.top.startswith(".")):
             # the class indices given to the workers counted it
             said.append("a class directory without samples")
             return None
-        listing = TreeListing([root_chunk, *(sd.chunk for sd in staged)], tmp, labels_from_dirs)
+        chunks = [root_chunk, *(sd.chunk for sd in staged)]
+        listing = (TreeListing(chunks, tmp, labels_from_dirs) if root_chunk.samples
+                   else StagedListing(chunks, tmp, labels_from_dirs, samples))
         if not listing.samples:
             said.append("no samples")  # the general path says what the tree holds instead
             return None

@@ -228,16 +228,22 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     out = local_path(out)
     if opts.shuffle and part_of is None:  # a part's samples come in their final order
         samples = shuffled(samples, opts.seed)
-    plan = plan_shards(samples, opts.max_bytes, opts.max_samples, PART_SAMPLES)
+    sizes = staged.sample_sizes() if staged is not None else None
+    plan = plan_shards(samples, opts.max_bytes, opts.max_samples, PART_SAMPLES,
+                       sizes if sizes is not None and len(sizes) == len(samples) else None)
+    names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
+    if staged is not None:  # (its workers copy meanwhile; nothing is committed before run)
+        staged.start(plan, names, out)
     fp = plan_fingerprint(opts.output_options(), plan)
-    total_files = sum(len(s.files) for s in samples)
+    total_files = (staged.listing.files  # (counted as staged: every sample is kept)
+                   if staged is not None and staged.listing is not None
+                   and samples is listing.samples else sum(len(s.files) for s in samples))
     done = finished_dataset(out, fp) if opts.resume and part_of is None else None
     if done is not None:
         return _already_complete(out, done, plan, name_prefix, total_files, t0)
     check_state(out, fp, opts.resume, state, opts.output_options())
     if staged is None:  # (the staging files are this run's)
         clean_temps(out, name_prefix, state)
-    names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
     records: Records = {}
     if opts.resume:
         for i, name in enumerate(names):

@@ -61,8 +61,9 @@ def shard_full(shard_bytes: int, shard_count: int, size: int, max_bytes: int,
 
 
 def plan_shards(samples: list[SampleSpec], max_bytes: int, max_samples: int | None,
-                part_samples: int = PART_SAMPLES) -> Plan:
-    """Cut samples into shards, and each shard into parts.
+                part_samples: int = PART_SAMPLES, sizes: list[int] | None = None) -> Plan:
+    """Cut samples into shards, and each shard into parts. ``sizes``: each sample's
+    :func:`sample_size`, where the caller knows them already (one-pass staging wrote them).
 
     Example:
         >>> from feedpipe.convert._sources import FileRef
@@ -76,8 +77,8 @@ def plan_shards(samples: list[SampleSpec], max_bytes: int, max_samples: int | No
     shard_bytes = part_bytes = 0
     shard_count = 0
     limit = max_bytes - len(END_OF_ARCHIVE)
-    for spec in samples:
-        size = sample_size(spec)
+    for i, spec in enumerate(samples):
+        size = sample_size(spec) if sizes is None else sizes[i]
         full = shard_count > 0 and (
             shard_bytes + size > limit or (max_samples is not None and shard_count >= max_samples)
         )
@@ -107,11 +108,17 @@ def plan_fingerprint(options: dict[str, Any], plan: Plan) -> str:
     # the same bytes as one update per field, gathered into few updates (a shard's text at once)
     for s, parts in enumerate(plan):
         text: list[str] = []
+        add = text.append
         for part in parts:
             for spec in part:
-                text.append(f"{s}\0{spec.key}\0")
-                for f in spec.files:
-                    text.append(f"{f.ext}\0{f.path}\0{f.size}\0")
+                files = spec.files
+                if len(files) == 1:  # (most samples: their text in one piece)
+                    ext, path, size = files[0]
+                    add(f"{s}\0{spec.key}\0{ext}\0{path}\0{size}\0")
+                else:
+                    add(f"{s}\0{spec.key}\0")
+                    for f in files:
+                        add(f"{f.ext}\0{f.path}\0{f.size}\0")
                 if spec.extras:
                     h.update("".join(text).encode())
                     text.clear()

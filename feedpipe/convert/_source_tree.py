@@ -131,10 +131,12 @@ class TreeWalk:
         return st.st_size if stat.S_ISREG(st.st_mode) else NOT_REGULAR
 
 
-def root_entries(src: str, skip: frozenset[Identity] = frozenset()
-                 ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
+def root_entries(src: str, skip: frozenset[Identity] = frozenset(), *,
+                 outputs: bool = True) -> tuple[list[tuple[str, int]], list[str], list[str]]:
     """The local root ``src``'s files ``(name, size)``, its subdirectories (links to directories
-    included) and the output directories among them, each sorted by name."""
+    included) and the output directories among them, each sorted by name. ``outputs=False``:
+    no subdirectory is listed to tell (the caller's own walk of each finds the signs), and the
+    third list is empty."""
     walk = TreeWalk(src, skip=skip)
     top = identity(src)
     above: tuple[Identity, ...] = (top,) if top else ()
@@ -143,6 +145,9 @@ def root_entries(src: str, skip: frozenset[Identity] = frozenset()
     for e in _entries(src):
         got = walk.entry(e, above)
         if isinstance(got, tuple):
+            if not outputs:
+                dirs.append(e.name)
+                continue
             try:
                 names = set(os.listdir(e.path))
             except OSError:

@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -163,20 +164,43 @@ def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
 
     ``ranges`` are ``(path, start, length)`` (-1: to the end), each a run of whole tar members.
     ``index(bases)`` gives the shard's index from where each range starts in the shard. The
-    index and the ``--resume`` record are written first; the ``.tar`` appears by rename last.
+    index and the ``--resume`` record are written first; the ``.tar`` appears by rename last
+    (:func:`seal_ranges`, then :func:`commit`)."""
+    final = os.path.join(out_dir, name)
+    tmp, bases, total, sha256 = seal_ranges(out_dir, name, ranges)
+    with removed_on_error(tmp, final):
+        idx = index(bases)
+        record = commit(out_dir, name, tmp, total, sha256, idx, skipped)
+    return record, idx
+
+
+def range_bases(lengths: list[int]) -> list[int]:
+    """Where each of consecutive ranges of ``lengths`` bytes starts in the file they are joined
+    into: what :func:`seal_ranges` returns, for a caller that knows the lengths beforehand."""
+    bases, at = [], 0
+    for n in lengths:
+        bases.append(at)
+        at += n
+    return bases
+
+
+def seal_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]]
+                ) -> tuple[str, list[int], int, str]:
+    """Join byte ranges of files (as :func:`join_ranges` takes them) into a sealed hidden temp
+    file for the shard ``out_dir/name``, synced to disk: its path, where each range starts in
+    it, its size and its sha256. The caller commits it (:func:`commit`), or removes it.
 
     Where each range lands is known before a byte moves, so the bytes are copied by the kernel
     (``os.copy_file_range``, at their offsets, on a helper thread) while this thread reads them
-    once more to hash them: the two passes overlap rather than follow each other. Neither
+    once more to hash them: the two passes overlap rather than follow each other. The copy asks
+    the kernel to start writing each piece back to disk as soon as it is copied, so the writeback
+    overlaps the hashing too and the final ``fsync`` has little left to wait for. Neither pass
     counts the ranges in this process's memory (a map of the files would)."""
     final = os.path.join(out_dir, name)
     tmp = hidden(out_dir, name, f".tmp-{os.getpid()}")
     spans = _spans(ranges, final)
-    bases: list[int] = []
-    at = 0
-    for _, start, end in spans:
-        bases.append(at)
-        at += end - start
+    bases = range_bases([end - start for _, start, end in spans])
+    at = bases[-1] + spans[-1][2] - spans[-1][1] if spans else 0
     h = hashlib.sha256()
     with removed_on_error(tmp, final):
         with open(tmp, "wb") as out:
@@ -194,9 +218,7 @@ def join_ranges(out_dir: str, name: str, ranges: list[tuple[str, int, int]],
                 raise copy.error
             out.seek(at)
             total = seal(out, h)
-        idx = index(bases)
-        record = commit(out_dir, name, tmp, total, h.hexdigest(), idx, skipped)
-    return record, idx
+    return tmp, bases, total, h.hexdigest()
 
 
 def _spans(ranges: list[tuple[str, int, int]], final: str) -> list[tuple[str, int, int]]:
@@ -254,7 +276,8 @@ class _Copy(threading.Thread):
             pos = start
             while pos < end and _KERNEL_COPY:
                 try:
-                    n = os.copy_file_range(fd, self.dst_fd, end - pos, pos, dst)
+                    n = os.copy_file_range(fd, self.dst_fd, min(end - pos, _WRITEBACK_STEP),
+                                           pos, dst)
                 except OSError as e:
                     if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP,
                                        errno.EINVAL):
@@ -263,6 +286,7 @@ class _Copy(threading.Thread):
                 if n == 0:
                     raise OutputError(f"{path}: ends {end - pos} bytes early at {pos} while "
                                       f"joining {self.final}")
+                start_writeback(self.dst_fd, dst, n)
                 pos += n
                 dst += n
             while pos < end:
@@ -273,6 +297,7 @@ class _Copy(threading.Thread):
                 written = 0
                 while written < len(chunk):
                     written += os.pwrite(self.dst_fd, chunk[written:], dst + written)
+                start_writeback(self.dst_fd, dst, len(chunk))
                 pos += len(chunk)
                 dst += len(chunk)
         finally:
@@ -280,6 +305,38 @@ class _Copy(threading.Thread):
 
 
 _KERNEL_COPY = hasattr(os, "copy_file_range")
+# a join copies this much at a time, then starts that piece's writeback
+_WRITEBACK_STEP = 8 << 20
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``length`` bytes of ``fd`` from ``offset`` back to disk,
+    without waiting for it (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``), so that the
+    ``fsync`` sealing the file later finds them written. Durability still rests on that
+    ``fsync``: where the call is missing (another OS, a libc without it) or fails, nothing is
+    lost but the overlap."""
+    call = _sync_file_range()
+    if call is not None:
+        call(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE; (a failure: the fsync does it all)
+
+
+_SFR: list[Any] = []  # [the libc function or None], looked up on first use
+
+
+def _sync_file_range() -> Any:
+    if not _SFR:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _SFR.append(fn)
+    return _SFR[0]
 _HASH_BUFFER = 1 << 20
 # a join smaller than this copies, then hashes, in one thread (a thread would only add its start)
 _THREAD_FROM = 4 << 20
@@ -296,13 +353,15 @@ def seal(f: Any, h: Any) -> int:
 
 
 def commit(out_dir: str, name: str, tmp: str, total: int, sha256: str, idx: ShardIndex,
-           skipped: list[tuple[str, str]], *, keep_record: bool = True) -> ShardRecord:
+           skipped: list[tuple[str, str]], *, keep_record: bool = True,
+           index_text: str | None = None) -> ShardRecord:
     """Commit the sealed shard ``tmp`` as ``out_dir/name``: its index first, then (for
     ``--resume``, unless ``keep_record`` is false) its record, and the ``.tar`` by rename last.
-    The caller removes ``tmp`` if this fails."""
+    ``index_text``: the index file's text, where the caller formatted it already. The caller
+    removes ``tmp`` if this fails."""
     record = ShardRecord(name, len(idx), total, sha256)
     stem = name[:-4] if name.endswith(".tar") else name
-    write_index(os.path.join(out_dir, stem + ".idx"), idx)
+    write_index(os.path.join(out_dir, stem + ".idx"), idx, index_text)
     if keep_record:
         save_record(out_dir, record, skipped, idx.fields())
     os.replace(tmp, os.path.join(out_dir, name))

@@ -196,12 +196,13 @@ def index_path(shard_path: str) -> str:
     return base + ".idx" + query
 
 
-def write_index(path: str, idx: ShardIndex) -> None:
-    """Write ``idx`` to ``path`` atomically (temp file + rename, the temp file removed on error)."""
+def write_index(path: str, idx: ShardIndex, text: str | None = None) -> None:
+    """Write ``idx`` to ``path`` atomically (temp file + rename, the temp file removed on error);
+    ``text``: its :func:`format_index`, where the caller made it already."""
     tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(format_index(idx))
+            f.write(format_index(idx) if text is None else text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
