@@ -322,6 +322,26 @@ def test_the_staging_shortcut_keys_files_as_classify_does(parts: list[str], ext:
         assert not (labels and fast[1] == "cls")
 
 
+_NAME_PARTS = st.sampled_from(["a", "b.c", ".h", "x y", "1%", "é", "cls", "d\\e", "", ".",
+                               "jpg", "n" * 99, "\n"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(_NAME_PARTS, min_size=1, max_size=3).map("".join), min_size=1,
+                max_size=5), st.booleans())
+def test_a_directorys_names_judged_at_once_as_one_at_a_time(names: list[str],
+                                                            labels: bool) -> None:
+    # stage_dir judges a directory's names together where all are plain: the same stems and
+    # fields as _plain_name gives each, and a directory with one name that is not plain is
+    # judged a name at a time
+    one = [onepass._plain_name(n, labels, {}) for n in names]
+    together = onepass._plain_names(names, labels, {})
+    if any(o is None for o in one):
+        assert together is None
+    else:
+        assert together == ([o[0] for o in one], [o[1] for o in one])  # type: ignore[index]
+
+
 def test_the_staging_read_gives_a_regular_file_whole_and_nothing_for_anything_else(
         tmp_path: Path) -> None:
     data = bytes(range(256)) * 300

@@ -44,6 +44,7 @@ import gc
 import itertools
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -156,23 +157,21 @@ def _walk_plain(root: str, top: str) -> list[tuple[str, list[str]]] | None:
         rel_dir, path = stack.pop()
         try:
             with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            return None
-        subdirs = []
-        files: list[str] = []
-        try:
-            for e in entries:  # (without the entry type from the directory, these lstat)
-                if e.name == "manifest.json" or e.name.startswith(".feedpipe-"):
-                    return None  # perhaps feedpipe output: the general path's walk decides
-                if e.is_dir(follow_symlinks=False):
+                entries = list(it)
+            # (without the entry type from the directory, these lstat)
+            files = sorted([e.name for e in entries if e.is_file(follow_symlinks=False)])
+            subdirs = []
+            if len(files) < len(entries):
+                for e in sorted((e for e in entries if not e.is_file(follow_symlinks=False)),
+                                key=lambda e: e.name):
+                    if not e.is_dir(follow_symlinks=False):
+                        return None
                     subdirs.append((rel_dir + e.name + "/", e.path))
-                elif e.is_file(follow_symlinks=False):
-                    files.append(e.name)
-                else:
-                    return None
         except OSError:
             return None
+        every = "/" + "/".join([e.name for e in entries]) + "/"
+        if "/manifest.json/" in every or "/.feedpipe-" in every:
+            return None  # perhaps feedpipe output: the general path's walk decides
         if files:
             out.append((rel_dir, files))
         stack.extend(reversed(subdirs))
@@ -200,6 +199,29 @@ def _plain_name(name: str, labels: bool, exts: dict[str, str | None]) -> tuple[s
     if ok == "":
         ok = exts[ext] = ext if valid_extension(ext) and not (labels and ext == "cls") else None
     return None if ok is None else (name[:dot], ok)
+
+
+# a run of plain names joined by "/": each has one dot, with a stem and an extension
+_PLAIN_RUN = re.compile(r"[^./]+\.[^./]+(?:/[^./]+\.[^./]+)*")
+
+
+def _plain_names(names: list[str], labels: bool, exts: dict[str, str | None]
+                 ) -> tuple[list[str], list[str]] | None:
+    """``(stems, extensions)`` of ``names`` where every one is plain (what :func:`_plain_name`
+    says of each, judged on the names joined), else ``None``."""
+    joined = "/".join(names)
+    if (not joined.isascii() or NEEDS_ESCAPE.search(joined) is not None
+            or _PLAIN_RUN.fullmatch(joined) is None):
+        return None
+    parts = joined.replace(".", "/").split("/")
+    found = parts[1::2]
+    for ext in set(found):
+        ok = exts.get(ext, "")
+        if ok == "":
+            ok = exts[ext] = ext if valid_extension(ext) and not (labels and ext == "cls") else None
+        if ok is None:
+            return None
+    return parts[0::2], found
 
 
 def _sample_key(rel: str, labels: bool, exts: dict[str, str | None]) -> tuple[str, str] | None:
@@ -264,6 +286,23 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
     exts: dict[str, str | None] = {}
     for rel_dir, dir_names in groups:
         plain = _plain_dir(rel_dir)
+        split = _plain_names(dir_names, labels, exts) if plain else None
+        if split is not None:  # (most directories: every name plain, judged at once)
+            stems, dir_exts = split
+            paths = [rel_dir + n for n in dir_names]
+            keyed: dict[str, list[tuple[str, str | None]]] = {
+                rel_dir + k: [(e, r)] for k, e, r in zip(stems, dir_exts, paths)}
+            if len(keyed) == len(paths):  # (one file a sample)
+                by_key.update(keyed)
+                continue
+            for k, e, r in zip(stems, dir_exts, paths):
+                key = rel_dir + k
+                files = by_key.get(key)
+                if files is None:
+                    by_key[key] = [(e, r)]
+                else:
+                    files.append((e, r))
+            continue
         for name in dir_names:
             fast = _plain_name(name, labels, exts) if plain else None
             if fast is not None:
