@@ -247,6 +247,10 @@ static PyObject *stage(PyObject *Py_UNUSED(self), PyObject *args)
             goto done;
         if (o.len >= FLUSH_AT && flush(&o) < 0)
             goto done;
+        /* a Ctrl-C of a run without a pool (stage_dir in the main process) stops it here, not
+         * after the whole directory */
+        if ((i & 1023) == 1023 && PyErr_CheckSignals() < 0)
+            goto done;
     }
     if (flush(&o) < 0)
         goto done;
