@@ -6,6 +6,10 @@ it does not build, the install goes on and feedpipe decodes whole images with si
 
 ``feedpipe._packrows`` copies ``feedpipe.Packed``'s token pieces out of the shards' maps (see its
 source). It needs a C compiler only. It is optional too: without it, numpy copies them, slower.
+
+``feedpipe._stagefiles`` runs the per-file loop of one-pass conversion (``feedpipe shard`` of a
+local tree of small files: open, read, close, tar header; see its source). It needs a C compiler
+only. It is optional too: without it, the same loop runs in Python, slower.
 """
 
 from setuptools import Extension, setup
@@ -22,6 +26,12 @@ setup(
         Extension(
             "feedpipe._packrows",
             sources=["feedpipe/_packrows.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "feedpipe._stagefiles",
+            sources=["feedpipe/_stagefiles.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

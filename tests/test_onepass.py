@@ -65,12 +65,21 @@ def _dir_tree(src: Path, dirs: int, data: Callable[[int, int], bytes]) -> Path:
     return src
 
 
+needs_stagefiles = pytest.mark.skipif(
+    onepass.stage_files_with() == "python",
+    reason="feedpipe._stagefiles did not build (no C compiler at install)")
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("labels", [False, True], ids=["plain", "labels"])
+@pytest.mark.parametrize("loop", ["default", "python"])
 def test_same_bytes_as_the_general_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        workers: int, labels: bool) -> None:
+                                        workers: int, labels: bool, loop: str) -> None:
     # odd names (dots, spaces, %, unicode, long names), sidecars, nested directories, hidden
-    # files and a hidden top-level directory; shards that span directories and cut through them
+    # files and a hidden top-level directory; shards that span directories and cut through them;
+    # staged by the C loop where it was built, and by the Python loop
+    if loop == "python":
+        monkeypatch.setattr(onepass, "_C", None)
     src = tmp_path / "src"
     names = [n for n in ODD_NAMES + UNICODE_NAMES if "/" in n]
     names += [f"z{d}/sub/{i:03d}.bin" for d in range(3) for i in range(7)]
@@ -135,6 +144,9 @@ def test_anything_unusual_goes_to_the_general_path(tmp_path: Path, monkeypatch: 
     elif case == "symlink":
         os.symlink(src / "a" / "1.jpg", src / "b" / "link.jpg")
     elif case == "unreadable":  # (as root, a chmod would not keep the file from being read)
+        # (the C loop opens files itself; its fall-back to this loop at a file it cannot read
+        # is test_the_c_loop_leaves_the_unusual_samples_to_the_python_loop's)
+        monkeypatch.setattr(onepass, "_C", None)
         real = os.open
 
         def open_(path: Any, *a: Any, **k: Any) -> int:
@@ -310,6 +322,26 @@ def test_the_staging_shortcut_keys_files_as_classify_does(parts: list[str], ext:
         assert not (labels and fast[1] == "cls")
 
 
+_NAME_PARTS = st.sampled_from(["a", "b.c", ".h", "x y", "1%", "é", "cls", "d\\e", "", ".",
+                               "jpg", "n" * 99, "\n"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(_NAME_PARTS, min_size=1, max_size=3).map("".join), min_size=1,
+                max_size=5), st.booleans())
+def test_a_directorys_names_judged_at_once_as_one_at_a_time(names: list[str],
+                                                            labels: bool) -> None:
+    # stage_dir judges a directory's names together where all are plain: the same stems and
+    # fields as _plain_name gives each, and a directory with one name that is not plain is
+    # judged a name at a time
+    one = [onepass._plain_name(n, labels, {}) for n in names]
+    together = onepass._plain_names(names, labels, {})
+    if any(o is None for o in one):
+        assert together is None
+    else:
+        assert together == ([o[0] for o in one], [o[1] for o in one])  # type: ignore[index]
+
+
 def test_the_staging_read_gives_a_regular_file_whole_and_nothing_for_anything_else(
         tmp_path: Path) -> None:
     data = bytes(range(256)) * 300
@@ -378,3 +410,126 @@ def test_a_top_level_directory_of_feedpipe_output_goes_to_the_general_path(
     assert not taken
     assert one == general
     assert json.loads(one["manifest.json"])["total_samples"] == 12
+
+
+def _stage_both(root: Path, top: str, cls: int | None, tmp: Path,
+                monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """stage_dir of ``root/top`` by the C loop and by the Python loop: per loop, the staging
+    file's bytes, the StagedDir's lists, the chunk's rows and counts (None: given back)."""
+    got = []
+    for loop in ("c", "python"):
+        with monkeypatch.context() as m:
+            if loop == "python":
+                m.setattr(onepass, "_C", None)
+            chunk, stage = tmp / f"{loop}.chunk", tmp / f"{loop}.stage"
+            sd = onepass.stage_dir(str(root), top, cls, str(chunk), str(stage))
+            if sd is None:
+                got.append((None, stage.exists()))
+                continue
+            c = sd.chunk
+            got.append((stage.read_bytes(), sd.keys, sd.starts, sd.first, sd.exts, sd.names,
+                        sd.offsets, sd.sizes, list(onepass.rows(str(chunk))),
+                        (c.samples, c.files, c.ignored, c.first, c.last)))
+    return got
+
+
+@needs_stagefiles
+@pytest.mark.parametrize("labels", [False, True], ids=["plain", "labels"])
+def test_the_c_loop_stages_what_the_python_loop_stages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, labels: bool) -> None:
+    # sizes around a block and around the read's guess (a file that fills it is the Python
+    # loop's), names around the ustar name field's 100 bytes (over it: the Python loop's GNU
+    # long-name header), unicode names, sidecars, nested directories; samples the C loop hands
+    # to the Python loop and back
+    g = onepass._GUESS
+    sizes = [1, 2, 511, 512, 513, 1000, 4096, g - 1, g, g + 1, 3 * g, 7]
+    src = tmp_path / "src"
+    top = src / "t"
+    (top / "sub").mkdir(parents=True)
+    (src / "other").mkdir()
+    for i, n in enumerate(sizes):
+        (top / f"{i:02d}.bin").write_bytes(bytes([i + 1]) * n)
+    (top / "03.json").write_bytes(b'{"a": 1}')
+    (top / "sub" / ("n" * 93 + ".bin")).write_bytes(b"x")  # "t/sub/" + 93 + ".bin": 103 bytes
+    (top / "sub" / ("n" * 90 + ".bin")).write_bytes(b"y")  # 100 bytes: the short header
+    (top / "sub" / ("m" * 91 + ".js")).write_bytes(b"z")  # 100 bytes, with the ".cls" 101
+    (top / "sub" / "é ü.bin").write_bytes("é".encode() * 300)
+    work = tmp_path / "w"
+    work.mkdir()
+    c, py = _stage_both(src, "t", 0 if labels else None, work, monkeypatch)
+    assert c[0] is not None and c == py
+    assert len(c[1]) == len(sizes) + 4
+    names = c[5]
+    assert "t/sub/" + "n" * 93 + ".bin" in names and "t/03.json" in names
+    assert ("t/00.cls" in names) == labels
+
+
+@needs_stagefiles
+@pytest.mark.parametrize("case", ["missing", "empty", "directory", "fifo", "fills-the-read",
+                                  "long-name"])
+def test_the_c_loop_leaves_the_unusual_samples_to_the_python_loop(tmp_path: Path,
+                                                                   case: str) -> None:
+    # it stops before the sample, having staged those before it whole, and says which: the
+    # Python loop then does what it does today (given back, or the slow read or header)
+    from feedpipe import _stagefiles
+
+    d = tmp_path / "d"
+    d.mkdir()
+    for i in range(3):
+        (d / f"{i}.bin").write_bytes(b"%d" % i * 700)
+    odd = "1.bin"
+    if case == "missing":
+        (d / odd).unlink()
+    elif case == "empty":
+        (d / odd).write_bytes(b"")
+    elif case == "directory":
+        (d / odd).unlink()
+        (d / odd).mkdir()
+    elif case == "fifo":  # (no writer: a blocking open or read would hang here)
+        (d / odd).unlink()
+        os.mkfifo(d / odd)
+    elif case == "fills-the-read":
+        (d / odd).write_bytes(b"x" * onepass._GUESS)
+    else:
+        odd = "l" * 97 + ".bin"
+        (d / "1.bin").rename(d / odd)
+    keys = ["0", odd.split(".")[0], "2"]
+    exts, rels = ["bin"] * 3, ["0.bin", odd, "2.bin"]
+    lists: list[list[Any]] = [[], [], [], [], []]
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        with open(tmp_path / "stage", "wb") as out:
+            got = _stagefiles.stage(fd, out.fileno(), keys, [0, 1, 2, 3], exts, rels, b"",
+                                    onepass._TEMPLATE, 0, 0, onepass._GUESS,
+                                    feedpipe.convert._sources.READ_FLAGS, *lists)
+            assert got == (1, 512 + 1024)
+            # it takes up again after the sample the Python loop staged
+            assert _stagefiles.stage(fd, out.fileno(), keys, [0, 1, 2, 3], exts, rels, b"",
+                                     onepass._TEMPLATE, 2, 5000, onepass._GUESS,
+                                     feedpipe.convert._sources.READ_FLAGS,
+                                     *lists) == (3, 5000 + 512 + 1024)
+    finally:
+        os.close(fd)
+    starts, names, offsets, sizes, rows = lists
+    assert (starts, names, offsets, sizes) == ([0, 5000], ["0.bin", "2.bin"], [512, 5512],
+                                               [700, 700])
+    assert rows == [("0", [("bin", "0.bin", 700)]), ("2", [("bin", "2.bin", 700)])]
+    staged = (tmp_path / "stage").read_bytes()
+    assert staged[:512] == feedpipe.format._tar.member_header("0.bin", 700)
+    assert staged[512:1212] == b"0" * 700 and staged[1212:1536] == bytes(324)
+    assert staged[1536:2048] == feedpipe.format._tar.member_header("2.bin", 700)
+
+
+def test_the_python_loop_says_once_that_the_c_loop_was_not_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    src = _tree(tmp_path)
+    monkeypatch.setattr(onepass, "_C", None)
+    monkeypatch.setattr(onepass, "_said", [])
+    with caplog.at_level(logging.INFO, logger="feedpipe"):
+        for i in range(2):
+            s = feedpipe.shard(str(src), str(tmp_path / f"o{i}"), workers=2)
+            assert s.method == "one-pass" and s.samples == 12
+    said = [r for r in caplog.records if "feedpipe._stagefiles" in r.getMessage()]
+    assert len(said) == 1 and "Python loop" in said[0].getMessage()

@@ -50,6 +50,21 @@ def open_(path, *a, **k):  # (every reader of a source file opens it with os.ope
     return real_open(path, *a, **k)
 
 os.open = open_
+
+from feedpipe.convert import _onepass  # noqa: E402
+
+if _onepass._C is not None:  # the C loop of one-pass staging opens files itself: the swap
+    real_c = _onepass._C     # happens as it is handed them
+
+    class SwapFirst:
+        @staticmethod
+        def stage(dirfd, out_fd, keys, first, exts, rels, *rest):
+            for rel in rels:
+                if rel is not None:
+                    swap(os.path.join(src, rel))
+            return real_c.stage(dirfd, out_fd, keys, first, exts, rels, *rest)
+
+    _onepass._C = SwapFirst
 try:
     s = feedpipe.shard(src, out, workers=2, on_error=on_error, method=method)
     print(json.dumps({"samples": s.samples, "skipped": s.skipped_inputs}))

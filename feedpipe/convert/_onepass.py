@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -77,6 +79,8 @@ from ._writer import (
     seal_ranges,
     unlink_quiet,
 )
+
+log = logging.getLogger("feedpipe.convert")
 
 
 @dataclass
@@ -153,23 +157,21 @@ def _walk_plain(root: str, top: str) -> list[tuple[str, list[str]]] | None:
         rel_dir, path = stack.pop()
         try:
             with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            return None
-        subdirs = []
-        files: list[str] = []
-        try:
-            for e in entries:  # (without the entry type from the directory, these lstat)
-                if e.name == "manifest.json" or e.name.startswith(".feedpipe-"):
-                    return None  # perhaps feedpipe output: the general path's walk decides
-                if e.is_dir(follow_symlinks=False):
+                entries = list(it)
+            # (without the entry type from the directory, these lstat)
+            files = sorted([e.name for e in entries if e.is_file(follow_symlinks=False)])
+            subdirs = []
+            if len(files) < len(entries):
+                for e in sorted((e for e in entries if not e.is_file(follow_symlinks=False)),
+                                key=lambda e: e.name):
+                    if not e.is_dir(follow_symlinks=False):
+                        return None
                     subdirs.append((rel_dir + e.name + "/", e.path))
-                elif e.is_file(follow_symlinks=False):
-                    files.append(e.name)
-                else:
-                    return None
         except OSError:
             return None
+        every = "/" + "/".join([e.name for e in entries]) + "/"
+        if "/manifest.json/" in every or "/.feedpipe-" in every:
+            return None  # perhaps feedpipe output: the general path's walk decides
         if files:
             out.append((rel_dir, files))
         stack.extend(reversed(subdirs))
@@ -197,6 +199,29 @@ def _plain_name(name: str, labels: bool, exts: dict[str, str | None]) -> tuple[s
     if ok == "":
         ok = exts[ext] = ext if valid_extension(ext) and not (labels and ext == "cls") else None
     return None if ok is None else (name[:dot], ok)
+
+
+# a run of plain names joined by "/": each has one dot, with a stem and an extension
+_PLAIN_RUN = re.compile(r"[^./]+\.[^./]+(?:/[^./]+\.[^./]+)*")
+
+
+def _plain_names(names: list[str], labels: bool, exts: dict[str, str | None]
+                 ) -> tuple[list[str], list[str]] | None:
+    """``(stems, extensions)`` of ``names`` where every one is plain (what :func:`_plain_name`
+    says of each, judged on the names joined), else ``None``."""
+    joined = "/".join(names)
+    if (not joined.isascii() or NEEDS_ESCAPE.search(joined) is not None
+            or _PLAIN_RUN.fullmatch(joined) is None):
+        return None
+    parts = joined.replace(".", "/").split("/")
+    found = parts[1::2]
+    for ext in set(found):
+        ok = exts.get(ext, "")
+        if ok == "":
+            ok = exts[ext] = ext if valid_extension(ext) and not (labels and ext == "cls") else None
+        if ok is None:
+            return None
+    return parts[0::2], found
 
 
 def _sample_key(rel: str, labels: bool, exts: dict[str, str | None]) -> tuple[str, str] | None:
@@ -256,11 +281,28 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
     if groups is None:
         return None
     labels = cls is not None
-    by_key: dict[str, list[tuple[str, str]]] = {}
+    by_key: dict[str, list[tuple[str, str | None]]] = {}  # (None: the cls field, below)
     ignored = 0
     exts: dict[str, str | None] = {}
     for rel_dir, dir_names in groups:
         plain = _plain_dir(rel_dir)
+        split = _plain_names(dir_names, labels, exts) if plain else None
+        if split is not None:  # (most directories: every name plain, judged at once)
+            stems, dir_exts = split
+            paths = [rel_dir + n for n in dir_names]
+            keyed: dict[str, list[tuple[str, str | None]]] = {
+                rel_dir + k: [(e, r)] for k, e, r in zip(stems, dir_exts, paths)}
+            if len(keyed) == len(paths):  # (one file a sample)
+                by_key.update(keyed)
+                continue
+            for k, e, r in zip(stems, dir_exts, paths):
+                key = rel_dir + k
+                files = by_key.get(key)
+                if files is None:
+                    by_key[key] = [(e, r)]
+                else:
+                    files.append((e, r))
+            continue
         for name in dir_names:
             fast = _plain_name(name, labels, exts) if plain else None
             if fast is not None:
@@ -281,16 +323,108 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
             else:
                 files.append((ext, rel))
     if labels and leave_out_non_images(
-            {k: [FileRef(e, r, 1) for e, r in v] for k, v in by_key.items()}, [])[0]:
+            {k: [FileRef(e, r or "", 1) for e, r in v] for k, v in by_key.items()}, [])[0]:
         return None  # the general path reports them
     keys = sorted(by_key)
     base = root if root.endswith("/") else root + "/"
-    extras = [("cls", str(cls).encode())] if labels else []
-    staged = StagedDir(Chunk(top, chunk_path), stage_path, keys)
-    starts, first, exts_out = staged.starts, staged.first, staged.exts
-    names, offsets, sizes = staged.names, staged.offsets, staged.sizes
+    # per member in key order (flat): its field and its file relative to root (None: the cls
+    # field, ``extra``); per sample: where its members start (ending with their count)
+    members: list[list[tuple[str, str | None]]] = [by_key[k] for k in keys]
+    if labels:
+        for ms in members:
+            ms.append(("cls", None))
+    flat = list(itertools.chain.from_iterable(members))
+    member_exts: list[str] = [e for e, _ in flat]
+    rels: list[str | None] = [r for _, r in flat]
+    first = list(itertools.accumulate(map(len, members), initial=0))
+    extra = str(cls).encode() if labels else b""
+    staged = StagedDir(Chunk(top, chunk_path), stage_path, keys, first=first, exts=member_exts)
+    starts, names, offsets, sizes = staged.starts, staged.names, staged.offsets, staged.sizes
     rows: list[tuple[str, list[tuple[str, str, int]]]] = []
-    pos = files_read = 0
+    pos = 0
+    with removed_on_error(stage_path), open(stage_path, "wb") as out:
+        i = 0
+        dirfd = _open_dir(root) if _C is not None else -1
+        try:
+            while i < len(keys):
+                if _C is not None and dirfd >= 0:  # as many samples as it can; the next here
+                    i, pos = _C.stage(dirfd, out.fileno(), keys, first, member_exts, rels, extra,
+                                      _TEMPLATE, i, pos, _GUESS, READ_FLAGS, starts, names,
+                                      offsets, sizes, rows)
+                    if i == len(keys):
+                        break
+                    j = i + 1
+                else:
+                    j = len(keys)
+                reached = _stage_samples(out, base, keys, first, member_exts, rels, extra, i, j,
+                                         pos, staged, rows)
+                if reached is None:  # unreadable, empty or not a regular file: the general path
+                    # says which and why
+                    out.close()
+                    unlink_quiet(stage_path)
+                    return None
+                out.flush()  # (before the C loop writes to the file again)
+                i, pos = j, reached
+        finally:
+            if dirfd >= 0:
+                os.close(dirfd)
+        starts.append(pos)
+    with removed_on_error(stage_path, chunk_path):  # (a partial chunk: with the listing's tmp)
+        write_rows(chunk_path, rows)
+    c = staged.chunk
+    c.samples, c.files, c.ignored = len(keys), len(rels) - labels * len(keys), ignored
+    if keys:
+        c.first, c.last = keys[0], keys[-1]
+    return staged
+
+
+try:  # optional C extension (setup.py): the per-file loop of stage_dir
+    from .. import _stagefiles as _C
+except ImportError:  # pragma: no cover - where it did not build, _stage_samples stages them all
+    _C = None
+
+# the ustar header _stagefiles packs from (the name, size and checksum fields filled per member):
+# member_header's template, byte for byte
+_TEMPLATE = (SHORT_HEADER[0] + SHORT_HEADER[1] + bytes(12) + SHORT_HEADER[2] + b" " * 8
+             + SHORT_HEADER[3])
+
+
+def _open_dir(path: str) -> int:
+    """A descriptor of the directory ``path`` for the C loop's ``openat``; -1 where it cannot
+    be opened (the Python loop then stages every sample, and meets what is wrong)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+_said: list[bool] = []  # the Python loop was logged (once a process)
+
+
+def _say_python() -> None:
+    if not _said:
+        _said.append(True)
+        log.info("feedpipe: one-pass conversion stages its files with a Python loop: the C "
+                 "extension feedpipe._stagefiles was not built (it needs a C compiler when "
+                 "feedpipe is installed); the shards are the same, made more slowly")
+
+
+def stage_files_with() -> str:
+    """What runs one-pass staging's per-file loop: the C extension ``feedpipe._stagefiles``
+    where it was built, else ``python`` (the same bytes, more slowly)."""
+    return "python" if _C is None else "feedpipe._stagefiles"
+
+
+def _stage_samples(out: Any, base: str, keys: list[str], first: list[int], exts: list[str],
+                   rels: list[str | None], extra: bytes, a: int, b: int, pos: int,
+                   staged: StagedDir, rows: list[tuple[str, list[tuple[str, str, int]]]]
+                   ) -> int | None:
+    """Stage samples ``a`` to ``b`` (exclusive) of :func:`stage_dir`'s flat lists into ``out``
+    from ``pos``, appending to ``staged``'s lists and ``rows`` as ``feedpipe._stagefiles``
+    does; the position reached, or ``None`` where a file is unreadable, empty or not a regular
+    file. The C loop leaves the unusual samples to it (a name over 100 bytes, a file that fills
+    the first read)."""
+    starts, names, offsets, sizes = staged.starts, staged.names, staged.offsets, staged.sizes
     pad, mode_to_size, mtime, after, template_sum, max_fast = SHORT_HEADER
     tails = [bytes(n) for n in range(BLOCK)]  # the padding after a member, by its length
     pads = [pad[n:] for n in range(101)]  # a short name's padding, by the name's length
@@ -298,12 +432,16 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
     size_fields: dict[int, tuple[bytes, int]] = {}  # size -> (field, template sum + its sum)
     pending: list[bytes] = []  # (written in batches: one write call per file costs)
     pending_bytes = 0
-    with removed_on_error(stage_path), open(stage_path, "wb") as out:
-        write = out.write
-        for key in keys:
-            blobs: list[tuple[str, bytes]] = []
-            row = []
-            for ext, rel in by_key[key]:
+    write = out.write
+    for i in range(a, b):
+        key = keys[i]
+        row = []
+        starts.append(pos)
+        for m in range(first[i], first[i + 1]):
+            ext, rel = exts[m], rels[m]
+            if rel is None:
+                data = extra
+            else:
                 try:  # (read_file's common case, written out: it runs once per file)
                     fd = os_open(base + rel, READ_FLAGS)
                     try:
@@ -314,63 +452,44 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
                         data = read_file(base + rel)
                 except OSError:
                     data = b""
-                if not data:  # unreadable, empty or not a regular file: the general path says
-                    # which and why
-                    out.close()
-                    unlink_quiet(stage_path)
+                if not data:
                     return None
-                blobs.append((ext, data))
                 row.append((ext, rel, len(data)))
-            blobs += extras
-            starts.append(pos)
-            first.append(len(names))
-            for ext, data in blobs:
-                name = f"{key}.{ext}"
-                size = len(data)
-                raw = name.encode("utf-8")
-                if len(raw) <= 100 and size < max_fast:
-                    got_size = size_fields.get(size)
-                    if got_size is None:
-                        field_ = b"%011o\0" % size
-                        got_size = size_fields[size] = (field_, template_sum + sum(field_))
-                    header = b"".join((raw, pads[len(raw)], mode_to_size, got_size[0], mtime,
-                                       b"%06o\0 " % (got_size[1] + sum(raw)), after))
-                else:
-                    header = member_header(name, size)
-                tail = -size % BLOCK
-                names.append(name)
-                offsets.append(pos + len(header))
-                sizes.append(size)
-                exts_out.append(ext)
-                step = len(header) + size + tail
-                pos += step
-                if size > _WRITE_BATCH // 16:  # a large member: written as it is, not copied
-                    pending.append(header)
-                    write(b"".join(pending))
-                    write(data)
-                    pending[:] = (tails[tail],)
-                    pending_bytes = tail
-                else:
-                    pending += (header, data, tails[tail])
-                    pending_bytes += step
-            if pending_bytes >= _WRITE_BATCH:
+            name = f"{key}.{ext}"
+            size = len(data)
+            raw = name.encode("utf-8")
+            if len(raw) <= 100 and size < max_fast:
+                got_size = size_fields.get(size)
+                if got_size is None:
+                    field_ = b"%011o\0" % size
+                    got_size = size_fields[size] = (field_, template_sum + sum(field_))
+                header = b"".join((raw, pads[len(raw)], mode_to_size, got_size[0], mtime,
+                                   b"%06o\0 " % (got_size[1] + sum(raw)), after))
+            else:
+                header = member_header(name, size)
+            tail = -size % BLOCK
+            names.append(name)
+            offsets.append(pos + len(header))
+            sizes.append(size)
+            step = len(header) + size + tail
+            pos += step
+            if size > _WRITE_BATCH // 16:  # a large member: written as it is, not copied
+                pending.append(header)
                 write(b"".join(pending))
-                pending.clear()
-                pending_bytes = 0
-            rows.append((key, row))
-            files_read += len(row)
-        if pending:
+                write(data)
+                pending[:] = (tails[tail],)
+                pending_bytes = tail
+            else:
+                pending += (header, data, tails[tail])
+                pending_bytes += step
+        if pending_bytes >= _WRITE_BATCH:
             write(b"".join(pending))
-        starts.append(pos)
-        first.append(len(names))
-    with removed_on_error(stage_path, chunk_path):  # (a partial chunk: with the listing's tmp)
-        write_rows(chunk_path, rows)
-    c = staged.chunk
-    c.samples, c.files, c.ignored = len(keys), files_read, ignored
-    if keys:
-        c.first, c.last = keys[0], keys[-1]
-    return staged
-
+            pending.clear()
+            pending_bytes = 0
+        rows.append((key, row))
+    if pending:
+        write(b"".join(pending))
+    return pos
 
 # bytes gathered before one write to a staging file (a few hundred small members a call); a
 # member over a sixteenth of it is written on its own
@@ -575,6 +694,8 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     """Stage the local tree ``src`` into hidden files of ``out`` (see the module docstring), or
     ``None`` when the general path must convert it (the reason then appended to ``why``)."""
     said = why if why is not None else []
+    if _C is None:
+        _say_python()
     # (a directory of feedpipe output is not looked for here: each worker's walk of its
     # directory gives the run back at the signs of one, a manifest.json or .feedpipe-* file)
     files, dirs, outputs = root_entries(src, outputs=False)
