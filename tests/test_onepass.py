@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
+from feedpipe._helpers import dependency
 from feedpipe.convert import _onepass as onepass
 from feedpipe.convert import _shard as convert
 from feedpipe.errors import FeedpipeError
@@ -526,7 +527,7 @@ def test_the_python_loop_says_once_that_the_c_loop_was_not_built(
 
     src = _tree(tmp_path)
     monkeypatch.setattr(onepass, "_C", None)
-    monkeypatch.setattr(onepass, "_said", [])
+    monkeypatch.setattr(dependency, "UNBUILT_SAID", set())
     with caplog.at_level(logging.INFO, logger="feedpipe"):
         for i in range(2):
             s = feedpipe.shard(str(src), str(tmp_path / f"o{i}"), workers=2)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
+from feedpipe._helpers import dependency
 from feedpipe.convert._shard_writer import write_samples
 from feedpipe.errors import StateError
 from feedpipe.plan._order import Plan, iter_ids
@@ -466,7 +467,7 @@ def test_the_c_copy_and_the_numpy_copy_give_the_same_batches(tmp_path, monkeypat
         fast = _epoch_batches(path)
         with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="feedpipe"):
             m.setattr(_packed, "_packrows", None)
-            m.setattr(_packed, "_said", [])
+            m.setattr(dependency, "UNBUILT_SAID", set())
             slow = _epoch_batches(path)
         assert "copies token pieces with numpy" in caplog.text
         caplog.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from types import ModuleType
 
 from ..errors import MissingDependencyError
@@ -46,3 +47,15 @@ def require(module: str, *, extra: str | None = None, purpose: str = "") -> Modu
             f"feedpipe needs the optional package {module!r}{what}, which is not installed "
             f"({e}). Install it with: {install_hint(module, extra)}"
         ) from e
+
+
+UNBUILT_SAID: set[str] = set()  # the optional C extensions whose absence was logged
+
+
+def say_unbuilt(log: logging.Logger, extension: str, instead: str, same: str) -> None:
+    """Log once a process that the optional C extension ``feedpipe.<extension>`` was not built
+    and what runs ``instead`` (its output ``same`` as the extension's, made more slowly)."""
+    if extension not in UNBUILT_SAID:
+        UNBUILT_SAID.add(extension)
+        log.info("feedpipe: %s: the C extension feedpipe.%s was not built (it needs a C compiler "
+                 "when feedpipe is installed); %s, made more slowly", instead, extension, same)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from stat import S_ISREG
 from typing import Any
 
+from .._helpers.dependency import say_unbuilt
 from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
 from .._helpers.progress import progress
 from ..format._index import ShardIndex, format_index
@@ -398,17 +399,6 @@ def _open_dir(path: str) -> int:
         return -1
 
 
-_said: list[bool] = []  # the Python loop was logged (once a process)
-
-
-def _say_python() -> None:
-    if not _said:
-        _said.append(True)
-        log.info("feedpipe: one-pass conversion stages its files with a Python loop: the C "
-                 "extension feedpipe._stagefiles was not built (it needs a C compiler when "
-                 "feedpipe is installed); the shards are the same, made more slowly")
-
-
 def stage_files_with() -> str:
     """What runs one-pass staging's per-file loop: the C extension ``feedpipe._stagefiles``
     where it was built, else ``python`` (the same bytes, more slowly)."""
@@ -695,7 +685,8 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     ``None`` when the general path must convert it (the reason then appended to ``why``)."""
     said = why if why is not None else []
     if _C is None:
-        _say_python()
+        say_unbuilt(log, "_stagefiles", "one-pass conversion stages its files with a Python "
+                    "loop", "the shards are the same")
     # (a directory of feedpipe output is not looked for here: each worker's walk of its
     # directory gives the run back at the signs of one, a manifest.json or .feedpipe-* file)
     files, dirs, outputs = root_entries(src, outputs=False)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .._helpers.dependency import say_unbuilt
 from ..errors import StateError
 from ..plan._order import Plan, Split
 from ._dataset import FeedDataset
@@ -50,17 +51,6 @@ def piece_copier() -> str:
     extension ``feedpipe._packrows`` where it was built, else ``numpy`` (slower: one view
     object per piece, see ``benchmarks/bench_packed.py``)."""
     return "numpy" if _packrows is None else "feedpipe._packrows"
-
-
-_said: list[bool] = []  # the numpy copy was logged (once a process)
-
-
-def _say_numpy() -> None:
-    if not _said:
-        _said.append(True)
-        log.info("feedpipe: Packed copies token pieces with numpy: the C extension "
-                 "feedpipe._packrows was not built (it needs a C compiler when feedpipe is "
-                 "installed); the batches are the same, made more slowly")
 
 
 def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
@@ -334,7 +324,8 @@ class Packed:
                              byte, k, dt.itemsize)
             return out
         if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
-            _say_numpy()
+            say_unbuilt(log, "_packrows", "Packed copies token pieces with numpy",
+                        "the batches are the same")
             dt = where.dtypes[0]
             typed = {s: self._typed(s, maps[s], dt) for s in used}
             views = [typed[s][e:e + n] for s, e, n in zip(
