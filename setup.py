@@ -20,7 +20,7 @@ setup(
             "feedpipe._jpegcrop",
             sources=["feedpipe/_jpegcrop.c"],
             libraries=["jpeg"],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O3"],
             optional=True,
         ),
         Extension(

@@ -29,6 +29,8 @@
 
 #include <setjmp.h>
 #include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
@@ -113,34 +115,295 @@ static PyObject *let_go(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
+
+/* -- the resize into a batch row --
+ *
+ * resize_into and decode_crop_into resize an RGB window straight into the three planes of a
+ * CHW uint8 row, flipped left-right on the way when asked. An enlargement (or a copy), the usual
+ * case of a random-resized crop, is one pass where OpenCV takes three (resize to HWC, flip,
+ * split into planes); a reduction is refused (ValueError). The filter is OpenCV's
+ * INTER_LINEAR for uint8 (half-pixel centres, edge pixels repeated, 11-bit fixed-point weights,
+ * the vertical blend rounded as its vector path does): within one grey level of cv2.resize
+ * (tests/test_jpegcrop.py). A reduction on either axis needs an antialiasing filter, which the
+ * Python side keeps (torch's: its vector code is faster at it than a plain one here).
+ *
+ * The horizontal blend takes four outputs at a time: four consecutive outputs of an enlargement
+ * read at most five consecutive source pixels, 15 bytes, so one 16-byte load and one byte shuffle
+ * per channel gather their (left, right) pairs for one multiply-add (SSSE3, every x86-64 CPU
+ * since 2006; checked at run time, with a plain C loop elsewhere). The vertical blend is SSE2. */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#else
+#define HAVE_X86 0
+#endif
+
+#define COEF_BITS 11
+#define COEF_SCALE (1 << COEF_BITS)
+
+struct axis {
+    int n;          /* outputs */
+    int *src;       /* each output's left (upper) source index */
+    int *next;      /* its right (lower) one: src + 1, or src at the last source pixel */
+    short *w0, *w1; /* their weights */
+    /* the horizontal axis, by groups of four outputs (n / 4 of them): the first source pixel
+     * of the group's 16-byte load, the byte shuffle of each channel and the weight pairs */
+    int *base;
+    unsigned char *shuffle; /* 3 x 16 bytes a group */
+    short *pairs;           /* 8 a group: w0, w1 of each output */
+};
+
+static void axis_free(struct axis *a)
 {
-    static char *keywords[] = {"data", "top", "left", "height", "width", "scale_num", "fastdct",
-                               NULL};
-    Py_buffer view;
+    free(a->src);
+    free(a->next);
+    free(a->w0);
+    free(a->w1);
+    free(a->base);
+    free(a->shuffle);
+    free(a->pairs);
+}
+
+/* out_len outputs over src_len sources, in reverse order when flip; the groups when groups. */
+static int axis_make(struct axis *a, int src_len, int out_len, int flip, int groups)
+{
+    double scale = (double)src_len / out_len;
+    int d, g;
+    memset(a, 0, sizeof *a);
+    a->n = out_len;
+    a->src = malloc(sizeof(int) * (size_t)out_len);
+    a->next = malloc(sizeof(int) * (size_t)out_len);
+    a->w0 = malloc(sizeof(short) * (size_t)out_len);
+    a->w1 = malloc(sizeof(short) * (size_t)out_len);
+    if (a->src == NULL || a->next == NULL || a->w0 == NULL || a->w1 == NULL)
+        return -1;
+    for (d = 0; d < out_len; d++) {
+        int at = flip ? out_len - 1 - d : d;
+        float f = (float)((at + 0.5) * scale - 0.5);
+        int s = (int)floorf(f);
+        f -= (float)s;
+        if (s < 0) {
+            s = 0;
+            f = 0.f;
+        }
+        if (s >= src_len - 1) {
+            s = src_len - 1;
+            f = 0.f;
+        }
+        a->src[d] = s;
+        a->next[d] = s + 1 < src_len ? s + 1 : s;
+        a->w0[d] = (short)lrintf((1.f - f) * COEF_SCALE);
+        a->w1[d] = (short)lrintf(f * COEF_SCALE);
+    }
+    if (!groups || out_len < 4)
+        return 0;
+    a->base = malloc(sizeof(int) * (size_t)(out_len / 4));
+    a->shuffle = malloc(48 * (size_t)(out_len / 4));
+    a->pairs = malloc(sizeof(short) * 8 * (size_t)(out_len / 4));
+    if (a->base == NULL || a->shuffle == NULL || a->pairs == NULL)
+        return -1;
+    for (g = 0; g < out_len / 4; g++) {
+        int k, c, lo = a->src[4 * g];
+        for (k = 1; k < 4; k++)
+            if (a->src[4 * g + k] < lo)
+                lo = a->src[4 * g + k];
+        a->base[g] = lo;
+        for (k = 0; k < 4; k++) {
+            int o = 4 * g + k;
+            a->pairs[8 * g + 2 * k] = a->w0[o];
+            a->pairs[8 * g + 2 * k + 1] = a->w1[o];
+            for (c = 0; c < 3; c++) {
+                unsigned char *m = a->shuffle + 48 * (size_t)g + 16 * c + 4 * k;
+                /* an enlargement's four outputs span <= 3 source steps: indices <= 14 */
+                m[0] = (unsigned char)(3 * (a->src[o] - lo) + c);
+                m[1] = 0x80; /* zero: the high byte of a 16-bit lane */
+                m[2] = (unsigned char)(3 * (a->next[o] - lo) + c);
+                m[3] = 0x80;
+            }
+        }
+    }
+    return 0;
+}
+
+/* outputs [from, to) of one source row blended across, the plain C way */
+static void blend_row_c(const unsigned char *row, const struct axis *x, int from, int to,
+                        short *p0, short *p1, short *p2)
+{
+    int d;
+    for (d = from; d < to; d++) {
+        const unsigned char *a = row + 3 * x->src[d], *b = row + 3 * x->next[d];
+        int w0 = x->w0[d], w1 = x->w1[d];
+        p0[d] = (short)((a[0] * w0 + b[0] * w1) >> 4);
+        p1[d] = (short)((a[1] * w0 + b[1] * w1) >> 4);
+        p2[d] = (short)((a[2] * w0 + b[2] * w1) >> 4);
+    }
+}
+
+#if HAVE_X86
+/* The groups of four outputs whose 16-byte load stays inside the row; the others (the last
+ * source pixels: at the start of the row when flipping) the plain way. */
+__attribute__((target("ssse3"))) static void blend_row_ssse3(const unsigned char *row,
+                                                             const struct axis *x, int src_w,
+                                                             short *p0, short *p1, short *p2)
+{
+    int g, groups = x->n / 4;
+    short *planes[3] = {p0, p1, p2};
+    for (g = 0; g < groups; g++) {
+        __m128i px, w;
+        int c;
+        if (3 * x->base[g] + 16 > 3 * src_w) {
+            blend_row_c(row, x, 4 * g, 4 * g + 4, p0, p1, p2);
+            continue;
+        }
+        px = _mm_loadu_si128((const __m128i *)(row + 3 * x->base[g]));
+        w = _mm_loadu_si128((const __m128i *)(x->pairs + 8 * g));
+        for (c = 0; c < 3; c++) {
+            __m128i m = _mm_loadu_si128((const __m128i *)(x->shuffle + 48 * (size_t)g + 16 * c));
+            __m128i v = _mm_srai_epi32(_mm_madd_epi16(_mm_shuffle_epi8(px, m), w), 4);
+            _mm_storel_epi64((__m128i *)(planes[c] + 4 * g), _mm_packs_epi32(v, v));
+        }
+    }
+    blend_row_c(row, x, 4 * groups, x->n, p0, p1, p2);
+}
+#endif
+
+/* One source row blended across into three planes of x->n values (pixel * 2048 >> 4, as
+ * OpenCV's vertical pass takes them), in output order (reversed already when flipping). */
+static void blend_row(const unsigned char *row, const struct axis *x, int src_w, int simd,
+                      short *planes)
+{
+    short *p0 = planes, *p1 = planes + x->n, *p2 = planes + 2 * x->n;
+#if HAVE_X86
+    if (simd && x->base != NULL) {
+        blend_row_ssse3(row, x, src_w, p0, p1, p2);
+        return;
+    }
+#endif
+    blend_row_c(row, x, 0, x->n, p0, p1, p2);
+}
+
+/* (a * wa >> 16) + (b * wb >> 16), + 2, >> 2, saturated: OpenCV's vector rounding. */
+static void blend_down(const short *a, const short *b, short wa, short wb, int n,
+                       unsigned char *out)
+{
+    int i = 0;
+#if HAVE_X86
+    __m128i va = _mm_set1_epi16(wa), vb = _mm_set1_epi16(wb), two = _mm_set1_epi16(2);
+    for (; i + 16 <= n; i += 16) {
+        __m128i lo = _mm_add_epi16(
+            _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(a + i)), va),
+            _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(b + i)), vb));
+        __m128i hi = _mm_add_epi16(
+            _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(a + i + 8)), va),
+            _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(b + i + 8)), vb));
+        lo = _mm_srai_epi16(_mm_add_epi16(lo, two), 2);
+        hi = _mm_srai_epi16(_mm_add_epi16(hi, two), 2);
+        _mm_storeu_si128((__m128i *)(out + i), _mm_packus_epi16(lo, hi));
+    }
+#endif
+    for (; i < n; i++) {
+        int v = (((int)a[i] * wa) >> 16) + (((int)b[i] * wb) >> 16);
+        v = (v + 2) >> 2;
+        out[i] = (unsigned char)(v < 0 ? 0 : v > 255 ? 255 : v);
+    }
+}
+
+static int simd_allowed = 1; /* the test hook _use_simd(False) turns the vector code off */
+
+static int simd_ok(void)
+{
+#if HAVE_X86
+    static int known = -1;
+    if (known < 0)
+        known = __builtin_cpu_supports("ssse3") ? 1 : 0;
+    return known && simd_allowed;
+#else
+    return 0;
+#endif
+}
+
+/* Resize the src_h x src_w RGB pixels at src (rows stride bytes apart, pixels 3 bytes apart)
+ * into the planes of out (3 x out_h x out_w), flipped when flip. src_h <= out_h and
+ * src_w <= out_w. 0, or -1 when out of memory. Runs without the GIL. */
+static int resize_planes(const unsigned char *src, size_t stride, int src_h, int src_w,
+                         unsigned char *out, int out_h, int out_w, int flip)
+{
+    struct axis x, y;
+    short *rows = NULL;
+    int cached[2] = {-1, -1}, d, rc = -1, simd = simd_ok();
+    size_t plane = (size_t)out_h * out_w;
+
+    memset(&y, 0, sizeof y);
+    if (axis_make(&x, src_w, out_w, flip, simd) < 0 || axis_make(&y, src_h, out_h, 0, 0) < 0)
+        goto done;
+    rows = malloc(sizeof(short) * 2 * 3 * (size_t)out_w);
+    if (rows == NULL)
+        goto done;
+    for (d = 0; d < out_h; d++) {
+        int s0 = y.src[d], s1 = y.next[d], k, c;
+        short *r0, *r1;
+        /* the two slots hold the two source rows this output row blends; each source row is
+         * blended across once, as the output rows walk down */
+        for (k = 0; k < 2; k++) {
+            int want = k == 0 ? s0 : s1;
+            if (cached[0] != want && cached[1] != want) {
+                int slot = cached[0] == s0 || cached[0] == s1 ? 1 : 0;
+                blend_row(src + (size_t)want * stride, &x, src_w, simd,
+                          rows + (size_t)slot * 3 * out_w);
+                cached[slot] = want;
+            }
+        }
+        r0 = rows + (size_t)(cached[0] == s0 ? 0 : 1) * 3 * out_w;
+        r1 = rows + (size_t)(cached[0] == s1 ? 0 : 1) * 3 * out_w;
+        for (c = 0; c < 3; c++)
+            blend_down(r0 + (size_t)c * out_w, r1 + (size_t)c * out_w, y.w0[d], y.w1[d], out_w,
+                       out + c * plane + (size_t)d * out_w);
+    }
+    rc = 0;
+done:
+    axis_free(&x);
+    axis_free(&y);
+    free(rows);
+    return rc;
+}
+
+/* A window to decode, and where its pixels go. */
+struct window {
+    const unsigned char *data;
+    unsigned long len;
     unsigned int top, left, height, width;
-    int scale_num = 8, fastdct = 0;
+    int scale_num, fastdct;
+    /* decode_crop: the pixels go to a new bytearray (bytes), returned with row_width and the
+     * window's offset in it. decode_crop_into: to a scratch buffer, then resized into ``out``
+     * (3 x out_h x out_w), flipped when flip, before the GIL is taken back. */
+    PyObject *bytes;
+    unsigned char *out;
+    int out_h, out_w, flip;
+    JDIMENSION xoff, row_width;
+};
+
+/* Decode w's window; 0, or -1 with a Python error set. Called and returns with the GIL. */
+static int decode_window_rows(struct window *w)
+{
     struct jpeg_decompress_struct cinfo;
     struct crop_error err;
     /* changed after setjmp and read by its error branch: volatile */
-    PyObject *volatile out = NULL;
     PyThreadState *volatile released = NULL;
-    JDIMENSION xoff, row_width;
+    unsigned char *volatile scratch = NULL;
     unsigned char *pixels;
+    unsigned int top = w->top, left = w->left, height = w->height, width = w->width;
+    JDIMENSION xoff, row_width;
     size_t stride;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIII|ip:decode_crop", keywords, &view, &top,
-                                     &left, &height, &width, &scale_num, &fastdct))
-        return NULL;
-    if (scale_num < 1 || scale_num > 16) {
-        PyBuffer_Release(&view);
-        return PyErr_Format(PyExc_ValueError, "scale_num must be in 1..16, not %d", scale_num);
+    if (w->scale_num < 1 || w->scale_num > 16) {
+        PyErr_Format(PyExc_ValueError, "scale_num must be in 1..16, not %d", w->scale_num);
+        return -1;
     }
     if (height == 0 || width == 0) {
-        PyBuffer_Release(&view);
-        return PyErr_Format(PyExc_ValueError, "an empty window (%u x %u)", height, width);
+        PyErr_Format(PyExc_ValueError, "an empty window (%u x %u)", height, width);
+        return -1;
     }
-
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = crop_error_exit;
     err.pub.emit_message = crop_emit_message;
@@ -149,17 +412,21 @@ static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
         if (released != NULL)
             PyEval_RestoreThread(released);
         jpeg_destroy_decompress(&cinfo);
-        PyBuffer_Release(&view);
-        Py_XDECREF(out);
-        return PyErr_Format(PyExc_ValueError, "libjpeg: %s", err.message);
+        free(scratch);
+        Py_CLEAR(w->bytes);
+        if (err.message[0] == '\0') /* not libjpeg's: out of memory in the resize */
+            PyErr_NoMemory();
+        else
+            PyErr_Format(PyExc_ValueError, "libjpeg: %s", err.message);
+        return -1;
     }
     jpeg_create_decompress(&cinfo);
-    jpeg_mem_src(&cinfo, (const unsigned char *)view.buf, (unsigned long)view.len);
+    jpeg_mem_src(&cinfo, w->data, w->len);
     jpeg_read_header(&cinfo, TRUE);
     cinfo.out_color_space = JCS_RGB;
-    cinfo.scale_num = (unsigned int)scale_num;
+    cinfo.scale_num = (unsigned int)w->scale_num;
     cinfo.scale_denom = 8;
-    cinfo.dct_method = fastdct ? JDCT_IFAST : JDCT_ISLOW;
+    cinfo.dct_method = w->fastdct ? JDCT_IFAST : JDCT_ISLOW;
     cinfo.do_fancy_upsampling = TRUE;
     jpeg_start_decompress(&cinfo);
     if (cinfo.output_components != 3 || (unsigned long)top + height > cinfo.output_height
@@ -167,13 +434,13 @@ static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
         unsigned int oh = cinfo.output_height, ow = cinfo.output_width;
         int comps = cinfo.output_components;
         jpeg_destroy_decompress(&cinfo);
-        PyBuffer_Release(&view);
         if (comps != 3)
-            return PyErr_Format(PyExc_ValueError, "libjpeg gave %d components, not 3 (RGB)",
-                                comps);
-        return PyErr_Format(PyExc_ValueError,
-                            "window %u+%u x %u+%u is outside the %u x %u decoded image", top,
-                            height, left, width, oh, ow);
+            PyErr_Format(PyExc_ValueError, "libjpeg gave %d components, not 3 (RGB)", comps);
+        else
+            PyErr_Format(PyExc_ValueError,
+                         "window %u+%u x %u+%u is outside the %u x %u decoded image", top, height,
+                         left, width, oh, ow);
+        return -1;
     }
     /* Decode one column more on the left and two more on the right than asked (where the image
      * has them): at the edges of a cropped region, the smooth ("fancy") chroma upsampling of
@@ -186,13 +453,22 @@ static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
     if (row_width < cinfo.output_width)
         jpeg_crop_scanline(&cinfo, &xoff, &row_width);
     stride = (size_t)row_width * 3;
-    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(stride * height));
-    if (out == NULL) {
-        jpeg_destroy_decompress(&cinfo);
-        PyBuffer_Release(&view);
-        return NULL;
+    if (w->out == NULL) {
+        w->bytes = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(stride * height));
+        if (w->bytes == NULL) {
+            jpeg_destroy_decompress(&cinfo);
+            return -1;
+        }
+        pixels = (unsigned char *)PyByteArray_AS_STRING(w->bytes);
+    } else {
+        scratch = malloc(stride * height);
+        if (scratch == NULL) {
+            jpeg_destroy_decompress(&cinfo);
+            PyErr_NoMemory();
+            return -1;
+        }
+        pixels = scratch;
     }
-    pixels = (unsigned char *)PyByteArray_AS_STRING(out);
 
     released = PyEval_SaveThread();
     if (hold_armed && !wait_while_held()) {
@@ -216,12 +492,141 @@ static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     /* the rows below the window are never decoded: abort rather than finish */
     jpeg_abort_decompress(&cinfo);
+    if (w->out != NULL && resize_planes(pixels + (size_t)(left - xoff) * 3, stride, (int)height,
+                                        (int)width, w->out, w->out_h, w->out_w, w->flip) < 0)
+        longjmp(err.jump, 1); /* message left empty: out of memory */
     jpeg_destroy_decompress(&cinfo);
     PyEval_RestoreThread(released);
     released = NULL;
+    free(scratch);
+    w->xoff = xoff;
+    w->row_width = row_width;
+    return 0;
+}
+
+static PyObject *use_simd(PyObject *self, PyObject *arg)
+{
+    int was = simd_ok(), on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    simd_allowed = on;
+    return PyBool_FromLong(was);
+}
+
+static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"data", "top", "left", "height", "width", "scale_num", "fastdct",
+                               NULL};
+    Py_buffer view;
+    struct window w;
+    int rc;
+
+    memset(&w, 0, sizeof w);
+    w.scale_num = 8;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIII|ip:decode_crop", keywords, &view,
+                                     &w.top, &w.left, &w.height, &w.width, &w.scale_num,
+                                     &w.fastdct))
+        return NULL;
+    w.data = (const unsigned char *)view.buf;
+    w.len = (unsigned long)view.len;
+    rc = decode_window_rows(&w);
     PyBuffer_Release(&view);
-    return Py_BuildValue("(NII)", (PyObject *)out, (unsigned int)row_width,
-                         (unsigned int)(left - xoff));
+    if (rc < 0)
+        return NULL;
+    return Py_BuildValue("(NII)", w.bytes, (unsigned int)w.row_width,
+                         (unsigned int)(w.left - w.xoff));
+}
+
+/* out: a writable C-contiguous uint8 buffer of exactly 3 x out_h x out_w bytes that a window
+ * of height x width enlarges into (or fills as it is); a ValueError naming what is wrong. */
+static int check_out(Py_buffer *out, int out_h, int out_w, Py_ssize_t height, Py_ssize_t width)
+{
+    if (out_h <= 0 || out_w <= 0 || out->len != (Py_ssize_t)3 * out_h * out_w) {
+        PyErr_Format(PyExc_ValueError, "out must hold 3 x %d x %d bytes, not %zd", out_h, out_w,
+                     out->len);
+        return -1;
+    }
+    if (height <= 0 || width <= 0 || height > out_h || width > out_w) {
+        PyErr_Format(PyExc_ValueError,
+                     "a %zd x %zd window does not enlarge to %d x %d (a reduction needs an "
+                     "antialiasing filter: torch's, in feedpipe's Python)", height, width, out_h,
+                     out_w);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *decode_crop_into(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"data", "top", "left", "height", "width", "out", "out_height",
+                               "out_width", "flip", "scale_num", NULL};
+    Py_buffer view, out;
+    struct window w;
+    int rc;
+
+    memset(&w, 0, sizeof w);
+    w.scale_num = 8;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIIIw*iip|i:decode_crop_into", keywords,
+                                     &view, &w.top, &w.left, &w.height, &w.width, &out, &w.out_h,
+                                     &w.out_w, &w.flip, &w.scale_num))
+        return NULL;
+    rc = check_out(&out, w.out_h, w.out_w, w.height, w.width);
+    if (rc == 0) {
+        w.data = (const unsigned char *)view.buf;
+        w.len = (unsigned long)view.len;
+        w.out = (unsigned char *)out.buf;
+        rc = decode_window_rows(&w);
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&view);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *resize_into(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"src", "out", "flip", NULL};
+    PyObject *src_obj, *out_obj;
+    Py_buffer src, out;
+    int flip = 0, rc, out_h, out_w;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOp:resize_into", keywords, &src_obj,
+                                     &out_obj, &flip))
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_CONTIG) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    rc = -1;
+    if (src.ndim != 3 || src.shape[2] != 3 || src.itemsize != 1 || src.strides[2] != 1
+        || src.strides[1] != 3 || src.strides[0] < 3 * src.shape[1]
+        || (src.format != NULL && strcmp(src.format, "B") != 0))
+        PyErr_SetString(PyExc_ValueError,
+                        "src must be an H x W x 3 uint8 array of packed pixels, rows in order");
+    else if (out.ndim != 3 || out.shape[0] != 3 || out.itemsize != 1)
+        PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous 3 x H x W uint8 array");
+    else {
+        out_h = (int)out.shape[1];
+        out_w = (int)out.shape[2];
+        rc = check_out(&out, out_h, out_w, src.shape[0], src.shape[1]);
+    }
+    if (rc == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = resize_planes((const unsigned char *)src.buf, (size_t)src.strides[0],
+                           (int)src.shape[0], (int)src.shape[1], (unsigned char *)out.buf, out_h,
+                           out_w, flip);
+        Py_END_ALLOW_THREADS
+        if (rc < 0)
+            PyErr_NoMemory();
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
@@ -230,6 +635,21 @@ static PyMethodDef methods[] = {
      "Decode rows top:top+height, columns left:left+width of a JPEG (in the image scaled by\n"
      "scale_num/8) to RGB. Returns (pixels, row_width, x_offset): a bytearray of height rows of\n"
      "row_width RGB pixels, the window being columns x_offset:x_offset+width."},
+    {"decode_crop_into", (PyCFunction)(void (*)(void))decode_crop_into,
+     METH_VARARGS | METH_KEYWORDS,
+     "decode_crop_into(data, top, left, height, width, out, out_height, out_width, flip,\n"
+     "                 scale_num=8)\n--\n\n"
+     "Decode a window as decode_crop does and resize it into the three planes of out, a\n"
+     "writable C-contiguous buffer of 3 x out_height x out_width uint8, flipped left-right when\n"
+     "flip, with OpenCV's INTER_LINEAR pixels (within one level). An enlargement or a copy only:\n"
+     "a larger window is a ValueError. Nothing is written into out unless the decode succeeds."},
+    {"resize_into", (PyCFunction)(void (*)(void))resize_into, METH_VARARGS | METH_KEYWORDS,
+     "resize_into(src, out, flip)\n--\n\n"
+     "Resize src (an H x W x 3 uint8 array of packed pixels, rows any stride apart) into out\n"
+     "(a C-contiguous 3 x H' x W' uint8 array, H' >= H, W' >= W) as decode_crop_into does."},
+    {"_use_simd", use_simd, METH_O,
+     "Test hook: _use_simd(False) makes the resize run its plain C loops only (True: the vector\n"
+     "code again where the CPU has it). Returns whether the vector code ran before."},
     {"_hold_next", hold_next, METH_NOARGS,
      "Test hook: the next decode_crop waits, without the GIL, until _let_go()."},
     {"_wait_until_held", wait_until_held, METH_NOARGS,

@@ -182,7 +182,8 @@ def test_cmyk_or_other_refusals_fall_back_to_simplejpeg(monkeypatch: pytest.Monk
 
 
 @needs_ext
-def test_decoding_releases_the_gil() -> None:
+@pytest.mark.parametrize("into", [False, True], ids=["decode_crop", "decode_crop_into"])
+def test_decoding_releases_the_gil(into: bool) -> None:
     """Transform threads (FeedLoader(transform_threads=N)) rely on it. The extension's test hook
     holds a decode_crop call at the point where it has given up the GIL, until this thread lets it
     go: this thread runs Python code (and sees the decode still held) in the meantime, which it
@@ -193,9 +194,14 @@ def test_decoding_releases_the_gil() -> None:
     data = simplejpeg.encode_jpeg(picture(h, w, 3), quality=95)
     result: dict[str, object] = {}
 
+    row = np.zeros((3, h, w), np.uint8)
+
     def decode() -> None:
         try:
-            result["pixels"] = ext.decode_crop(data, 0, 0, h, w)
+            if into:  # the resize into the row runs without the GIL too (same section)
+                ext.decode_crop_into(data, 0, 0, h, w, row, h, w, False)
+            else:
+                result["pixels"] = ext.decode_crop(data, 0, 0, h, w)
         except ValueError as e:
             result["error"] = e
 
@@ -210,6 +216,206 @@ def test_decoding_releases_the_gil() -> None:
         t.join()
     assert seen_held
     assert not ext._is_held() and "error" not in result
-    pixels, row_width, x = result["pixels"]  # the held decode went on to the right pixels
+    if into:  # the held decode went on to the right pixels
+        assert np.array_equal(row, decode_jpeg(data).transpose(2, 0, 1))
+        return
+    pixels, row_width, x = result["pixels"]
     rows = np.frombuffer(pixels, np.uint8).reshape(h, row_width, 3)[:, x:x + w]
     assert np.array_equal(rows, decode_jpeg(data))
+
+
+# -- the resize into a batch row (resize_into, decode_crop_into) --
+
+@pytest.fixture(params=["vector", "plain"])
+def simd(request: pytest.FixtureRequest) -> object:
+    """Each resize test runs with the SSSE3 code (where the CPU has it) and with the plain C
+    loops only (what other CPUs run)."""
+    ext = image_ops._jpegcrop
+    was = ext._use_simd(request.param == "vector")
+    yield request.param
+    ext._use_simd(was)
+
+
+def opencv_rows(img: np.ndarray, size: tuple[int, int], flip: bool) -> np.ndarray:
+    """What the module did before the C resize: cv2.resize (bilinear), flip, split into CHW."""
+    out = cv2.resize(np.ascontiguousarray(img), (size[1], size[0]),
+                     interpolation=cv2.INTER_LINEAR).reshape(size[0], size[1], 3)
+    return np.ascontiguousarray((out[:, ::-1] if flip else out).transpose(2, 0, 1))
+
+
+def enlargements(rng: np.random.Generator, n: int) -> list[tuple[int, int, int, int]]:
+    cases = [(1, 1, 1, 1), (1, 1, 224, 224), (224, 224, 224, 224), (5, 3, 7, 4),
+             (150, 140, 224, 224), (223, 17, 224, 224), (2, 200, 3, 201), (7, 7, 200, 9)]
+    for _ in range(n):
+        h, w = int(rng.integers(1, 240)), int(rng.integers(1, 240))
+        cases.append((h, w, int(rng.integers(h, 260)), int(rng.integers(w, 260))))
+    return cases
+
+
+@needs_ext
+def test_the_one_pass_resize_is_opencvs_bilinear_within_one_level(simd: str) -> None:
+    """resize_into replaces cv2.resize + cv2.flip + cv2.split: every pixel within one grey level
+    of theirs, on sources with padded rows (a window of a wider decode), flipped or not; and on
+    average far closer than that."""
+    ext = image_ops._jpegcrop
+    rng = np.random.default_rng(11)
+    diffs = []
+    for h, w, oh, ow in enlargements(rng, 300):
+        wide = rng.integers(0, 256, (h, w + 6, 3), dtype=np.uint8)
+        img = wide[:, 2:2 + w]  # rows 3 * (w + 6) bytes apart
+        for flip in (False, True):
+            out = np.full((3, oh, ow), 7, np.uint8)
+            ext.resize_into(img, out, flip)
+            diff = np.abs(out.astype(int) - opencv_rows(img, (oh, ow), flip))
+            assert diff.max() <= 1, (h, w, oh, ow, flip)
+            diffs.append(diff.mean())
+    assert np.mean(diffs) < 0.1
+
+
+@needs_ext
+def test_the_vector_and_the_plain_resize_give_the_same_bytes() -> None:
+    ext = image_ops._jpegcrop
+    rng = np.random.default_rng(12)
+    for h, w, oh, ow in enlargements(rng, 200):
+        img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        for flip in (False, True):
+            got = []
+            for vector in (True, False):
+                was = ext._use_simd(vector)
+                out = np.empty((3, oh, ow), np.uint8)
+                ext.resize_into(img, out, flip)
+                ext._use_simd(was)
+                got.append(out)
+            assert np.array_equal(*got), (h, w, oh, ow, flip)
+
+
+@needs_ext
+def test_a_copy_is_the_pixels_and_a_flip_reverses_them(simd: str) -> None:
+    img = np.random.default_rng(13).integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    out = np.empty((3, 37, 53), np.uint8)
+    image_ops._jpegcrop.resize_into(img, out, False)
+    assert np.array_equal(out, img.transpose(2, 0, 1))
+    image_ops._jpegcrop.resize_into(img, out, True)
+    assert np.array_equal(out, img[:, ::-1].transpose(2, 0, 1))
+
+
+@needs_ext
+@pytest.mark.parametrize("scale_num", [8, 4])
+def test_decode_crop_into_is_decode_crop_then_resize_into(simd: str, scale_num: int) -> None:
+    """The one call gives the bytes of the two steps it replaces, for every subsampling,
+    progressive and restart-marker JPEGs, at full and reduced DCT scale."""
+    ext = image_ops._jpegcrop
+    h, w = 173, 251
+    rng = np.random.default_rng(scale_num)
+    for name, data in encodings(h, w, seed=4).items():
+        dh, dw = -(-h * scale_num // 8), -(-w * scale_num // 8)
+        for box in random_boxes(dh, dw, rng, 12):
+            if box.top + box.height > dh:  # random_boxes' two-row boxes may reach past it
+                continue
+            size = (max(box.height, int(rng.integers(1, 230))),
+                    max(box.width, int(rng.integers(1, 230))))
+            flip = bool(rng.integers(0, 2))
+            pixels, row_width, x = ext.decode_crop(data, box.top, box.left, box.height,
+                                                   box.width, scale_num)
+            window = np.frombuffer(pixels, np.uint8).reshape(box.height, row_width, 3)
+            want = np.empty((3, *size), np.uint8)
+            ext.resize_into(window[:, x:x + box.width], want, flip)
+            got = np.empty((3, *size), np.uint8)
+            ext.decode_crop_into(data, box.top, box.left, box.height, box.width, got, *size,
+                                 flip, scale_num)
+            assert np.array_equal(got, want), (name, box, size, flip)
+
+
+@needs_ext
+@pytest.mark.parametrize("cut", [0.3, 0.95])
+def test_a_failed_decode_writes_nothing_into_the_row(cut: float) -> None:
+    """ImagePipeline.into's promise: a bad sample raises before anything is written into the
+    batch row."""
+    data = encodings(200, 160)["420"]
+    out = np.full((3, 224, 224), 7, np.uint8)
+    with pytest.raises(ValueError, match="libjpeg"):
+        image_ops._jpegcrop.decode_crop_into(data[:int(len(data) * cut)], 100, 0, 100, 160, out,
+                                             224, 224, True)
+    assert (out == 7).all()
+
+
+@needs_ext
+def test_a_reduction_or_a_wrong_row_is_a_value_error_naming_it() -> None:
+    ext = image_ops._jpegcrop
+    data = encodings(50, 40)["420"]
+    row = np.zeros((3, 32, 32), np.uint8)
+    with pytest.raises(ValueError, match="does not enlarge to 32 x 32"):
+        ext.decode_crop_into(data, 0, 0, 40, 30, row, 32, 32, False)
+    with pytest.raises(ValueError, match="does not enlarge"):
+        ext.resize_into(np.zeros((20, 33, 3), np.uint8), row, False)
+    with pytest.raises(ValueError, match="3 x 30 x 32 bytes"):
+        ext.decode_crop_into(data, 0, 0, 10, 10, row, 30, 32, False)
+    with pytest.raises(ValueError, match="outside"):
+        ext.decode_crop_into(data, 45, 0, 10, 10, row, 32, 32, False)
+    with pytest.raises(ValueError, match="packed pixels"):
+        ext.resize_into(np.zeros((10, 10, 4), np.uint8), row, False)
+    with pytest.raises(ValueError, match="packed pixels"):
+        ext.resize_into(np.zeros((10, 10, 3), np.uint8)[:, ::-1], row, False)
+    with pytest.raises(ValueError, match="3 x H x W"):
+        ext.resize_into(np.zeros((10, 10, 3), np.uint8), np.zeros((32, 32, 3), np.uint8), False)
+    with pytest.raises((ValueError, BufferError)):  # read-only: never written
+        ext.resize_into(np.zeros((10, 10, 3), np.uint8), bytes(3 * 32 * 32), False)
+    assert not row.any()
+
+
+@needs_ext
+def test_mangled_bytes_into_a_row_never_crash_the_process() -> None:
+    data = bytearray(encodings(120, 90)["420"])
+    rng = np.random.default_rng(8)
+    row = np.empty((3, 96, 96), np.uint8)
+    ok = errors = 0
+    for _ in range(500):
+        bad = bytearray(data)
+        for pos in rng.integers(0, len(bad), size=int(rng.integers(1, 6))):
+            bad[pos] = int(rng.integers(0, 256))
+        try:
+            image_ops._jpegcrop.decode_crop_into(bytes(bad), 30, 20, 60, 50, row, 96, 96, True)
+        except ValueError:
+            errors += 1
+        else:
+            ok += 1
+    assert ok and errors
+
+
+@needs_ext
+def test_the_pipeline_one_call_gives_the_two_steps_pixels(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """ImagePipeline decodes, resizes, flips and writes a JPEG crop into the batch row in one
+    call where it can: the same tensors as decode_window then resize_to_tensor, normalised or
+    not, into a row or a new tensor."""
+    from feedpipe.transforms import _pipeline
+    data = [jpeg for h, w in [(300, 200), (160, 320), (120, 90)]
+            for jpeg in encodings(h, w, seed=w).values()]
+    samples = [{"jpg": d, "cls": b"3", "__index__": i, "__epoch__": 1}
+               for i, d in enumerate(data)]
+    calls = []
+    one_call = _pipeline.decode_window_into
+
+    def counted(*args: object, **kwargs: object) -> bool:
+        done = one_call(*args, **kwargs)  # type: ignore[arg-type]
+        calls.append(done)
+        return done
+
+    for mean in (None, (0.5, 0.4, 0.3)):
+        pipe = ImagePipeline(224, mean=mean, std=None if mean is None else (0.2, 0.2, 0.2))
+        monkeypatch.setattr(_pipeline, "decode_window_into", counted)
+        rows = torch_rows(pipe, samples)
+        fresh = [pipe(s)[0] for s in samples]
+        monkeypatch.setattr(_pipeline, "decode_window_into", lambda *a, **k: False)
+        two_steps = [pipe(s)[0] for s in samples]
+        for i, (a, b, c) in enumerate(zip(rows, fresh, two_steps)):
+            assert a.equal(c) and b.equal(c), (mean, i)
+    assert calls.count(True) >= len(samples)  # the one call did most of them
+
+
+def torch_rows(pipe: ImagePipeline, samples: list[dict[str, object]]) -> list[object]:
+    import torch
+    batch = torch.empty((len(samples), *pipe.out_shape), dtype=pipe.out_dtype)
+    for i, s in enumerate(samples):
+        assert pipe.into(s, batch[i]) == 3
+    return list(batch)

@@ -249,10 +249,7 @@ def decode_window(data: Any, height: int, width: int, box: Box, *, min_height: i
         >>> decode_window(jpg, 64, 48, Box(8, 4, 20, 30)).shape
         (20, 30, 3)
     """
-    k = jpeg_scale_num(height, width, min_height, min_width)
-    dh, dw = scaled_size(height, width, k)
-    if k != 8:
-        box = scale_box(box, dh / height, dw / width, dh, dw)
+    k, dh, dw, box = _scaled_window(height, width, box, min_height, min_width)
     if _jpegcrop is not None:
         try:
             pixels, row_width, x = _jpegcrop.decode_crop(data, box.top, box.left, box.height,
@@ -267,3 +264,38 @@ def decode_window(data: Any, height: int, width: int, box: Box, *, min_height: i
         raise DecodeError(f"the JPEG decoded to {img.shape[:2]}, not the {height}x{width} (at "
                           f"{k}/8) its header gave")
     return img[box.top:box.top + box.height, box.left:box.left + box.width]
+
+
+def _scaled_window(height: int, width: int, box: Box, min_height: int,
+                   min_width: int) -> tuple[int, int, int, Box]:
+    """The DCT scale ``k`` for ``min_height``/``min_width``, the decoded size at it and ``box``
+    in the decoded image's coordinates."""
+    k = jpeg_scale_num(height, width, min_height, min_width)
+    dh, dw = scaled_size(height, width, k)
+    if k != 8:
+        box = scale_box(box, dh / height, dw / width, dh, dw)
+    return k, dh, dw, box
+
+
+def decode_window_into(data: Any, height: int, width: int, box: Box, out: np.ndarray,
+                       flip: bool, *, min_height: int = 0, min_width: int = 0) -> bool:
+    """Decode window ``box`` as :func:`decode_window` does and enlarge it into ``out`` (a
+    C-contiguous ``(3, H, W)`` ``uint8`` array) flipped left-right when ``flip``, in one call of
+    the C extension: its pixels are :func:`~feedpipe.transforms._resize.resize_to_tensor`'s
+    of the window (OpenCV's bilinear, within one grey level).
+
+    Returns False, with nothing written, where that one call cannot do it: the extension is
+    not built, the window is larger than ``out`` on an axis (a reduction: antialiased
+    elsewhere) or the extension refuses the bytes (:func:`decode_window` then repairs them,
+    decodes them another way or raises the :class:`DecodeError`)."""
+    if _jpegcrop is None:
+        return False
+    k, _, _, box = _scaled_window(height, width, box, min_height, min_width)
+    if box.height > out.shape[1] or box.width > out.shape[2]:
+        return False
+    try:
+        _jpegcrop.decode_crop_into(data, box.top, box.left, box.height, box.width, out,
+                                   out.shape[1], out.shape[2], flip, k)
+    except (ValueError, TypeError, OverflowError):
+        return False
+    return True

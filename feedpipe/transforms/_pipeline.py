@@ -29,7 +29,7 @@ from ._decode import (
     image_format,
 )
 from ._geometry import Box, as_size, random_resized_crop_box
-from ._jpeg import decode_window, jpeg_size
+from ._jpeg import decode_window, decode_window_into, jpeg_size
 from ._ops import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -275,10 +275,19 @@ class ImagePipeline:
             h, w = jpeg_size(data)
             box, flip = spec.geometry(h, w, rng)
             # decode just large enough that the crop keeps >= size pixels on both axes
-            min_h = math.ceil(h * size[0] / box.height) if box.height > size[0] else h
-            min_w = math.ceil(w * size[1] / box.width) if box.width > size[1] else w
-            window = decode_window(data, h, w, box, min_height=min(min_h, h),
-                                   min_width=min(min_w, w))
+            min_h = min(math.ceil(h * size[0] / box.height) if box.height > size[0] else h, h)
+            min_w = min(math.ceil(w * size[1] / box.width) if box.width > size[1] else w, w)
+            # an enlargement (the usual random-resized crop): decode, resize, flip and the CHW
+            # write in one call of the C extension, into the batch row when it can take uint8
+            row = out if self._norm is None and out is not None and out.is_contiguous() \
+                else torch.empty((3, *size), dtype=torch.uint8)
+            if decode_window_into(data, h, w, box, row.numpy(), flip, min_height=min_h,
+                                  min_width=min_w):
+                if self._norm is not None:
+                    return normalize_tensor(row, self._norm.mean_tensor, self._norm.std_tensor,
+                                            out=out)
+                return out.copy_(row) if out is not None and row is not out else row
+            window = decode_window(data, h, w, box, min_height=min_h, min_width=min_w)
         else:
             whole = decode_image(data)
             box, flip = spec.geometry(whole.shape[0], whole.shape[1], rng)

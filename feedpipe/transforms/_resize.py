@@ -1,8 +1,11 @@
 """Resizing HWC ``uint8`` images, into CHW tensors or HWC arrays.
 
-An enlargement (the usual case for a random-resized crop) goes through OpenCV's
-``cv2.resize`` (bilinear, fixed-point SIMD) and ``cv2.split`` straight into CHW planes. It is
-faster than the torch path and within one grey level of it (``benchmarks/bench_resize.py``). A
+An enlargement (the usual case for a random-resized crop) of an RGB image into a CHW tensor is
+one pass of the C extension ``feedpipe._jpegcrop`` (``resize_into``: OpenCV's fixed-point
+bilinear, the flip and the CHW write together). Without the extension, or for other channel
+counts, it goes through OpenCV's ``cv2.resize`` (bilinear, fixed-point SIMD) and ``cv2.split``
+straight into CHW planes. Both are faster than the torch path and within one grey level of it
+(``benchmarks/bench_resize.py``). A
 reduction keeps ``torch.nn.functional.interpolate`` on ``uint8`` channels-last tensors with
 ``antialias=True`` (the filter class of torchvision's and DALI's random-resized crops: OpenCV's
 bilinear does not antialias, and its area filter is slower than torch's); written into a batch
@@ -21,6 +24,11 @@ import torch.nn.functional as F
 from ._geometry import Size
 from ._opencv import opencv
 from ._threads import one_thread
+
+try:  # optional C extension (setup.py): the one-pass enlargement into CHW planes
+    from .._jpegcrop import resize_into as _resize_into
+except ImportError:  # pragma: no cover - where it did not build, OpenCV's three passes
+    _resize_into = None
 
 _SCRATCH = threading.local()  # each thread's reused HWC buffers (_enlarge_hwc's scratch=True)
 
@@ -77,11 +85,11 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
     left-right on the way.
 
     With ``out`` (a ``(C, H, W)`` ``uint8`` tensor, e.g. a row of a batch buffer) the result is
-    written there and ``out`` is returned. An enlargement is done by OpenCV and split into a
-    contiguous CHW tensor (see the module docstring), straight into ``out`` when it is
-    contiguous. Otherwise torch: the one copy it needs anyway (a dense channels-last input) also
-    does the flip, and ``uint8`` channels-last is torch's vectorised interpolation path (no
-    float round trip). The result is then in channels-last memory, or written into ``out``
+    written there and ``out`` is returned. An enlargement is done by the C extension (or
+    OpenCV) into a contiguous CHW tensor (see the module docstring), straight into ``out`` when
+    it is contiguous. Otherwise torch: the one copy it needs anyway (a dense channels-last
+    input) also does the flip, and ``uint8`` channels-last is torch's vectorised interpolation
+    path (no float round trip). The result is then in channels-last memory, or written into ``out``
     (by OpenCV's flip and split where it is installed and ``out`` is contiguous: the same
     pixels).
 
@@ -94,6 +102,16 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
             img.shape[2] if img.ndim == 3 else 1, size[0], size[1])):
         raise ValueError(f"out= must be a uint8 tensor of shape {(img.shape[2], *size)}, not "
                          f"{out.dtype} {tuple(out.shape)}")
+    if (_resize_into is not None and img.ndim == 3 and img.shape[2] == 3
+            and img.dtype == np.uint8 and 0 < img.shape[0] <= size[0]
+            and 0 < img.shape[1] <= size[1] and img.strides[2] == 1 and img.strides[1] == 3
+            and img.strides[0] >= 3 * img.shape[1]):
+        chw = out if out is not None and out.is_contiguous() else torch.empty(
+            (3, size[0], size[1]), dtype=torch.uint8)
+        _resize_into(img, chw.numpy(), flip)
+        if out is not None and chw is not out:
+            out.copy_(chw)
+        return chw if out is None else out
     up = _enlarge_hwc(img, size, flip, scratch=True)
     if up is not None:
         chw = out if out is not None and out.is_contiguous() else torch.empty(
