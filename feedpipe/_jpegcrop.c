@@ -130,7 +130,8 @@ static PyObject *let_go(PyObject *self, PyObject *unused)
  * The horizontal blend takes four outputs at a time: four consecutive outputs of an enlargement
  * read at most five consecutive source pixels, 15 bytes, so one 16-byte load and one byte shuffle
  * per channel gather their (left, right) pairs for one multiply-add (SSSE3, every x86-64 CPU
- * since 2006; checked at run time, with a plain C loop elsewhere). The vertical blend is SSE2. */
+ * since 2006; two groups at once with AVX2; checked at run time, with a plain C loop elsewhere).
+ * The vertical blend is SSE2 or AVX2. */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -243,13 +244,14 @@ static void blend_row_c(const unsigned char *row, const struct axis *x, int from
 #if HAVE_X86
 /* The groups of four outputs whose 16-byte load stays inside the row; the others (the last
  * source pixels: at the start of the row when flipping) the plain way. */
-__attribute__((target("ssse3"))) static void blend_row_ssse3(const unsigned char *row,
-                                                             const struct axis *x, int src_w,
-                                                             short *p0, short *p1, short *p2)
+__attribute__((target("ssse3"))) static void blend_row_ssse3_from(const unsigned char *row,
+                                                                  const struct axis *x,
+                                                                  int src_w, int g, short *p0,
+                                                                  short *p1, short *p2)
 {
-    int g, groups = x->n / 4;
+    int groups = x->n / 4;
     short *planes[3] = {p0, p1, p2};
-    for (g = 0; g < groups; g++) {
+    for (; g < groups; g++) {
         __m128i px, w;
         int c;
         if (3 * x->base[g] + 16 > 3 * src_w) {
@@ -268,6 +270,39 @@ __attribute__((target("ssse3"))) static void blend_row_ssse3(const unsigned char
 }
 #endif
 
+#if HAVE_X86
+/* As blend_row_ssse3, two groups (eight outputs) at a time in the two lanes of an AVX2
+ * register: byte shuffles stay within a lane, so each lane takes its group's own load. */
+__attribute__((target("avx2"))) static void blend_row_avx2(const unsigned char *row,
+                                                           const struct axis *x, int src_w,
+                                                           short *p0, short *p1, short *p2)
+{
+    int g = 0, groups = x->n / 4;
+    short *planes[3] = {p0, p1, p2};
+    for (; g + 1 < groups; g += 2) {
+        __m256i px, w;
+        int c;
+        if (3 * x->base[g + 1] + 16 > 3 * src_w || 3 * x->base[g] + 16 > 3 * src_w)
+            break; /* the rest (the row's end; its start too when flipping) below */
+        px = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row + 3 * x->base[g]))),
+            _mm_loadu_si128((const __m128i *)(row + 3 * x->base[g + 1])), 1);
+        w = _mm256_loadu_si256((const __m256i *)(x->pairs + 8 * g));
+        for (c = 0; c < 3; c++) {
+            __m256i m = _mm256_setr_m128i(
+                _mm_loadu_si128((const __m128i *)(x->shuffle + 48 * (size_t)g + 16 * c)),
+                _mm_loadu_si128((const __m128i *)(x->shuffle + 48 * (size_t)(g + 1) + 16 * c)));
+            __m256i v = _mm256_srai_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(px, m), w), 4);
+            __m256i p = _mm256_packs_epi32(v, v); /* lane-wise: group g low, g + 1 high */
+            _mm_storel_epi64((__m128i *)(planes[c] + 4 * g), _mm256_castsi256_si128(p));
+            _mm_storel_epi64((__m128i *)(planes[c] + 4 * g + 4),
+                             _mm256_extracti128_si256(p, 1));
+        }
+    }
+    blend_row_ssse3_from(row, x, src_w, g, p0, p1, p2);
+}
+#endif
+
 /* One source row blended across into three planes of x->n values (pixel * 2048 >> 4, as
  * OpenCV's vertical pass takes them), in output order (reversed already when flipping). */
 static void blend_row(const unsigned char *row, const struct axis *x, int src_w, int simd,
@@ -275,31 +310,64 @@ static void blend_row(const unsigned char *row, const struct axis *x, int src_w,
 {
     short *p0 = planes, *p1 = planes + x->n, *p2 = planes + 2 * x->n;
 #if HAVE_X86
+    if (simd == 2 && x->base != NULL) {
+        blend_row_avx2(row, x, src_w, p0, p1, p2);
+        return;
+    }
     if (simd && x->base != NULL) {
-        blend_row_ssse3(row, x, src_w, p0, p1, p2);
+        blend_row_ssse3_from(row, x, src_w, 0, p0, p1, p2);
         return;
     }
 #endif
     blend_row_c(row, x, 0, x->n, p0, p1, p2);
 }
 
+#if HAVE_X86
+/* blend_down's first outputs, 32 at a time */
+__attribute__((target("avx2"))) static int blend_down_avx2(const short *a, const short *b,
+                                                           short wa, short wb, int n,
+                                                           unsigned char *out)
+{
+    __m256i va = _mm256_set1_epi16(wa), vb = _mm256_set1_epi16(wb), two = _mm256_set1_epi16(2);
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i lo = _mm256_add_epi16(
+            _mm256_mulhi_epi16(_mm256_loadu_si256((const __m256i *)(a + i)), va),
+            _mm256_mulhi_epi16(_mm256_loadu_si256((const __m256i *)(b + i)), vb));
+        __m256i hi = _mm256_add_epi16(
+            _mm256_mulhi_epi16(_mm256_loadu_si256((const __m256i *)(a + i + 16)), va),
+            _mm256_mulhi_epi16(_mm256_loadu_si256((const __m256i *)(b + i + 16)), vb));
+        lo = _mm256_srai_epi16(_mm256_add_epi16(lo, two), 2);
+        hi = _mm256_srai_epi16(_mm256_add_epi16(hi, two), 2);
+        /* packus works lane by lane: put the 32 bytes back in order */
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            _mm256_permute4x64_epi64(_mm256_packus_epi16(lo, hi), 0xd8));
+    }
+    return i;
+}
+#endif
+
 /* (a * wa >> 16) + (b * wb >> 16), + 2, >> 2, saturated: OpenCV's vector rounding. */
 static void blend_down(const short *a, const short *b, short wa, short wb, int n,
-                       unsigned char *out)
+                       unsigned char *out, int simd)
 {
     int i = 0;
 #if HAVE_X86
-    __m128i va = _mm_set1_epi16(wa), vb = _mm_set1_epi16(wb), two = _mm_set1_epi16(2);
-    for (; i + 16 <= n; i += 16) {
-        __m128i lo = _mm_add_epi16(
-            _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(a + i)), va),
-            _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(b + i)), vb));
-        __m128i hi = _mm_add_epi16(
-            _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(a + i + 8)), va),
-            _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(b + i + 8)), vb));
-        lo = _mm_srai_epi16(_mm_add_epi16(lo, two), 2);
-        hi = _mm_srai_epi16(_mm_add_epi16(hi, two), 2);
-        _mm_storeu_si128((__m128i *)(out + i), _mm_packus_epi16(lo, hi));
+    if (simd == 2)
+        i = blend_down_avx2(a, b, wa, wb, n, out);
+    if (simd) {
+        __m128i va = _mm_set1_epi16(wa), vb = _mm_set1_epi16(wb), two = _mm_set1_epi16(2);
+        for (; i + 16 <= n; i += 16) {
+            __m128i lo = _mm_add_epi16(
+                _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(a + i)), va),
+                _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(b + i)), vb));
+            __m128i hi = _mm_add_epi16(
+                _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(a + i + 8)), va),
+                _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(b + i + 8)), vb));
+            lo = _mm_srai_epi16(_mm_add_epi16(lo, two), 2);
+            hi = _mm_srai_epi16(_mm_add_epi16(hi, two), 2);
+            _mm_storeu_si128((__m128i *)(out + i), _mm_packus_epi16(lo, hi));
+        }
     }
 #endif
     for (; i < n; i++) {
@@ -309,15 +377,16 @@ static void blend_down(const short *a, const short *b, short wa, short wb, int n
     }
 }
 
-static int simd_allowed = 1; /* the test hook _use_simd(False) turns the vector code off */
+static int simd_allowed = 2; /* the test hook _use_simd lowers it */
 
-static int simd_ok(void)
+/* 2: AVX2 and SSSE3, 1: SSSE3 only, 0: plain C (checked once at run time, capped by the hook) */
+static int simd_level(void)
 {
 #if HAVE_X86
     static int known = -1;
     if (known < 0)
-        known = __builtin_cpu_supports("ssse3") ? 1 : 0;
-    return known && simd_allowed;
+        known = __builtin_cpu_supports("avx2") ? 2 : __builtin_cpu_supports("ssse3") ? 1 : 0;
+    return known < simd_allowed ? known : simd_allowed;
 #else
     return 0;
 #endif
@@ -331,7 +400,7 @@ static int resize_planes(const unsigned char *src, size_t stride, int src_h, int
 {
     struct axis x, y;
     short *rows = NULL;
-    int cached[2] = {-1, -1}, d, rc = -1, simd = simd_ok();
+    int cached[2] = {-1, -1}, d, rc = -1, simd = simd_level();
     size_t plane = (size_t)out_h * out_w;
 
     memset(&y, 0, sizeof y);
@@ -358,7 +427,7 @@ static int resize_planes(const unsigned char *src, size_t stride, int src_h, int
         r1 = rows + (size_t)(cached[0] == s1 ? 0 : 1) * 3 * out_w;
         for (c = 0; c < 3; c++)
             blend_down(r0 + (size_t)c * out_w, r1 + (size_t)c * out_w, y.w0[d], y.w1[d], out_w,
-                       out + c * plane + (size_t)d * out_w);
+                       out + c * plane + (size_t)d * out_w, simd);
     }
     rc = 0;
 done:
@@ -506,11 +575,11 @@ static int decode_window_rows(struct window *w)
 
 static PyObject *use_simd(PyObject *self, PyObject *arg)
 {
-    int was = simd_ok(), on = PyObject_IsTrue(arg);
-    if (on < 0)
+    int was = simd_level(), level = (int)PyLong_AsLong(arg);
+    if (level == -1 && PyErr_Occurred())
         return NULL;
-    simd_allowed = on;
-    return PyBool_FromLong(was);
+    simd_allowed = level < 0 ? 0 : level > 2 ? 2 : level;
+    return PyLong_FromLong(was);
 }
 
 static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
@@ -648,8 +717,8 @@ static PyMethodDef methods[] = {
      "Resize src (an H x W x 3 uint8 array of packed pixels, rows any stride apart) into out\n"
      "(a C-contiguous 3 x H' x W' uint8 array, H' >= H, W' >= W) as decode_crop_into does."},
     {"_use_simd", use_simd, METH_O,
-     "Test hook: _use_simd(False) makes the resize run its plain C loops only (True: the vector\n"
-     "code again where the CPU has it). Returns whether the vector code ran before."},
+     "Test hook: _use_simd(level) caps the resize's vector code: 2 AVX2 (the default, where the\n"
+     "CPU has it), 1 SSSE3, 0 plain C loops only. Returns the level that ran before."},
     {"_hold_next", hold_next, METH_NOARGS,
      "Test hook: the next decode_crop waits, without the GIL, until _let_go()."},
     {"_wait_until_held", wait_until_held, METH_NOARGS,
