@@ -14,6 +14,13 @@ own draws for ``__seed__`` 0, ``__epoch__`` 1), in rounds that rotate their orde
                     resize, flip and the CHW write into the batch row
     whole decode    ``simplejpeg.decode_jpeg`` of each whole image at full size (the reference
                     ceiling bench_peers.py's ``ceil`` phase measures)
+    one call, enlargements
+                    ``feedpipe._jpegcrop.decode_crop_into`` of each crop window that enlarges to
+                    224 (the pipeline's one call for them: decode, resize, flip, CHW write), per
+                    such image
+    resize+flip, enlargements / reductions
+                    the resize+flip part on the enlarged windows only and on the others only
+                    (torch's antialiased reduction), per image of each kind
     loader          ``FeedLoader`` over shards of the same JPEGs (repeated to
                     ``--loader-images``), ``BatchCollator(256)``, shuffled epochs after their
                     first batch: the main process's CPU per image with 0 workers when the
@@ -213,9 +220,31 @@ def main(argv: list[str] | None = None) -> int:
         for d in jpegs:
             simplejpeg.decode_jpeg(d, colorspace="RGB")
 
+    grows = [sb.height <= size[0] and sb.width <= size[1] for *_, sb in plans]
+    into = _jpeg._jpegcrop.decode_crop_into
+
+    def one_call() -> None:
+        for d, (_, _, _, flip, k, b), row, up in zip(jpegs, plans, rows, grows):
+            if up:
+                into(d, b.top, b.left, b.height, b.width, row.numpy(), *size, flip, k)
+
+    def resize_part(enlargements: bool) -> Callable[[], None]:
+        def run() -> None:
+            for win, (_, _, _, flip, _, _), row, up in zip(windows, plans, rows, grows):
+                if up == enlargements:
+                    resize_to_tensor(win, size, flip=flip, out=row)
+        return run
+
     parts: dict[str, Callable[[], None]] = {
         "pipeline": pipeline, "prelude": prelude, "decode window": decode_floor,
-        "resize+flip": resize, "whole decode": whole}
+        "resize+flip": resize, "whole decode": whole, "one call, enlargements": one_call,
+        "resize+flip, enlargements": resize_part(True),
+        "resize+flip, reductions": resize_part(False)}
+    enlarge = sum(grows)
+    per = {k: n for k in parts}  # the images each part's time is divided by
+    per.update({"one call, enlargements": max(1, enlarge),
+                "resize+flip, enlargements": max(1, enlarge),
+                "resize+flip, reductions": max(1, n - enlarge)})
     for fn in parts.values():  # warm-up
         fn()
     if not torch.equal(batch, reference):
@@ -227,11 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in names[r % len(names):] + names[:r % len(names)]:
             t0, c0 = time.perf_counter(), time.thread_time()
             parts[name]()
-            cpu[name].append((time.thread_time() - c0) / n * 1e6)
-            times[name].append((time.perf_counter() - t0) / n * 1e6)
+            cpu[name].append((time.thread_time() - c0) / per[name] * 1e6)
+            times[name].append((time.perf_counter() - t0) / per[name] * 1e6)
     us = {k: statistics.median(v) for k, v in cpu.items()}
     glue = us["pipeline"] - us["prelude"] - us["decode window"] - us["resize+flip"]
-    enlarge = sum(1 for (_, _, b, _, _, sb) in plans if sb.height <= 224 and sb.width <= 224)
     result: dict[str, Any] = {
         "cpu_us_per_image": {k: round(v, 1) for k, v in us.items()},
         "wall_us_per_image": {k: round(statistics.median(v), 1) for k, v in times.items()},
