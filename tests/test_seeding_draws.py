@@ -1,7 +1,8 @@
 """The per-sample draws (generator seeding, crop window, flip) are the ones the project has
 always made: each is compared with a plain copy of its first implementation, for any seed,
 epoch, index, image size and crop parameters. A change to how they are computed must not move
-a single crop or flip of any sample, or a resumed run would train on other crops."""
+a single crop or flip of any sample, or a resumed run would train on other crops. Also the
+per-image glue around them: nested one_thread contexts, into()'s row check, the fingerprint."""
 
 from __future__ import annotations
 
@@ -166,3 +167,20 @@ def simplejpeg_image() -> bytes:
 
     rng = np.random.default_rng(0)
     return simplejpeg.encode_jpeg(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
+
+
+def test_using_a_pipeline_leaves_its_fingerprint_as_it_was() -> None:
+    """The decoded store keys a transform's outputs by its fingerprint (its code and
+    attributes), read again each pass: what into() or __call__ might keep between calls (a
+    shape worked out once per spec, say) must not enter it, or a pass after a spec change would
+    find the previous pass's outputs under another key."""
+    from feedpipe.caches._fingerprint import fingerprint
+
+    p = ImagePipeline(32, mean=None)
+    sample = {"jpg": simplejpeg_image(), "cls": b"4", "__key__": "k", "__shard__": "s",
+              "__index__": 3}
+    p.spec = replace(p.spec, size=16)
+    before = fingerprint(p)
+    p.into(sample, torch.empty((3, 16, 16), dtype=torch.uint8))
+    p(sample)
+    assert fingerprint(p) == before

@@ -261,8 +261,6 @@ class ImagePipeline:
         self.label_field = label_field
         self.on_error = on_error
         self._norm = None if spec.std is None else Normalize(spec.mean or (), spec.std)
-        # into()'s check: the output shape of the spec it was computed for
-        self._out_shape: tuple[ImageSpec, tuple[int, int, int]] = (spec, self.out_shape)
 
     def image(self, data: Any, rng: np.random.Generator | None) -> torch.Tensor:
         """The transformed CHW image of image bytes ``data`` (``rng`` needed when training)."""
@@ -324,10 +322,7 @@ class ImagePipeline:
             >>> bool(torch.equal(row, p(sample)[0])), label
             (True, 0)
         """
-        spec, shape = self._out_shape
-        if spec is not self.spec:  # a new spec (progressive resizing): its shape, once
-            spec, shape = self._out_shape = (self.spec, self.out_shape)
-        if out.shape != shape or out.dtype != self.out_dtype:
+        if out.dtype != self.out_dtype or out.shape != self.out_shape:
             raise ValueError(f"out= must be a {self.out_dtype} tensor of shape {self.out_shape}, "
                              f"not {out.dtype} {tuple(out.shape)}")
         return self._apply(sample, out)[1]
