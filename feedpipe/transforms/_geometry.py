@@ -47,24 +47,50 @@ def random_resized_crop_box(height: int, width: int, rng: np.random.Generator,
                             ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Box:
     """The Inception-style random crop (torchvision's algorithm): a window of ``scale`` of the
     area and log-uniform aspect ``ratio``; after 10 misses, a centred crop with clamped ratio."""
+    return random_resized_crop_draw(height, width, rng, scale, ratio, 0)[0]
+
+
+def random_resized_crop_draw(height: int, width: int, rng: np.random.Generator,
+                             scale: tuple[float, float], ratio: tuple[float, float],
+                             after: int) -> tuple[Box, list[float]]:
+    """:func:`random_resized_crop_box`, and the ``after`` numbers ``rng`` draws next (a flip's).
+
+    The window and the numbers are those of drawing the window, then ``rng.random(after)``:
+    ``rng.random(n)`` gives the next ``n`` numbers of the one stream, so the first try's four
+    numbers and the ``after`` are drawn in one call, and a try that misses hands its surplus on
+    to the next. The numbers come as Python floats: the same doubles, cheaper arithmetic."""
     area = height * width
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    lo, span = scale[0], scale[1] - scale[0]
+    log_lo = math.log(ratio[0])
+    log_span = math.log(ratio[1]) - log_lo
+    drawn = rng.random(4 + after).tolist()
+    at = 0
     for _ in range(10):
-        u_area, u_ratio, u_top, u_left = rng.random(4)
-        target = area * (scale[0] + u_area * (scale[1] - scale[0]))
-        aspect = math.exp(log_lo + u_ratio * (log_hi - log_lo))
+        if at + 4 > len(drawn):  # a miss: this try's numbers start with the surplus
+            drawn = drawn[at:] + rng.random(at + 4 - len(drawn)).tolist()
+            at = 0
+        u_area, u_ratio, u_top, u_left = drawn[at:at + 4]
+        at += 4
+        target = area * (lo + u_area * span)
+        aspect = math.exp(log_lo + u_ratio * log_span)
         w = int(round(math.sqrt(target * aspect)))
         h = int(round(math.sqrt(target / aspect)))
         if 0 < w <= width and 0 < h <= height:
-            return Box(int(u_top * (height - h + 1)), int(u_left * (width - w + 1)), h, w)
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        w, h = width, int(round(width / ratio[0]))
-    elif in_ratio > ratio[1]:
-        h, w = height, int(round(height * ratio[1]))
+            box = Box(int(u_top * (height - h + 1)), int(u_left * (width - w + 1)), h, w)
+            break
     else:
-        h, w = height, width
-    return Box((height - h) // 2, (width - w) // 2, h, w)
+        in_ratio = width / height
+        if in_ratio < ratio[0]:
+            w, h = width, int(round(width / ratio[0]))
+        elif in_ratio > ratio[1]:
+            h, w = height, int(round(height * ratio[1]))
+        else:
+            h, w = height, width
+        box = Box((height - h) // 2, (width - w) // 2, h, w)
+    rest = drawn[at:]
+    if len(rest) < after:
+        rest += rng.random(after - len(rest)).tolist()
+    return box, rest
 
 
 def center_box(height: int, width: int, crop: Size) -> Box:

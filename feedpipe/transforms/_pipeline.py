@@ -28,7 +28,7 @@ from ._decode import (
     image_field_of,
     image_format,
 )
-from ._geometry import Box, as_size, random_resized_crop_box
+from ._geometry import Box, as_size, random_resized_crop_draw
 from ._jpeg import decode_window, decode_window_into, jpeg_size
 from ._ops import (
     IMAGENET_MEAN,
@@ -154,8 +154,8 @@ class ImageSpec:
             return Box((height - side) // 2, (width - side) // 2, side, side), False
         if rng is None:
             raise TypeError("a training ImageSpec needs the sample's rng (see sample_rng)")
-        box = random_resized_crop_box(height, width, rng, self.scale, self.ratio)
-        return box, bool(rng.random() < self.flip)
+        box, (u_flip,) = random_resized_crop_draw(height, width, rng, self.scale, self.ratio, 1)
+        return box, bool(u_flip < self.flip)
 
 
 class ImagePipeline:
@@ -331,7 +331,7 @@ class ImagePipeline:
             >>> bool(torch.equal(row, p(sample)[0])), label
             (True, 0)
         """
-        if out.dtype != self.out_dtype or tuple(out.shape) != self.out_shape:
+        if out.dtype != self.out_dtype or out.shape != self.out_shape:
             raise ValueError(f"out= must be a {self.out_dtype} tensor of shape {self.out_shape}, "
                              f"not {out.dtype} {tuple(out.shape)}")
         return self._apply(sample, out)[1]

@@ -24,12 +24,23 @@ def _seed_state(seed: int, epoch: int, index: int) -> dict[str, Any]:
     """The PCG64 state of sample ``index``'s generator: state and increment straight from a
     256-bit blake2b digest, cheaper per sample than seeding through ``SeedSequence``
     (``benchmarks/bench_peers.py``, decode phase)."""
-    d = hashlib.blake2b(f"feedpipe-augment\0{int(seed)}\0{int(epoch)}\0{int(index)}".encode(),
-                        digest_size=32).digest()
-    return {"bit_generator": "PCG64",
-            "state": {"state": int.from_bytes(d[:16], "little"),
-                      "inc": int.from_bytes(d[16:], "little") | 1},
+    state, inc = _state_inc(seed, epoch, index)
+    return {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
             "has_uint32": 0, "uinteger": 0}
+
+
+_MASK128 = (1 << 128) - 1
+
+
+def _state_inc(seed: int, epoch: int, index: int) -> tuple[int, int]:
+    """The PCG64 state and increment of :func:`_seed_state`: the digest's low and high 128
+    bits (little-endian), the increment made odd."""
+    d = int.from_bytes(_blake2b(b"feedpipe-augment\0%d\0%d\0%d" % (
+        int(seed), int(epoch), int(index)), digest_size=32).digest(), "little")
+    return d & _MASK128, (d >> 128) | 1
+
+
+_blake2b = hashlib.blake2b
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
@@ -48,6 +59,20 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 _SCRATCH = threading.local()  # each thread's reused generator (scratch_rng)
 
 
+class _Scratch:
+    """A thread's :func:`scratch_rng` generator, with the state dict its bit generator is set
+    from: only the two numbers in it change from sample to sample."""
+
+    __slots__ = ("rng", "bits", "whole", "numbers")
+
+    def __init__(self) -> None:
+        self.bits = np.random.PCG64()
+        self.rng = np.random.Generator(self.bits)
+        self.numbers: dict[str, int] = {"state": 0, "inc": 1}
+        self.whole = {"bit_generator": "PCG64", "state": self.numbers, "has_uint32": 0,
+                      "uinteger": 0}
+
+
 def scratch_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """:func:`sample_rng`'s generator, same draws, but this thread's one generator re-seeded.
 
@@ -55,11 +80,13 @@ def scratch_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     phase). The generator is valid only until the thread's next call, so this is for a caller
     that draws everything it needs at once (:class:`~feedpipe.ImagePipeline`, the DALI stage)
     and keeps no reference."""
-    rng = getattr(_SCRATCH, "rng", None)
-    if rng is None:
-        rng = _SCRATCH.rng = np.random.Generator(np.random.PCG64())
-    rng.bit_generator.state = _seed_state(seed, epoch, index)
-    return rng
+    s = getattr(_SCRATCH, "s", None)
+    if s is None:
+        s = _SCRATCH.s = _Scratch()
+    numbers = s.numbers
+    numbers["state"], numbers["inc"] = _state_inc(seed, epoch, index)
+    s.bits.state = s.whole
+    return s.rng
 
 
 def seed_of(sample: Mapping[str, Any]) -> tuple[int, int, int]:

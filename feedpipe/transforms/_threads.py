@@ -12,27 +12,41 @@ _one_thread_users = 0
 _saved_threads = 0
 
 
+_HELD = threading.local()  # .counted: this thread is inside a counted one_thread() context
+
+
 class _OneThread:
     """:func:`one_thread`'s context manager: a class, not a generator, since it wraps every
-    image, and a generator-based one costs more to enter and leave."""
+    image, and a generator-based one costs more to enter and leave.
+
+    Inside a context of the same thread that holds the count, a context does nothing: the
+    outer one keeps torch at one thread until it ends, after the inner one (contexts of one
+    thread nest). So a caller that enters it once for a batch makes each image's own entry
+    nearly free."""
 
     __slots__ = ("counted",)
 
     def __enter__(self) -> None:
         global _one_thread_users, _saved_threads
-        self.counted = not (torch.get_num_threads() == 1 and _one_thread_users == 0)
-        if not self.counted:
+        if _one_thread_users == 0 and torch.get_num_threads() == 1:  # nothing to hold
+            self.counted = False
             return
+        if getattr(_HELD, "counted", False):  # held by an outer context of this thread
+            self.counted = False
+            return
+        self.counted = True
         with _ONE_THREAD_LOCK:
             if _one_thread_users == 0:
                 _saved_threads = torch.get_num_threads()
                 torch.set_num_threads(1)
             _one_thread_users += 1
+        _HELD.counted = True
 
     def __exit__(self, *exc: object) -> None:
         global _one_thread_users
         if not self.counted:
             return
+        _HELD.counted = False
         with _ONE_THREAD_LOCK:
             _one_thread_users -= 1
             if _one_thread_users == 0:
