@@ -19,9 +19,9 @@ Systems:
              and CHW write in one pass)
 
 Each writes into the rows of one reused batch buffer of 256 (as ``ImagePipeline.into`` writes a
-``BatchCollator``'s). Rounds alternate the order of the systems; reported: the median ms per image over rounds, the
-median per-round ratios to onepass, and the mean / max absolute difference of the torch and
-opencv outputs from onepass's (grey levels).
+``BatchCollator``'s). Rounds alternate the order of the systems; reported: the median ms per
+image over rounds, the median per-round ratios to onepass, and the mean / max absolute
+difference of the torch and opencv outputs from onepass's (grey levels).
 
 Usage::
 
