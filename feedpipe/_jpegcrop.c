@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <pthread.h>
 #include <pythread.h>
 
 struct crop_error {
@@ -116,16 +117,80 @@ static PyObject *let_go(PyObject *self, PyObject *unused)
 }
 
 
+/* -- each thread's scratch memory --
+ *
+ * The decoded window and the resize's intermediate planes are a few hundred KiB an image: fresh
+ * from malloc each time, they are mapped and faulted in anew (glibc hands blocks that large
+ * back to the kernel when freed). Each thread keeps its blocks instead, up to SCRATCH_KEEP
+ * bytes each (larger ones are freed after use); a thread's blocks are freed when it ends. */
+
+#define SCRATCH_SLOTS 4
+#define SCRATCH_KEEP ((size_t)16 << 20)
+
+struct scratch {
+    void *block[SCRATCH_SLOTS];
+    size_t size[SCRATCH_SLOTS];
+};
+
+static pthread_key_t scratch_key;
+static int scratch_key_made;
+
+static void scratch_free(void *p)
+{
+    struct scratch *s = p;
+    int i;
+    for (i = 0; i < SCRATCH_SLOTS; i++)
+        free(s->block[i]);
+    free(s);
+}
+
+/* slot's block of at least size bytes for this thread, or NULL when out of memory */
+static void *scratch_get(int slot, size_t size)
+{
+    struct scratch *s = scratch_key_made ? pthread_getspecific(scratch_key) : NULL;
+    if (scratch_key_made && s == NULL) {
+        s = calloc(1, sizeof *s);
+        if (s != NULL && pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            s = NULL;
+        }
+    }
+    if (s == NULL)
+        return malloc(size);
+    if (s->size[slot] < size) {
+        free(s->block[slot]);
+        s->block[slot] = malloc(size);
+        s->size[slot] = s->block[slot] == NULL ? 0 : size;
+    }
+    return s->block[slot];
+}
+
+/* give back what scratch_get gave: kept unless too large (or not kept at all) */
+static void scratch_put(int slot, void *block)
+{
+    struct scratch *s = scratch_key_made ? pthread_getspecific(scratch_key) : NULL;
+    if (block == NULL)
+        return;
+    if (s == NULL || s->block[slot] != block) {
+        free(block);
+        return;
+    }
+    if (s->size[slot] > SCRATCH_KEEP) {
+        free(block);
+        s->block[slot] = NULL;
+        s->size[slot] = 0;
+    }
+}
+
 /* -- the resize into a batch row --
  *
  * resize_into and decode_crop_into resize an RGB window straight into the three planes of a
  * CHW uint8 row, flipped left-right on the way when asked. An enlargement (or a copy), the usual
- * case of a random-resized crop, is one pass where OpenCV takes three (resize to HWC, flip,
- * split into planes); a reduction is refused (ValueError). The filter is OpenCV's
- * INTER_LINEAR for uint8 (half-pixel centres, edge pixels repeated, 11-bit fixed-point weights,
- * the vertical blend rounded as its vector path does): within one grey level of cv2.resize
- * (tests/test_jpegcrop.py). A reduction on either axis needs an antialiasing filter, which the
- * Python side keeps (torch's: its vector code is faster at it than a plain one here).
+ * case of a random-resized crop of a small image, is one pass where OpenCV takes three (resize
+ * to HWC, flip, split into planes). Its filter is OpenCV's INTER_LINEAR for uint8 (half-pixel
+ * centres, edge pixels repeated, 11-bit fixed-point weights, the vertical blend rounded as its
+ * vector path does): within one grey level of cv2.resize (tests/test_jpegcrop.py). A reduction
+ * on either axis takes torch's antialiased filter instead (the next section).
  *
  * The horizontal blend takes four outputs at a time: four consecutive outputs of an enlargement
  * read at most five consecutive source pixels, 15 bytes, so one 16-byte load and one byte shuffle
@@ -437,6 +502,272 @@ done:
     return rc;
 }
 
+/* -- any other resize: torch's antialiased bilinear --
+ *
+ * A reduction on either axis takes the filter of torch.nn.functional.interpolate(mode="bilinear",
+ * antialias=True) on uint8 (torchvision's and DALI's class of random-resized crop filter): per
+ * axis, a triangle widened by the reduction factor, the weights normalised in double precision
+ * then scaled to int16 at the largest precision their maximum allows, each pass rounded to
+ * uint8. Torch filters across first and then down; here down first (across the interleaved
+ * rows: contiguous, vectorised), then the result is transposed so that filtering across is a
+ * filter down its rows too, and each channel's result is transposed back into its plane. The
+ * intermediate rounding is the only difference: within one grey level of torch
+ * (tests/test_jpegcrop.py). A flip takes the mirrored taps, as torch's resize of the flipped
+ * source. */
+
+struct taps {
+    int n, precision;   /* outputs, weight bits */
+    int *start, *count; /* each output's first source index and its number of taps */
+    short *w;           /* n x kmax weights */
+    int kmax;
+};
+
+static void taps_free(struct taps *t)
+{
+    free(t->start);
+    free(t->count);
+    free(t->w);
+}
+
+static int taps_make(struct taps *t, int src_len, int out_len, int flip)
+{
+    double scale = (double)src_len / out_len;
+    double support = scale >= 1.0 ? scale : 1.0, invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
+    double *wf, w_max = 0.0;
+    int i, j, k = 0;
+
+    memset(t, 0, sizeof *t);
+    t->n = out_len;
+    t->start = malloc(sizeof(int) * (size_t)out_len);
+    t->count = malloc(sizeof(int) * (size_t)out_len);
+    if (t->start == NULL || t->count == NULL)
+        return -1;
+    for (i = 0; i < out_len; i++) {
+        double center = scale * (i + 0.5);
+        long lo = (long)(center - support + 0.5), hi = (long)(center + support + 0.5);
+        if (lo < 0)
+            lo = 0;
+        if (hi > src_len)
+            hi = src_len;
+        t->start[i] = (int)lo;
+        t->count[i] = (int)(hi - lo);
+        if (t->count[i] > k)
+            k = t->count[i];
+    }
+    t->kmax = k;
+    wf = calloc((size_t)out_len * k + 1, sizeof(double));
+    t->w = calloc((size_t)out_len * k + 1, sizeof(short));
+    if (wf == NULL || t->w == NULL) {
+        free(wf);
+        return -1;
+    }
+    for (i = 0; i < out_len; i++) {
+        double center = scale * (i + 0.5), total = 0.0, *row = wf + (size_t)i * k;
+        for (j = 0; j < t->count[i]; j++) {
+            double x = (j + t->start[i] - center + 0.5) * invscale;
+            double v = x < 0 ? -x : x;
+            row[j] = v < 1.0 ? 1.0 - v : 0.0;
+            total += row[j];
+        }
+        for (j = 0; j < t->count[i]; j++) {
+            if (total != 0.0)
+                row[j] /= total;
+            if (row[j] > w_max)
+                w_max = row[j];
+        }
+    }
+    for (t->precision = 0; t->precision < 22; t->precision++)
+        if ((int)(0.5 + w_max * (1 << (t->precision + 1))) >= (1 << 15))
+            break;
+    for (i = 0; i < out_len; i++) {
+        int c = t->count[i];
+        for (j = 0; j < c; j++) {
+            double v = wf[(size_t)i * k + (flip ? c - 1 - j : j)] * (1 << t->precision);
+            t->w[(size_t)i * k + j] = (short)(v < 0 ? v - 0.5 : v + 0.5);
+        }
+        if (flip)
+            t->start[i] = src_len - t->start[i] - c;
+    }
+    free(wf);
+    return 0;
+}
+
+/* out row i = the taps of output i over rows of in (in_stride bytes apart), cols bytes each,
+ * rounded to uint8 */
+static void filter_rows_c(const unsigned char *in, size_t in_stride, const struct taps *t,
+                          int from, int cols, unsigned char *out, size_t out_stride)
+{
+    int i, j, x, round = t->precision > 0 ? 1 << (t->precision - 1) : 0;
+    for (i = 0; i < t->n; i++) {
+        const short *w = t->w + (size_t)i * t->kmax;
+        const unsigned char *first = in + (size_t)t->start[i] * in_stride;
+        unsigned char *o = out + (size_t)i * out_stride;
+        for (x = from; x < cols; x++) {
+            int a = round, v;
+            for (j = 0; j < t->count[i]; j++)
+                a += first[(size_t)j * in_stride + x] * w[j];
+            v = a >> t->precision;
+            o[x] = (unsigned char)(v < 0 ? 0 : v > 255 ? 255 : v);
+        }
+    }
+}
+
+#if HAVE_X86
+/* filter_rows_c's first columns, 16 at a time: two taps per multiply-add (the two rows' values
+ * side by side as 16-bit pairs), the sums in registers across the taps. Returns the columns
+ * done. */
+__attribute__((target("avx2"))) static int filter_rows_avx2(const unsigned char *in,
+                                                            size_t in_stride,
+                                                            const struct taps *t, int cols,
+                                                            unsigned char *out,
+                                                            size_t out_stride)
+{
+    int i, j, x = 0, round = t->precision > 0 ? 1 << (t->precision - 1) : 0;
+    __m256i start = _mm256_set1_epi32(round), zero = _mm256_setzero_si256();
+    __m128i shift = _mm_cvtsi32_si128(t->precision);
+    for (i = 0; i < t->n; i++) {
+        const short *w = t->w + (size_t)i * t->kmax;
+        const unsigned char *first = in + (size_t)t->start[i] * in_stride;
+        unsigned char *o = out + (size_t)i * out_stride;
+        int count = t->count[i];
+        for (x = 0; x + 16 <= cols; x += 16) {
+            __m256i lo = start, hi = start, packed;
+            for (j = 0; j < count; j += 2) {
+                __m256i a = _mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(first + (size_t)j * in_stride + x)));
+                __m256i b = j + 1 < count
+                                ? _mm256_cvtepu8_epi16(_mm_loadu_si128(
+                                      (const __m128i *)(first + (size_t)(j + 1) * in_stride
+                                                        + x)))
+                                : zero;
+                __m256i pair = _mm256_set1_epi32(
+                    (int)((unsigned short)w[j]
+                          | ((unsigned int)(unsigned short)(j + 1 < count ? w[j + 1] : 0)
+                             << 16)));
+                lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), pair));
+                hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), pair));
+            }
+            lo = _mm256_sra_epi32(lo, shift);
+            hi = _mm256_sra_epi32(hi, shift);
+            packed = _mm256_packs_epi32(lo, hi); /* per lane: columns in order again */
+            packed = _mm256_packus_epi16(packed, packed);
+            packed = _mm256_permute4x64_epi64(packed, 0x08); /* the two lanes' low halves */
+            _mm_storeu_si128((__m128i *)(o + x), _mm256_castsi256_si128(packed));
+        }
+    }
+    return cols - cols % 16;
+}
+#endif
+
+static void filter_rows(const unsigned char *in, size_t in_stride, const struct taps *t,
+                        int cols, unsigned char *out, size_t out_stride, int simd)
+{
+    int done = 0;
+#if HAVE_X86
+    if (simd == 2)
+        done = filter_rows_avx2(in, in_stride, t, cols, out, out_stride);
+#endif
+    (void)simd;
+    filter_rows_c(in, in_stride, t, done, cols, out, out_stride);
+}
+
+/* out[c][r] = in[r][c] for rows x cols bytes: 16 x 16 blocks with SSE2 unpacks, the edges
+ * plainly */
+static void transpose(const unsigned char *in, size_t in_stride, int rows, int cols,
+                      unsigned char *out, size_t out_stride, int simd)
+{
+    int r0 = 0, c0, r, c;
+#if HAVE_X86
+    if (simd) {
+        for (; r0 + 16 <= rows; r0 += 16) {
+            for (c0 = 0; c0 + 16 <= cols; c0 += 16) {
+                __m128i a[16], b[16];
+                int k;
+                for (k = 0; k < 16; k++)
+                    a[k] = _mm_loadu_si128(
+                        (const __m128i *)(in + (size_t)(r0 + k) * in_stride + c0));
+                /* four rounds of interleaving: bytes, words, dwords, qwords */
+                for (k = 0; k < 8; k++) {
+                    b[2 * k] = _mm_unpacklo_epi8(a[k], a[k + 8]);
+                    b[2 * k + 1] = _mm_unpackhi_epi8(a[k], a[k + 8]);
+                }
+                for (k = 0; k < 8; k++) {
+                    a[2 * k] = _mm_unpacklo_epi8(b[k], b[k + 8]);
+                    a[2 * k + 1] = _mm_unpackhi_epi8(b[k], b[k + 8]);
+                }
+                for (k = 0; k < 8; k++) {
+                    b[2 * k] = _mm_unpacklo_epi8(a[k], a[k + 8]);
+                    b[2 * k + 1] = _mm_unpackhi_epi8(a[k], a[k + 8]);
+                }
+                for (k = 0; k < 8; k++) {
+                    a[2 * k] = _mm_unpacklo_epi8(b[k], b[k + 8]);
+                    a[2 * k + 1] = _mm_unpackhi_epi8(b[k], b[k + 8]);
+                }
+                for (k = 0; k < 16; k++)
+                    _mm_storeu_si128((__m128i *)(out + (size_t)(c0 + k) * out_stride + r0),
+                                     a[k]);
+            }
+            for (r = r0; r < r0 + 16; r++) /* the columns past the last whole block */
+                for (c = c0; c < cols; c++)
+                    out[(size_t)c * out_stride + r] = in[(size_t)r * in_stride + c];
+        }
+    }
+#endif
+    (void)simd;
+    for (r = r0; r < rows; r++)
+        for (c = 0; c < cols; c++)
+            out[(size_t)c * out_stride + r] = in[(size_t)r * in_stride + c];
+}
+
+/* Any resize of the src_h x src_w RGB pixels at src (rows stride bytes apart) into the planes
+ * of out (3 x out_h x out_w), flipped when flip, with torch's antialiased bilinear (see above).
+ * 0, or -1 when out of memory. Runs without the GIL. */
+static int resize_planes_aa(const unsigned char *src, size_t stride, int src_h, int src_w,
+                            unsigned char *out, int out_h, int out_w, int flip)
+{
+    struct taps x, y;
+    unsigned char *src_t = NULL, *across_t = NULL, *across = NULL;
+    int c, rc = -1, simd = simd_level();
+    int wide = 3 * src_w;
+    size_t plane = (size_t)out_h * out_w, tplane = (size_t)src_h * out_w;
+
+    memset(&x, 0, sizeof x);
+    memset(&y, 0, sizeof y);
+    src_t = scratch_get(1, (size_t)wide * src_h); /* the source transposed: 3 x src_w rows */
+    across_t = scratch_get(2, 3 * tplane);        /* filtered across: 3 x out_w rows of src_h */
+    across = scratch_get(3, 3 * tplane);          /* that transposed: 3 x src_h rows of out_w */
+    if (src_t == NULL || across_t == NULL || across == NULL
+        || taps_make(&y, src_h, out_h, 0) < 0 || taps_make(&x, src_w, out_w, flip) < 0)
+        goto done;
+    transpose(src, stride, src_h, wide, src_t, (size_t)src_h, simd);
+    for (c = 0; c < 3; c++) {
+        /* channel c's columns are every third row of src_t */
+        filter_rows(src_t + (size_t)c * src_h, 3 * (size_t)src_h, &x, src_h,
+                    across_t + c * tplane, (size_t)src_h, simd);
+        transpose(across_t + c * tplane, (size_t)src_h, out_w, src_h, across + c * tplane,
+                  (size_t)out_w, simd);
+        filter_rows(across + c * tplane, (size_t)out_w, &y, out_w, out + c * plane,
+                    (size_t)out_w, simd);
+    }
+    rc = 0;
+done:
+    taps_free(&x);
+    taps_free(&y);
+    scratch_put(1, src_t);
+    scratch_put(2, across_t);
+    scratch_put(3, across);
+    return rc;
+}
+
+/* An enlargement (or a copy) the fast way, anything else as torch does. */
+static int resize_any(const unsigned char *src, size_t stride, int src_h, int src_w,
+                      unsigned char *out, int out_h, int out_w, int flip)
+{
+    if (src_h <= out_h && src_w <= out_w)
+        return resize_planes(src, stride, src_h, src_w, out, out_h, out_w, flip);
+    return resize_planes_aa(src, stride, src_h, src_w, out, out_h, out_w, flip);
+}
+
 /* A window to decode, and where its pixels go. */
 struct window {
     const unsigned char *data;
@@ -481,7 +812,7 @@ static int decode_window_rows(struct window *w)
         if (released != NULL)
             PyEval_RestoreThread(released);
         jpeg_destroy_decompress(&cinfo);
-        free(scratch);
+        scratch_put(0, scratch);
         Py_CLEAR(w->bytes);
         if (err.message[0] == '\0') /* not libjpeg's: out of memory in the resize */
             PyErr_NoMemory();
@@ -530,7 +861,7 @@ static int decode_window_rows(struct window *w)
         }
         pixels = (unsigned char *)PyByteArray_AS_STRING(w->bytes);
     } else {
-        scratch = malloc(stride * height);
+        scratch = scratch_get(0, stride * height);
         if (scratch == NULL) {
             jpeg_destroy_decompress(&cinfo);
             PyErr_NoMemory();
@@ -561,13 +892,13 @@ static int decode_window_rows(struct window *w)
     }
     /* the rows below the window are never decoded: abort rather than finish */
     jpeg_abort_decompress(&cinfo);
-    if (w->out != NULL && resize_planes(pixels + (size_t)(left - xoff) * 3, stride, (int)height,
+    if (w->out != NULL && resize_any(pixels + (size_t)(left - xoff) * 3, stride, (int)height,
                                         (int)width, w->out, w->out_h, w->out_w, w->flip) < 0)
         longjmp(err.jump, 1); /* message left empty: out of memory */
     jpeg_destroy_decompress(&cinfo);
     PyEval_RestoreThread(released);
     released = NULL;
-    free(scratch);
+    scratch_put(0, scratch);
     w->xoff = xoff;
     w->row_width = row_width;
     return 0;
@@ -606,8 +937,8 @@ static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
                          (unsigned int)(w.left - w.xoff));
 }
 
-/* out: a writable C-contiguous uint8 buffer of exactly 3 x out_h x out_w bytes that a window
- * of height x width enlarges into (or fills as it is); a ValueError naming what is wrong. */
+/* out: a writable C-contiguous uint8 buffer of exactly 3 x out_h x out_w bytes for a window of
+ * height x width; a ValueError naming what is wrong. */
 static int check_out(Py_buffer *out, int out_h, int out_w, Py_ssize_t height, Py_ssize_t width)
 {
     if (out_h <= 0 || out_w <= 0 || out->len != (Py_ssize_t)3 * out_h * out_w) {
@@ -615,11 +946,8 @@ static int check_out(Py_buffer *out, int out_h, int out_w, Py_ssize_t height, Py
                      out->len);
         return -1;
     }
-    if (height <= 0 || width <= 0 || height > out_h || width > out_w) {
-        PyErr_Format(PyExc_ValueError,
-                     "a %zd x %zd window does not enlarge to %d x %d (a reduction needs an "
-                     "antialiasing filter: torch's, in feedpipe's Python)", height, width, out_h,
-                     out_w);
+    if (height <= 0 || width <= 0) {
+        PyErr_Format(PyExc_ValueError, "an empty window (%zd x %zd)", height, width);
         return -1;
     }
     return 0;
@@ -684,7 +1012,7 @@ static PyObject *resize_into(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     if (rc == 0) {
         Py_BEGIN_ALLOW_THREADS
-        rc = resize_planes((const unsigned char *)src.buf, (size_t)src.strides[0],
+        rc = resize_any((const unsigned char *)src.buf, (size_t)src.strides[0],
                            (int)src.shape[0], (int)src.shape[1], (unsigned char *)out.buf, out_h,
                            out_w, flip);
         Py_END_ALLOW_THREADS
@@ -710,12 +1038,13 @@ static PyMethodDef methods[] = {
      "                 scale_num=8)\n--\n\n"
      "Decode a window as decode_crop does and resize it into the three planes of out, a\n"
      "writable C-contiguous buffer of 3 x out_height x out_width uint8, flipped left-right when\n"
-     "flip, with OpenCV's INTER_LINEAR pixels (within one level). An enlargement or a copy only:\n"
-     "a larger window is a ValueError. Nothing is written into out unless the decode succeeds."},
+     "flip: an enlargement with OpenCV's INTER_LINEAR pixels (within one level), a reduction on\n"
+     "either axis with torch's antialiased bilinear (its pixels). Nothing is written into out\n"
+     "unless the decode succeeds."},
     {"resize_into", (PyCFunction)(void (*)(void))resize_into, METH_VARARGS | METH_KEYWORDS,
      "resize_into(src, out, flip)\n--\n\n"
      "Resize src (an H x W x 3 uint8 array of packed pixels, rows any stride apart) into out\n"
-     "(a C-contiguous 3 x H' x W' uint8 array, H' >= H, W' >= W) as decode_crop_into does."},
+     "(a C-contiguous 3 x H' x W' uint8 array) as decode_crop_into does."},
     {"_use_simd", use_simd, METH_O,
      "Test hook: _use_simd(level) caps the resize's vector code: 2 AVX2 (the default, where the\n"
      "CPU has it), 1 SSSE3, 0 plain C loops only. Returns the level that ran before."},
@@ -744,6 +1073,8 @@ PyMODINIT_FUNC PyInit__jpegcrop(void)
             return PyErr_NoMemory();
         PyThread_acquire_lock(hold_reached, WAIT_LOCK); /* unsignalled until a decode waits */
     }
+    if (!scratch_key_made && pthread_key_create(&scratch_key, scratch_free) == 0)
+        scratch_key_made = 1;
     m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER",
 #ifdef LIBJPEG_TURBO_VERSION_NUMBER

@@ -311,7 +311,7 @@ def test_a_copy_is_the_pixels_and_a_flip_reverses_them(simd: str) -> None:
 @pytest.mark.parametrize("scale_num", [8, 4])
 def test_decode_crop_into_is_decode_crop_then_resize_into(simd: str, scale_num: int) -> None:
     """The one call gives the bytes of the two steps it replaces, for every subsampling,
-    progressive and restart-marker JPEGs, at full and reduced DCT scale."""
+    progressive and restart-marker JPEGs, at full and reduced DCT scale, enlarged or reduced."""
     ext = image_ops._jpegcrop
     h, w = 173, 251
     rng = np.random.default_rng(scale_num)
@@ -320,8 +320,7 @@ def test_decode_crop_into_is_decode_crop_then_resize_into(simd: str, scale_num: 
         for box in random_boxes(dh, dw, rng, 12):
             if box.top + box.height > dh:  # random_boxes' two-row boxes may reach past it
                 continue
-            size = (max(box.height, int(rng.integers(1, 230))),
-                    max(box.width, int(rng.integers(1, 230))))
+            size = (int(rng.integers(1, 230)), int(rng.integers(1, 230)))  # either way
             flip = bool(rng.integers(0, 2))
             pixels, row_width, x = ext.decode_crop(data, box.top, box.left, box.height,
                                                    box.width, scale_num)
@@ -347,19 +346,57 @@ def test_a_failed_decode_writes_nothing_into_the_row(cut: float) -> None:
     assert (out == 7).all()
 
 
+def torch_antialiased(img: np.ndarray, size: tuple[int, int], flip: bool) -> np.ndarray:
+    """What resize_to_tensor did for a reduction before the C resize: the flipped source through
+    torch's uint8 antialiased bilinear (channels-last), as CHW."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.ascontiguousarray(img[:, ::-1] if flip else img))
+    x = x.permute(2, 0, 1)[None].contiguous(memory_format=torch.channels_last)
+    if (x.shape[2], x.shape[3]) != size:
+        x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+    return x[0].contiguous().numpy()
+
+
 @needs_ext
-def test_a_reduction_or_a_wrong_row_is_a_value_error_naming_it() -> None:
+def test_a_reduction_is_torchs_antialiased_bilinear_exactly(simd: str) -> None:
+    """Any resize that reduces an axis (the other one may grow) gives torch's pixels, byte for
+    byte, flipped or not, from sources with padded rows."""
+    import torch
+
+    torch.set_num_threads(1)
+    ext = image_ops._jpegcrop
+    rng = np.random.default_rng(14)
+    cases = [(2, 1, 1, 1), (300, 280, 224, 224), (230, 200, 224, 224), (224, 225, 224, 224),
+             (17, 400, 60, 3), (500, 9, 224, 224), (1, 300, 1, 7)]
+    while len(cases) < 250:
+        h, w = int(rng.integers(1, 420)), int(rng.integers(1, 420))
+        oh, ow = int(rng.integers(1, 260)), int(rng.integers(1, 260))
+        if h > oh or w > ow:
+            cases.append((h, w, oh, ow))
+    for h, w, oh, ow in cases:
+        img = rng.integers(0, 256, (h, w + 5, 3), dtype=np.uint8)[:, 3:3 + w]
+        for flip in (False, True):
+            out = np.full((3, oh, ow), 7, np.uint8)
+            ext.resize_into(img, out, flip)
+            assert np.array_equal(out, torch_antialiased(img, (oh, ow), flip)), (h, w, oh, ow,
+                                                                                 flip)
+
+
+@needs_ext
+def test_a_wrong_row_or_window_is_a_value_error_naming_it() -> None:
     ext = image_ops._jpegcrop
     data = encodings(50, 40)["420"]
     row = np.zeros((3, 32, 32), np.uint8)
-    with pytest.raises(ValueError, match="does not enlarge to 32 x 32"):
-        ext.decode_crop_into(data, 0, 0, 40, 30, row, 32, 32, False)
-    with pytest.raises(ValueError, match="does not enlarge"):
-        ext.resize_into(np.zeros((20, 33, 3), np.uint8), row, False)
     with pytest.raises(ValueError, match="3 x 30 x 32 bytes"):
         ext.decode_crop_into(data, 0, 0, 10, 10, row, 30, 32, False)
     with pytest.raises(ValueError, match="outside"):
         ext.decode_crop_into(data, 45, 0, 10, 10, row, 32, 32, False)
+    with pytest.raises(ValueError, match="empty"):
+        ext.decode_crop_into(data, 0, 0, 0, 10, row, 32, 32, False)
+    with pytest.raises(ValueError, match="empty"):
+        ext.resize_into(np.zeros((0, 10, 3), np.uint8), row, False)
     with pytest.raises(ValueError, match="packed pixels"):
         ext.resize_into(np.zeros((10, 10, 4), np.uint8), row, False)
     with pytest.raises(ValueError, match="packed pixels"):

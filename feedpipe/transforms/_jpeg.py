@@ -279,20 +279,17 @@ def _scaled_window(height: int, width: int, box: Box, min_height: int,
 
 def decode_window_into(data: Any, height: int, width: int, box: Box, out: np.ndarray,
                        flip: bool, *, min_height: int = 0, min_width: int = 0) -> bool:
-    """Decode window ``box`` as :func:`decode_window` does and enlarge it into ``out`` (a
+    """Decode window ``box`` as :func:`decode_window` does and resize it into ``out`` (a
     C-contiguous ``(3, H, W)`` ``uint8`` array) flipped left-right when ``flip``, in one call of
-    the C extension: its pixels are :func:`~feedpipe.transforms._resize.resize_to_tensor`'s
-    of the window (OpenCV's bilinear, within one grey level).
+    the C extension: the pixels of :func:`~feedpipe.transforms._resize.resize_to_tensor` of the
+    window.
 
     Returns False, with nothing written, where that one call cannot do it: the extension is
-    not built, the window is larger than ``out`` on an axis (a reduction: antialiased
-    elsewhere) or the extension refuses the bytes (:func:`decode_window` then repairs them,
-    decodes them another way or raises the :class:`DecodeError`)."""
+    not built, or it refuses the bytes (:func:`decode_window` then repairs them, decodes them
+    another way or raises the :class:`DecodeError`)."""
     if _jpegcrop is None:
         return False
     k, _, _, box = _scaled_window(height, width, box, min_height, min_width)
-    if box.height > out.shape[1] or box.width > out.shape[2]:
-        return False
     try:
         _jpegcrop.decode_crop_into(data, box.top, box.left, box.height, box.width, out,
                                    out.shape[1], out.shape[2], flip, k)

@@ -277,8 +277,8 @@ class ImagePipeline:
             # decode just large enough that the crop keeps >= size pixels on both axes
             min_h = min(math.ceil(h * size[0] / box.height) if box.height > size[0] else h, h)
             min_w = min(math.ceil(w * size[1] / box.width) if box.width > size[1] else w, w)
-            # an enlargement (the usual random-resized crop): decode, resize, flip and the CHW
-            # write in one call of the C extension, into the batch row when it can take uint8
+            # decode, resize, flip and the CHW write in one call of the C extension, into the
+            # batch row when it can take uint8
             row = out if self._norm is None and out is not None and out.is_contiguous() \
                 else torch.empty((3, *size), dtype=torch.uint8)
             if decode_window_into(data, h, w, box, row.numpy(), flip, min_height=min_h,

@@ -1,16 +1,16 @@
 """Resizing HWC ``uint8`` images, into CHW tensors or HWC arrays.
 
-An enlargement (the usual case for a random-resized crop) of an RGB image into a CHW tensor is
-one pass of the C extension ``feedpipe._jpegcrop`` (``resize_into``: OpenCV's fixed-point
-bilinear, the flip and the CHW write together). Without the extension, or for other channel
-counts, it goes through OpenCV's ``cv2.resize`` (bilinear, fixed-point SIMD) and ``cv2.split``
-straight into CHW planes. Both are faster than the torch path and within one grey level of it
-(``benchmarks/bench_resize.py``). A
+An RGB image into a CHW tensor is one call of the C extension ``feedpipe._jpegcrop``
+(``resize_into``): an enlargement (the usual case for a random-resized crop of a small image)
+with OpenCV's fixed-point bilinear, a reduction with torch's antialiased bilinear (the filter
+class of torchvision's and DALI's random-resized crops: its pixels exactly), the flip and the
+CHW write in the same pass. Without the extension, or for other channel counts, an enlargement
+goes through OpenCV's ``cv2.resize`` (bilinear, fixed-point SIMD) and ``cv2.split`` straight into
+CHW planes, within one grey level of torch's path (``benchmarks/bench_resize.py``), and a
 reduction keeps ``torch.nn.functional.interpolate`` on ``uint8`` channels-last tensors with
-``antialias=True`` (the filter class of torchvision's and DALI's random-resized crops: OpenCV's
-bilinear does not antialias, and its area filter is slower than torch's); written into a batch
-row, OpenCV still does its flip and its CHW write, with torch's pixels. Without OpenCV every
-resize takes the torch path.
+``antialias=True`` (OpenCV's bilinear does not antialias, and its area filter is slower than
+torch's); written into a batch row, OpenCV still does its flip and its CHW write, with torch's
+pixels. Without OpenCV every resize takes the torch path.
 """
 
 from __future__ import annotations
@@ -85,13 +85,13 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
     left-right on the way.
 
     With ``out`` (a ``(C, H, W)`` ``uint8`` tensor, e.g. a row of a batch buffer) the result is
-    written there and ``out`` is returned. An enlargement is done by the C extension (or
-    OpenCV) into a contiguous CHW tensor (see the module docstring), straight into ``out`` when
-    it is contiguous. Otherwise torch: the one copy it needs anyway (a dense channels-last
-    input) also does the flip, and ``uint8`` channels-last is torch's vectorised interpolation
-    path (no float round trip). The result is then in channels-last memory, or written into ``out``
-    (by OpenCV's flip and split where it is installed and ``out`` is contiguous: the same
-    pixels).
+    written there and ``out`` is returned. An RGB image is resized by the C extension, or
+    enlarged by OpenCV without it, into a contiguous CHW tensor (see the module docstring),
+    straight into ``out`` when it is contiguous. Otherwise torch: the one copy it needs anyway
+    (a dense channels-last input) also does the flip, and ``uint8`` channels-last is torch's
+    vectorised interpolation path (no float round trip). The result is then in channels-last
+    memory, or written into ``out`` (by OpenCV's flip and split where it is installed and
+    ``out`` is contiguous: the same pixels).
 
     Example:
         >>> import numpy as np
@@ -103,8 +103,8 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
         raise ValueError(f"out= must be a uint8 tensor of shape {(img.shape[2], *size)}, not "
                          f"{out.dtype} {tuple(out.shape)}")
     if (_resize_into is not None and img.ndim == 3 and img.shape[2] == 3
-            and img.dtype == np.uint8 and 0 < img.shape[0] <= size[0]
-            and 0 < img.shape[1] <= size[1] and img.strides[2] == 1 and img.strides[1] == 3
+            and img.dtype == np.uint8 and img.shape[0] > 0 and img.shape[1] > 0
+            and img.strides[2] == 1 and img.strides[1] == 3
             and img.strides[0] >= 3 * img.shape[1]):
         chw = out if out is not None and out.is_contiguous() else torch.empty(
             (3, size[0], size[1]), dtype=torch.uint8)
