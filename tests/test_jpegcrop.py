@@ -464,3 +464,32 @@ def torch_rows(pipe: ImagePipeline, samples: list[dict[str, object]]) -> list[ob
     for i, s in enumerate(samples):
         assert pipe.into(s, batch[i]) == 3
     return list(batch)
+
+
+@needs_ext
+def test_threads_resizing_at_once_each_get_their_own_pixels() -> None:
+    """Each thread keeps its own scratch blocks for the decoded window and the resize's
+    intermediate planes: four threads decoding and resizing different JPEGs at once (the GIL
+    released) give the bytes each gives alone, reductions and enlargements mixed."""
+    ext = image_ops._jpegcrop
+    rng = np.random.default_rng(15)
+    jobs = []
+    for n in range(24):
+        h, w = int(rng.integers(120, 360)), int(rng.integers(120, 360))
+        data = encodings(h, w, seed=n)["444" if n % 2 else "420"]
+        size = (int(rng.integers(60, 300)), int(rng.integers(60, 300)))
+        jobs.append((data, Box(0, 0, h, w), size, bool(n % 3)))
+
+    def run(job: tuple[bytes, Box, tuple[int, int], bool]) -> np.ndarray:
+        data, b, size, flip = job
+        out = np.empty((3, *size), np.uint8)
+        ext.decode_crop_into(data, b.top, b.left, b.height, b.width, out, *size, flip)
+        return out
+
+    alone = [run(j) for j in jobs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            for got, want in zip(pool.map(run, jobs), alone):
+                assert np.array_equal(got, want)
