@@ -493,3 +493,29 @@ def test_threads_resizing_at_once_each_get_their_own_pixels() -> None:
         for _ in range(5):
             for got, want in zip(pool.map(run, jobs), alone):
                 assert np.array_equal(got, want)
+
+
+def test_without_the_extension_a_log_record_says_once_what_runs_instead(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Where feedpipe._jpegcrop did not build, JPEG crops are decoded whole and resized by
+    OpenCV or torch (pixels within one grey level): said once a process, not chosen silently."""
+    import logging
+
+    import torch
+
+    from feedpipe._helpers import dependency
+    from feedpipe.transforms import _resize
+
+    monkeypatch.setattr(dependency, "UNBUILT_SAID", set())
+    monkeypatch.setattr(image_ops, "_jpegcrop", None)
+    monkeypatch.setattr(_resize, "_resize_into", None)
+    data = encodings(64, 48)["420"]
+    with caplog.at_level(logging.INFO, logger="feedpipe"):
+        for _ in range(3):
+            window = decode_window(data, 64, 48, Box(8, 4, 20, 30))
+            _resize.resize_to_tensor(window, (40, 40), flip=True)
+        _resize.resize_to_tensor(np.zeros((5, 5, 3), np.uint8), (9, 9),
+                                 out=torch.empty((3, 9, 9), dtype=torch.uint8))
+    said = [r.getMessage() for r in caplog.records if "feedpipe._jpegcrop" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "was not built" in said[0] and "libjpeg" in said[0]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import simplejpeg
 
+from .._helpers.dependency import say_unbuilt
 from ..errors import DecodeError
 from ._geometry import Box, Size, scale_box
 
@@ -32,6 +33,14 @@ def window_decoder() -> str | None:
     """The window-only JPEG decoder's module name where the C extension was built, else None
     (simplejpeg then decodes whole images)."""
     return None if _jpegcrop is None else "feedpipe._jpegcrop"
+
+
+def say_no_extension() -> None:
+    """Log once a process that JPEG crops are decoded whole and resized another way, because
+    ``feedpipe._jpegcrop`` was not built."""
+    say_unbuilt(_log, "_jpegcrop", "JPEG crops are decoded whole by simplejpeg and resized by "
+                "OpenCV or torch (the extension also needs libjpeg-turbo's headers: Debian "
+                "libjpeg-dev)", "the same crops and flips, pixels within one grey level")
 
 
 def jpeg_size(data: Any) -> Size:
@@ -259,6 +268,8 @@ def decode_window(data: Any, height: int, width: int, box: Box, *, min_height: i
         else:
             rows = np.frombuffer(pixels, np.uint8).reshape(box.height, row_width, 3)
             return rows[:, x:x + box.width]
+    if _jpegcrop is None:
+        say_no_extension()
     img = decode_jpeg(data, min_height=min_height, min_width=min_width)
     if img.shape[:2] != (dh, dw):
         raise DecodeError(f"the JPEG decoded to {img.shape[:2]}, not the {height}x{width} (at "

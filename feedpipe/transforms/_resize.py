@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ._geometry import Size
+from ._jpeg import say_no_extension
 from ._opencv import opencv
 from ._threads import one_thread
 
@@ -112,6 +113,8 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
         if out is not None and chw is not out:
             out.copy_(chw)
         return chw if out is None else out
+    if _resize_into is None and img.ndim == 3 and img.shape[2] == 3:
+        say_no_extension()
     up = _enlarge_hwc(img, size, flip, scratch=True)
     if up is not None:
         chw = out if out is not None and out.is_contiguous() else torch.empty(
