@@ -22,6 +22,41 @@ from feedpipe.format._reader import ShardReader
 collect_ignore = ["_fork_script.py"]
 
 
+# how many slow tests a plain run left out, for its closing lines
+_SLOW_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow", action="store_true", default=False,
+        help="also run the tests marked slow (left out of a plain run; CI runs them: .ci/run)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A plain run leaves out the tests marked ``slow`` and says how many, so that the README's
+    command stays short; ``--slow``, a ``-m`` expression that names ``slow``, or a test named by
+    its node id (``path::name``) keeps them."""
+    if config.getoption("slow") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    named = tuple(a for a in config.args if "::" in a)
+    slow = [it for it in items if it.get_closest_marker("slow") is not None
+            and not it.nodeid.startswith(named)]
+    if not slow:
+        return
+    config.hook.pytest_deselected(items=slow)
+    left_out = set(map(id, slow))
+    items[:] = [it for it in items if id(it) not in left_out]
+    config.stash[_SLOW_LEFT_OUT] = len(slow)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    n = config.stash.get(_SLOW_LEFT_OUT, 0)
+    if n:
+        terminalreporter.write_line(
+            f"{n} tests marked slow were left out: run them with --slow (CI does: .ci/run)")
+
+
 def run_feedpipe(
     *args: object, timeout: float = 120, **kw: object
 ) -> subprocess.CompletedProcess[str]:

@@ -189,3 +189,39 @@ def test_iterators_left_unfinished_at_exit_close_quietly(tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     assert "left 6 iterators unfinished" in r.stdout
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+
+
+class FailsAt:
+    """A transform that raises at one sample: an error from inside a worker process."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def __call__(self, sample: dict) -> int:
+        if sample["__index__"] == self.at:
+            raise ValueError(f"no sample {self.at} today")
+        return 0
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_loader_that_raised_leaves_no_worker_process_behind(sharded: Path,
+                                                              persistent: bool) -> None:
+    """The error leaves the loop with the DataLoader iterator still referenced from its
+    traceback, until the garbage collector breaks the cycle. Until then its workers lived on,
+    and torch's SIGCHLD handler kept watching them: a worker that had died (a shard cut under
+    its map, SIGBUS) made the next child process to exit raise "DataLoader worker is killed by
+    signal" in whatever the training process, or pytest, was doing then. The loader now shuts
+    its workers down as the error leaves it."""
+    import gc
+    import multiprocessing
+
+    ld = feedpipe.FeedLoader(feedpipe.FeedDataset(str(sharded), transform=FailsAt(5)),
+                             batch_size=2, num_workers=2, route="samples-workers",
+                             persistent_workers=persistent)
+    gc.disable()  # what the collector would do some time later is not the loader's doing
+    try:
+        with pytest.raises(ValueError, match="no sample 5 today") as e:
+            list(ld)
+        assert multiprocessing.active_children() == [], e.value
+    finally:
+        gc.enable()

@@ -183,10 +183,28 @@ class WorkerBatches:
                     # the loop has moved on from the batch before this one: hand it back now,
                     # before the DataLoader gives its worker another task
                     release.poll()
+        except Exception:
+            _shut_down(self.loader, it)
+            raise
         finally:  # also when the loop stops early
             if release is not None:
                 release.close()
             del it  # a DataLoader iterator shuts its (non-persistent) workers down when it goes
+
+
+def _shut_down(loader: Any, it: Any) -> None:
+    """Stop the workers of a DataLoader iterator that an error is leaving. The error's traceback
+    keeps the iterator alive until the garbage collector breaks the cycle, and until then its
+    workers live on and torch's SIGCHLD handler watches them: one that died (SIGBUS under a cut
+    shard) would make the next child process to exit raise in whatever the program does then.
+    Persistent workers are dropped too: the next epoch starts new ones instead of reusing an
+    iterator in an unknown state."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    shutdown()
+    if getattr(loader, "_iterator", None) is it:
+        loader._iterator = None
 
 
 def _arrays_to_tensors(batch: Any, pin: bool) -> Any:
