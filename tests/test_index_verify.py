@@ -100,6 +100,21 @@ def test_index_python_api_and_json(wds_dir: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and json.loads(r.stdout)["error"] == "SourceNotFoundError"
 
 
+def test_index_takes_a_path_as_every_entry_point_does(wds_dir: Path, tmp_path: Path) -> None:
+    """A str, an os.PathLike or a list of them names shards (issue 41: a str was iterated
+    character by character and an absolute path ended in "/: directory holds no .tar shards")."""
+    for given in (str(wds_dir), wds_dir, [wds_dir], str(wds_dir / "shard-*.tar"),
+                  [str(wds_dir / "shard-000000.tar"), wds_dir / "shard-000001.tar"]):
+        for p in wds_dir.glob("*.idx"):
+            p.unlink()
+        m = feedpipe.index(given, show_progress=False)  # type: ignore[arg-type]
+        two = isinstance(given, list) and len(given) == 2
+        assert m.total_samples == (20 if two else 25), given
+        assert len(list(wds_dir.glob("*.idx"))) == (2 if two else 3), given
+    with pytest.raises(TypeError, match="shard paths"):
+        feedpipe.index(3, show_progress=False)  # type: ignore[arg-type]
+
+
 def test_index_records_class_names(wds_dir: Path, tmp_path: Path) -> None:
     """``--classes`` as ``feedpipe shard --labels-from-dirs`` records them (issue 22)."""
     r = run_feedpipe("index", wds_dir, "--classes", "cat, dog,zebra")

@@ -59,9 +59,23 @@ class IndexResult:
                 "classes_from": self.classes_from}
 
 
-def _expand(shards: Sequence[str]) -> list[str]:
+ShardPaths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def _paths(shards: ShardPaths) -> list[str]:
+    """``shards`` as a list of path strings: one path (``str`` or ``os.PathLike``) or a list of
+    them. A str is one path, never its characters."""
+    if isinstance(shards, (str, os.PathLike)):
+        return [os.fspath(shards)]
+    if isinstance(shards, (bytes, bytearray)) or not isinstance(shards, Sequence):
+        raise TypeError(f"shards={shards!r}: give the shard paths as a str, an os.PathLike, or a "
+                        "list of them (files, globs or directories)")
+    return [os.fspath(s) for s in shards]
+
+
+def _expand(shards: ShardPaths) -> list[str]:
     out: list[str] = []
-    for s in shards:
+    for s in _paths(shards):
         if not any(c in s for c in "*?["):
             refuse_unreadable(s)
         if os.path.isdir(s):
@@ -201,7 +215,7 @@ def _scanned(path: str) -> Iterator[tuple[ShardIndex, ShardRecord, str]]:
 
 
 def index_dataset(
-    shards: Sequence[str],
+    shards: ShardPaths,
     *,
     root: str | None = None,
     manifest: bool = True,
@@ -294,7 +308,7 @@ def _interrupted_writes(root: str, paths: list[str],
 
 
 def index(
-    shards: Sequence[str],
+    shards: ShardPaths,
     *,
     root: str | None = None,
     manifest: bool = True,
@@ -305,8 +319,8 @@ def index(
     """Write an ``.idx`` for every shard and a ``manifest.json`` in ``root``.
 
     Args:
-        shards: shard paths, globs, or directories (all ``*.tar``, ``*.tar.gz`` and ``*.tgz``
-            inside).
+        shards: a shard path, glob or directory (all ``*.tar``, ``*.tar.gz`` and ``*.tgz``
+            inside), as a ``str`` or ``os.PathLike``, or a list of them.
         root: where the manifest goes (default: the directory of the first shard); every shard
             must lie under it.
         manifest: also write ``manifest.json`` (and ``wids.json``).
@@ -331,6 +345,7 @@ def index(
             CompressedShardError for shards compressed otherwise than with gzip (says how to
             convert).
         SourceNotFoundError: a shard is missing or is not a regular file.
+        TypeError: ``shards`` is neither a path nor a list of paths.
 
     Example:
         >>> import io, os, tarfile, tempfile
