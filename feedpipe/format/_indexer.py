@@ -49,6 +49,12 @@ class IndexResult:
     indexes: list[str] = field(default_factory=list)
     classes_from: str | None = None
 
+    @property
+    def left_out(self) -> list[dict[str, str]]:
+        """Every member of the shards that makes no sample: ``{"shard", "path", "reason"}``
+        (the manifest's ``skipped``)."""
+        return self.manifest.skipped
+
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest
         return {"root": self.root, "manifest": os.path.join(self.root, NAME),
@@ -56,7 +62,8 @@ class IndexResult:
                             "sha256": s.sha256, "index": i}
                            for s, i in zip(m.shards, self.indexes)],
                 "total_samples": m.total_samples, "fields": m.fields, "classes": m.classes,
-                "classes_from": self.classes_from}
+                "classes_from": self.classes_from, "left_out": self.left_out,
+                "num_left_out": len(self.left_out)}
 
 
 ShardPaths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -232,6 +239,7 @@ def index_dataset(
     interrupted = _interrupted_writes(root, paths, adopt_interrupted)
     records: list[ShardRecord] = []
     indexes: list[tuple[str, ShardIndex]] = []
+    left_out: list[dict[str, str]] = []
     fields: set[str] = set()
     keys = KeyRegistry()
     by_rel: dict[str, ShardIndex] = {}
@@ -252,6 +260,8 @@ def index_dataset(
         indexes.append((index_path(path), idx))
         rec.name = rel.replace(os.sep, "/")
         records.append(rec)
+        left_out += [{"shard": rec.name, "path": x.name, "reason": x.reason}
+                     for x in idx.left_out]
         fields |= idx.fields()
         bar.update(1)
     bar.close()
@@ -267,6 +277,7 @@ def index_dataset(
         shards=records,
         fields=sorted(fields),
         classes=names,
+        skipped=left_out,
         created_by={"tool": "feedpipe index", "feedpipe_version": __version__},
     )
     target = root
@@ -285,6 +296,11 @@ def index_dataset(
                     "shards it committed", marks.what(where))
         clear_marks(where, marks)
     return IndexResult(root, m, [i for i, _ in indexes], source)
+
+
+def describe(left: dict[str, str]) -> str:
+    """One member left out, for a summary line: ``shard: member (reason)``."""
+    return f"{left['shard']}: {left['path']} ({left['reason']})"
 
 
 def _interrupted_writes(root: str, paths: list[str],
@@ -358,6 +374,11 @@ def index(
         >>> m.total_samples, sorted(os.listdir(d))
         (2, ['a.idx', 'a.tar', 'manifest.json', 'wids.json'])
     """
-    return index_dataset(shards, root=root, manifest=manifest, classes=classes,
-                         show_progress=show_progress,
-                         adopt_interrupted=adopt_interrupted).manifest
+    r = index_dataset(shards, root=root, manifest=manifest, classes=classes,
+                      show_progress=show_progress, adopt_interrupted=adopt_interrupted)
+    if r.left_out:  # (the command prints them in its summary)
+        log.warning("%d member(s) of the shards make no sample and are left out, each listed "
+                    "with its reason in the manifest's \"skipped\"%s: %s", len(r.left_out),
+                    f" ({os.path.join(r.root, NAME)})" if manifest else "",
+                    "; ".join(describe(x) for x in r.left_out))
+    return r.manifest
