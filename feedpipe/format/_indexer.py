@@ -5,7 +5,9 @@ set, so the shards stream through feedpipe without re-sharding. Every shard is r
 before anything is written: a bad shard or a key clash leaves no index and no manifest behind.
 A gzip shard (``a.tar.gz``, ``a.tgz``) is decompressed into a temporary file for its scan; its
 index (``a.tar.gz.idx``) gives offsets in the plain tar inside, which readers decompress once into
-the shard cache (:mod:`feedpipe.format._compression`).
+the shard cache (:mod:`feedpipe.format._compression`). Members that make no sample (links that
+are not hard links to an earlier member, hidden files, devices) are listed with their reasons in
+the manifest's ``skipped``.
 """
 
 from __future__ import annotations
@@ -333,6 +335,12 @@ def index(
     adopt_interrupted: bool = False,
 ) -> Manifest:
     """Write an ``.idx`` for every shard and a ``manifest.json`` in ``root``.
+
+    Members are read as ``tar`` and :mod:`tarfile` read them: a hard link to an earlier member
+    is a member with its target's bytes. Every member that makes no sample (a symbolic link, a
+    hidden file such as ``.gitignore``, whose WebDataset key is empty, a hard link to nothing
+    before it, a device) is listed with its shard and reason in the manifest's ``skipped`` and
+    said in a log record (``feedpipe.index``); directories hold no bytes and are not listed.
 
     Args:
         shards: a shard path, glob or directory (all ``*.tar``, ``*.tar.gz`` and ``*.tgz``

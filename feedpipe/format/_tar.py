@@ -346,12 +346,12 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str,
             elif typeflag == b"x":
                 pax = _pax_records(data, size, where, pos)
             elif typeflag == b"g":
-                found = [k for k in _pax_records(data, size, where, pos)
-                         if k in ("path", "size") or k.startswith("GNU.sparse.")]
-                if found:
+                sets = [k for k in _pax_records(data, size, where, pos)
+                        if k in ("path", "size") or k.startswith("GNU.sparse.")]
+                if sets:
                     raise format_error(where, pos, "unsupported",
                                        f"{where}: the global PAX header at offset {pos} sets "
-                                       f"{found[0]!r} for every later member; not supported")
+                                       f"{sets[0]!r} for every later member; not supported")
             ext_at = pos if ext_at is None else ext_at
             pos = end
             continue
