@@ -53,8 +53,12 @@ class ShardIndex:
 
 
 HIDDEN = ("hidden file: its WebDataset key (the name up to the first dot of its file name) is "
-          "empty, so it belongs to no sample (webdataset and DALI's wds2idx skip it too); rename "
-          "it key.ext to keep it")
+          "empty, so it belongs to no sample (webdataset and DALI skip it too); rename it key.ext "
+          "to keep it")
+# (webdataset and DALI's reader make ``dir/.DS_Store`` a sample keyed "dir/", of such files only)
+HIDDEN_IN = ("hidden file: its WebDataset key (the name up to the first dot of its file name) "
+             "is only its directory {!r}, which names no sample (webdataset would make it one "
+             "keyed so); rename it key.ext to keep it")
 
 
 def group_members(members: Iterable[tuple[str, int, int]],
@@ -75,7 +79,7 @@ def group_members(members: Iterable[tuple[str, int, int]],
         dot = name.find(".", name.rfind("/") + 1)
         key, ext = (name, "") if dot < 0 else (name[:dot], name[dot + 1:])
         if not key or key.endswith("/"):
-            hidden(LeftOut(name, HIDDEN))
+            hidden(LeftOut(name, HIDDEN_IN.format(key) if key else HIDDEN))
             continue
         if key != last:
             if last is not None:
