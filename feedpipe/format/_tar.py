@@ -385,18 +385,18 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str,
             skip = 0
         if regular:
             name = _member_name(block, own_name, long_name, pax, where, pos, ext_at)
-            before[posixpath.normpath(name)] = (data_off, size)
+            before[_norm(name)] = (data_off, size)
             yield Member(name, data_off, size)
         elif typeflag == _HARD_LINK:
             target = _link_name(block, long_link, pax)
-            found = before.get(posixpath.normpath(target))
+            found = before.get(_norm(target))
             if isinstance(found, tuple):  # a member like any: its name is checked as theirs
                 name = _member_name(block, own_name, long_name, pax, where, pos, ext_at)
-                before[posixpath.normpath(name)] = found
+                before[_norm(name)] = found
                 yield Member(name, *found)
             else:
                 name = _loose_name(block, own_name, long_name, pax, where, pos, ext_at)
-                before[posixpath.normpath(name)] = "hard link to nothing"
+                before[_norm(name)] = "hard link to nothing"
                 if left_out is not None:
                     left_out.append(LeftOut(name, f"hard link to {target!r}, " + (
                         "which the tar does not hold before it" if found is None else
@@ -404,7 +404,7 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str,
         else:
             name = _loose_name(block, own_name, long_name, pax, where, pos, ext_at)
             kind = _NO_DATA.get(typeflag, "directory" if typeflag == b"\0" else "")
-            before[posixpath.normpath(name)] = kind or "member of an unknown type"
+            before[_norm(name)] = kind or "member of an unknown type"
             if left_out is not None and typeflag != _DIRECTORY and kind != "directory":
                 if typeflag == _SYMLINK:
                     why = (f"symbolic link to {_link_name(block, long_link, pax)!r}: it holds no "
@@ -449,6 +449,19 @@ def _check_tail(read_at: Callable[[int, int], bytes], pos: int, total: int, wher
         log.warning("%s: %d byte(s) after the end of the archive (offset %d; the first non-zero "
                     "at %d) hold no tar header: ignored, as GNU tar and Python's tarfile ignore "
                     "them", where, total - pos - BLOCK, pos + BLOCK, first)
+
+
+def _norm(name: str) -> str:
+    """``posixpath.normpath(name)``, as :mod:`tarfile` compares a link's target with the names
+    before it; only names with an empty, ``.`` or ``..`` segment or a trailing slash change.
+
+    Example:
+        >>> _norm("a/b.jpg"), _norm("./a//b.jpg"), _norm("a/../b.jpg"), _norm("d/")
+        ('a/b.jpg', 'a/b.jpg', 'b.jpg', 'd')
+    """
+    if "/." in name or "//" in name or name[:1] == "." or name[-1:] == "/":
+        return posixpath.normpath(name)
+    return name
 
 
 def _link_name(block: bytes, long_link: bytes | None, pax: dict[str, bytes] | None) -> str:
