@@ -198,6 +198,33 @@ def test_the_default_cache_of_gzip_shards_holds_its_bound(
         assert ShardCache(home).usage()["bytes"] <= bound
 
 
+def test_the_bound_never_evicts_a_shard_another_reader_holds(
+    plain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One reader holds the first gzip shard open (its iterator is inside it) while another
+    reads the whole dataset through the default cache, bounded at one plain shard: the held
+    shard stays in the cache, the others are evicted once read, and the first reader goes on
+    with the right bytes."""
+    from feedpipe.stream import _shard_set
+
+    gz = packed(plain, tmp_path / "gz")
+    feedpipe.index(gz, show_progress=False)
+    m = feedpipe.load_manifest(str(gz))
+    bound = max(s.tar_size for s in m.shards) + 4096
+    monkeypatch.setattr(_shard_set, "GZIP_CACHE_SIZE", bound)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    home = tmp_path / "home" / "feedpipe" / "shards"
+    want = webdataset_samples([gz / s.name for s in m.shards])
+    held = iter(FeedDataset(str(gz)))
+    first = next(held)
+    assert first["__shard__"] == m.shards[0].name
+    assert samples(FeedDataset(str(gz))) == want  # the other reader, start to end
+    assert [p.name.split("-", 1)[1] for p in home.glob("*.tar")] == ["data-000000.tar.gz.tar"]
+    rest = [first, *held]
+    assert {s["__key__"]: {k: bytes(v) for k, v in s.items() if not k.startswith("__")}
+            for s in rest} == want
+
+
 def test_a_damaged_gzip_shard_is_named(plain: Path, tmp_path: Path) -> None:
     gz = packed(plain, tmp_path / "gz")
     feedpipe.index([str(gz)], show_progress=False)
