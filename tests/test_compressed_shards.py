@@ -9,6 +9,7 @@ import bz2
 import gzip
 import logging
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from conftest import run_feedpipe
 
 import feedpipe
 from feedpipe import FeedDataset, FeedLoader
+from feedpipe._helpers.sizes import format_size
 from feedpipe.errors import CompressedShardError, ShardFormatError
 
 
@@ -86,6 +88,27 @@ def test_gzip_shards_are_indexed_and_read_like_webdataset(plain: Path, tmp_path:
         s.tar_bytes for s in m.shards)
 
 
+def test_index_help_says_what_it_does_with_compressed_shards(plain: Path, tmp_path: Path) -> None:
+    """``feedpipe index --help`` said gzip shards were refused and its example ran gunzip, while
+    they are indexed as they are (issue 41); every gzip example of the help runs as written."""
+    r = run_feedpipe("index", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "refused: decompress them first" not in text and "gunzip" not in text
+    assert "gzip shards (.tar.gz, .tgz) are indexed as they are" in text
+    assert "bzip2, xz and zstd ones are refused" in text
+    examples = [ln.split("#")[0].split() for ln in r.stdout.splitlines()
+                if ln.startswith("  feedpipe index") and ".tar.gz" in ln]
+    assert examples == [["feedpipe", "index", "'shards/*.tar.gz'"]]
+    gz = sorted(p.name for p in packed(plain, tmp_path / "shards").glob("*.tar.gz"))
+    ran = run_feedpipe(*[a.strip("'") for a in examples[0][1:]], cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert [s.name for s in feedpipe.load_manifest(str(tmp_path / "shards")).shards] == gz
+    (tmp_path / "shards" / "x.tar.xz").write_bytes(b"")
+    refused = run_feedpipe("index", tmp_path / "shards")
+    assert refused.returncode == 2 and "x.tar.xz" in refused.stderr and "unxz" in refused.stderr
+
+
 def test_resume_over_gzip_shards_is_exact(plain: Path, tmp_path: Path) -> None:
     gz = packed(plain, tmp_path / "gz")
     feedpipe.index([str(gz)], show_progress=False)
@@ -131,6 +154,75 @@ def test_a_mixed_folder_reads_gzip_shards_through_the_default_cache(
         "data-000001.tgz.tar", "data-000003.tar.gz.tar"]
     batches = FeedLoader(ds, batch_size=4, num_workers=2)
     assert sorted(k for b in batches for k in b["__key__"]) == sorted(samples(ds))
+
+
+def test_the_default_cache_of_gzip_shards_holds_its_bound(
+    plain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """Read without ``cache_dir=``, gzip shards are decompressed into the default cache, which
+    had no bound and filled the home folder (issue 41). Its bound (``GZIP_CACHE_SIZE``, made
+    here two plain shards wide) holds after every pass, the samples are webdataset's, and a
+    shard evicted is decompressed again when read again."""
+    from feedpipe.caches._shards import ShardCache
+    from feedpipe.stream import _shard_set
+
+    gz = packed(plain, tmp_path / "gz")
+    feedpipe.index(gz, show_progress=False)
+    m = feedpipe.load_manifest(str(gz))
+    plain_sizes = [s.tar_size for s in m.shards]
+    bound = 2 * max(plain_sizes) + 8192  # two entries (shard + index), not four
+    assert sum(plain_sizes) > bound
+    monkeypatch.setattr(_shard_set, "GZIP_CACHE_SIZE", bound)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    home = tmp_path / "home" / "feedpipe" / "shards"
+    with caplog.at_level(logging.WARNING, logger="feedpipe.cache"):
+        ds = FeedDataset(str(gz))
+        again = FeedDataset(str(gz))  # the same dataset in this process: said once
+    said = [r.getMessage() for r in caplog.records if r.name == "feedpipe.cache"]
+    assert len(said) == 1 and f"at most {format_size(bound)}" in said[0], said
+    assert "cache_dir=True, cache_size=" in said[0]
+    want = webdataset_samples([gz / s.name for s in m.shards])
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert samples(ds) == want
+            assert ShardCache(home).usage()["bytes"] <= bound
+        assert samples(again) == want
+    # the shards this process held open were let go to make room: nothing read "uncached"
+    assert [str(w.message) for w in warned if w.category is RuntimeWarning] == []
+    shuffled = FeedDataset(str(gz), shuffle=True, seed=3)
+    batches = FeedLoader(shuffled, batch_size=4, num_workers=2)
+    for _ in range(2):
+        assert sorted(k for b in batches for k in b["__key__"]) == sorted(want)
+        assert ShardCache(home).usage()["bytes"] <= bound
+
+
+def test_the_bound_never_evicts_a_shard_another_reader_holds(
+    plain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One reader holds the first gzip shard open (its iterator is inside it) while another
+    reads the whole dataset through the default cache, bounded at one plain shard: the held
+    shard stays in the cache, the others are evicted once read, and the first reader goes on
+    with the right bytes."""
+    from feedpipe.stream import _shard_set
+
+    gz = packed(plain, tmp_path / "gz")
+    feedpipe.index(gz, show_progress=False)
+    m = feedpipe.load_manifest(str(gz))
+    bound = max(s.tar_size for s in m.shards) + 4096
+    monkeypatch.setattr(_shard_set, "GZIP_CACHE_SIZE", bound)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    home = tmp_path / "home" / "feedpipe" / "shards"
+    want = webdataset_samples([gz / s.name for s in m.shards])
+    held = iter(FeedDataset(str(gz)))
+    first = next(held)
+    assert first["__shard__"] == m.shards[0].name
+    assert samples(FeedDataset(str(gz))) == want  # the other reader, start to end
+    assert [p.name.split("-", 1)[1] for p in home.glob("*.tar")] == ["data-000000.tar.gz.tar"]
+    rest = [first, *held]
+    assert {s["__key__"]: {k: bytes(v) for k, v in s.items() if not k.startswith("__")}
+            for s in rest} == want
 
 
 def test_a_damaged_gzip_shard_is_named(plain: Path, tmp_path: Path) -> None:

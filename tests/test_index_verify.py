@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -98,6 +100,21 @@ def test_index_python_api_and_json(wds_dir: Path, tmp_path: Path) -> None:
         ("shard-000001.tar", 10, str(wds_dir / "shard-000001.idx"))]
     r = run_feedpipe("index", wds_dir / "nothing.tar", "--json")
     assert r.returncode == 2 and json.loads(r.stdout)["error"] == "SourceNotFoundError"
+
+
+def test_index_takes_a_path_as_every_entry_point_does(wds_dir: Path, tmp_path: Path) -> None:
+    """A str, an os.PathLike or a list of them names shards (issue 41: a str was iterated
+    character by character and an absolute path ended in "/: directory holds no .tar shards")."""
+    for given in (str(wds_dir), wds_dir, [wds_dir], str(wds_dir / "shard-*.tar"),
+                  [str(wds_dir / "shard-000000.tar"), wds_dir / "shard-000001.tar"]):
+        for p in wds_dir.glob("*.idx"):
+            p.unlink()
+        m = feedpipe.index(given, show_progress=False)  # type: ignore[arg-type]
+        two = isinstance(given, list) and len(given) == 2
+        assert m.total_samples == (20 if two else 25), given
+        assert len(list(wds_dir.glob("*.idx"))) == (2 if two else 3), given
+    with pytest.raises(TypeError, match="shard paths"):
+        feedpipe.index(3, show_progress=False)  # type: ignore[arg-type]
 
 
 def test_index_records_class_names(wds_dir: Path, tmp_path: Path) -> None:
@@ -433,3 +450,152 @@ def test_check_index_against_the_shard_bytes(sharded_copy: Path) -> None:
     with pytest.raises(ShardFormatError, match=rf"data-000000\.tar: corrupted tar header at "
                                                rf"offset {header}"):
         check_index(parse_index(good), bytes(broken), str(shard))
+
+
+# --------------------------------------------------------------------------------------------
+# members that are not plain files, in other tools' tars (issue 41: dot-files, hard links and
+# symbolic links vanished with no record)
+
+
+def _odd_members_tar(path: Path, fmt: int) -> dict[str, bytes]:
+    """A tar by the standard library in ``fmt`` holding directories, dot-files, a hard link, a
+    symbolic link, a hard link to nothing before it and a FIFO beside plain files; the plain
+    files' bytes by name."""
+    files = {"a.txt": b"alpha", "a.json": b'{"a": 1}', "dir/b.txt": b"bravo",
+             ".gitignore": b"*.pyc\n", "dir/.hidden": b"secret"}
+    with tarfile.open(path, "w", format=fmt) as tf:
+        def add(name: str, kind: bytes, data: bytes = b"", link: str = "") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.size, info.linkname, info.mtime = kind, len(data), link, 0
+            tf.addfile(info, io.BytesIO(data) if data else None)
+
+        add("dir", tarfile.DIRTYPE)
+        for name, data in files.items():
+            add(name, tarfile.REGTYPE, data)
+        add("c.txt", tarfile.LNKTYPE, link="a.txt")  # tarfile reads it as a.txt's bytes
+        add("dir/e.txt", tarfile.LNKTYPE, link="dir/b.txt")
+        add("./g.txt", tarfile.LNKTYPE, link="dir//b.txt")  # names compared normalised
+        add("d.txt", tarfile.SYMTYPE, link="a.txt")
+        add("f.txt", tarfile.LNKTYPE, link="later.txt")  # its target comes after it
+        add("later.txt", tarfile.REGTYPE, b"later")
+        add("pipe", tarfile.FIFOTYPE)
+    return files
+
+
+def _nothing_vanishes(tars: list[Path], root: Path) -> list[dict[str, str]]:
+    """Every member :mod:`tarfile` reads bytes of (a regular file, or a link it resolves) is
+    served with tarfile's bytes by the reader through the ``.idx``, or listed in the manifest's
+    ``skipped`` with a reason; every member tarfile lists that is not a directory is one or the
+    other. The list of members left out."""
+    skipped = load_manifest(str(root)).skipped
+    left = {(s["shard"], s["path"]): s["reason"] for s in skipped}
+    assert all(left.values()) and len(left) == len(skipped)
+    for tar in tars:
+        shard = tar.relative_to(root).as_posix()
+        raw = tar.read_bytes()
+        served: dict[str, bytes] = {}
+        with ShardReader(str(tar)) as r:
+            idx = r.index
+            for i in range(len(r)):
+                sample = r.sample(i)
+                for m in range(idx.starts[i], idx.starts[i + 1]):
+                    data = raw[idx.offsets[m]:idx.offsets[m] + idx.sizes[m]]
+                    assert bytes(sample[idx.exts[m]]) == data
+                    served[idx.names[m]] = data
+        with tarfile.open(tar) as tf:
+            for member in tf.getmembers():
+                if member.isdir():
+                    assert (shard, member.name) not in left
+                    continue
+                try:
+                    f = tf.extractfile(member)
+                except KeyError:  # a link to nothing tarfile finds
+                    f = None
+                if member.name in served:
+                    assert f is not None and served.pop(member.name) == f.read(), member.name
+                else:
+                    assert (shard, member.name) in left, f"{member.name} vanished"
+        assert served == {}, served  # nothing served that tarfile does not read
+    return skipped
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT],
+                         ids=["gnu", "ustar", "pax"])
+def test_index_reads_hard_links_and_lists_every_member_left_out(tmp_path: Path, fmt: int) -> None:
+    tar = tmp_path / "odd.tar"
+    files = _odd_members_tar(tar, fmt)
+    r = run_feedpipe("index", tmp_path, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    skipped = _nothing_vanishes([tar], tmp_path)
+    assert doc["left_out"] == skipped and doc["num_left_out"] == 5
+    reasons = {s["path"]: s["reason"] for s in skipped}
+    assert sorted(reasons) == [".gitignore", "d.txt", "dir/.hidden", "f.txt", "pipe"]
+    assert reasons[".gitignore"].startswith("hidden file: its WebDataset key")
+    assert reasons["dir/.hidden"].startswith("hidden file: its WebDataset key (the name up to "
+                                             "the first dot of its file name) is only its "
+                                             "directory 'dir/'")
+    assert reasons["d.txt"].startswith("symbolic link to 'a.txt'")
+    assert reasons["f.txt"] == "hard link to 'later.txt', which the tar does not hold before it"
+    assert reasons["pipe"] == "FIFO: it holds no bytes"
+    with ShardReader(str(tar)) as reader:  # the hard links: their own keys, their targets' bytes
+        got = {s["__key__"]: bytes(s["txt"]) for s in reader if "txt" in s}
+    assert got == {"a": b"alpha", "dir/b": b"bravo", "c": b"alpha", "dir/e": b"bravo",
+                   "./g": b"bravo", "later": b"later"}
+    assert files["a.txt"] == got["c"]
+    # webdataset reads only tarfile's isreg() members: it drops the hard links (and the rest)
+    # in silence, and makes dir/.hidden a sample keyed "dir/", which feedpipe lists as left out
+    theirs = dict(_wds_read([tar]))
+    assert theirs.pop("dir/") == {"hidden": b"secret"}
+    ours = dict(_feedpipe_read([tar]))
+    assert {k: v for k, v in ours.items() if k not in ("c", "dir/e", "./g")} == theirs
+    assert ours["c"] == {"txt": b"alpha"} and ours["dir/e"] == ours["./g"] == {"txt": b"bravo"}
+    assert feedpipe.verify(str(tmp_path), show_progress=False).ok
+    text = run_feedpipe("index", tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "left out 5 member(s) that make no sample" in text.stdout
+    for s in skipped:
+        assert f"    odd.tar: {s['path']} ({s['reason']})" in text.stdout
+
+
+def test_the_python_api_says_what_it_left_out(tmp_path: Path,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    _odd_members_tar(tmp_path / "odd.tar", tarfile.GNU_FORMAT)
+    with caplog.at_level("WARNING", logger="feedpipe.index"):
+        m = feedpipe.index(tmp_path, show_progress=False)
+    said = [r.getMessage() for r in caplog.records if r.name == "feedpipe.index"]
+    assert len(said) == 1 and said[0].startswith("5 member(s) of the shards make no sample")
+    assert all(f"odd.tar: {s['path']} ({s['reason']})" in said[0] for s in m.skipped)
+    assert m.total_samples == 6 and len(m.skipped) == 5  # a, dir/b, c, dir/e, ./g, later
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="needs a tar command")
+@pytest.mark.parametrize("fmt", ["gnu", "posix", "ustar", "v7", "oldgnu"])
+def test_index_of_a_system_tar_of_a_folder_with_links(tmp_path: Path, fmt: int) -> None:
+    """``tar cf`` of a folder (GNU tar or bsdtar, in every format it writes) with dot-files, a
+    hard link, symbolic links (to a file, to a directory, dangling) and an empty directory."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "empty").mkdir()
+    (src / "one.txt").write_bytes(b"one")
+    (src / "sub" / "two.bin").write_bytes(bytes(range(256)) * 5)
+    (src / ".gitignore").write_text("*.o\n")
+    (src / "sub" / ".env").write_text("A=1\n")
+    os.link(src / "one.txt", src / "three.txt")
+    os.symlink("one.txt", src / "four.txt")
+    os.symlink("sub", src / "five")
+    os.symlink("nowhere.txt", src / "six.txt")
+    out = tmp_path / "out"
+    out.mkdir()
+    made = subprocess.run(["tar", f"--format={fmt}", "-cf", str(out / "s.tar"), "-C", str(src),
+                           "."], capture_output=True, text=True)
+    if made.returncode and "format" in made.stderr:
+        pytest.skip(f"this tar writes no {fmt} format: {made.stderr.strip()}")
+    assert made.returncode == 0, made.stderr
+    m = feedpipe.index(out, show_progress=False)
+    skipped = _nothing_vanishes([out / "s.tar"], out)
+    reasons = {s["path"].removeprefix("./"): s["reason"].split(":")[0] for s in skipped}
+    assert reasons == {".gitignore": "hidden file", "sub/.env": "hidden file",
+                       "four.txt": "symbolic link to 'one.txt'", "five": "symbolic link to 'sub'",
+                       "six.txt": "symbolic link to 'nowhere.txt'"}
+    assert m.total_samples == 3  # one, sub/two and three (whichever of one/three is the link)

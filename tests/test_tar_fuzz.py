@@ -1,9 +1,11 @@
 """One tar parser for ``feedpipe index``, ``feedpipe verify`` and the reader (issue 23): on random
 archives (ustar, GNU and PAX, long names, base-256 sizes, PAX size and path records, directory
 entries) and mutated ones (bit flips with and without a recomputed checksum, truncations, bytes
-appended or zeroed), the three either all succeed and serve exactly the bytes :mod:`tarfile`
-reads, or all refuse with :class:`ShardFormatError`. Nothing else escapes, nothing hangs, nothing
-half-written is left."""
+appended or zeroed; hidden files, hard and symbolic links, to members or to nothing), the three
+either all succeed and serve exactly the bytes :mod:`tarfile` reads (a hard link: its target's),
+or all refuse with :class:`ShardFormatError`. Every other member tarfile lists (a directory
+aside) is in the manifest's ``skipped`` with a reason (issue 41). Nothing else escapes, nothing
+hangs, nothing half-written is left."""
 
 from __future__ import annotations
 
@@ -20,14 +22,19 @@ from feedpipe.errors import KeyClashError, ShardFormatError
 from feedpipe.format._index import index_path
 from feedpipe.format._indexer import index_dataset
 from feedpipe.format._keys import split_member
+from feedpipe.format._manifest import load_manifest
 from feedpipe.format._reader import ShardReader
 from feedpipe.format._verify import verify, verify_shard
 
 _FORMATS = (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT)
 
 
-def _write(members: list[tuple[str, bytes | None]], fmt: int) -> bytes:
-    """A tar by the standard library; ``None`` data makes a directory entry."""
+Data = bytes | None | tuple[bytes, str]
+
+
+def _write(members: list[tuple[str, Data]], fmt: int) -> bytes:
+    """A tar by the standard library; ``None`` data makes a directory entry, ``(type, target)``
+    a hard or symbolic link."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
         for name, data in members:
@@ -35,6 +42,9 @@ def _write(members: list[tuple[str, bytes | None]], fmt: int) -> bytes:
             info.mode, info.mtime = 0o644, 0
             if data is None:
                 info.type = tarfile.DIRTYPE
+                tf.addfile(info)
+            elif isinstance(data, tuple):
+                info.type, info.linkname = data
                 tf.addfile(info)
             else:
                 info.size = len(data)
@@ -51,15 +61,25 @@ def _headers(raw: bytes) -> list[tuple[int, int]]:
 @st.composite
 def archives(draw: st.DrawFn) -> bytes:
     fmt = draw(st.sampled_from(_FORMATS))
-    members: list[tuple[str, bytes | None]] = []
+    members: list[tuple[str, Data]] = []
     for i in range(draw(st.integers(0, 4)) or draw(st.integers(0, 1))):
         folder = draw(st.sampled_from(["", "a/", "d.ir/", "é/", "q" * 120 + "/"]))
-        stem = draw(st.sampled_from(["s", "x" * 110, "猫", "k.v2", "s", "a b"])) + str(i)
+        stem = draw(st.sampled_from(["s", "x" * 110, "猫", "k.v2", "s", "a b", ""])) + str(i)
         if draw(st.integers(0, 5)) == 0:
             members.append((f"{folder}{stem}", None))
+        if draw(st.integers(0, 5)) == 0:  # a hidden file: its key is empty
+            members.append((f"{folder}.{stem}", draw(st.binary(max_size=50))))
         for ext in draw(st.lists(st.sampled_from(["jpg", "json", "cls", "seg.png"]),
                                  min_size=1, max_size=3, unique=True)):
-            members.append((f"{folder}{stem}.{ext}", draw(st.binary(max_size=1100))))
+            name = f"{folder}{stem}.{ext}"
+            files = [n for n, d in members if isinstance(d, bytes)]
+            link = draw(st.sampled_from(["", "", "", "hard", "symbolic"]))
+            if link:  # to an earlier file, or to a name the tar does not hold
+                target = draw(st.sampled_from([*files, "gone.jpg", "z" * 140 + ".jpg"]))
+                kind = tarfile.LNKTYPE if link == "hard" else tarfile.SYMTYPE
+                members.append((name, (kind, target)))
+            else:
+                members.append((name, draw(st.binary(max_size=1100))))
     try:
         raw = _write(members, fmt)
     except ValueError:  # a name ustar cannot hold
@@ -112,18 +132,28 @@ def mutated(draw: st.DrawFn) -> bytes:
 
 
 def _tarfile_members(raw: bytes) -> list[tuple[str, bytes]] | None:
-    """Regular members that make samples (the WebDataset key rule), as tarfile reads them."""
+    """Regular members and hard links to an earlier one (their target's bytes) that make
+    samples (the WebDataset key rule), as tarfile reads them."""
     try:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tf:
             out = []
             for m in tf:
-                if m.isreg():
-                    f = tf.extractfile(m)
+                if m.isreg() or m.islnk():
+                    try:
+                        f = tf.extractfile(m)
+                    except KeyError:  # a hard link to a name no member before it holds
+                        continue
                     assert f is not None
                     out.append((m.name, f.read()))
     except Exception:  # noqa: BLE001 - whatever tarfile makes of it, it read no archive
         return None
     return [(n, b) for n, b in out if split_member(n)[0] and not split_member(n)[0].endswith("/")]
+
+
+def _tarfile_names(raw: bytes) -> list[str]:
+    """Every member tarfile lists that is not a directory (links, devices and all)."""
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tf:
+        return [m.name for m in tf if not m.isdir()]
 
 
 def _served(path: str, raw: bytes) -> list[tuple[str, bytes]]:
@@ -169,6 +199,11 @@ def _check(raw: bytes, d: str) -> str:
         return "refused"
     assert oracle is not None, "feedpipe indexed a shard tarfile cannot read"
     assert _served(path, raw) == oracle  # through the index
+    # nothing vanishes: a member tarfile lists is served, or left out with its reason
+    left = {x["path"] for x in load_manifest(d).skipped if x["reason"]}
+    served = {n for n, _ in oracle}
+    assert [n for n in _tarfile_names(raw) if n not in served and n not in left] == []
+    assert left.isdisjoint(served)
     report = verify(d)
     assert report.ok and not report.warnings, report.problems + report.warnings
     os.unlink(index_path(path))

@@ -299,10 +299,13 @@ class ShardCache:
             self.stats.prefetched += 1
         return {"valid": "ok", "refused": "skipped"}.get(status, status)
 
-    def acquire(self, url: str, rec: ShardRecord, rank: Rank | None = None) -> Lease | None:
+    def acquire(self, url: str, rec: ShardRecord, rank: Rank | None = None, *,
+                quiet: bool = False) -> Lease | None:
         """The cached shard, filled first if needed, held in use until the lease is released;
         ``None`` when it cannot be cached now (the directory is full, or the budget is taken by
-        shards in use: see the module docstring): read ``url`` directly then.
+        shards in use: see the module docstring): read ``url`` directly then. ``quiet``: a
+        refusal for the budget is neither warned of nor counted (a caller that frees entries
+        it holds and asks again).
 
         Waits while another thread or process fills the same entry (one download per node).
         Counts this process among the cache's readers until :meth:`trim`.
@@ -310,12 +313,12 @@ class ShardCache:
         self._ensure_dir()
         try:
             disk(self.path, self._budget.register)
-            return self._acquire(self._entry(url, rec), rank or (lambda k: INF))
+            return self._acquire(self._entry(url, rec), rank or (lambda k: INF), quiet)
         except NoSpace as e:  # not even a lock file fits
             self._degrade(url, e.error)
             return None
 
-    def _acquire(self, entry: Entry, rank: Rank) -> Lease | None:
+    def _acquire(self, entry: Entry, rank: Rank, quiet: bool = False) -> Lease | None:
         tar, lockfile = entry.p(".tar"), entry.p(".lock")
         wait = threading.Event()
         for attempt in range(200):
@@ -338,6 +341,8 @@ class ShardCache:
                 status = self._fill(entry, rank, demand=True, stop=None)
                 if status in ("degraded", "refused"):
                     os.close(fd)
+                    if status == "refused" and quiet:
+                        return None
                     self.stats.misses += 1
                     if status == "refused":
                         self._over_budget(entry.url)

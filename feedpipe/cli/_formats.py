@@ -194,14 +194,20 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                     "manifest.json (with sha256 of each shard) at the dataset root. Every shard "
                     "is checked before anything is written: a truncated or malformed shard, a "
                     "key found twice (in one shard or two), or a cls value outside --classes, "
-                    "is named and nothing is written. Compressed shards "
-                    "(.tar.gz, .tgz) are refused: decompress them first.",
+                    "is named and nothing is written. gzip shards (.tar.gz, .tgz) are indexed "
+                    "as they are (their .idx gives offsets in the plain tar inside, which "
+                    "readers decompress once into the shard cache); bzip2, xz and zstd ones are "
+                    "refused, saying how to convert them. A hard link to an earlier member "
+                    "reads as its target's bytes, as tar and Python's tarfile read it; every "
+                    "member that makes no sample (a symbolic link, a hidden file such as "
+                    ".gitignore, whose key is empty, a device) is listed with its reason in the "
+                    "summary and in the manifest's \"skipped\".",
         epilog="Examples:\n"
                "  feedpipe index ./shards                       # every *.tar in the directory\n"
                "  feedpipe index 'shards/train-*.tar' --root shards\n"
                "  feedpipe index ./shards --classes cat,dog,zebra   # what cls 0, 1, 2 mean\n"
                "  feedpipe index ./shards --classes classes.txt     # one name per line\n"
-               "  gunzip -k shards/*.tar.gz && feedpipe index ./shards\n"
+               "  feedpipe index 'shards/*.tar.gz'              # gzip shards, as they are\n"
                "  feedpipe index ./shards --json | jq .total_samples",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("shards", nargs="+", metavar="SHARD", help="shard files, globs or directories")
@@ -222,7 +228,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_index(a: argparse.Namespace) -> int:
-    from ..format._indexer import index_dataset
+    from ..format._indexer import describe, index_dataset
 
     r = index_dataset(a.shards, root=a.root, classes=a.classes,
                       show_progress=False if a.no_progress else None,
@@ -235,6 +241,10 @@ def cmd_index(a: argparse.Namespace) -> int:
         if m.classes is not None:
             lines.append(f"  classes  {len(m.classes)} from {r.classes_from}: "
                          f"{', '.join(m.classes[:8])}{', ...' if len(m.classes) > 8 else ''}")
+        if r.left_out:
+            lines.append(f"  left out {len(r.left_out)} member(s) that make no sample "
+                         "(manifest.json \"skipped\"):")
+            lines += [f"    {describe(x)}" for x in r.left_out]
         lines.append(f"  wrote    {len(r.indexes)} .idx files and {r.root}/manifest.json")
         return "\n".join(lines)
 

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 from ..errors import ShardFormatError
 from ._keys import split_member
-from ._tar import format_error, scan, scan_buffer
+from ._tar import LeftOut, format_error, scan, scan_buffer
 
 VERSION = "v1.2"
 
@@ -36,6 +36,9 @@ class ShardIndex:
     names: list[str] = field(default_factory=list)  # per member, as stored in the tar
     # False for a v1.1 index: its names are made up from the line number and extension
     named: bool = field(default=True, compare=False)
+    # the tar's members that make no sample, and why (from the tar's headers; an index read
+    # from an .idx file has none listed)
+    left_out: list[LeftOut] = field(default_factory=list, compare=False)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -49,13 +52,25 @@ class ShardIndex:
         return set(self.exts)
 
 
-def group_members(members: Iterable[tuple[str, int, int]]) -> ShardIndex:
+HIDDEN = ("hidden file: its WebDataset key (the name up to the first dot of its file name) is "
+          "empty, so it belongs to no sample (webdataset and DALI skip it too); rename it key.ext "
+          "to keep it")
+# (webdataset and DALI's reader make ``dir/.DS_Store`` a sample keyed "dir/", of such files only)
+HIDDEN_IN = ("hidden file: its WebDataset key (the name up to the first dot of its file name) "
+             "is only its directory {!r}, which names no sample (webdataset would make it one "
+             "keyed so); rename it key.ext to keep it")
+
+
+def group_members(members: Iterable[tuple[str, int, int]],
+                  left_out: list[LeftOut] | None = None) -> ShardIndex:
     """Group ``(name, data_offset, size)`` members into samples by the WebDataset rule.
 
     Consecutive members with the same key form one sample; members whose key is empty (hidden
-    files such as ``.DS_Store``) are skipped, as DALI's ``wds2idx`` does.
+    files such as ``.DS_Store``, ``dir/.gitignore``) make no sample, as in DALI's ``wds2idx``:
+    they are appended to ``left_out`` (and the index's ``left_out``) with the reason.
     """
-    idx = ShardIndex([], [0], [], [], [], [])
+    idx = ShardIndex([], [0], [], [], [], [], left_out=[] if left_out is None else left_out)
+    hidden = idx.left_out.append
     last: str | None = None
     keys, starts, exts, offsets, sizes, names = (idx.keys, idx.starts, idx.exts, idx.offsets,
                                                  idx.sizes, idx.names)
@@ -64,6 +79,7 @@ def group_members(members: Iterable[tuple[str, int, int]]) -> ShardIndex:
         dot = name.find(".", name.rfind("/") + 1)
         key, ext = (name, "") if dot < 0 else (name[:dot], name[dot + 1:])
         if not key or key.endswith("/"):
+            hidden(LeftOut(name, HIDDEN_IN.format(key) if key else HIDDEN))
             continue
         if key != last:
             if last is not None:
@@ -81,17 +97,22 @@ def group_members(members: Iterable[tuple[str, int, int]]) -> ShardIndex:
 
 def index_from_tar(f: BinaryIO, size: int, where: str) -> ShardIndex:
     """The index a shard's tar headers give (``feedpipe index``, ``verify`` and the reader's
-    scan of a shard without ``.idx`` all make it here, with the one tar parser).
+    scan of a shard without ``.idx`` all make it here, with the one tar parser). A hard link to
+    an earlier member is a member with its target's offset and size; what makes no sample is in
+    its ``left_out``, in the order of the tar.
 
     Raises:
         ShardFormatError: the tar is truncated or malformed (names ``where`` and the offset).
     """
-    return group_members((m.name, m.offset, m.size) for m in scan(f, size, where))
+    left: list[LeftOut] = []
+    return group_members(((m.name, m.offset, m.size) for m in scan(f, size, where, left)), left)
 
 
 def index_from_buffer(data: Any, where: str) -> ShardIndex:
     """:func:`index_from_tar` of a whole shard in memory (``bytes``, ``memoryview``, ``mmap``)."""
-    return group_members((m.name, m.offset, m.size) for m in scan_buffer(data, where))
+    left: list[LeftOut] = []
+    return group_members(((m.name, m.offset, m.size) for m in scan_buffer(data, where, left)),
+                         left)
 
 
 def format_index(idx: ShardIndex) -> str:

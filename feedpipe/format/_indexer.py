@@ -5,7 +5,9 @@ set, so the shards stream through feedpipe without re-sharding. Every shard is r
 before anything is written: a bad shard or a key clash leaves no index and no manifest behind.
 A gzip shard (``a.tar.gz``, ``a.tgz``) is decompressed into a temporary file for its scan; its
 index (``a.tar.gz.idx``) gives offsets in the plain tar inside, which readers decompress once into
-the shard cache (:mod:`feedpipe.format._compression`).
+the shard cache (:mod:`feedpipe.format._compression`). Members that make no sample (links that
+are not hard links to an earlier member, hidden files, devices) are listed with their reasons in
+the manifest's ``skipped``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ class IndexResult:
     indexes: list[str] = field(default_factory=list)
     classes_from: str | None = None
 
+    @property
+    def left_out(self) -> list[dict[str, str]]:
+        """Every member of the shards that makes no sample: ``{"shard", "path", "reason"}``
+        (the manifest's ``skipped``)."""
+        return self.manifest.skipped
+
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest
         return {"root": self.root, "manifest": os.path.join(self.root, NAME),
@@ -56,12 +64,27 @@ class IndexResult:
                             "sha256": s.sha256, "index": i}
                            for s, i in zip(m.shards, self.indexes)],
                 "total_samples": m.total_samples, "fields": m.fields, "classes": m.classes,
-                "classes_from": self.classes_from}
+                "classes_from": self.classes_from, "left_out": self.left_out,
+                "num_left_out": len(self.left_out)}
 
 
-def _expand(shards: Sequence[str]) -> list[str]:
+ShardPaths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def _paths(shards: ShardPaths) -> list[str]:
+    """``shards`` as a list of path strings: one path (``str`` or ``os.PathLike``) or a list of
+    them. A str is one path, never its characters."""
+    if isinstance(shards, (str, os.PathLike)):
+        return [os.fspath(shards)]
+    if isinstance(shards, (bytes, bytearray)) or not isinstance(shards, Sequence):
+        raise TypeError(f"shards={shards!r}: give the shard paths as a str, an os.PathLike, or a "
+                        "list of them (files, globs or directories)")
+    return [os.fspath(s) for s in shards]
+
+
+def _expand(shards: ShardPaths) -> list[str]:
     out: list[str] = []
-    for s in shards:
+    for s in _paths(shards):
         if not any(c in s for c in "*?["):
             refuse_unreadable(s)
         if os.path.isdir(s):
@@ -201,7 +224,7 @@ def _scanned(path: str) -> Iterator[tuple[ShardIndex, ShardRecord, str]]:
 
 
 def index_dataset(
-    shards: Sequence[str],
+    shards: ShardPaths,
     *,
     root: str | None = None,
     manifest: bool = True,
@@ -218,6 +241,7 @@ def index_dataset(
     interrupted = _interrupted_writes(root, paths, adopt_interrupted)
     records: list[ShardRecord] = []
     indexes: list[tuple[str, ShardIndex]] = []
+    left_out: list[dict[str, str]] = []
     fields: set[str] = set()
     keys = KeyRegistry()
     by_rel: dict[str, ShardIndex] = {}
@@ -238,6 +262,8 @@ def index_dataset(
         indexes.append((index_path(path), idx))
         rec.name = rel.replace(os.sep, "/")
         records.append(rec)
+        left_out += [{"shard": rec.name, "path": x.name, "reason": x.reason}
+                     for x in idx.left_out]
         fields |= idx.fields()
         bar.update(1)
     bar.close()
@@ -253,6 +279,7 @@ def index_dataset(
         shards=records,
         fields=sorted(fields),
         classes=names,
+        skipped=left_out,
         created_by={"tool": "feedpipe index", "feedpipe_version": __version__},
     )
     target = root
@@ -271,6 +298,11 @@ def index_dataset(
                     "shards it committed", marks.what(where))
         clear_marks(where, marks)
     return IndexResult(root, m, [i for i, _ in indexes], source)
+
+
+def describe(left: dict[str, str]) -> str:
+    """One member left out, for a summary line: ``shard: member (reason)``."""
+    return f"{left['shard']}: {left['path']} ({left['reason']})"
 
 
 def _interrupted_writes(root: str, paths: list[str],
@@ -294,7 +326,7 @@ def _interrupted_writes(root: str, paths: list[str],
 
 
 def index(
-    shards: Sequence[str],
+    shards: ShardPaths,
     *,
     root: str | None = None,
     manifest: bool = True,
@@ -304,9 +336,15 @@ def index(
 ) -> Manifest:
     """Write an ``.idx`` for every shard and a ``manifest.json`` in ``root``.
 
+    Members are read as ``tar`` and :mod:`tarfile` read them: a hard link to an earlier member
+    is a member with its target's bytes. Every member that makes no sample (a symbolic link, a
+    hidden file such as ``.gitignore``, whose WebDataset key is empty, a hard link to nothing
+    before it, a device) is listed with its shard and reason in the manifest's ``skipped`` and
+    said in a log record (``feedpipe.index``); directories hold no bytes and are not listed.
+
     Args:
-        shards: shard paths, globs, or directories (all ``*.tar``, ``*.tar.gz`` and ``*.tgz``
-            inside).
+        shards: a shard path, glob or directory (all ``*.tar``, ``*.tar.gz`` and ``*.tgz``
+            inside), as a ``str`` or ``os.PathLike``, or a list of them.
         root: where the manifest goes (default: the directory of the first shard); every shard
             must lie under it.
         manifest: also write ``manifest.json`` (and ``wids.json``).
@@ -331,6 +369,7 @@ def index(
             CompressedShardError for shards compressed otherwise than with gzip (says how to
             convert).
         SourceNotFoundError: a shard is missing or is not a regular file.
+        TypeError: ``shards`` is neither a path nor a list of paths.
 
     Example:
         >>> import io, os, tarfile, tempfile
@@ -343,6 +382,11 @@ def index(
         >>> m.total_samples, sorted(os.listdir(d))
         (2, ['a.idx', 'a.tar', 'manifest.json', 'wids.json'])
     """
-    return index_dataset(shards, root=root, manifest=manifest, classes=classes,
-                         show_progress=show_progress,
-                         adopt_interrupted=adopt_interrupted).manifest
+    r = index_dataset(shards, root=root, manifest=manifest, classes=classes,
+                      show_progress=show_progress, adopt_interrupted=adopt_interrupted)
+    if r.left_out:  # (the command prints them in its summary)
+        log.warning("%d member(s) of the shards make no sample and are left out, each listed "
+                    "with its reason in the manifest's \"skipped\"%s: %s", len(r.left_out),
+                    f" ({os.path.join(r.root, NAME)})" if manifest else "",
+                    "; ".join(describe(x) for x in r.left_out))
+    return r.manifest

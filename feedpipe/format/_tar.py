@@ -20,6 +20,7 @@ record, a name that is not UTF-8, sparse members, extension headers that contrad
 from __future__ import annotations
 
 import logging
+import posixpath
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -105,11 +106,23 @@ def _slow_header(name: str, size: int) -> bytes:
 
 @dataclass(frozen=True)
 class Member:
-    """One regular-file member found by :func:`scan`."""
+    """One regular-file member found by :func:`scan` (or a hard link to one: its name, and its
+    target's data)."""
 
     name: str
     offset: int  # where the member's data starts
     size: int
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A member of a tar that makes no sample, and why (a symbolic link, a hard link whose
+    target the tar does not hold, a device or FIFO, a member type tar readers do not agree on,
+    a hidden file whose WebDataset key is empty). Directories are not listed: they hold no
+    bytes, and the files in them are members of their own."""
+
+    name: str
+    reason: str
 
 
 # what a damaged shard's message ends with: what to do about it
@@ -140,6 +153,7 @@ _FIELDS = (("mode", 100, 108), ("uid", 108, 116), ("gid", 116, 124), ("mtime", 1
 _REGULAR = (b"0", b"7")  # and b"\0" unless its name ends with "/" (an old-style directory)
 _NO_DATA = {b"1": "hard link", b"2": "symlink", b"3": "character device",
             b"4": "block device", b"5": "directory", b"6": "FIFO"}
+_HARD_LINK, _SYMLINK, _DIRECTORY = b"1", b"2", b"5"
 _EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")
 
 
@@ -234,13 +248,17 @@ def _long_name(data: bytes, size: int, where: str, pos: int) -> bytes:
     return body
 
 
-def scan(f: BinaryIO, total_size: int, where: str) -> Iterator[Member]:
-    """Yield every regular-file member of a tar file.
+def scan(f: BinaryIO, total_size: int, where: str,
+         left_out: list[LeftOut] | None = None) -> Iterator[Member]:
+    """Yield every regular-file member of a tar file, and every hard link to one before it (as
+    :mod:`tarfile` reads a hard link: the name of the link, the bytes of its target).
 
     Args:
         f: a seekable binary file object of the archive.
         total_size: the byte size of the archive, to detect truncated member data.
         where: a name for messages (the shard path or URL).
+        left_out: where to append the members that are neither (:class:`LeftOut`: symbolic
+            links, hard links to nothing before them, devices, FIFOs, unknown member types).
 
     Raises:
         ShardFormatError: bad header checksum or numeric field, truncated header, data or
@@ -253,17 +271,22 @@ def scan(f: BinaryIO, total_size: int, where: str) -> Iterator[Member]:
         f.seek(pos)
         return f.read(n)
 
-    return _walk(read_at, total_size, where)
+    return _walk(read_at, total_size, where, left_out)
 
 
-def scan_buffer(data: Any, where: str) -> Iterator[Member]:
+def scan_buffer(data: Any, where: str, left_out: list[LeftOut] | None = None) -> Iterator[Member]:
     """:func:`scan` over an archive held in memory (``bytes``, ``memoryview``, ``mmap``)."""
-    return _walk(lambda pos, n: bytes(data[pos : pos + n]), len(data), where)
+    return _walk(lambda pos, n: bytes(data[pos : pos + n]), len(data), where, left_out)
 
 
-def _walk(read_at: Callable[[int, int], bytes], total: int, where: str) -> Iterator[Member]:
+def _walk(read_at: Callable[[int, int], bytes], total: int, where: str,
+          left_out: list[LeftOut] | None) -> Iterator[Member]:
     pos = 0
     long_name: bytes | None = None
+    long_link: bytes | None = None
+    # every member so far, by its normalised name (the last one of a name wins, as in tarfile):
+    # a regular file's (offset, size), or what else it is; where a hard link finds its target
+    before: dict[str, tuple[int, int] | str] = {}
     pax: dict[str, bytes] | None = None
     ext_at: int | None = None  # the first extension header of the member to come
     seen: dict[bytes, int] = {}  # extension type -> its offset, for the member to come
@@ -318,15 +341,17 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str) -> Itera
                               f"{padded(size)} bytes of data but the file ends at {total}")
             if typeflag == b"L":
                 long_name = _long_name(data, size, where, pos)
+            elif typeflag == b"K":
+                long_link = _long_name(data, size, where, pos)
             elif typeflag == b"x":
                 pax = _pax_records(data, size, where, pos)
             elif typeflag == b"g":
-                found = [k for k in _pax_records(data, size, where, pos)
-                         if k in ("path", "size") or k.startswith("GNU.sparse.")]
-                if found:
+                sets = [k for k in _pax_records(data, size, where, pos)
+                        if k in ("path", "size") or k.startswith("GNU.sparse.")]
+                if sets:
                     raise format_error(where, pos, "unsupported",
                                        f"{where}: the global PAX header at offset {pos} sets "
-                                       f"{found[0]!r} for every later member; not supported")
+                                       f"{sets[0]!r} for every later member; not supported")
             ext_at = pos if ext_at is None else ext_at
             pos = end
             continue
@@ -359,9 +384,38 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str) -> Itera
         else:
             skip = 0
         if regular:
-            yield Member(_member_name(block, own_name, long_name, pax, where, pos, ext_at),
-                         data_off, size)
-        long_name, pax, ext_at = None, None, None
+            name = _member_name(block, own_name, long_name, pax, where, pos, ext_at)
+            before[_norm(name)] = (data_off, size)
+            yield Member(name, data_off, size)
+        elif typeflag == _HARD_LINK:
+            target = _link_name(block, long_link, pax)
+            found = before.get(_norm(target))
+            if isinstance(found, tuple):  # a member like any: its name is checked as theirs
+                name = _member_name(block, own_name, long_name, pax, where, pos, ext_at)
+                before[_norm(name)] = found
+                yield Member(name, *found)
+            else:
+                name = _loose_name(block, own_name, long_name, pax, where, pos, ext_at)
+                before[_norm(name)] = "hard link to nothing"
+                if left_out is not None:
+                    left_out.append(LeftOut(name, f"hard link to {target!r}, " + (
+                        "which the tar does not hold before it" if found is None else
+                        f"a {found}")))
+        else:
+            name = _loose_name(block, own_name, long_name, pax, where, pos, ext_at)
+            kind = _NO_DATA.get(typeflag, "directory" if typeflag == b"\0" else "")
+            before[_norm(name)] = kind or "member of an unknown type"
+            if left_out is not None and typeflag != _DIRECTORY and kind != "directory":
+                if typeflag == _SYMLINK:
+                    why = (f"symbolic link to {_link_name(block, long_link, pax)!r}: it holds no "
+                           "bytes (webdataset skips it too); store the file itself")
+                elif kind:
+                    why = f"{kind}: it holds no bytes"
+                else:
+                    why = (f"member type {typeflag.decode('latin-1')!r}, which tar readers do "
+                           "not agree on (webdataset skips it)")
+                left_out.append(LeftOut(name, why))
+        long_name, long_link, pax, ext_at = None, None, None, None
         seen.clear()
         pos = data_off + skip
 
@@ -395,6 +449,39 @@ def _check_tail(read_at: Callable[[int, int], bytes], pos: int, total: int, wher
         log.warning("%s: %d byte(s) after the end of the archive (offset %d; the first non-zero "
                     "at %d) hold no tar header: ignored, as GNU tar and Python's tarfile ignore "
                     "them", where, total - pos - BLOCK, pos + BLOCK, first)
+
+
+def _norm(name: str) -> str:
+    """``posixpath.normpath(name)``, as :mod:`tarfile` compares a link's target with the names
+    before it; only names with an empty, ``.`` or ``..`` segment or a trailing slash change.
+
+    Example:
+        >>> _norm("a/b.jpg"), _norm("./a//b.jpg"), _norm("a/../b.jpg"), _norm("d/")
+        ('a/b.jpg', 'a/b.jpg', 'b.jpg', 'd')
+    """
+    if "/." in name or "//" in name or name[:1] == "." or name[-1:] == "/":
+        return posixpath.normpath(name)
+    return name
+
+
+def _link_name(block: bytes, long_link: bytes | None, pax: dict[str, bytes] | None) -> str:
+    """The name a link member points to: a GNU long link name, a PAX ``linkpath``, or the
+    header's ``linkname`` field (for messages and lookups: bytes that are not UTF-8 replaced)."""
+    raw = long_link if long_link is not None else (pax or {}).get("linkpath")
+    if raw is None:
+        raw = _cstr(block[157:257])
+    return raw.decode("utf-8", "replace")
+
+
+def _loose_name(block: bytes, own: bytes, long_name: bytes | None,
+                pax: dict[str, bytes] | None, where: str, pos: int, ext_at: int | None) -> str:
+    """:func:`_member_name` of a member that makes no sample, to list it: a name that member
+    names are refused for (not UTF-8, two names) is no reason to refuse the shard here."""
+    try:
+        return _member_name(block, own, long_name, pax, where, pos, ext_at).rstrip("/")
+    except ShardFormatError:
+        raw = long_name if long_name is not None else (pax or {}).get("path", own)
+        return raw.decode("utf-8", "replace").rstrip("/")
 
 
 def _member_name(block: bytes, own: bytes, long_name: bytes | None,

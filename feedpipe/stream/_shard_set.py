@@ -9,8 +9,9 @@ uses its public methods:
 :class:`~feedpipe.DeviceCache`.
 
 A gzip shard (``.tar.gz``, ``.tgz``) is always read through an L1 cache, which decompresses it
-once (:mod:`feedpipe.caches._entry`): the dataset's cache, else the default cache directory,
-said in a log record. Plain shards of the same dataset are read where they are.
+once (:mod:`feedpipe.caches._entry`): the dataset's cache, else the default cache directory with
+a budget of :data:`GZIP_CACHE_SIZE` bytes, said in a log record (once per dataset and process).
+Plain shards of the same dataset are read where they are.
 
 It is picklable: a copy sent to a worker process starts with no shard open and opens what that
 process reads (maps and locks do not cross processes).
@@ -39,6 +40,12 @@ if TYPE_CHECKING:
     from ..plan._world import World
 
 log = logging.getLogger("feedpipe.cache")
+
+# The byte budget of the default shard cache that gzip shards are decompressed into when no
+# cache_dir= is given (docs/converting.md): room for a working set of shards, not a home folder
+# filled by one dataset. cache_dir=True, cache_size=... keeps that directory with another one.
+GZIP_CACHE_SIZE = 10 * 10**9
+_said: set[tuple[str, str]] = set()  # (dataset, directory) whose record this process gave
 
 
 class ShardSet:
@@ -132,7 +139,15 @@ class ShardSet:
                 clock.advance(shard)
                 for done in clock.done_with(list(self._leases)):  # out of use: evictable
                     self._close(done)
-            lease = cache.acquire(url, rec, clock.rank if clock is not None else None)
+            rank = clock.rank if clock is not None else None
+            lease = cache.acquire(url, rec, rank, quiet=packed and bool(self._leases))
+            if lease is None and packed and self._leases:
+                # No room in the budget: the entries in use may be this process's own open
+                # shards (up to max_open). Let go of those no batch holds, so that the cache can
+                # evict them (it never evicts what a reader holds), and ask once more.
+                for s in [s for s in self._leases if s not in self._held]:
+                    self._close(s)
+                lease = cache.acquire(url, rec, rank)
             path = url if lease is None else lease.path  # None: cache full, read uncached
             if lease is None and packed:
                 raise OutputError(
@@ -309,10 +324,16 @@ class ShardSet:
 def _default_cache(root: str) -> ShardCache:
     """The cache that decompresses the gzip shards of a dataset given no ``cache_dir``: the
     default directory, said in a log record (it takes disk space the user did not name)."""
+    from .._helpers.sizes import format_size
     from ..caches._shards import ShardCache, default_cache_dir
 
     path = default_cache_dir()
-    log.warning("%s: gzip shards (.tar.gz, .tgz) are read from their plain tar, decompressed "
-                "once into the shard cache; no cache_dir= was given, so the default one is used "
-                "(%s, no size limit): pass cache_dir= (and cache_size=) to choose", root, path)
-    return ShardCache(path)
+    if (root, path) not in _said:
+        _said.add((root, path))
+        log.warning("%s: gzip shards (.tar.gz, .tgz) are read from their plain tar, decompressed "
+                    "once into the shard cache; no cache_dir= was given, so the default one is "
+                    "used (%s, at most %s: past it, the shards no reader holds are evicted): "
+                    "pass cache_dir= (and cache_size=) to choose, or cache_dir=True, "
+                    "cache_size=... for this directory with another bound", root, path,
+                    format_size(GZIP_CACHE_SIZE))
+    return ShardCache(path, GZIP_CACHE_SIZE)
