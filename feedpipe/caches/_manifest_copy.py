@@ -14,16 +14,16 @@ storage (no such object, access denied) is never overridden by the copy.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import time
 from typing import Any
 
 from .._helpers.storage import is_local, split_query
+from .._redact import cause, logger
 from ..errors import ManifestError, RemoteError
 from ..format._manifest import Manifest, dataset_root, load_manifest, parse_manifest
 
-log = logging.getLogger("feedpipe.cache")
+log = logger("feedpipe.cache")
 
 
 def copy_path(cache_path: str, url: str) -> str:
@@ -69,7 +69,7 @@ def load_manifest_cached(url: str, cache_dir: Any = None) -> Manifest:
             raise RemoteError(
                 f"{_first_line(e)}; and the copy of the manifest kept in the shard cache is "
                 f"damaged ({bad}): it was removed. Start again once {dataset_root(url)} can be "
-                "reached") from e
+                "reached") from cause(e)
         log.warning("%s: the storage is unreachable (%s); starting from the copy of the "
                     "manifest kept in the shard cache (%s, saved %s): every shard comes from the "
                     "cache, and one it does not hold fails until the storage is back",

@@ -11,19 +11,19 @@ run.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
 from .. import __version__
 from .._helpers.storage import is_local, local_path
+from .._redact import logger
 from ..errors import OutputError
 from ..format._manifest import NAME as MANIFEST_NAME
 from ..format._manifest import Manifest, write_manifest, write_wids_index
 from ..format._write_lock import WriterLock
 from ._writer import output_error
 
-log = logging.getLogger("feedpipe.convert")
+log = logger("feedpipe.convert")
 STATE_NAME = ".feedpipe-shard-state.json"
 WIDS_NAME = "wids.json"
 

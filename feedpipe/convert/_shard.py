@@ -24,7 +24,6 @@ resumes the other's run. The manifest's ``created_by.method`` names the one that
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from .. import __version__
 from .._helpers.pool_context import CommitPoint
 from .._helpers.progress import progress
 from .._helpers.storage import is_local, local_path
+from .._redact import logger
 from ..errors import InputError, KeyClashError, OutputError
 from ..format._image_fields import IMAGE_FIELDS, image_extension, image_field_of
 from ..format._manifest import Manifest, ShardRecord
@@ -62,7 +62,7 @@ from ._sources import Listing, SampleSpec, Source, printable, several_images
 from ._summary import ShardSummary
 from ._writer import hidden, load_record, output_error
 
-log = logging.getLogger("feedpipe.convert")
+log = logger("feedpipe.convert")
 Records = dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]]
 
 
