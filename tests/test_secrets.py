@@ -217,6 +217,30 @@ def test_a_shard_fetch_failing_mid_epoch_says_no_secret(
     outputs.check()
 
 
+def test_a_conversion_from_a_url_keeps_no_secret_in_its_dataset(
+    tmp_path: Path, outputs: Outputs
+) -> None:
+    """``feedpipe shard`` of a Parquet table behind a URL with a password: the manifest records
+    how the dataset was made (the source's URL), redacted; a failing one says no secret."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    (tmp_path / "tables").mkdir()
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "label": [1, 2, 3]}),
+                   tmp_path / "tables" / "t.parquet")
+    with python_server(tmp_path) as srv:
+        base = srv.url.replace("://", f"://feeder:{PASSWORD}@")
+        out = tmp_path / "out"
+        assert cli(outputs, "shard", f"{base}/tables/t.parquet", str(out), "--no-progress") == 0
+        assert cli(outputs, "shard", f"{base}/tables/gone.parquet", str(tmp_path / "out2"),
+                   "--no-progress", "--json") != 0
+    manifest = (out / "manifest.json").read_text()
+    assert f"http://{MARK}@127.0.0.1:{srv.port}/tables/t.parquet" in manifest
+    assert feedpipe.load_manifest(str(out)).total_samples == 3
+    outputs.tree("written", tmp_path)
+    outputs.check()
+
+
 @pytest.mark.skipif(moto_binary() is None, reason="moto_server is not installed")
 def test_an_s3_run_says_no_credential(
     root: Path, tmp_path: Path, outputs: Outputs, monkeypatch: pytest.MonkeyPatch
@@ -242,3 +266,26 @@ def test_an_s3_run_says_no_credential(
     outputs.tree("written", tmp_path)
     outputs.check()
     assert os.environ.get("AWS_SECRET_ACCESS_KEY")  # still set while outputs are checked
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(moto_binary() is None, reason="moto_server is not installed")
+def test_a_conversion_from_s3_and_its_probe_say_no_credential(
+    root: Path, tmp_path: Path, outputs: Outputs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("s3fs")
+    with moto_s3({"shards": root / "shards", "src": root / "src"}) as env:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        forget_s3_clients()
+        outputs.start()
+        outputs.secrets.append(env["AWS_SECRET_ACCESS_KEY"])
+        assert cli(outputs, "shard", "s3://feedpipe-test/src", str(tmp_path / "copy"),
+                   "--labels-from-dirs", "--no-progress") == 0
+        assert cli(outputs, "probe", "s3://feedpipe-test/shards", "--duration", "0.1",
+                   "--workers", "0", "--no-progress", "--json-out",
+                   str(tmp_path / "probe.json")) == 0
+    forget_s3_clients()
+    assert feedpipe.load_manifest(str(tmp_path / "copy")).total_samples == 25
+    outputs.tree("written", tmp_path)
+    outputs.check()

@@ -23,7 +23,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .._redact import cause, logger
+from .._redact import cause, logger, redact_doc
 from ..errors import ManifestError, SourceNotFoundError
 from ._compression import compressed_error, compressed_suffix, readable
 
@@ -95,9 +95,11 @@ class Manifest:
             "total_samples": self.total_samples,
             "fields": sorted(self.fields),
             "classes": self.classes,
-            "skipped": self.skipped,
+            # how it was made names the source, which may be a URL with a token: the file keeps
+            # no secret (a manifest is shared with the dataset)
+            "skipped": redact_doc(self.skipped),
             "num_skipped": len(self.skipped),
-            "created_by": self.created_by,
+            "created_by": redact_doc(self.created_by),
         }
         return json.dumps(doc, indent=1, ensure_ascii=False, sort_keys=False) + "\n"
 
