@@ -23,6 +23,7 @@ import feedpipe
 from feedpipe import FeedDataset, FeedLoader
 from feedpipe._helpers import retry
 from feedpipe._redact import MARK, cause, redact
+from feedpipe.caches._manifest_copy import copy_path
 from feedpipe.cli._main import main
 from feedpipe.errors import AccessDeniedError, RemoteError, SourceNotFoundError
 
@@ -170,6 +171,9 @@ def test_a_succeeding_http_run_says_no_secret(
     # the storage is gone: the run starts from the manifest copy in the cache, and says so
     ds = FeedDataset(url, cache_dir=tmp_path / "cache")
     assert sum(1 for _ in ds) == 25
+    # a renewed password and token find the same copy of the manifest
+    renewed = url.replace(PASSWORD, "renewed").replace(TOKEN, "renewed")
+    assert copy_path(str(tmp_path / "cache"), renewed) == copy_path(str(tmp_path / "cache"), url)
     assert (tmp_path / "probe.svg").exists() and (tmp_path / "probe.json").exists()
     outputs.tree("written", tmp_path)
     outputs.check()

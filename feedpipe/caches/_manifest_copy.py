@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from .._helpers.storage import is_local, split_query
-from .._redact import cause, logger
+from .._redact import cause, logger, redact
 from ..errors import ManifestError, RemoteError
 from ..format._manifest import Manifest, dataset_root, load_manifest, parse_manifest
 
@@ -28,8 +28,8 @@ log = logger("feedpipe.cache")
 
 def copy_path(cache_path: str, url: str) -> str:
     """Where the manifest of the dataset at ``url`` is kept in the cache directory (named after
-    the URL without its query string: a renewed token finds the same copy)."""
-    ident = hashlib.sha256(split_query(dataset_root(url))[0].encode()).hexdigest()[:20]
+    the URL without its query string and its password: a renewed token finds the same copy)."""
+    ident = hashlib.sha256(redact(split_query(dataset_root(url))[0]).encode()).hexdigest()[:20]
     return os.path.join(cache_path, f"manifest-{ident}.json")
 
 
