@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -242,6 +243,28 @@ def test_a_conversion_from_a_url_keeps_no_secret_in_its_dataset(
     assert f"http://{MARK}@127.0.0.1:{srv.port}/tables/t.parquet" in manifest
     assert feedpipe.load_manifest(str(out)).total_samples == 3
     outputs.tree("written", tmp_path)
+    outputs.check()
+
+
+def test_verify_of_a_damaged_dataset_names_its_problems_without_secret(
+    root: Path, tmp_path: Path, outputs: Outputs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard missing and one cut short behind a URL with a token: each problem is named, in
+    the report the library returns and in what the CLI prints."""
+    monkeypatch.setattr(retry, "DEFAULT_POLICY", FAST)
+    site = tmp_path / "site" / "shards"
+    shutil.copytree(root / "shards", site)
+    (site / "data-000001.tar").unlink()
+    with open(site / "data-000002.tar", "r+b") as f:
+        f.truncate(3000)
+    with python_server(tmp_path / "site", "--token", TOKEN) as srv:
+        url = srv.url.replace("://", f"://feeder:{PASSWORD}@") + f"/shards?token={TOKEN}"
+        report = feedpipe.verify(url, show_progress=False)
+        assert {p.kind for p in report.problems} >= {"missing", "size"}
+        for p in report.problems:
+            outputs.add("problem", str(p))
+        assert cli(outputs, "verify", url) == 1
+        assert cli(outputs, "verify", url, "--json") == 1
     outputs.check()
 
 
