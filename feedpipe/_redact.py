@@ -104,14 +104,25 @@ class RemoteCause(Exception):  # noqa: N818 - it stands in for another exception
     """Stands in for an exception a storage library raised (aiohttp, botocore, fsspec) as the
     cause of a feedpipe error, when that exception's text holds a URL with secrets: its type and
     its text, redacted, so a printed traceback says what failed and holds no token. The
-    exception itself is ``original`` (for a program; it is never printed); ``status`` is its HTTP
-    status where it had one."""
+    exception itself is ``original`` (for a program; it is never printed, and not sent to another
+    process); ``status`` is its HTTP status where it had one."""
 
     def __init__(self, original: BaseException) -> None:
         kind = type(original)
         super().__init__(f"{kind.__module__}.{kind.__qualname__}: {redact(str(original))}")
         self.original = original
         self.status = getattr(original, "status", None)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # sent to another process as its text (the original may not pickle, and is not needed)
+        return _remote_cause, (self.args[0], self.status)
+
+
+def _remote_cause(text: str, status: Any) -> RemoteCause:
+    made = RemoteCause.__new__(RemoteCause)
+    Exception.__init__(made, text)
+    made.original, made.status = None, status
+    return made
 
 
 def _chain(e: BaseException) -> list[BaseException]:

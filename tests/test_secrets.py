@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import shutil
 import traceback
 import warnings
@@ -130,6 +131,8 @@ def test_a_cause_with_a_secret_is_stood_in_for() -> None:
         text = "".join(traceback.format_exception(r))
         assert TOKEN not in text and f"token={MARK}" in text and "ConnectionResetError" in text
         assert r.__cause__.original is e  # type: ignore[union-attr]
+        again = pickle.loads(pickle.dumps(r.__cause__))
+        assert str(again) == str(r.__cause__) and again.original is None
 
 
 def _epoch(out: Outputs, url: str, tmp: Path, root: Path) -> None:
@@ -204,15 +207,17 @@ def test_a_failing_http_run_says_no_secret(
     outputs.check()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_shard_fetch_failing_mid_epoch_says_no_secret(
-    root: Path, tmp_path: Path, outputs: Outputs, monkeypatch: pytest.MonkeyPatch
+    root: Path, tmp_path: Path, outputs: Outputs, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
-    """The manifest is read, then every shard request fails: the error comes from the loader."""
+    """The manifest is read, then the storage goes away: the error comes from the loader (from
+    its worker processes with ``num_workers=2``)."""
     monkeypatch.setattr(retry, "DEFAULT_POLICY", FAST)
     with python_server(root, "--token", TOKEN) as srv:
         url = srv.url.replace("://", f"://feeder:{PASSWORD}@") + f"/shards?token={TOKEN}"
         ds = FeedDataset(url, cache_dir=tmp_path / "cache")
-        loader = FeedLoader(ds, batch_size=4, ledger=tmp_path / "ledger")
+        loader = FeedLoader(ds, batch_size=4, ledger=tmp_path / "ledger", num_workers=workers)
     with pytest.raises(RemoteError) as e:
         for _ in loader:
             pass
