@@ -110,7 +110,7 @@ class RemoteCause(Exception):  # noqa: N818 - it stands in for another exception
     def __init__(self, original: BaseException) -> None:
         kind = type(original)
         super().__init__(f"{kind.__module__}.{kind.__qualname__}: {redact(str(original))}")
-        self.original = original
+        self.original: BaseException | None = original
         self.status = getattr(original, "status", None)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import shutil
+import string
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from pathlib import Path
 import pytest
 from _data import make_dataset
 from _servers import forget_s3_clients, moto_binary, moto_s3, python_server
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import feedpipe
 from feedpipe import FeedDataset, FeedLoader
@@ -118,6 +121,38 @@ def test_redact_keeps_keys_and_hosts_and_replaces_every_value() -> None:
     assert redact(f"(at https://h/x?t={TOKEN}).") == f"(at https://h/x?t={MARK})."
     local = f"/data/odd?token={TOKEN}/manifest.json and s3://bucket/shards"
     assert redact(local) == local  # a local path's ? is a file name character
+
+
+_word = st.text(string.ascii_letters + string.digits + "-._~%", min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(scheme=st.sampled_from(["http", "https", "s3", "gs", "HTTPS"]), user=st.booleans(),
+       host=_word, path=st.lists(_word, max_size=3), keys=st.lists(_word, min_size=1, max_size=4),
+       secret=st.text(string.ascii_letters + string.digits + "+/=-_.~%:@?", min_size=6,
+                      max_size=40),
+       password=st.text(string.ascii_letters + string.digits + "-_.~%!$*+,;=", min_size=6,
+                        max_size=20),
+       fragment=st.booleans(), before=st.sampled_from(["", "GET ", "url='", "(", "<"]),
+       after=st.sampled_from(["", ": 503", "'", ").", ", then", ">", "\n"]))
+def test_redact_leaves_no_secret_and_keeps_the_rest(
+    scheme: str, user: bool, host: str, path: list[str], keys: list[str], secret: str,
+    password: str, fragment: bool, before: str, after: str
+) -> None:
+    """Wherever a URL stands in a text, the secrets of its query, fragment and user information
+    are gone, everything up to the query is kept, and redacting again changes nothing."""
+    plain = " ".join([scheme, host, *path, *keys, before, after, MARK])
+    assume("://" not in secret and secret not in plain and password not in plain)
+    query = "&".join(f"{k}={secret}" for k in keys)
+    base = f"{scheme}://" + (f"me:{password}@" if user else "") + host + "".join(
+        f"/{p}" for p in path)
+    text = f"{before}{base}?{query}" + (f"#k={secret}" if fragment else "") + after
+    clean = redact(text)
+    assert secret not in clean.replace(MARK, "") and password not in clean.replace(MARK, "")
+    kept = f"{scheme}://" + (f"{MARK}@" if user else "") + host + "".join(f"/{p}" for p in path)
+    assert clean.startswith(before + kept + "?")
+    assert all(f"{k}={MARK}" in clean for k in keys)
+    assert redact(clean) == clean
 
 
 def test_a_cause_with_a_secret_is_stood_in_for() -> None:
