@@ -98,8 +98,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def outputs(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> Iterator[
         Outputs]:
     """Collects every log record (feedpipe's from DEBUG up, any other logger's from INFO up),
-    every warning, and stdout and
-    stderr (the file descriptors, so worker processes' output too) of the test."""
+    every warning, and stdout and stderr (the file descriptors, so worker processes' output too)
+    of the test."""
     caplog.set_level(logging.DEBUG)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
