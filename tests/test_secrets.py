@@ -356,3 +356,12 @@ def test_a_conversion_from_s3_and_its_probe_say_no_credential(
     assert feedpipe.load_manifest(str(tmp_path / "copy")).total_samples == 25
     outputs.tree("written", tmp_path)
     outputs.check()
+
+
+def test_every_feedpipe_logger_redacts() -> None:
+    """A module that made its logger with ``logging.getLogger`` would log URLs whole: every
+    logger comes from :func:`feedpipe._redact.logger`, which adds the redacting filter."""
+    package = Path(feedpipe.__file__).parent
+    direct = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
+              if p.name != "_redact.py" and "logging.getLogger(" in p.read_text(encoding="utf-8")]
+    assert direct == []
