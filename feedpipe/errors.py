@@ -7,9 +7,19 @@ working around feedpipe calls.
 
 from __future__ import annotations
 
+from ._redact import redact
+
 
 class FeedpipeError(Exception):
-    """Base class of every error feedpipe raises."""
+    """Base class of every error feedpipe raises.
+
+    Its message never holds a URL's secrets: query values and user information are replaced by
+    ``<redacted>`` when the error is made (see :func:`feedpipe._redact.redact`), so an
+    error printed, logged or pasted into an issue tracker carries no token.
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ShardFormatError(FeedpipeError, ValueError):

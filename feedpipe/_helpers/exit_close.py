@@ -15,13 +15,14 @@ could wait on a parent that is gone. Passes a forked child inherited are not its
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import weakref
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-log = logging.getLogger("feedpipe")
+from .._redact import logger
+
+log = logger("feedpipe")
 
 It = TypeVar("It", bound=Iterator[Any])
 

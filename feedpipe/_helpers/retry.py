@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .._redact import cause
 from ..errors import AccessDeniedError, FeedpipeError, RemoteError, SourceNotFoundError
 from .remote_count import REMOTE
 
@@ -161,19 +162,19 @@ def call(
                 raise SourceNotFoundError(
                     f"{url}: no such object ({type(e).__name__}: {e}); check the URL and that the "
                     "dataset was uploaded completely"
-                ) from e
+                ) from cause(e)
             if kind == UNRESOLVED:
                 raise RemoteError(
                     f"{url}: the host name does not resolve ({type(e).__name__}: {e}); check the "
                     "host in the URL (for s3:// the endpoint, AWS_ENDPOINT_URL_S3) and the "
                     "machine's DNS settings"
-                ) from e
+                ) from cause(e)
             if kind == DENIED:
                 raise AccessDeniedError(
                     f"{url}: access denied ({type(e).__name__}: {e}); check the credentials "
                     "(for s3:// the AWS_* variables or ~/.aws, for gs:// GOOGLE_APPLICATION_"
                     "CREDENTIALS) and that they grant read access to this object"
-                ) from e
+                ) from cause(e)
             if kind != TRANSIENT:
                 raise
             delay = next(delays, None)
@@ -182,7 +183,7 @@ def call(
                     f"{url}: still failing after {tries} attempt(s) ({type(e).__name__}: {e}); "
                     "the storage service is unreachable or overloaded: check the network and "
                     "the endpoint, then run again"
-                ) from e
+                ) from cause(e)
             if stop is not None:
                 stop.wait(delay)
             else:

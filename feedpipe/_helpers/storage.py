@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .._redact import cause, redact_query
 from ..errors import InputError, SourceNotFoundError
 
 
@@ -59,9 +60,9 @@ def check_query(url: str) -> None:
     proto = base.split("://", 1)[0].lower()
     if proto not in ("http", "https"):
         raise InputError(
-            f"{url}: a query string ({query!r}) on a {proto}:// URL: feedpipe carries a query "
-            "to every object of a dataset over http(s) only; give the dataset's URL without "
-            "it (credentials and options come from the backend's own configuration)")
+            f"{url}: a query string ({redact_query(query)!r}) on a {proto}:// URL: feedpipe "
+            "carries a query to every object of a dataset over http(s) only; give the dataset's "
+            "URL without it (credentials and options come from the backend's own configuration)")
     params = {p.split("=", 1)[0].lower() for p in query.lstrip("?").split("#")[0].split("&")}
     signed = sorted(params & set(_ONE_OBJECT))
     if signed:
@@ -133,7 +134,7 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise MissingDependencyError(
             f"{url}: the fsspec backend for {proto}:// is not installed ({e}). Install it with: "
             f"{install_hint(proto, extra)}"
-        ) from e
+        ) from cause(e)
     return fs, path
 
 
@@ -144,7 +145,7 @@ def read_bytes(url: str) -> bytes:
             with open(local_path(url), "rb") as f:
                 return f.read()
         except FileNotFoundError as e:
-            raise SourceNotFoundError(f"{url}: no such file") from e
+            raise SourceNotFoundError(f"{url}: no such file") from cause(e)
     from . import retry
 
     fs, path = filesystem(url)

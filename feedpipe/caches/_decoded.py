@@ -43,7 +43,6 @@ function too), or ``DecodedStore.for_transform(..., version=)``; or clear the st
 
 from __future__ import annotations
 
-import logging
 import os
 import warnings
 from dataclasses import dataclass, fields
@@ -53,6 +52,7 @@ import numpy as np
 
 from .._helpers.cache_home import cache_home
 from .._helpers.file_lock import EXCLUSIVE, SHARED, lock
+from .._redact import logger
 from ..errors import DecodedStoreError, OutputError, UncacheableTransformError
 from ._decoded_files import (
     FORMAT,
@@ -75,7 +75,7 @@ from ._record_pool import RecordPool
 if TYPE_CHECKING:
     from ._stats import TierStats
 
-log = logging.getLogger("feedpipe")
+log = logger("feedpipe")
 
 
 def default_decoded_dir() -> str:

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from .._helpers.storage import filesystem, read_range
+from .._redact import cause
 from ..errors import OutputError, ShardFormatError, SourceNotFoundError
 from ..format._compression import Gunzip
 from ..format._index import index_path
@@ -88,11 +89,11 @@ def disk(where: str, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except OSError as e:
         if e.errno in _FULL:
-            raise NoSpace(e) from e
+            raise NoSpace(e) from cause(e)
         raise OutputError(
             e.errno, f"{where}: cannot write to the shard cache ({e.strerror}); pass cache_dir= a "
             "writable directory with free space"
-        ) from e
+        ) from cause(e)
 
 
 class Entry:
@@ -293,7 +294,7 @@ class Entry:
             try:
                 return gunzip.end() if last else gunzip.feed(blob)
             except ShardFormatError as e:
-                raise _Damaged(str(e)) from e
+                raise _Damaged(str(e)) from cause(e)
 
         try:
             lo = 0

@@ -25,7 +25,6 @@ retried; when the disk is full the index warns once and keeps computing without 
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import warnings
@@ -34,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._redact import logger
 from ..errors import FeedpipeError, UncacheableTransformError
 from ._fingerprint import fingerprint
 from ._lmdb_env import open_env, read, release, share, shared, write
@@ -44,7 +44,7 @@ from ._randomness import DrawCheck, random_part
 if TYPE_CHECKING:
     from ._stats import TierStats
 
-log = logging.getLogger("feedpipe")
+log = logger("feedpipe")
 
 
 @dataclass

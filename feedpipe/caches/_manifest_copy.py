@@ -14,22 +14,22 @@ storage (no such object, access denied) is never overridden by the copy.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import time
 from typing import Any
 
 from .._helpers.storage import is_local, split_query
+from .._redact import cause, logger, redact
 from ..errors import ManifestError, RemoteError
 from ..format._manifest import Manifest, dataset_root, load_manifest, parse_manifest
 
-log = logging.getLogger("feedpipe.cache")
+log = logger("feedpipe.cache")
 
 
 def copy_path(cache_path: str, url: str) -> str:
     """Where the manifest of the dataset at ``url`` is kept in the cache directory (named after
-    the URL without its query string: a renewed token finds the same copy)."""
-    ident = hashlib.sha256(split_query(dataset_root(url))[0].encode()).hexdigest()[:20]
+    the URL without its query string and its password: a renewed token finds the same copy)."""
+    ident = hashlib.sha256(redact(split_query(dataset_root(url))[0]).encode()).hexdigest()[:20]
     return os.path.join(cache_path, f"manifest-{ident}.json")
 
 
@@ -69,7 +69,7 @@ def load_manifest_cached(url: str, cache_dir: Any = None) -> Manifest:
             raise RemoteError(
                 f"{_first_line(e)}; and the copy of the manifest kept in the shard cache is "
                 f"damaged ({bad}): it was removed. Start again once {dataset_root(url)} can be "
-                "reached") from e
+                "reached") from cause(e)
         log.warning("%s: the storage is unreachable (%s); starting from the copy of the "
                     "manifest kept in the shard cache (%s, saved %s): every shard comes from the "
                     "cache, and one it does not hold fails until the storage is back",

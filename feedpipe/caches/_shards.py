@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._helpers.cache_home import cache_home
 from .._helpers.file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
+from .._redact import cause, redact
 from ..format._manifest import ShardRecord
 from ._budget import Budget, scan
 from ._entry import PARTS, Entry, NoSpace, Stopped, disk, entry_key
@@ -152,7 +153,7 @@ class ShardCache:
             raise OutputError(
                 e.errno, f"{self.path}: cannot create the shard cache directory: {e.strerror}; "
                 "pass cache_dir= a writable directory"
-            ) from e
+            ) from cause(e)
         self._made = True
 
     def _lock(self, key: str, mode: int, block: bool = True) -> int | None:
@@ -254,7 +255,7 @@ class ShardCache:
     def _warn(self, what: str, message: str) -> None:
         if what not in self._warned:
             self._warned.add(what)
-            warnings.warn(message, RuntimeWarning, stacklevel=5)
+            warnings.warn(redact(message), RuntimeWarning, stacklevel=5)
 
     def _degrade(self, url: str, error: OSError) -> None:
         self.stats.degraded += 1
@@ -358,8 +359,8 @@ class ShardCache:
                 self.stats.hits += hit
                 return Lease(tar, fd)
             os.close(fd)
-        warnings.warn(f"{self.path}: could not settle the cache entry of {entry.url}; reading it "
-                      "uncached", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{self.path}: could not settle the cache entry of {redact(entry.url)}; "
+                      "reading it uncached", RuntimeWarning, stacklevel=2)
         self.stats.degraded += 1
         self.stats.misses += 1
         return None

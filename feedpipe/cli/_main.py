@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .._redact import redact
 from ..errors import FeedpipeError
 from ._formats import (
     add_index,
@@ -105,9 +106,10 @@ _INTERRUPTED = {"shard": "interrupted; the shards committed so far are kept: rer
 
 def _failed(args: argparse.Namespace, e: BaseException, message: str, status: int) -> int:
     """Say what went wrong on stderr and, under ``--json``, as a JSON record on stdout."""
+    message = redact(message)  # an error from a library other than feedpipe may quote a URL
     print(f"feedpipe {args.command}: {message}", file=sys.stderr)
     if getattr(args, "json", False):
-        print_json({"error": type(e).__name__, "message": str(e) or message})
+        print_json({"error": type(e).__name__, "message": redact(str(e)) or message})
     return status
 
 

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from .._redact import redact, redact_doc
+
 
 def parse_size(text: str) -> int:
     """``"256MB"`` -> 256000000, ``"1GiB"`` -> 1073741824, ``"4096"`` -> 4096."""
@@ -104,14 +106,15 @@ def emit(a: argparse.Namespace, record: Any, text: str | Callable[[], str] | Non
     ``record`` (JSON-serialisable) goes to ``--json-out FILE`` when given, then to stdout as
     JSON under ``--json``. Otherwise ``text`` is printed: a string, or a function making it (for
     text that costs something to build); ``None`` when the command has printed its text
-    already."""
+    already. Neither carries a URL's secrets (:mod:`feedpipe._redact`)."""
+    record = redact_doc(record)
     out = getattr(a, "json_out", None)
     if out:
         write_json_file(out, record)
     if getattr(a, "json", False):
         print_json(record)
     elif text is not None:
-        print(text() if callable(text) else text)
+        print(redact(text() if callable(text) else text))
 
 
 def size_list(text: str) -> list[int]:

@@ -30,20 +30,20 @@ So the shards, indexes and manifest are byte-identical to a local run's with the
 
 from __future__ import annotations
 
-import logging
 import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._redact import logger
 from ..errors import OutputError
 from ..format._manifest import ShardRecord
 from ._shard_plan import sample_size
 from ._sources import SampleSpec, Source
 from ._writer import PartResult, finish_shard, write_part
 
-log = logging.getLogger("feedpipe.convert")
+log = logger("feedpipe.convert")
 _PURPOSE = "feedpipe shard --dask"
 CONNECT_TIMEOUT = "30s"
 STOP_TIMEOUT = 120  # s: a task stops after its shard under way

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import logging
 import os
 import re
 import shutil
@@ -56,6 +55,7 @@ from typing import Any
 from .._helpers.dependency import say_unbuilt
 from .._helpers.pool_context import die_with_parent, pool_context, sigint_deferred, sigint_held
 from .._helpers.progress import progress
+from .._redact import logger
 from ..format._index import ShardIndex, format_index
 from ..format._keys import NEEDS_ESCAPE, valid_extension
 from ..format._manifest import ShardRecord
@@ -81,7 +81,7 @@ from ._writer import (
     unlink_quiet,
 )
 
-log = logging.getLogger("feedpipe.convert")
+log = logger("feedpipe.convert")
 
 
 @dataclass

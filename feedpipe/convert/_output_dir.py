@@ -11,19 +11,19 @@ run.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
 from .. import __version__
 from .._helpers.storage import is_local, local_path
+from .._redact import logger, redact_doc
 from ..errors import OutputError
 from ..format._manifest import NAME as MANIFEST_NAME
 from ..format._manifest import Manifest, write_manifest, write_wids_index
 from ..format._write_lock import WriterLock
 from ._writer import output_error
 
-log = logging.getLogger("feedpipe.convert")
+log = logger("feedpipe.convert")
 STATE_NAME = ".feedpipe-shard-state.json"
 WIDS_NAME = "wids.json"
 
@@ -171,7 +171,7 @@ def check_state(out: str, fp: str, resume: bool, state_name: str = STATE_NAME,
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"plan_fingerprint": fp, "feedpipe_version": __version__,
-                       "options": options}, f)
+                       "options": redact_doc(options)}, f)
         os.replace(tmp, path)
     except OSError as e:
         unlink_quiet(tmp)

@@ -24,7 +24,6 @@ resumes the other's run. The manifest's ``created_by.method`` names the one that
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from .. import __version__
 from .._helpers.pool_context import CommitPoint
 from .._helpers.progress import progress
 from .._helpers.storage import is_local, local_path
+from .._redact import logger, redact
 from ..errors import InputError, KeyClashError, OutputError
 from ..format._image_fields import IMAGE_FIELDS, image_extension, image_field_of
 from ..format._manifest import Manifest, ShardRecord
@@ -62,7 +62,7 @@ from ._sources import Listing, SampleSpec, Source, printable, several_images
 from ._summary import ShardSummary
 from ._writer import hidden, load_record, output_error
 
-log = logging.getLogger("feedpipe.convert")
+log = logger("feedpipe.convert")
 Records = dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]]
 
 
@@ -106,9 +106,9 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
                   part=opts.part is not None, dask=opts.dask is not None, workers=nworkers)
     choice = choose_method(facts)
     if tables is None and (opts.columns is not None or opts.classes is not None):
-        raise ValueError(f"{printable(src)}: columns= and classes= apply to Parquet sources "
-                         "(a .parquet file or a directory of them); a folder tree takes its "
-                         "fields from file extensions and its classes from --labels-from-dirs")
+        raise ValueError(f"{redact(printable(src))}: columns= and classes= apply to Parquet "
+                         "sources (a .parquet file or a directory of them); a folder tree takes "
+                         "its fields from file extensions and its classes from --labels-from-dirs")
     part_of = None if opts.part is None else parse_part(opts.part)
     if tables is not None:
         return _under_lock(out, part_of, lambda: _shard_table(src, tables, out, opts, choice,
@@ -501,7 +501,7 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choic
     from ._tables import column_map, parquet_source
 
     if opts.labels_from_dirs:
-        raise ValueError(f"{printable(src)} is a Parquet source: --labels-from-dirs cannot "
+        raise ValueError(f"{redact(printable(src))} is a Parquet source: --labels-from-dirs cannot "
                          "apply (a table's class names come from a categorical or ClassLabel "
                          "column, or --classes)")
     table = parquet_source(src, files)

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._redact import redact_doc
 from ..errors import InputError, OutputError
 from ..format._index import ShardIndex, group_members, write_index
 from ..format._manifest import ShardRecord
@@ -380,7 +381,7 @@ def save_record(
     tmp = path + f".tmp-{os.getpid()}"
     doc = {
         "record": record.__dict__,
-        "skipped": [list(s) for s in skipped],
+        "skipped": [redact_doc(list(s)) for s in skipped],
         "fields": sorted(fields),
     }
     with open(tmp, "w", encoding="utf-8") as f:

@@ -32,6 +32,7 @@ from typing import Any
 
 from .._helpers.progress import progress
 from .._helpers.storage import is_local, local_path
+from .._redact import redact_doc
 from ..errors import OutputError, SourceNotFoundError
 from . import _pagecache as pagecache
 from . import _phases as phases
@@ -301,7 +302,7 @@ def _run(url: str, settings: ProbeSettings, decode: Callable[[dict[str, Any]], A
     }
     if pl and pl.get("h2d"):
         doc["environment"]["cuda_device"] = pl["h2d"]["device"]
-    return ProbeReport(_finite(doc))
+    return ProbeReport(_finite(redact_doc(doc)))  # its JSON, table and plot name no secret
 
 
 def _decode_name(given: Any, used: Any) -> str | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._helpers.storage import filesystem, is_local, local_path
+from .._redact import cause
 from ..errors import AccessDeniedError, InputError, RemoteError, SourceNotFoundError
 from ..format._keys import split_source
 from ..format._manifest import Manifest, dataset_root, join, load_manifest
@@ -209,15 +210,16 @@ def _resolve_remote(url: str, seconds: float, max_files: int) -> Target:
     try:
         info = fs.info(path)
     except FileNotFoundError as e:
-        cause = e.__cause__ or e.__context__
-        if cause is not None and "connect" in type(cause).__name__.lower():
+        why = e.__cause__ or e.__context__
+        if why is not None and "connect" in type(why).__name__.lower():
             # fsspec's HTTP backend reports a refused connection as FileNotFoundError
-            raise RemoteError(f"{url}: cannot reach it ({type(cause).__name__}: {cause})") from e
-        raise SourceNotFoundError(f"{url}: no such object or prefix") from e
+            raise RemoteError(f"{url}: cannot reach it ({type(why).__name__}: {why})") \
+                from cause(e)
+        raise SourceNotFoundError(f"{url}: no such object or prefix") from cause(e)
     except PermissionError as e:
-        raise AccessDeniedError(f"{url}: permission denied") from e
+        raise AccessDeniedError(f"{url}: permission denied") from cause(e)
     except Exception as e:
-        raise RemoteError(f"{url}: cannot reach it ({type(e).__name__}: {e})") from e
+        raise RemoteError(f"{url}: cannot reach it ({type(e).__name__}: {e})") from cause(e)
     if info.get("type") == "directory":
         if fs.exists(join(path, "manifest.json")):
             t = _dataset(url, path.rstrip("/"), fs)

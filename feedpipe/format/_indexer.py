@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,7 @@ from typing import Any
 
 from .. import __version__
 from .._helpers.progress import progress
+from .._redact import logger
 from ..errors import (
     InputError,
     InterruptedWriteError,
@@ -38,7 +38,7 @@ from ._key_registry import KeyRegistry
 from ._manifest import NAME, Manifest, ShardRecord, write_manifest, write_wids_index
 from ._write_lock import WriteMarks, clear_marks, write_marks
 
-log = logging.getLogger("feedpipe.index")
+log = logger("feedpipe.index")
 
 
 @dataclass

@@ -19,15 +19,15 @@ Loading is the only I/O here (through fsspec, so any URL works).
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .._redact import cause, logger, redact_doc
 from ..errors import ManifestError, SourceNotFoundError
 from ._compression import compressed_error, compressed_suffix, readable
 
-log = logging.getLogger("feedpipe.format")
+log = logger("feedpipe.format")
 
 FORMAT = "feedpipe-manifest"
 VERSION = 1
@@ -95,9 +95,11 @@ class Manifest:
             "total_samples": self.total_samples,
             "fields": sorted(self.fields),
             "classes": self.classes,
-            "skipped": self.skipped,
+            # how it was made names the source, which may be a URL with a token: the file keeps
+            # no secret (a manifest is shared with the dataset)
+            "skipped": redact_doc(self.skipped),
             "num_skipped": len(self.skipped),
-            "created_by": self.created_by,
+            "created_by": redact_doc(self.created_by),
         }
         return json.dumps(doc, indent=1, ensure_ascii=False, sort_keys=False) + "\n"
 
@@ -113,7 +115,7 @@ class Manifest:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ManifestError(f"{where}: not valid JSON ({e})") from e
+            raise ManifestError(f"{where}: not valid JSON ({e})") from cause(e)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ManifestError(f"{where}: not a feedpipe manifest (no \"format\": \"{FORMAT}\")")
         version = doc.get("version")
@@ -301,7 +303,7 @@ def load_manifest(root: str) -> Manifest:
         try:
             raw = read_bytes(url)
         except (FileNotFoundError, NotADirectoryError) as e:
-            raise _not_a_dataset(root, url) from e
+            raise _not_a_dataset(root, url) from cause(e)
         try:
             return parse_manifest(raw, url)
         except ManifestError as e:
@@ -315,7 +317,7 @@ def load_manifest(root: str) -> Manifest:
                 f"{e}. The same on each of {fetches} fetches of {url}: the object itself is "
                 "damaged (or so is every copy of it on the way); restore it from where the "
                 "dataset came from, or re-create it with `feedpipe index` where the shards "
-                "are") from e
+                "are") from cause(e)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -330,7 +332,7 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ManifestError(f"{where}: not UTF-8 text (byte {e.start}); not a feedpipe "
-                            "manifest") from e
+                            "manifest") from cause(e)
     return Manifest.from_json(text, where=where)
 
 

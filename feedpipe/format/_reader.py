@@ -23,6 +23,7 @@ import numpy as np
 
 from .._helpers.retry import call as retrying
 from .._helpers.storage import filesystem, is_local, local_path, read_range
+from .._redact import cause
 from ..errors import CompressedShardError, ShardFormatError, SourceNotFoundError
 from ._compression import readable
 from ._index import ShardIndex, group_members, index_path, parse_index
@@ -91,9 +92,9 @@ def _open_mapped(url: str) -> tuple[int, mmap.mmap | None, int]:
     try:
         fd = os.open(local_path(url), os.O_RDONLY)
     except FileNotFoundError as e:
-        raise SourceNotFoundError(f"{url}: shard not found; {MISSING}") from e
+        raise SourceNotFoundError(f"{url}: shard not found; {MISSING}") from cause(e)
     except IsADirectoryError as e:
-        raise ShardFormatError(f"{url}: is a directory, not a shard") from e
+        raise ShardFormatError(f"{url}: is a directory, not a shard") from cause(e)
     try:
         size = os.fstat(fd).st_size
         return fd, (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None), size
@@ -179,7 +180,7 @@ class ShardReader:
             try:
                 self.size = retrying(url, lambda: int(self._fs.size(self._path)))
             except SourceNotFoundError as e:
-                raise SourceNotFoundError(f"{url}: shard not found ({e}); {MISSING}") from e
+                raise SourceNotFoundError(f"{url}: shard not found ({e}); {MISSING}") from cause(e)
             opener = lambda: self._fs.open(self._path, "rb")  # noqa: E731
         self._opener = opener
         self._samples = samples
@@ -311,7 +312,7 @@ class ShardReader:
         try:
             size = os.fstat(self._fd).st_size
         except OSError as e:
-            raise ShardFormatError(f"{self.url}: cannot check the shard's size: {e}") from e
+            raise ShardFormatError(f"{self.url}: cannot check the shard's size: {e}") from cause(e)
         if size != self.size:
             raise ShardFormatError(
                 f"{self.url}: the shard changed while it was being read: {size} bytes now, "

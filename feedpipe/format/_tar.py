@@ -19,17 +19,17 @@ record, a name that is not UTF-8, sparse members, extension headers that contrad
 
 from __future__ import annotations
 
-import logging
 import posixpath
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from .._redact import logger
 from ..errors import ShardFormatError
 from ._compression import MAGIC, compressed_error
 
-log = logging.getLogger("feedpipe.format")
+log = logger("feedpipe.format")
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 from .._helpers.progress import progress
 from .._helpers.storage import filesystem, is_local, local_path
+from .._redact import redact
 from ..errors import ShardFormatError
 from ._compression import compressed_suffix, readable, unpacked
 from ._image_fields import image_extension
@@ -50,6 +51,10 @@ class Problem:
     message: str
     offset: int | None = None
     key: str | None = None
+
+    def __post_init__(self) -> None:
+        # a sentence for a human: it names the shard's URL, never that URL's secrets
+        object.__setattr__(self, "message", redact(self.message))
 
     def __str__(self) -> str:
         return self.message

@@ -18,7 +18,6 @@ than take its committed shards for a dataset (the samples after them were never 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import socket
@@ -26,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._helpers.processes import pid_alive
+from .._redact import logger
 from ..errors import InterruptedWriteError, OutputError
 
-log = logging.getLogger("feedpipe.format")
+log = logger("feedpipe.format")
 
 LOCK_PREFIX = ".feedpipe-writer"
 _LOCK = re.compile(r"^\.feedpipe-writer(-p\d{5}of\d{5})?\.lock$")

@@ -20,7 +20,6 @@ makers log a warning naming it, count it and deliver the batch without it.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from .._redact import logger
 from ..caches._passes import begin_pass, end_pass
 from ..errors import SampleSkipped
 from ..plan._order import batch_groups, iter_ids, worker_positions
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ._epoch import EpochState
     from ._shard_set import ShardSet
 
-log = logging.getLogger("feedpipe")
+log = logger("feedpipe")
 
 # Rows written between two drops of the shard maps' pages (RowMaker): a batch's samples are all
 # fetched before any is decoded, so the maps' own accounting (reader.DROP_EVERY) comes before the

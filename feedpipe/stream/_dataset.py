@@ -7,7 +7,6 @@ turns it into samples or batches."""
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -16,6 +15,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .._helpers.exit_close import closed_at_exit
+from .._redact import logger
 from ..caches._decoded import open_decoded_store
 from ..caches._manifest_copy import load_manifest_cached
 from ..caches._shards import ShardCache, make_cache
@@ -30,7 +30,7 @@ from ._epoch import EpochState
 from ._routes import ROUTES
 from ._shard_set import ShardSet
 
-log = logging.getLogger("feedpipe")
+log = logger("feedpipe")
 
 STATE_VERSION = 2
 RUN = 256  # samples located and checked at once when iterated directly (each_sample)

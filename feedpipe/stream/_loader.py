@@ -11,7 +11,6 @@ therefore resumes every rank of a new job, of any size.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -23,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from .._helpers.exit_close import closed_at_exit
 from .._helpers.fork_safety import default_start_method, process_fork_unsafe
+from .._redact import logger
 from ..device._loader import DeviceLoader
 from ..errors import StartMethodError, StateError
 from ._assembly import assemble
@@ -38,7 +38,7 @@ from ._routes import ROUTES, Config, Route, choose
 from ._worker_rows import RowRelease, writes_into
 from ._worker_source import WorkerBatches, WorkerSource, as_is, ring_depth
 
-log = logging.getLogger("feedpipe")
+log = logger("feedpipe")
 
 _REFUSED = ("shuffle", "sampler", "batch_sampler")
 

@@ -17,7 +17,6 @@ source (its ``decode=``, seed and cache), and the transform is each sample's sou
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .._helpers.exit_close import closed_at_exit
+from .._redact import logger
 from ..errors import FeedpipeError, PlanError
 from ..plan._mixture import MixturePlan
 from ..plan._order import Split, worker_positions
@@ -39,7 +39,7 @@ from ._mixture_shards import MixtureShards
 if TYPE_CHECKING:
     from ..plan._world import World
 
-log = logging.getLogger("feedpipe")
+log = logger("feedpipe")
 
 STATE_VERSION = 1
 

@@ -16,7 +16,6 @@ batches' tokens is copied straight out of the shards' maps.
 from __future__ import annotations
 
 import io
-import logging
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from .._helpers.dependency import say_unbuilt
+from .._redact import logger
 from ..errors import StateError
 from ..plan._order import Plan, Split
 from ._dataset import FeedDataset
@@ -38,7 +38,7 @@ try:  # optional C extension (setup.py): the copy of a group's pieces out of the
 except ImportError:  # pragma: no cover - where it did not build, numpy copies them
     _packrows = None
 
-log = logging.getLogger("feedpipe")
+log = logger("feedpipe")
 
 IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
 # the batches a reader's fetch makes together (PackedFetch): at most so many tokens and batches

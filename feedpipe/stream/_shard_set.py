@@ -19,7 +19,6 @@ process reads (maps and locks do not cross processes).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._helpers.file_lock import Lease
+from .._redact import logger
 from ..errors import OutputError
 from ..format._compression import readable
 from ..format._manifest import Manifest, join
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ..plan._order import Plan, Split
     from ..plan._world import World
 
-log = logging.getLogger("feedpipe.cache")
+log = logger("feedpipe.cache")
 
 # The byte budget of the default shard cache that gzip shards are decompressed into when no
 # cache_dir= is given (docs/converting.md): room for a working set of shards, not a home folder

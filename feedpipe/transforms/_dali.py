@@ -39,7 +39,6 @@ DALI is imported when the stage first builds its pipeline, never at ``import fee
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import weakref
@@ -52,6 +51,7 @@ import torch
 
 from .._helpers.dependency import require
 from .._helpers.fork_safety import mark_process_fork_unsafe
+from .._redact import logger
 from ..errors import DecodeError, MissingDependencyError
 from ..format._image_fields import fields_present
 from ._decode import IMAGE_FIELDS, animated_png, decode_image, image_format, image_size
@@ -60,7 +60,7 @@ from ._opencv import opencv
 from ._pipeline import ImageSpec, no_label, parse_label
 from ._seeding import scratch_rng
 
-log = logging.getLogger("feedpipe")
+log = logger("feedpipe")
 _DALI_FORMATS = ("jpeg", "png", "webp")  # what fn.decoders.image_slice reads of ours
 
 

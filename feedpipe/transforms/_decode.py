@@ -57,13 +57,13 @@ What every decoder is made to agree on:
 from __future__ import annotations
 
 import io
-import logging
 import re
 from typing import Any
 
 import numpy as np
 
 from .._helpers.dependency import require
+from .._redact import logger
 from ..errors import DecodeError, MissingDependencyError
 from ..format._image_fields import IMAGE_FIELDS, image_field_of
 from ._jpeg import decode_jpeg, jpeg_size, window_decoder
@@ -205,7 +205,7 @@ def image_decoders() -> dict[str, str | None]:
 _PILLOW_FIRST = {b"GIF87a": "gif", b"GIF89a": "gif", b"II*\x00": "tiff", b"MM\x00*": "tiff",
                  b"II+\x00": "tiff", b"MM\x00+": "tiff"}
 _PILLOW: list[bool] = []  # whether Pillow imports, once looked up
-_log = logging.getLogger("feedpipe")
+_log = logger("feedpipe")
 
 
 def _pillow_first(data: Any) -> str:

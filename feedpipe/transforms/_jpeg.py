@@ -11,7 +11,6 @@ whole image.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 import simplejpeg
 
 from .._helpers.dependency import say_unbuilt
+from .._redact import logger
 from ..errors import DecodeError
 from ._geometry import Box, Size, scale_box
 
@@ -57,7 +57,7 @@ def jpeg_size(data: Any) -> Size:
 
 _STRAY = re.compile(r"(\d+) extraneous bytes before marker 0x([0-9a-fA-F]{2})")
 _BAD_ICC = "bad ICC marker"
-_log = logging.getLogger("feedpipe")
+_log = logger("feedpipe")
 _said: set[str] = set()
 _REPAIRS = {
     "stray": "a JPEG with stray bytes before a marker (libjpeg's \"extraneous bytes\" warning) "
