@@ -80,6 +80,8 @@ _LAZY = {
     "MissingDependencyError": "errors",
     "AccessDeniedError": "errors",
     "RemoteError": "errors",
+    "MixtureError": "errors",
+    "PackedFieldError": "errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -130,7 +132,9 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
         ManifestError,
         MethodError,
         MissingDependencyError,
+        MixtureError,
         OutputError,
+        PackedFieldError,
         PartsError,
         PlanError,
         RemoteError,

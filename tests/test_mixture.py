@@ -18,8 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from feedpipe import FeedDataset, FeedLoader, Mixture, StateError, write_samples
-from feedpipe.stream._mixture import MixtureError
+from feedpipe import FeedDataset, FeedLoader, Mixture, MixtureError, StateError, write_samples
 
 SIZES = {"web": 120, "books": 37, "code": 9, "tiny": 2}  # samples per source
 PER_SHARD = {"web": 25, "books": 10, "code": 4, "tiny": 2}

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .._helpers.exit_close import closed_at_exit
-from ..errors import FeedpipeError, PlanError
+from ..errors import MixtureError, PlanError
 from ..plan._mixture import MixturePlan
 from ..plan._order import Split, worker_positions
 from ._batch_loop import EpochReader, Skips
@@ -42,11 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("feedpipe")
 
 STATE_VERSION = 1
-
-
-class MixtureError(FeedpipeError, ValueError):
-    """A :class:`~feedpipe.Mixture` cannot be made or read as asked; the message names the
-    source."""
 
 
 class MixtureEpoch:

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from .._helpers.dependency import say_unbuilt
-from ..errors import StateError
+from ..errors import PackedFieldError, StateError
 from ..plan._order import Plan, Split
 from ._dataset import FeedDataset
-from ._token_docs import NotMapped, PackedFieldError, TokenDocs
+from ._token_docs import NotMapped, TokenDocs
 
 if TYPE_CHECKING:
     from ._batch_loop import PartTimes

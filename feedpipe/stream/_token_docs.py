@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import FeedpipeError
+from ..errors import PackedFieldError
 
 if TYPE_CHECKING:
     from ..format._reader import ShardReader
@@ -27,10 +27,6 @@ if TYPE_CHECKING:
 _MAGIC = b"\x93NUMPY"
 _SHAPE = b"'shape': ("
 _HEAD = 64 * 1024  # the most header bytes looked at (np.save pads headers to 64 bytes)
-
-
-class PackedFieldError(FeedpipeError, ValueError):
-    """A document of a :class:`~feedpipe.Packed` dataset is not a 1-D integer array."""
 
 
 class NotMapped(Exception):
