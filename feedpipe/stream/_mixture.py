@@ -83,7 +83,10 @@ class Mixture(IterableDataset):
     ``shuffle`` (``False``: its samples in manifest order) are its own; the order of the epoch
     comes from the mixture's ``seed``, and its ranks are made equal by the mixture's
     ``drop_last``. A source's ``shuffle_window`` and ``drop_last`` are not
-    used (said in a warning). Sources with a ``decoded_cache`` are refused.
+    used (said in a warning). A source with a ``decoded_cache`` is refused (a
+    :class:`MixtureError`): the mixture's own plan neither fills nor reads a decoded store; a
+    :class:`~feedpipe.FunctionIndex` wrapped around the source's transform keeps its outputs
+    instead.
 
     Args:
         sources: a mapping of names to :class:`FeedDataset` objects (in the order given).
@@ -122,9 +125,13 @@ class Mixture(IterableDataset):
                 raise MixtureError(f"source {name!r} is a {type(ds).__name__}, not a FeedDataset")
             if ds.decoded is not None:
                 raise MixtureError(
-                    f"source {name!r} has a decoded_cache: a Mixture reads its sources' shards "
-                    "and does not fill their decoded stores; make the source without "
-                    "decoded_cache= (a FunctionIndex keeps a transform's outputs instead)")
+                    f"source {name!r} has a decoded_cache ({ds.decoded.path}): a Mixture reads "
+                    "its sources' shards through its own plan, which neither fills nor reads a "
+                    "decoded store, so the store would be left as it is while every epoch runs "
+                    "the transform; make the source without decoded_cache= and keep its "
+                    "transform's outputs in a FunctionIndex instead: FeedDataset(url, "
+                    "transform=FunctionIndex(directory).wrap(transform, fields=[...], "
+                    "version=1))")
             if ds.cache is not None:
                 log.warning("feedpipe: Mixture source %r reads through its shard cache without "
                             "prefetching ahead: the cache's prefetcher follows one dataset's "

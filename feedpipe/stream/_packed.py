@@ -32,6 +32,7 @@ from ._token_docs import NotMapped, TokenDocs
 
 if TYPE_CHECKING:
     from ._batch_loop import PartTimes
+    from ._mixture import Mixture
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
     from .. import _packrows
@@ -113,8 +114,8 @@ class Packed:
     dataset.
 
     Args:
-        dataset: a FeedDataset whose samples hold one document each; its rank and world size
-            are the reader's.
+        dataset: a :class:`~feedpipe.FeedDataset` or a :class:`~feedpipe.Mixture` whose samples
+            hold one document each; its rank and world size are the reader's.
         seq_len: tokens per row.
         field: the sample field holding the document.
         pad_id: the token id that fills the epoch's last row.
@@ -129,7 +130,7 @@ class Packed:
         (torch.Size([2, 8]), torch.int64)
     """
 
-    def __init__(self, dataset: FeedDataset, seq_len: int, field: str = "tokens.npy",
+    def __init__(self, dataset: FeedDataset | Mixture, seq_len: int, field: str = "tokens.npy",
                  pad_id: int = 0) -> None:
         from ._mixture import Mixture
 

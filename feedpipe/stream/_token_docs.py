@@ -22,6 +22,7 @@ from ..errors import PackedFieldError
 
 if TYPE_CHECKING:
     from ..format._reader import ShardReader
+    from ._mixture_shards import MixtureShards
     from ._shard_set import ShardSet
 
 _MAGIC = b"\x93NUMPY"
@@ -47,7 +48,7 @@ class TokenDocs:
         PackedFieldError: a sample lacks the field, or its array is not 1-D integer.
     """
 
-    def __init__(self, shards: ShardSet, field: str, url: str) -> None:
+    def __init__(self, shards: ShardSet | MixtureShards, field: str, url: str) -> None:
         n = shards.num_samples
         self.field, self.url = field, url
         self.shard = np.repeat(np.arange(len(shards), dtype=np.int64),
