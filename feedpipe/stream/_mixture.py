@@ -177,8 +177,8 @@ class Mixture(IterableDataset):
         #: the sources' common ``decode=`` (raw batches by reference decode by it)
         self.decode = decodes[0] if all(d == decodes[0] for d in decodes) else {}
         self.decodes_agree = all(d == decodes[0] for d in decodes)
-        #: what a reader needs of a manifest: the sources' shards and fields, and the samples
-        #: an epoch holds (``epoch_size``)
+        #: what a reader needs of a manifest, made of the sources' shards and fields, and the
+        #: samples an epoch holds (``epoch_size``)
         self.manifest = replace(self.shards.manifest, total_samples=self.epoch_size)
         self.identity = self._identity()
         self._reader = EpochState()
@@ -228,7 +228,7 @@ class Mixture(IterableDataset):
     # -- the world and the plan ------------------------------------------------------------
     @property
     def world(self) -> World:
-        """This process's rank and the number of ranks (every source's: they must agree)."""
+        """This process's rank and the number of ranks, every source's (they must agree)."""
         return next(iter(self.sources.values())).world
 
     def _check_world(self) -> None:
@@ -264,7 +264,8 @@ class Mixture(IterableDataset):
                      self.drop_last, bool(whole_batches))
 
     def sample(self, g: int, epoch: int | None = None) -> dict[str, Any]:
-        """Sample ``g`` (numbered as :attr:`shards` numbers the sources' samples) as its
+        """Sample ``g`` (the sources' samples numbered one after the other, in the order of the
+        sources) as its
         source's transform sees it in ``epoch``, with ``__source__``."""
         src = int(np.searchsorted(self.shards.bases, g, side="right")) - 1
         name = self.names[src]
@@ -281,7 +282,7 @@ class Mixture(IterableDataset):
         return dict(zip(self.names, counts.tolist()))
 
     def tag_batch(self, batch: dict[str, Any], shards: np.ndarray) -> None:
-        """A raw batch by reference (numbered in :class:`MixtureShards`), said as the
+        """A raw batch by reference (the sources' shards numbered one after the other), said as the
         ``samples`` fetch says it: each sample's ``__source__``, its ``__index__`` in that
         source and the source's ``__seed__`` (in this process's memory: before pinning)."""
         batch["__index__"] = torch.from_numpy(batch["__index__"].numpy()

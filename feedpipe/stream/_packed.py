@@ -403,13 +403,13 @@ class Packed:
 
     @property
     def decode(self) -> dict[str, Any]:
-        """None of its own: rows are cut from the documents (the dataset's ``decode=`` applies
-        where documents are read whole)."""
+        """Empty, as rows are cut from the documents (the dataset's ``decode=`` applies where
+        documents are read whole)."""
         return {}
 
     @property
     def decoded(self) -> None:
-        """No decoded store: rows are cut from the documents each epoch."""
+        """Always ``None``, as rows are cut from the documents each epoch (no decoded store)."""
         return None
 
     @property
@@ -429,7 +429,8 @@ class Packed:
     def split_at(self, start: int = 0, whole_batches: bool = False, *,
                  epoch: int | None = None) -> Split:
         """This rank's share of ``epoch``'s rows (``None``: the dataset's direct reader's
-        epoch) from row ``start`` on (:func:`rows_split`). The row count is the epoch's own:
+        epoch) from row ``start`` on, the rows made a multiple of the world size with rows of
+        padding only. The row count is the epoch's own:
         the epochs of a :class:`~feedpipe.Mixture` draw documents of other lengths."""
         w = self.world
         e = self.dataset.epoch if epoch is None else int(epoch)
