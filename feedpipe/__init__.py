@@ -24,11 +24,15 @@ _LAZY = {
     "merge": "convert._merge",
     "index": "format._indexer",
     "verify": "format._verify",
+    "VerifyReport": "format._verify",
+    "Problem": "format._verify",
     "ShardWriter": "convert._shard_writer",
     "write_samples": "convert._shard_writer",
     "ShardReader": "format._reader",
+    "ShardIndex": "format._index",
     "open_shard": "format._reader",
     "Manifest": "format._manifest",
+    "ShardRecord": "format._manifest",
     "load_manifest": "format._manifest",
     "source_path": "format._keys",
     "Plan": "plan._order",
@@ -45,6 +49,7 @@ _LAZY = {
     "ImagePipeline": "transforms._pipeline",
     "ImageSpec": "transforms._pipeline",
     "DaliStage": "transforms._dali",
+    "DaliBatch": "transforms._dali",
     "image_decoders": "transforms._decode",
     "ShardCache": "caches._shards",
     "DecodedStore": "caches._decoded",
@@ -80,6 +85,8 @@ _LAZY = {
     "MissingDependencyError": "errors",
     "AccessDeniedError": "errors",
     "RemoteError": "errors",
+    "MixtureError": "errors",
+    "PackedFieldError": "errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -130,7 +137,9 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
         ManifestError,
         MethodError,
         MissingDependencyError,
+        MixtureError,
         OutputError,
+        PackedFieldError,
         PartsError,
         PlanError,
         RemoteError,
@@ -141,11 +150,12 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
         StateError,
         UncacheableTransformError,
     )
+    from .format._index import ShardIndex
     from .format._indexer import index
     from .format._keys import source_path
-    from .format._manifest import Manifest, load_manifest
+    from .format._manifest import Manifest, ShardRecord, load_manifest
     from .format._reader import ShardReader, open_shard
-    from .format._verify import verify
+    from .format._verify import Problem, VerifyReport, verify
     from .plan._order import Plan
     from .plan._world import World, detect_world
     from .stream._collator import BatchCollator
@@ -156,6 +166,6 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .stream._packed import Packed
     from .stream._routes import Route
     from .stream._shard_set import ShardSet
-    from .transforms._dali import DaliStage
+    from .transforms._dali import DaliBatch, DaliStage
     from .transforms._decode import image_decoders
     from .transforms._pipeline import ImagePipeline, ImageSpec

@@ -103,6 +103,17 @@ class UncacheableTransformError(FeedpipeError, ValueError):
     that draws at random or depends on the epoch; the message names the part or the sample."""
 
 
+class MixtureError(FeedpipeError, ValueError):
+    """A :class:`~feedpipe.Mixture` cannot be made or read as asked (a weight that is not a
+    finite number, sources with other fields or another world shape); the message names the
+    source."""
+
+
+class PackedFieldError(FeedpipeError, ValueError):
+    """A document of a :class:`~feedpipe.Packed` dataset is not a 1-D integer array, or a sample
+    lacks the token field; the message names the sample's key and shard."""
+
+
 class AccessDeniedError(FeedpipeError, PermissionError):
     """A remote source refused the request (wrong or missing credentials, no permission)."""
 

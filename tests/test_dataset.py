@@ -6,6 +6,7 @@ import json
 import os
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from _data import make_dataset
@@ -282,3 +283,27 @@ def test_worker_batches_equal_in_process_batches_field_by_field(ds_path: str) ->
                 assert torch.equal(a[k], b[k]), k
             else:
                 assert a[k] == b[k], k
+
+
+def test_indexing_reads_a_sample_by_global_id(ds_path: str) -> None:
+    """``ds[g]`` is ``ds.sample(g)``, on every rank and in any order (the README's random access
+    by index), Python's negative indices count from the dataset's end, and an id outside the
+    dataset is an IndexError naming the valid range; the dataset stays an iterable one for a
+    DataLoader."""
+    ds = FeedDataset(ds_path, shuffle=True, seed=3, rank=1, world_size=2, decode={"cls": int})
+    for g in (17, 0, 24, 5):
+        got, want = ds[g], ds.sample(g)
+        assert got["__index__"] == g and got["__key__"] == want["__key__"]
+        assert {k: bytes(v) if isinstance(v, memoryview) else v for k, v in got.items()} == {
+            k: bytes(v) if isinstance(v, memoryview) else v for k, v in want.items()}
+    assert ds[-1]["__index__"] == 24 and ds[-25]["__index__"] == 0
+    assert ds[torch.tensor(3).item()]["__index__"] == 3
+    assert ds[np.int64(7)]["__index__"] == 7
+    for bad in (25, -26):
+        with pytest.raises(IndexError, match=r"0 \.\. 24|-25 \.\. 24"):
+            ds[bad]
+    with pytest.raises(TypeError, match="sample_ids"):
+        ds[1:3]  # type: ignore[index]
+    assert isinstance(ds, torch.utils.data.IterableDataset)
+    loader = DataLoader(FeedDataset(ds_path), batch_size=None, num_workers=0)
+    assert [s["__index__"] for s in loader] == list(range(25))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html.parser
 import importlib.util
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -208,6 +209,48 @@ def test_every_internal_link_resolves(site: Path) -> None:
                     broken.append(f"{page.relative_to(site)}: {href} (no such anchor)")
     assert broken == []
     assert len(pages) >= 15  # the pages were found (a check over none would pass)
+
+
+def test_python_torch_and_numpy_types_link_to_their_documentation(site: Path) -> None:
+    """The types the API pages show from Python, torch and numpy are links to those projects'
+    pages (the inventories docs/conf.py writes), not plain text."""
+    html_text = "".join(p.read_text(encoding="utf-8") for p in (site / "api").glob("*.html"))
+    for url in ("https://docs.python.org/3/library/os.html#os.PathLike",
+                "https://docs.pytorch.org/docs/stable/tensor_attributes.html#torch.device",
+                "https://numpy.org/doc/stable/reference/generated/numpy.ndarray.html#numpy.ndarray"):
+        assert f'href="{url}"' in html_text, url
+
+
+def test_a_reference_the_site_cannot_link_fails_the_build(tmp_path: Path) -> None:
+    """With docs/conf.py's settings (``nitpicky``) and ``-W``, a reference to nothing fails the
+    build, and so does a property whose docstring's first line napoleon would show as its type
+    (``Type: The size of it``); the Python and torch names the inventories list do not."""
+    for module in ("sphinx", "furo", "myst_parser"):
+        if not _have(module):
+            pytest.skip(f"the docs extra is not installed ({module} is missing): "
+                        "pip install -e '.[docs]'")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "conf.py").write_text(
+        f"import runpy\nglobals().update(runpy.run_path({str(DOCS / 'conf.py')!r}))\n",
+        encoding="utf-8")
+    (tmp_path / "fp_nitpick_probe.py").write_text(
+        'class Thing:\n    """A thing."""\n\n    @property\n    def size(self) -> int:\n'
+        '        """The size of it: in bytes."""\n        return 1\n', encoding="utf-8")
+    (src / "index.rst").write_text(
+        "Probe\n=====\n\n.. currentmodule:: feedpipe\n\nSee :class:`NoSuchThing`, "
+        ":class:`os.PathLike`, :class:`torch.device` and :class:`torch.Tensor`.\n\n"
+        ".. autoclass:: fp_nitpick_probe.Thing\n   :members:\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+                        str(src), str(tmp_path / "out")], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode != 0
+    warnings = [line for line in r.stderr.splitlines() if "WARNING" in line]
+    assert any("NoSuchThing" in w for w in warnings), r.stderr
+    assert any("The size" in w for w in warnings), r.stderr
+    assert not [w for w in warnings if "os.PathLike" in w or "torch." in w], warnings
 
 
 @pytest.mark.slow

@@ -18,8 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from feedpipe import FeedDataset, FeedLoader, Mixture, StateError, write_samples
-from feedpipe.stream._mixture import MixtureError
+from feedpipe import FeedDataset, FeedLoader, Mixture, MixtureError, StateError, write_samples
 
 SIZES = {"web": 120, "books": 37, "code": 9, "tiny": 2}  # samples per source
 PER_SHARD = {"web": 25, "books": 10, "code": 4, "tiny": 2}
@@ -224,8 +223,12 @@ def test_bad_arguments_are_refused_naming_the_source(roots, tmp_path: Path) -> N
     with pytest.raises(MixtureError, match="source 'code' is rank 1 of 2"):
         Mixture({"web": web, "code": FeedDataset(roots["code"], rank=1, world_size=2)})
     stored = FeedDataset(roots["code"], transform=lambda x: x, decoded_cache=str(tmp_path))
-    with pytest.raises(MixtureError, match="source 'code' has a decoded_cache"):
+    with pytest.raises(MixtureError, match="source 'code' has a decoded_cache") as e:
         Mixture({"web": web, "code": stored})
+    # the message says where the store is, why it is refused and what to write instead
+    assert str(stored.decoded.path) in str(e.value)
+    assert "neither fills nor reads" in str(e.value)
+    assert "transform=FunctionIndex(" in str(e.value) and ".wrap(" in str(e.value)
 
 
 def test_a_source_its_weight_gives_no_sample_an_epoch_is_said(roots, caplog) -> None:  # type: ignore[no-untyped-def]

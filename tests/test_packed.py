@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
+from feedpipe import PackedFieldError
 from feedpipe._helpers import dependency
 from feedpipe.convert._shard_writer import write_samples
 from feedpipe.errors import StateError
 from feedpipe.plan._order import Plan, iter_ids
-from feedpipe.stream._packed import PackedFieldError, piece_copier, row_pieces, rows_split
+from feedpipe.stream._packed import piece_copier, row_pieces, rows_split
 
 
 def _docs(lengths: list[int]) -> list[np.ndarray]:

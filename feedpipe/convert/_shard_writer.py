@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import __version__
@@ -35,7 +35,6 @@ from ..format._index import group_members
 from ..format._keys import valid_extension
 from ..format._manifest import Manifest, ShardRecord
 from ..format._tar import BLOCK
-from ._field_encoding import Encoder
 from ._options import DEFAULT_MAX_BYTES
 from ._output_dir import (
     clean_temps,
@@ -88,7 +87,7 @@ class ShardWriter:
 
     def __init__(self, out: str, *, max_samples: int | None = None,
                  max_bytes: int | str = DEFAULT_MAX_BYTES, classes: Sequence[str] | None = None,
-                 prefix: str = "data", encoders: Mapping[str, Encoder] | None = None,
+                 prefix: str = "data", encoders: Mapping[str, Callable[[Any], Any]] | None = None,
                  part: tuple[int, int] | str | None = None, merge: bool = False,
                  provenance: Mapping[str, Any] | None = None) -> None:
         from .._helpers.sizes import parse_size

@@ -10,7 +10,7 @@ from typing import Any
 class ShardSummary:
     """The outcome of :func:`feedpipe.shard` (and :func:`feedpipe.shard_from`).
 
-    Args:
+    Attributes:
         out: the output directory.
         shards: shards in the dataset (or the part).
         samples: samples written.

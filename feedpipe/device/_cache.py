@@ -93,7 +93,7 @@ class DeviceCache:
 
     @property
     def device(self) -> torch.device:
-        """The device holding the buffers (resolved on first use: ``"cuda"`` becomes the
+        """The device holding the buffers, resolved on first use (``"cuda"`` becomes the
         current CUDA device)."""
         if self._device is None:
             self._device = resolve_device(self._requested)
@@ -158,7 +158,7 @@ class DeviceCache:
             fallback: ``ids -> batch`` for ids that are not resident: the fields of those
                 samples as tensors with a leading ``len(ids)`` dimension, in the warm-up's layout
                 (a tuple, or a dict by name). With a dataset the default reads and transforms
-                them again (:class:`DatasetFallback`).
+                them again with the warm-up's transform.
             show_progress: a progress bar (default: when stderr is a terminal).
             chunk: samples staged on the host per copy to the device.
         """

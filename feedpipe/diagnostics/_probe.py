@@ -65,7 +65,7 @@ class ProbeReport:
 
     @property
     def verdict(self) -> dict[str, Any]:
-        """The verdict: the bounding stage, the ceiling, the advice."""
+        """The verdict, with the bounding stage, the ceiling and the advice."""
         return self.doc["verdict"]
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,7 +26,20 @@ VERSION = "v1.2"
 
 @dataclass
 class ShardIndex:
-    """Samples of one shard: for sample ``i``, members ``starts[i]:starts[i+1]``."""
+    """The samples of one shard as its index lists them (:attr:`ShardReader.index`): sample
+    ``i`` is the members ``starts[i]:starts[i+1]``.
+
+    Attributes:
+        keys: each sample's key.
+        starts: each sample's first member, and one past the last member (``len(keys) + 1``
+            items).
+        exts: each member's extension (its field).
+        offsets: each member's data offset in the shard.
+        sizes: each member's size in bytes.
+        names: each member's name as stored in the tar.
+        named: ``False`` for an index of format v1.1, whose member names are made up from the
+            line number and extension.
+    """
 
     keys: list[str]
     starts: list[int]  # len(keys) + 1
@@ -49,6 +62,7 @@ class ShardIndex:
         return max(map(add, self.offsets, self.sizes), default=0)
 
     def fields(self) -> set[str]:
+        """The extensions (fields) the shard's members have."""
         return set(self.exts)
 
 

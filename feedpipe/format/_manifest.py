@@ -36,7 +36,15 @@ NAME = "manifest.json"
 
 @dataclass
 class ShardRecord:
-    """One shard of a dataset as its manifest lists it."""
+    """One shard of a dataset as its manifest lists it (an item of :attr:`Manifest.shards`).
+
+    Attributes:
+        name: the shard's file, relative to the dataset root.
+        samples: samples it holds.
+        bytes: its size in bytes.
+        sha256: its SHA-256 digest, where the manifest gives one.
+        tar_bytes: a gzip shard's plain tar size (``None`` for a plain tar).
+    """
 
     name: str  # relative to the dataset root
     samples: int
@@ -46,8 +54,8 @@ class ShardRecord:
 
     @property
     def tar_size(self) -> int:
-        """The size of the plain tar a reader maps: ``tar_bytes`` of a gzip shard, else
-        ``bytes``."""
+        """The size of the plain tar a reader maps, ``tar_bytes`` for a gzip shard (else
+        ``bytes``)."""
         return self.bytes if self.tar_bytes is None else self.tar_bytes
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,7 +70,7 @@ class ShardRecord:
 class Manifest:
     """What a shard dataset holds: ``manifest.json`` at its root (see the module docstring).
 
-    Args:
+    Attributes:
         shards: the shards, in the order their samples are numbered.
         fields: the field names (extensions) samples carry.
         classes: the class names ``cls`` values index, when the dataset has labels.

@@ -290,7 +290,7 @@ class ShardReader:
 
     def advise(self, ranges: list[tuple[int, int]]) -> None:
         """Ask the kernel to read these byte ranges of the map ahead (``MADV_WILLNEED``; ranges
-        closer than :data:`ADVISE_GAP` are merged). Advice only: a refusal costs speed."""
+        closer than 64 KiB are merged). Advice only: a refusal costs speed."""
         mm = self._mm
         if mm is None or self._populated or not ranges:
             return
@@ -362,7 +362,8 @@ class ShardReader:
             yield self.sample(i)
 
     def drop_pages(self) -> None:
-        """Unmap the pages of the map touched so far (see :data:`DROP_EVERY`), for a caller that
+        """Unmap the pages of the map touched so far (a reader does it itself after each MiB it
+        serves), for a caller that
         reads samples some time after :meth:`sample` handed them out (a whole batch fetched,
         then decoded): their touches come too late for the accounting in :meth:`sample`."""
         if self._mm is not None and self._mv is not None and not self._populated:

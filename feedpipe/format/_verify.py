@@ -34,8 +34,14 @@ from ._write_lock import write_marks
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding of :func:`verify`: the shard, its kind, a sentence, and where known the byte
-    offset and the sample key.
+    """One finding of :func:`verify` (an item of ``report.problems`` or ``report.warnings``).
+
+    Attributes:
+        shard: the shard's path or URL.
+        kind: what was found (the kinds are listed below).
+        message: the finding said as a sentence (``str(problem)``), with what to do.
+        offset: the byte offset in the shard, where known.
+        key: the sample's key, where known.
 
     Kinds: ``missing``, ``size``, ``sha256``, ``truncated``, ``header``, ``unsupported``,
     ``compressed``, ``index`` (the ``.idx`` is missing or unreadable), ``index-entry`` (an entry
@@ -60,17 +66,28 @@ class Problem:
         return self.message
 
     def to_dict(self) -> dict[str, Any]:
+        """The finding as a dict (an item of ``feedpipe verify --json``'s lists)."""
         return asdict(self)
 
     @classmethod
     def from_error(cls, shard: str, e: ShardFormatError) -> Problem:
+        """The finding a :class:`~feedpipe.ShardFormatError` reading ``shard`` says."""
         return cls(shard, e.kind, str(e), e.offset)
 
 
 @dataclass
 class VerifyReport:
     """What :func:`verify` found; ``ok`` is true when there is no problem (warnings say what
-    was not checked)."""
+    was not checked).
+
+    Attributes:
+        root: the dataset's root.
+        shards: shards checked.
+        samples: samples the checked shards hold.
+        problems: each :class:`Problem` found.
+        warnings: what was not checked, each as a :class:`Problem` (``unchecked``,
+            ``unlisted``).
+    """
 
     root: str
     shards: int = 0
@@ -80,9 +97,11 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Whether nothing is wrong (no problem; warnings may remain)."""
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as ``feedpipe verify --json`` prints it."""
         return {"ok": self.ok, "root": self.root, "shards": self.shards, "samples": self.samples,
                 "problems": [p.to_dict() for p in self.problems],
                 "warnings": [w.to_dict() for w in self.warnings]}

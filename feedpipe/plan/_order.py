@@ -161,7 +161,8 @@ class Plan:
 
     @property
     def first_ids(self) -> np.ndarray:
-        """Global id of each shard's first sample (length: shards + 1)."""
+        """The global id of each shard's first sample, and the sample count at the end (one item
+        more than there are shards)."""
         return self._first
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:

@@ -216,6 +216,9 @@ class BatchCollator:
         return slot.images[:n], slot.labels[:n]
 
     def __call__(self, samples: Sequence[Any]) -> Any:
+        """The batch of ``samples`` (each an ``(image, label)`` pair or an image alone), copied
+        into a free buffer of the ring: ``(images, labels)``, or the images alone (in a
+        DataLoader worker process, a fresh batch by ``default_collate``)."""
         n = len(samples)
         if not 0 < n <= self.batch_size:
             raise ValueError(f"got {n} samples for a BatchCollator of batch_size {self.batch_size}")

@@ -7,6 +7,7 @@ turns it into samples or batches."""
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -271,6 +272,38 @@ class FeedDataset(IterableDataset):
         if self.decode:
             decode_fields(x, self.decode)
         return x
+
+    def __getitem__(self, g: int) -> dict[str, Any]:
+        """Sample ``g`` by its global id, on any rank: ``ds[g]`` is :meth:`sample` ``(g)``, read
+        before the transform (``ds.transform(ds[g])`` gives what iteration hands out). A
+        negative ``g`` counts from the dataset's end, as a list's index does. The ids are the
+        dataset's (``0`` to the manifest's sample count less one), not this rank's positions:
+        :meth:`sample_ids` lists those.
+
+        Raises:
+            IndexError: ``g`` is outside the dataset (the message gives the valid range).
+            TypeError: ``g`` is not an integer (a slice: take :meth:`sample_ids` and index
+                with each id).
+
+        Example:
+            >>> ds = FeedDataset("shards/example", decode={"cls": int})
+            >>> ds[3]["__index__"], ds[3]["cls"], ds[-1]["__index__"]
+            (3, 0, 23)
+        """
+        if isinstance(g, slice):
+            raise TypeError(f"{self.url}: FeedDataset takes one global sample id, not a slice; "
+                            f"for this rank's ids in order use ds.sample_ids(), then ds[g] "
+                            f"for each")
+        try:
+            i = operator.index(g)
+        except TypeError:
+            raise TypeError(f"{self.url}: a sample id is an integer, not "
+                            f"{type(g).__name__} {g!r} (ds.sample_ids() lists them)") from None
+        n = self.manifest.total_samples
+        if not -n <= i < n:
+            raise IndexError(f"{self.url}: sample id {i} is outside the dataset: it has {n} "
+                             f"samples, ids 0 .. {n - 1} (or -{n} .. -1 from the end)")
+        return self.sample(i + n if i < 0 else i)
 
     def in_order(self, transform: Callable[[dict[str, Any]], Any] | None) -> FeedDataset:
         """This dataset read whole in manifest order by one reader (rank 0 of 1, no shuffle),

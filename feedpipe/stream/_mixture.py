@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .._helpers.exit_close import closed_at_exit
 from .._redact import logger
-from ..errors import FeedpipeError, PlanError
+from ..errors import MixtureError, PlanError
 from ..plan._mixture import MixturePlan
 from ..plan._order import Split, worker_positions
 from ._batch_loop import EpochReader, Skips
@@ -42,11 +42,6 @@ if TYPE_CHECKING:
 log = logger("feedpipe")
 
 STATE_VERSION = 1
-
-
-class MixtureError(FeedpipeError, ValueError):
-    """A :class:`~feedpipe.Mixture` cannot be made or read as asked; the message names the
-    source."""
 
 
 class MixtureEpoch:
@@ -88,7 +83,10 @@ class Mixture(IterableDataset):
     ``shuffle`` (``False``: its samples in manifest order) are its own; the order of the epoch
     comes from the mixture's ``seed``, and its ranks are made equal by the mixture's
     ``drop_last``. A source's ``shuffle_window`` and ``drop_last`` are not
-    used (said in a warning). Sources with a ``decoded_cache`` are refused.
+    used (said in a warning). A source with a ``decoded_cache`` is refused (a
+    :class:`MixtureError`): the mixture's own plan neither fills nor reads a decoded store; a
+    :class:`~feedpipe.FunctionIndex` wrapped around the source's transform keeps its outputs
+    instead.
 
     Args:
         sources: a mapping of names to :class:`FeedDataset` objects (in the order given).
@@ -127,9 +125,13 @@ class Mixture(IterableDataset):
                 raise MixtureError(f"source {name!r} is a {type(ds).__name__}, not a FeedDataset")
             if ds.decoded is not None:
                 raise MixtureError(
-                    f"source {name!r} has a decoded_cache: a Mixture reads its sources' shards "
-                    "and does not fill their decoded stores; make the source without "
-                    "decoded_cache= (a FunctionIndex keeps a transform's outputs instead)")
+                    f"source {name!r} has a decoded_cache ({ds.decoded.path}): a Mixture reads "
+                    "its sources' shards through its own plan, which neither fills nor reads a "
+                    "decoded store, so the store would be left as it is while every epoch runs "
+                    "the transform; make the source without decoded_cache= and keep its "
+                    "transform's outputs in a FunctionIndex instead: FeedDataset(url, "
+                    "transform=FunctionIndex(directory).wrap(transform, fields=[...], "
+                    "version=1))")
             if ds.cache is not None:
                 log.warning("feedpipe: Mixture source %r reads through its shard cache without "
                             "prefetching ahead: the cache's prefetcher follows one dataset's "
@@ -175,8 +177,8 @@ class Mixture(IterableDataset):
         #: the sources' common ``decode=`` (raw batches by reference decode by it)
         self.decode = decodes[0] if all(d == decodes[0] for d in decodes) else {}
         self.decodes_agree = all(d == decodes[0] for d in decodes)
-        #: what a reader needs of a manifest: the sources' shards and fields, and the samples
-        #: an epoch holds (``epoch_size``)
+        #: what a reader needs of a manifest, made of the sources' shards and fields, and the
+        #: samples an epoch holds (``epoch_size``)
         self.manifest = replace(self.shards.manifest, total_samples=self.epoch_size)
         self.identity = self._identity()
         self._reader = EpochState()
@@ -226,7 +228,7 @@ class Mixture(IterableDataset):
     # -- the world and the plan ------------------------------------------------------------
     @property
     def world(self) -> World:
-        """This process's rank and the number of ranks (every source's: they must agree)."""
+        """This process's rank and the number of ranks, every source's (they must agree)."""
         return next(iter(self.sources.values())).world
 
     def _check_world(self) -> None:
@@ -262,7 +264,8 @@ class Mixture(IterableDataset):
                      self.drop_last, bool(whole_batches))
 
     def sample(self, g: int, epoch: int | None = None) -> dict[str, Any]:
-        """Sample ``g`` (numbered as :attr:`shards` numbers the sources' samples) as its
+        """Sample ``g`` (the sources' samples numbered one after the other, in the order of the
+        sources) as its
         source's transform sees it in ``epoch``, with ``__source__``."""
         src = int(np.searchsorted(self.shards.bases, g, side="right")) - 1
         name = self.names[src]
@@ -279,7 +282,7 @@ class Mixture(IterableDataset):
         return dict(zip(self.names, counts.tolist()))
 
     def tag_batch(self, batch: dict[str, Any], shards: np.ndarray) -> None:
-        """A raw batch by reference (numbered in :class:`MixtureShards`), said as the
+        """A raw batch by reference (the sources' shards numbered one after the other), said as the
         ``samples`` fetch says it: each sample's ``__source__``, its ``__index__`` in that
         source and the source's ``__seed__`` (in this process's memory: before pinning)."""
         batch["__index__"] = torch.from_numpy(batch["__index__"].numpy()

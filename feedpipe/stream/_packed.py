@@ -25,13 +25,14 @@ import torch
 
 from .._helpers.dependency import say_unbuilt
 from .._redact import logger
-from ..errors import StateError
+from ..errors import PackedFieldError, StateError
 from ..plan._order import Plan, Split
 from ._dataset import FeedDataset
-from ._token_docs import NotMapped, PackedFieldError, TokenDocs
+from ._token_docs import NotMapped, TokenDocs
 
 if TYPE_CHECKING:
     from ._batch_loop import PartTimes
+    from ._mixture import Mixture
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
     from .. import _packrows
@@ -113,8 +114,8 @@ class Packed:
     dataset.
 
     Args:
-        dataset: a FeedDataset whose samples hold one document each; its rank and world size
-            are the reader's.
+        dataset: a :class:`~feedpipe.FeedDataset` or a :class:`~feedpipe.Mixture` whose samples
+            hold one document each; its rank and world size are the reader's.
         seq_len: tokens per row.
         field: the sample field holding the document.
         pad_id: the token id that fills the epoch's last row.
@@ -129,7 +130,7 @@ class Packed:
         (torch.Size([2, 8]), torch.int64)
     """
 
-    def __init__(self, dataset: FeedDataset, seq_len: int, field: str = "tokens.npy",
+    def __init__(self, dataset: FeedDataset | Mixture, seq_len: int, field: str = "tokens.npy",
                  pad_id: int = 0) -> None:
         from ._mixture import Mixture
 
@@ -402,13 +403,13 @@ class Packed:
 
     @property
     def decode(self) -> dict[str, Any]:
-        """None of its own: rows are cut from the documents (the dataset's ``decode=`` applies
-        where documents are read whole)."""
+        """Empty, as rows are cut from the documents (the dataset's ``decode=`` applies where
+        documents are read whole)."""
         return {}
 
     @property
     def decoded(self) -> None:
-        """No decoded store: rows are cut from the documents each epoch."""
+        """Always ``None``, as rows are cut from the documents each epoch (no decoded store)."""
         return None
 
     @property
@@ -428,7 +429,8 @@ class Packed:
     def split_at(self, start: int = 0, whole_batches: bool = False, *,
                  epoch: int | None = None) -> Split:
         """This rank's share of ``epoch``'s rows (``None``: the dataset's direct reader's
-        epoch) from row ``start`` on (:func:`rows_split`). The row count is the epoch's own:
+        epoch) from row ``start`` on, the rows made a multiple of the world size with rows of
+        padding only. The row count is the epoch's own:
         the epochs of a :class:`~feedpipe.Mixture` draw documents of other lengths."""
         w = self.world
         e = self.dataset.epoch if epoch is None else int(epoch)

@@ -27,10 +27,12 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class Route:
-    """One named combination of the four parts (see the module docstring).
+    """One named combination of the four parts (see the module docstring); a loader's
+    :attr:`FeedLoader.route <feedpipe.FeedLoader.route>` says which it runs.
 
-    Args:
-        name: the route's name, as ``FeedLoader(route=...)`` takes it (:data:`ROUTES`).
+    Attributes:
+        name: the route's name, as ``FeedLoader(route=...)`` takes it (the names are listed
+            under :ref:`concepts-routes`).
         fetch: ``samples`` (``mixture`` when the dataset is a :class:`~feedpipe.Mixture`),
             ``refs``, ``gather`` or ``packed``.
         compute: ``none``, ``call`` or ``into``.

@@ -18,19 +18,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import FeedpipeError
+from ..errors import PackedFieldError
 
 if TYPE_CHECKING:
     from ..format._reader import ShardReader
+    from ._mixture_shards import MixtureShards
     from ._shard_set import ShardSet
 
 _MAGIC = b"\x93NUMPY"
 _SHAPE = b"'shape': ("
 _HEAD = 64 * 1024  # the most header bytes looked at (np.save pads headers to 64 bytes)
-
-
-class PackedFieldError(FeedpipeError, ValueError):
-    """A document of a :class:`~feedpipe.Packed` dataset is not a 1-D integer array."""
 
 
 class NotMapped(Exception):
@@ -51,7 +48,7 @@ class TokenDocs:
         PackedFieldError: a sample lacks the field, or its array is not 1-D integer.
     """
 
-    def __init__(self, shards: ShardSet, field: str, url: str) -> None:
+    def __init__(self, shards: ShardSet | MixtureShards, field: str, url: str) -> None:
         n = shards.num_samples
         self.field, self.url = field, url
         self.shard = np.repeat(np.arange(len(shards), dtype=np.int64),

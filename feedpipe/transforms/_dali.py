@@ -271,7 +271,8 @@ class DaliStage:
 
     @property
     def device(self) -> torch.device:
-        """Where the stage's batches are: ``cuda:<device_id>``, or ``cpu`` without one."""
+        """The device the stage's batches are on, ``cuda:<device_id>`` (or ``cpu`` without a
+        ``device_id``)."""
         if self.device_id is None:
             return torch.device("cpu")
         return torch.device("cuda", self.device_id)

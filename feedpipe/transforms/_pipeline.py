@@ -147,7 +147,7 @@ class ImageSpec:
         """The crop window (in the ``height`` x ``width`` image) and whether to flip it.
 
         Draws, in order: the crop (torchvision's ``RandomResizedCrop`` rule), then one number
-        for the flip (:class:`RandomHorizontalFlip`); nothing when not training.
+        for the flip (torchvision's ``RandomHorizontalFlip`` rule); nothing when not training.
         """
         if not self.train:
             side = max(1, int(round(min(height, width) * self.crop_fraction)))
@@ -300,17 +300,20 @@ class ImagePipeline:
         return normalize_tensor(x, self._norm.mean_tensor, self._norm.std_tensor, out=out)
 
     def __call__(self, sample: Mapping[str, Any]) -> Any:
+        """The sample's image decoded, cropped, resized and normalised as a CHW tensor of
+        :attr:`out_shape` and :attr:`out_dtype`, with its label as ``(image, label)`` (the image
+        alone without a ``label_field``)."""
         image, label = self._apply(sample, None)
         return image if self.label_field is None else (image, label)
 
     @property
     def out_shape(self) -> tuple[int, int, int]:
-        """The shape of an output image: ``(3, H, W)``."""
+        """The shape of an output image, ``(3, H, W)``."""
         return (3, *as_size(self.spec.size))
 
     @property
     def out_dtype(self) -> torch.dtype:
-        """The dtype of an output image: ``uint8`` without ``mean``, else ``float32``."""
+        """The dtype of an output image, ``uint8`` without ``mean`` (else ``float32``)."""
         return torch.uint8 if self._norm is None else torch.float32
 
     def into(self, sample: Mapping[str, Any], out: torch.Tensor) -> int | None:
