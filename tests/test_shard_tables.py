@@ -259,3 +259,21 @@ def test_columns_equal_but_for_case_are_refused_naming_both(tmp_path: Path) -> N
     assert "columns 'A' and 'a' would both become fields 'A' and 'a', which differ only in " \
            "case" in r.stderr, r.stderr
     assert run_feedpipe("shard", src, tmp_path / "o2", "--columns", "a=a2").returncode == 0
+
+
+def test_a_column_named_like_metadata_is_stored_under_a_field_it_can_be(tmp_path: Path) -> None:
+    """Issue 41: a column between double underscores became a field of that name, which
+    WebDataset takes for metadata (``__key__``): mapped, and never written. Sent there with
+    --columns, it is refused."""
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"__meta__": ["x", "y"], "v": [1, 2], "____": [3, 4]}), src)
+    r = run_feedpipe("shard", src, tmp_path / "o", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "column   __meta__ -> meta   (text)" in r.stdout
+    assert "column   ____ -> field   (number as text)" in r.stdout
+    assert [s for _, s in _samples(tmp_path / "o")] == [
+        {"meta": b"x", "v": b"1", "field": b"3"}, {"meta": b"y", "v": b"2", "field": b"4"}]
+    r = run_feedpipe("shard", src, tmp_path / "o2", "--columns", "v=__v__")
+    assert r.returncode != 0
+    assert "--columns: '__v__' cannot be a field name: a name between double underscores" \
+        in r.stderr, r.stderr

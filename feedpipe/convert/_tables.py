@@ -27,7 +27,7 @@ from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import InputError, KeyClashError, OutputError
 from ._shard_writer import DEFAULT_MAX_BYTES, ShardWriter
 from ._summary import ShardSummary
-from ._table_columns import Column, ColumnMap, default_map, override
+from ._table_columns import Column, ColumnMap, default_map, index_fields, override
 
 BATCH_ROWS = 1024
 
@@ -137,6 +137,7 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
     head = next(first.iter_batches(batch_size=64), None)
     head_rows = head.to_pylist() if head is not None else []
     labels = hf_class_labels(schema.metadata)
+    index = index_fields(names, schema.metadata)
     columns = []
     for name in names:
         kind = _kind(schema.field(name).type)
@@ -144,7 +145,7 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
         cats = _categories(pq, fs, paths, name) if kind == "category" else None
         if kind == "int" and name in labels:  # a datasets.ClassLabel, as its Parquet keeps it
             kind, cats = "category", labels[name]
-        columns.append(Column(name, kind, cats, sample))
+        columns.append(Column(name, kind, cats, sample, *index.get(name, (None, ""))))
 
     stems = ["" if single else rel[: -len(".parquet")] + "/" for rel in files]
 
@@ -210,6 +211,8 @@ def dataset_source(dataset: Any) -> TableSource:
             dataset = dataset.cast_column(name, type(feat)(decode=False))
     features = dataset.features or {}
     first: dict[str, Any] = next(iter(dataset), {})
+    # (Dataset.from_pandas keeps an index as __index_level_N__ columns, without pandas' metadata)
+    index = index_fields(list(features), None)
     columns = []
     for name, feat in features.items():
         sample = first.get(name)
@@ -218,7 +221,8 @@ def dataset_source(dataset: Any) -> TableSource:
         elif isinstance(feat, (datasets.Image, datasets.Audio)):
             columns.append(Column(name, "image", None, resolved_media(sample)))
         elif isinstance(feat, datasets.Value):
-            columns.append(Column(name, _value_kind(feat.dtype), None, sample))
+            columns.append(Column(name, _value_kind(feat.dtype), None, sample,
+                                  *index.get(name, (None, ""))))
         else:
             columns.append(Column(name, "nested", None, sample))
 
