@@ -579,8 +579,9 @@ def _refuse_case_clashes(src: str, samples: list[SampleSpec]) -> None:
 
 def _listing_skipped(listing: Listing, on_error: str) -> list[tuple[str, str]]:
     """The listing's inputs the manifest counts as skipped: the files ``--labels-from-dirs``
-    left out (not images), and the bad inputs ``on_error="skip"`` left out."""
-    return listing.left_out + (listing.problems if on_error == "skip" else [])
+    left out (not images), the hidden files (a hidden directory once), and the bad inputs
+    ``on_error="skip"`` left out."""
+    return listing.left_out + listing.hidden + (listing.problems if on_error == "skip" else [])
 
 
 def _report_left_out(listing: Listing) -> None:
