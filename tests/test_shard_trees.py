@@ -248,3 +248,17 @@ def test_hidden_files_are_listed_once_in_a_merged_dataset(tmp_path: Path) -> Non
         feedpipe.shard(str(src), str(out), part=(i, 2), merge=True, workers=1)
     m = feedpipe.load_manifest(str(out))
     assert [(x["path"], x["reason"]) for x in m.skipped] == HIDDEN_SKIPPED
+
+
+def test_samples_of_several_images_are_all_named_in_a_merged_dataset(tmp_path: Path) -> None:
+    """Issue 41: each part names its own; the merged manifest names every one, once."""
+    src = tmp_path / "src"
+    write_tree(src, ["a/x.jpg", "a/x.png", "a/w.jpg", "b/y.jpg", "b/y.png", "b/y.json",
+                     "c/z.jpg"])
+    out = tmp_path / "out"
+    for i in range(2):
+        feedpipe.shard(str(src), str(out), part=(i, 2), merge=True, workers=1, shuffle=True)
+    m = feedpipe.load_manifest(str(out))
+    assert m.created_by["several_images"] == [
+        {"key": "a/x", "images": ["a/x.jpg", "a/x.png"], "taken": "a/x.jpg"},
+        {"key": "b/y", "images": ["b/y.jpg", "b/y.png"], "taken": "b/y.jpg"}]

@@ -219,8 +219,9 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     _refuse_case_clashes(src, samples)
     _report_outputs(src, out, listing)
     _report_left_out(listing)
-    if opts.manifest is None and rows is None:  # (a file list pairs files on purpose)
-        _report_several_images(samples)
+    several = (several_images_named(samples) if opts.manifest is None and rows is None
+               else [])  # (a file list pairs files on purpose)
+    _report_several_images(several)
     part_of = None if part_info is None else (part_info.index, part_info.count)
     name_prefix = opts.prefix if part_of is None else part_prefix(opts.prefix, *part_of)
     state = STATE_NAME if part_of is None else part_state_name(*part_of)
@@ -275,6 +276,8 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
         bar.close()
     m = _manifest(src, opts, choice, listing, plan, records, fp)
     m.created_by.update(provenance or {})
+    if several:
+        m.created_by["several_images"] = several
     merged = _commit(out, opts, m, listing, part_info, names, state)
     secs = time.perf_counter() - t0
     nbytes = sum(r.bytes for r in m.shards)
@@ -284,7 +287,8 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
         files_per_s=total_files / secs if secs > 0 else 0.0,
         mb_per_s=nbytes / secs / 1e6 if secs > 0 else 0.0, skipped_inputs=list(m.skipped),
         part=None if part_info is None else part_info.label, merged=merged,
-        method=choice.method, executor=executor.describe(), why=choice.why)
+        method=choice.method, executor=executor.describe(), why=choice.why,
+        several_images=several)
 
 
 # the executor of a resume over a dataset already complete (the CLI's summary says so)
@@ -312,7 +316,8 @@ def _already_complete(out: str, m: Manifest, plan: Any, name_prefix: str, total_
         bytes=nbytes, skipped=len(m.skipped), reused_shards=len(m.shards), seconds=secs,
         files_per_s=0.0, mb_per_s=0.0, skipped_inputs=list(m.skipped),
         method=method if isinstance(method, str) else "general",
-        executor=ALREADY_COMPLETE)
+        executor=ALREADY_COMPLETE,
+        several_images=list(m.created_by.get("several_images", [])))
 
 
 def _executor(choice: Choice, opts: ShardOptions, workers: int,
@@ -438,24 +443,39 @@ def _report_outputs(src: str, out: str, listing: Any) -> None:
                     "manifest or a conversion under way), not source data", printable(src), rel)
 
 
-def _report_several_images(samples: list[SampleSpec]) -> None:
-    """Say, once a run, that files sharing a stem made samples of two images: an ImageFolder
-    counts each file as an image, and ImagePipeline decodes one image a sample."""
-    several = [s for s in samples if len(s.files) > 1]
-    if not several:  # a sample of one file holds one image at most
+def several_images_named(samples: list[SampleSpec]) -> list[dict[str, Any]]:
+    """Every sample of two or more images (files that share a stem), by key: its ``key``, its
+    image files (``images``) and the one :class:`~feedpipe.ImagePipeline` takes by default
+    (``taken``, the first of its ``image_field`` list): an ImageFolder counts each file as an
+    image, and the others are never trained."""
+    multi = [s for s in samples if len(s.files) > 1]
+    if not multi:  # a sample of one file holds one image at most
+        return []
+    out = []
+    for spec in several_images(multi, IMAGE_FIELDS):
+        taken = image_field_of(dict.fromkeys((f.ext for f in spec.files), True), IMAGE_FIELDS)
+        out.append({"key": spec.key,
+                    "images": sorted(printable(f.path) for f in spec.files
+                                     if image_extension(f.ext) is not None),
+                    "taken": next(printable(f.path) for f in spec.files if f.ext == taken)})
+    out.sort(key=lambda e: e["key"])  # (a part's samples come shuffled)
+    return out
+
+
+def _report_several_images(several: list[dict[str, Any]]) -> None:
+    """Say, once a run, that files sharing a stem made samples of two or more images, naming
+    some (the manifest and the summary name all)."""
+    if not several:
         return
-    count, spec = several_images(several, IMAGE_FIELDS)
-    if spec is None:
-        return
-    taken = image_field_of(dict.fromkeys((f.ext for f in spec.files), True), IMAGE_FIELDS)
-    shown = " + ".join(printable(f.path) for f in spec.files
-                       if image_extension(f.ext) is not None)
+    n = len(several)
+    shown = "; ".join(f"{' + '.join(e['images'])} (trains with {e['taken']})"
+                      for e in several[:5]) + ("; ..." if n > 5 else "")
     log.warning("feedpipe shard: %d sample%s hold%s two or more images (files that share a stem "
-                "are one sample), e.g. %s: the sample holds both, where an ImageFolder counts "
-                "each file as an image, and ImagePipeline takes the first of its image_field "
-                "list (here %s); give each image its own stem if each is a sample",
-                count, "s" * (count > 1), "" if count > 1 else "s",
-                shown, taken)
+                "are one sample), where an ImageFolder counts each file as an image, and "
+                "ImagePipeline takes the first of its image_field list: %s. Every one is named "
+                "in the manifest's created_by.several_images (and the summary's "
+                "several_images); give each image its own stem if each is a sample",
+                n, "s" * (n > 1), "" if n > 1 else "s", shown)
 
 
 def _stage(src: str, out: str, opts: ShardOptions, workers: int,

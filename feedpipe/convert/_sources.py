@@ -357,23 +357,19 @@ def leave_out_non_images(by_key: dict[str, list[FileRef]], problems: list[tuple[
 
 
 def several_images(samples: Iterable[SampleSpec],
-                   image_fields: Sequence[str]) -> tuple[int, SampleSpec | None]:
-    """How many samples hold more than one of ``image_fields`` (files sharing a stem, such as
-    ``cat/x.jpg`` and ``cat/x.png``, are one sample), and the first of them (pure).
+                   image_fields: Sequence[str]) -> list[SampleSpec]:
+    """The samples that hold more than one of ``image_fields`` (files sharing a stem, such as
+    ``cat/x.jpg`` and ``cat/x.png``, are one sample), in their order (pure).
 
     Example:
         >>> two = SampleSpec("x", [FileRef("jpg", "x.jpg", 1), FileRef("png", "x.png", 1)])
         >>> one = SampleSpec("y", [FileRef("jpg", "y.jpg", 1), FileRef("json", "y.json", 1)])
-        >>> several_images([one, two], ("jpg", "png"))[0]
-        1
+        >>> [s.key for s in several_images([one, two], ("jpg", "png"))]
+        ['x']
     """
     wanted = frozenset(f.lower() for f in image_fields)
-    count, first = 0, None
-    for spec in samples:
-        if len(files := spec.files) > 1 and sum(f.ext.lower() in wanted for f in files) > 1:
-            count += 1
-            first = first or spec
-    return count, first
+    return [spec for spec in samples if len(files := spec.files) > 1
+            and sum(f.ext.lower() in wanted for f in files) > 1]
 
 
 def add_class_field(spec: SampleSpec, index: dict[str, int]) -> None:
