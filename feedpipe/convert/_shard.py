@@ -451,15 +451,14 @@ def several_images_named(samples: list[SampleSpec]) -> list[dict[str, Any]]:
     multi = [s for s in samples if len(s.files) > 1]
     if not multi:  # a sample of one file holds one image at most
         return []
-    out = []
+    out: list[tuple[str, list[str], str]] = []
     for spec in several_images(multi, IMAGE_FIELDS):
         taken = image_field_of(dict.fromkeys((f.ext for f in spec.files), True), IMAGE_FIELDS)
-        out.append({"key": spec.key,
-                    "images": sorted(printable(f.path) for f in spec.files
+        out.append((spec.key, sorted(printable(f.path) for f in spec.files
                                      if image_extension(f.ext) is not None),
-                    "taken": next(printable(f.path) for f in spec.files if f.ext == taken)})
-    out.sort(key=lambda e: e["key"])  # (a part's samples come shuffled)
-    return out
+                    next(printable(f.path) for f in spec.files if f.ext == taken)))
+    out.sort()  # (by key: a part's samples come shuffled)
+    return [{"key": key, "images": images, "taken": path} for key, images, path in out]
 
 
 def _report_several_images(several: list[dict[str, Any]]) -> None:
