@@ -277,3 +277,24 @@ def test_a_column_named_like_metadata_is_stored_under_a_field_it_can_be(tmp_path
     assert r.returncode != 0
     assert "--columns: '__v__' cannot be a field name: a name between double underscores" \
         in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("method", ["auto", "general"])
+def test_hidden_files_of_a_parquet_directory_are_listed_as_left_out(tmp_path: Path,
+                                                                     method: str) -> None:
+    """Issue 41: as a tree's, a Parquet directory's hidden files (Spark's .crc checksums, a
+    .DS_Store) are left out and each listed with its reason, a hidden directory once."""
+    src = tmp_path / "table"
+    (src / "y=1").mkdir(parents=True)
+    pq.write_table(_table(3), src / "y=1" / "part-0.parquet")
+    for rel in [".DS_Store", "y=1/.part-0.parquet.crc", ".cache/a.bin", ".cache/b/c.bin"]:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(b"x")
+    s = feedpipe.shard(str(src), str(tmp_path / "o"), method=method, workers=1)
+    assert s.samples == 3 and s.skipped == 3
+    want = [(".DS_Store", "hidden file (its name starts with '.'): left out"),
+            (".cache/", "hidden directory (its name starts with '.'): its 2 files left out"),
+            ("y=1/.part-0.parquet.crc", "hidden file (its name starts with '.'): left out")]
+    assert [(x["path"], x["reason"]) for x in s.skipped_inputs] == want
+    m = load_manifest(str(tmp_path / "o"))
+    assert [(x["path"], x["reason"]) for x in m.skipped] == want

@@ -58,7 +58,7 @@ from ._output_dir import (
 )
 from ._parts import PartInfo, parse_part, part_prefix, part_tag
 from ._shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
-from ._sources import Listing, SampleSpec, Source, printable, several_images
+from ._sources import Listing, SampleSpec, Source, hidden_skipped, printable, several_images
 from ._summary import ShardSummary
 from ._writer import hidden, load_record, output_error
 
@@ -93,10 +93,11 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
     opts = (options or ShardOptions()).with_overrides(overrides)
     t0 = time.perf_counter()
     tables = None
+    hidden: dict[str, int] = {}  # a Parquet directory's hidden files
     if opts.manifest is None:
         from ._tables import parquet_files
 
-        tables = parquet_files(src)  # a Parquet file or a directory of them
+        tables = parquet_files(src, hidden)  # a Parquet file or a directory of them
     nworkers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
     facts = Facts(requested=opts.method,
                   source="table" if tables is not None else "manifest" if opts.manifest else "tree",
@@ -112,7 +113,7 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
     part_of = None if opts.part is None else parse_part(opts.part)
     if tables is not None:
         return _under_lock(out, part_of, lambda: _shard_table(src, tables, out, opts, choice,
-                                                              part_of, nworkers, t0))
+                                                              part_of, nworkers, t0, hidden))
     return _under_lock(out, part_of,
                        lambda: _locked(src, out, opts, facts, choice, part_of, nworkers, t0))
 
@@ -513,9 +514,11 @@ def _stage(src: str, out: str, opts: ShardOptions, workers: int,
 
 
 def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choice: Choice,
-                 part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
+                 part_of: tuple[int, int] | None, nworkers: int, t0: float,
+                 hidden: dict[str, int]) -> ShardSummary:
     """A Parquet source: its rows listed as samples (:mod:`~feedpipe.convert._table_rows`),
-    then planned and written as a tree's files are."""
+    then planned and written as a tree's files are; ``hidden``: the hidden files its
+    directory holds (:func:`~feedpipe.convert._tables.parquet_files`), left out and listed."""
     from ._table_rows import TableRows
     from ._tables import column_map, parquet_source
 
@@ -524,6 +527,7 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choic
                          "apply (a table's class names come from a categorical or ClassLabel "
                          "column, or --classes)")
     table = parquet_source(src, files)
+    table.hidden = hidden_skipped(hidden)
     cmap, images = column_map(table, opts.columns, opts.classes)
     rows = TableRows(table.paths, table.stems, src, cmap, images)
     return _shard_rows(src, table, rows, out, opts, choice, part_of, nworkers, t0)
@@ -552,6 +556,7 @@ def _shard_listed_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOpt
             opts.show_progress)
     else:
         listing = list_table(table, rows, opts.show_progress)
+    listing.hidden = list(table.hidden)
     with closing(staged) if staged is not None else nullcontext():
         if not listing.samples:
             _drop_problems(listing, opts.on_error)

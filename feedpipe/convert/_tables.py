@@ -44,15 +44,20 @@ class TableSource:
     describe: dict[str, Any]
     paths: list[str] = field(default_factory=list)  # Parquet: the files, as rows() names them
     stems: list[str] = field(default_factory=list)  # Parquet: each file's key prefix
+    hidden: list[tuple[str, str]] = field(default_factory=list)  # Parquet: hidden files left out
     dataset: Any = None  # a Hugging Face dataset, its images and audio left encoded
 
 
-def parquet_files(src: str) -> list[str] | None:
+def parquet_files(src: str, hidden: dict[str, int] | None = None) -> list[str] | None:
     """The Parquet files of ``src`` (a ``.parquet`` file, or a directory whose visible files are
-    all ``.parquet``, sorted by path), or ``None`` when ``src`` is not a Parquet source."""
+    all ``.parquet``, sorted by path), or ``None`` when ``src`` is not a Parquet source.
+    ``hidden``: where to count the directory's hidden files, as a tree's listing does
+    (:func:`~feedpipe.convert._sources.count_hidden`)."""
+    from ._sources import count_hidden, printable
+
     if is_local(src):
         path = local_path(src)
-        walk: Any = os.walk(path)
+        walker: Callable[[str], Any] = os.walk
         if path.endswith(".parquet"):
             return [path] if os.path.isfile(path) else None
         if not os.path.isdir(path):
@@ -63,19 +68,34 @@ def parquet_files(src: str) -> list[str] | None:
             return [path] if fs.isfile(path) else None
         if not fs.isdir(path):
             return None
-        walk = fs.walk(path)
+        walker = fs.walk
     base = path.rstrip("/") + "/"
+
+    def rel(root: str, name: str) -> str:
+        full = f"{root.rstrip('/')}/{name}"
+        return full[len(base):] if full.startswith(base) else name
+
     found = []
-    for root, dirs, files in walk:
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # (a hidden tree is not data)
+    seen: dict[str, int] = {}
+    hidden_dirs = []  # (walked only once the source is known to be a table)
+    for root, dirs, files in walker(path):
+        hidden_dirs += [(rel(root, d), f"{root.rstrip('/')}/{d}") for d in dirs
+                        if d.startswith(".")]
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
-            if name.startswith("."):
+            if name.startswith("."):  # (no data: left out, and listed)
+                count_hidden(seen, rel(root, name))
                 continue
             if not name.endswith(".parquet"):
                 return None  # the first other file: a tree of files, not a table
-            full = f"{root.rstrip('/')}/{name}"
-            found.append(full[len(base):] if full.startswith(base) else name)
-    return sorted(found) or None
+            found.append(rel(root, name))
+    if not found:
+        return None
+    if hidden is not None:
+        for name, full in hidden_dirs:
+            seen[printable(f"{name}/")] = sum(len(files) for _, _, files in walker(full))
+        hidden.update({k: n for k, n in seen.items() if n})
+    return sorted(found)
 
 
 def pyarrow_parquet() -> Any:
