@@ -226,7 +226,8 @@ def test_a_pandas_index_is_stored_under_the_fields_the_summary_names(
 
 def test_a_named_pandas_index_keeps_its_name(tmp_path: Path) -> None:
     """A level pandas named is stored under its name; one whose name a column holds, and an
-    unnamed one, under ``index`` (``index_N`` for a level of several)."""
+    unnamed one, under ``index`` (``index_N`` for a level of several; ``index_level_N`` where
+    a column is named so, in any case)."""
     frames = {
         "named": (pd.DataFrame({"v": [1.5, 2.5]}, index=pd.Index([7, 8], name="when")),
                   {"v": "v", "when": "when"}),
@@ -238,6 +239,8 @@ def test_a_named_pandas_index_keeps_its_name(tmp_path: Path) -> None:
                   {"v": "v", "k": "k", "__index_level_1__": "index_1"}),
         "unnamed": (pd.DataFrame({"v": [1.5, 2.5]}, index=[10, 20]),
                     {"v": "v", "__index_level_0__": "index"}),
+        "index column": (pd.DataFrame({"Index": [1.5, 2.5]}, index=[10, 20]),
+                         {"Index": "Index", "__index_level_0__": "index_level_0"}),
     }
     for name, (df, want) in frames.items():
         path = tmp_path / f"{name}.parquet"

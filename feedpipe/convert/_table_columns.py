@@ -22,8 +22,8 @@ A column name that cannot be a field name gets ``_`` for each character that can
 one between double underscores (``__meta__``), which WebDataset keeps for a sample's metadata
 (``__key__``, ``__url__``) and no writer stores, loses them (``meta``). An index pandas stored as
 columns (``__index_level_N__``, where it is not a range) becomes the field of its name, where
-pandas recorded one that no column has, else ``index`` (``index_N`` for level N of several):
-see :func:`index_fields`.
+pandas recorded one that no column has, else ``index`` (``index_N`` for level N of several;
+``index_level_N`` where a column has that name): see :func:`index_fields`.
 ``--columns img=jpg,label=cls,id=__key__,junk=`` overrides the default per column (an empty
 field drops the column); two columns may not make one field. Everything here is pure.
 """
@@ -210,7 +210,7 @@ def index_fields(names: Sequence[str], metadata: Mapping[bytes, bytes] | None
     ``__index_level_N__`` (the schema's ``pandas`` metadata says which; without it, by that
     name), each with its field and what it is (pure): the level's name, where pandas recorded
     one that no column has, else ``index`` for a one-level index, ``index_N`` for level N of
-    several.
+    several, else (a column has that name too) ``index_level_N``.
 
     Example:
         >>> meta = {b"pandas": b'{"index_columns": ["k", "__index_level_1__"], '
@@ -232,17 +232,19 @@ def index_fields(names: Sequence[str], metadata: Mapping[bytes, bytes] | None
     if not levels:
         levels = sorted((n for n in names if _INDEX_LEVEL.fullmatch(n)),
                         key=lambda n: int(n[len("__index_level_"):-2]))
-    taken = set(names)
+    columns = set(names)
+    taken = {field_name(n).lower() for n in names}  # (fields are told apart in any case)
     out = {}
     for i, column in enumerate(levels):
-        if column not in taken or not _INDEX_LEVEL.fullmatch(column):
+        if column not in columns or not _INDEX_LEVEL.fullmatch(column):
             continue  # (a named level is a column of its name already)
         what = "pandas index" if len(levels) == 1 else f"pandas index, level {i}"
         name = recorded.get(column)
-        if isinstance(name, str) and name not in taken and field_name(name) == name:
-            out[column] = (name, what)
-        else:
-            out[column] = ("index" if len(levels) == 1 else f"index_{i}", what)
+        choices = [name] if isinstance(name, str) and field_name(name) == name else []
+        choices += ["index" if len(levels) == 1 else f"index_{i}", field_name(column)]
+        field = next((c for c in choices if c.lower() not in taken), field_name(column))
+        taken.add(field.lower())
+        out[column] = (field, what)
     return out
 
 
