@@ -208,6 +208,8 @@ def test_every_sample_of_several_images_is_named(tmp_path: Path, method: str) ->
     text = run_feedpipe("shard", src, tmp_path / "text", "--labels-from-dirs", "--workers", "2",
                         "--method", method, "--no-progress")
     assert text.returncode == 0, text.stderr
+    assert "  several           2   samples of two or more images, one of them trained " \
+        "(listed in manifest.json)" in text.stdout, text.stdout
     for e in several:
         assert f"  several images: {' + '.join(e['images'])}: trains with {e['taken']}" \
             in text.stdout, text.stdout

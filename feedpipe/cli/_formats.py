@@ -149,6 +149,8 @@ def _shard_text(a: argparse.Namespace, s: Any) -> str:
         f"  {unit:<5}    {s.files:>10}",
         f"  bytes    {format_size(s.bytes):>10}",
         f"  skipped  {s.skipped:>10}" + ("   (listed in manifest.json)" if s.skipped else ""),
+        *([f"  several  {len(s.several_images):>10}   samples of two or more images, one of "
+           "them trained (listed in manifest.json)"] if s.several_images else []),
         f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} {unit}/s   "
         f"{s.mb_per_s:,.1f} MB/s",
     ]
