@@ -93,11 +93,11 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
     opts = (options or ShardOptions()).with_overrides(overrides)
     t0 = time.perf_counter()
     tables = None
-    hidden: dict[str, int] = {}  # a Parquet directory's hidden files
+    hidden_files: dict[str, int] = {}  # a Parquet directory's hidden files
     if opts.manifest is None:
         from ._tables import parquet_files
 
-        tables = parquet_files(src, hidden)  # a Parquet file or a directory of them
+        tables = parquet_files(src, hidden_files)  # a Parquet file or a directory of them
     nworkers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
     facts = Facts(requested=opts.method,
                   source="table" if tables is not None else "manifest" if opts.manifest else "tree",
@@ -113,7 +113,8 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
     part_of = None if opts.part is None else parse_part(opts.part)
     if tables is not None:
         return _under_lock(out, part_of, lambda: _shard_table(src, tables, out, opts, choice,
-                                                              part_of, nworkers, t0, hidden))
+                                                              part_of, nworkers, t0,
+                                                              hidden_files))
     return _under_lock(out, part_of,
                        lambda: _locked(src, out, opts, facts, choice, part_of, nworkers, t0))
 
@@ -515,9 +516,9 @@ def _stage(src: str, out: str, opts: ShardOptions, workers: int,
 
 def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choice: Choice,
                  part_of: tuple[int, int] | None, nworkers: int, t0: float,
-                 hidden: dict[str, int]) -> ShardSummary:
+                 hidden_files: dict[str, int]) -> ShardSummary:
     """A Parquet source: its rows listed as samples (:mod:`~feedpipe.convert._table_rows`),
-    then planned and written as a tree's files are; ``hidden``: the hidden files its
+    then planned and written as a tree's files are; ``hidden_files``: the hidden files its
     directory holds (:func:`~feedpipe.convert._tables.parquet_files`), left out and listed."""
     from ._table_rows import TableRows
     from ._tables import column_map, parquet_source
@@ -527,7 +528,7 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choic
                          "apply (a table's class names come from a categorical or ClassLabel "
                          "column, or --classes)")
     table = parquet_source(src, files)
-    table.hidden = hidden_skipped(hidden)
+    table.hidden = hidden_skipped(hidden_files)
     cmap, images = column_map(table, opts.columns, opts.classes)
     rows = TableRows(table.paths, table.stems, src, cmap, images)
     return _shard_rows(src, table, rows, out, opts, choice, part_of, nworkers, t0)
