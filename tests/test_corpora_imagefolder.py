@@ -13,6 +13,7 @@ sample. The image bytes are Pillow's test JPEGs (``tests/corpora/pillow``).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -22,6 +23,7 @@ from _corpora import PILLOW, pillow_pixels
 from conftest import run_feedpipe
 
 from feedpipe import FeedDataset, ImagePipeline, ImageSpec, load_manifest, source_path
+from feedpipe.format._image_fields import IMAGE_FIELDS, image_field_of
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -156,3 +158,58 @@ def test_every_image_of_the_tree_reaches_training(
         assert abs(image.permute(1, 2, 0).numpy().astype(int) - crop).max() <= 3, rel
         seen[rel] = label
     assert seen == want
+
+
+# Issue 41: images sharing a stem in a class folder (photo.bmp, photo.jpg, photo.png) are one
+# sample, whose image ImagePipeline takes is one of them, where ImageFolder counts each; the
+# warning named one example
+SAME_STEM = {
+    "n01440764/photo.jpg": "hopper.jpg",
+    "n01440764/photo.png": "hopper.png",
+    "n01440764/photo.bmp": "hopper.bmp",
+    "n01440764/other.jpg": "flower.jpg",
+    "n01443537/x.JPEG": "hopper_gray.jpg",
+    "n01443537/x.png": "hopper.png",
+    "n01443537/y.jpg": "hopper.jpg",
+}
+
+
+@pytest.mark.parametrize("method", ["one-pass", "general"])
+def test_every_sample_of_several_images_is_named(tmp_path: Path, method: str) -> None:
+    """Each image ImageFolder counts is either the image a sample trains with or named, with
+    its sample, in the summary, --json and the manifest."""
+    src = tmp_path / "train"
+    for rel, name in SAME_STEM.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(PILLOW / name, src / rel)
+    _, want = imagefolder_rule(src)
+    assert len(want) == 7
+    out = tmp_path / "shards"
+    r = run_feedpipe("shard", src, out, "--labels-from-dirs", "--workers", "2", "--method",
+                     method, "--no-progress", "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["method"] == method
+    several = [
+        {"key": "n01440764/photo", "taken": "n01440764/photo.jpg",
+         "images": ["n01440764/photo.bmp", "n01440764/photo.jpg", "n01440764/photo.png"]},
+        {"key": "n01443537/x", "taken": "n01443537/x.png",
+         "images": ["n01443537/x.JPEG", "n01443537/x.png"]},
+    ]
+    assert s["several_images"] == several
+    assert load_manifest(str(out)).created_by["several_images"] == several
+    trained = set()
+    for x in FeedDataset(str(out)):
+        field = image_field_of(x, IMAGE_FIELDS)
+        assert field is not None
+        trained.add(source_path(str(x["__key__"]), field))
+    named = {p for e in several for p in e["images"] if p != e["taken"]}
+    assert trained | named == set(want) and not trained & named
+    text = run_feedpipe("shard", src, tmp_path / "text", "--labels-from-dirs", "--workers", "2",
+                        "--method", method, "--no-progress")
+    assert text.returncode == 0, text.stderr
+    assert "  several           2   samples of two or more images, one of them trained " \
+        "(listed in manifest.json)" in text.stdout, text.stdout
+    for e in several:
+        assert f"  several images: {' + '.join(e['images'])}: trains with {e['taken']}" \
+            in text.stdout, text.stdout

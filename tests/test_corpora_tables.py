@@ -156,3 +156,124 @@ def test_shard_from_reads_images_a_dataset_holds_as_paths(tmp_path: Path) -> Non
     samples = _samples(tmp_path / "out")
     assert [s["jpg"] for s in samples] == [(PILLOW / n).read_bytes() for n in names]
     assert [int(s["cls"]) for s in samples] == [0, 1, 0]
+
+
+# Issue 41 (real data dropped in silence): pandas stores an index it cannot rebuild from a range
+# as columns named __index_level_N__, which a WebDataset field cannot be (names between "__" are
+# metadata, like __key__). They were printed and recorded as mapped, and never written.
+
+# the shape of scikit-learn's wine_data.csv: a first line of 5 fields (sample and feature counts,
+# class names) over rows of 14, which pandas' read_csv reads as 5 columns under a 9-level index
+WINE_LIKE = "6,13,class_0,class_1,class_2\n" + "".join(
+    ",".join([*(f"{12 + i * 0.37 + j * 1.1:.2f}" for j in range(13)), str(i % 3)]) + "\n"
+    for i in range(6))
+
+
+def _mapped(stdout: str) -> dict[str, str]:
+    """``{column: field}`` of the mapping lines ``feedpipe shard`` printed (dropped left out)."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("  column   "):
+            column, _, rest = line[len("  column   "):].partition(" -> ")
+            field = rest.split("   ")[0]
+            if field != "(dropped)":
+                out[column] = field
+    return out
+
+
+def _check_every_mapped_column_stored(path: Path, out: Path, mapped: dict[str, str]) -> None:
+    """Every column the mapping names is a field of every sample whose row has a value, holding
+    the value as text (pyarrow reads the rows)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path).to_pylist()
+    samples = _samples(out)
+    assert len(samples) == len(rows)
+    missing = [(s["__key__"], field) for s, row in zip(samples, rows)
+               for column, field in mapped.items() if row[column] is not None
+               and field not in s]
+    assert not missing, missing
+    for s, row in zip(samples, rows):
+        for column, field in mapped.items():
+            if row[column] is not None:
+                assert s[field] == str(row[column]).encode(), (column, field)
+
+
+@pytest.mark.parametrize("method", ["auto", "general"])
+def test_a_pandas_index_is_stored_under_the_fields_the_summary_names(
+        tmp_path: Path, method: str) -> None:
+    """Issue 41: 9 of the 14 columns of a wine_data.csv read with pandas' defaults were
+    printed as mapped to __index_level_N__ fields and never written."""
+    import io
+
+    df = pd.read_csv(io.StringIO(WINE_LIKE))
+    assert df.index.nlevels == 9
+    path = tmp_path / "wine.parquet"
+    df.to_parquet(path)
+    out = tmp_path / "out"
+    r = run_feedpipe("shard", path, out, "--no-progress", "--method", method)
+    assert r.returncode == 0, r.stderr
+    mapped = _mapped(r.stdout)
+    assert len(mapped) == 14, r.stdout
+    m = load_manifest(str(out))
+    assert {c: f for c, f in m.created_by["columns"].items() if f} == mapped
+    _check_every_mapped_column_stored(path, out, mapped)
+    assert set(m.fields) == set(mapped.values())
+    assert [mapped[f"__index_level_{i}__"] for i in range(9)] == [f"index_{i}" for i in range(9)]
+    assert "column   __index_level_0__ -> index_0   (pandas index, level 0; number as text)" \
+        in r.stdout
+
+
+def test_a_named_pandas_index_keeps_its_name(tmp_path: Path) -> None:
+    """A level pandas named is stored under its name; one whose name a column holds, and an
+    unnamed one, under ``index`` (``index_N`` for a level of several; ``index_level_N`` where
+    a column is named so, in any case)."""
+    frames = {
+        "named": (pd.DataFrame({"v": [1.5, 2.5]}, index=pd.Index([7, 8], name="when")),
+                  {"v": "v", "when": "when"}),
+        "clash": (pd.DataFrame({"v": [1.5, 2.5]}, index=pd.Index([7, 8], name="v")),
+                  {"v": "v", "__index_level_0__": "index"}),
+        "multi": (pd.DataFrame({"v": [1.5, 2.5]},
+                               index=pd.MultiIndex.from_tuples([(1, "a"), (2, "b")],
+                                                               names=["k", None])),
+                  {"v": "v", "k": "k", "__index_level_1__": "index_1"}),
+        "unnamed": (pd.DataFrame({"v": [1.5, 2.5]}, index=[10, 20]),
+                    {"v": "v", "__index_level_0__": "index"}),
+        "index column": (pd.DataFrame({"Index": [1.5, 2.5]}, index=[10, 20]),
+                         {"Index": "Index", "__index_level_0__": "index_level_0"}),
+    }
+    for name, (df, want) in frames.items():
+        path = tmp_path / f"{name}.parquet"
+        df.to_parquet(path)
+        out = tmp_path / f"{name}-out"
+        r = run_feedpipe("shard", path, out, "--no-progress")
+        assert r.returncode == 0, (name, r.stderr)
+        assert _mapped(r.stdout) == want, (name, r.stdout)
+        _check_every_mapped_column_stored(path, out, want)
+
+
+def test_a_table_of_empty_columns_keeps_its_pandas_index(tmp_path: Path) -> None:
+    """Issue 41: a table whose only values were its index was refused as 'every value is
+    None'."""
+    path = tmp_path / "empty.parquet"
+    pd.DataFrame({"note": [None, None, None]}, index=[10, 20, 30]).to_parquet(path)
+    out = tmp_path / "out"
+    r = run_feedpipe("shard", path, out, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert [s["index"] for s in _samples(out)] == [b"10", b"20", b"30"]
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["one-pass", "general"])
+def test_shard_from_a_dataset_made_from_pandas_keeps_its_index(tmp_path: Path,
+                                                               resume: bool) -> None:
+    """``datasets.Dataset.from_pandas`` keeps an index as a ``__index_level_0__`` column (its
+    pandas metadata dropped). (``resume`` takes the general method: rows listed, then read
+    again.)"""
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed (the hub extra)")
+    ds = datasets.Dataset.from_pandas(pd.DataFrame({"v": [1.5, 2.5, 3.5]}, index=[7, 8, 9]))
+    assert "__index_level_0__" in ds.column_names
+    s = feedpipe.shard_from(ds, str(tmp_path / "out"), resume=resume)
+    assert ("one pass" in s.executor) != resume
+    assert "column   __index_level_0__ -> index   (pandas index; number as text)" in s.columns
+    got = [(x["v"], x["index"]) for x in _samples(tmp_path / "out")]
+    assert got == [(b"1.5", b"7"), (b"2.5", b"8"), (b"3.5", b"9")]

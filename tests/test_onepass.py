@@ -96,6 +96,9 @@ def test_same_bytes_as_the_general_path(tmp_path: Path, monkeypatch: pytest.Monk
         assert not [n for n in one if ".tmp-" in n or "stage" in n]
         m = json.loads(one["manifest.json"])
         assert m["created_by"]["ignored_hidden_files"] == 3
+        # issue 41: each listed with its reason, a hidden directory once
+        assert [x["path"] for x in m["skipped"] if x["reason"].startswith("hidden")] == [
+            ".git/", "a/.cache/", "a/.hidden.jpg"]
 
 
 _dir = st.sampled_from(["a", "b b", "c.d", "ü", "e%f", "g!h", "0"])

@@ -136,10 +136,14 @@ def test_class_folder_files_that_are_not_images_are_left_out_and_reported(
                         workers=workers, show_progress=False)
     left = ["n01440764/Thumbs.db", "n01440764/notes.txt", "n01443537/placeholder",
             "n01484850/empty.txt"]
-    assert [s["path"] for s in summary.skipped_inputs] == left and summary.skipped == 4
-    assert all("not an image file" in s["reason"] for s in summary.skipped_inputs)
+    # then the hidden file, listed too (issue 41)
+    hidden = [("n01443537/.DS_Store", "hidden file (its name starts with '.'): left out")]
+    assert [s["path"] for s in summary.skipped_inputs] == left + [hidden[0][0]]
+    assert summary.skipped == 5
+    assert all("not an image file" in s["reason"] for s in summary.skipped_inputs[:4])
+    assert [(s["path"], s["reason"]) for s in summary.skipped_inputs[4:]] == hidden
     m = json.loads((out / "manifest.json").read_text())
-    assert [s["path"] for s in m["skipped"]] == left
+    assert [s["path"] for s in m["skipped"]] == left + [hidden[0][0]]
     assert m["total_samples"] == len(labels) == 12
     assert m["classes"] == CLASSES
     assert "left out 4 files" in caplog.text and "n01440764/notes.txt" in caplog.text

@@ -334,9 +334,12 @@ def test_hidden_files_and_directories_are_ignored(tmp_path: Path) -> None:
     write_tree(src, ["a/1.jpg", "a/.DS_Store", ".git/HEAD", ".git/objects/ab/cdef",
                      "a/.ipynb_checkpoints/1-checkpoint.jpg", ".hidden.jpg"])
     s = feedpipe.shard(str(src), str(tmp_path / "o"), workers=1)
-    assert s.samples == 1 and s.skipped == 0
+    # left out, and (issue 41) each listed with its reason, a hidden directory once
+    assert s.samples == 1 and s.skipped == 4
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["created_by"]["ignored_hidden_files"] == 5
+    assert [x["path"] for x in m["skipped"]] == [".git/", ".hidden.jpg", "a/.DS_Store",
+                                                 "a/.ipynb_checkpoints/"]
 
 
 def test_fsspec_source_url(image_folder: Path, sharded: Path, tmp_path: Path) -> None:

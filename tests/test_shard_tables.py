@@ -15,6 +15,8 @@ import pytest
 import simplejpeg
 import webdataset as wds
 from conftest import read_dataset, run_feedpipe, write_tree
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import feedpipe
 from feedpipe.errors import InputError, KeyClashError, MissingDependencyError
@@ -259,3 +261,88 @@ def test_columns_equal_but_for_case_are_refused_naming_both(tmp_path: Path) -> N
     assert "columns 'A' and 'a' would both become fields 'A' and 'a', which differ only in " \
            "case" in r.stderr, r.stderr
     assert run_feedpipe("shard", src, tmp_path / "o2", "--columns", "a=a2").returncode == 0
+
+
+def test_a_column_named_like_metadata_is_stored_under_a_field_it_can_be(tmp_path: Path) -> None:
+    """Issue 41: a column between double underscores became a field of that name, which
+    WebDataset takes for metadata (``__key__``): mapped, and never written. Sent there with
+    --columns, it is refused."""
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"__meta__": ["x", "y"], "v": [1, 2], "____": [3, 4]}), src)
+    r = run_feedpipe("shard", src, tmp_path / "o", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "column   __meta__ -> meta   (text)" in r.stdout
+    assert "column   ____ -> field   (number as text)" in r.stdout
+    assert [s for _, s in _samples(tmp_path / "o")] == [
+        {"meta": b"x", "v": b"1", "field": b"3"}, {"meta": b"y", "v": b"2", "field": b"4"}]
+    r = run_feedpipe("shard", src, tmp_path / "o2", "--columns", "v=__v__")
+    assert r.returncode != 0
+    assert "--columns: '__v__' cannot be a field name: a name between double underscores" \
+        in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("method", ["auto", "general"])
+def test_hidden_files_of_a_parquet_directory_are_listed_as_left_out(tmp_path: Path,
+                                                                     method: str) -> None:
+    """Issue 41: as a tree's, a Parquet directory's hidden files (Spark's .crc checksums, a
+    .DS_Store) are left out and each listed with its reason, a hidden directory once."""
+    src = tmp_path / "table"
+    (src / "y=1").mkdir(parents=True)
+    pq.write_table(_table(3), src / "y=1" / "part-0.parquet")
+    for rel in [".DS_Store", "y=1/.part-0.parquet.crc", ".cache/a.bin", ".cache/b/c.bin"]:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(b"x")
+    s = feedpipe.shard(str(src), str(tmp_path / "o"), method=method, workers=1)
+    assert s.samples == 3 and s.skipped == 3
+    want = [(".DS_Store", "hidden file (its name starts with '.'): left out"),
+            (".cache/", "hidden directory (its name starts with '.'): its 2 files left out"),
+            ("y=1/.part-0.parquet.crc", "hidden file (its name starts with '.'): left out")]
+    assert [(x["path"], x["reason"]) for x in s.skipped_inputs] == want
+    m = load_manifest(str(tmp_path / "o"))
+    assert [(x["path"], x["reason"]) for x in m.skipped] == want
+
+
+_COLUMN_NAMES = st.sampled_from(
+    ["__meta__", "__key__", "key", "index", "Index", "__index_level_0__", "__index_level_1__",
+     "a b", "v", "V", ".x", "cls", "label", "____", "__url__", "jpg", "meta"])
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(_COLUMN_NAMES, min_size=1, max_size=5, unique=True),
+       numbers=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_every_column_mapped_is_in_every_sample_or_the_table_is_refused(
+        tmp_path: Path, names: list[str], numbers: list[bool]) -> None:
+    """Issue 41 (invariant): whatever the column names, each column the printed mapping sends
+    to a field is that field of every sample, holding the row's value as text (or the sample's
+    key); else the conversion is refused, naming a column (or saying none is left)."""
+    import shutil
+
+    rows = 3
+    columns = {n: [i + 10 * j for i in range(rows)] if number else [f"{n}-{i}" for i in
+                                                                      range(rows)]
+               for j, (n, number) in enumerate(zip(names, numbers))}
+    src = tmp_path / "t.parquet"
+    out = tmp_path / "o"
+    shutil.rmtree(out, ignore_errors=True)
+    pq.write_table(pa.table(columns), src)
+    try:
+        s = feedpipe.shard(str(src), str(out), workers=1, show_progress=False)
+    except InputError as e:
+        assert any(repr(n) in str(e) for n in names) or "no column becomes a field" in str(e), e
+        return
+    mapped = {}
+    for line in s.columns:
+        if line.startswith("column   "):
+            column, _, rest = line[len("column   "):].partition(" -> ")
+            mapped[column] = rest.split("   ")[0]
+    assert set(mapped) == set(names)
+    samples = read_dataset(out)
+    assert len(samples) == rows
+    for i, sample in enumerate(samples):
+        for column, field in mapped.items():
+            value = str(columns[column][i])
+            if field == "__key__":
+                assert sample["__key__"] == value
+            elif field != "(dropped)":  # (a class index is stored as its number too)
+                assert sample.get(field) == value.encode(), (column, field, sample)

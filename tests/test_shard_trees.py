@@ -199,3 +199,66 @@ def test_part_summary_is_a_whole_sentence(tmp_path: Path) -> None:
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("part"))
     assert line.strip() == (f"part     0/2 done; once all 2 parts are done, run `feedpipe merge "
                             f"{tmp_path / 'o'}` (or give the last part --merge)")
+
+
+HIDDEN_TREE = ["a/x.jpg", "a/y.jpg", "b/z.jpg", ".DS_Store", "a/.DS_Store", ".git/HEAD",
+               ".git/objects/ab/cdef", "b/.ipynb_checkpoints/z-checkpoint.txt",
+               "b/.ipynb_checkpoints/.w.txt"]
+# what the manifest's "skipped" says of them: each hidden file, each hidden directory once
+HIDDEN_SKIPPED = [
+    (".DS_Store", "hidden file (its name starts with '.'): left out"),
+    (".git/", "hidden directory (its name starts with '.'): its 2 files left out"),
+    ("a/.DS_Store", "hidden file (its name starts with '.'): left out"),
+    ("b/.ipynb_checkpoints/", "hidden directory (its name starts with '.'): its 2 files left "
+                              "out"),
+]
+
+
+@pytest.mark.parametrize("method", ["one-pass", "general"])
+def test_hidden_files_are_listed_as_left_out_with_their_reason(tmp_path: Path,
+                                                               method: str) -> None:
+    """Issue 41: hidden files were left out with only a count in the manifest, unlike every
+    other input left out, which is listed with its reason."""
+    src = tmp_path / "src"
+    write_tree(src, HIDDEN_TREE)
+    out = tmp_path / "out"
+    r = run_feedpipe("shard", src, out, "--no-progress", "--workers", "2", "--method", method,
+                     "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["method"] == method and s["samples"] == 3
+    m = json.loads((out / "manifest.json").read_text())
+    assert [(x["path"], x["reason"]) for x in m["skipped"]] == HIDDEN_SKIPPED
+    assert [(x["path"], x["reason"]) for x in s["skipped_inputs"]] == HIDDEN_SKIPPED
+    assert s["skipped"] == m["num_skipped"] == 4
+    assert m["created_by"]["ignored_hidden_files"] == 6
+    r = run_feedpipe("shard", src, tmp_path / "text", "--no-progress", "--method", method,
+                     "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert "  skipped           4   (listed in manifest.json)" in r.stdout, r.stdout
+    assert "  skipped: .git/: hidden directory (its name starts with '.'): its 2 files left " \
+        "out" in r.stdout, r.stdout
+
+
+def test_hidden_files_are_listed_once_in_a_merged_dataset(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_tree(src, HIDDEN_TREE)
+    out = tmp_path / "out"
+    for i in range(2):
+        feedpipe.shard(str(src), str(out), part=(i, 2), merge=True, workers=1)
+    m = feedpipe.load_manifest(str(out))
+    assert [(x["path"], x["reason"]) for x in m.skipped] == HIDDEN_SKIPPED
+
+
+def test_samples_of_several_images_are_all_named_in_a_merged_dataset(tmp_path: Path) -> None:
+    """Issue 41: each part names its own; the merged manifest names every one, once."""
+    src = tmp_path / "src"
+    write_tree(src, ["a/x.jpg", "a/x.png", "a/w.jpg", "b/y.jpg", "b/y.png", "b/y.json",
+                     "c/z.jpg"])
+    out = tmp_path / "out"
+    for i in range(2):
+        feedpipe.shard(str(src), str(out), part=(i, 2), merge=True, workers=1, shuffle=True)
+    m = feedpipe.load_manifest(str(out))
+    assert m.created_by["several_images"] == [
+        {"key": "a/x", "images": ["a/x.jpg", "a/x.png"], "taken": "a/x.jpg"},
+        {"key": "b/y", "images": ["b/y.jpg", "b/y.png"], "taken": "b/y.jpg"}]

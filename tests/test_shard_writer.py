@@ -117,6 +117,9 @@ def test_anything_else_is_refused_with_a_sentence_unless_an_encoder_is_given(
     ({"__key__": "a//b", "jpg": b"x"}, InputError, "not a relative path"),
     ({"__key__": "k", "my field": b"x"}, InputError, "cannot be a tar member extension"),
     ({"__key__": "k", "none": None}, InputError, "no field to store"),
+    # issue 41: said only "every value is None" of a sample whose fields were all metadata
+    ({"__key__": "k", "__index_level_0__": 3}, InputError,
+     "'__index_level_0__': a name between double underscores is metadata"),
     ({"__key__": "k", "cls": 2}, InputError, "cls 2 is not an index into the 2 classes"),
 ])
 def test_bad_samples_are_refused_and_nothing_is_written(

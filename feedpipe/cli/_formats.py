@@ -124,6 +124,9 @@ def cmd_shard(a: argparse.Namespace) -> int:
     return 0
 
 
+_SHOWN = 10  # samples of several images named in the text summary (--json names all)
+
+
 def _shard_text(a: argparse.Namespace, s: Any) -> str:
     """The human summary of a conversion (``s``: its ShardSummary)."""
     unit = "rows" if s.method == "table" else "files"
@@ -146,10 +149,18 @@ def _shard_text(a: argparse.Namespace, s: Any) -> str:
         f"  {unit:<5}    {s.files:>10}",
         f"  bytes    {format_size(s.bytes):>10}",
         f"  skipped  {s.skipped:>10}" + ("   (listed in manifest.json)" if s.skipped else ""),
+        *([f"  several  {len(s.several_images):>10}   samples of two or more images, one of "
+           "them trained (listed in manifest.json)"] if s.several_images else []),
         f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} {unit}/s   "
         f"{s.mb_per_s:,.1f} MB/s",
     ]
     lines += [f"  skipped: {sk['path']}: {sk['reason']}" for sk in s.skipped_inputs[:5]]
+    several = s.several_images  # samples of files sharing a stem: one image of each trained
+    lines += [f"  several images: {' + '.join(e['images'])}: trains with {e['taken']}"
+              for e in several[:_SHOWN]]
+    if len(several) > _SHOWN:
+        lines.append(f"  several images: {len(several) - _SHOWN} more samples (all "
+                     f"{len(several)} in manifest.json, created_by.several_images, and --json)")
     return "\n".join(lines)
 
 

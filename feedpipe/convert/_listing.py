@@ -11,9 +11,9 @@ chunks in global key order. So no process holds a Python object per file of the 
 task holds one top-level directory, the parent one sample at a time.
 
 The result is exactly :func:`~feedpipe.convert._sources.list_tree`'s: the same samples in the
-same order, the same problems in the same (walk) order, the same classes and count of hidden
-files. Keys of one top-level directory all start with that directory's encoded name and a
-``/``. So the chunks of directories cover disjoint, consecutive key ranges: the stream chains
+same order, the same problems in the same (walk) order, the same classes and hidden files.
+Keys of one top-level directory all start with that directory's encoded name and a ``/``. So
+the chunks of directories cover disjoint, consecutive key ranges: the stream chains
 them in order and merges only the root directory's own files in between.
 """
 
@@ -42,6 +42,8 @@ from ._sources import (
     add_class_field,
     check_source_dir,
     classify,
+    count_hidden,
+    hidden_skipped,
     leave_out_non_images,
     output_identity,
     printable,
@@ -65,6 +67,7 @@ class Chunk:
     ignored: int = 0
     outputs: list[str] = field(default_factory=list)  # output directories skipped
     left_out: list[tuple[str, str]] = field(default_factory=list)  # not images (labels)
+    hidden: dict[str, int] = field(default_factory=dict)  # hidden files, by hidden_entry
 
 
 def top_entries(src: str, skip: frozenset[Identity] = frozenset()
@@ -119,6 +122,7 @@ def write_chunk(entries: Iterable[tuple[str, int]], top: str, path: str,
         got = classify(rel, size, labels_from_dirs=labels_from_dirs)
         if got is None:
             chunk.ignored += 1
+            count_hidden(chunk.hidden, rel)
         elif isinstance(got, str):
             chunk.problems.append((printable(rel), got))
         else:
@@ -170,7 +174,8 @@ class TreeListing:
     """The listing of a source tree, streamed from sorted chunk files.
 
     Attributes: ``samples`` and ``files`` (counts), ``problems`` (``(path, reason)`` in walk
-    order), ``classes`` (``--labels-from-dirs``), ``ignored`` (hidden files), ``outputs`` (output
+    order), ``classes`` (``--labels-from-dirs``), ``ignored`` (hidden files) and ``hidden``
+    (``(path, reason)`` of each, a hidden directory once), ``outputs`` (output
     directories skipped, :mod:`feedpipe.convert._source_tree`). Iterating yields
     :class:`SampleSpec` objects sorted by key. Use it as a context manager (or call
     :meth:`close`) to delete the chunk files.
@@ -185,6 +190,8 @@ class TreeListing:
         self.ignored = sum(c.ignored for c in chunks)
         self.outputs = sorted(o for c in chunks for o in c.outputs)
         self.left_out = sorted(p for c in chunks for p in c.left_out)
+        # (a hidden entry lies in one top-level directory: the chunks' entries are disjoint)
+        self.hidden = hidden_skipped({p: n for c in chunks for p, n in c.hidden.items()})
         self.classes: list[str] | None = None
         if labels_from_dirs:
             self.classes = sorted(c.top for c in chunks if c.top and c.samples)
@@ -221,7 +228,7 @@ class TreeListing:
         gc.disable()
         try:
             return Listing(list(self), self.problems, self.classes, self.ignored, self.outputs,
-                           self.left_out)
+                           self.left_out, self.hidden)
         finally:
             if paused:
                 gc.enable()

@@ -202,6 +202,13 @@ def merge(out: str, *, parts: int | None = None) -> Manifest:
                     "dataset_fingerprint": first["dataset_fingerprint"]})
     created.pop("plan_fingerprint", None)
     created.pop("part", None)
+    # each part names its own samples of several images (feedpipe.convert._shard)
+    several = sorted((e for doc in docs
+                      for e in doc["manifest"]["created_by"].get("several_images", [])),
+                     key=lambda e: str(e.get("key")) if isinstance(e, dict) else "")
+    created.pop("several_images", None)
+    if several:
+        created["several_images"] = several
     merged = Manifest(shards=shards, fields=sorted(fields),
                       classes=first["manifest"]["classes"], skipped=skipped, created_by=created)
     write_wids_index(out, merged)

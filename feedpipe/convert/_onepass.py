@@ -68,6 +68,7 @@ from ._sources import (
     Listing,
     SampleSpec,
     classify,
+    count_hidden,
     leave_out_non_images,
     read_local,
 )
@@ -284,6 +285,7 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
     labels = cls is not None
     by_key: dict[str, list[tuple[str, str | None]]] = {}  # (None: the cls field, below)
     ignored = 0
+    hidden: dict[str, int] = {}
     exts: dict[str, str | None] = {}
     for rel_dir, dir_names in groups:
         plain = _plain_dir(rel_dir)
@@ -314,6 +316,7 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
                 got = classify(rel, 1, labels_from_dirs=labels)  # the size is checked once read
                 if got is None:
                     ignored += 1
+                    count_hidden(hidden, rel)
                     continue
                 if isinstance(got, str) or (labels and got[1].ext == "cls"):
                     return None
@@ -374,6 +377,7 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
         write_rows(chunk_path, rows)
     c = staged.chunk
     c.samples, c.files, c.ignored = len(keys), len(rels) - labels * len(keys), ignored
+    c.hidden = hidden
     if keys:
         c.first, c.last = keys[0], keys[-1]
     return staged
@@ -513,7 +517,7 @@ class StagedListing(TreeListing):
         for c in dirs:
             out += self._samples[c.top]
         return Listing(out, self.problems, self.classes, self.ignored, self.outputs,
-                       self.left_out)
+                       self.left_out, self.hidden)
 
 
 class StagedTree:

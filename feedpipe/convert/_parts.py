@@ -145,5 +145,5 @@ def list_part(
         samples, total = listing, listing.samples
     mine, fp = select(samples, total, index, count, shuffle=shuffle, seed=seed, options=options)
     part = Listing(mine, listing.problems, listing.classes, listing.ignored,
-                   left_out=list(listing.left_out))
+                   left_out=list(listing.left_out), hidden=list(listing.hidden))
     return part, PartInfo(index, count, total, fp)

@@ -86,7 +86,12 @@ class SampleEncoder:
             if data is not None:
                 blobs.append((ext, data))
         if not blobs:
-            raise InputError(f"{where}no field to store (every value is None or there is none)")
+            meta = [k for k in sample if isinstance(k, str) and k.startswith("__")
+                    and k.endswith("__") and k != "__key__"]
+            raise InputError(f"{where}no field to store (every value is None or there is none"
+                             + (f"; {', '.join(map(repr, meta))}: a name between double "
+                                "underscores is metadata, like '__key__', never stored: "
+                                "rename it" if meta else "") + ")")
         return key, blobs
 
     def _cls(self, value: Any, where: str) -> Any:

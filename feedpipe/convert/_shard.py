@@ -58,7 +58,7 @@ from ._output_dir import (
 )
 from ._parts import PartInfo, parse_part, part_prefix, part_tag
 from ._shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
-from ._sources import Listing, SampleSpec, Source, printable, several_images
+from ._sources import Listing, SampleSpec, Source, hidden_skipped, printable, several_images
 from ._summary import ShardSummary
 from ._writer import hidden, load_record, output_error
 
@@ -93,10 +93,11 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
     opts = (options or ShardOptions()).with_overrides(overrides)
     t0 = time.perf_counter()
     tables = None
+    hidden_files: dict[str, int] = {}  # a Parquet directory's hidden files
     if opts.manifest is None:
         from ._tables import parquet_files
 
-        tables = parquet_files(src)  # a Parquet file or a directory of them
+        tables = parquet_files(src, hidden_files)  # a Parquet file or a directory of them
     nworkers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
     facts = Facts(requested=opts.method,
                   source="table" if tables is not None else "manifest" if opts.manifest else "tree",
@@ -112,7 +113,8 @@ def shard(src: str, out: str, options: ShardOptions | None = None, /,
     part_of = None if opts.part is None else parse_part(opts.part)
     if tables is not None:
         return _under_lock(out, part_of, lambda: _shard_table(src, tables, out, opts, choice,
-                                                              part_of, nworkers, t0))
+                                                              part_of, nworkers, t0,
+                                                              hidden_files))
     return _under_lock(out, part_of,
                        lambda: _locked(src, out, opts, facts, choice, part_of, nworkers, t0))
 
@@ -219,8 +221,9 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
     _refuse_case_clashes(src, samples)
     _report_outputs(src, out, listing)
     _report_left_out(listing)
-    if opts.manifest is None and rows is None:  # (a file list pairs files on purpose)
-        _report_several_images(samples)
+    several = (several_images_named(samples) if opts.manifest is None and rows is None
+               else [])  # (a file list pairs files on purpose)
+    _report_several_images(several)
     part_of = None if part_info is None else (part_info.index, part_info.count)
     name_prefix = opts.prefix if part_of is None else part_prefix(opts.prefix, *part_of)
     state = STATE_NAME if part_of is None else part_state_name(*part_of)
@@ -275,6 +278,8 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
         bar.close()
     m = _manifest(src, opts, choice, listing, plan, records, fp)
     m.created_by.update(provenance or {})
+    if several:
+        m.created_by["several_images"] = several
     merged = _commit(out, opts, m, listing, part_info, names, state)
     secs = time.perf_counter() - t0
     nbytes = sum(r.bytes for r in m.shards)
@@ -284,7 +289,8 @@ def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: Sta
         files_per_s=total_files / secs if secs > 0 else 0.0,
         mb_per_s=nbytes / secs / 1e6 if secs > 0 else 0.0, skipped_inputs=list(m.skipped),
         part=None if part_info is None else part_info.label, merged=merged,
-        method=choice.method, executor=executor.describe(), why=choice.why)
+        method=choice.method, executor=executor.describe(), why=choice.why,
+        several_images=several)
 
 
 # the executor of a resume over a dataset already complete (the CLI's summary says so)
@@ -312,7 +318,8 @@ def _already_complete(out: str, m: Manifest, plan: Any, name_prefix: str, total_
         bytes=nbytes, skipped=len(m.skipped), reused_shards=len(m.shards), seconds=secs,
         files_per_s=0.0, mb_per_s=0.0, skipped_inputs=list(m.skipped),
         method=method if isinstance(method, str) else "general",
-        executor=ALREADY_COMPLETE)
+        executor=ALREADY_COMPLETE,
+        several_images=list(m.created_by.get("several_images", [])))
 
 
 def _executor(choice: Choice, opts: ShardOptions, workers: int,
@@ -438,24 +445,38 @@ def _report_outputs(src: str, out: str, listing: Any) -> None:
                     "manifest or a conversion under way), not source data", printable(src), rel)
 
 
-def _report_several_images(samples: list[SampleSpec]) -> None:
-    """Say, once a run, that files sharing a stem made samples of two images: an ImageFolder
-    counts each file as an image, and ImagePipeline decodes one image a sample."""
-    several = [s for s in samples if len(s.files) > 1]
-    if not several:  # a sample of one file holds one image at most
+def several_images_named(samples: list[SampleSpec]) -> list[dict[str, Any]]:
+    """Every sample of two or more images (files that share a stem), by key: its ``key``, its
+    image files (``images``) and the one :class:`~feedpipe.ImagePipeline` takes by default
+    (``taken``, the first of its ``image_field`` list): an ImageFolder counts each file as an
+    image, and the others are never trained."""
+    multi = [s for s in samples if len(s.files) > 1]
+    if not multi:  # a sample of one file holds one image at most
+        return []
+    out: list[tuple[str, list[str], str]] = []
+    for spec in several_images(multi, IMAGE_FIELDS):
+        taken = image_field_of(dict.fromkeys((f.ext for f in spec.files), True), IMAGE_FIELDS)
+        out.append((spec.key, sorted(printable(f.path) for f in spec.files
+                                     if image_extension(f.ext) is not None),
+                    next(printable(f.path) for f in spec.files if f.ext == taken)))
+    out.sort()  # (by key: a part's samples come shuffled)
+    return [{"key": key, "images": images, "taken": path} for key, images, path in out]
+
+
+def _report_several_images(several: list[dict[str, Any]]) -> None:
+    """Say, once a run, that files sharing a stem made samples of two or more images, naming
+    some (the manifest and the summary name all)."""
+    if not several:
         return
-    count, spec = several_images(several, IMAGE_FIELDS)
-    if spec is None:
-        return
-    taken = image_field_of(dict.fromkeys((f.ext for f in spec.files), True), IMAGE_FIELDS)
-    shown = " + ".join(printable(f.path) for f in spec.files
-                       if image_extension(f.ext) is not None)
+    n = len(several)
+    shown = "; ".join(f"{' + '.join(e['images'])} (trains with {e['taken']})"
+                      for e in several[:5]) + ("; ..." if n > 5 else "")
     log.warning("feedpipe shard: %d sample%s hold%s two or more images (files that share a stem "
-                "are one sample), e.g. %s: the sample holds both, where an ImageFolder counts "
-                "each file as an image, and ImagePipeline takes the first of its image_field "
-                "list (here %s); give each image its own stem if each is a sample",
-                count, "s" * (count > 1), "" if count > 1 else "s",
-                shown, taken)
+                "are one sample), where an ImageFolder counts each file as an image, and "
+                "ImagePipeline takes the first of its image_field list: %s. Every one is named "
+                "in the manifest's created_by.several_images (and the summary's "
+                "several_images); give each image its own stem if each is a sample",
+                n, "s" * (n > 1), "" if n > 1 else "s", shown)
 
 
 def _stage(src: str, out: str, opts: ShardOptions, workers: int,
@@ -494,9 +515,11 @@ def _stage(src: str, out: str, opts: ShardOptions, workers: int,
 
 
 def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choice: Choice,
-                 part_of: tuple[int, int] | None, nworkers: int, t0: float) -> ShardSummary:
+                 part_of: tuple[int, int] | None, nworkers: int, t0: float,
+                 hidden_files: dict[str, int]) -> ShardSummary:
     """A Parquet source: its rows listed as samples (:mod:`~feedpipe.convert._table_rows`),
-    then planned and written as a tree's files are."""
+    then planned and written as a tree's files are; ``hidden_files``: the hidden files its
+    directory holds (:func:`~feedpipe.convert._tables.parquet_files`), left out and listed."""
     from ._table_rows import TableRows
     from ._tables import column_map, parquet_source
 
@@ -505,6 +528,7 @@ def _shard_table(src: str, files: list[str], out: str, opts: ShardOptions, choic
                          "apply (a table's class names come from a categorical or ClassLabel "
                          "column, or --classes)")
     table = parquet_source(src, files)
+    table.hidden = hidden_skipped(hidden_files)
     cmap, images = column_map(table, opts.columns, opts.classes)
     rows = TableRows(table.paths, table.stems, src, cmap, images)
     return _shard_rows(src, table, rows, out, opts, choice, part_of, nworkers, t0)
@@ -533,6 +557,7 @@ def _shard_listed_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOpt
             opts.show_progress)
     else:
         listing = list_table(table, rows, opts.show_progress)
+    listing.hidden = list(table.hidden)
     with closing(staged) if staged is not None else nullcontext():
         if not listing.samples:
             _drop_problems(listing, opts.on_error)
@@ -579,8 +604,9 @@ def _refuse_case_clashes(src: str, samples: list[SampleSpec]) -> None:
 
 def _listing_skipped(listing: Listing, on_error: str) -> list[tuple[str, str]]:
     """The listing's inputs the manifest counts as skipped: the files ``--labels-from-dirs``
-    left out (not images), and the bad inputs ``on_error="skip"`` left out."""
-    return listing.left_out + (listing.problems if on_error == "skip" else [])
+    left out (not images), the hidden files (a hidden directory once), and the bad inputs
+    ``on_error="skip"`` left out."""
+    return listing.left_out + listing.hidden + (listing.problems if on_error == "skip" else [])
 
 
 def _report_left_out(listing: Listing) -> None:

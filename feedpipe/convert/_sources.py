@@ -59,6 +59,8 @@ class Listing:
     outputs: list[str] = field(default_factory=list)  # output directories skipped (relative)
     # (path, reason) of each file --labels-from-dirs leaves out: not an image, not a sample
     left_out: list[tuple[str, str]] = field(default_factory=list)
+    # (path, reason) of each hidden file left out, a hidden directory once (hidden_skipped)
+    hidden: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Source:
@@ -278,6 +280,44 @@ def _classify(rel: str, size: int, labels_from_dirs: bool) -> tuple[str, FileRef
     return encode_key(stem), FileRef(ext, rel, size)
 
 
+def hidden_entry(rel: str) -> str:
+    """What the listing names of the hidden file ``rel`` (pure): the file itself, or the hidden
+    directory it lies in (the outermost, ending in ``/``), which names all its files at once.
+
+    Example:
+        >>> hidden_entry("a/.DS_Store"), hidden_entry("a/.git/objects/ab"), hidden_entry(".x/y")
+        ('a/.DS_Store', 'a/.git/', '.x/')
+    """
+    start = 0 if rel.startswith(".") else rel.index("/.") + 1
+    end = rel.find("/", start)
+    return printable(rel if end < 0 else rel[:end + 1])
+
+
+def hidden_skipped(counts: dict[str, int]) -> list[tuple[str, str]]:
+    """``(path, reason)`` of the hidden files and directories left out (pure): ``counts`` holds,
+    per :func:`hidden_entry`, how many files it stands for.
+
+    Example:
+        >>> hidden_skipped({"a/.git/": 2, ".DS_Store": 1})[0]
+        ('.DS_Store', "hidden file (its name starts with '.'): left out")
+    """
+    out = []
+    for path in sorted(counts):
+        if path.endswith("/"):
+            n = counts[path]
+            out.append((path, f"hidden directory (its name starts with '.'): its {n} "
+                              f"file{'s' * (n != 1)} left out"))
+        else:
+            out.append((path, "hidden file (its name starts with '.'): left out"))
+    return out
+
+
+def count_hidden(counts: dict[str, int], rel: str) -> None:
+    """Count the hidden file ``rel`` under its :func:`hidden_entry` in ``counts``."""
+    entry = hidden_entry(rel)
+    counts[entry] = counts.get(entry, 0) + 1
+
+
 def leave_out_non_images(by_key: dict[str, list[FileRef]], problems: list[tuple[str, str]]
                          ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """``--labels-from-dirs``: leave out of a class folder that holds images the files that are
@@ -317,23 +357,19 @@ def leave_out_non_images(by_key: dict[str, list[FileRef]], problems: list[tuple[
 
 
 def several_images(samples: Iterable[SampleSpec],
-                   image_fields: Sequence[str]) -> tuple[int, SampleSpec | None]:
-    """How many samples hold more than one of ``image_fields`` (files sharing a stem, such as
-    ``cat/x.jpg`` and ``cat/x.png``, are one sample), and the first of them (pure).
+                   image_fields: Sequence[str]) -> list[SampleSpec]:
+    """The samples that hold more than one of ``image_fields`` (files sharing a stem, such as
+    ``cat/x.jpg`` and ``cat/x.png``, are one sample), in their order (pure).
 
     Example:
         >>> two = SampleSpec("x", [FileRef("jpg", "x.jpg", 1), FileRef("png", "x.png", 1)])
         >>> one = SampleSpec("y", [FileRef("jpg", "y.jpg", 1), FileRef("json", "y.json", 1)])
-        >>> several_images([one, two], ("jpg", "png"))[0]
-        1
+        >>> [s.key for s in several_images([one, two], ("jpg", "png"))]
+        ['x']
     """
     wanted = frozenset(f.lower() for f in image_fields)
-    count, first = 0, None
-    for spec in samples:
-        if len(files := spec.files) > 1 and sum(f.ext.lower() in wanted for f in files) > 1:
-            count += 1
-            first = first or spec
-    return count, first
+    return [spec for spec in samples if len(files := spec.files) > 1
+            and sum(f.ext.lower() in wanted for f in files) > 1]
 
 
 def add_class_field(spec: SampleSpec, index: dict[str, int]) -> None:
@@ -362,10 +398,12 @@ def list_tree(src: str, *, labels_from_dirs: bool = False, exclude: str | None =
     left_out: list[tuple[str, str]] = []
     by_key: dict[str, list[FileRef]] = {}
     ignored = 0
+    hidden: dict[str, int] = {}
     for rel, size in walk:
         got = classify(rel, size, labels_from_dirs=labels_from_dirs)
         if got is None:
             ignored += 1
+            count_hidden(hidden, rel)
         elif isinstance(got, str):
             problems.append((printable(rel), got))
         else:
@@ -380,7 +418,8 @@ def list_tree(src: str, *, labels_from_dirs: bool = False, exclude: str | None =
         for s in samples:
             add_class_field(s, index)
     outputs = sorted(printable(o) for o in getattr(walk, "outputs", []))
-    return Listing(samples, problems, classes, ignored, outputs, sorted(left_out))
+    return Listing(samples, problems, classes, ignored, outputs, sorted(left_out),
+                   hidden_skipped(hidden))
 
 
 def output_identity(out: str | None) -> frozenset[Identity]:

@@ -29,6 +29,11 @@ class ShardSummary:
         executor: what wrote the shards, in words.
         why: why not one pass, where it was tried, in words.
         columns: a table source's column-to-field mapping, one line per column.
+        several_images: every sample of a tree that holds two or more images (files that
+            share a stem: ``cat/x.jpg``, ``cat/x.png``), as ``{"key", "images", "taken"}``:
+            ``taken`` is the image ImagePipeline takes by default, the others are never
+            trained (an ImageFolder counts each as a sample). The manifest's
+            ``created_by.several_images`` lists the same.
 
     Example:
         >>> import tempfile, pathlib
@@ -61,6 +66,7 @@ class ShardSummary:
     executor: str = ""
     why: str = ""
     columns: list[str] = field(default_factory=list)
+    several_images: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a dict (``feedpipe shard --json``)."""

@@ -18,7 +18,12 @@ string, integer, float, bool           text under the column name (bool as 0/1)
 list or struct                         JSON text under ``NAME.json``
 =====================================  =========================================================
 
-A column name that cannot be a field name gets ``_`` for each character that cannot be in one.
+A column name that cannot be a field name gets ``_`` for each character that cannot be in one;
+one between double underscores (``__meta__``), which WebDataset keeps for a sample's metadata
+(``__key__``, ``__url__``) and no writer stores, loses them (``meta``). An index pandas stored as
+columns (``__index_level_N__``, where it is not a range) becomes the field of its name, where
+pandas recorded one that no column has, else ``index`` (``index_N`` for level N of several;
+``index_level_N`` where a column has that name): see :func:`index_fields`.
 ``--columns img=jpg,label=cls,id=__key__,junk=`` overrides the default per column (an empty
 field drops the column); two columns may not make one field. Everything here is pure.
 """
@@ -28,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InputError
@@ -49,6 +54,8 @@ class Column:
     kind: str
     categories: tuple[str, ...] | None = None
     sample: Any = None
+    index: str | None = None  # a pandas index stored as this column: its field and what it is
+    index_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -179,11 +186,66 @@ def field_name(column: str) -> str:
     """A valid field name for ``column`` (see the module docstring).
 
     Example:
-        >>> field_name("image path"), field_name("caption")
-        ('image_path', 'caption')
+        >>> field_name("image path"), field_name("caption"), field_name("__meta__")
+        ('image_path', 'caption', 'meta')
     """
-    name = _BAD_CHARS.sub("_", column).lstrip(".") or "field"
-    return name
+    name = _BAD_CHARS.sub("_", column).lstrip(".")
+    while is_metadata(name):  # (metadata to WebDataset: never stored)
+        name = name[2:-2]
+    return name or "field"
+
+
+def is_metadata(name: str) -> bool:
+    """Whether a sample field ``name`` is WebDataset metadata (``__key__``, ``__url__``: between
+    double underscores), which no writer stores."""
+    return name.startswith("__") and name.endswith("__")
+
+
+_INDEX_LEVEL = re.compile(r"__index_level_(\d+)__")
+
+
+def index_fields(names: Sequence[str], metadata: Mapping[bytes, bytes] | None
+                 ) -> dict[str, tuple[str, str]]:
+    """The columns among ``names`` that hold a pandas index pandas could only name
+    ``__index_level_N__`` (the schema's ``pandas`` metadata says which; without it, by that
+    name), each with its field and what it is (pure): the level's name, where pandas recorded
+    one that no column has, else ``index`` for a one-level index, ``index_N`` for level N of
+    several, else (a column has that name too) ``index_level_N``.
+
+    Example:
+        >>> meta = {b"pandas": b'{"index_columns": ["k", "__index_level_1__"], '
+        ...                    b'"columns": [{"name": null, "field_name": "__index_level_1__"}]}'}
+        >>> index_fields(["v", "k", "__index_level_1__"], meta)
+        {'__index_level_1__': ('index_1', 'pandas index, level 1')}
+        >>> index_fields(["v", "__index_level_0__"], None)
+        {'__index_level_0__': ('index', 'pandas index')}
+    """
+    raw = (metadata or {}).get(b"pandas")
+    try:
+        doc = json.loads(raw) if raw else {}
+        levels = [c for c in doc.get("index_columns", []) if isinstance(c, str)] \
+            if isinstance(doc, dict) else []
+        recorded = {c.get("field_name"): c.get("name") for c in doc.get("columns", [])
+                    if isinstance(c, dict)} if levels else {}
+    except (ValueError, AttributeError, TypeError):
+        levels, recorded = [], {}  # (metadata of another shape: the names say it)
+    if not levels:
+        levels = sorted((n for n in names if _INDEX_LEVEL.fullmatch(n)),
+                        key=lambda n: int(n[len("__index_level_"):-2]))
+    columns = set(names)
+    taken = {field_name(n).lower() for n in names}  # (fields are told apart in any case)
+    out = {}
+    for i, column in enumerate(levels):
+        if column not in columns or not _INDEX_LEVEL.fullmatch(column):
+            continue  # (a named level is a column of its name already)
+        what = "pandas index" if len(levels) == 1 else f"pandas index, level {i}"
+        name = recorded.get(column)
+        choices = [name] if isinstance(name, str) and field_name(name) == name else []
+        choices += ["index" if len(levels) == 1 else f"index_{i}", field_name(column)]
+        field = next((c for c in choices if c.lower() not in taken), field_name(column))
+        taken.add(field.lower())
+        out[column] = (field, what)
+    return out
 
 
 def default_map(columns: Sequence[Column], classes: Sequence[str] | None = None,
@@ -207,7 +269,10 @@ def default_map(columns: Sequence[Column], classes: Sequence[str] | None = None,
             targets.append(Target(c.name, "cls", "cls", "integer label"))
             have_cls = True
         else:
-            targets.append(_by_kind(c, field_name(c.name)))
+            t = _by_kind(c, c.index or field_name(c.name))
+            if c.index is not None:
+                t = replace(t, note=f"{c.index_note}; {t.note}" if t.note else c.index_note)
+            targets.append(t)
     m = ColumnMap(targets, names, source)
     if check:
         _check_fields(m)
@@ -282,6 +347,11 @@ def override(m: ColumnMap, columns: Sequence[Column],
             if not valid_extension(dest) or dest.startswith("."):
                 raise InputError(f"--columns: {dest!r} cannot be a field name (no spaces, '/', "
                                  "'%' or leading '.')")
+            if is_metadata(dest):
+                raise InputError(f"--columns: {dest!r} cannot be a field name: a name between "
+                                 "double underscores is a sample's metadata to WebDataset "
+                                 f"(like {KEY}), never stored; name the field "
+                                 f"{field_name(dest)!r} instead")
             base = _by_kind(c, dest)
             targets.append(Target(c.name, dest, base.encoding, "--columns"))
     # the column the default sent to cls goes to text when --columns names another one

@@ -27,7 +27,7 @@ from .._helpers.storage import filesystem, is_local, local_path
 from ..errors import InputError, KeyClashError, OutputError
 from ._shard_writer import DEFAULT_MAX_BYTES, ShardWriter
 from ._summary import ShardSummary
-from ._table_columns import Column, ColumnMap, default_map, override
+from ._table_columns import Column, ColumnMap, default_map, index_fields, override
 
 BATCH_ROWS = 1024
 
@@ -44,15 +44,20 @@ class TableSource:
     describe: dict[str, Any]
     paths: list[str] = field(default_factory=list)  # Parquet: the files, as rows() names them
     stems: list[str] = field(default_factory=list)  # Parquet: each file's key prefix
+    hidden: list[tuple[str, str]] = field(default_factory=list)  # Parquet: hidden files left out
     dataset: Any = None  # a Hugging Face dataset, its images and audio left encoded
 
 
-def parquet_files(src: str) -> list[str] | None:
+def parquet_files(src: str, hidden: dict[str, int] | None = None) -> list[str] | None:
     """The Parquet files of ``src`` (a ``.parquet`` file, or a directory whose visible files are
-    all ``.parquet``, sorted by path), or ``None`` when ``src`` is not a Parquet source."""
+    all ``.parquet``, sorted by path), or ``None`` when ``src`` is not a Parquet source.
+    ``hidden``: where to count the directory's hidden files, as a tree's listing does
+    (:func:`~feedpipe.convert._sources.count_hidden`)."""
+    from ._sources import count_hidden, printable
+
     if is_local(src):
         path = local_path(src)
-        walk: Any = os.walk(path)
+        walker: Callable[[str], Any] = os.walk
         if path.endswith(".parquet"):
             return [path] if os.path.isfile(path) else None
         if not os.path.isdir(path):
@@ -63,19 +68,34 @@ def parquet_files(src: str) -> list[str] | None:
             return [path] if fs.isfile(path) else None
         if not fs.isdir(path):
             return None
-        walk = fs.walk(path)
+        walker = fs.walk
     base = path.rstrip("/") + "/"
+
+    def rel(root: str, name: str) -> str:
+        full = f"{root.rstrip('/')}/{name}"
+        return full[len(base):] if full.startswith(base) else name
+
     found = []
-    for root, dirs, files in walk:
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # (a hidden tree is not data)
+    seen: dict[str, int] = {}
+    hidden_dirs = []  # (walked only once the source is known to be a table)
+    for root, dirs, files in walker(path):
+        hidden_dirs += [(rel(root, d), f"{root.rstrip('/')}/{d}") for d in dirs
+                        if d.startswith(".")]
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
-            if name.startswith("."):
+            if name.startswith("."):  # (no data: left out, and listed)
+                count_hidden(seen, rel(root, name))
                 continue
             if not name.endswith(".parquet"):
                 return None  # the first other file: a tree of files, not a table
-            full = f"{root.rstrip('/')}/{name}"
-            found.append(full[len(base):] if full.startswith(base) else name)
-    return sorted(found) or None
+            found.append(rel(root, name))
+    if not found:
+        return None
+    if hidden is not None:
+        for name, full in hidden_dirs:
+            seen[printable(f"{name}/")] = sum(len(files) for _, _, files in walker(full))
+        hidden.update({k: n for k, n in seen.items() if n})
+    return sorted(found)
 
 
 def pyarrow_parquet() -> Any:
@@ -137,6 +157,7 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
     head = next(first.iter_batches(batch_size=64), None)
     head_rows = head.to_pylist() if head is not None else []
     labels = hf_class_labels(schema.metadata)
+    index = index_fields(names, schema.metadata)
     columns = []
     for name in names:
         kind = _kind(schema.field(name).type)
@@ -144,7 +165,7 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
         cats = _categories(pq, fs, paths, name) if kind == "category" else None
         if kind == "int" and name in labels:  # a datasets.ClassLabel, as its Parquet keeps it
             kind, cats = "category", labels[name]
-        columns.append(Column(name, kind, cats, sample))
+        columns.append(Column(name, kind, cats, sample, *index.get(name, (None, ""))))
 
     stems = ["" if single else rel[: -len(".parquet")] + "/" for rel in files]
 
@@ -210,6 +231,8 @@ def dataset_source(dataset: Any) -> TableSource:
             dataset = dataset.cast_column(name, type(feat)(decode=False))
     features = dataset.features or {}
     first: dict[str, Any] = next(iter(dataset), {})
+    # (Dataset.from_pandas keeps an index as __index_level_N__ columns, without pandas' metadata)
+    index = index_fields(list(features), None)
     columns = []
     for name, feat in features.items():
         sample = first.get(name)
@@ -218,7 +241,8 @@ def dataset_source(dataset: Any) -> TableSource:
         elif isinstance(feat, (datasets.Image, datasets.Audio)):
             columns.append(Column(name, "image", None, resolved_media(sample)))
         elif isinstance(feat, datasets.Value):
-            columns.append(Column(name, _value_kind(feat.dtype), None, sample))
+            columns.append(Column(name, _value_kind(feat.dtype), None, sample,
+                                  *index.get(name, (None, ""))))
         else:
             columns.append(Column(name, "nested", None, sample))
 
