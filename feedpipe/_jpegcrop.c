@@ -810,8 +810,9 @@ struct window {
  *   where the whole image has two or more (else right, up to the image's edge): libjpeg-turbo
  *   then swaps in the plain (box) upsampler for the whole region, and every pixel of it differs
  *   from a whole decode's, vertically too. That is a window at the right edge whose last iMCU is
- *   two columns wide (a 4:2:0 image 16k + 2 wide at 8/8: 18-57 levels seen; 4:1:1 images and
- *   scales other than 8/8 the same way, tests/test_jpegcrop.py). */
+ *   two columns wide: a 4:2:0 image 16k + 2 wide at 8/8 (18-57 levels seen), and the same at
+ *   scales above 8/8 (below it libjpeg-turbo upsamples the chroma in its IDCT instead);
+ *   tests/test_jpegcrop.py. */
 static void crop_region(j_decompress_ptr cinfo, JDIMENSION *xoff, JDIMENSION *width)
 {
 #if JPEG_LIB_VERSION >= 70
