@@ -231,6 +231,25 @@ def test_a_truncated_jpeg_is_an_error_whatever_the_window(progressive: bool, cut
 
 
 @needs_ext
+@pytest.mark.parametrize("marker", [b"\xff\xd3", b"\xff\xd9", b"\xff\xc4"],
+                         ids=["stray-RST", "early-EOI", "stray-DHT"])
+def test_corrupt_data_below_the_window_is_an_error_whatever_the_window(marker: bytes) -> None:
+    """Not only a cut: a marker in the entropy-coded data near the end of a baseline JPEG (libjpeg
+    warns that the data is corrupt) is a DecodeError for a window at the top too, as for the
+    whole decode."""
+    h, w = 200, 160
+    data = bytearray(pillow_jpeg(picture(h, w, 2), 2, False))
+    at = int(len(data) * 0.9)
+    data[at:at + 2] = marker
+    bad = bytes(data)
+    with pytest.raises(DecodeError):
+        decode_jpeg(bad)
+    for box in [Box(0, 0, 16, w), Box(0, 0, 1, 1), Box(40, 30, 50, 60), Box(0, w - 1, h, 1)]:
+        with pytest.raises(DecodeError):
+            decode_window(bad, h, w, box)
+
+
+@needs_ext
 def test_mangled_bytes_never_crash_the_process() -> None:
     """Fatal libjpeg errors longjmp out of its error handler; random damage to a JPEG must give
     either pixels of the right shape or an error, a thousand times over."""
