@@ -2,8 +2,9 @@
 # The three C extensions (feedpipe/_jpegcrop.c, _packrows.c, _stagefiles.c) built with
 # AddressSanitizer and UndefinedBehaviorSanitizer into a temporary copy of the package, then the
 # differential fuzz (tests/test_native_fuzz.py, FEEDPIPE_FUZZ_EXAMPLES examples a test: 40
-# unless set) and tests/test_jpegcrop.py's hostile-bytes tests run against those builds. Any
-# sanitizer report fails the run, as does a failing test or an extension that did not build.
+# unless set) and tests/test_jpegcrop.py's truncated, corrupt and mangled-bytes tests run against
+# those builds. Any sanitizer report fails the run, as does a failing test or an extension that
+# did not build.
 #
 #     bash tools/sanitize_extensions.sh        (from a checkout, its Python environment active)
 #
@@ -79,7 +80,7 @@ for m in (j, p, s):  # the sanitized builds, not an installed copy
      FEEDPIPE_FUZZ_EXAMPLES="${FEEDPIPE_FUZZ_EXAMPLES:-40}" \
      ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:alloc_dealloc_mismatch=0:detect_odr_violation=0:log_path=$WORK/reports/asan" \
      UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-     "$PY" -m pytest -q -s -p no:cacheprovider -k "short or mangled or truncated or hostile" \
+     "$PY" -m pytest -q -s -p no:cacheprovider -k "short or mangled or truncated or corrupt" \
        tests/test_native_fuzz.py tests/test_jpegcrop.py ) 2>&1 | tee "$WORK/tests.log" \
   || status=$?
 # (-s: UBSan writes its reports to stderr whatever log_path says, and pytest would swallow
