@@ -1,28 +1,43 @@
-/* feedpipe._jpegcrop: decode only a window of a JPEG, with libjpeg-turbo's partial decoding.
+/* feedpipe._jpegcrop: decode only a window of a JPEG (libjpeg-turbo's partial decoding), and
+ * resize RGB pixels into the three planes of a CHW uint8 batch row.
  *
  * A random-resized crop keeps on average about half of the image. simplejpeg, OpenCV and Pillow
  * decode all of it; libjpeg-turbo (>= 1.5) can skip the rows above the window
- * (jpeg_skip_scanlines: entropy decoding only, no IDCT, upsampling or colour conversion), stop
- * after its last row, and run the IDCT and colour conversion on the iMCU columns that overlap it
- * only (jpeg_crop_scanline). The pixels are the ones a full decode gives for that window (the
- * decoded columns reach past the window on each side: see the comment in decode_crop).
+ * (jpeg_skip_scanlines: entropy decoding only, no IDCT, upsampling or colour conversion), and
+ * run the IDCT and colour conversion on the iMCU columns that overlap it only
+ * (jpeg_crop_scanline). The rows below it are entropy-decoded only, and the file read to its
+ * EOI marker, so that whether a file decodes never depends on the window. The window's pixels
+ * are the ones a whole decode gives (the decoded columns reach past the window on each side:
+ * see crop_region).
  *
- * One function, decode_crop(data, top, left, height, width, scale_num=8, fastdct=False), returns
- * (pixels, row_width, x_offset): ``pixels`` is a bytearray of ``height`` rows of ``row_width``
- * RGB pixels; the window is columns ``x_offset:x_offset + width`` of it (jpeg_crop_scanline widens
- * the decoded columns to iMCU boundaries). The window is in the coordinates of the image scaled
- * by scale_num/8 (libjpeg's DCT scaling). The GIL is released while decoding.
+ * The functions (their Python wrappers: feedpipe/transforms/_jpeg.py and _resize.py):
  *
- * A test hook proves the release without timing anything (tests/test_jpegcrop.py):
- * _hold_next() makes the next decode_crop, once it has released the GIL, signal that it got there
- * and wait until _let_go(); _wait_until_held() blocks until a decode waits there, and _is_held()
- * says whether one does now. A thread that runs Python code while a decode is held proves that
- * the decode does not hold the GIL. Unarmed, the hook costs one read of an int per call.
+ * - decode_crop(data, top, left, height, width, scale_num=8, fastdct=False) returns
+ *   (pixels, row_width, x_offset): ``pixels`` is a bytearray of ``height`` rows of
+ *   ``row_width`` RGB pixels; the window is columns ``x_offset:x_offset + width`` of it. The
+ *   window is in the coordinates of the image scaled by scale_num/8 (libjpeg's DCT scaling,
+ *   1..16).
+ * - decode_crop_into(data, top, left, height, width, out, out_height, out_width, flip,
+ *   scale_num=8) decodes the window as decode_crop does and resizes it into ``out`` (3 x
+ *   out_height x out_width uint8), flipped left-right when asked; nothing is written into
+ *   ``out`` unless the decode succeeds.
+ * - resize_into(src, out, flip) resizes an H x W x 3 uint8 array into ``out`` the same way: an
+ *   enlargement with OpenCV's INTER_LINEAR (within one grey level), a reduction on either axis
+ *   with torch's antialiased bilinear (its bytes).
+ * - Test hooks: _use_simd(level) caps the resize's vector code; _hold_next(),
+ *   _wait_until_held(), _is_held() and _let_go() prove that a decode releases the GIL without
+ *   timing anything: _hold_next() makes the next decode, once it has released the GIL, signal
+ *   that it got there and wait until _let_go(). Unarmed, the hook costs one read of an int per
+ *   call.
  *
- * Errors raise ValueError with libjpeg's message. As with simplejpeg's strict mode (its default),
- * a warning (corrupt or truncated data that libjpeg would paper over) is an error too.
- * libjpeg reports fatal errors through a callback that must not return; this module longjmps back
- * out of it, which only C can do safely (hence no ctypes).
+ * The GIL is released while decoding and resizing. Errors raise ValueError with libjpeg's
+ * message. As with simplejpeg's strict mode (its default), a warning (corrupt or truncated data
+ * that libjpeg would paper over) is an error too. libjpeg reports fatal errors through a
+ * callback that must not return; this module longjmps back out of it, which only C can do safely
+ * (hence no ctypes).
+ *
+ * Optional (setup.py; it needs libjpeg-turbo's headers): where it did not build, simplejpeg
+ * decodes whole images and OpenCV or torch resize them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -82,7 +97,7 @@ static int wait_while_held(void)
     return ok;
 }
 
-static PyObject *hold_next(PyObject *self, PyObject *unused)
+static PyObject *hold_next(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused))
 {
     if (hold_gate_taken)
         return PyErr_Format(PyExc_RuntimeError, "a hold is armed already");
@@ -92,7 +107,7 @@ static PyObject *hold_next(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *wait_until_held(PyObject *self, PyObject *unused)
+static PyObject *wait_until_held(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused))
 {
     PyLockStatus status;
     Py_BEGIN_ALLOW_THREADS
@@ -101,12 +116,12 @@ static PyObject *wait_until_held(PyObject *self, PyObject *unused)
     return PyBool_FromLong(status == PY_LOCK_ACQUIRED);
 }
 
-static PyObject *is_held(PyObject *self, PyObject *unused)
+static PyObject *is_held(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused))
 {
     return PyBool_FromLong(hold_waiting);
 }
 
-static PyObject *let_go(PyObject *self, PyObject *unused)
+static PyObject *let_go(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused))
 {
     hold_armed = 0;
     if (hold_gate_taken) {
@@ -124,7 +139,7 @@ static PyObject *let_go(PyObject *self, PyObject *unused)
  * back to the kernel when freed). Each thread keeps its blocks instead, up to SCRATCH_KEEP
  * bytes each (larger ones are freed after use); a thread's blocks are freed when it ends. */
 
-#define SCRATCH_SLOTS 4
+#define SCRATCH_SLOTS 5
 #define SCRATCH_KEEP ((size_t)16 << 20)
 
 struct scratch {
@@ -783,6 +798,63 @@ struct window {
     JDIMENSION xoff, row_width;
 };
 
+/* The columns to decode for the window's columns [*xoff, *xoff + *width): on return the region
+ * jpeg_crop_scanline is asked for, whose pixels in the window are a whole decode's.
+ *
+ * - One column more on the left and two more on the right than asked (where the image has
+ *   them): at the edges of a cropped region the smooth ("fancy") chroma upsampling of 4:2:x
+ *   images has no neighbour to interpolate from, and the region's first column and its last one
+ *   or two differ from a whole decode's (by up to 9 levels seen).
+ * - Its left edge on an iMCU boundary (jpeg_crop_scanline moves it there anyway), and further
+ *   left by whole iMCUs while the region would leave a component less than two samples wide
+ *   where the whole image has two or more (else right, up to the image's edge): libjpeg-turbo
+ *   then swaps in the plain (box) upsampler for the whole region, and every pixel of it differs
+ *   from a whole decode's, vertically too. That is a window at the right edge whose last iMCU is
+ *   two columns wide: a 4:2:0 image 16k + 2 wide at 8/8 (18-57 levels seen), and the same at
+ *   scales above 8/8 (below it libjpeg-turbo upsamples the chroma in its IDCT instead);
+ *   tests/test_jpegcrop.py. */
+static void crop_region(j_decompress_ptr cinfo, JDIMENSION *xoff, JDIMENSION *width)
+{
+#if JPEG_LIB_VERSION >= 70
+    int min_size = cinfo->min_DCT_h_scaled_size;
+#define COMP_SIZE(c) ((c)->DCT_h_scaled_size)
+#else
+    int min_size = cinfo->min_DCT_scaled_size;
+#define COMP_SIZE(c) ((c)->DCT_scaled_size)
+#endif
+    JDIMENSION full = cinfo->output_width, left = *xoff, end = *xoff + *width, align;
+    int ci, ok = 0;
+
+    left = left > 0 ? left - 1 : 0;
+    end = end + 2 <= full ? end + 2 : full;
+    if (cinfo->comps_in_scan == 1 && cinfo->num_components == 1)
+        align = (JDIMENSION)min_size; /* as jpeg_crop_scanline: one component, no upsampling */
+    else
+        align = (JDIMENSION)(min_size * cinfo->max_h_samp_factor);
+    left -= left % align;
+    while (!ok && end - left < full) {
+        ok = 1;
+        /* each component's width in the region, as jpeg_crop_scanline works it out */
+        for (ci = 0; ci < cinfo->num_components && ok; ci++) {
+            jpeg_component_info *c = &cinfo->comp_info[ci];
+            unsigned long num = (unsigned long)(end - left) * (unsigned long)(c->h_samp_factor
+                                                                             * COMP_SIZE(c));
+            unsigned long den = (unsigned long)(cinfo->max_h_samp_factor * min_size);
+            if ((num + den - 1) / den < 2 && c->downsampled_width >= 2)
+                ok = 0;
+        }
+        if (!ok) {
+            if (left >= align)
+                left -= align;
+            else
+                end = end + align <= full ? end + align : full;
+        }
+    }
+#undef COMP_SIZE
+    *xoff = left;
+    *width = end - left;
+}
+
 /* Decode w's window; 0, or -1 with a Python error set. Called and returns with the GIL. */
 static int decode_window_rows(struct window *w)
 {
@@ -790,7 +862,7 @@ static int decode_window_rows(struct window *w)
     struct crop_error err;
     /* changed after setjmp and read by its error branch: volatile */
     PyThreadState *volatile released = NULL;
-    unsigned char *volatile scratch = NULL;
+    unsigned char *volatile scratch = NULL, *volatile spare = NULL;
     unsigned char *pixels;
     unsigned int top = w->top, left = w->left, height = w->height, width = w->width;
     JDIMENSION xoff, row_width;
@@ -813,6 +885,7 @@ static int decode_window_rows(struct window *w)
             PyEval_RestoreThread(released);
         jpeg_destroy_decompress(&cinfo);
         scratch_put(0, scratch);
+        scratch_put(4, spare);
         Py_CLEAR(w->bytes);
         if (err.message[0] == '\0') /* not libjpeg's: out of memory in the resize */
             PyErr_NoMemory();
@@ -842,14 +915,9 @@ static int decode_window_rows(struct window *w)
                          left, width, oh, ow);
         return -1;
     }
-    /* Decode one column more on the left and two more on the right than asked (where the image
-     * has them): at the edges of a cropped region, the smooth ("fancy") chroma upsampling of
-     * 4:2:x images has no neighbour to interpolate from, and the region's first column and its
-     * last one or two (a region one chroma sample wide) differ from a whole decode's, by up to 9
-     * levels seen (tests/test_jpegcrop.py). */
-    xoff = left > 0 ? left - 1 : 0;
-    row_width = (left + width + 2 <= cinfo.output_width ? left + width + 2 : cinfo.output_width)
-                - xoff;
+    xoff = left;
+    row_width = width;
+    crop_region(&cinfo, &xoff, &row_width);
     if (row_width < cinfo.output_width)
         jpeg_crop_scanline(&cinfo, &xoff, &row_width);
     stride = (size_t)row_width * 3;
@@ -890,8 +958,24 @@ static int decode_window_rows(struct window *w)
             longjmp(err.jump, 1);
         }
     }
-    /* the rows below the window are never decoded: abort rather than finish */
-    jpeg_abort_decompress(&cinfo);
+    /* The rows below the window: entropy-decoded only (jpeg_skip_scanlines), but the last one,
+     * and the markers up to EOI read, so that truncated or corrupt data anywhere in the file is
+     * an error whatever the window, as it is for a whole decode (tests/test_jpegcrop.py). */
+    if (cinfo.output_scanline + 1 < cinfo.output_height)
+        jpeg_skip_scanlines(&cinfo, cinfo.output_height - 1 - cinfo.output_scanline);
+    if (cinfo.output_scanline < cinfo.output_height) {
+        JSAMPROW last;
+        spare = scratch_get(4, stride);
+        if (spare == NULL)
+            longjmp(err.jump, 1); /* message left empty: out of memory */
+        last = spare;
+        while (cinfo.output_scanline < cinfo.output_height)
+            if (jpeg_read_scanlines(&cinfo, &last, 1) == 0) {
+                strcpy(err.message, "no scanline could be read");
+                longjmp(err.jump, 1);
+            }
+    }
+    jpeg_finish_decompress(&cinfo);
     if (w->out != NULL && resize_any(pixels + (size_t)(left - xoff) * 3, stride, (int)height,
                                         (int)width, w->out, w->out_h, w->out_w, w->flip) < 0)
         longjmp(err.jump, 1); /* message left empty: out of memory */
@@ -899,12 +983,13 @@ static int decode_window_rows(struct window *w)
     PyEval_RestoreThread(released);
     released = NULL;
     scratch_put(0, scratch);
+    scratch_put(4, spare);
     w->xoff = xoff;
     w->row_width = row_width;
     return 0;
 }
 
-static PyObject *use_simd(PyObject *self, PyObject *arg)
+static PyObject *use_simd(PyObject *Py_UNUSED(self), PyObject *arg)
 {
     int was = simd_level(), level = (int)PyLong_AsLong(arg);
     if (level == -1 && PyErr_Occurred())
@@ -913,7 +998,7 @@ static PyObject *use_simd(PyObject *self, PyObject *arg)
     return PyLong_FromLong(was);
 }
 
-static PyObject *decode_crop(PyObject *self, PyObject *args, PyObject *kwargs)
+static PyObject *decode_crop(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"data", "top", "left", "height", "width", "scale_num", "fastdct",
                                NULL};
@@ -953,7 +1038,7 @@ static int check_out(Py_buffer *out, int out_h, int out_w, Py_ssize_t height, Py
     return 0;
 }
 
-static PyObject *decode_crop_into(PyObject *self, PyObject *args, PyObject *kwargs)
+static PyObject *decode_crop_into(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"data", "top", "left", "height", "width", "out", "out_height",
                                "out_width", "flip", "scale_num", NULL};
@@ -981,7 +1066,7 @@ static PyObject *decode_crop_into(PyObject *self, PyObject *args, PyObject *kwar
     Py_RETURN_NONE;
 }
 
-static PyObject *resize_into(PyObject *self, PyObject *args, PyObject *kwargs)
+static PyObject *resize_into(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"src", "out", "flip", NULL};
     PyObject *src_obj, *out_obj;
@@ -1059,8 +1144,9 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_jpegcrop",
-    "Partial (window-only) JPEG decoding with libjpeg-turbo; see feedpipe.image_ops.", -1,
-    methods,
+    "Window-only JPEG decoding with libjpeg-turbo, and the resize into a batch row (see the "
+    "source).",
+    -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__jpegcrop(void)

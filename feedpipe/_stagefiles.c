@@ -199,7 +199,8 @@ static PyObject *stage(PyObject *Py_UNUSED(self), PyObject *args)
                 sum += (unsigned char)h[k];
             for (int k = 0; k < 12; k++)
                 sum += (unsigned char)h[124 + k];
-            snprintf(field, sizeof field, "%06lo", sum);
+            /* at most 624 bytes of 255 each: six octal digits (the mask says so to gcc) */
+            snprintf(field, sizeof field, "%06o", (unsigned)(sum & 0777777));
             memcpy(h + 148, field, 7); /* six digits and the NUL, then the template's space */
             size_t tail = (size_t)(-size & (BLOCK - 1));
             memset(data + size, 0, tail);

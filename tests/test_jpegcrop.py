@@ -111,6 +111,68 @@ def test_pipeline_gives_the_same_tensors_without_the_extension(
         assert a.equal(b), s["__index__"]
 
 
+def pillow_jpeg(img: np.ndarray, subsampling: int, progressive: bool) -> bytes:
+    """``img`` as Pillow writes it (subsampling 0: 4:4:4, 1: 4:2:2, 2: 4:2:0)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, "JPEG", quality=90, subsampling=subsampling,
+                              progressive=progressive)
+    return buf.getvalue()
+
+
+def crop_of(data: bytes, top: int, left: int, height: int, width: int,
+            scale_num: int = 8) -> np.ndarray:
+    """decode_crop's window as an array."""
+    pixels, row_width, x = image_ops._jpegcrop.decode_crop(data, top, left, height, width,
+                                                           scale_num)
+    return np.frombuffer(pixels, np.uint8).reshape(height, row_width, 3)[:, x:x + width]
+
+
+@needs_ext
+@pytest.mark.parametrize("progressive", [True, False], ids=["progressive", "baseline"])
+@pytest.mark.parametrize("w", [18, 34, 66, 82, 98])
+def test_a_window_in_a_two_column_last_imcu_is_the_whole_decodes(progressive: bool,
+                                                                  w: int) -> None:
+    """A 4:2:0 image 16k + 2 wide ends in an iMCU two columns wide: a window there made
+    libjpeg-turbo crop to a region one chroma sample wide, where it swaps the smooth upsampler
+    for the plain one, and the window's pixels were 18-53 levels off a whole decode's. Every
+    window of the last columns, through decode_window (ImagePipeline's path) too."""
+    h = 24
+    img = np.random.default_rng(w).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    data = pillow_jpeg(img, 2, progressive)
+    whole = decode_jpeg(data)
+    for left in range(w - 18, w):
+        for width in range(1, w - left + 1):
+            got = decode_window(data, h, w, Box(0, left, h, width))
+            assert np.array_equal(got, whole[:, left:left + width]), (left, width)
+
+
+@needs_ext
+@pytest.mark.parametrize("scale_num", [5, 7, 9, 10, 12, 13, 16])
+@pytest.mark.parametrize("subsampling", ["420", "422", "411", "444", "440"])
+def test_at_every_dct_scale_a_window_is_the_whole_decode_at_that_scale(scale_num: int,
+                                                                       subsampling: str) -> None:
+    """The scales the pipeline does not pick (5/8 to 7/8, and above 8/8) give exact windows
+    too: against the whole image decoded at that scale (the same call without cropping), every
+    window one to three columns wide in the last iMCUs and at the left edge, at image widths
+    that end an iMCU one to four columns in."""
+    for w in (17, 18, 19, 20, 33, 34, 35, 36):
+        h = 12
+        img = np.random.default_rng(w * scale_num).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        data = simplejpeg.encode_jpeg(img, quality=90, colorspace="RGB",
+                                      colorsubsampling=subsampling)
+        dh, dw = -(-h * scale_num // 8), -(-w * scale_num // 8)
+        whole = crop_of(data, 0, 0, dh, dw, scale_num)
+        for left in [*range(0, 4), *range(max(0, dw - 2 * scale_num * 4), dw)]:
+            for width in (1, 2, 3):
+                if left + width <= dw:
+                    got = crop_of(data, 0, left, dh, width, scale_num)
+                    assert np.array_equal(got, whole[:, left:left + width]), (w, left, width)
+
+
 @needs_ext
 def test_window_outside_the_image_or_empty_is_a_value_error() -> None:
     data = encodings(50, 40)["420"]
@@ -138,6 +200,53 @@ def test_truncated_jpeg_is_an_error_not_grey_rows(cut: float) -> None:
         image_ops._jpegcrop.decode_crop(short, 150, 0, 50, 160)
     with pytest.raises(DecodeError):
         decode_window(short, 200, 160, Box(150, 0, 50, 160))
+
+
+@needs_ext
+@pytest.mark.parametrize("progressive", [False, True], ids=["baseline", "progressive"])
+@pytest.mark.parametrize("cut", [0.5, 0.9, -2], ids=["half", "90%", "no-EOI"])
+def test_a_truncated_jpeg_is_an_error_whatever_the_window(progressive: bool, cut: float) -> None:
+    """The verdict on a file does not depend on the crop: windows wholly above the cut (which
+    decoded when only the window's rows were read) raise too, as the whole decode does, through
+    every entry point; a row given to decode_crop_into is left as it was."""
+    h, w = 200, 160
+    data = pillow_jpeg(picture(h, w, 1), 2, progressive)
+    short = data[:int(len(data) * cut)] if cut > 0 else data[:int(cut)]
+    with pytest.raises(DecodeError):
+        decode_jpeg(short)
+    rng = np.random.default_rng(len(short))
+    boxes = [Box(0, 0, 1, 1), Box(0, 0, 8, w), Box(0, w - 1, 16, 1)]
+    boxes += random_boxes(h, w, rng, 60)[4:]
+    ext = image_ops._jpegcrop
+    row = np.full((3, 32, 32), 7, np.uint8)
+    for box in boxes:
+        with pytest.raises(DecodeError):
+            decode_window(short, h, w, box)
+        with pytest.raises(ValueError, match="libjpeg"):
+            ext.decode_crop(short, box.top, box.left, min(box.height, h - box.top), box.width)
+        with pytest.raises(ValueError, match="libjpeg"):
+            ext.decode_crop_into(short, box.top, box.left, min(box.height, h - box.top),
+                                 box.width, row, 32, 32, False)
+    assert (row == 7).all()
+
+
+@needs_ext
+@pytest.mark.parametrize("marker", [b"\xff\xd3", b"\xff\xd9", b"\xff\xc4"],
+                         ids=["stray-RST", "early-EOI", "stray-DHT"])
+def test_corrupt_data_below_the_window_is_an_error_whatever_the_window(marker: bytes) -> None:
+    """Not only a cut: a marker in the entropy-coded data near the end of a baseline JPEG (libjpeg
+    warns that the data is corrupt) is a DecodeError for a window at the top too, as for the
+    whole decode."""
+    h, w = 200, 160
+    data = bytearray(pillow_jpeg(picture(h, w, 2), 2, False))
+    at = int(len(data) * 0.9)
+    data[at:at + 2] = marker
+    bad = bytes(data)
+    with pytest.raises(DecodeError):
+        decode_jpeg(bad)
+    for box in [Box(0, 0, 16, w), Box(0, 0, 1, 1), Box(40, 30, 50, 60), Box(0, w - 1, h, 1)]:
+        with pytest.raises(DecodeError):
+            decode_window(bad, h, w, box)
 
 
 @needs_ext

@@ -248,9 +248,10 @@ def decode_window(data: Any, height: int, width: int, box: Box, *, min_height: i
     is scaled with it (:func:`~feedpipe.transforms._geometry.scale_box`). The result is what
     :func:`decode_jpeg` with those minimums gives, sliced to the scaled box. With the C
     extension built, only the window's rows and iMCU columns are decoded (libjpeg-turbo's
-    ``jpeg_skip_scanlines``/``jpeg_crop_scanline``). Otherwise, or when the extension refuses
-    the data (a CMYK JPEG, say), simplejpeg decodes the whole image, and its error, if any, is
-    the one raised (:class:`DecodeError`).
+    ``jpeg_skip_scanlines``/``jpeg_crop_scanline``); the other rows are entropy-decoded only, so
+    that a truncated or corrupt file is an error whatever the window. Otherwise, or when the
+    extension refuses the data (a CMYK JPEG, say), simplejpeg decodes the whole image, and its
+    error, if any, is the one raised (:class:`DecodeError`).
 
     Example:
         >>> import simplejpeg, numpy as np
