@@ -158,8 +158,8 @@ def _accounts(doc: dict[str, Any]) -> list[str]:
             lines.append(f"  route {r['asked']}: cannot serve ({r['error']})")
             continue
         t = r["time"]
-        parts = ", ".join(f"{k} {t[k]:.3f} s" for k in ("fetch", "compute", "sink", "wait",
-                                                        "step"))
+        parts = ", ".join(f"{k} {t[k]:.3f} s" for k in ("startup", "fetch", "compute", "sink",
+                                                        "wait", "step") if k in t)
         lines.append(f"  route {r['route']}" + (" (its choice)" if r["asked"] == "auto" else "")
                      + f": {_num(r['samples_per_s'])} samples/s, bound: {r['bound']}; "
                      f"{parts} of {t['wall']:.3f} s ({t['parts_in']})")
