@@ -200,9 +200,9 @@ def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[
         if "error" in run:
             continue
         if run["parts"]["executor"] == "workers":
-            note = accounts.fewer_workers(s.workers, run["workers"], cpus)
-            if note:
-                run["workers_note"] = note
+            fewer = accounts.fewer_workers(s.workers, run["workers"], cpus)
+            if fewer:
+                run["workers_note"] = fewer
         slower = accounts.slower_than_best(run, out["loader"])
         if slower:
             run["slower_note"] = slower
