@@ -163,6 +163,8 @@ def test_the_loaders_accounts_decide_where_the_stage_rates_disagree() -> None:
     assert v.bounding_part == "fetch" and v.bounding_stage in {"read", "storage"}, v
     assert "the verdict follows that measurement" in (v.bound_basis or "")
     assert v.advice_about[0] == "fetch", v.advice
+    # the ceiling stays the least of the stage rates: no part delivers more than that
+    assert v.ceiling_samples_per_s == decide(_figures()).ceiling_samples_per_s
     agree = decide(_figures(loader_bound="compute"))
     assert agree.bounding_stage == "decode" and "names the same part" in (agree.bound_basis or "")
     # the device copy is outside the loader's accounts: they do not overrule it

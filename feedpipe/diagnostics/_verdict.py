@@ -127,9 +127,10 @@ def decide(f: Figures) -> Verdict:
             PART_OF.get(bound) == f.loader_bound:
         basis = ("the stage rates and the FeedLoader a script gets (its stats()['bound'] "
                  "names the same part)")
-    stage, measured, why = _measured_part(f, bound, stages, cpu)
+    # the ceiling stays the least of the stage rates: whichever part bounds, none delivers more
+    stage, why = _measured_part(f, bound, stages)
     if stage is not None:
-        bound, ceiling, basis = stage, measured, why
+        bound, basis = stage, why
     demand = utilisation = None
     if f.step_time_ms and f.step_time_ms > 0:
         demand = f.batch_size / (f.step_time_ms / 1e3)
@@ -156,25 +157,24 @@ def _parallelism_note(f: Figures, p: int) -> str | None:
             f"most {p} work at once: the ceiling counts {p}")
 
 
-def _measured_part(f: Figures, bound: str | None, stages: dict[str, float | None],
-                   cpu: float | None) -> tuple[str | None, float | None, str | None]:
+def _measured_part(f: Figures, bound: str | None,
+                   stages: dict[str, float | None]) -> tuple[str | None, str | None]:
     """The stage the loader's accounts point at where they name another part than ``bound``'s
-    (``None`` where they agree, were not taken, or name no stage measured here), its ceiling
-    and a sentence saying why the verdict follows them."""
+    (``None`` where they agree, were not taken, or name no stage measured here: the slower of
+    its stages), and a sentence saying why the verdict follows them."""
     part = f.loader_bound
     if part not in STAGES_OF or bound is None or PART_OF.get(bound) in (None, "h2d", part):
-        return None, None, None
+        return None, None
     chosen = [s for s in STAGES_OF[part] if stages.get(s)]
     if not chosen:
-        return None, None, None
+        return None, None
     stage = min(chosen, key=lambda s: stages[s] or 0.0)
-    ceiling = cpu if stage in CPU_STAGES else stages[stage]
     t = f.loader_time
     secs = ", ".join(f"{k} {t[k]:.3g} s" for k in ("fetch", "compute", "sink") if k in t)
     why = (f"the stage rates alone point at {bound} ({PART_OF[bound]}), but the FeedLoader a "
            f"script gets spent the most of its time in {part} ({secs}): the verdict follows "
            "that measurement")
-    return stage, ceiling, why
+    return stage, why
 
 
 def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
