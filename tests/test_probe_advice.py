@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 from _servers import python_server
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_probe import _figures
 
 from feedpipe import FeedDataset
@@ -25,7 +27,7 @@ from feedpipe.diagnostics._accounts import fewer_workers, slower_than_best
 from feedpipe.diagnostics._pipeline import loader_stage
 from feedpipe.diagnostics._probe import probe
 from feedpipe.diagnostics._target import resolve
-from feedpipe.diagnostics._verdict import decide
+from feedpipe.diagnostics._verdict import PART_OF, STAGES_OF, decide
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "shards" / "example")
 
@@ -205,3 +207,35 @@ def test_more_workers_than_cores_are_explained_in_text_and_json(tmp_path: Path) 
     assert run["workers_note"] in r.stdout and v["parallelism_note"] in r.stdout, r.stdout
     if "slower_note" in run:
         assert run["slower_note"] in r.stdout
+
+
+rates = st.one_of(st.none(), st.floats(1.0, 1e6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["dataset", "directory"]), storage=rates, read=rates, decode=rates,
+       batch=rates, h2d=rates, remote=st.booleans(), cache_dir=st.booleans(),
+       workers=st.integers(1, 16), cpus=st.integers(1, 16),
+       loader_bound=st.sampled_from([None, "fetch", "compute", "sink"]),
+       small=st.one_of(st.none(), st.floats(1.0, 1e5)),
+       step=st.one_of(st.none(), st.floats(1.0, 1e4)),
+       loader=st.dictionaries(st.integers(0, 16), st.floats(1.0, 1e5), max_size=4))
+def test_the_verdict_names_one_part_and_advises_it_first(**kw: Any) -> None:
+    """Whatever was measured: the bounding part is the bounding stage's part of the loader's
+    accounts; where the loader's accounts name a part measured here (and no device copy
+    bounds), that part; and the first advice that addresses a part addresses that one."""
+    small = kw.pop("small")
+    step = kw.pop("step")
+    f = _figures(**kw, small_files_per_s=small, small_file_mb_per_s=small, step_time_ms=step)
+    v = decide(f)
+    assert len(v.advice) == len(v.advice_about) >= 1
+    if v.bounding_stage is None:
+        assert v.bounding_part is None
+        return
+    assert v.bounding_part == PART_OF[v.bounding_stage]
+    measured = f.loader_bound is not None and any(
+        v.stage_samples_per_s.get(s) for s in STAGES_OF[f.loader_bound])
+    if measured and v.bounding_stage != "h2d":
+        assert v.bounding_part == f.loader_bound, v
+    first = next(a for a in v.advice_about if a is not None)
+    assert first == v.bounding_part, (v.bounding_stage, v.advice)

@@ -159,9 +159,10 @@ def _parallelism_note(f: Figures, p: int) -> str | None:
 
 def _measured_part(f: Figures, bound: str | None,
                    stages: dict[str, float | None]) -> tuple[str | None, str | None]:
-    """The stage the loader's accounts point at where they name another part than ``bound``'s
-    (``None`` where they agree, were not taken, or name no stage measured here: the slower of
-    its stages), and a sentence saying why the verdict follows them."""
+    """The stage the loader's accounts point at (the slower of the stages of the part they
+    name) where that part is not ``bound``'s, and a sentence saying why the verdict follows
+    them; ``None, None`` where they agree, were not taken, name no stage measured here, or
+    host-to-device bounds (outside the loader's accounts)."""
     part = f.loader_bound
     if part not in STAGES_OF or bound is None or PART_OF.get(bound) in (None, "h2d", part):
         return None, None
