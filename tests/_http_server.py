@@ -2,7 +2,7 @@
 
     python tests/_http_server.py ROOT [--ignore-range] [--fail-first N] [--rate BYTES_PER_S]
                                       [--deny] [--corrupt SUFFIX:N ...] [--cut SUFFIX:N ...]
-                                      [--token T]
+                                      [--token T] [--delay S]
 
 Serves ``ROOT`` with ``HEAD`` and ``GET`` (single ``Range: bytes=a-b`` requests answered with
 206, unless ``--ignore-range``: then the whole file with 200, as some servers do). Misbehaviour
@@ -12,8 +12,9 @@ slowly (to kill a client mid-download); ``--deny`` answers every file request wi
 sent for paths ending in ``.idx``, as a corrupting link or proxy would; ``--cut .json:1`` sends
 the first half of the first body for paths ending in ``.json`` (with a Content-Length to match:
 damage the transport cannot see); ``--token T`` answers 403 to a file request whose query string
-lacks ``token=T`` (a URL that carries its credentials). Prints ``PORT <n>`` once it listens on
-127.0.0.1.
+lacks ``token=T`` (a URL that carries its credentials); ``--delay S`` waits S seconds before
+answering each file request (a link with a long round trip, as to a distant object store).
+Prints ``PORT <n>`` once it listens on 127.0.0.1.
 
 ``GET /__stats__`` returns JSON ``{path: {"requests": n, "bytes": body bytes sent, "errors": n}}``
 counting requests as they arrive; ``POST /__reset__`` clears the counters.
@@ -47,6 +48,7 @@ class Handler(BaseHTTPRequestHandler):
     corrupt: ClassVar[dict[str, int]] = {}  # path suffix -> bodies still to corrupt
     cut: ClassVar[dict[str, int]] = {}  # path suffix -> bodies still to cut short
     token = ""
+    delay = 0.0
 
     def log_message(self, *args: object) -> None:
         pass
@@ -111,6 +113,8 @@ class Handler(BaseHTTPRequestHandler):
         path = unquote(urlsplit(self.path).path)
         if body:
             self._count(path, "requests")
+        if self.delay:
+            time.sleep(self.delay)  # the round trip of a distant store, not a test waiting
         if self._fail():
             return
         if self.deny:
@@ -167,6 +171,7 @@ def main() -> None:
     ap.add_argument("--corrupt", action="append", default=[], metavar="SUFFIX:N")
     ap.add_argument("--cut", action="append", default=[], metavar="SUFFIX:N")
     ap.add_argument("--token", default="")
+    ap.add_argument("--delay", type=float, default=0.0)
     a = ap.parse_args()
     Handler.root = a.root
     Handler.ignore_range = a.ignore_range
@@ -176,6 +181,7 @@ def main() -> None:
     Handler.corrupt = {s: int(n) for s, n in (c.rsplit(":", 1) for c in a.corrupt)}
     Handler.cut = {s: int(n) for s, n in (c.rsplit(":", 1) for c in a.cut)}
     Handler.token = a.token
+    Handler.delay = a.delay
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(f"PORT {server.server_address[1]}", flush=True)

@@ -16,7 +16,7 @@ from _servers import python_server
 
 from feedpipe import FeedDataset, FeedLoader
 
-KEYS = {"fetch", "compute", "sink", "wait", "step", "wall", "parts_in"}
+KEYS = {"startup", "fetch", "compute", "sink", "wait", "step", "wall", "parts_in"}
 EXAMPLE = Path(__file__).resolve().parent.parent / "shards" / "example"
 
 
@@ -36,11 +36,12 @@ def test_every_route_reports_the_same_time_keys(case: str, sharded: Path, store:
     n = sum(1 for _ in loader)
     s = loader.stats()
     assert s["route"] == route_of(case) and s["batches"] == n
-    assert set(s["time"]) == KEYS and s["bound"] in {"fetch", "compute", "sink", "step"}
+    assert set(s["time"]) == KEYS
+    assert s["bound"] in {"startup", "fetch", "compute", "sink", "step"}
     t = s["time"]
     assert t["wall"] > 0 and t["wait"] + t["step"] == pytest.approx(t["wall"])
     if not workers:  # the parts run inside the loop's wait for batches
-        assert t["fetch"] + t["compute"] + t["sink"] <= t["wait"] + 1e-6
+        assert t["startup"] + t["fetch"] + t["compute"] + t["sink"] <= t["wait"] + 1e-6
     else:
         assert "worker processes" in t["parts_in"]
         assert t["fetch"] > 0 and t["compute"] + t["sink"] > 0  # measured in the workers
@@ -68,6 +69,40 @@ def test_a_slow_transform_bounds_at_compute(route: str, kw: dict[str, Any]) -> N
     assert s["bound"] == "compute", s["time"]
     # every sleep is in it: with threads, the wait for two sleeping at once
     assert s["time"]["compute"] >= 24 * 0.03 * 0.9 / kw.get("transform_threads", 1)
+
+
+STARTUP = 1.0  # a worker's start-up, far longer than fetching the example's 24 samples
+
+
+def _slow_start(worker: int) -> None:
+    time.sleep(STARTUP)  # what importing a heavy library or opening a session costs
+
+
+@pytest.mark.parametrize("case", ["samples-workers", "rows-workers", "refs-workers",
+                                  "packed-workers"])
+def test_worker_start_up_is_its_own_part_and_bounds_when_it_dominates(case: str,
+                                                                     sharded: Path) -> None:
+    """A pass whose wait was the workers starting said bound == 'fetch' (fetch took a few ms
+    of a wait of seconds): start-up was in no part, so the largest of the small ones won."""
+    loader = make(case, str(sharded), workers=2, worker_init_fn=_slow_start)
+    assert sum(1 for _ in loader) == len(loader)
+    s = loader.stats()
+    t = s["time"]
+    assert s["bound"] == "startup", t
+    assert t["startup"] >= 2 * STARTUP * 0.9, t  # each worker's sleep, added up as parts are
+    assert t["fetch"] > 0  # the workers' fetches are still counted, apart
+
+
+def test_start_up_of_persistent_workers_is_paid_once() -> None:
+    """The look-alike: a second pass over persistent workers starts nothing; a slow transform
+    then bounds it, not the start-up the first pass paid."""
+    loader = FeedLoader(FeedDataset(str(EXAMPLE), transform=Slow(0.03)), batch_size=4,
+                        num_workers=2, worker_init_fn=_slow_start, persistent_workers=True)
+    for _ in range(2):
+        assert sorted(i for b in loader for i in b) == list(range(24))
+    s = loader.stats()
+    assert s["bound"] == "compute", s["time"]
+    assert s["time"]["startup"] < STARTUP, s["time"]
 
 
 def test_a_slow_training_step_bounds_at_the_step() -> None:

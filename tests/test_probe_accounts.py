@@ -27,7 +27,7 @@ from feedpipe.diagnostics._probe import probe
 QUICK: dict[str, Any] = {"duration": 0.3, "block_sizes": [64 << 10], "threads": [1],
                          "batch_size": 8, "workers": 1, "show_progress": False}
 EXAMPLE = Path(__file__).resolve().parent.parent / "shards" / "example"
-TIME_KEYS = {"fetch", "compute", "sink", "wait", "step", "wall", "parts_in"}
+TIME_KEYS = {"startup", "fetch", "compute", "sink", "wait", "step", "wall", "parts_in"}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_the_probe_runs_the_loader_a_script_gets(dataset: Path) -> None:
     script = FeedLoader(ds, batch_size=8, num_workers=1, collate_fn=collate)
     assert run["asked"] == "auto" and run["route"] == script.route.name
     assert set(run["time"]) == TIME_KEYS and run["time"]["wall"] > 0
-    assert run["bound"] in {"fetch", "compute", "sink", "step"}
+    assert run["bound"] in {"startup", "fetch", "compute", "sink", "step"}
     assert run["samples"] > 0 and 0 < run["epoch_fraction"] <= 1
     assert run["io"]["local_bytes"] > 0 and run["io"]["remote"]["requests"] == 0
     table = report.table()
@@ -67,7 +67,7 @@ def test_route_compares_routes_and_names_those_that_cannot_serve(dataset: Path) 
     assert [x["asked"] for x in runs] == ["samples", "samples-workers", "refs"]
     assert [x.get("route") for x in runs[:2]] == ["samples", "samples-workers"]
     assert "1 worker processes" in runs[1]["time"]["parts_in"]
-    assert all(x["bound"] in {"fetch", "compute", "sink", "step"} for x in runs[:2])
+    assert all(x["bound"] in {"startup", "fetch", "compute", "sink", "step"} for x in runs[:2])
     assert "cannot serve" in runs[2]["error"] and "transform" in runs[2]["error"]
 
 
@@ -137,9 +137,9 @@ def test_plot_draws_the_per_part_times(dataset: Path) -> None:
         titles = [ax.get_title() for ax in fig.axes]
         assert "FeedLoader parts (stats()['time'])" in titles
         ax = fig.axes[titles.index("FeedLoader parts (stats()['time'])")]
-        assert [t.get_text() for t in ax.get_yticklabels()] == ["fetch", "compute", "sink",
-                                                                "wait", "step"]
-        assert len(ax.patches) == 2 * 5  # a bar per part per route
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["startup", "fetch", "compute",
+                                                                "sink", "wait", "step"]
+        assert len(ax.patches) == 2 * 6  # a bar per part per route
     finally:
         import matplotlib.pyplot as plt
 

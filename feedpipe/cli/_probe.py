@@ -19,8 +19,11 @@ def add_probe(sub: argparse._SubParsersAction) -> None:
             "samples/s (read, image decode per core, batching, host-to-device when CUDA is\n"
             "present) and FeedLoader worker scaling; then the FeedLoader a script gets (or\n"
             "each --route): its seconds per part, the part that bounds it, bytes and requests\n"
-            "per epoch (a cost per epoch with the prices). Ends with the bounding stage, the\n"
-            "predicted ceiling, the accelerator utilisation for --step-time, and advice.\n\n"
+            "per epoch (a cost per epoch with the prices). Ends with the bounding stage (and\n"
+            "its part in the loader's stats(): fetch, compute, sink), the predicted ceiling,\n"
+            "the accelerator utilisation for --step-time, and advice, what bounds first.\n"
+            "A dataset is named as FeedDataset takes it: its folder (a URL too, e.g.\n"
+            "http://host/data/) or its manifest.json.\n\n"
             "Each phase stops after --duration seconds. Nothing is written except --json-out,\n"
             "--plot and, with --generate, one test file in a temp dir that is deleted afterwards."
         ),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 Decode = Callable[[dict[str, Any]], Any]
+LOOP_PARTS = ("fetch", "compute", "sink")  # the batch loop's own parts, start-up apart
 
 
 def epoch_cost(io: dict[str, Any], price_per_gb: float | None,
@@ -57,8 +58,10 @@ def run_loader(src: str, route: str | None, *, decode: Decode | None,
     ``samples``: the dataset's sample count, to scale the io figures to an epoch.
 
     Returns a dict: ``asked`` (the route asked for, ``"auto"``), ``route``, ``parts``,
-    ``samples`` read, ``seconds``, ``samples_per_s``, ``epoch_fraction``, ``time``, ``bound``,
-    ``io`` (this pass), ``io_per_epoch`` and ``cost_per_epoch``; or ``error`` when the route
+    ``samples`` read, ``workers`` (worker processes it ran), ``seconds``, ``samples_per_s``,
+    ``epoch_fraction``, ``time``, ``bound``, ``loop_bound`` (the largest of fetch, compute and
+    sink: what bounds once the workers have started), ``io`` (this pass), ``io_per_epoch`` and
+    ``cost_per_epoch``; or ``error`` when the route
     cannot serve this dataset.
     """
     from ..stream._dataset import FeedDataset
@@ -91,9 +94,12 @@ def run_loader(src: str, route: str | None, *, decode: Decode | None,
     elapsed = time.perf_counter() - t0
     fraction = n / samples if samples else 0.0
     per_epoch = _scaled(s["io"], 1 / fraction) if fraction > 0 else None
+    t = s["time"]
     return {"asked": asked, "route": s["route"], "parts": s["parts"], "samples": n,
+            "workers": kw.get("num_workers", 0),
             "seconds": round(elapsed, 6), "samples_per_s": n / elapsed if elapsed > 0 else None,
-            "epoch_fraction": round(fraction, 6), "time": s["time"], "bound": s["bound"],
+            "epoch_fraction": round(fraction, 6), "time": t, "bound": s["bound"],
+            "loop_bound": max(LOOP_PARTS, key=lambda k: t.get(k, 0.0)),
             "io": s["io"], "io_per_epoch": per_epoch,
             "cost_per_epoch": (epoch_cost(per_epoch, price_per_gb, price_per_1k_requests)
                                if per_epoch is not None else None)}
@@ -122,3 +128,53 @@ def parse_routes(value: str | Sequence[str] | None) -> list[str | None]:
         else:
             out.append(name)
     return out
+
+
+def script_loader(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run of the loader a script gets (its own route choice), else the first that ran."""
+    ok = [r for r in runs if "error" not in r]
+    return next((r for r in ok if r["asked"] == "auto"), ok[0] if ok else None)
+
+
+def fewer_workers(asked: int | None, ran: int, cpus: int) -> str | None:
+    """Why the accounts' loader ran fewer worker processes than ``--workers`` asked for."""
+    if asked is None or asked <= ran:
+        return None
+    return (f"ran num_workers={ran}, not the {asked} asked for (--workers): this machine has "
+            f"{cpus} usable CPU(s), and worker processes beyond the cores only take turns on "
+            f"them; the worker scaling above measures num_workers={asked} itself where it "
+            "ran (at most 4 per core)")
+
+
+def slower_than_best(run: dict[str, Any], scaling: Sequence[dict[str, Any]]) -> str | None:
+    """Why ``run`` (one pass of the loader a script gets) delivered less than half the best
+    rate of the worker scaling runs, where it did; ``None`` otherwise.
+
+    Example:
+        >>> run = {"samples_per_s": 10.0, "workers": 2, "seconds": 2.0, "route": "rows-workers",
+        ...        "time": {"startup": 3.0, "fetch": 0.1, "compute": 0.4, "sink": 0.1}}
+        >>> slower_than_best(run, [{"workers": 2, "samples_per_s": 300.0}])[:44]
+        '10.0 samples/s against 300 at best (num_work'
+    """
+    rate = run.get("samples_per_s")
+    rated = [r for r in scaling if r.get("samples_per_s")]
+    if not rate or not rated:
+        return None
+    best = max(rated, key=lambda r: r["samples_per_s"])
+    if rate * 2 > best["samples_per_s"]:
+        return None
+    t = run["time"]
+    why = []
+    loop = sum(t.get(k, 0.0) for k in LOOP_PARTS)
+    if t.get("startup", 0.0) >= loop:
+        why.append(f"start-up took {t['startup']:.3g} s of this pass (added up over its "
+                   f"{run['workers']} worker process(es)) against {loop:.3g} s in its loop's "
+                   "parts: a short pass is mostly start-up")
+    if run["workers"] != best["workers"]:
+        why.append(f"it ran num_workers={run['workers']}, the fastest scaling run "
+                   f"num_workers={best['workers']}")
+    why.append("each scaling run starts its clock at its first batch and keeps its workers "
+               "across epochs (persistent_workers=True), while this is one pass from its start, "
+               "as a script's first epoch")
+    return (f"{rate:,.1f} samples/s against {best['samples_per_s']:,.0f} at best "
+            f"(num_workers={best['workers']}): " + "; ".join(why))

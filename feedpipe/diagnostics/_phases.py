@@ -147,9 +147,11 @@ def _small_phases(t: Target, small: storage.FileSet, d: float, can_drop: bool, p
 
 
 def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[int],
-                     phase: Phases, workers: int = 1) -> dict[str, Any]:
+                     phase: Phases, workers: int = 1, cpus: int = 1) -> dict[str, Any]:
     """The stages measured alone, the FeedLoader at each of ``loaders`` worker counts, then the
-    loader a script gets (with ``workers`` processes; each of ``s.routes``) and its accounts."""
+    loader a script gets (with ``workers`` processes; each of ``s.routes``) and its accounts,
+    each saying why where it ran fewer workers than asked for or fell far below the best
+    scaling run."""
     from . import _accounts as accounts
     from . import _pipeline as pipeline
 
@@ -194,6 +196,16 @@ def dataset_pipeline(t: Target, s: ProbeSettings, decode_fn: Any, loaders: list[
                 src, route, decode=decode_fn, collate=collate, batch_size=s.batch_size,
                 workers=workers, seconds=d, samples=t.samples or 0,
                 price_per_gb=s.price_per_gb, price_per_1k_requests=s.price_per_1k_requests))
+    for run in out["accounts"]:
+        if "error" in run:
+            continue
+        if run["parts"]["executor"] == "workers":
+            fewer = accounts.fewer_workers(s.workers, run["workers"], cpus)
+            if fewer:
+                run["workers_note"] = fewer
+        slower = accounts.slower_than_best(run, out["loader"])
+        if slower:
+            run["slower_note"] = slower
     # CUDA is asked about after the loader stages, so that they measure a process (and forked
     # workers) that never touched CUDA, as a CPU-only storage check runs
     import torch
@@ -292,6 +304,12 @@ def figures(t: Target, st: dict[str, Any], pl: dict[str, Any] | None, s: ProbeSe
     h2d_sps = (h2d["pinned_gb_per_s"] * 1e9 / h2d["bytes_per_sample"]
                if h2d and h2d.get("bytes_per_sample") else None)
     best_seq_all = storage.best([c for c in cells if c["cache"] == state])
+    from ._accounts import script_loader
+
+    script = script_loader((pl or {}).get("accounts") or [])
+    loader_bound = None
+    if script is not None and script["bound"] != "step":  # the probe's loop takes no step
+        loader_bound = script["loop_bound"]  # start-up apart: the steady state's part
     return Figures(
         kind=t.kind, target=t.url, cpus=cpus, workers=workers, batch_size=s.batch_size,
         storage=sps, storage_mb_per_s=mb, storage_basis=basis,
@@ -305,4 +323,7 @@ def figures(t: Target, st: dict[str, Any], pl: dict[str, Any] | None, s: ProbeSe
         jpeg=bool(jpeg_fields(t.fields)), remote=not t.local, fits_in_memory=fits, cuda=cuda,
         step_time_ms=s.step_time_ms,
         cold_mb_per_s=cold_best["mb_per_s"] if cold_best else None,
-        warm_mb_per_s=warm_best["mb_per_s"] if warm_best else None)
+        warm_mb_per_s=warm_best["mb_per_s"] if warm_best else None,
+        loader_bound=loader_bound,
+        loader_time={k: v for k, v in (script or {}).get("time", {}).items()
+                     if isinstance(v, (int, float))})

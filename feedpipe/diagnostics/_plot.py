@@ -115,7 +115,7 @@ def _stages(ax: Any, v: dict[str, Any]) -> None:
                   ncol=2)
 
 
-PARTS = ("fetch", "compute", "sink", "wait", "step")
+PARTS = ("startup", "fetch", "compute", "sink", "wait", "step")
 
 
 def _parts(ax: Any, runs: list[dict[str, Any]]) -> None:
@@ -128,7 +128,7 @@ def _parts(ax: Any, runs: list[dict[str, Any]]) -> None:
         t = r["time"]
         ys = [y + i * height for y in range(len(PARTS))]
         colours = ["tab:red" if k == r["bound"] else f"C{i}" for k in PARTS]
-        ax.barh(ys, [t[k] for k in PARTS], height=height, color=colours)
+        ax.barh(ys, [t.get(k, 0.0) for k in PARTS], height=height, color=colours)
         keys.append(Patch(color=f"C{i}", label=f"{r['route']} (bound, in red: {r['bound']}; "
                                                f"wall {t['wall']:.2f} s)"))
     ax.set_yticks([y + 0.4 - height / 2 for y in range(len(PARTS))], list(PARTS))

@@ -282,7 +282,8 @@ def _run(url: str, settings: ProbeSettings, decode: Callable[[dict[str, Any]], A
         st = phases.storage_phases(t, seq, small, settings, can_drop, mem_avail, p, phase)
         pl = None
         if t.kind == "dataset":
-            pl = phases.dataset_pipeline(t, settings, decode_fn, loaders, phase, workers=p)
+            pl = phases.dataset_pipeline(t, settings, decode_fn, loaders, phase, workers=p,
+                                         cpus=cpus)
         elif t.kind == "directory" and decode_fn is not None and small is not None:
             pl = phases.directory_pipeline(small, decode_fn, decode is not None, d, phase)
     finally:

@@ -158,11 +158,16 @@ def _accounts(doc: dict[str, Any]) -> list[str]:
             lines.append(f"  route {r['asked']}: cannot serve ({r['error']})")
             continue
         t = r["time"]
-        parts = ", ".join(f"{k} {t[k]:.3f} s" for k in ("fetch", "compute", "sink", "wait",
-                                                        "step"))
+        parts = ", ".join(f"{k} {t[k]:.3f} s" for k in ("startup", "fetch", "compute", "sink",
+                                                        "wait", "step") if k in t)
+        then = (f" (then {r['loop_bound']}, once started)"
+                if r["bound"] == "startup" and r.get("loop_bound") else "")
         lines.append(f"  route {r['route']}" + (" (its choice)" if r["asked"] == "auto" else "")
-                     + f": {_num(r['samples_per_s'])} samples/s, bound: {r['bound']}; "
+                     + f": {_num(r['samples_per_s'])} samples/s, bound: {r['bound']}{then}; "
                      f"{parts} of {t['wall']:.3f} s ({t['parts_in']})")
+        for key in ("workers_note", "slower_note"):
+            if r.get(key):
+                lines.append(f"    why: {r[key]}")
         io = r.get("io_per_epoch")
         if io is not None:
             remote = io["remote"]
@@ -183,16 +188,22 @@ def table(doc: dict[str, Any]) -> str:
     v = doc["verdict"]
     stages = _pipeline(doc) if doc["target"]["kind"] != "file" else []
     lines = _header(doc) + _storage(doc) + stages + _accounts(doc) + [""]
+    part = v.get("bounding_part")
+    named = (f"{part} (the {v['bounding_stage']} stage) bounds"
+             if part and part != v["bounding_stage"] else f"{v['bounding_stage']} bounds")
     if v["bounding_stage"] is None:
         lines.append("Verdict: not enough figures to name a bounding stage")
     elif v["ceiling_samples_per_s"] is not None:
         mb = f" ({_num(v['ceiling_mb_per_s'])} MB/s)" if v["ceiling_mb_per_s"] else ""
-        lines.append(f"Verdict: {v['bounding_stage']} bounds; ceiling about "
+        lines.append(f"Verdict: {named}; ceiling about "
                      f"{_num(v['ceiling_samples_per_s'])} samples/s{mb} with "
                      f"{v['parallelism']} worker process(es)")
     else:
-        lines.append(f"Verdict: {v['bounding_stage']} bounds at {_num(v['ceiling_mb_per_s'])} MB/s"
-                     + _cold_warm(v))
+        lines.append(f"Verdict: {named} at {_num(v['ceiling_mb_per_s'])} MB/s" + _cold_warm(v))
+    if v.get("bound_basis") and v["bounding_stage"] is not None:
+        lines.append(f"  decided by {v['bound_basis']}")
+    if v.get("parallelism_note"):
+        lines.append(f"  workers: {v['parallelism_note']}")
     if v["measured_loader_samples_per_s"]:
         lines.append(f"  measured FeedLoader best: {_num(v['measured_loader_samples_per_s'])} "
                      f"samples/s with num_workers={v['measured_loader_workers']} (the ceiling "

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._helpers.storage import filesystem, is_local, local_path
+from .._helpers.storage import filesystem, is_local, local_path, split_query
 from .._redact import cause
 from ..errors import AccessDeniedError, InputError, RemoteError, SourceNotFoundError
 from ..format._keys import split_source
@@ -205,8 +205,22 @@ def _resolve_local(url: str, seconds: float, max_files: int) -> Target:
     return Target(url, "file", True, path, [(path, st.st_size)])
 
 
+def _has_manifest(fs: Any, path: str) -> bool:
+    """Whether ``path`` (a folder URL or prefix) holds ``manifest.json``, asked as FeedDataset
+    asks: for the manifest itself. An HTTP server has no folders (a folder URL answers with a
+    listing page, or not at all), so the folder is never asked about first."""
+    try:
+        return bool(fs.exists(join(path, "manifest.json")))
+    except Exception:  # noqa: BLE001 - unreachable or refused: fs.info below names it
+        return False
+
+
 def _resolve_remote(url: str, seconds: float, max_files: int) -> Target:
     fs, path = filesystem(url)
+    if not split_query(path)[0].endswith(".json") and _has_manifest(fs, path):
+        t = _dataset(url, path.rstrip("/"), fs)
+        t.url = url
+        return t
     try:
         info = fs.info(path)
     except FileNotFoundError as e:
@@ -221,10 +235,6 @@ def _resolve_remote(url: str, seconds: float, max_files: int) -> Target:
     except Exception as e:
         raise RemoteError(f"{url}: cannot reach it ({type(e).__name__}: {e})") from cause(e)
     if info.get("type") == "directory":
-        if fs.exists(join(path, "manifest.json")):
-            t = _dataset(url, path.rstrip("/"), fs)
-            t.url = url
-            return t
         files, complete = _walk(path, fs, seconds, max_files)
         if not any(s > 0 for _, s in files):
             raise InputError(f"{url}: empty: no non-empty object to probe")

@@ -7,6 +7,12 @@ worker. So with ``P = min(workers, cpus)`` busy processes they give
 ``P / (1/read + 1/decode + 1/batch)`` samples/s together. The bounding one among them is the
 slowest: it takes the largest share of each sample's CPU time. Host-to-device copies run apart,
 on the copy engine. The ceiling is the least of storage, CPU and host-to-device.
+
+One verdict. Each stage is a part of the loader's own accounts (``stats()["bound"]``): storage
+and read are its ``fetch``, decode its ``compute``, batch its ``sink``. Where the FeedLoader a
+script gets was run and its accounts name another part than the stage rates do, the measurement
+decides: the verdict names the stage of the part it measured, and says so. The advice about the
+bounding part comes first.
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 CPU_STAGES = ("read", "decode", "batch")
+# each stage's part of the loader's accounts (stats()["time"]); h2d is the DeviceLoader's
+PART_OF = {"storage": "fetch", "read": "fetch", "decode": "compute", "batch": "sink",
+           "h2d": "h2d"}
+STAGES_OF = {"fetch": ("storage", "read"), "compute": ("decode",), "sink": ("batch",)}
 # the README glossary's terms: L1 is the shard cache (cache_dir=); decoded samples go to the
 # decoded store, which is no numbered tier
 DECODED_STORE = ("FeedDataset(..., decoded_cache=DIR): the transform's fixed-shape outputs kept "
@@ -51,6 +61,12 @@ class Figures:
     step_time_ms: float | None = None
     cold_mb_per_s: float | None = None  # sequential, pages dropped: the device
     warm_mb_per_s: float | None = None  # sequential, from the page cache: memory
+    # the FeedLoader a script gets: the part of its loop (fetch, compute, sink) that took the
+    # most of its time, start-up left out (stats()["bound"] when start-up did not bound it),
+    # and its seconds per part (stats()["time"])
+    loader_bound: str | None = None
+    loader_time: dict[str, float] = field(default_factory=dict)
+    cache_dir: bool = False  # the loader read through the L1 shard cache
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,11 @@ class Verdict:
     advice: list[str]
     storage_cold_mb_per_s: float | None = None
     storage_warm_mb_per_s: float | None = None
+    # the bounding stage as a part of the loader's accounts (stats()["bound"]'s names)
+    bounding_part: str | None = None
+    bound_basis: str | None = None  # what decided it: the stage rates, or the loader's accounts
+    advice_about: list[str | None] = field(default_factory=list)  # each advice's part
+    parallelism_note: str | None = None  # why fewer workers than asked for are planned
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +122,15 @@ def decide(f: Figures) -> Verdict:
             bound = min(cpu_rates, key=lambda k: cpu_rates[k])
     elif f.kind == "file" and f.storage_mb_per_s:
         bound = "storage"
+    basis = "the stage rates" if bound is not None else None
+    if bound is not None and f.loader_bound is not None and \
+            PART_OF.get(bound) == f.loader_bound:
+        basis = ("the stage rates and the FeedLoader a script gets (its stats()['bound'] "
+                 "names the same part)")
+    # the ceiling stays the least of the stage rates: whichever part bounds, none delivers more
+    stage, why = _measured_part(f, bound, stages)
+    if stage is not None:
+        bound, basis = stage, why
     demand = utilisation = None
     if f.step_time_ms and f.step_time_ms > 0:
         demand = f.batch_size / (f.step_time_ms / 1e3)
@@ -112,69 +142,127 @@ def decide(f: Figures) -> Verdict:
     elif ceiling and f.storage and f.storage_mb_per_s:
         mb = ceiling * f.storage_mb_per_s / f.storage
     best_w = max(f.loader, key=lambda w: f.loader[w]) if f.loader else None
+    advice = _advice(f, bound, ceiling, p, cpu_rates, demand)
     return Verdict(bound, ceiling, mb, stages, p, demand, utilisation,
                    f.loader[best_w] if best_w is not None else None, best_w,
-                   _advice(f, bound, ceiling, p, cpu_rates, demand), f.cold_mb_per_s,
-                   f.warm_mb_per_s)
+                   [a for _, a in advice], f.cold_mb_per_s, f.warm_mb_per_s,
+                   PART_OF.get(bound) if bound else None, basis, [k for k, _ in advice],
+                   _parallelism_note(f, p))
+
+
+def _parallelism_note(f: Figures, p: int) -> str | None:
+    if f.workers <= p:
+        return None
+    return (f"{f.workers} workers asked for; this machine has {f.cpus} usable CPU(s), so at "
+            f"most {p} work at once: the ceiling counts {p}")
+
+
+def _measured_part(f: Figures, bound: str | None,
+                   stages: dict[str, float | None]) -> tuple[str | None, str | None]:
+    """The stage the loader's accounts point at (the slower of the stages of the part they
+    name) where that part is not ``bound``'s, and a sentence saying why the verdict follows
+    them; ``None, None`` where they agree, were not taken, name no stage measured here, or
+    host-to-device bounds (outside the loader's accounts)."""
+    part = f.loader_bound
+    if part not in STAGES_OF or bound is None or PART_OF.get(bound) in (None, "h2d", part):
+        return None, None
+    chosen = [s for s in STAGES_OF[part] if stages.get(s)]
+    if not chosen:
+        return None, None
+    stage = min(chosen, key=lambda s: stages[s] or 0.0)
+    t = f.loader_time
+    secs = ", ".join(f"{k} {t[k]:.3g} s" for k in ("fetch", "compute", "sink") if k in t)
+    why = (f"the stage rates alone point at {bound} ({PART_OF[bound]}), but the FeedLoader a "
+           f"script gets spent the most of its time in {part} ({secs}): the verdict follows "
+           "that measurement")
+    return stage, why
 
 
 def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
-            cpu_rates: dict[str, float], demand: float | None) -> list[str]:
-    out: list[str] = []
+            cpu_rates: dict[str, float], demand: float | None) -> list[tuple[str | None, str]]:
+    """``(part, advice)`` pairs, the part each addresses (``None``: a framing of the others),
+    ordered: what bounds first, then the rest; a step-time framing before all of them."""
+    part = PART_OF.get(bound) if bound else None
+    out: list[tuple[str | None, str]] = []
     if f.kind == "file":
-        out.append("A single file has no per-sample pipeline: shard the dataset with `feedpipe "
-                   "shard SRC OUT` and probe OUT for the stage breakdown and a samples/s ceiling.")
+        out.append(("fetch", "A single file has no per-sample pipeline: shard the dataset with "
+                             "`feedpipe shard SRC OUT` and probe OUT for the stage breakdown "
+                             "and a samples/s ceiling."))
     if f.kind == "directory" and f.small_files_per_s:
         seq = (f" while sequential reads give {_fmt(f.sequential_mb_per_s)} MB/s"
                if f.sequential_mb_per_s else "")
         mean = f" (mean {f.mean_file_bytes / 1e3:,.0f} KB)" if f.mean_file_bytes else ""
-        out.append(f"Shard the small files: `feedpipe shard {f.target} OUT` then train from OUT. "
-                   f"Opening files one by one gives {_fmt(f.small_files_per_s)} files/s"
-                   f"{mean}, {_fmt(f.small_file_mb_per_s or 0)} MB/s{seq}.")
-    general, out = out, _worker_advice(f, bound, p, cpu_rates)
-    if bound == "storage" and f.kind != "file":
+        out.append(("fetch", f"Shard the small files: `feedpipe shard {f.target} OUT` then "
+                             f"train from OUT. Opening files one by one gives "
+                             f"{_fmt(f.small_files_per_s)} files/s{mean}, "
+                             f"{_fmt(f.small_file_mb_per_s or 0)} MB/s{seq}."))
+    remote_fetch = f.remote and part == "fetch" and f.kind == "dataset"
+    if remote_fetch and f.cache_dir:
+        out.append(("fetch", "Remote fetches bound even through the L1 shard cache: an "
+                             "epoch that finds a shard missing fetches it first; a cache_size "
+                             "that holds the whole dataset keeps later epochs local."))
+    elif remote_fetch:
+        t = f.loader_time
+        spent = (f" (the FeedLoader a script gets: fetch {t['fetch']:.3g} s of its "
+                 f"{t.get('wait', 0.0):.3g} s wait for batches)" if "fetch" in t else "")
+        out.append(("fetch", f"Remote fetches bound{spent}: without a cache every sample is "
+                             "its own request to the remote store. Set the L1 shard cache, "
+                             "FeedDataset(..., cache_dir=LOCAL_NVME_DIR, cache_size=...): each "
+                             "shard is fetched once, whole, ahead of the plan, and every "
+                             "sample is then read from local disk (later epochs too); more "
+                             "DataLoader workers overlap more requests meanwhile."))
+    elif bound == "storage" and f.kind != "file":
         where = "the remote store" if f.remote else "this storage"
         if f.fits_in_memory:
             warm = (f" (warm, from the page cache: {_fmt(f.warm_mb_per_s)} MB/s)"
                     if f.warm_mb_per_s else "")
-            out.append(f"Storage bounds ({f.storage_basis}), but the dataset fits in memory"
-                       f"{warm}: keep it in the page cache or put the L1 shard cache on /dev/shm "
-                       "(FeedDataset(..., cache_dir='/dev/shm/feedpipe')) so later epochs read "
-                       "from memory.")
+            out.append(("fetch", f"Storage bounds ({f.storage_basis}), but the dataset fits in "
+                                 f"memory{warm}: keep it in the page cache or put the L1 shard "
+                                 "cache on /dev/shm (FeedDataset(..., cache_dir='/dev/shm/"
+                                 "feedpipe')) so later epochs read from memory."))
         else:
-            out.append(f"Storage bounds ({f.storage_basis}): enable the L1 shard cache "
-                       "(FeedDataset(..., cache_dir=LOCAL_NVME_DIR, cache_size=...)) so that "
-                       f"epochs after the first read local disk instead of {where}, or the "
-                       f"decoded store ({DECODED_STORE}) so that they skip reading and decoding.")
+            out.append(("fetch", f"Storage bounds ({f.storage_basis}): enable the L1 shard "
+                                 "cache (FeedDataset(..., cache_dir=LOCAL_NVME_DIR, "
+                                 "cache_size=...)) so that epochs after the first read local "
+                                 f"disk instead of {where}, or the decoded store "
+                                 f"({DECODED_STORE}) so that they skip reading and decoding."))
     if bound == "decode":
-        out.append(f"Decoding bounds: enable the decoded store ({DECODED_STORE}) so that later "
-                   "epochs skip decoding.")
+        out.append(("compute", f"Decoding bounds: enable the decoded store ({DECODED_STORE}) so "
+                               "that later epochs skip decoding."))
         if f.jpeg and f.cuda:
-            out.append("Move JPEG decoding to this machine's GPU with DALI (pip install "
-                       "'feedpipe[dali]'): nvJPEG decodes on the GPU and frees the CPU cores "
-                       "(`feedpipe probe` on the GPU machine shows the decode stage's rate).")
+            out.append(("compute", "Move JPEG decoding to this machine's GPU with DALI (pip "
+                                   "install 'feedpipe[dali]'): nvJPEG decodes on the GPU and "
+                                   "frees the CPU cores (`feedpipe probe` on the GPU machine "
+                                   "shows the decode stage's rate)."))
         elif f.jpeg:
-            out.append("Decode fewer pixels: JPEG decoding costs in proportion to the pixels, so "
-                       "store the images near the size you train at (downscale them once before "
-                       "`feedpipe shard`); ImagePipeline's random-resized crop decodes only the "
-                       "crop window where it can.")
-    if bound == "read":
-        out.append("The shard reader bounds: use larger samples or fewer fields per sample, or "
-                   f"enable the decoded store ({DECODED_STORE}) or the L3 DeviceCache so that "
-                   "later epochs skip reading.")
+            out.append(("compute", "Decode fewer pixels: JPEG decoding costs in proportion to "
+                                   "the pixels, so store the images near the size you train at "
+                                   "(downscale them once before `feedpipe shard`); "
+                                   "ImagePipeline's random-resized crop decodes only the crop "
+                                   "window where it can."))
+    if bound == "read" and not remote_fetch:
+        out.append(("fetch", "The shard reader bounds: use larger samples or fewer fields per "
+                             f"sample, or enable the decoded store ({DECODED_STORE}) or the L3 "
+                             "DeviceCache so that later epochs skip reading."))
     if bound == "batch":
-        out.append("Batching bounds: return fixed-shape tensors from the transform so that "
-                   "collation is one stack, not per-sample Python objects.")
+        out.append(("sink", "Batching bounds: return fixed-shape tensors from the transform so "
+                            "that collation is one stack, not per-sample Python objects."))
     if bound == "h2d":
         pin = (f" (pinned {f.h2d_pinned_gb_per_s:.1f} GB/s vs pageable "
                f"{f.h2d_pageable_gb_per_s:.1f} GB/s)"
                if f.h2d_pinned_gb_per_s and f.h2d_pageable_gb_per_s else "")
-        out.append(f"Host-to-device copies bound{pin}: use pinned memory with feedpipe."
-                   "DeviceLoader, send uint8 and convert on the device, or keep the hot set on "
-                   "the device with DeviceCache.")
+        out.append(("h2d", f"Host-to-device copies bound{pin}: use pinned memory with "
+                           "feedpipe.DeviceLoader, send uint8 and convert on the device, or "
+                           "keep the hot set on the device with DeviceCache."))
+    # worker counts after the bounding stage's own remedies: more workers serve a CPU stage,
+    # and remote fetches (more requests in flight)
+    about = part if bound in CPU_STAGES or remote_fetch else "workers"
+    out += [(about, a) for a in _worker_advice(f, bound, p, cpu_rates)]
+    # what bounds first; the rest keep their order
+    out = [x for x in out if x[0] == part] + [x for x in out if x[0] != part]
     if demand is not None and ceiling:
         if ceiling >= demand:
-            # the remedies above are for a faster step; said as such, they no longer read as
+            # the remedies are for a faster step; said as such, they no longer read as
             # advice to change what needs no change
             shorter = f.batch_size / ceiling * 1e3
             keeps = (f"The input pipeline keeps up: its ceiling of {_fmt(ceiling)} samples/s "
@@ -183,15 +271,15 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
             if out:
                 keeps += (f" Only for a step shorter than {shorter:.0f} ms would the following "
                           "help:")
-            out.insert(0, keeps)
+            out.insert(0, (None, keeps))
         else:
-            out.append(f"The accelerator would wait for data {100 * (1 - ceiling / demand):.0f}% "
-                       f"of the time: it consumes {_fmt(demand)} samples/s, the pipeline "
-                       f"delivers {_fmt(ceiling)}.")
-    out = general + out
+            out.append((part, f"The accelerator would wait for data "
+                              f"{100 * (1 - ceiling / demand):.0f}% of the time: it consumes "
+                              f"{_fmt(demand)} samples/s, the pipeline delivers "
+                              f"{_fmt(ceiling)}."))
     if not out:
-        out.append("Nothing to change was found; pass --step-time to see the accelerator "
-                   "utilisation for your model.")
+        out.append((None, "Nothing to change was found; pass --step-time to see the "
+                          "accelerator utilisation for your model."))
     return out
 
 

@@ -101,12 +101,15 @@ class PartTimes:
     (reading ids' samples or references), ``compute`` (starting each batch: the transform where
     it runs inline; with a thread pool, also the wait for the pool's transforms and the batch's
     collation after them, which cannot be told apart from this thread) and ``sink`` (finishing
-    each batch: collation, writing rows, resolving references). Timed once per batch."""
+    each batch: collation, writing rows, resolving references). Timed once per batch. Apart
+    from them, ``startup``: from the start of the pass until the batch loop began (worker
+    processes started, the dataset and its shards opened, the route's parts made), which the
+    loader sets, not the loop."""
 
-    __slots__ = ("fetch", "compute", "sink")
+    __slots__ = ("fetch", "compute", "sink", "startup")
 
     def __init__(self) -> None:
-        self.fetch = self.compute = self.sink = 0.0
+        self.fetch = self.compute = self.sink = self.startup = 0.0
 
     def as_tuple(self) -> tuple[float, float, float]:
         return self.fetch, self.compute, self.sink

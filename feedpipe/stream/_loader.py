@@ -199,6 +199,7 @@ class FeedLoader:
         self._resumed_from: dict[str, Any] | None = None
         self._times = PartTimes()
         self._clock = [0.0, 0.0]  # this pass: seconds waited for batches, its wall time
+        self._began = (0.0, 0.0)  # this pass's start: perf_counter(), time.time() (workers')
         # this pass's bytes and requests (_io.FIELDS): this process's tally while it runs, its
         # figures once it ended, and the sums the workers sent
         self._io: IoTally | None = None
@@ -284,6 +285,7 @@ class FeedLoader:
     def _pass(self) -> Generator[Any, None, None]:
         clock = time.perf_counter
         t_start = clock()
+        self._began = (t_start, time.time())
         self._times = PartTimes()
         timing = self._clock = [0.0, 0.0]  # waited, wall
         ds, state = self.dataset, self._state
@@ -392,6 +394,9 @@ class FeedLoader:
                              pin=self._pin, reader=reader)
             if self._io is not None and route.fetch not in ("gather", "packed"):
                 parts.fetch = self._io.counted(parts.fetch)
+            # the start-up: everything before the loop's first fetch (the shards opened, the
+            # prefetch started, the pool made)
+            self._times.startup = time.perf_counter() - self._began[0]
             try:
                 for batch in parts.run(reader, self._times):
                     stats["skipped"] = skips.count
@@ -430,7 +435,8 @@ class FeedLoader:
                 bool(kwargs.get("persistent_workers", False)))
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
                                  release=release, pin=self._pin, shards=self.dataset.shards,
-                                 times=self._times, io=self._io_workers)
+                                 times=self._times, io=self._io_workers,
+                                 began=self._began[1])
 
     def _check_start_method(self) -> None:
         unsafe = self._fork_unsafe or process_fork_unsafe()
@@ -465,9 +471,13 @@ class FeedLoader:
         :class:`DeviceLoader`'s figures under ``device``.
 
         ``time``: seconds of the pass per part (``fetch``, ``compute``, ``sink``; in worker
-        processes added up over them), the loop's ``wait`` for batches, its ``step`` between
-        them and the ``wall`` time, with ``parts_in`` saying where the parts ran; ``bound``:
-        the part that bounds the pass (``step`` when the loop waited less than it worked).
+        processes added up over them), ``startup`` (from the start of the pass until the batch
+        loop began: in this process, opening the shards and making the route's parts; on a
+        ``workers`` route, each worker process's start until its loop began, added up over
+        them), the loop's ``wait`` for batches, its ``step`` between them and the ``wall``
+        time, with ``parts_in`` saying where the parts ran; ``bound``: the part that bounds the
+        pass (``startup``, ``fetch``, ``compute`` or ``sink``; ``step`` when the loop waited
+        less than it worked).
 
         ``io``: the pass's bytes and requests per tier, summed over this process and its worker
         processes: ``local_bytes`` (read from local shards: the
@@ -507,7 +517,8 @@ class FeedLoader:
         t = self._times
         waited, wall = self._clock
         times: dict[str, Any] = {
-            "fetch": t.fetch, "compute": t.compute, "sink": t.sink, "wait": waited,
+            "startup": t.startup, "fetch": t.fetch, "compute": t.compute, "sink": t.sink,
+            "wait": waited,
             "step": max(0.0, wall - waited), "wall": wall}
         if route.executor == "workers":
             times["parts_in"] = f"{self.num_workers} worker processes (their seconds added up)"
@@ -520,7 +531,7 @@ class FeedLoader:
             return times, None
         if times["step"] >= waited:
             return times, "step"
-        parts = {k: times[k] for k in ("fetch", "compute", "sink")}
+        parts = {k: times[k] for k in ("startup", "fetch", "compute", "sink")}
         return times, max(parts, key=parts.__getitem__)
 
     # -- resumption ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ arrays made tensors (``samples-workers``).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -37,19 +38,22 @@ if TYPE_CHECKING:
 class WorkerMeta:
     """What travels with each batch from a worker: its process id, the samples its transform
     left out since the last batch, the ticket of the ring buffer it was written in, the
-    seconds its batch loop spent in fetch, compute and sink since the last batch, and the bytes
-    and requests its tiers counted since then (:data:`feedpipe.stream._io.FIELDS`)."""
+    seconds its batch loop spent in fetch, compute and sink since the last batch, the bytes
+    and requests its tiers counted since then (:data:`feedpipe.stream._io.FIELDS`), and, with
+    its first batch of a pass, ``ready``: the wall-clock time (``time.time()``, one clock for
+    every process of the machine) at which its batch loop began, from which the training
+    process tells the worker's start-up."""
 
-    __slots__ = ("pid", "skipped", "ticket", "times", "io")
+    __slots__ = ("pid", "skipped", "ticket", "times", "io", "ready")
 
     def __init__(self, pid: int, skipped: int, ticket: Any,
                  times: tuple[float, float, float] = (0.0, 0.0, 0.0),
-                 io: tuple[int, ...] = ZERO) -> None:
+                 io: tuple[int, ...] = ZERO, ready: float | None = None) -> None:
         self.pid, self.skipped, self.ticket, self.times = pid, skipped, ticket, times
-        self.io = io
+        self.io, self.ready = io, ready
 
     def __reduce__(self) -> Any:
-        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times, self.io)
+        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times, self.io, self.ready)
 
 
 class WorkerSource(IterableDataset):
@@ -111,10 +115,12 @@ class WorkerSource(IterableDataset):
                 parts.fetch = tally.counted(parts.fetch)
             told = 0
             times = PartTimes()
+            ready: float | None = time.time()
             for batch in parts.run(reader, times):
                 meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket(),
-                                  times.as_tuple(), tally.take())
+                                  times.as_tuple(), tally.take(), ready)
                 times.fetch = times.compute = times.sink = 0.0
+                ready = None
                 told = skips.count
                 yield batch, meta
 
@@ -132,9 +138,11 @@ class WorkerBatches:
     def __init__(self, loader: Any, route: Route, stats: dict[str, Any], *,
                  resolver: Resolver | None = None, release: RowRelease | None = None,
                  pin: bool = False, shards: ShardSet | None = None,
-                 times: PartTimes | None = None, io: list[int] | None = None) -> None:
+                 times: PartTimes | None = None, io: list[int] | None = None,
+                 began: float | None = None) -> None:
         self.loader, self.route, self.stats = loader, route, stats
         self.times = times  # the workers' part times, added up
+        self.began = began  # the pass's start (time.time()), for the workers' start-up
         self.io = io  # the workers' bytes and requests (_io.FIELDS), added up
         self.resolver, self.release, self.pin = resolver, release, pin
         self.shards = shards  # to name a shard cut under a worker that died reading it
@@ -164,6 +172,8 @@ class WorkerBatches:
                 stats["skipped"] = stats.get("skipped", 0) + meta.skipped
                 if self.times is not None:
                     self.times.add(meta.times)
+                    if meta.ready is not None and self.began is not None:
+                        self.times.startup += max(0.0, meta.ready - self.began)
                 if self.io is not None:
                     io = self.io
                     for k, v in enumerate(meta.io):
