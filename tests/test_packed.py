@@ -520,3 +520,94 @@ def test_batches_do_not_depend_on_how_many_are_made_together(corpus, monkeypatch
     for a, b in zip(got, whole):
         for k in a:
             assert torch.equal(a[k], b[k]), k
+
+
+def _long_documents(path, lengths, max_samples=3):
+    docs = _docs(lengths)
+    write_samples([{"__key__": f"d{i:03d}", "tokens.npy": d} for i, d in enumerate(docs)],
+                  str(path), max_samples=max_samples)
+    return docs
+
+
+def _resumed_at_every_step(path, docs, seq_len, world, then, batch, workers, strict=True):
+    """An epoch read on ``world`` ranks in lockstep, its state saved after every step (before
+    the first one too); for each saved state, the rest of the epoch read on ``then`` fresh
+    ranks: the steps before the cut and the rest after it hold every token of the epoch once.
+    Returns the positions (rows) the states were saved at."""
+    def loaders(w):
+        return [feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(
+            path, shuffle=True, seed=7, rank=r, world_size=w), seq_len), batch_size=batch,
+            num_workers=workers) for r in range(w)]
+
+    first = loaders(world)
+    its = [iter(ld) for ld in first]
+    steps: list[list[dict]] = []
+    states = [json.loads(json.dumps(first[0].state_dict()))]
+    while True:
+        step = [next(it, None) for it in its]
+        if all(b is None for b in step):
+            break
+        assert None not in step  # every rank takes as many steps
+        steps.append(step)  # type: ignore[arg-type]
+        if len(steps) < len(first[0]):  # after the last step the state is the next epoch's
+            states.append(json.loads(json.dumps(first[0].state_dict())))
+    want = Counter(np.concatenate(docs).tolist())
+    assert Counter(_tokens([b for s in steps for b in s])) == want
+    for cut, state in enumerate(states):
+        assert state["epoch"] == 0
+        rest = loaders(then)
+        for ld in rest:
+            ld.load_state_dict(state, strict=strict)
+        tail = _lockstep(rest)
+        got = _tokens([b for s in steps[:cut] for b in s]) + [
+            t for per in tail for t in _tokens(per)]
+        assert Counter(got) == want, (cut, state["position"])
+    return [s["position"] for s in states]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), seq_len=st.integers(1, 9), world=st.integers(1, 3),
+       then=st.integers(1, 3), batch=st.integers(1, 2))
+def test_a_state_saved_at_any_row_resumes_to_the_rest_of_the_epoch(
+        tmp_path_factory, data, seq_len, world, then, batch):
+    """Documents longer than a row, so an epoch has more rows than documents: a state saved
+    after any step of the epoch (past the document count too) resumes, on another number of
+    ranks as well, to exactly the tokens not yet delivered. With ``world=batch=1`` a state is
+    saved at every row of the epoch."""
+    # each long document fills three rows or more: more rows than documents, short ones too
+    long = data.draw(st.lists(st.integers(3 * seq_len + 1, 6 * seq_len), min_size=1,
+                              max_size=3), label="long")
+    short = data.draw(st.lists(st.integers(0, seq_len), max_size=2), label="short")
+    lengths = data.draw(st.permutations(long + short), label="lengths")
+    path = tmp_path_factory.mktemp("long")
+    docs = _long_documents(path, lengths)
+    rows = -(-sum(lengths) // seq_len)
+    assert rows > len(docs)
+    saved = _resumed_at_every_step(str(path), docs, seq_len, world, then, batch, workers=0)
+    if world == batch == 1:  # every row, the last ones past the document count
+        assert saved == list(range(rows))
+
+
+@pytest.mark.parametrize("world,then", [(1, 1), (1, 2), (2, 1)])
+def test_worker_processes_resume_at_every_row(tmp_path, world, then):
+    """With 2 worker processes saving and resuming, and ``strict=False`` (which started the
+    epoch afresh over a state it could not place, repeating tokens): a state saved at every
+    step of an epoch of more rows than documents resumes to exactly the rest."""
+    lengths = [29, 3, 0, 17, 40]
+    docs = _long_documents(tmp_path / "long", lengths)
+    saved = _resumed_at_every_step(str(tmp_path / "long"), docs, 6, world, then, 1, workers=2,
+                                   strict=False)
+    rows = -(-sum(lengths) // 6)
+    assert saved == list(range(0, rows, world)) and rows > 2 * len(docs)
+
+
+def test_a_row_past_its_epoch_is_refused_naming_the_rows(tmp_path):
+    """The saved row is checked against the saved epoch's rows (not its documents)."""
+    docs = _long_documents(tmp_path / "long", [37, 3, 21])
+    (ld,) = _loaders(str(tmp_path / "long"), 1, 1, seq_len=6)
+    state = ld.state_dict()
+    rows = -(-sum(len(d) for d in docs) // 6)
+    ld.load_state_dict({**state, "position": rows})
+    with pytest.raises(StateError, match=f"row {rows + 1} is outside epoch 0, which has "
+                                         f"{rows} rows of 6 tokens"):
+        ld.load_state_dict({**state, "position": rows + 1})

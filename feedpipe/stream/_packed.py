@@ -25,9 +25,8 @@ import numpy as np
 import torch
 
 from .._helpers.dependency import say_unbuilt
-from ..errors import StateError
 from ..plan._order import Plan, Split
-from ._dataset import FeedDataset
+from ._dataset import FeedDataset, checked_resume_point
 from ._token_docs import NotMapped, PackedFieldError, TokenDocs
 
 if TYPE_CHECKING:
@@ -443,20 +442,33 @@ class Packed:
         return state
 
     def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
-        """The ``(epoch, row)`` a reader loading ``state`` continues from; a state of another
-        packing (no ``packed`` entry, another ``seq_len`` or field) is refused."""
-        epoch, row = self.dataset.resume_point(state, strict=strict)
+        """The ``(epoch, row)`` a reader loading ``state`` continues from: a state of another
+        dataset or packing (no ``packed`` entry, another ``seq_len`` or field), or whose row is
+        outside its epoch's rows, is refused (``strict=False``: logged, the saved epoch from
+        its start)."""
+        return checked_resume_point(state, self._mismatch, self.dataset.url, strict)
+
+    def _mismatch(self, state: dict[str, Any]) -> str | None:
+        # the documents' dataset checks what identifies the order; its position is a row here,
+        # checked against the saved epoch's rows (an epoch has more rows than documents where
+        # documents are longer than a row)
+        why = self.dataset._mismatch({**state, "position": 0})
+        if why is not None:
+            return why
         mine = {"seq_len": self.seq_len, "field": self.field}
         if state.get("packed") != mine:
-            why = (f"the state was saved with packing {state.get('packed')!r}, this loader "
-                   f"packs {mine!r}; its row position would name other tokens")
-            if strict:
-                raise StateError(f"cannot resume {self.dataset.url}: {why} (strict=False "
-                                 "starts the saved epoch afresh)")
-            log.warning("feedpipe: %s: %s; starting epoch %d afresh", self.dataset.url, why,
-                        epoch)
-            return epoch, 0
-        return epoch, row
+            return (f"the state was saved with packing {state.get('packed')!r}, this loader "
+                    f"packs {mine!r}; its row position would name other tokens")
+        row, epoch = state.get("position"), state.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            return f"the saved epoch {epoch!r} is not an epoch"
+        # a loop that read its last batch saves the next epoch's start: a position mid-epoch
+        # is at most the epoch's rows (the rows of padding a world size adds come last)
+        rows = self.num_rows(epoch)
+        if not isinstance(row, int) or not 0 <= row <= rows:
+            return (f"the saved row {row!r} is outside epoch {epoch}, which has {rows} rows "
+                    f"of {self.seq_len} tokens")
+        return None
 
 
 class PackedFetch:
