@@ -95,6 +95,56 @@ class WorkerRing:
         return Ticket(self.key, slot, token, reused, table)
 
 
+class ByteRing:
+    """A worker's shared-memory byte buffers for the ``packed-workers`` route: each
+    :class:`~feedpipe.stream._packed.Shipment` (a group of batches) is written into one,
+    reused once the training process has let go of every batch of the shipment last sent in
+    it, by the protocol of :class:`WorkerRing` (its table, tokens and :class:`Ticket`; the
+    training process's side is a :class:`RowRelease`). A fresh buffer costs its worker the
+    kernel's zero-fill and a page fault per page, which is more than packing the tokens
+    written into it. Shipments differ in size: a buffer too small for one is replaced by a
+    larger one, and with every buffer busy a shipment gets a fresh one (speed, never
+    correctness)."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = max(1, int(depth))
+        self.key = int.from_bytes(os.urandom(8), "little") >> 1
+        self.table = shared_empty((2, self.depth), torch.int64).zero_()
+        self._issued, self._released = self.table[0].numpy(), self.table[1].numpy()
+        self._slots: list[torch.Tensor | None] = [None] * self.depth
+        self._next = 0
+        self._tokens = itertools.count(1)
+        self._last: tuple[int, int, bool] | None = None
+        self.send_table = True
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """A uint8 view of ``nbytes`` of a buffer the training process has released (else of a
+        new one)."""
+        slots, depth = self._slots, self.depth
+        issued, released = self._issued, self._released
+        free = [i for i in ((self._next + k) % depth for k in range(depth))
+                if slots[i] is None or issued[i] == released[i]]
+        fits = [i for i in free if slots[i] is not None and len(slots[i]) >= nbytes]
+        reused = bool(fits)
+        pick = fits[0] if fits else free[0] if free else self._next
+        if not reused:  # an empty or too small slot, else the next one's left to its holder
+            # sized for the largest shipment yet: one that grows is not replaced again
+            most = max([nbytes] + [len(t) for t in slots if t is not None])
+            slots[pick] = shared_empty((most,), torch.uint8)
+        self._next = (pick + 1) % depth
+        token = next(self._tokens)
+        issued[pick] = token  # busy from here until the training process writes it back
+        self._last = (pick, token, reused)
+        return slots[pick][:nbytes]  # type: ignore[index]
+
+    def ticket(self) -> Ticket:
+        """The ticket of the last buffer handed out, to travel with its shipment."""
+        assert self._last is not None
+        slot, token, reused = self._last
+        table, self.send_table = (self.table if self.send_table else None), False
+        return Ticket(self.key, slot, token, reused, table)
+
+
 class Ticket:
     """Which worker buffer a batch is in (``key``: the worker process's ring, ``slot``,
     ``token``), whether it was a reused one, and the ring's table when this process may not have
@@ -113,6 +163,12 @@ class Ticket:
 
 # A tensor that nothing else shares reads this storage use count (the query itself holds one).
 _LONE = storage_refs(torch.empty(1))
+
+
+def sees_holders() -> bool:
+    """Whether this torch says how many tensors share a storage (:class:`RowRelease` hands
+    buffers back by it)."""
+    return _LONE is not None
 
 
 class RowRelease:
