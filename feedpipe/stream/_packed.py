@@ -652,11 +652,12 @@ class Shipment:
         buf = self.buffer.pin_memory() if pin else self.buffer
         wide, _ = self.size(self.layout)
         longs, ints = buf[:wide * 8].view(torch.int64), buf[wide * 8:].view(torch.int32)
-        out, a, c, L = [], 0, 0, self.L
-        for n, k in self.layout:
-            out.append({"input_ids": longs[a:a + n].view(-1, L),
-                        "position_ids": longs[a + n:a + 2 * n].view(-1, L),
-                        "labels": longs[a + 2 * n:a + 3 * n].view(-1, L),
-                        "cu_seqlens": ints[c:c + k]})
-            a, c = a + 3 * n, c + k
+        L = self.L
+        out = []
+        # one call each for every batch's fields and cu_seqlens, and one a batch for its three
+        for part, cu in zip(torch.split(longs, [3 * n for n, _ in self.layout]),
+                            torch.split(ints, [k for _, k in self.layout])):
+            ids, pos, labels = part.view(3, -1, L).unbind(0)
+            out.append({"input_ids": ids, "position_ids": pos, "labels": labels,
+                        "cu_seqlens": cu})
         return buf, out

@@ -195,8 +195,8 @@ class WorkerBatches:
                     while held[turn % len(held)]:
                         yield held[turn % len(held)].popleft()
                         turn += 1
-                        if release is not None:
-                            release.poll()
+                    if release is not None:  # before the DataLoader gives the worker a task
+                        release.poll()
                     continue
                 elif sink == "rows":
                     if type(batch) is list:  # pin_memory made the (images, labels) tuple a list
