@@ -436,7 +436,7 @@ class FeedLoader:
         if release is None and self.reuse_buffers and (
                 route.sink == "rows" or loader.dataset.depth):  # type: ignore[attr-defined]
             release = self._releases[route.name] = RowRelease(
-                bool(kwargs.get("persistent_workers", False)))
+                bool(kwargs.get("persistent_workers", False)), keep_mapped=route.sink == "packed")
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
                                  release=release, pin=self._pin, shards=self.dataset.shards,
                                  times=self._times, io=self._io_workers)

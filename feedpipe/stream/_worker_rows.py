@@ -186,10 +186,16 @@ class RowRelease:
     ``stats()``: ``batches`` received, ``reused`` (made in a buffer a worker had back),
     ``released`` (handed back by this process)."""
 
-    def __init__(self, persistent: bool) -> None:
+    def __init__(self, persistent: bool, keep_mapped: bool = False) -> None:
         self.persistent = persistent  # the workers outlive the epoch: hand buffers back to them
         self._tables: dict[int, Any] = {}  # each worker sends its table with its first batch
-        self._pending: list[tuple[Any, torch.Tensor, torch.Tensor | None, int, int]] = []
+        self._pending: list[tuple[Any, torch.Tensor, torch.Tensor | None, int, int, int]] = []
+        # keep_mapped: a buffer handed back stays mapped here, by (worker key, slot), until the
+        # worker sends it again: torch then finds it in its cache of shared storages, and the
+        # batch reads pages mapped already, instead of a new map whose every page faults on
+        # the first read (and whose unmap interrupts the other cores)
+        self.keep_mapped = keep_mapped
+        self._mapped: dict[tuple[int, int], torch.Tensor] = {}
         self._counts = {"batches": 0, "reused": 0, "released": 0}
 
     def stats(self) -> dict[str, int]:
@@ -204,9 +210,11 @@ class RowRelease:
         self._counts["reused"] += bool(ticket.reused)
         if ticket.table is not None:
             self._tables[ticket.key] = ticket.table[1].numpy()
+        if self.keep_mapped:  # the batch maps it now (the same storage, when it was kept)
+            self._mapped.pop((ticket.key, ticket.slot), None)
         released = self._tables.get(ticket.key)
         if released is not None:
-            self._hold(batch, released, ticket.slot, ticket.token)
+            self._hold(batch, released, ticket.key, ticket.slot, ticket.token)
 
     def close(self) -> None:
         """The epoch is over (or the loop stopped early): let go of what nothing holds."""
@@ -217,8 +225,9 @@ class RowRelease:
             # buffer for reuse, so it is always safe)
             self._pending.clear()
             self._tables.clear()
+            self._mapped.clear()
 
-    def _hold(self, batch: Any, released: Any, slot: int, token: int) -> None:
+    def _hold(self, batch: Any, released: Any, key: int, slot: int, token: int) -> None:
         if type(batch) is LeftOut:  # the transform left out every row: nothing holds it
             released[slot] = token
             self._counts["released"] += 1
@@ -229,17 +238,19 @@ class RowRelease:
             self._counts["released"] += 1
             return
         self._pending.append((released, images.detach(),
-                              None if labels is None else labels.detach(), slot, token))
+                              None if labels is None else labels.detach(), slot, token, key))
 
     def poll(self) -> None:
         """Hand back every held buffer whose batch nothing here shares any more."""
         keep = []
         for entry in self._pending:
-            released, images, labels, slot, token = entry
+            released, images, labels, slot, token, key = entry
             if storage_refs(images) == _LONE and (labels is None
                                                    or storage_refs(labels) == _LONE):
                 released[slot] = token
                 self._counts["released"] += 1
+                if self.keep_mapped:
+                    self._mapped[key, slot] = images
             else:
                 keep.append(entry)
         self._pending = keep
