@@ -124,12 +124,13 @@ class ByteRing:
         issued, released = self._issued, self._released
         free = [i for i in ((self._next + k) % depth for k in range(depth))
                 if slots[i] is None or issued[i] == released[i]]
-        fits = [i for i in free if slots[i] is not None and len(slots[i]) >= nbytes]
+        sizes = [0 if t is None else len(t) for t in slots]
+        fits = [i for i in free if sizes[i] >= nbytes]
         reused = bool(fits)
         pick = fits[0] if fits else free[0] if free else self._next
         if not reused:  # an empty or too small slot, else the next one's left to its holder
             # sized for the largest shipment yet: one that grows is not replaced again
-            most = max([nbytes] + [len(t) for t in slots if t is not None])
+            most = max(nbytes, *sizes)
             slots[pick] = shared_empty((most,), torch.uint8)
         self._next = (pick + 1) % depth
         token = next(self._tokens)
