@@ -538,7 +538,8 @@ def _resumed_at_every_step(path, docs, seq_len, world, then, batch, workers, str
     def loaders(w):
         return [feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(
             path, shuffle=True, seed=7, rank=r, world_size=w), seq_len), batch_size=batch,
-            num_workers=workers) for r in range(w)]
+            num_workers=workers, route="packed-workers" if workers else "packed")
+            for r in range(w)]
 
     first = loaders(world)
     its = [iter(ld) for ld in first]
@@ -597,7 +598,7 @@ def test_worker_processes_resume_at_every_row(tmp_path, world, then):
     lengths = [29, 3, 0, 17, 40]
     docs = _long_documents(tmp_path / "long", lengths)
     saved = _resumed_at_every_step(str(tmp_path / "long"), docs, 6, world, then, 1, workers=2,
-                                   strict=False)
+                                   strict=False)  # on the packed-workers route
     rows = -(-sum(lengths) // 6)
     assert saved == list(range(0, rows, world)) and rows > 2 * len(docs)
 
