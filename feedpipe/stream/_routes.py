@@ -325,8 +325,8 @@ def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
     documents are read      workers share the reading                          workers)
     whole
     a :class:`~feedpipe.    token rows copied straight out of the local        ``packed``
-    Packed` of raw ``.npy`` shards' maps: a worker would add only the
-    documents               transfer of each batch
+    Packed` of raw          shards' maps: a worker would add only the
+    ``.npy`` documents      transfer of each batch
     complete decoded store  one copy per image out of the store, no shard      ``gather``
     of collator-shaped      read, no transform call (workers would add a
     records                 pickle and a pipe per batch)
