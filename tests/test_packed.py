@@ -203,7 +203,8 @@ def test_worker_processes_deal_rows_like_samples(corpus):
     tests/test_routes.py)."""
     path, _ = corpus
     ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(path, shuffle=True, seed=5),
-                                             16), batch_size=2, num_workers=2)
+                                             16), batch_size=2, num_workers=2,
+                             route="packed-workers")
     assert isinstance(ld, feedpipe.FeedLoader) and ld.route.name == "packed-workers"
     got = list(ld)
     (want,) = _loaders(path, 1, 2)
@@ -521,3 +522,186 @@ def test_batches_do_not_depend_on_how_many_are_made_together(corpus, monkeypatch
     for a, b in zip(got, whole):
         for k in a:
             assert torch.equal(a[k], b[k]), k
+
+
+def _long_documents(path, lengths, max_samples=3):
+    docs = _docs(lengths)
+    write_samples([{"__key__": f"d{i:03d}", "tokens.npy": d} for i, d in enumerate(docs)],
+                  str(path), max_samples=max_samples)
+    return docs
+
+
+def _resumed_at_every_step(path, docs, seq_len, world, then, batch, workers, strict=True):
+    """An epoch read on ``world`` ranks in lockstep, its state saved after every step (before
+    the first one too); for each saved state, the rest of the epoch read on ``then`` fresh
+    ranks: the steps before the cut and the rest after it hold every token of the epoch once.
+    Returns the positions (rows) the states were saved at."""
+    def loaders(w):
+        return [feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(
+            path, shuffle=True, seed=7, rank=r, world_size=w), seq_len), batch_size=batch,
+            num_workers=workers, route="packed-workers" if workers else "packed")
+            for r in range(w)]
+
+    first = loaders(world)
+    its = [iter(ld) for ld in first]
+    steps: list[list[dict]] = []
+    states = [json.loads(json.dumps(first[0].state_dict()))]
+    while True:
+        step = [next(it, None) for it in its]
+        if all(b is None for b in step):
+            break
+        assert None not in step  # every rank takes as many steps
+        steps.append(step)  # type: ignore[arg-type]
+        if len(steps) < len(first[0]):  # after the last step the state is the next epoch's
+            states.append(json.loads(json.dumps(first[0].state_dict())))
+    want = Counter(np.concatenate(docs).tolist())
+    assert Counter(_tokens([b for s in steps for b in s])) == want
+    for cut, state in enumerate(states):
+        assert state["epoch"] == 0
+        rest = loaders(then)
+        for ld in rest:
+            ld.load_state_dict(state, strict=strict)
+        tail = _lockstep(rest)
+        got = _tokens([b for s in steps[:cut] for b in s]) + [
+            t for per in tail for t in _tokens(per)]
+        assert Counter(got) == want, (cut, state["position"])
+    return [s["position"] for s in states]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), seq_len=st.integers(1, 9), world=st.integers(1, 3),
+       then=st.integers(1, 3), batch=st.integers(1, 2))
+def test_a_state_saved_at_any_row_resumes_to_the_rest_of_the_epoch(
+        tmp_path_factory, data, seq_len, world, then, batch):
+    """Documents longer than a row, so an epoch has more rows than documents: a state saved
+    after any step of the epoch (past the document count too) resumes, on another number of
+    ranks as well, to exactly the tokens not yet delivered. With ``world=batch=1`` a state is
+    saved at every row of the epoch."""
+    # each long document fills three rows or more: more rows than documents, short ones too
+    long = data.draw(st.lists(st.integers(3 * seq_len + 1, 6 * seq_len), min_size=1,
+                              max_size=3), label="long")
+    short = data.draw(st.lists(st.integers(0, seq_len), max_size=2), label="short")
+    lengths = data.draw(st.permutations(long + short), label="lengths")
+    path = tmp_path_factory.mktemp("long")
+    docs = _long_documents(path, lengths)
+    rows = -(-sum(lengths) // seq_len)
+    assert rows > len(docs)
+    saved = _resumed_at_every_step(str(path), docs, seq_len, world, then, batch, workers=0)
+    if world == batch == 1:  # every row, the last ones past the document count
+        assert saved == list(range(rows))
+
+
+@pytest.mark.parametrize("world,then", [(1, 1), (1, 2), (2, 1)])
+def test_worker_processes_resume_at_every_row(tmp_path, world, then):
+    """With 2 worker processes saving and resuming, and ``strict=False`` (which started the
+    epoch afresh over a state it could not place, repeating tokens): a state saved at every
+    step of an epoch of more rows than documents resumes to exactly the rest."""
+    lengths = [29, 3, 0, 17, 40]
+    docs = _long_documents(tmp_path / "long", lengths)
+    saved = _resumed_at_every_step(str(tmp_path / "long"), docs, 6, world, then, 1, workers=2,
+                                   strict=False)  # on the packed-workers route
+    rows = -(-sum(lengths) // 6)
+    assert saved == list(range(0, rows, world)) and rows > 2 * len(docs)
+
+
+def test_a_row_past_its_epoch_is_refused_naming_the_rows(tmp_path):
+    """The saved row is checked against the saved epoch's rows (not its documents)."""
+    docs = _long_documents(tmp_path / "long", [37, 3, 21])
+    (ld,) = _loaders(str(tmp_path / "long"), 1, 1, seq_len=6)
+    state = ld.state_dict()
+    rows = -(-sum(len(d) for d in docs) // 6)
+    ld.load_state_dict({**state, "position": rows})
+    with pytest.raises(StateError, match=f"row {rows + 1} is outside epoch 0, which has "
+                                         f"{rows} rows of 6 tokens"):
+        ld.load_state_dict({**state, "position": rows + 1})
+
+
+def _tokenised(sample):
+    """A transform that makes each document (as a tokenizer would): workers have work."""
+    return {"tokens.npy": np.load(__import__("io").BytesIO(bytes(sample["tokens.npy"])))}
+
+
+def test_the_auto_route_uses_workers_only_where_a_transform_needs_them(corpus, caplog):
+    """Raw ``.npy`` documents of local shards are a copy out of the shards' maps: with
+    ``num_workers=2`` and no transform the loader packs in this process (route ``packed``) and
+    a log record says why; with a transform making the documents it packs in the workers."""
+    import logging
+
+    path, docs = corpus
+    want = _tokens(_loaders(path, 1, 2)[0])
+    with caplog.at_level(logging.WARNING, logger="feedpipe"):
+        ld = feedpipe.FeedLoader(feedpipe.Packed(
+            feedpipe.FeedDataset(path, shuffle=True, seed=5), 16), batch_size=2, num_workers=2)
+        assert ld.route.name == "packed"
+        assert _tokens(list(ld)) == want and "worker_pids" not in ld.stats()
+    said = [r.getMessage() for r in caplog.records if "packed" in r.getMessage()]
+    assert len(said) == 1 and "leaves the num_workers=2 worker processes unused" in said[0]
+    assert "copied straight out of the shards' maps, with no transform" in said[0]
+    ld = feedpipe.FeedLoader(feedpipe.Packed(
+        feedpipe.FeedDataset(path, shuffle=True, seed=5, transform=_tokenised), 16),
+        batch_size=2, num_workers=2)
+    assert ld.route.name == "packed-workers"
+    assert _tokens(list(ld)) == want and len(ld.stats()["worker_pids"]) == 2
+
+
+def _count_storages(monkeypatch) -> list[int]:
+    """Count the shared-memory storages this process receives from worker processes (each a
+    segment of its own, its file descriptor passed by a round trip to the sender)."""
+    import functools
+
+    from torch.multiprocessing import reductions
+
+    got = [0]
+    for name in ("rebuild_storage_fd", "rebuild_storage_filename"):
+        real = getattr(reductions, name)
+
+        # wraps: named as the function it replaces, so that pickle (in a forked worker, where
+        # it is the module's function too) still sends it by that name
+        @functools.wraps(real)
+        def counted(*args, _real=real):
+            got[0] += 1
+            return _real(*args)
+        monkeypatch.setattr(reductions, name, counted)
+    return got
+
+
+def test_worker_processes_send_a_group_of_batches_in_one_buffer(corpus, monkeypatch):
+    """``packed-workers``: a worker sends a group of batches to a message, written into one
+    shared-memory buffer (a batch's four tensors sent one by one were four shared-memory
+    segments, each handed over by a round trip between the processes: 28 times slower than
+    packing in this process); the buffers are reused once no batch of them is held, and a
+    batch still held is never written over."""
+    from feedpipe.stream import _packed
+
+    path, _ = corpus
+    monkeypatch.setattr(_packed, "GROUP_BATCHES", 3)  # several groups a worker (forked)
+    (ref,) = _loaders(path, 1, 2)
+    want = [{k: v.clone() for k, v in b.items()} for b in ref]
+    storages = _count_storages(monkeypatch)
+    ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(path, shuffle=True, seed=5),
+                                             16), batch_size=2, num_workers=2,
+                             route="packed-workers", persistent_workers=True)
+    held = list(ld)  # every batch held: no buffer can be reused under one
+    stats = ld.stats()
+    assert len(held) == len(want) >= 12 and stats["route"] == "packed-workers"
+    for a, b in zip(held, want):
+        assert all(torch.equal(a[k], b[k]) for k in b)
+    # a group of batches to a message (each worker's first batch alone), one buffer a message
+    # and each worker's ring table: not four a batch
+    groups = -(-len(want) // 3) + 2
+    assert storages[0] <= groups + 2
+    assert stats["messages"] <= groups and storages[0] <= stats["messages"] + 2
+    del held, a
+    from torch.multiprocessing import reductions
+
+    found = []  # a buffer sent again is found still mapped here, not mapped anew
+    real = reductions.storage_from_cache
+    monkeypatch.setattr(reductions, "storage_from_cache",
+                        lambda cls, key: found.append(real(cls, key)) or found[-1])
+    for _ in range(2):  # batches let go as they come: their buffers go back to the workers
+        ld.set_epoch(0)
+        for got, b in zip(ld, want):
+            assert all(torch.equal(got[k], b[k]) for k in b)
+        del got
+    assert ld.stats()["buffers"]["reused"] > 0
+    assert sum(x is not None for x in found) >= ld.stats()["buffers"]["reused"] // 2

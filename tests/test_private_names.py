@@ -21,7 +21,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "feedpipe"
 # third-party attributes spelled with an underscore, read on purpose
 THIRD_PARTY = {"_make", "_SubParsersAction", "_cdata", "_asdict", "_replace", "_fields",
                "_new_shared", "_C", "_utils", "_exit", "_current_frames",
-               "_registry", "_storage_Use_Count", "_pipes"}
+               "_registry", "_storage_Use_Count", "_pipes",
+               # torch's DataLoader: the one way to stop an iterator's workers as an error
+               # leaves it, and to drop the persistent iterator that error left behind
+               "_shutdown_workers", "_iterator"}
 REFLECTION = {"getattr", "setattr", "hasattr", "delattr"}
 
 

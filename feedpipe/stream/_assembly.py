@@ -138,3 +138,10 @@ class PackedAssembly(Assembly):
 
     def run(self, reader: EpochReader, times: PartTimes | None = None) -> Iterator[Any]:
         return self.fetch.run(reader.batches(), times)  # type: ignore[attr-defined]
+
+    def ship(self, reader: EpochReader, ring: Any = None,
+             times: PartTimes | None = None) -> Iterator[Any]:
+        """In a worker process: the reader's batches a group to a message, in buffers of
+        ``ring`` where given (:meth:`~feedpipe.stream._packed.PackedFetch.ship`)."""
+        return self.fetch.ship(reader.batches(), reader.worker, ring,  # type: ignore[attr-defined]
+                               times)

@@ -334,7 +334,7 @@ class FeedDataset(IterableDataset):
         A state saved on another dataset, shard layout, seed or shuffle would repeat and lose
         samples: refused with a :class:`~feedpipe.errors.StateError` saying what differs, unless
         ``strict=False``, which logs the difference and gives the saved epoch's start."""
-        return checked_resume_point(state, self._mismatch, self.url, strict)
+        return checked_resume_point(state, self.state_mismatch, self.url, strict)
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """The direct reader's resumable state: its epoch and the global position reached
@@ -347,7 +347,8 @@ class FeedDataset(IterableDataset):
         iteration (see :meth:`resume_point` for what is refused)."""
         self._reader.resume(*self.resume_point(state, strict=strict))
 
-    def _mismatch(self, state: dict[str, Any]) -> str | None:
+    def state_mismatch(self, state: dict[str, Any]) -> str | None:
+        """Why ``state`` cannot resume this source (a reason to show), or ``None``."""
         version = state.get("version")
         if version != STATE_VERSION:
             return (f"the state is version {version!r} (this feedpipe writes {STATE_VERSION}, "

@@ -35,7 +35,7 @@ from ._io import ZERO, IoTally, add, io_figures
 from ._ledger import Ledger
 from ._packed import Packed
 from ._routes import ROUTES, Config, Route, choose
-from ._worker_rows import RowRelease, writes_into
+from ._worker_rows import RowRelease, sees_holders, writes_into
 from ._worker_source import WorkerBatches, WorkerSource, as_is, ring_depth
 
 log = logger("feedpipe")
@@ -234,8 +234,14 @@ class FeedLoader:
         )
 
     def _packed_config(self) -> Config:
-        """A :class:`Packed` dataset's configuration: its rows take a ``packed`` route."""
+        """A :class:`Packed` dataset's configuration: its rows take a ``packed`` route;
+        ``transform``: its documents are read whole (a transform makes them, or their field
+        is decoded), where workers have work to share."""
+        ds = cast(Packed, self.dataset)
+        docs = ds.dataset
         return Config(num_workers=self.num_workers, threads=self.transform_threads,
+                      transform=docs.transform is not None or ds.field in docs.decode
+                      or docs.decoded is not None, local=docs.shards.local,
                       collator=isinstance(self.collate_fn, BatchCollator),
                       default_collate=self.collate_fn is collate_samples, packed=True)
 
@@ -417,6 +423,8 @@ class FeedLoader:
             if route.sink == "rows":
                 kwargs = {"prefetch_factor": 1, **kwargs}  # see reuse_buffers
                 depth = ring_depth(kwargs["prefetch_factor"]) if self.reuse_buffers else 0
+            elif route.sink == "packed" and self.reuse_buffers and sees_holders():
+                depth = ring_depth(kwargs.get("prefetch_factor"))
             source = WorkerSource(self.dataset, self._state, route, self.collate_fn,
                                   fields=tuple(self.dataset.manifest.fields),
                                   default=self.collate_fn is collate_samples, depth=depth)
@@ -430,9 +438,10 @@ class FeedLoader:
 
             resolver = Resolver(self.dataset, pin_memory=self._pin)
         release = self._releases.get(route.name)
-        if release is None and route.sink == "rows" and self.reuse_buffers:
+        if release is None and self.reuse_buffers and (
+                route.sink == "rows" or loader.dataset.depth):  # type: ignore[attr-defined]
             release = self._releases[route.name] = RowRelease(
-                bool(kwargs.get("persistent_workers", False)))
+                bool(kwargs.get("persistent_workers", False)), keep_mapped=route.sink == "packed")
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
                                  release=release, pin=self._pin, shards=self.dataset.shards,
                                  times=self._times, io=self._io_workers,
@@ -463,11 +472,12 @@ class FeedLoader:
         sink), ``batches`` received, ``skipped`` samples (:class:`~feedpipe.errors.SampleSkipped`),
         ``left_out`` (when any: batches of the plan the transform left wholly out, yielded as
         nothing), ``worker_pids`` (the worker processes that made batches), ``start_method`` (how
-        they were started) and ``prefetch_factor`` (batches in flight per worker) on a
-        ``workers`` route, ``refs_plan`` on ``refs`` (``columns``: every shard fits in
-        ``max_open_shards``, so batches are planned from the index columns; else
-        ``per-sample``), ``buffers`` (worker batch buffers received,
-        ``reused``, ``released``) on ``rows-workers``, and with ``device=`` the
+        they were started), ``prefetch_factor`` (batches in flight per worker) and ``messages``
+        (what the workers sent: a batch each, or on ``packed-workers`` a group of batches
+        each) on a ``workers`` route, ``refs_plan`` on ``refs`` (``columns``: every shard fits
+        in ``max_open_shards``, so batches are planned from the index columns; else
+        ``per-sample``), ``buffers`` (worker batch buffers received, ``reused``, ``released``)
+        on ``rows-workers`` and ``packed-workers``, and with ``device=`` the
         :class:`DeviceLoader`'s figures under ``device``.
 
         ``time``: seconds of the pass per part (``fetch``, ``compute``, ``sink``; in worker

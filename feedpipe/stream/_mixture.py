@@ -358,9 +358,10 @@ class Mixture(IterableDataset):
     def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
         """The ``(epoch, position)`` a reader loading ``state`` continues from; a state of
         another mixture is refused (``strict=False``: logged, the saved epoch from its start)."""
-        return checked_resume_point(state, self._mismatch, self.url, strict)
+        return checked_resume_point(state, self.state_mismatch, self.url, strict)
 
-    def _mismatch(self, state: dict[str, Any]) -> str | None:
+    def state_mismatch(self, state: dict[str, Any]) -> str | None:
+        """Why ``state`` cannot resume this source (a reason to show), or ``None``."""
         if state.get("kind") != "mixture" or state.get("version") != STATE_VERSION:
             return "the state is not a Mixture's (it was saved reading one FeedDataset)"
         saved = state.get("dataset") or {}

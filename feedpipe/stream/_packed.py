@@ -25,14 +25,16 @@ import torch
 
 from .._helpers.dependency import say_unbuilt
 from .._redact import logger
-from ..errors import PackedFieldError, StateError
+from ..errors import PackedFieldError
 from ..plan._order import Plan, Split
-from ._dataset import FeedDataset
+from ._collator import shared_empty
+from ._dataset import FeedDataset, checked_resume_point
 from ._token_docs import NotMapped, TokenDocs
 
 if TYPE_CHECKING:
     from ._batch_loop import PartTimes
     from ._mixture import Mixture
+    from ._worker_rows import ByteRing
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
     from .. import _packrows
@@ -110,8 +112,11 @@ class Packed:
     as many steps (under DDP a rank that runs out of batches first leaves the others waiting in
     a collective that never completes), so the rows are made a multiple of the world size and
     ``len(loader)`` is the same on every rank. ``FeedLoader(..., num_workers=N)`` makes the
-    rows in N worker processes (route ``packed-workers``); ``device=`` works as for any
-    dataset.
+    rows in N worker processes (route ``packed-workers``) where they have work: a transform
+    making the documents, a decoded field, remote shards. Raw ``.npy`` documents of local
+    shards are copied straight out of the shards' maps, in the training process (route
+    ``packed``, with a log record saying why; ``route="packed-workers"`` forces the workers);
+    ``device=`` works as for any dataset.
 
     Args:
         dataset: a :class:`~feedpipe.FeedDataset` or a :class:`~feedpipe.Mixture` whose samples
@@ -445,20 +450,34 @@ class Packed:
         return state
 
     def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
-        """The ``(epoch, row)`` a reader loading ``state`` continues from; a state of another
-        packing (no ``packed`` entry, another ``seq_len`` or field) is refused."""
-        epoch, row = self.dataset.resume_point(state, strict=strict)
+        """The ``(epoch, row)`` a reader loading ``state`` continues from: a state of another
+        dataset or packing (no ``packed`` entry, another ``seq_len`` or field), or whose row is
+        outside its epoch's rows, is refused (``strict=False``: logged, the saved epoch from
+        its start)."""
+        return checked_resume_point(state, self.state_mismatch, self.dataset.url, strict)
+
+    def state_mismatch(self, state: dict[str, Any]) -> str | None:
+        """Why ``state`` cannot resume this source (a reason to show), or ``None``."""
+        # the documents' dataset checks what identifies the order; its position is a row here,
+        # checked against the saved epoch's rows (an epoch has more rows than documents where
+        # documents are longer than a row)
+        why = self.dataset.state_mismatch({**state, "position": 0})
+        if why is not None:
+            return why
         mine = {"seq_len": self.seq_len, "field": self.field}
         if state.get("packed") != mine:
-            why = (f"the state was saved with packing {state.get('packed')!r}, this loader "
-                   f"packs {mine!r}; its row position would name other tokens")
-            if strict:
-                raise StateError(f"cannot resume {self.dataset.url}: {why} (strict=False "
-                                 "starts the saved epoch afresh)")
-            log.warning("feedpipe: %s: %s; starting epoch %d afresh", self.dataset.url, why,
-                        epoch)
-            return epoch, 0
-        return epoch, row
+            return (f"the state was saved with packing {state.get('packed')!r}, this loader "
+                    f"packs {mine!r}; its row position would name other tokens")
+        row, epoch = state.get("position"), state.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            return f"the saved epoch {epoch!r} is not an epoch"
+        # a loop that read its last batch saves the next epoch's start: a position mid-epoch
+        # is at most the epoch's rows (the rows of padding a world size adds come last)
+        rows = self.num_rows(epoch)
+        if not isinstance(row, int) or not 0 <= row <= rows:
+            return (f"the saved row {row!r} is outside epoch {epoch}, which has {rows} rows "
+                    f"of {self.seq_len} tokens")
+        return None
 
 
 class PackedFetch:
@@ -474,10 +493,10 @@ class PackedFetch:
         """The batch of rows ``rows`` on its own."""
         return self.packed.rows(self.epoch, rows)
 
-    def run(self, batches: Iterator[np.ndarray],
-            times: PartTimes | None = None) -> Iterator[dict[str, Any]]:
-        """The batch of each of ``batches`` (a reader's batches of rows, in order).
-        ``times``: the groups' seconds are added to ``fetch``, the batches' to ``sink``."""
+    def groups(self, batches: Iterator[np.ndarray],
+               times: PartTimes | None = None) -> Iterator[tuple[_Group, int]]:
+        """Each group of ``batches`` (a reader's batches of rows, in order) and how many
+        batches it holds; ``times``: the groups' seconds are added to ``fetch``."""
         packed, epoch, most = self.packed, self.epoch, self.group
         clock = time.perf_counter
         pending: list[np.ndarray] = []
@@ -498,15 +517,48 @@ class PackedFetch:
             group = packed._group(epoch, pending)
             if times is not None:
                 times.fetch += clock() - t0
-            for b in range(len(pending)):
+            yield group, len(pending)
+            # the group's tokens go before the next group's are copied: one at a time alive
+            pending, rows, group = [], 0, None  # type: ignore[assignment]
+            size = GROUP_BATCHES
+
+    def run(self, batches: Iterator[np.ndarray],
+            times: PartTimes | None = None) -> Iterator[dict[str, Any]]:
+        """The batch of each of ``batches`` (a reader's batches of rows, in order).
+        ``times``: the groups' seconds are added to ``fetch``, the batches' to ``sink``."""
+        clock = time.perf_counter
+        for group, n in self.groups(batches, times):
+            for b in range(n):
                 t0 = clock()
                 batch = group.make(b)
                 if times is not None:
                     times.sink += clock() - t0
                 yield batch
-            # the group's tokens go before the next group's are copied: one at a time alive
-            pending, rows, group = [], 0, None  # type: ignore[assignment]
-            size = GROUP_BATCHES
+            del group  # gone before the next group's tokens are copied
+
+    def ship(self, batches: Iterator[np.ndarray], worker: int, ring: ByteRing | None = None,
+             times: PartTimes | None = None) -> Iterator[Shipment]:
+        """:meth:`run`'s batches, each group written into one buffer in shared memory
+        (:class:`Shipment`), as worker ``worker`` sends them: a buffer of ``ring`` (its
+        :meth:`~feedpipe.stream._worker_rows.ByteRing.ticket` then names it), else a fresh
+        one. ``times`` as for :meth:`run`."""
+        clock = time.perf_counter
+        for group, count in self.groups(batches, times):
+            t0 = clock()
+            layout = [(group.size[b], group.cu_len(b)) for b in range(count)]
+            wide, narrow = Shipment.size(layout)
+            size = wide * 8 + narrow * 4
+            buf = shared_empty((size,), torch.uint8) if ring is None else ring.buffer(size)
+            raw = buf.numpy()
+            longs, ints = raw[:wide * 8].view(np.int64), raw[wide * 8:].view(np.int32)
+            a = c = 0
+            for b, (n, k) in enumerate(layout):
+                group.write(b, longs[a:a + 3 * n].reshape(3, n), ints[c:c + k])
+                a, c = a + 3 * n, c + k
+            if times is not None:
+                times.sink += clock() - t0
+            del group, raw, longs, ints  # gone before the next group's tokens are copied
+            yield Shipment(worker, buf, layout, self.packed.seq_len)
 
 
 class _Group:
@@ -536,9 +588,25 @@ class _Group:
 
     def make(self, b: int) -> dict[str, Any]:
         """Batch ``b`` of the group, in memory of its own."""
-        lo, n, full, L = self.lo[b], self.size[b], self.full[b], self.L
-        i, j = self.at[b], self.at[b + 1]
+        n = self.size[b]
         buf = np.empty((3, n), dtype=np.int64)  # ids, positions, labels
+        self.write(b, buf)
+        i, j, L = self.at[b], self.at[b + 1], self.L
+        ids, pos, labels = buf
+        return {"input_ids": torch.from_numpy(ids.reshape(-1, L)),
+                "position_ids": torch.from_numpy(pos.reshape(-1, L)),
+                "labels": torch.from_numpy(labels.reshape(-1, L)),
+                "cu_seqlens": torch.from_numpy(self.cu[i + b:j + b + 1])}
+
+    def cu_len(self, b: int) -> int:
+        """The length of batch ``b``'s ``cu_seqlens``."""
+        return self.at[b + 1] - self.at[b] + 1
+
+    def write(self, b: int, buf: np.ndarray, cu: np.ndarray | None = None) -> None:
+        """Batch ``b``'s ids, positions and labels into ``buf`` (int64 ``[3, tokens]``), and
+        its ``cu_seqlens`` into ``cu`` where given."""
+        lo, n, full = self.lo[b], self.size[b], self.full[b]
+        i, j = self.at[b], self.at[b + 1]
         ids, pos, labels = buf
         ids[:full] = self.tokens[lo:lo + full]
         labels[:full] = ids[:full]
@@ -548,7 +616,52 @@ class _Group:
         # a token's position: its place in the batch less its piece's start (no loop over
         # the pieces)
         np.subtract(self.count[:n], np.repeat(self.local[i:j], self.counts[i:j]), out=pos)
-        return {"input_ids": torch.from_numpy(ids.reshape(-1, L)),
-                "position_ids": torch.from_numpy(pos.reshape(-1, L)),
-                "labels": torch.from_numpy(labels.reshape(-1, L)),
-                "cu_seqlens": torch.from_numpy(self.cu[i + b:j + b + 1])}
+        if cu is not None:
+            cu[:] = self.cu[i + b:j + b + 1]
+
+
+class Shipment:
+    """A worker's group of batches written into one shared-memory buffer: what crosses from a
+    worker process to the training process in one message (``packed-workers``). Each tensor
+    sent through a DataLoader's queue is a shared-memory segment of its own, with its file
+    descriptor handed over by a round trip between the two processes; a batch of four fields
+    sent as tensors costs four, which is more than making the batch. A shipment costs one for
+    a whole group.
+
+    ``worker``: the worker that made it (its batches are that worker's next ones, in order);
+    ``layout``: each batch's tokens and ``cu_seqlens`` length; the buffer holds each batch's
+    ids, positions and labels (int64), then every batch's ``cu_seqlens`` (int32)."""
+
+    __slots__ = ("worker", "buffer", "layout", "L")
+
+    def __init__(self, worker: int, buffer: torch.Tensor, layout: list[tuple[int, int]],
+                 L: int) -> None:
+        self.worker, self.buffer, self.layout, self.L = worker, buffer, layout, L
+
+    def __reduce__(self) -> Any:
+        return Shipment, (self.worker, self.buffer, self.layout, self.L)
+
+    def __len__(self) -> int:
+        return len(self.layout)
+
+    @staticmethod
+    def size(layout: list[tuple[int, int]]) -> tuple[int, int]:
+        """The int64 elements of ``layout``'s fields, and the int32 elements of its
+        ``cu_seqlens`` (after them)."""
+        return 3 * sum(n for n, _ in layout), sum(c for _, c in layout)
+
+    def unpacked(self, pin: bool = False) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        """The buffer the batches view (``pin``: a copy of it in pinned memory, made once
+        for all of them), and the batches."""
+        buf = self.buffer.pin_memory() if pin else self.buffer
+        wide, _ = self.size(self.layout)
+        longs, ints = buf[:wide * 8].view(torch.int64), buf[wide * 8:].view(torch.int32)
+        L = self.L
+        out = []
+        # one call each for every batch's fields and cu_seqlens, and one a batch for its three
+        for part, cu in zip(torch.split(longs, [3 * n for n, _ in self.layout]),
+                            torch.split(ints, [k for _, k in self.layout])):
+            ids, pos, labels = part.view(3, -1, L).unbind(0)
+            out.append({"input_ids": ids, "position_ids": pos, "labels": labels,
+                        "cu_seqlens": cu})
+        return buf, out

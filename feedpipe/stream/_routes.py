@@ -110,7 +110,9 @@ ROUTES: dict[str, Route] = {r.name: r for r in (
           "every sample is in the complete decoded store"),
     Route("samples-threads", "samples", "call", "threads", "collate"),
     Route("samples-workers", "samples", "call", "workers", "collate"),
-    Route("packed", "packed", "none", "inline", "packed"),
+    Route("packed", "packed", "none", "inline", "packed", ("workers",),
+          "the rows' tokens are copied straight out of the shards' maps, with no transform "
+          "to run: a worker would only add sending each batch to this process"),
     Route("packed-workers", "packed", "none", "workers", "packed"),
 )}
 
@@ -293,8 +295,13 @@ def _is_packed(c: Config) -> bool:
     return c.packed
 
 
+def _packed_reads_documents(c: Config) -> bool:
+    return c.packed and (c.transform or not c.local)
+
+
 PREFERENCE: tuple[tuple[Callable[[Config], bool], tuple[str, ...], bool], ...] = (
-    (_is_packed, ("packed-workers", "packed"), True),
+    (_packed_reads_documents, ("packed-workers", "packed"), True),
+    (_is_packed, ("packed", "packed-workers"), True),
     (_always, ("gather",), False),
     (_asked_threads, ("rows-threads", "samples-threads"), True),
     (_always, ("refs", "refs-workers"), False),
@@ -315,9 +322,13 @@ def choose(config: Config, route: str = "auto") -> tuple[Route, str | None]:
     ======================  =================================================  =================
     condition               why                                                route
     ======================  =================================================  =================
-    a :class:`~feedpipe.    token rows cut from the documents' shards, a       ``packed-workers``
-    Packed` dataset         batch at a time                                    or ``packed`` (0
-                                                                               workers)
+    a :class:`~feedpipe.    token rows cut from documents read whole           ``packed-workers``
+    Packed` whose           (through the transform, or from remote shards):    or ``packed`` (0
+    documents are read      workers share the reading                          workers)
+    whole
+    a :class:`~feedpipe.    token rows copied straight out of the local        ``packed``
+    Packed` of raw          shards' maps: a worker would add only the
+    ``.npy`` documents      transfer of each batch
     complete decoded store  one copy per image out of the store, no shard      ``gather``
     of collator-shaped      read, no transform call (workers would add a
     records                 pickle and a pipe per batch)

@@ -95,6 +95,57 @@ class WorkerRing:
         return Ticket(self.key, slot, token, reused, table)
 
 
+class ByteRing:
+    """A worker's shared-memory byte buffers for the ``packed-workers`` route: each
+    :class:`~feedpipe.stream._packed.Shipment` (a group of batches) is written into one,
+    reused once the training process has let go of every batch of the shipment last sent in
+    it, by the protocol of :class:`WorkerRing` (its table, tokens and :class:`Ticket`; the
+    training process's side is a :class:`RowRelease`). A fresh buffer costs its worker the
+    kernel's zero-fill and a page fault per page, which is more than packing the tokens
+    written into it. Shipments differ in size: a buffer too small for one is replaced by a
+    larger one, and with every buffer busy a shipment gets a fresh one (speed, never
+    correctness)."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = max(1, int(depth))
+        self.key = int.from_bytes(os.urandom(8), "little") >> 1
+        self.table = shared_empty((2, self.depth), torch.int64).zero_()
+        self._issued, self._released = self.table[0].numpy(), self.table[1].numpy()
+        self._slots: list[torch.Tensor | None] = [None] * self.depth
+        self._next = 0
+        self._tokens = itertools.count(1)
+        self._last: tuple[int, int, bool] | None = None
+        self.send_table = True
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """A uint8 view of ``nbytes`` of a buffer the training process has released (else of a
+        new one)."""
+        slots, depth = self._slots, self.depth
+        issued, released = self._issued, self._released
+        free = [i for i in ((self._next + k) % depth for k in range(depth))
+                if slots[i] is None or issued[i] == released[i]]
+        sizes = [0 if t is None else len(t) for t in slots]
+        fits = [i for i in free if sizes[i] >= nbytes]
+        reused = bool(fits)
+        pick = fits[0] if fits else free[0] if free else self._next
+        if not reused:  # an empty or too small slot, else the next one's left to its holder
+            # sized for the largest shipment yet: one that grows is not replaced again
+            most = max(nbytes, *sizes)
+            slots[pick] = shared_empty((most,), torch.uint8)
+        self._next = (pick + 1) % depth
+        token = next(self._tokens)
+        issued[pick] = token  # busy from here until the training process writes it back
+        self._last = (pick, token, reused)
+        return slots[pick][:nbytes]  # type: ignore[index]
+
+    def ticket(self) -> Ticket:
+        """The ticket of the last buffer handed out, to travel with its shipment."""
+        assert self._last is not None
+        slot, token, reused = self._last
+        table, self.send_table = (self.table if self.send_table else None), False
+        return Ticket(self.key, slot, token, reused, table)
+
+
 class Ticket:
     """Which worker buffer a batch is in (``key``: the worker process's ring, ``slot``,
     ``token``), whether it was a reused one, and the ring's table when this process may not have
@@ -115,6 +166,12 @@ class Ticket:
 _LONE = storage_refs(torch.empty(1))
 
 
+def sees_holders() -> bool:
+    """Whether this torch says how many tensors share a storage (:class:`RowRelease` hands
+    buffers back by it)."""
+    return _LONE is not None
+
+
 class RowRelease:
     """The training process's side of the ``rows-workers`` route: hands each worker buffer
     back (its ring's ``released`` word) once nothing in this process still shares the batch's
@@ -130,10 +187,16 @@ class RowRelease:
     ``stats()``: ``batches`` received, ``reused`` (made in a buffer a worker had back),
     ``released`` (handed back by this process)."""
 
-    def __init__(self, persistent: bool) -> None:
+    def __init__(self, persistent: bool, keep_mapped: bool = False) -> None:
         self.persistent = persistent  # the workers outlive the epoch: hand buffers back to them
         self._tables: dict[int, Any] = {}  # each worker sends its table with its first batch
-        self._pending: list[tuple[Any, torch.Tensor, torch.Tensor | None, int, int]] = []
+        self._pending: list[tuple[Any, torch.Tensor, torch.Tensor | None, int, int, int]] = []
+        # keep_mapped: a buffer handed back stays mapped here, by (worker key, slot), until the
+        # worker sends it again: torch then finds it in its cache of shared storages, and the
+        # batch reads pages mapped already, instead of a new map whose every page faults on
+        # the first read (and whose unmap interrupts the other cores)
+        self.keep_mapped = keep_mapped
+        self._mapped: dict[tuple[int, int], torch.Tensor] = {}
         self._counts = {"batches": 0, "reused": 0, "released": 0}
 
     def stats(self) -> dict[str, int]:
@@ -148,9 +211,11 @@ class RowRelease:
         self._counts["reused"] += bool(ticket.reused)
         if ticket.table is not None:
             self._tables[ticket.key] = ticket.table[1].numpy()
+        if self.keep_mapped:  # the batch maps it now (the same storage, when it was kept)
+            self._mapped.pop((ticket.key, ticket.slot), None)
         released = self._tables.get(ticket.key)
         if released is not None:
-            self._hold(batch, released, ticket.slot, ticket.token)
+            self._hold(batch, released, ticket.key, ticket.slot, ticket.token)
 
     def close(self) -> None:
         """The epoch is over (or the loop stopped early): let go of what nothing holds."""
@@ -161,8 +226,9 @@ class RowRelease:
             # buffer for reuse, so it is always safe)
             self._pending.clear()
             self._tables.clear()
+            self._mapped.clear()
 
-    def _hold(self, batch: Any, released: Any, slot: int, token: int) -> None:
+    def _hold(self, batch: Any, released: Any, key: int, slot: int, token: int) -> None:
         if type(batch) is LeftOut:  # the transform left out every row: nothing holds it
             released[slot] = token
             self._counts["released"] += 1
@@ -173,17 +239,19 @@ class RowRelease:
             self._counts["released"] += 1
             return
         self._pending.append((released, images.detach(),
-                              None if labels is None else labels.detach(), slot, token))
+                              None if labels is None else labels.detach(), slot, token, key))
 
     def poll(self) -> None:
         """Hand back every held buffer whose batch nothing here shares any more."""
         keep = []
         for entry in self._pending:
-            released, images, labels, slot, token = entry
+            released, images, labels, slot, token, key = entry
             if storage_refs(images) == _LONE and (labels is None
                                                    or storage_refs(labels) == _LONE):
                 released[slot] = token
                 self._counts["released"] += 1
+                if self.keep_mapped:
+                    self._mapped[key, slot] = images
             else:
                 keep.append(entry)
         self._pending = keep

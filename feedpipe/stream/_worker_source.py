@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from ..errors import ShardFormatError
 from ._assembly import assemble
 from ._batch_loop import EpochReader, PartTimes, Skips
 from ._io import ZERO, IoTally
-from ._worker_rows import RowRelease, WorkerRing
+from ._worker_rows import ByteRing, RowRelease, WorkerRing
 
 if TYPE_CHECKING:
     from ._dataset import FeedDataset
@@ -75,7 +76,7 @@ class WorkerSource(IterableDataset):
         super().__init__()
         self.dataset, self.state, self.route, self.collate_fn = dataset, state, route, collate_fn
         self.fields, self.default, self.depth = fields, default, depth
-        self._ring: WorkerRing | None = None
+        self._ring: WorkerRing | ByteRing | None = None
         self._ring_pid = 0
         # the training process its workers serve: set where they are started (fork) or pickled
         # (spawn, forkserver); a worker slow to start may find its parent gone already, when
@@ -103,10 +104,14 @@ class WorkerSource(IterableDataset):
         tally = IoTally(ds)  # before the reader starts prefetching
         with EpochReader(ds, self.state, worker, workers) as reader:
             buffers = self.collate_fn
-            if route.sink == "rows" and self.depth and info is not None:
+            if route.sink in ("rows", "packed") and self.depth and info is not None:
                 if self._ring is None or self._ring_pid != pid:
-                    self._ring, self._ring_pid = WorkerRing(self.collate_fn, self.depth), pid
-                ring = buffers = self._ring
+                    self._ring, self._ring_pid = (
+                        WorkerRing(self.collate_fn, self.depth) if route.sink == "rows"
+                        else ByteRing(self.depth)), pid
+                ring = self._ring
+                if route.sink == "rows":
+                    buffers = ring
                 ring.send_table = True  # a new epoch: the training process may have dropped
                 # the table it had
             parts = assemble(route, ds, reader.plan.epoch, buffers, skips=skips, leaves=True,
@@ -116,7 +121,11 @@ class WorkerSource(IterableDataset):
             told = 0
             times = PartTimes()
             ready: float | None = time.time()
-            for batch in parts.run(reader, times):
+            if route.sink == "packed":  # a group of batches to a message (Shipment)
+                made = parts.ship(reader, ring, times)  # type: ignore[attr-defined]
+            else:
+                made = parts.run(reader, times)
+            for batch in made:
                 meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket(),
                                   times.as_tuple(), tally.take(), ready)
                 times.fetch = times.compute = times.sink = 0.0
@@ -155,6 +164,11 @@ class WorkerBatches:
                                  else torch.multiprocessing.get_start_method())
         stats["prefetch_factor"] = self.loader.prefetch_factor
         release, resolver = self.release, self.resolver
+        # packed: each worker's batches come a shipment at a time; batch t of the epoch is
+        # worker t % num_workers's next one, held here until its turn
+        held: list[deque[Any]] = [deque() for _ in range(max(1, self.loader.num_workers))]
+        turn = 0
+        stats["messages"] = 0
         it = iter(self.loader)
         try:
             while True:
@@ -168,6 +182,7 @@ class WorkerBatches:
                         raise
                     raise ShardFormatError(f"{why} (a worker process died reading it: {e})") \
                         from e
+                stats["messages"] += 1
                 pids.add(meta.pid)
                 stats["skipped"] = stats.get("skipped", 0) + meta.skipped
                 if self.times is not None:
@@ -180,6 +195,19 @@ class WorkerBatches:
                         io[k] += v
                 if sink == "resolve":
                     batch = resolver(batch)  # type: ignore[misc]
+                elif sink == "packed":
+                    buffer, made = batch.unpacked(self.pin)
+                    held[batch.worker].extend(made)
+                    del batch, made
+                    if release is not None:  # the worker reuses it once no batch of it is held
+                        release.receive(buffer, meta.ticket)
+                    del buffer
+                    while held[turn % len(held)]:
+                        yield held[turn % len(held)].popleft()
+                        turn += 1
+                    if release is not None:  # before the DataLoader gives the worker a task
+                        release.poll()
+                    continue
                 elif sink == "rows":
                     if type(batch) is list:  # pin_memory made the (images, labels) tuple a list
                         batch = tuple(batch)
@@ -193,6 +221,11 @@ class WorkerBatches:
                     # the loop has moved on from the batch before this one: hand it back now,
                     # before the DataLoader gives its worker another task
                     release.poll()
+            left = sum(len(h) for h in held)
+            if left:  # a worker's batches the turns never reached: lost, not dropped silently
+                raise RuntimeError(f"{left} packed batches of the workers were not delivered "
+                                   f"(batch {turn} of the epoch never came): a feedpipe bug, "
+                                   "please report it")
         except Exception:
             _shut_down(self.loader, it)
             raise
