@@ -61,6 +61,7 @@ def digests(root: str) -> dict[str, str]:
         for s in FeedDataset(root)}
 
 
+@pytest.mark.slow
 def test_a_warm_cache_runs_the_epoch_while_the_store_is_down(tmp_path: Path) -> None:
     pytest.importorskip("s3fs", reason="s3fs is in the test extra: pip install -e '.[test]'")
     pytest.importorskip("boto3", reason="moto[server] is in the test extra")

@@ -105,6 +105,7 @@ def test_probe_json_is_the_document_alone_and_json_out_writes_it(tmp_path: Path)
     assert bad.returncode == 2 and "cannot write the JSON document" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_ends_every_subcommand_quietly(sharded: Path, image_folder: Path,
                                                        tmp_path: Path) -> None:
     """``feedpipe ... | head -c1``: no BrokenPipeError traceback, for a result, an error record,

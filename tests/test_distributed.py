@@ -26,6 +26,7 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.slow
 def test_two_gloo_ranks_exactly_once_equal_batches(ds_path: str, tmp_path, drop_last: bool) -> None:  # type: ignore[no-untyped-def]
     out = str(tmp_path / "result.json")
     mp.spawn(ddp_rank, args=(2, free_port(), ds_path, out, drop_last), nprocs=2, join=True)

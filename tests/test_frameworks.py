@@ -98,6 +98,7 @@ def test_accelerate_prepare_save_state_and_load_state(ds_path: str, tmp_path: Pa
     assert sorted(nxt) == list(range(N)) and nxt != full
 
 
+@pytest.mark.slow
 def test_lightning_ddp_launcher_gives_each_rank_its_share(ds_path: str, tmp_path: Path) -> None:
     """Two ranks started by Lightning's own launcher (strategy="ddp" on CPU, gloo): the
     FeedLoader, made before fit with no rank given, learns the world when it is iterated, so the

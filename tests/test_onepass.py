@@ -74,6 +74,7 @@ needs_stagefiles = pytest.mark.skipif(
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("labels", [False, True], ids=["plain", "labels"])
 @pytest.mark.parametrize("loop", ["default", "python"])
+@pytest.mark.slow
 def test_same_bytes_as_the_general_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         workers: int, labels: bool, loop: str) -> None:
     # odd names (dots, spaces, %, unicode, long names), sidecars, nested directories, hidden
@@ -111,6 +112,7 @@ _ext = st.sampled_from(["bin", "jpg", "json", "tar.gz"])
 @given(files=st.lists(st.tuples(_dir, st.lists(_dir, max_size=1), _stem, _ext,
                                 st.integers(1, 2000)), min_size=1, max_size=25),
        max_samples=st.integers(1, 6))
+@pytest.mark.slow
 def test_same_bytes_on_random_trees(tmp_path_factory: pytest.TempPathFactory,
                                     files: list[tuple[str, list[str], str, str, int]],
                                     max_samples: int) -> None:
@@ -135,6 +137,7 @@ def _tree(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("case", ["zero-byte", "no-extension", "root-file", "symlink",
                                   "unreadable", "cls-file", "empty-class"])
+@pytest.mark.slow
 def test_anything_unusual_goes_to_the_general_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    case: str) -> None:
     src = _tree(tmp_path)

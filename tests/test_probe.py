@@ -146,6 +146,7 @@ def test_cli_json_schema_on_a_shard_dataset(dataset: Path) -> None:
     assert snapshot(dataset) == before  # the probe read, it did not write
 
 
+@pytest.mark.slow
 def test_a_slow_decoder_makes_decode_the_bounding_stage(dataset: Path) -> None:
     def identity(sample: dict[str, Any]) -> dict[str, Any]:
         return sample

@@ -384,6 +384,7 @@ def _large_shard(tmp_path: Path, n: int, size: int) -> tuple[Path, dict[str, byt
 
 
 @pytest.mark.parametrize("cached_by", ["read", "map", "read, pagemap unreadable"])
+@pytest.mark.slow
 def test_what_a_sample_maps_is_measured_so_rss_stays_bounded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached_by: str) -> None:
     """How much one touch of a map maps depends on how its file came into the page cache: a

@@ -124,6 +124,7 @@ def rank_ids(route: str, path: str, world: int, workers: int, store: str, stop: 
 
 
 @pytest.mark.parametrize("route", ALL)
+@pytest.mark.slow
 def test_mid_epoch_resume_in_a_new_process(route: str, sharded: Path, store: str) -> None:
     workers = max(worker_counts(route))
     first = make(route, str(sharded), workers=workers, store=store)
@@ -147,6 +148,7 @@ def test_mid_epoch_resume_in_a_new_process(route: str, sharded: Path, store: str
 
 @pytest.mark.parametrize("route", ALL)
 @pytest.mark.parametrize("world2,workers2", [(3, 1), (1, 3)])
+@pytest.mark.slow
 def test_elastic_resume_delivers_the_rest_exactly_once(route: str, world2: int, workers2: int,
                                                        sharded: Path, store: str) -> None:
     workers = 2 if ROUTES[route][1] == "workers" else 0
@@ -211,6 +213,7 @@ def shared_segments() -> int:
 
 
 @pytest.mark.parametrize("route", ALL)
+@pytest.mark.slow
 def test_stopping_early_releases_threads_memory_and_workers(route: str, sharded: Path,
                                                             store: str) -> None:
     workers = max(worker_counts(route))

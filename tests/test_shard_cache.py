@@ -255,6 +255,7 @@ def test_killed_download_leaves_nothing_that_blocks_the_next_run(
 
 
 @pytest.mark.parametrize("procs,workers,max_open", [(8, 0, 1), (3, 2, 4)])
+@pytest.mark.slow
 def test_the_budget_holds_for_every_reader_on_the_node(
         data: Path, server: Any, expected: dict[str, bytes], tmp_path: Path, procs: int,
         workers: int, max_open: int) -> None:
