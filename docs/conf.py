@@ -66,6 +66,7 @@ EXTERNAL = {
         "collections.abc.Mapping": ("py:class", "library/collections.abc.html#$"),
         "collections.abc.Sequence": ("py:class", "library/collections.abc.html#$"),
         "mmap.mmap": ("py:class", "library/mmap.html#$"),
+        "tarfile": ("py:module", "library/tarfile.html#module-$"),
         "print": ("py:function", "library/functions.html#$"),
     }),
     "torch": ("https://docs.pytorch.org/docs/stable/", {

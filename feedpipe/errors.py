@@ -13,9 +13,9 @@ from ._redact import redact
 class FeedpipeError(Exception):
     """Base class of every error feedpipe raises.
 
-    Its message never holds a URL's secrets: query values and user information are replaced by
-    ``<redacted>`` when the error is made (see :func:`feedpipe._redact.redact`), so an
-    error printed, logged or pasted into an issue tracker carries no token.
+    Its message never holds a URL's secrets: the query values and user information of every URL
+    in it are replaced by ``<redacted>`` when the error is made, so an error printed, logged or
+    pasted into an issue tracker carries no token.
     """
 
     def __init__(self, *args: object) -> None:

@@ -591,6 +591,7 @@ def test_a_state_saved_at_any_row_resumes_to_the_rest_of_the_epoch(
         assert saved == list(range(rows))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,then", [(1, 1), (1, 2), (2, 1)])
 def test_worker_processes_resume_at_every_row(tmp_path, world, then):
     """With 2 worker processes saving and resuming, and ``strict=False`` (which started the
