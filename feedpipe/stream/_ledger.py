@@ -55,8 +55,9 @@ import numpy as np
 from ..errors import StateError
 from ..plan._order import Plan, Split
 
-LEDGER_VERSION = 2
-READS = (1, 2)  # part versions the checker reads
+LEDGER_VERSION = 2  # of ledger.json
+PART_VERSION = 3  # of a part: 3 added "skipped" (version 2 wrote none) and a flush at each start
+READS = (1, 2, 3)  # part versions the checker reads
 FLUSH_SECONDS = 1.0
 CHECKED = 4  # positions whose ids a part holds, to check the checker's plan against
 FRESH = "fresh"  # the lineage of a job that started from nothing
@@ -143,6 +144,22 @@ def delivered(plan: Plan, split: Split, reached: int) -> np.ndarray:
     return plan.sample_ids(split.positions(0, min(int(reached), padding_from(split))))
 
 
+def dropped_ids(plan: Plan, split: Split, reached: int) -> np.ndarray:
+    """What a pass of ``split`` that ended at local ``reached`` left out by design: its short
+    last batch (``FeedLoader(drop_last=True)``) and, on rank 0, the positions no rank gets
+    (the dataset's ``drop_last=True``)."""
+    ids = [plan.sample_ids(split.positions(min(int(reached), split.length), split.length))]
+    if split.rank == 0 and split.dropped:
+        lo = split.start + split.length * split.world_size
+        ids.append(plan.sample_ids(np.arange(lo, split.num_samples, dtype=np.int64)))
+    return np.concatenate(ids).astype(np.int64)
+
+
+def finished_reach(split: Split, batch_size: int) -> int:
+    """Where a pass of ``split`` in batches of ``batch_size`` ends (local)."""
+    return min(split.length, split.batches(batch_size) * batch_size)
+
+
 class Ledger:
     """One FeedLoader's ledger writer (see the module docstring).
 
@@ -208,22 +225,20 @@ class Ledger:
             self._dir = os.path.dirname(self._path)
             os.makedirs(self._dir, exist_ok=True)
         self._header = {
-            "version": LEDGER_VERSION, "run": self.run, "host": socket.gethostname(),
+            "version": PART_VERSION, "run": self.run, "host": socket.gethostname(),
             "pid": os.getpid(), "created": time.time(), "lineage": self.lineage,
             "origin": self.origin, "epoch": plan.epoch,
             "rank": split.rank, "world_size": split.world_size, "start": split.start,
             "length": split.length, "batch_size": self._batch,
             "whole_batches": split.whole_batches, "samples": self.samples,
-            "reached": 0, "delivered": 0, "padding": [],
+            "reached": 0, "delivered": 0, "padding": [], "skipped": [],
             "dropped": [], "marks": [], "finished": False}
         if self._seq == 1:  # the run's first part: the ids its plan gives, for the checker
             checked = split.positions(0, min(CHECKED, split.length))
             self._header["checked"] = [checked.tolist(), plan.sample_ids(checked).tolist()]
-        if self._seq == 1 or resumed_from is not None:
-            self._flush()  # the run and where it started from are on record before any batch
-        else:  # a later pass of a run on record: its part is written at its first flush
-            self._dirty = True
-            self._last_flush = time.monotonic()
+        # every pass is on record before its first batch: the checker tells a rank that never
+        # began an epoch from one whose part is missing
+        self._flush()
 
     def batch(self, t: int) -> None:
         """The loop received local batch ``t`` of this pass (batches arrive in order, each
@@ -239,6 +254,15 @@ class Ledger:
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_SECONDS:
             self._flush(now)
+
+    def skipped(self, ids: list[int]) -> None:
+        """The transform left these samples out (:class:`~feedpipe.errors.SampleSkipped`): named
+        in the part, apart from the delivered ones. Samples of batches prefetched ahead of the
+        loop may be named before their batch arrives: the checker counts those of the positions
+        the part reached."""
+        if self._header is not None and ids:
+            self._header["skipped"].extend(int(i) for i in ids)
+            self._dirty = True
 
     def _padding(self, lo: int, hi: int) -> None:
         """Local ``[lo, hi)`` repeat positions to even the ranks out: their ids are named apart
@@ -265,15 +289,7 @@ class Ledger:
         split, header = self._split, self._header
         if split is None or header is None or self._plan is None:
             return
-        dropped: list[int] = []
-        if self._reached < split.length:
-            ids = self._plan.sample_ids(split.positions(self._reached, split.length))
-            dropped.extend(int(i) for i in ids)
-        if split.rank == 0 and split.dropped:
-            lo = split.start + split.length * split.world_size
-            dropped.extend(int(i) for i in self._plan.sample_ids(
-                np.arange(lo, split.num_samples, dtype=np.int64)))
-        header["dropped"] = dropped
+        header["dropped"] = dropped_ids(self._plan, split, self._reached).tolist()
         header["finished"] = True
         self._dirty = True
         self._flush()

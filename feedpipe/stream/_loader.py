@@ -197,6 +197,7 @@ class FeedLoader:
             "seed": dataset.seed, "shuffle": dataset.shuffle, "window": dataset.shuffle_window,
             "drop_last": dataset.drop_last})
         self._resumed_from: dict[str, Any] | None = None
+        self._skipped_ids: list[int] = []  # this pass's, as the batch loop names them
         self._times = PartTimes()
         self._clock = [0.0, 0.0]  # this pass: seconds waited for batches, its wall time
         # this pass's bytes and requests (_io.FIELDS): this process's tally while it runs, its
@@ -318,6 +319,7 @@ class FeedLoader:
             self._device_loader.iterable = source
             source = self._device_loader
         ledger = self._ledger
+        skipped = self._skipped_ids = []
         if ledger is not None:
             ledger.begin(ds.plan(state.epoch), self._split, self.batch_size, self._resumed_from)
             self._resumed_from = None
@@ -338,6 +340,9 @@ class FeedLoader:
                     timing[0], timing[1] = waited, t1 - t_start
                 self._batches += 1
                 if ledger is not None:
+                    if skipped:  # named as the batch loop met them (prefetched ones included)
+                        ledger.skipped(skipped)
+                        del skipped[:]
                     ledger.batch(self._batches - 1)
                 if type(batch) is LeftOut:
                     self._left_out(batch)
@@ -379,6 +384,7 @@ class FeedLoader:
         """The inline and threads executors: the batch loop in this process."""
         ds, stats = self.dataset, self._stats
         skips = Skips()
+        skips.ids = self._skipped_ids
         with EpochReader(ds, self._state) as reader:
             if route.fetch == "refs":
                 from ._refs import Columns
@@ -430,7 +436,8 @@ class FeedLoader:
                 bool(kwargs.get("persistent_workers", False)))
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
                                  release=release, pin=self._pin, shards=self.dataset.shards,
-                                 times=self._times, io=self._io_workers)
+                                 times=self._times, io=self._io_workers,
+                                 skipped_ids=self._skipped_ids)
 
     def _check_start_method(self) -> None:
         unsafe = self._fork_unsafe or process_fork_unsafe()
@@ -538,7 +545,10 @@ class FeedLoader:
             state = self.dataset.state_at(self._state.epoch + 1, 0)
         else:
             state = self.dataset.state_at(self._state.epoch, self.position)
-        if self._ledger is not None:
+        if self._ledger is not None and self._resumed_from is not None:
+            # loaded and not iterated since: the same state, named as it was
+            state["ledger"] = dict(self._resumed_from)
+        elif self._ledger is not None:
             state["ledger"] = self._ledger.mark(state["epoch"], state["position"])
         return state
 

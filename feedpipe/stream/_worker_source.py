@@ -36,20 +36,22 @@ if TYPE_CHECKING:
 
 class WorkerMeta:
     """What travels with each batch from a worker: its process id, the samples its transform
-    left out since the last batch, the ticket of the ring buffer it was written in, the
-    seconds its batch loop spent in fetch, compute and sink since the last batch, and the bytes
-    and requests its tiers counted since then (:data:`feedpipe.stream._io.FIELDS`)."""
+    left out since the last batch (and the global ids of those it could name), the ticket of
+    the ring buffer it was written in, the seconds its batch loop spent in fetch, compute and
+    sink since the last batch, and the bytes and requests its tiers counted since then
+    (:data:`feedpipe.stream._io.FIELDS`)."""
 
-    __slots__ = ("pid", "skipped", "ticket", "times", "io")
+    __slots__ = ("pid", "skipped", "ticket", "times", "io", "skipped_ids")
 
     def __init__(self, pid: int, skipped: int, ticket: Any,
                  times: tuple[float, float, float] = (0.0, 0.0, 0.0),
-                 io: tuple[int, ...] = ZERO) -> None:
+                 io: tuple[int, ...] = ZERO, skipped_ids: tuple[int, ...] = ()) -> None:
         self.pid, self.skipped, self.ticket, self.times = pid, skipped, ticket, times
-        self.io = io
+        self.io, self.skipped_ids = io, skipped_ids
 
     def __reduce__(self) -> Any:
-        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times, self.io)
+        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times, self.io,
+                            self.skipped_ids)
 
 
 class WorkerSource(IterableDataset):
@@ -109,13 +111,13 @@ class WorkerSource(IterableDataset):
                              fields=self.fields, default=self.default, reader=reader)
             if route.fetch != "packed":  # its ids are rows, not samples of a shard
                 parts.fetch = tally.counted(parts.fetch)
-            told = 0
+            told = told_ids = 0
             times = PartTimes()
             for batch in parts.run(reader, times):
                 meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket(),
-                                  times.as_tuple(), tally.take())
+                                  times.as_tuple(), tally.take(), tuple(skips.ids[told_ids:]))
                 times.fetch = times.compute = times.sink = 0.0
-                told = skips.count
+                told, told_ids = skips.count, len(skips.ids)
                 yield batch, meta
 
 
@@ -132,8 +134,10 @@ class WorkerBatches:
     def __init__(self, loader: Any, route: Route, stats: dict[str, Any], *,
                  resolver: Resolver | None = None, release: RowRelease | None = None,
                  pin: bool = False, shards: ShardSet | None = None,
-                 times: PartTimes | None = None, io: list[int] | None = None) -> None:
+                 times: PartTimes | None = None, io: list[int] | None = None,
+                 skipped_ids: list[int] | None = None) -> None:
         self.loader, self.route, self.stats = loader, route, stats
+        self.skipped_ids = skipped_ids  # where the ids the workers' transforms left out go
         self.times = times  # the workers' part times, added up
         self.io = io  # the workers' bytes and requests (_io.FIELDS), added up
         self.resolver, self.release, self.pin = resolver, release, pin
@@ -162,6 +166,8 @@ class WorkerBatches:
                         from e
                 pids.add(meta.pid)
                 stats["skipped"] = stats.get("skipped", 0) + meta.skipped
+                if self.skipped_ids is not None and meta.skipped_ids:
+                    self.skipped_ids.extend(meta.skipped_ids)
                 if self.times is not None:
                     self.times.add(meta.times)
                 if self.io is not None:
