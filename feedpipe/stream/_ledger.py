@@ -68,7 +68,10 @@ def lineage_of(mark: dict[str, Any] | None) -> str:
     rank that loaded the same state."""
     if mark is None:
         return FRESH
-    key = json.dumps([mark.get("lineage"), mark.get("epoch"), mark.get("position")])
+    fields = [mark.get("lineage"), mark.get("epoch"), mark.get("position")]
+    if "run" in mark:  # the run that saved it (version 3): fresh starts' states never collide
+        fields.append(mark["run"])
+    key = json.dumps(fields)
     return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
@@ -207,11 +210,27 @@ class Ledger:
         self._last_flush = 0.0
         self._dirty = False
 
+    @property
+    def begun(self) -> bool:
+        """Whether this run has a part on record."""
+        return self._header is not None
+
     # -- a part ----------------------------------------------------------------------------
     def begin(self, plan: Plan, split: Split, batch_size: int,
-              resumed_from: dict[str, Any] | None) -> None:
+              resumed_from: dict[str, Any] | None, *, record: bool = False) -> None:
         """Start the part of one pass (``split`` gives this rank's share from its start);
-        ``resumed_from``: the mark of the state the loader was just loaded with."""
+        ``resumed_from``: the mark of the state the loader was just loaded with. ``record``:
+        no pass begins, the loader only goes on record where it stands (it was loaded, or a
+        state is taken before its first pass); the pass that follows from the same place
+        continues that part."""
+        h = self._header
+        if (h is not None and resumed_from is None and not self._reached and not h["finished"]
+                and (h["epoch"], h["rank"], h["world_size"], h["start"], h["batch_size"])
+                == (plan.epoch, split.rank, split.world_size, split.start, int(batch_size))):
+            if not record and not h["pass"]:
+                h["pass"] = True
+                self._flush()
+            return
         self.end()
         if resumed_from is not None:
             self.origin = dict(resumed_from)
@@ -232,7 +251,7 @@ class Ledger:
             "length": split.length, "batch_size": self._batch,
             "whole_batches": split.whole_batches, "samples": self.samples,
             "reached": 0, "delivered": 0, "padding": [], "skipped": [],
-            "dropped": [], "marks": [], "finished": False}
+            "dropped": [], "marks": [], "finished": False, "pass": not record}
         if self._seq == 1:  # the run's first part: the ids its plan gives, for the checker
             checked = split.positions(0, min(CHECKED, split.length))
             self._header["checked"] = [checked.tolist(), plan.sample_ids(checked).tolist()]
@@ -274,13 +293,15 @@ class Ledger:
     def mark(self, epoch: int, position: int) -> dict[str, Any]:
         """A state is being saved that resumes at global ``position`` of ``epoch`` (the next
         epoch's start after a finished one): flush, and return the mark that a run resumed from
-        this state names."""
+        this state names. The part records the mark with how far its pass had come: a state
+        resumed from proves that every rank had come as far (they deliver in lockstep)."""
         header = self._header
         if header is not None:
-            header["marks"].append([int(epoch), int(position)])
+            header["marks"].append([int(epoch), int(position), self._reached])
             self._dirty = True
             self._flush()
-        return {"lineage": self.lineage, "epoch": int(epoch), "position": int(position)}
+        return {"lineage": self.lineage, "epoch": int(epoch), "position": int(position),
+                "run": self.run}
 
     def finish(self) -> None:
         """The pass reached the end of this rank's share: record what was dropped by design

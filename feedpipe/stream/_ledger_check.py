@@ -97,8 +97,20 @@ class _Run:
     pid: int
     parts: list[_Part] = field(default_factory=list)
 
-    def marks(self) -> list[tuple[Mark, _Part]]:
-        return [((int(m[0]), int(m[1])), p) for p in self.parts for m in p.header["marks"]]
+    def marks(self) -> list[tuple[Mark, _Proof]]:
+        """The states this run saved, each with the part that recorded it and how far that
+        part's pass had come (version 3; ``None`` before)."""
+        return [((int(m[0]), int(m[1])), _Proof(p, int(m[2]) if len(m) > 2 else None))
+                for p in self.parts for m in p.header["marks"]]
+
+
+@dataclass
+class _Proof:
+    """A saved state as its part recorded it: ``reached``, the local positions its pass had
+    delivered then."""
+
+    part: _Part
+    reached: int | None
 
 
 @dataclass
@@ -107,7 +119,7 @@ class _Start:
     origin: dict[str, Any] | None
     runs: list[_Run]
     cut: Mark | None = None  # what it delivered from here on is rolled back
-    proof: _Part | None = None  # the part that recorded saving the state at ``cut``
+    proof: _Proof | None = None  # how the state at ``cut`` was recorded saved
 
     @property
     def created(self) -> float:
@@ -117,7 +129,7 @@ class _Start:
     def world(self) -> int:
         return self.runs[0].world
 
-    def marks(self) -> list[tuple[Mark, _Part]]:
+    def marks(self) -> list[tuple[Mark, _Proof]]:
         return [m for r in self.runs for m in r.marks()]
 
 
@@ -204,11 +216,13 @@ def _runs(parts: list[_Part]) -> list[_Run]:
 
 def _starts(runs: list[_Run]) -> list[_Start]:
     """The runs grouped into starts: one lineage's runs in order, a new start where a rank
-    comes again (its state was started once more); oldest first."""
+    comes again (its state was started once more) or the world size changes; oldest first. A
+    start whose runs of some ranks are lost whole may be grouped with the next: the check then
+    names ranks missing."""
     lineages: dict[str, list[list[_Run]]] = {}
     for r in runs:
         groups = lineages.setdefault(r.lineage, [[]])
-        if any(x.rank == r.rank for x in groups[-1]):
+        if any(x.rank == r.rank or x.world != r.world for x in groups[-1]):
             groups.append([])
         groups[-1].append(r)
     starts = [_Start(lin, g[0].origin, g) for lin, gs in lineages.items() for g in gs]
@@ -222,7 +236,7 @@ def _origin_mark(origin: dict[str, Any]) -> Mark:
 
 
 def _parent(start: _Start, starts: list[_Start], notes: list[str],
-            missing: list[dict[str, Any]]) -> tuple[_Start | None, _Part | None]:
+            missing: list[dict[str, Any]]) -> tuple[_Start | None, _Proof | None]:
     """The start that saved the state ``start`` resumed from, and the part that recorded the
     saving (``None`` when no part did)."""
     origin = start.origin
@@ -236,6 +250,9 @@ def _parent(start: _Start, starts: list[_Start], notes: list[str],
                      f"ledger mark (epoch {at[0]}, position {at[1]}): it is taken to continue the "
                      "start before it")
         return (before[-1] if before else None), None
+    if "run" in origin:  # the run that saved it is named (version 3)
+        return _saver(start, [s for s in before if origin["run"] in {r.run for r in s.runs}],
+                      at, missing)
     candidates = [s for s in before if s.lineage == lineage]
     if not candidates:
         missing.append({"lineage": lineage, "why": (
@@ -247,10 +264,31 @@ def _parent(start: _Start, starts: list[_Start], notes: list[str],
         proof = [p for m, p in s.marks() if m == at]
         if proof:
             return s, proof[-1]
-    notes.append(f"runs {', '.join(r.run for r in start.runs)} resumed from epoch {at[0]} "
-                 f"position {at[1]} of lineage {lineage}, a state no part recorded saving: "
-                 "nothing is taken as delivered that its parts did not record")
+    missing.append({"lineage": lineage, "why": (
+        f"runs {', '.join(r.run for r in start.runs)} resumed from epoch {at[0]} position "
+        f"{at[1]} of lineage {lineage}, a state no part here recorded saving: the part that "
+        "did is lost, or the state is not one this job saved; what was delivered before it "
+        "cannot be told")})
     return candidates[-1], None
+
+
+def _saver(start: _Start, saver: list[_Start], at: Mark,
+           missing: list[dict[str, Any]]) -> tuple[_Start | None, _Proof | None]:
+    """The start of the run named as the one that saved the state ``start`` resumed from."""
+    runs = ", ".join(r.run for r in start.runs)
+    origin = start.origin or {}
+    if not saver:
+        missing.append({"lineage": origin.get("lineage"), "why": (
+            f"runs {runs} resumed from a state run {origin.get('run')} saved (epoch {at[0]} "
+            f"position {at[1]}), and that run has no part here: what it delivered is unknown")})
+        return None, None
+    proof = [p for m, p in saver[-1].marks() if m == at]
+    if not proof:
+        missing.append({"lineage": origin.get("lineage"), "why": (
+            f"runs {runs} resumed from a state run {origin.get('run')} saved (epoch {at[0]} "
+            f"position {at[1]}), and none of its parts here recorded saving it: the part that "
+            "did is lost; what was delivered before it cannot be told")})
+    return saver[-1], (proof[-1] if proof else None)
 
 
 def _history(starts: list[_Start], notes: list[str], missing: list[dict[str, Any]],
@@ -309,23 +347,27 @@ def _keep(start: _Start, batch: dict[str, int]) -> None:
     for r in start.runs:
         for p in r.parts:
             if cut is None or p.epoch < cut[0]:
-                p.kept, p.finished = p.reached, bool(p.header["finished"])
+                p.kept = p.reached  # the loop received every batch of its share: finished
+                p.finished = p.reached >= finished_reach(p.split, batch[r.run])
             elif p.epoch == cut[0]:
                 p.kept = min(_local(p, cut[1]), p.reached)
-                p.finished = bool(p.header["finished"]) and cut[1] >= p.split.num_samples
+                p.finished = (cut[1] >= p.split.num_samples
+                              and p.reached >= finished_reach(p.split, batch[r.run]))
             else:
                 p.kept, p.finished = 0, False
-    if proof is None or cut is None:
+    if proof is None or cut is None or proof.reached is None:
         return
-    for r in start.runs:  # the pass each rank was in when the proven state was saved
-        same = [p for p in r.parts if p.epoch == proof.epoch]
+    rec = proof.part
+    done = -(-proof.reached // batch[rec.run])  # batches the saving rank had received
+    for r in start.runs:  # each rank's pass at that moment had received as many (lockstep)
+        same = [p for p in r.parts if p.epoch == rec.epoch]
         if not same:
             continue
         p = same[-1]
-        if proof.epoch == cut[0]:
-            want = _local(p, cut[1])
-        else:  # saved after the pass's end: the state of the next epoch's start
-            want = finished_reach(p.split, batch[r.run])
+        want = min(p.split.length, done * batch[r.run])
+        if rec.epoch == cut[0]:
+            want = min(want, _local(p, cut[1]))
+        elif want >= finished_reach(p.split, batch[r.run]):
             p.finished = True
         if want > p.kept:
             p.kept, p.credited = want, True
@@ -379,18 +421,23 @@ def _tally(info: dict[str, Any], part: _Part, t: _Tally) -> None:
         t.dropped[dropped_ids(_plan(info, part.epoch), part.split, k)] = True
 
 
-def _frontier(history: list[_Start]) -> Mark:
-    """The furthest the history went: the latest epoch one of its parts kept (or the newest
-    start began), or the epoch of the state it resumed from."""
-    far: Mark = (-1, 0)
+def _passed(p: _Part) -> bool:
+    """Whether a pass began in ``p`` (not a part that only put a loaded or saved state on
+    record; version 2 wrote none such)."""
+    return bool(p.header.get("pass", True))
+
+
+def _reached_epochs(history: list[_Start]) -> set[int]:
+    """The epochs the history went into: those it kept deliveries of, those a start of it
+    resumed in, and those the newest start began a pass of."""
+    out: set[int] = set()
     for i, s in enumerate(history):
         if s.origin is not None:
-            far = max(far, _origin_mark(s.origin))
-        for r in s.runs:
-            for p in r.parts:
-                if p.kept or p.finished or (i == len(history) - 1):
-                    far = max(far, (p.epoch, 0))
-    return far
+            out.add(_origin_mark(s.origin)[0])
+        newest = i == len(history) - 1
+        out.update(p.epoch for p in _parts_of(s) if p.kept or p.finished
+                   or (newest and _passed(p)))
+    return out
 
 
 def _missing_ranks(history: list[_Start], epoch: int, newest_epoch: int) -> list[dict[str, Any]]:
@@ -399,32 +446,35 @@ def _missing_ranks(history: list[_Start], epoch: int, newest_epoch: int) -> list
     only where another rank delivered something of it."""
     out: list[dict[str, Any]] = []
     for i, s in enumerate(history):
-        begun = {p.epoch for r in s.runs for p in r.parts}
-        lo = min(begun) if begun else 0
+        begun = {p.epoch for p in _parts_of(s) if _passed(p)}
+        lo = _origin_mark(s.origin)[0] if s.origin is not None else min(begun, default=epoch + 1)
         if s.cut is not None:
             hi = s.cut[0] if s.cut[1] > 0 else s.cut[0] - 1
         else:
-            hi = max(begun) if begun else -1
+            hi = max(begun, default=-1)
         if not lo <= epoch <= hi:
             continue
-        here = [p for r in s.runs for p in r.parts if p.epoch == epoch]
-        ranks = {p.rank for p in here}
+        here = [p for p in _parts_of(s) if p.epoch == epoch]
         if i == len(history) - 1 and epoch == newest_epoch and not any(p.reached for p in here):
             continue
-        for rank in range(s.world):
-            if rank not in ranks:
-                out.append({"rank": rank, "world_size": s.world, "lineage": s.lineage,
-                            "runs": [r.run for r in s.runs], "why": (
-                                f"rank {rank} of {s.world} has no part for epoch {epoch}, which "
-                                f"its start (runs {', '.join(r.run for r in s.runs)}) went "
-                                "through: its part is lost, what it delivered is unknown")})
+        ranks = {p.rank for p in here}
+        out.extend(_missing(s, rank, epoch) for rank in range(s.world) if rank not in ranks)
     return out
 
 
-def _finished(history: list[_Start], epoch: int, frontier: Mark) -> str | None:
-    """Why ``epoch`` is finished (``None``: under way)."""
-    if epoch < frontier[0]:
-        return f"the job went on to epoch {frontier[0]}"
+def _missing(s: _Start, rank: int, epoch: int) -> dict[str, Any]:
+    runs = [r.run for r in s.runs]
+    return {"rank": rank, "world_size": s.world, "lineage": s.lineage, "runs": runs, "why": (
+        f"rank {rank} of {s.world} has no part for epoch {epoch}, which its start (runs "
+        f"{', '.join(runs)}) went through: its part is lost, what it delivered is unknown")}
+
+
+def _finished(history: list[_Start], epoch: int, reached: set[int]) -> str | None:
+    """Why ``epoch`` is finished (``None``: under way, or never part of the history)."""
+    if epoch not in reached:
+        return None
+    if epoch < max(reached):
+        return f"the job went on to epoch {max(reached)}"
     for s in history:
         ranks = {p.rank for p in _parts_of(s) if p.epoch == epoch and p.finished}
         if ranks and len(ranks) == s.world:
@@ -471,9 +521,9 @@ def _epochs(info: dict[str, Any], parts: list[_Part],
     tallies: dict[int, _Tally] = {}
     for p in parts:  # parts off the history keep nothing: all they delivered is rolled back
         _tally(info, p, tallies.setdefault(p.epoch, _Tally(n)))
-    frontier = _frontier(history)
+    reached = _reached_epochs(history)
     newest = max((p.epoch for p in _parts_of(history[-1])), default=-1) if history else -1
-    return [_epoch_record(e, tallies[e], _finished(history, e, frontier),
+    return [_epoch_record(e, tallies[e], _finished(history, e, reached),
                           _missing_ranks(history, e, newest)) for e in sorted(tallies)]
 
 

@@ -545,11 +545,12 @@ class FeedLoader:
             state = self.dataset.state_at(self._state.epoch + 1, 0)
         else:
             state = self.dataset.state_at(self._state.epoch, self.position)
-        if self._ledger is not None and self._resumed_from is not None:
-            # loaded and not iterated since: the same state, named as it was
-            state["ledger"] = dict(self._resumed_from)
-        elif self._ledger is not None:
-            state["ledger"] = self._ledger.mark(state["epoch"], state["position"])
+        ledger = self._ledger
+        if ledger is not None:
+            if not ledger.begun:  # a state taken before any pass: the run goes on record
+                ledger.begin(self.dataset.plan(self._state.epoch), self._split,
+                             self.batch_size, None, record=True)
+            state["ledger"] = ledger.mark(state["epoch"], state["position"])
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any], *, strict: bool = True) -> None:
@@ -566,6 +567,10 @@ class FeedLoader:
         self._batches = 0
         self._finished = False
         self._epoch_chosen = True
+        if self._ledger is not None:  # the resume is on record before any pass begins
+            self._ledger.begin(self.dataset.plan(self._state.epoch), self._split,
+                               self.batch_size, self._resumed_from, record=True)
+            self._resumed_from = None
 
 
 def _pinned(batch: Any) -> Any:
