@@ -211,9 +211,15 @@ class Ledger:
         self._dirty = False
 
     @property
-    def begun(self) -> bool:
-        """Whether this run has a part on record."""
+    def in_part(self) -> bool:
+        """Whether a part is open: a pass under way or ended, not yet left (:meth:`leave`)."""
         return self._header is not None
+
+    def leave(self) -> None:
+        """The loader left its pass for another (``set_epoch``): a state taken from now on
+        belongs to the pass to come, and goes on record in a part of its own."""
+        self.end()
+        self._header = None
 
     # -- a part ----------------------------------------------------------------------------
     def begin(self, plan: Plan, split: Split, batch_size: int,
@@ -293,15 +299,17 @@ class Ledger:
     def mark(self, epoch: int, position: int) -> dict[str, Any]:
         """A state is being saved that resumes at global ``position`` of ``epoch`` (the next
         epoch's start after a finished one): flush, and return the mark that a run resumed from
-        this state names. The part records the mark with how far its pass had come: a state
-        resumed from proves that every rank had come as far (they deliver in lockstep)."""
+        this state names. The part records the mark with how far its pass had come and when: a
+        state resumed from proves that every rank had come as far (they deliver in lockstep),
+        and tells the passes before it (kept) from those after (rolled back with it)."""
         header = self._header
+        now = time.time()
         if header is not None:
-            header["marks"].append([int(epoch), int(position), self._reached])
+            header["marks"].append([int(epoch), int(position), self._reached, now])
             self._dirty = True
             self._flush()
         return {"lineage": self.lineage, "epoch": int(epoch), "position": int(position),
-                "run": self.run}
+                "run": self.run, "time": now}
 
     def finish(self) -> None:
         """The pass reached the end of this rank's share: record what was dropped by design

@@ -37,6 +37,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,10 @@ class _Part:
     def reached(self) -> int:
         return int(self.header["reached"])
 
+    @property
+    def created(self) -> float:
+        return float(self.header["created"])
+
     def describe(self) -> str:
         h = self.header
         how = "from the start" if not h["start"] else f"from position {h['start']}"
@@ -100,17 +105,19 @@ class _Run:
     def marks(self) -> list[tuple[Mark, _Proof]]:
         """The states this run saved, each with the part that recorded it and how far that
         part's pass had come (version 3; ``None`` before)."""
-        return [((int(m[0]), int(m[1])), _Proof(p, int(m[2]) if len(m) > 2 else None))
+        return [((int(m[0]), int(m[1])), _Proof(p, int(m[2]) if len(m) > 2 else None,
+                                                float(m[3]) if len(m) > 3 else None))
                 for p in self.parts for m in p.header["marks"]]
 
 
 @dataclass
 class _Proof:
     """A saved state as its part recorded it: ``reached``, the local positions its pass had
-    delivered then."""
+    delivered then, and ``time``, when (version 3)."""
 
     part: _Part
     reached: int | None
+    time: float | None
 
 
 @dataclass
@@ -208,10 +215,25 @@ def _runs(parts: list[_Part]) -> list[_Run]:
         r.created = min(r.created, float(h["created"]))
         r.parts.append(p)
     for r in runs.values():
-        r.parts.sort(key=lambda p: (float(p.header["created"]), os.path.basename(p.path)))
-        for i, p in enumerate(r.parts):
-            p.seq = i
+        for p in r.parts:
+            found = re.search(r"-(\d+)\.part$", p.path)
+            p.seq = int(found.group(1)) if found else 0
+        r.parts.sort(key=lambda p: (p.seq, float(p.header["created"])))
     return sorted(runs.values(), key=lambda r: r.created)
+
+
+def _gaps(runs: list[_Run]) -> list[dict[str, Any]]:
+    """Parts lost from a run that still has others: a run numbers its parts 0, 1, 2, ..."""
+    out = []
+    for r in runs:
+        have = {p.seq for p in r.parts}
+        lost = sorted(set(range(max(have) + 1)) - have)
+        if lost:
+            out.append({"lineage": r.lineage, "why": (
+                f"run {r.run} (rank {r.rank} of {r.world}) lacks its part(s) number "
+                f"{', '.join(map(str, lost))} of {max(have) + 1}: what they recorded is "
+                "unknown")})
+    return out
 
 
 def _starts(runs: list[_Run]) -> list[_Start]:
@@ -282,7 +304,8 @@ def _saver(start: _Start, saver: list[_Start], at: Mark,
             f"runs {runs} resumed from a state run {origin.get('run')} saved (epoch {at[0]} "
             f"position {at[1]}), and that run has no part here: what it delivered is unknown")})
         return None, None
-    proof = [p for m, p in saver[-1].marks() if m == at]
+    when = origin.get("time")  # a run can save the same place twice: the moment tells which
+    proof = [p for m, p in saver[-1].marks() if m == at and (when is None or p.time == when)]
     if not proof:
         missing.append({"lineage": origin.get("lineage"), "why": (
             f"runs {runs} resumed from a state run {origin.get('run')} saved (epoch {at[0]} "
@@ -345,32 +368,78 @@ def _keep(start: _Start, batch: dict[str, int]) -> None:
     cut; a state the ledger saw saved proves every rank delivered up to it (lockstep)."""
     cut, proof = start.cut, start.proof
     for r in start.runs:
-        for p in r.parts:
-            if cut is None or p.epoch < cut[0]:
-                p.kept = p.reached  # the loop received every batch of its share: finished
-                p.finished = p.reached >= finished_reach(p.split, batch[r.run])
-            elif p.epoch == cut[0]:
-                p.kept = min(_local(p, cut[1]), p.reached)
-                p.finished = (cut[1] >= p.split.num_samples
-                              and p.reached >= finished_reach(p.split, batch[r.run]))
-            else:
-                p.kept, p.finished = 0, False
-    if proof is None or cut is None or proof.reached is None:
-        return
+        if cut is None:
+            before, current, after = list(r.parts), [], []
+        elif proof is None or proof.time is None:  # no record of the saving: by epoch
+            before = [p for p in r.parts if p.epoch < cut[0]]
+            current = [p for p in r.parts if p.epoch == cut[0]]
+            after = [p for p in r.parts if p.epoch > cut[0]]
+        else:
+            before, current, after = _around(start, r, proof)
+        for p in before:
+            _whole(p, batch[r.run])
+        for p in after:
+            p.kept, p.finished = 0, False
+        for p in current:
+            _cut(p, cut, batch[r.run])  # type: ignore[arg-type]
+    if proof is not None and cut is not None and proof.reached is not None:
+        _credit(start, cut, proof, batch)
+
+
+def _cut(p: _Part, cut: Mark, batch: int) -> None:
+    """``p`` was under way when the state at ``cut`` was saved: it keeps what came before."""
+    if p.epoch < cut[0]:
+        _whole(p, batch)
+    elif p.epoch == cut[0]:
+        p.kept = min(_local(p, cut[1]), p.reached)
+        p.finished = cut[1] >= p.split.num_samples and p.reached >= finished_reach(p.split, batch)
+    else:
+        p.kept, p.finished = 0, False
+
+
+def _around(start: _Start, r: _Run,
+            proof: _Proof) -> tuple[list[_Part], list[_Part], list[_Part]]:
+    """``r``'s parts before the saving of the state, the one under way then, and those after.
+    Ranks go through the same passes (lockstep): as many passes of every rank came before as
+    of the saving rank's."""
     rec = proof.part
-    done = -(-proof.reached // batch[rec.run])  # batches the saving rank had received
-    for r in start.runs:  # each rank's pass at that moment had received as many (lockstep)
-        same = [p for p in r.parts if p.epoch == rec.epoch]
-        if not same:
-            continue
-        p = same[-1]
-        want = min(p.split.length, done * batch[r.run])
-        if rec.epoch == cut[0]:
-            want = min(want, _local(p, cut[1]))
-        elif want >= finished_reach(p.split, batch[r.run]):
-            p.finished = True
-        if want > p.kept:
-            p.kept, p.credited = want, True
+    if r.run == rec.run:
+        return ([p for p in r.parts if p.seq < rec.seq], [rec],
+                [p for p in r.parts if p.seq > rec.seq])
+    saver = next(x for x in start.runs if x.run == rec.run)
+    done = sum(1 for p in saver.parts if _passed(p) and p.seq < rec.seq)
+    passes = [p for p in r.parts if _passed(p)]
+    records = [p for p in r.parts if not _passed(p)]  # they hold no delivery
+    if _passed(rec):
+        return records + passes[:done], passes[done:done + 1], passes[done + 1:]
+    return records + passes[:done], [], passes[done:]
+
+
+def _whole(p: _Part, batch: int) -> None:
+    p.kept = p.reached  # the loop received every batch of its share: finished
+    p.finished = p.reached >= finished_reach(p.split, batch)
+
+
+def _credit(start: _Start, cut: Mark, proof: _Proof, batch: dict[str, int]) -> None:
+    """Every rank's pass had received as many batches as the saving rank's when the state was
+    saved (lockstep): credit a rank whose part was last flushed before."""
+    rec = proof.part
+    if not _passed(rec):
+        return  # saved before its pass began: nothing of it to credit
+    done = -(-int(proof.reached or 0) // batch[rec.run])
+    for r in start.runs:
+        if proof.time is not None:
+            same = _around(start, r, proof)[1]
+        else:
+            same = [p for p in r.parts if p.epoch == rec.epoch][-1:]
+        for p in same:
+            want = min(p.split.length, done * batch[r.run])
+            if rec.epoch == cut[0]:
+                want = min(want, _local(p, cut[1]))
+            elif want >= finished_reach(p.split, batch[r.run]):
+                p.finished = True
+            if want > p.kept:
+                p.kept, p.credited = want, True
 
 
 # -- the epochs --------------------------------------------------------------------------------
@@ -549,6 +618,7 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
     notes: list[str] = []
     missing: list[dict[str, Any]] = []
     replays: list[dict[str, Any]] = []
+    missing.extend(_gaps(runs))
     starts = _starts(runs)
     history = _history(starts, notes, missing, replays)
     for p in parts:

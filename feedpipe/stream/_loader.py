@@ -264,6 +264,8 @@ class FeedLoader:
         same epoch."""
         if epoch != self._state.epoch or self._finished:
             self._state.set_epoch(epoch)
+        if self._ledger is not None:
+            self._ledger.leave()
         self._split = self._state.split(self.dataset)
         self._batches = 0
         self._finished = False
@@ -547,7 +549,7 @@ class FeedLoader:
             state = self.dataset.state_at(self._state.epoch, self.position)
         ledger = self._ledger
         if ledger is not None:
-            if not ledger.begun:  # a state taken before any pass: the run goes on record
+            if not ledger.in_part:  # a state taken before a pass: it goes on record
                 ledger.begin(self.dataset.plan(self._state.epoch), self._split,
                              self.batch_size, None, record=True)
             state["ledger"] = ledger.mark(state["epoch"], state["position"])
