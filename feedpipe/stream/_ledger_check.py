@@ -473,7 +473,7 @@ class _Tally:
 
 def _tally(info: dict[str, Any], part: _Part, t: _Tally) -> None:
     """Add what ``part`` kept (and rolled back) to its epoch's tally."""
-    t.count += 1
+    t.count += _passed(part) or part.reached > 0  # a part that only put a state on record: none
     k = part.kept
     ids = _ids(info, part, max(k, part.reached))
     kept = _ids(info, part, k) if k < part.reached else ids
