@@ -1,6 +1,7 @@
 """The delivery ledger (``FeedLoader(ledger=DIR)``, ``feedpipe ledger DIR``): a whole run with
 its stops, resumes and changes of world size is proven exactly-once, and each way it can go wrong
-is named: a repeat, a loss, a checkpoint resumed twice, a part file that cannot be read. Ranks
+is named: a repeat, a loss (also in an epoch the job left early), a part file that cannot be read
+or is missing; a restart from an older checkpoint is named as the rollback it is. Ranks
 run in lockstep in one process (each a loader with its own ``rank=``/``world_size=``, as the
 resume tests do); the kill test runs a real process and SIGKILLs it."""
 

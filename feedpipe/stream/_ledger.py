@@ -31,11 +31,14 @@ padding and drops (fewer than ``world_size`` and ``batch_size``).
 The ids recorded are the plan's ids of the batches the loop received (the loader counts batches
 as the training loop takes them, never the prefetched ones): the ledger proves that the resumes,
 restarts and changes of world size of a whole run combined to exactly-once, which no test of the
-loader alone can. ``state_dict()`` carries a mark ``{"lineage", "epoch", "position"}`` so that
-a later run resumed from it says where it came from; :func:`check_ledger`
-(:mod:`feedpipe.stream._ledger_check`) uses the marks to tell a rollback (what a run delivered
-after the checkpoint another run resumed from is discarded with it) from a replay (a run restarted
-from an older checkpoint than one saved since).
+loader alone can. ``state_dict()`` carries a mark ``{"lineage", "epoch", "position", "run",
+"time"}`` (the run that saved it and when; the part records it with how far its pass had come),
+so that a later run resumed from it says where it came from; :func:`check_ledger`
+(:mod:`feedpipe.stream._ledger_check`) follows the marks back from the newest start to tell what
+the model's history kept from what was rolled back with a killed run. A resume is on record when
+``load_state_dict()`` runs, and a state taken before a pass goes into a part of its own (such
+parts say ``"pass": false``); a run numbers its parts, so a lost one leaves a gap. Version 3
+parts add ``skipped``, the ids the transform left out (:class:`~feedpipe.errors.SampleSkipped`).
 """
 
 from __future__ import annotations
