@@ -21,8 +21,9 @@ The JSON document (--json; every id is listed, the text shows the first 5):
   "runs": [{"run", "host", "pid", "rank", "lineage", "resumed_from": the state's mark or null,
             "marks": [[epoch, position] of each state saved]}],
   "replays": [{"origin", "runs": [saved the later state, restarted], "why"}],
-  "unreadable": [{"part", "why"}], "missing": [{"lineage", "why"}]: a state resumed from a
-      lineage with no part here, "notes": [sentences that fail nothing],
+  "unreadable": [{"part", "why"}], "missing": [{"lineage", "why"}]: parts lost (a gap in a
+      run's numbered parts, a resumed state no part here recorded saving), "notes": [sentences
+      that fail nothing],
   "epochs": [{"epoch", "finished", "why_finished", "parts", "delivered", "distinct",
       "skipped": {"count", "ids"}, "rolled_back", "padding", "dropped",
       "repeats": {"count", "ids", "parts"}, "losses": {"count", "ids", "parts"} or null (an
