@@ -136,4 +136,5 @@ def test_a_ledger_proves_a_stopped_and_resumed_run_exactly_once(checkout: Path) 
     assert "position 16" in sh(train.format(1) + " --workers 1", checkout)
     out = sh(f"{sys.executable} -m feedpipe ledger {ledger}", checkout)
     assert "OK: every finished epoch exactly once" in out, out
-    assert "epoch 1 (finished, 3 parts): 40 of 40 delivered - exactly once" in out, out
+    assert ("epoch 1 (finished: every rank reached the end of its share, 3 parts): 40 of 40 "
+            "delivered - exactly once") in out, out

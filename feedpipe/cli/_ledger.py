@@ -8,15 +8,32 @@ from typing import Any
 from ._output import add_json_options, emit
 
 _EXAMPLES = """\
-Exit status 0 when every finished epoch delivered every sample exactly once (padding and
-drop_last's drops aside) and no checkpoint was resumed twice; 1 otherwise; 2 when DIR holds no
-ledger. The JSON document: {"ledger", "samples", "ok", "runs", "replays", "unreadable",
-"epochs": [{"epoch", "finished", "delivered", "distinct", "rolled_back", "padding", "dropped",
-"repeats": {"count", "ids", "parts"}, "losses": {...} or null, "exactly_once"}]}.
+Exit status 0 when every finished epoch delivered every sample exactly once (padding,
+drop_last's drops and samples the transform skipped aside), every part is readable and no
+rank's part is missing; 1 otherwise; 2 when DIR holds no ledger. An epoch is finished when every
+rank reached the end of its share, or when the job went on to a later epoch (a loop that left it
+early, a resume followed by set_epoch of a later epoch): what it did not deliver is lost. A
+restart from an older checkpoint than one saved since (or from one whose save never completed)
+is a rollback: named under "replays", it fails nothing.
+
+The JSON document (--json; every id is listed, the text shows the first 5):
+  "ledger": DIR, "samples": samples an epoch has, "ok": the verdict,
+  "runs": [{"run", "host", "pid", "rank", "lineage", "resumed_from": the state's mark or null,
+            "marks": [[epoch, position] of each state saved]}],
+  "replays": [{"origin", "runs": [saved the later state, restarted], "why"}],
+  "unreadable": [{"part", "why"}], "missing": [{"lineage", "why"}]: parts lost (a gap in a
+      run's numbered parts, a resumed state no part here recorded saving), "notes": [sentences
+      that fail nothing],
+  "epochs": [{"epoch", "finished", "why_finished", "parts", "delivered", "distinct",
+      "skipped": {"count", "ids"}, "rolled_back", "padding", "dropped",
+      "repeats": {"count", "ids", "parts"}, "losses": {"count", "ids", "parts"} or null (an
+      epoch under way), "missing": [{"rank", "world_size", "lineage", "runs", "why"}],
+      "exactly_once"}]
 
 Examples:
   feedpipe ledger runs/ledger
-  feedpipe ledger runs/ledger --json | jq '.epochs[] | {epoch, exactly_once}'"""
+  feedpipe ledger runs/ledger --json | jq '.epochs[] | {epoch, exactly_once}'
+  feedpipe ledger runs/ledger --json-out ledger-report.json"""
 
 
 def add_parser(sub: Any) -> None:

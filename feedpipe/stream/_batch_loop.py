@@ -306,24 +306,29 @@ class Skips:
 
     def __init__(self) -> None:
         self.count = 0
+        self.ids: list[int] = []  # the global ids of those left out (FeedLoader's ledger)
 
-    def note(self, error: SampleSkipped) -> None:
+    def note(self, skipped: _Skipped) -> None:
         self.count += 1
-        log.warning("feedpipe: a sample was left out of its batch: %s", error)
+        if skipped.index is not None:
+            self.ids.append(skipped.index)
+        log.warning("feedpipe: a sample was left out of its batch: %s", skipped.error)
 
 
 class _Skipped:
-    __slots__ = ("error",)
+    __slots__ = ("error", "index")
 
-    def __init__(self, error: SampleSkipped) -> None:
+    def __init__(self, error: SampleSkipped, sample: Any) -> None:
         self.error = error
+        index = sample.get("__index__") if isinstance(sample, dict) else None
+        self.index = None if index is None else int(index)
 
 
 def _attempt(fn: Callable[[Any], Any], x: Any) -> Any:
     try:
         return fn(x)
     except SampleSkipped as e:
-        return _Skipped(e)
+        return _Skipped(e, x)
 
 
 def _bytes_of(x: Any) -> Any:
@@ -376,7 +381,7 @@ class CollateMaker:
             if isinstance(o, Future):
                 o = o.result()
             if type(o) is _Skipped:
-                self.skips.note(o.error)
+                self.skips.note(o)
                 last = o
                 continue
             if items is not None and not items[j][2]:
@@ -430,7 +435,7 @@ def each_sample(dataset: LoopDataset, state: EpochState, worker: int, workers: i
             for x in samples:
                 o = _attempt(transform, x)
                 if type(o) is _Skipped:
-                    skips.note(o.error)
+                    skips.note(o)
                     last = o
                 else:
                     kept += 1
@@ -499,7 +504,7 @@ class RowMaker:
                 with one_thread():
                     rows[j].copy_(img if isinstance(img, torch.Tensor) else torch.as_tensor(img))
         except SampleSkipped as e:
-            return _Skipped(e)
+            return _Skipped(e, x)
         if label is not None:
             labels[j] = label
         return label is not None
@@ -510,7 +515,7 @@ class RowMaker:
         keep = [j for j, r in enumerate(results) if type(r) is not _Skipped]
         for r in results:
             if type(r) is _Skipped:
-                self.skips.note(r.error)
+                self.skips.note(r)
         if not keep:
             if self.drop is not None:
                 self.drop()

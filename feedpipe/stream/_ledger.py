@@ -31,11 +31,14 @@ padding and drops (fewer than ``world_size`` and ``batch_size``).
 The ids recorded are the plan's ids of the batches the loop received (the loader counts batches
 as the training loop takes them, never the prefetched ones): the ledger proves that the resumes,
 restarts and changes of world size of a whole run combined to exactly-once, which no test of the
-loader alone can. ``state_dict()`` carries a mark ``{"lineage", "epoch", "position"}`` so that
-a later run resumed from it says where it came from; :func:`check_ledger`
-(:mod:`feedpipe.stream._ledger_check`) uses the marks to tell a rollback (what a run delivered
-after the checkpoint another run resumed from is discarded with it) from a replay (a run restarted
-from an older checkpoint than one saved since).
+loader alone can. ``state_dict()`` carries a mark ``{"lineage", "epoch", "position", "run",
+"time"}`` (the run that saved it and when; the part records it with how far its pass had come),
+so that a later run resumed from it says where it came from; :func:`check_ledger`
+(:mod:`feedpipe.stream._ledger_check`) follows the marks back from the newest start to tell what
+the model's history kept from what was rolled back with a killed run. A resume is on record when
+``load_state_dict()`` runs, and a state taken before a pass goes into a part of its own (such
+parts say ``"pass": false``); a run numbers its parts, so a lost one leaves a gap. Version 3
+parts add ``skipped``, the ids the transform left out (:class:`~feedpipe.errors.SampleSkipped`).
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ import numpy as np
 from ..errors import StateError
 from ..plan._order import Plan, Split
 
-LEDGER_VERSION = 2
-READS = (1, 2)  # part versions the checker reads
+LEDGER_VERSION = 2  # of ledger.json
+PART_VERSION = 3  # of a part: 3 added "skipped" (version 2 wrote none) and a flush at each start
+READS = (1, 2, 3)  # part versions the checker reads
 FLUSH_SECONDS = 1.0
 CHECKED = 4  # positions whose ids a part holds, to check the checker's plan against
 FRESH = "fresh"  # the lineage of a job that started from nothing
@@ -67,7 +71,10 @@ def lineage_of(mark: dict[str, Any] | None) -> str:
     rank that loaded the same state."""
     if mark is None:
         return FRESH
-    key = json.dumps([mark.get("lineage"), mark.get("epoch"), mark.get("position")])
+    fields = [mark.get("lineage"), mark.get("epoch"), mark.get("position")]
+    if "run" in mark:  # the run that saved it (version 3): fresh starts' states never collide
+        fields.append(mark["run"])
+    key = json.dumps(fields)
     return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
@@ -143,6 +150,22 @@ def delivered(plan: Plan, split: Split, reached: int) -> np.ndarray:
     return plan.sample_ids(split.positions(0, min(int(reached), padding_from(split))))
 
 
+def dropped_ids(plan: Plan, split: Split, reached: int) -> np.ndarray:
+    """What a pass of ``split`` that ended at local ``reached`` left out by design: its short
+    last batch (``FeedLoader(drop_last=True)``) and, on rank 0, the positions no rank gets
+    (the dataset's ``drop_last=True``)."""
+    ids = [plan.sample_ids(split.positions(min(int(reached), split.length), split.length))]
+    if split.rank == 0 and split.dropped:
+        lo = split.start + split.length * split.world_size
+        ids.append(plan.sample_ids(np.arange(lo, split.num_samples, dtype=np.int64)))
+    return np.concatenate(ids).astype(np.int64)
+
+
+def finished_reach(split: Split, batch_size: int) -> int:
+    """Where a pass of ``split`` in batches of ``batch_size`` ends (local)."""
+    return min(split.length, split.batches(batch_size) * batch_size)
+
+
 class Ledger:
     """One FeedLoader's ledger writer (see the module docstring).
 
@@ -190,11 +213,33 @@ class Ledger:
         self._last_flush = 0.0
         self._dirty = False
 
+    @property
+    def in_part(self) -> bool:
+        """Whether a part is open: a pass under way or ended, not yet left (:meth:`leave`)."""
+        return self._header is not None
+
+    def leave(self) -> None:
+        """The loader left its pass for another (``set_epoch``): a state taken from now on
+        belongs to the pass to come, and goes on record in a part of its own."""
+        self.end()
+        self._header = None
+
     # -- a part ----------------------------------------------------------------------------
     def begin(self, plan: Plan, split: Split, batch_size: int,
-              resumed_from: dict[str, Any] | None) -> None:
+              resumed_from: dict[str, Any] | None, *, record: bool = False) -> None:
         """Start the part of one pass (``split`` gives this rank's share from its start);
-        ``resumed_from``: the mark of the state the loader was just loaded with."""
+        ``resumed_from``: the mark of the state the loader was just loaded with. ``record``:
+        no pass begins, the loader only goes on record where it stands (it was loaded, or a
+        state is taken before its first pass); the pass that follows from the same place
+        continues that part."""
+        h = self._header
+        if (h is not None and resumed_from is None and not self._reached and not h["finished"]
+                and (h["epoch"], h["rank"], h["world_size"], h["start"], h["batch_size"])
+                == (plan.epoch, split.rank, split.world_size, split.start, int(batch_size))):
+            if not record and not h["pass"]:
+                h["pass"] = True
+                self._flush()
+            return
         self.end()
         if resumed_from is not None:
             self.origin = dict(resumed_from)
@@ -208,22 +253,20 @@ class Ledger:
             self._dir = os.path.dirname(self._path)
             os.makedirs(self._dir, exist_ok=True)
         self._header = {
-            "version": LEDGER_VERSION, "run": self.run, "host": socket.gethostname(),
+            "version": PART_VERSION, "run": self.run, "host": socket.gethostname(),
             "pid": os.getpid(), "created": time.time(), "lineage": self.lineage,
             "origin": self.origin, "epoch": plan.epoch,
             "rank": split.rank, "world_size": split.world_size, "start": split.start,
             "length": split.length, "batch_size": self._batch,
             "whole_batches": split.whole_batches, "samples": self.samples,
-            "reached": 0, "delivered": 0, "padding": [],
-            "dropped": [], "marks": [], "finished": False}
+            "reached": 0, "delivered": 0, "padding": [], "skipped": [],
+            "dropped": [], "marks": [], "finished": False, "pass": not record}
         if self._seq == 1:  # the run's first part: the ids its plan gives, for the checker
             checked = split.positions(0, min(CHECKED, split.length))
             self._header["checked"] = [checked.tolist(), plan.sample_ids(checked).tolist()]
-        if self._seq == 1 or resumed_from is not None:
-            self._flush()  # the run and where it started from are on record before any batch
-        else:  # a later pass of a run on record: its part is written at its first flush
-            self._dirty = True
-            self._last_flush = time.monotonic()
+        # every pass is on record before its first batch: the checker tells a rank that never
+        # began an epoch from one whose part is missing
+        self._flush()
 
     def batch(self, t: int) -> None:
         """The loop received local batch ``t`` of this pass (batches arrive in order, each
@@ -240,6 +283,15 @@ class Ledger:
         if now - self._last_flush >= FLUSH_SECONDS:
             self._flush(now)
 
+    def skipped(self, ids: list[int]) -> None:
+        """The transform left these samples out (:class:`~feedpipe.errors.SampleSkipped`): named
+        in the part, apart from the delivered ones. Samples of batches prefetched ahead of the
+        loop may be named before their batch arrives: the checker counts those of the positions
+        the part reached."""
+        if self._header is not None and ids:
+            self._header["skipped"].extend(int(i) for i in ids)
+            self._dirty = True
+
     def _padding(self, lo: int, hi: int) -> None:
         """Local ``[lo, hi)`` repeat positions to even the ranks out: their ids are named apart
         (neither delivered nor repeats)."""
@@ -250,13 +302,17 @@ class Ledger:
     def mark(self, epoch: int, position: int) -> dict[str, Any]:
         """A state is being saved that resumes at global ``position`` of ``epoch`` (the next
         epoch's start after a finished one): flush, and return the mark that a run resumed from
-        this state names."""
+        this state names. The part records the mark with how far its pass had come and when: a
+        state resumed from proves that every rank had come as far (they deliver in lockstep),
+        and tells the passes before it (kept) from those after (rolled back with it)."""
         header = self._header
+        now = time.time()
         if header is not None:
-            header["marks"].append([int(epoch), int(position)])
+            header["marks"].append([int(epoch), int(position), self._reached, now])
             self._dirty = True
             self._flush()
-        return {"lineage": self.lineage, "epoch": int(epoch), "position": int(position)}
+        return {"lineage": self.lineage, "epoch": int(epoch), "position": int(position),
+                "run": self.run, "time": now}
 
     def finish(self) -> None:
         """The pass reached the end of this rank's share: record what was dropped by design
@@ -265,15 +321,7 @@ class Ledger:
         split, header = self._split, self._header
         if split is None or header is None or self._plan is None:
             return
-        dropped: list[int] = []
-        if self._reached < split.length:
-            ids = self._plan.sample_ids(split.positions(self._reached, split.length))
-            dropped.extend(int(i) for i in ids)
-        if split.rank == 0 and split.dropped:
-            lo = split.start + split.length * split.world_size
-            dropped.extend(int(i) for i in self._plan.sample_ids(
-                np.arange(lo, split.num_samples, dtype=np.int64)))
-        header["dropped"] = dropped
+        header["dropped"] = dropped_ids(self._plan, split, self._reached).tolist()
         header["finished"] = True
         self._dirty = True
         self._flush()

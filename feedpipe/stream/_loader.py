@@ -197,6 +197,7 @@ class FeedLoader:
             "seed": dataset.seed, "shuffle": dataset.shuffle, "window": dataset.shuffle_window,
             "drop_last": dataset.drop_last})
         self._resumed_from: dict[str, Any] | None = None
+        self._skipped_ids: list[int] = []  # this pass's, as the batch loop names them
         self._times = PartTimes()
         self._clock = [0.0, 0.0]  # this pass: seconds waited for batches, its wall time
         self._began = (0.0, 0.0)  # this pass's start: perf_counter(), time.time() (workers')
@@ -270,6 +271,8 @@ class FeedLoader:
         same epoch."""
         if epoch != self._state.epoch or self._finished:
             self._state.set_epoch(epoch)
+        if self._ledger is not None:
+            self._ledger.leave()
         self._split = self._state.split(self.dataset)
         self._batches = 0
         self._finished = False
@@ -326,6 +329,7 @@ class FeedLoader:
             self._device_loader.iterable = source
             source = self._device_loader
         ledger = self._ledger
+        skipped = self._skipped_ids = []
         if ledger is not None:
             ledger.begin(ds.plan(state.epoch), self._split, self.batch_size, self._resumed_from)
             self._resumed_from = None
@@ -346,6 +350,9 @@ class FeedLoader:
                     timing[0], timing[1] = waited, t1 - t_start
                 self._batches += 1
                 if ledger is not None:
+                    if skipped:  # named as the batch loop met them (prefetched ones included)
+                        ledger.skipped(skipped)
+                        del skipped[:]
                     ledger.batch(self._batches - 1)
                 if type(batch) is LeftOut:
                     self._left_out(batch)
@@ -387,6 +394,7 @@ class FeedLoader:
         """The inline and threads executors: the batch loop in this process."""
         ds, stats = self.dataset, self._stats
         skips = Skips()
+        skips.ids = self._skipped_ids
         with EpochReader(ds, self._state) as reader:
             if route.fetch == "refs":
                 from ._refs import Columns
@@ -445,7 +453,7 @@ class FeedLoader:
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
                                  release=release, pin=self._pin, shards=self.dataset.shards,
                                  times=self._times, io=self._io_workers,
-                                 began=self._began[1])
+                                 began=self._began[1], skipped_ids=self._skipped_ids)
 
     def _check_start_method(self) -> None:
         unsafe = self._fork_unsafe or process_fork_unsafe()
@@ -559,8 +567,12 @@ class FeedLoader:
             state = self.dataset.state_at(self._state.epoch + 1, 0)
         else:
             state = self.dataset.state_at(self._state.epoch, self.position)
-        if self._ledger is not None:
-            state["ledger"] = self._ledger.mark(state["epoch"], state["position"])
+        ledger = self._ledger
+        if ledger is not None:
+            if not ledger.in_part:  # a state taken before a pass: it goes on record
+                ledger.begin(self.dataset.plan(self._state.epoch), self._split,
+                             self.batch_size, None, record=True)
+            state["ledger"] = ledger.mark(state["epoch"], state["position"])
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any], *, strict: bool = True) -> None:
@@ -577,6 +589,10 @@ class FeedLoader:
         self._batches = 0
         self._finished = False
         self._epoch_chosen = True
+        if self._ledger is not None:  # the resume is on record before any pass begins
+            self._ledger.begin(self.dataset.plan(self._state.epoch), self._split,
+                               self.batch_size, self._resumed_from, record=True)
+            self._resumed_from = None
 
 
 def _pinned(batch: Any) -> Any:

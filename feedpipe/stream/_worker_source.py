@@ -38,23 +38,25 @@ if TYPE_CHECKING:
 
 class WorkerMeta:
     """What travels with each batch from a worker: its process id, the samples its transform
-    left out since the last batch, the ticket of the ring buffer it was written in, the
-    seconds its batch loop spent in fetch, compute and sink since the last batch, the bytes
-    and requests its tiers counted since then (:data:`feedpipe.stream._io.FIELDS`), and, with
-    its first batch of a pass, ``ready``: the wall-clock time (``time.time()``, one clock for
-    every process of the machine) at which its batch loop began, from which the training
-    process tells the worker's start-up."""
+    left out since the last batch (and the global ids of those it could name), the ticket of
+    the ring buffer it was written in, the seconds its batch loop spent in fetch, compute and
+    sink since the last batch, the bytes and requests its tiers counted since then
+    (:data:`feedpipe.stream._io.FIELDS`), and, with its first batch of a pass, ``ready``: the
+    wall-clock time (``time.time()``, one clock for every process of the machine) at which its
+    batch loop began, from which the training process tells the worker's start-up."""
 
-    __slots__ = ("pid", "skipped", "ticket", "times", "io", "ready")
+    __slots__ = ("pid", "skipped", "ticket", "times", "io", "ready", "skipped_ids")
 
     def __init__(self, pid: int, skipped: int, ticket: Any,
                  times: tuple[float, float, float] = (0.0, 0.0, 0.0),
-                 io: tuple[int, ...] = ZERO, ready: float | None = None) -> None:
+                 io: tuple[int, ...] = ZERO, ready: float | None = None,
+                 skipped_ids: tuple[int, ...] = ()) -> None:
         self.pid, self.skipped, self.ticket, self.times = pid, skipped, ticket, times
-        self.io, self.ready = io, ready
+        self.io, self.ready, self.skipped_ids = io, ready, skipped_ids
 
     def __reduce__(self) -> Any:
-        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times, self.io, self.ready)
+        return WorkerMeta, (self.pid, self.skipped, self.ticket, self.times, self.io, self.ready,
+                            self.skipped_ids)
 
 
 class WorkerSource(IterableDataset):
@@ -118,7 +120,7 @@ class WorkerSource(IterableDataset):
                              fields=self.fields, default=self.default, reader=reader)
             if route.fetch != "packed":  # its ids are rows, not samples of a shard
                 parts.fetch = tally.counted(parts.fetch)
-            told = 0
+            told = told_ids = 0
             times = PartTimes()
             ready: float | None = time.time()
             if route.sink == "packed":  # a group of batches to a message (Shipment)
@@ -127,10 +129,11 @@ class WorkerSource(IterableDataset):
                 made = parts.run(reader, times)
             for batch in made:
                 meta = WorkerMeta(pid, skips.count - told, None if ring is None else ring.ticket(),
-                                  times.as_tuple(), tally.take(), ready)
+                                  times.as_tuple(), tally.take(), ready,
+                                  tuple(skips.ids[told_ids:]))
                 times.fetch = times.compute = times.sink = 0.0
                 ready = None
-                told = skips.count
+                told, told_ids = skips.count, len(skips.ids)
                 yield batch, meta
 
 
@@ -148,8 +151,10 @@ class WorkerBatches:
                  resolver: Resolver | None = None, release: RowRelease | None = None,
                  pin: bool = False, shards: ShardSet | None = None,
                  times: PartTimes | None = None, io: list[int] | None = None,
-                 began: float | None = None) -> None:
+                 began: float | None = None,
+                 skipped_ids: list[int] | None = None) -> None:
         self.loader, self.route, self.stats = loader, route, stats
+        self.skipped_ids = skipped_ids  # where the ids the workers' transforms left out go
         self.times = times  # the workers' part times, added up
         self.began = began  # the pass's start (time.time()), for the workers' start-up
         self.io = io  # the workers' bytes and requests (_io.FIELDS), added up
@@ -185,6 +190,8 @@ class WorkerBatches:
                 stats["messages"] += 1
                 pids.add(meta.pid)
                 stats["skipped"] = stats.get("skipped", 0) + meta.skipped
+                if self.skipped_ids is not None and meta.skipped_ids:
+                    self.skipped_ids.extend(meta.skipped_ids)
                 if self.times is not None:
                     self.times.add(meta.times)
                     if meta.ready is not None and self.began is not None:
