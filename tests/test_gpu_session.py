@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
                     reason="needs bash and coreutils' timeout")
 def test_budget_rehearsal_runs_every_part_and_records_its_time(tmp_path: Path) -> None:
     out = tmp_path / "out"
+    # PYTHON: the interpreter running the tests (the script's default, python3 on the PATH, is
+    # another one where the venv is not activated)
     env = {**os.environ, "QUICK": "1", "NO_LIMITS": "1", "OUT": str(out),
-           "ROOT": str(tmp_path / "root")}
+           "ROOT": str(tmp_path / "root"), "PYTHON": sys.executable}
     r = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), "budget"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
                        check=False)
