@@ -273,11 +273,6 @@ def test_outputs_that_do_not_collate_are_said_naming_field_and_sources(roots) ->
         list(ld)
 
 
-def test_a_ledger_is_refused_for_a_mixture(roots, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match="leave ledger= out for a Mixture"):
-        FeedLoader(mixture(roots, ["web"]), batch_size=4, ledger=str(tmp_path))
-
-
 def test_packed_rows_of_a_mixture_resume_on_another_world_to_exactly_the_rest(
         tmp_path: Path) -> None:
     """``Packed(Mixture(...))``: the mixture's documents (drawn by its plan) packed into rows;

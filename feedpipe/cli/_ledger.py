@@ -14,10 +14,15 @@ rank's part is missing; 1 otherwise; 2 when DIR holds no ledger. An epoch is fin
 rank reached the end of its share, or when the job went on to a later epoch (a loop that left it
 early, a resume followed by set_epoch of a later epoch): what it did not deliver is lost. A
 restart from an older checkpoint than one saved since (or from one whose save never completed)
-is a rollback: named under "replays", it fails nothing.
+is a rollback: named under "replays", it fails nothing. A Mixture's epoch holds each sample of a
+source as many times as its plan draws it (a source drawn more than its size repeats samples, one
+drawn less leaves some out): a repeat is a delivery beyond that, a loss one short of it, and both
+are also named per source.
 
 The JSON document (--json; every id is listed, the text shows the first 5):
-  "ledger": DIR, "samples": samples an epoch has, "ok": the verdict,
+  "ledger": DIR, "samples": samples the dataset has (a mixture's sources together),
+  "ok": the verdict, "mixture" (a Mixture's ledger only): {"sources", "sizes", "draws": each
+      source's samples an epoch, "epoch_size"},
   "runs": [{"run", "host", "pid", "rank", "lineage", "resumed_from": the state's mark or null,
             "marks": [[epoch, position] of each state saved]}],
   "replays": [{"origin", "runs": [saved the later state, restarted], "why"}],
@@ -25,9 +30,11 @@ The JSON document (--json; every id is listed, the text shows the first 5):
       run's numbered parts, a resumed state no part here recorded saving), "notes": [sentences
       that fail nothing],
   "epochs": [{"epoch", "finished", "why_finished", "parts", "delivered", "distinct",
-      "skipped": {"count", "ids"}, "rolled_back", "padding", "dropped",
-      "repeats": {"count", "ids", "parts"}, "losses": {"count", "ids", "parts"} or null (an
-      epoch under way), "missing": [{"rank", "world_size", "lineage", "runs", "why"}],
+      "expected": deliveries the epoch holds, "skipped": {"count", "ids"}, "rolled_back",
+      "padding", "dropped", "repeats": {"count", "ids", "parts"}, "losses": {"count", "ids",
+      "parts"} or null (an epoch under way); a mixture's findings add "sources": {name: ids
+      within that source}; an id found twice is listed twice,
+      "missing": [{"rank", "world_size", "lineage", "runs", "why"}],
       "exactly_once"}]
 
 Examples:

@@ -40,11 +40,13 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from ..errors import StateError
+from ..plan._mixture import MixturePlan
 from ..plan._order import Plan, Split
 from ._ledger import PARTS, delivered, dropped_ids, finished_reach, padding_from, read_part
 
@@ -140,12 +142,71 @@ class _Start:
         return [m for r in self.runs for m in r.marks()]
 
 
-def _plan(info: dict[str, Any], epoch: int) -> Plan:
+class _MixtureEpoch:
+    """A mixture's epoch as a plan: the sample number (the sources' samples numbered one after
+    the other) at each position, as :class:`~feedpipe.stream._mixture.MixtureEpoch` gives it."""
+
+    def __init__(self, plan: MixturePlan, epoch: int, bases: np.ndarray) -> None:
+        self.mixture_plan, self.epoch, self.bases = plan, int(epoch), bases
+
+    @property
+    def num_samples(self) -> int:
+        return self.mixture_plan.epoch_size
+
+    def sample_ids(self, positions: np.ndarray) -> np.ndarray:
+        src, ids = self.mixture_plan.draws(self.epoch, positions)
+        return np.asarray(self.bases[src] + ids, dtype=np.int64)
+
+
+def _is_mixture(info: dict[str, Any]) -> bool:
+    return info.get("kind") == "mixture"
+
+
+@lru_cache(maxsize=4)
+def _mixture_plan(key: str) -> tuple[MixturePlan, np.ndarray]:
+    """The mixture's plan made from what ``ledger.json`` recorded (``key``: that, as JSON), and
+    each source's first sample number."""
+    info = json.loads(key)
+    plan = MixturePlan(info["shards"], info["weights"], info["epoch_size"], info["seed"],
+                       info["shuffle"])
+    if plan.counts.tolist() != info["draws"]:
+        raise StateError(
+            f"this feedpipe's mixture plan draws {plan.counts.tolist()} samples of the sources "
+            f"{info['sources']} an epoch, the ledger's writer drew {info['draws']}: check this "
+            "ledger with the feedpipe version that wrote it")
+    sizes = np.array([sum(c) for c in info["shards"]], dtype=np.int64)
+    return plan, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+
+def _mixture(info: dict[str, Any]) -> tuple[MixturePlan, np.ndarray]:
+    keys = ("shards", "weights", "epoch_size", "seed", "shuffle", "draws", "sources")
+    return _mixture_plan(json.dumps({k: info[k] for k in keys}))
+
+
+def _plan(info: dict[str, Any], epoch: int) -> Plan | _MixtureEpoch:
+    if _is_mixture(info):
+        return _MixtureEpoch(*_mixture(info)[:1], epoch, _mixture(info)[1])
     return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"])
 
 
+def _positions(info: dict[str, Any]) -> int:
+    """The positions of an epoch: a mixture's ``epoch_size``, a dataset's samples."""
+    return _mixture(info)[0].epoch_size if _is_mixture(info) else int(sum(info["counts"]))
+
+
+def _expected(info: dict[str, Any], epoch: int) -> np.ndarray:
+    """How many times ``epoch`` holds each sample: once for a dataset; for a mixture what its
+    plan draws (a source drawn more than its size repeats samples, one drawn less leaves some
+    out)."""
+    n = int(sum(info["counts"]))
+    if not _is_mixture(info):
+        return np.ones(n, dtype=np.int64)
+    ids = _plan(info, epoch).sample_ids(np.arange(_positions(info), dtype=np.int64))
+    return np.bincount(ids, minlength=n).astype(np.int64)
+
+
 def _split(info: dict[str, Any], h: dict[str, Any]) -> Split:
-    return Split(int(sum(info["counts"])), h["world_size"], h["rank"], h["start"],
+    return Split(_positions(info), h["world_size"], h["rank"], h["start"],
                  info["drop_last"], h["whole_batches"])
 
 
@@ -456,7 +517,11 @@ def _ids(info: dict[str, Any], part: _Part, k: int) -> np.ndarray:
 
 @dataclass
 class _Tally:
+    """One epoch's tally per sample id, each a count: a mixture's epoch may hold a sample more
+    than once (``expected``: how many times it holds each)."""
+
     n: int
+    expected: np.ndarray
     counts: np.ndarray = field(init=False)
     skipped: np.ndarray = field(init=False)
     dropped: np.ndarray = field(init=False)
@@ -466,9 +531,9 @@ class _Tally:
     count: int = 0
 
     def __post_init__(self) -> None:
-        self.counts = np.zeros(self.n, dtype=np.int32)
-        self.skipped = np.zeros(self.n, dtype=bool)
-        self.dropped = np.zeros(self.n, dtype=bool)
+        self.counts = np.zeros(self.n, dtype=np.int64)
+        self.skipped = np.zeros(self.n, dtype=np.int64)
+        self.dropped = np.zeros(self.n, dtype=np.int64)
 
 
 def _tally_part(info: dict[str, Any], part: _Part, t: _Tally) -> None:
@@ -479,15 +544,18 @@ def _tally_part(info: dict[str, Any], part: _Part, t: _Tally) -> None:
     kept = _ids(info, part, k) if k < part.reached else ids
     t.rolled += max(0, len(ids) - len(kept))
     skip = np.asarray(part.header.get("skipped", []), dtype=np.int64)
-    if len(skip):
+    here = np.bincount(kept, minlength=t.n)
+    if len(skip):  # each skip takes one of the deliveries of its id (a mixture's may be more)
         skip = skip[np.isin(skip, kept)]
-        t.skipped[skip] = True
+        took = np.minimum(np.bincount(skip, minlength=t.n), here)
+        t.skipped += took
+        here -= took
         kept = kept[~np.isin(kept, skip)]
-    np.add.at(t.counts, kept, 1)
+    t.counts += here
     t.padding += max(0, k - padding_from(part.split))
     t.parts.append((part, kept))
     if part.finished:
-        t.dropped[dropped_ids(_plan(info, part.epoch), part.split, k)] = True
+        np.add.at(t.dropped, dropped_ids(_plan(info, part.epoch), part.split, k), 1)
 
 
 def _passed(p: _Part) -> bool:
@@ -555,28 +623,44 @@ def _parts_of(s: _Start) -> list[_Part]:
     return [p for r in s.runs for p in r.parts]
 
 
-def _finding(ids: np.ndarray, tally: _Tally) -> dict[str, Any]:
-    """A finding: how many, every id, and the parts that delivered (or held) the first few."""
+def _repeated(per_id: np.ndarray) -> np.ndarray:
+    """Each id as many times as ``per_id`` counts it."""
+    ids = np.flatnonzero(per_id > 0)
+    return np.repeat(ids, per_id[ids])
+
+
+def _finding(ids: np.ndarray, tally: _Tally, info: dict[str, Any]) -> dict[str, Any]:
+    """A finding: how many, every id (as often as it is found), and the parts that delivered
+    (or held) the first few; for a mixture also each source's ids within it."""
     shown = ids[:SHOW]
     involved = [p.describe() for p, kept in tally.parts
                 if len(shown) and np.isin(shown, kept).any()]
-    return {"count": int(len(ids)), "ids": [int(i) for i in ids], "parts": involved}
+    out: dict[str, Any] = {"count": int(len(ids)), "ids": [int(i) for i in ids],
+                           "parts": involved}
+    if _is_mixture(info):
+        bases = _mixture(info)[1]
+        src = np.searchsorted(bases, ids, side="right") - 1
+        out["sources"] = {name: (ids[src == s] - bases[s]).tolist()
+                          for s, name in enumerate(info["sources"]) if (src == s).any()}
+    return out
 
 
 def _epoch_record(epoch: int, tally: _Tally, finished: str | None,
-                  missing: list[dict[str, Any]]) -> dict[str, Any]:
-    counts = tally.counts
+                  missing: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+    counts, expected = tally.counts, tally.expected
+    skipped = _repeated(tally.skipped)
     rec: dict[str, Any] = {
         "epoch": epoch, "finished": finished is not None, "why_finished": finished,
         "parts": tally.count, "delivered": int(counts.sum()), "distinct": int((counts > 0).sum()),
-        "skipped": {"count": int(tally.skipped.sum()),
-                    "ids": [int(i) for i in np.flatnonzero(tally.skipped)]},
+        "expected": int(expected.sum()),
+        "skipped": {"count": int(len(skipped)), "ids": [int(i) for i in skipped]},
         "rolled_back": tally.rolled, "padding": tally.padding,
         "dropped": int(tally.dropped.sum()),
-        "repeats": _finding(np.flatnonzero(counts > 1), tally), "missing": missing}
+        # a delivery of an id beyond the times the epoch holds it (once, in a dataset's)
+        "repeats": _finding(_repeated(counts - expected), tally, info), "missing": missing}
     if finished is not None:
-        lost = np.flatnonzero((counts == 0) & ~tally.dropped & ~tally.skipped)
-        rec["losses"] = _finding(lost, tally)
+        lost = _repeated(expected - counts - tally.dropped - tally.skipped)
+        rec["losses"] = _finding(lost, tally, info)
     else:
         rec["losses"] = None  # an epoch still under way loses nothing yet
     rec["exactly_once"] = rec["repeats"]["count"] == 0 and not missing and (
@@ -589,11 +673,14 @@ def _epochs(info: dict[str, Any], parts: list[_Part],
     n = int(sum(info["counts"]))
     tallies: dict[int, _Tally] = {}
     for p in parts:  # parts off the history keep nothing: all they delivered is rolled back
-        _tally_part(info, p, tallies.setdefault(p.epoch, _Tally(n)))
+        t = tallies.get(p.epoch)
+        if t is None:
+            t = tallies[p.epoch] = _Tally(n, _expected(info, p.epoch))
+        _tally_part(info, p, t)
     reached = _reached_epochs(history)
     newest = max((p.epoch for p in _parts_of(history[-1])), default=-1) if history else -1
     return [_epoch_record(e, tallies[e], _finished(history, e, reached),
-                          _missing_ranks(history, e, newest)) for e in sorted(tallies)]
+                          _missing_ranks(history, e, newest), info) for e in sorted(tallies)]
 
 
 def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
@@ -628,17 +715,28 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
         _keep(s, batch)
     epochs = _epochs(info, parts, history)
     ok = not unreadable and not missing and all(e["exactly_once"] for e in epochs)
-    return {"ledger": root, "samples": int(sum(info["counts"])), "ok": ok, "runs": [
+    report = {"ledger": root, "samples": int(sum(info["counts"])), "ok": ok, "runs": [
         {"run": r.run, "host": r.host, "pid": r.pid, "rank": r.rank, "lineage": r.lineage,
          "resumed_from": r.origin, "marks": [list(m) for m, _ in r.marks()]} for r in runs],
-            "replays": replays, "unreadable": unreadable, "missing": missing, "notes": notes,
-            "epochs": epochs}
+              "replays": replays, "unreadable": unreadable, "missing": missing, "notes": notes,
+              "epochs": epochs}
+    if _is_mixture(info):
+        report["mixture"] = {"sources": list(info["sources"]),
+                             "sizes": [int(sum(c)) for c in info["shards"]],
+                             "draws": list(info["draws"]), "epoch_size": _positions(info)}
+    return report
 
 
 def ledger_text(report: dict[str, Any]) -> str:
     """The report as the ``feedpipe ledger`` command prints it."""
-    lines = [f"ledger {report['ledger']}: {report['samples']:,} samples, "
-             f"{len(report['runs'])} run{'s' if len(report['runs']) != 1 else ''}"]
+    runs = f"{len(report['runs'])} run{'s' if len(report['runs']) != 1 else ''}"
+    mix = report.get("mixture")
+    if mix is None:
+        lines = [f"ledger {report['ledger']}: {report['samples']:,} samples, {runs}"]
+    else:
+        what = ", ".join(f"{name} ({size:,} samples, {draws:,} drawn an epoch)" for name, size,
+                         draws in zip(mix["sources"], mix["sizes"], mix["draws"]))
+        lines = [f"ledger {report['ledger']}: a mixture of {what}; {runs}"]
     for u in report["unreadable"]:
         lines.append(f"  UNREADABLE part {u['part']}: {u['why']} (what it recorded is unknown)")
     for m in report["missing"]:
@@ -648,7 +746,7 @@ def ledger_text(report: dict[str, Any]) -> str:
     for note in report["notes"]:
         lines.append(f"  note: {note}")
     for e in report["epochs"]:
-        lines.extend(_epoch_lines(e, report["samples"]))
+        lines.extend(_epoch_lines(e, report["samples"], mix is not None))
     skipped = sum(e["skipped"]["count"] for e in report["epochs"])
     also = f" ({skipped:,} samples skipped by the transform, named above)" if skipped else ""
     lines.append(f"OK: every finished epoch exactly once{also}" if report["ok"] else
@@ -656,7 +754,7 @@ def ledger_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _epoch_lines(e: dict[str, Any], samples: int) -> list[str]:
+def _epoch_lines(e: dict[str, Any], samples: int, mixture: bool = False) -> list[str]:
     state = f"finished: {e['why_finished']}" if e["finished"] else "not finished"
     extra = [f"{e[k]} {k.replace('_', ' ')}" for k in ("rolled_back", "padding", "dropped")
              if e[k]]
@@ -664,7 +762,9 @@ def _epoch_lines(e: dict[str, Any], samples: int) -> list[str]:
         extra.insert(0, f"{e['skipped']['count']:,} skipped by the transform (ids "
                         f"{_ids_text(e['skipped']['ids'])})")
     parts = f"{e['parts']} part{'s' if e['parts'] != 1 else ''}"
-    head = (f"  epoch {e['epoch']} ({state}, {parts}): {e['distinct']:,} of {samples:,} "
+    # a mixture's epoch holds some samples more than once: its deliveries against its draws
+    got, of = (e["delivered"], e["expected"]) if mixture else (e["distinct"], samples)
+    head = (f"  epoch {e['epoch']} ({state}, {parts}): {got:,} of {of:,} "
             f"delivered{'; ' + ', '.join(extra) if extra else ''}")
     if e["exactly_once"]:
         return [head + (" - exactly once" if e["finished"] else " - no repeat so far")]
@@ -674,8 +774,11 @@ def _epoch_lines(e: dict[str, Any], samples: int) -> list[str]:
     for what in ("repeats", "losses"):
         f = e[what]
         if f and f["count"]:
-            lines.append(f"    {f['count']:,} {what[:-1] if f['count'] == 1 else what}, ids "
-                         f"{_ids_text(f['ids'])}; parts: {'; '.join(f['parts']) or '-'}")
+            name = what[:-1] if f["count"] == 1 else what
+            ids = (", ".join(f"{s} ids {_ids_text(v)}" for s, v in f["sources"].items())
+                   if "sources" in f else f"ids {_ids_text(f['ids'])}")
+            lines.append(f"    {f['count']:,} {name}, {ids}; parts: "
+                         f"{'; '.join(f['parts']) or '-'}")
     return lines
 
 

@@ -128,13 +128,11 @@ class FeedLoader:
         if not isinstance(dataset, (FeedDataset, Mixture, Packed)):
             raise TypeError(f"FeedLoader needs a FeedDataset, a Mixture or a Packed, not "
                             f"{type(dataset).__name__}")
-        if isinstance(dataset, Mixture) and ledger is not None:
-            raise ValueError("FeedLoader(ledger=) records one dataset's sample ids; a Mixture's "
-                             "are not recorded yet: leave ledger= out for a Mixture")
         if isinstance(dataset, Packed) and ledger is not None:
-            raise ValueError("FeedLoader over a Packed does not take ledger=: the ledger records "
-                             "sample ids, and a Packed loader delivers rows of tokens (leave "
-                             "ledger out)")
+            raise ValueError("FeedLoader over a Packed does not take ledger= yet: the ledger "
+                             "proves sample ids (a FeedDataset's or a Mixture's) exactly once, "
+                             "and a Packed loader delivers rows of pieces of documents, which it "
+                             "does not record; leave ledger out for a Packed")
         # a Packed (and a Mixture) is read through what the batch loop reads of a FeedDataset
         # (a Packed's rows are its samples: feedpipe.stream._packed)
         dataset = cast(FeedDataset, dataset)
@@ -192,10 +190,7 @@ class FeedLoader:
         self._batches = 0
         self._finished = False
         self._epoch_chosen = False
-        self._ledger = None if ledger is None else Ledger(ledger, {
-            "digest": dataset.identity["digest"], "counts": [int(c) for c in dataset.shards.counts],
-            "seed": dataset.seed, "shuffle": dataset.shuffle, "window": dataset.shuffle_window,
-            "drop_last": dataset.drop_last})
+        self._ledger = None if ledger is None else Ledger(ledger, _ledger_info(dataset))
         self._resumed_from: dict[str, Any] | None = None
         self._skipped_ids: list[int] = []  # this pass's, as the batch loop names them
         self._times = PartTimes()
@@ -593,6 +588,18 @@ class FeedLoader:
             self._ledger.begin(self.dataset.plan(self._state.epoch), self._split,
                                self.batch_size, self._resumed_from, record=True)
             self._resumed_from = None
+
+
+def _ledger_info(dataset: FeedDataset) -> dict[str, Any]:
+    """What ``ledger.json`` records of the dataset: what its epochs' plans are made of."""
+    from ._mixture import Mixture
+
+    if isinstance(dataset, Mixture):
+        return dataset.ledger_info()
+    return {"digest": dataset.identity["digest"],
+            "counts": [int(c) for c in dataset.shards.counts], "seed": dataset.seed,
+            "shuffle": dataset.shuffle, "window": dataset.shuffle_window,
+            "drop_last": dataset.drop_last}
 
 
 def _pinned(batch: Any) -> Any:

@@ -153,6 +153,7 @@ class Mixture(IterableDataset):
         except PlanError as e:
             raise MixtureError(f"Mixture of {', '.join(map(repr, self.names))}: {e}") from e
         self.epoch_size = self.mixture_plan.epoch_size
+        self._epoch_size_given = epoch_size  # the plan's input, as the ledger records it
         for name, w, c in zip(self.names, self.weights or [1.0] * len(self.names),
                               self.mixture_plan.counts.tolist()):
             if w > 0 and c == 0:
@@ -224,6 +225,18 @@ class Mixture(IterableDataset):
         h.update(f"\0{self.mixture_plan.counts.tolist()}".encode())
         return {"digest": h.hexdigest(), "shards": len(self.shards),
                 "samples": self.epoch_size, "sources": list(self.names)}
+
+    def ledger_info(self) -> dict[str, Any]:
+        """What ``FeedLoader(ledger=)`` records of this mixture in ``ledger.json``: the inputs
+        of its :class:`~feedpipe.plan._mixture.MixturePlan`, from which the checker recomputes
+        what each epoch draws (``counts``: the shards' samples, one source's after another's)."""
+        return {"kind": "mixture", "digest": self.identity["digest"],
+                "counts": [int(c) for c in self.shards.counts], "sources": list(self.names),
+                "shards": [[int(c) for c in ds.shards.counts] for ds in self.sources.values()],
+                "shuffle": [bool(ds.shuffle) for ds in self.sources.values()],
+                "weights": self.weights, "epoch_size": self._epoch_size_given,
+                "draws": self.mixture_plan.counts.tolist(), "seed": self.seed,
+                "drop_last": self.drop_last}
 
     # -- the world and the plan ------------------------------------------------------------
     @property
