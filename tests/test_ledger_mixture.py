@@ -148,3 +148,24 @@ def test_the_help_names_every_key_of_a_mixtures_json_document(roots: dict[str, s
             | set(doc["epochs"][0]["losses"]))
     assert "sources" in doc["epochs"][0]["losses"]
     assert {k for k in keys if f'"{k}"' not in text} == set()
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_of_a_mixture_with_padding_or_drops_are_exactly_once(
+        roots: dict[str, str], tmp_path: Path, drop_last: bool) -> None:
+    """40 positions over 3 ranks: 2 repeated as padding (``drop_last=False``) or 1 left out
+    by design (``True``): neither is a repeat or a loss. The ranks step in lockstep."""
+    lds = [FeedLoader(Mixture({n: FeedDataset(roots[n], shuffle=True, seed=3, rank=r,
+                                              world_size=3, decode={"cls": int})
+                               for n in SIZES}, weights=WEIGHTS, epoch_size=EPOCH, seed=5,
+                              drop_last=drop_last), batch_size=BATCH, ledger=tmp_path / "l")
+           for r in range(3)]
+    got: Counter[tuple[str, int]] = Counter()
+    for batches in zip(*lds):
+        for b in batches:
+            got.update(pairs(b))
+    r = check_ledger(tmp_path / "l")
+    (e,) = r["epochs"]
+    assert r["ok"] and e["finished"] and e["exactly_once"]
+    assert sum(got.values()) == e["delivered"] + e["padding"] == EPOCH - e["dropped"] + e["padding"]
+    assert (e["padding"], e["dropped"]) == ((0, 1) if drop_last else (2, 0))

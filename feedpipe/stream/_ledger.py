@@ -51,7 +51,7 @@ import tempfile
 import time
 import uuid
 import zlib
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -138,19 +138,29 @@ def read_part(path: str) -> tuple[dict[str, Any], np.ndarray | None]:
     return header, bits
 
 
+class Ordered(Protocol):
+    """What the ledger reads of an epoch's plan: a dataset's :class:`Plan` or a mixture's
+    epoch (the sample number at each position)."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def sample_ids(self, positions: np.ndarray) -> np.ndarray: ...
+
+
 def padding_from(split: Split) -> int:
     """The first local index of ``split`` that repeats a position as padding (its length when
     none does): local ``L`` is padding where ``L * world_size + rank >= remaining``."""
     return min(split.length, max(0, -(-(split.remaining - split.rank) // split.world_size)))
 
 
-def delivered(plan: Plan, split: Split, reached: int) -> np.ndarray:
+def delivered(plan: Ordered, split: Split, reached: int) -> np.ndarray:
     """The ids a version-2 part delivered: the plan's ids at the first ``reached`` local
     positions of ``split``, less the padding (listed in the part apart)."""
     return plan.sample_ids(split.positions(0, min(int(reached), padding_from(split))))
 
 
-def dropped_ids(plan: Plan, split: Split, reached: int) -> np.ndarray:
+def dropped_ids(plan: Ordered, split: Split, reached: int) -> np.ndarray:
     """What a pass of ``split`` that ended at local ``reached`` left out by design: its short
     last batch (``FeedLoader(drop_last=True)``) and, on rank 0, the positions no rank gets
     (the dataset's ``drop_last=True``)."""

@@ -23,7 +23,10 @@ The check follows the history the trained model has:
   Only the last epoch of the newest start can be under way.
 
 Then an id delivered more than once is a **repeat**; in a finished epoch an id neither
-delivered, nor skipped by the transform, nor dropped by design is a **loss**. With
+delivered, nor skipped by the transform, nor dropped by design is a **loss**. A
+:class:`~feedpipe.Mixture`'s epoch holds each sample as many times as its plan draws it
+(recomputed from what ``ledger.json`` records of the mixture): a delivery beyond that is a
+repeat, one short of it a loss, each also named per source. With
 ``drop_last=False`` a rank pads its share by repeating at most ``world_size - 1`` samples; with
 ``drop_last=True`` samples are left out by design: neither counts. Samples the transform skipped
 (:class:`~feedpipe.errors.SampleSkipped`) are counted and named apart from the delivered ones.
@@ -48,7 +51,7 @@ import numpy as np
 from ..errors import StateError
 from ..plan._mixture import MixturePlan
 from ..plan._order import Plan, Split
-from ._ledger import PARTS, delivered, dropped_ids, finished_reach, padding_from, read_part
+from ._ledger import PARTS, Ordered, delivered, dropped_ids, finished_reach, padding_from, read_part
 
 SHOW = 5  # ids the text shows per finding (the JSON document lists them all)
 
@@ -183,7 +186,7 @@ def _mixture(info: dict[str, Any]) -> tuple[MixturePlan, np.ndarray]:
     return _mixture_plan(json.dumps({k: info[k] for k in keys}))
 
 
-def _plan(info: dict[str, Any], epoch: int) -> Plan | _MixtureEpoch:
+def _plan(info: dict[str, Any], epoch: int) -> Ordered:
     if _is_mixture(info):
         return _MixtureEpoch(*_mixture(info)[:1], epoch, _mixture(info)[1])
     return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"])

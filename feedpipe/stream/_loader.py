@@ -93,7 +93,9 @@ class FeedLoader:
             training loop received, so that ``feedpipe ledger DIR``
             (:func:`~feedpipe.check_ledger`) can prove a whole run, with its stops, resumes and
             changes of world size, exactly-once. Every run of one job passes the same
-            directory. Its ``state_dict()`` then carries a ``ledger`` mark.
+            directory. Its ``state_dict()`` then carries a ``ledger`` mark. Over a
+            :class:`Mixture`, an epoch must deliver each (source, id) as many times as the
+            mixture's plan draws it; a :class:`Packed` loader refuses ``ledger=``.
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 

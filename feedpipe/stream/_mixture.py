@@ -228,8 +228,8 @@ class Mixture(IterableDataset):
 
     def ledger_info(self) -> dict[str, Any]:
         """What ``FeedLoader(ledger=)`` records of this mixture in ``ledger.json``: the inputs
-        of its :class:`~feedpipe.plan._mixture.MixturePlan`, from which the checker recomputes
-        what each epoch draws (``counts``: the shards' samples, one source's after another's)."""
+        of its plan, from which ``feedpipe ledger`` recomputes what each epoch draws
+        (``counts``: the shards' samples, one source's after another's)."""
         return {"kind": "mixture", "digest": self.identity["digest"],
                 "counts": [int(c) for c in self.shards.counts], "sources": list(self.names),
                 "shards": [[int(c) for c in ds.shards.counts] for ds in self.sources.values()],
