@@ -89,7 +89,8 @@ def test_an_epoch_left_early_names_its_losses_per_source(roots: dict[str, str],
     e0 = r["epochs"][0]
     assert not r["ok"] and e0["finished"] and not e0["exactly_once"]
     want = plan_of(roots, tmp_path, 0) - got
-    assert by_source(e0["losses"]) == want and e0["losses"]["count"] == EPOCH - 3 * BATCH
+    assert by_source(e0["losses"]) == want and sum(want.values()) == EPOCH - 3 * BATCH
+    assert e0["losses"]["count"] == len(want)  # ids, each named once in "ids"
     assert r["epochs"][1]["exactly_once"]
     out = run_feedpipe("ledger", tmp_path / "l")
     assert out.returncode == 1 and "NOT exactly once" in out.stdout
@@ -117,7 +118,8 @@ def test_a_resume_is_exactly_once_and_a_moved_resume_point_is_named(
     assert by_source(e["losses"]) == plan - got
     assert by_source(e["repeats"]) == got - plan
     assert r["ok"] == (delta == 0) == e["exactly_once"]
-    assert e["losses"]["count"] == max(delta, 0) and e["repeats"]["count"] == max(-delta, 0)
+    assert sum((plan - got).values()) == max(delta, 0)  # the batch skipped over
+    assert sum((got - plan).values()) == max(-delta, 0)  # the batch delivered again
 
 
 def test_a_ledger_of_a_mixture_is_refused_for_another_mixture(roots: dict[str, str],
@@ -169,3 +171,30 @@ def test_ranks_of_a_mixture_with_padding_or_drops_are_exactly_once(
     assert r["ok"] and e["finished"] and e["exactly_once"]
     assert sum(got.values()) == e["delivered"] + e["padding"] == EPOCH - e["dropped"] + e["padding"]
     assert (e["padding"], e["dropped"]) == ((0, 1) if drop_last else (2, 0))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_a_sources_transform_skipped_are_named_in_that_source(
+        roots: dict[str, str], tmp_path: Path, workers: int) -> None:
+    """A skip is one of the draws of its (source, id): counted apart, neither delivered nor
+    lost; the same id of the other source is untouched. In this process and in workers."""
+    from feedpipe import SampleSkipped
+
+    def skip_3(x: dict[str, Any]) -> dict[str, Any]:
+        if x["__index__"] == 3:
+            raise SampleSkipped(f"sample {x['__key__']} left out")
+        return x
+
+    mix = Mixture({"web": FeedDataset(roots["web"], shuffle=True, seed=3, decode={"cls": int}),
+                   "code": FeedDataset(roots["code"], shuffle=True, seed=3,
+                                       decode={"cls": int}, transform=skip_3)},
+                  weights=WEIGHTS, epoch_size=EPOCH, seed=5)
+    ld = FeedLoader(mix, batch_size=BATCH, num_workers=workers, ledger=tmp_path / "l")
+    got = Counter(p for b in ld for p in pairs(b))
+    plan = plan_of(roots, tmp_path, 0)
+    assert ("code", 3) not in got and plan[("code", 3)] >= 2
+    r = check_ledger(tmp_path / "l")
+    (e,) = r["epochs"]
+    assert r["ok"] and e["exactly_once"] and e["delivered"] == EPOCH - plan[("code", 3)]
+    assert e["skipped"]["count"] == plan[("code", 3)]
+    assert set(e["skipped"]["ids"]) == {SIZES["web"] + 3}  # code's id 3, after web's samples

@@ -33,7 +33,7 @@ The JSON document (--json; every id is listed, the text shows the first 5):
       "expected": deliveries the epoch holds, "skipped": {"count", "ids"}, "rolled_back",
       "padding", "dropped", "repeats": {"count", "ids", "parts"}, "losses": {"count", "ids",
       "parts"} or null (an epoch under way); a mixture's findings add "sources": {name: ids
-      within that source}; an id found twice is listed twice,
+      within that source, one found twice (two draws lost) listed twice},
       "missing": [{"rank", "world_size", "lineage", "runs", "why"}],
       "exactly_once"}]
 

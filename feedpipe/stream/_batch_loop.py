@@ -304,24 +304,29 @@ class Skips:
     """Samples left out by their transform (:class:`~feedpipe.errors.SampleSkipped`), logged
     one warning each and counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, bases: Mapping[str, int] | None = None) -> None:
         self.count = 0
         self.ids: list[int] = []  # the global ids of those left out (FeedLoader's ledger)
+        # a Mixture's: each source's first sample number, since a sample's __index__ is its id
+        # within its __source__
+        self.bases = bases
 
     def note(self, skipped: _Skipped) -> None:
         self.count += 1
-        if skipped.index is not None:
-            self.ids.append(skipped.index)
+        base = 0 if self.bases is None else self.bases.get(str(skipped.source))
+        if skipped.index is not None and base is not None:  # unnamed: the ledger finds a loss
+            self.ids.append(base + skipped.index)
         log.warning("feedpipe: a sample was left out of its batch: %s", skipped.error)
 
 
 class _Skipped:
-    __slots__ = ("error", "index")
+    __slots__ = ("error", "index", "source")
 
     def __init__(self, error: SampleSkipped, sample: Any) -> None:
         self.error = error
         index = sample.get("__index__") if isinstance(sample, dict) else None
         self.index = None if index is None else int(index)
+        self.source = sample.get("__source__") if isinstance(sample, dict) else None
 
 
 def _attempt(fn: Callable[[Any], Any], x: Any) -> Any:

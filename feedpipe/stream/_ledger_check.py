@@ -632,9 +632,11 @@ def _repeated(per_id: np.ndarray) -> np.ndarray:
     return np.repeat(ids, per_id[ids])
 
 
-def _finding(ids: np.ndarray, tally: _Tally, info: dict[str, Any]) -> dict[str, Any]:
-    """A finding: how many, every id (as often as it is found), and the parts that delivered
-    (or held) the first few; for a mixture also each source's ids within it."""
+def _finding(per_id: np.ndarray, tally: _Tally, info: dict[str, Any]) -> dict[str, Any]:
+    """A finding (``per_id``: how many times each id is found): how many ids, every id, and
+    the parts that delivered (or held) the first few; for a mixture also each source's ids
+    within it, each as many times as it is found (a draw of it lost twice is listed twice)."""
+    ids = np.flatnonzero(per_id > 0)
     shown = ids[:SHOW]
     involved = [p.describe() for p, kept in tally.parts
                 if len(shown) and np.isin(shown, kept).any()]
@@ -642,6 +644,7 @@ def _finding(ids: np.ndarray, tally: _Tally, info: dict[str, Any]) -> dict[str, 
                            "parts": involved}
     if _is_mixture(info):
         bases = _mixture(info)[1]
+        ids = _repeated(per_id)
         src = np.searchsorted(bases, ids, side="right") - 1
         out["sources"] = {name: (ids[src == s] - bases[s]).tolist()
                           for s, name in enumerate(info["sources"]) if (src == s).any()}
@@ -651,7 +654,8 @@ def _finding(ids: np.ndarray, tally: _Tally, info: dict[str, Any]) -> dict[str, 
 def _epoch_record(epoch: int, tally: _Tally, finished: str | None,
                   missing: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
     counts, expected = tally.counts, tally.expected
-    skipped = _repeated(tally.skipped)
+    # a draw skipped again in a replay is one draw skipped: at most the times the epoch holds it
+    skipped = _repeated(np.minimum(tally.skipped, expected))
     rec: dict[str, Any] = {
         "epoch": epoch, "finished": finished is not None, "why_finished": finished,
         "parts": tally.count, "delivered": int(counts.sum()), "distinct": int((counts > 0).sum()),
@@ -660,10 +664,9 @@ def _epoch_record(epoch: int, tally: _Tally, finished: str | None,
         "rolled_back": tally.rolled, "padding": tally.padding,
         "dropped": int(tally.dropped.sum()),
         # a delivery of an id beyond the times the epoch holds it (once, in a dataset's)
-        "repeats": _finding(_repeated(counts - expected), tally, info), "missing": missing}
+        "repeats": _finding(counts - expected, tally, info), "missing": missing}
     if finished is not None:
-        lost = _repeated(expected - counts - tally.dropped - tally.skipped)
-        rec["losses"] = _finding(lost, tally, info)
+        rec["losses"] = _finding(expected - counts - tally.dropped - tally.skipped, tally, info)
     else:
         rec["losses"] = None  # an epoch still under way loses nothing yet
     rec["exactly_once"] = rec["repeats"]["count"] == 0 and not missing and (
@@ -777,10 +780,12 @@ def _epoch_lines(e: dict[str, Any], samples: int, mixture: bool = False) -> list
     for what in ("repeats", "losses"):
         f = e[what]
         if f and f["count"]:
-            name = what[:-1] if f["count"] == 1 else what
+            # a mixture's: the draws found (an id of a source drawn twice may be lost twice)
+            count = sum(map(len, f["sources"].values())) if "sources" in f else f["count"]
+            name = what[:-1] if count == 1 else what
             ids = (", ".join(f"{s} ids {_ids_text(v)}" for s, v in f["sources"].items())
                    if "sources" in f else f"ids {_ids_text(f['ids'])}")
-            lines.append(f"    {f['count']:,} {name}, {ids}; parts: "
+            lines.append(f"    {count:,} {name}, {ids}; parts: "
                          f"{'; '.join(f['parts']) or '-'}")
     return lines
 

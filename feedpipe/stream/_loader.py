@@ -390,7 +390,7 @@ class FeedLoader:
     def _local_batches(self, route: Route) -> Iterator[Any]:
         """The inline and threads executors: the batch loop in this process."""
         ds, stats = self.dataset, self._stats
-        skips = Skips()
+        skips = Skips(getattr(ds, "source_bases", None))
         skips.ids = self._skipped_ids
         with EpochReader(ds, self._state) as reader:
             if route.fetch == "refs":

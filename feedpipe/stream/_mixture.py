@@ -226,6 +226,11 @@ class Mixture(IterableDataset):
         return {"digest": h.hexdigest(), "shards": len(self.shards),
                 "samples": self.epoch_size, "sources": list(self.names)}
 
+    @property
+    def source_bases(self) -> dict[str, int]:
+        """Each source's first sample number in the mixture's numbering."""
+        return {n: int(b) for n, b in zip(self.names, self.shards.bases)}
+
     def ledger_info(self) -> dict[str, Any]:
         """What ``FeedLoader(ledger=)`` records of this mixture in ``ledger.json``: the inputs
         of its plan, from which ``feedpipe ledger`` recomputes what each epoch draws

@@ -101,7 +101,7 @@ class WorkerSource(IterableDataset):
         ds, route, pid = self.dataset, self.route, os.getpid()
         if info is not None:  # a worker never outlives the training process
             exit_with(os.getppid(), self._owner)
-        skips = Skips()
+        skips = Skips(getattr(ds, "source_bases", None))
         ring = None
         tally = IoTally(ds)  # before the reader starts prefetching
         with EpochReader(ds, self.state, worker, workers) as reader:
