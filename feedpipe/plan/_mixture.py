@@ -218,3 +218,19 @@ def whole_permutation(plan: Plan) -> np.ndarray:
     np.cumsum(counts[:-1], out=starts[1:])
     j = np.searchsorted(starts, perm, side="right") - 1
     return np.asarray(plan.first_ids[order][j] + (perm - starts[j]), dtype=np.int64)
+
+
+class MixtureEpoch:
+    """A mixture's epoch as the batch loop reads a plan: the sample number (in
+    the mixture's numbering: its sources' samples one after the other) at each position."""
+
+    def __init__(self, plan: MixturePlan, epoch: int, bases: np.ndarray) -> None:
+        self.mixture_plan, self.epoch, self.bases = plan, int(epoch), bases
+
+    @property
+    def num_samples(self) -> int:
+        return self.mixture_plan.epoch_size
+
+    def sample_ids(self, positions: np.ndarray) -> np.ndarray:
+        src, ids = self.mixture_plan.draws(self.epoch, positions)
+        return np.asarray(self.bases[src] + ids, dtype=np.int64)

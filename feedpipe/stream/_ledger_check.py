@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StateError
-from ..plan._mixture import MixturePlan
+from ..plan._mixture import MixtureEpoch, MixturePlan
 from ..plan._order import Plan, Split
 from ._ledger import PARTS, Ordered, delivered, dropped_ids, finished_reach, padding_from, read_part
 
@@ -145,22 +145,6 @@ class _Start:
         return [m for r in self.runs for m in r.marks()]
 
 
-class _MixtureEpoch:
-    """A mixture's epoch as a plan: the sample number (the sources' samples numbered one after
-    the other) at each position, as :class:`~feedpipe.stream._mixture.MixtureEpoch` gives it."""
-
-    def __init__(self, plan: MixturePlan, epoch: int, bases: np.ndarray) -> None:
-        self.mixture_plan, self.epoch, self.bases = plan, int(epoch), bases
-
-    @property
-    def num_samples(self) -> int:
-        return self.mixture_plan.epoch_size
-
-    def sample_ids(self, positions: np.ndarray) -> np.ndarray:
-        src, ids = self.mixture_plan.draws(self.epoch, positions)
-        return np.asarray(self.bases[src] + ids, dtype=np.int64)
-
-
 def _is_mixture(info: dict[str, Any]) -> bool:
     return info.get("kind") == "mixture"
 
@@ -188,7 +172,7 @@ def _mixture(info: dict[str, Any]) -> tuple[MixturePlan, np.ndarray]:
 
 def _plan(info: dict[str, Any], epoch: int) -> Ordered:
     if _is_mixture(info):
-        return _MixtureEpoch(*_mixture(info)[:1], epoch, _mixture(info)[1])
+        return MixtureEpoch(*_mixture(info)[:1], epoch, _mixture(info)[1])
     return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"])
 
 

@@ -28,7 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .._helpers.exit_close import closed_at_exit
 from .._redact import logger
 from ..errors import MixtureError, PlanError
-from ..plan._mixture import MixturePlan
+from ..plan._mixture import MixtureEpoch, MixturePlan
 from ..plan._order import Split, worker_positions
 from ._batch_loop import EpochReader, Skips
 from ._dataset import FeedDataset, checked_resume_point
@@ -42,22 +42,6 @@ if TYPE_CHECKING:
 log = logger("feedpipe")
 
 STATE_VERSION = 1
-
-
-class MixtureEpoch:
-    """A mixture's epoch as the batch loop reads a plan: the sample number (in
-    :class:`MixtureShards`' numbering) at each position."""
-
-    def __init__(self, plan: MixturePlan, epoch: int, bases: np.ndarray) -> None:
-        self.mixture_plan, self.epoch, self.bases = plan, int(epoch), bases
-
-    @property
-    def num_samples(self) -> int:
-        return self.mixture_plan.epoch_size
-
-    def sample_ids(self, positions: np.ndarray) -> np.ndarray:
-        src, ids = self.mixture_plan.draws(self.epoch, positions)
-        return np.asarray(self.bases[src] + ids, dtype=np.int64)
 
 
 class Mixture(IterableDataset):
