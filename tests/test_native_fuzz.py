@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pytest
 import simplejpeg
+from _staging import stage_both
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -437,26 +438,6 @@ def trees(draw: Any) -> tuple[list[tuple[str, bytes]], bool]:
     return sorted(files.items()), draw(st.booleans())
 
 
-def stage_both(root: Path, labels: bool) -> list[Any]:
-    """stage_dir of ``root/t`` by the C loop and by the Python loop (as
-    tests/test_onepass.py's _stage_both)."""
-    got = []
-    for loop in ("c", "python"):
-        with pytest.MonkeyPatch.context() as m:
-            if loop == "python":
-                m.setattr(onepass, "_C", None)
-            chunk, stage = root.parent / f"{loop}.chunk", root.parent / f"{loop}.stage"
-            sd = onepass.stage_dir(str(root), "t", 0 if labels else None, str(chunk), str(stage))
-            if sd is None:
-                got.append((None, stage.exists()))
-                continue
-            c = sd.chunk
-            got.append((stage.read_bytes(), sd.keys, sd.starts, sd.first, sd.exts, sd.names,
-                        sd.offsets, sd.sizes, list(onepass.rows(str(chunk))),
-                        (c.samples, c.files, c.ignored, c.first, c.last)))
-    return got
-
-
 @needs_stagefiles
 @pytest.mark.parametrize("examples", RUNS)
 def test_the_c_staging_loop_stages_what_the_python_loop_stages(examples: int) -> None:
@@ -469,7 +450,7 @@ def test_the_c_staging_loop_stages_what_the_python_loop_stages(examples: int) ->
             for rel, body in files:
                 (root / rel).parent.mkdir(parents=True, exist_ok=True)
                 (root / rel).write_bytes(body)
-            c, py = stage_both(root, labels)
+            c, py = stage_both(root, "t", 0 if labels else None, root.parent)
             assert c == py, [rel for rel, _ in files]
 
     check()

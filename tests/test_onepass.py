@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _staging import stage_both
 from conftest import (
     ODD_NAMES,
     UNICODE_NAMES,
@@ -419,27 +420,6 @@ def test_a_top_level_directory_of_feedpipe_output_goes_to_the_general_path(
     assert json.loads(one["manifest.json"])["total_samples"] == 12
 
 
-def _stage_both(root: Path, top: str, cls: int | None, tmp: Path,
-                monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """stage_dir of ``root/top`` by the C loop and by the Python loop: per loop, the staging
-    file's bytes, the StagedDir's lists, the chunk's rows and counts (None: given back)."""
-    got = []
-    for loop in ("c", "python"):
-        with monkeypatch.context() as m:
-            if loop == "python":
-                m.setattr(onepass, "_C", None)
-            chunk, stage = tmp / f"{loop}.chunk", tmp / f"{loop}.stage"
-            sd = onepass.stage_dir(str(root), top, cls, str(chunk), str(stage))
-            if sd is None:
-                got.append((None, stage.exists()))
-                continue
-            c = sd.chunk
-            got.append((stage.read_bytes(), sd.keys, sd.starts, sd.first, sd.exts, sd.names,
-                        sd.offsets, sd.sizes, list(onepass.rows(str(chunk))),
-                        (c.samples, c.files, c.ignored, c.first, c.last)))
-    return got
-
-
 @needs_stagefiles
 @pytest.mark.parametrize("labels", [False, True], ids=["plain", "labels"])
 def test_the_c_loop_stages_what_the_python_loop_stages(
@@ -463,7 +443,7 @@ def test_the_c_loop_stages_what_the_python_loop_stages(
     (top / "sub" / "é ü.bin").write_bytes("é".encode() * 300)
     work = tmp_path / "w"
     work.mkdir()
-    c, py = _stage_both(src, "t", 0 if labels else None, work, monkeypatch)
+    c, py = stage_both(src, "t", 0 if labels else None, work)
     assert c[0] is not None and c == py
     assert len(c[1]) == len(sizes) + 4
     names = c[5]
