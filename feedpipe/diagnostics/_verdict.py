@@ -183,6 +183,22 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
     """``(part, advice)`` pairs, the part each addresses (``None``: a framing of the others),
     ordered: what bounds first, then the rest; a step-time framing before all of them."""
     part = PART_OF.get(bound) if bound else None
+    remote_fetch = bool(f.remote and part == "fetch" and f.kind == "dataset")
+    out = _storage_advice(f, bound, remote_fetch) + _stage_advice(f, bound, remote_fetch)
+    # worker counts after the bounding stage's own remedies: more workers serve a CPU stage,
+    # and remote fetches (more requests in flight)
+    about = part if bound in CPU_STAGES or remote_fetch else "workers"
+    out += [(about, a) for a in _worker_advice(f, bound, p, cpu_rates)]
+    # what bounds first; the rest keep their order
+    out = [x for x in out if x[0] == part] + [x for x in out if x[0] != part]
+    _frame(out, f, part, ceiling, demand)
+    return out
+
+
+def _storage_advice(f: Figures, bound: str | None,
+                    remote_fetch: bool) -> list[tuple[str | None, str]]:
+    """The advice about where the samples come from: a single file, small files, a remote
+    store without (or with) the L1 cache, storage that bounds."""
     out: list[tuple[str | None, str]] = []
     if f.kind == "file":
         out.append(("fetch", "A single file has no per-sample pipeline: shard the dataset with "
@@ -196,7 +212,6 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
                              f"train from OUT. Opening files one by one gives "
                              f"{_fmt(f.small_files_per_s)} files/s{mean}, "
                              f"{_fmt(f.small_file_mb_per_s or 0)} MB/s{seq}."))
-    remote_fetch = f.remote and part == "fetch" and f.kind == "dataset"
     if remote_fetch and f.cache_dir:
         out.append(("fetch", "Remote fetches bound even through the L1 shard cache: an "
                              "epoch that finds a shard missing fetches it first; a cache_size "
@@ -226,6 +241,13 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
                                  "cache_size=...)) so that epochs after the first read local "
                                  f"disk instead of {where}, or the decoded store "
                                  f"({DECODED_STORE}) so that they skip reading and decoding."))
+    return out
+
+
+def _stage_advice(f: Figures, bound: str | None,
+                  remote_fetch: bool) -> list[tuple[str | None, str]]:
+    """The remedies of the pipeline stage that bounds: decode, read, batch, host-to-device."""
+    out: list[tuple[str | None, str]] = []
     if bound == "decode":
         out.append(("compute", f"Decoding bounds: enable the decoded store ({DECODED_STORE}) so "
                                "that later epochs skip decoding."))
@@ -254,12 +276,13 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
         out.append(("h2d", f"Host-to-device copies bound{pin}: use pinned memory with "
                            "feedpipe.DeviceLoader, send uint8 and convert on the device, or "
                            "keep the hot set on the device with DeviceCache."))
-    # worker counts after the bounding stage's own remedies: more workers serve a CPU stage,
-    # and remote fetches (more requests in flight)
-    about = part if bound in CPU_STAGES or remote_fetch else "workers"
-    out += [(about, a) for a in _worker_advice(f, bound, p, cpu_rates)]
-    # what bounds first; the rest keep their order
-    out = [x for x in out if x[0] == part] + [x for x in out if x[0] != part]
+    return out
+
+
+def _frame(out: list[tuple[str | None, str]], f: Figures, part: str | None,
+           ceiling: float | None, demand: float | None) -> None:
+    """Frame ``out`` by the step time: the pipeline keeps up (the remedies only for a shorter
+    step), or the accelerator's wait; and say so where nothing was found to change."""
     if demand is not None and ceiling:
         if ceiling >= demand:
             # the remedies are for a faster step; said as such, they no longer read as
@@ -280,7 +303,6 @@ def _advice(f: Figures, bound: str | None, ceiling: float | None, p: int,
     if not out:
         out.append((None, "Nothing to change was found; pass --step-time to see the "
                           "accelerator utilisation for your model."))
-    return out
 
 
 def _worker_advice(f: Figures, bound: str | None, p: int,
