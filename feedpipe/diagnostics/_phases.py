@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..format._manifest import dataset_root
 from . import _pagecache as pagecache
 from . import _storage as storage
+from ._accounts import script_loader
 from ._target import Target
 from ._verdict import Figures
 
@@ -253,6 +254,18 @@ def directory_pipeline(small: storage.FileSet, decode_fn: Any, custom: bool, d: 
             "notes": [note]}
 
 
+def _script_figures(pl: dict[str, Any] | None) -> tuple[str | None, dict[str, float]]:
+    """What the loader a script gets spent most in (start-up apart: the steady state's part;
+    ``None`` where its bound was the step, which the probe's loop does not take) and its part
+    times."""
+    script = script_loader((pl or {}).get("accounts") or [])
+    if script is None:
+        return None, {}
+    bound = script["loop_bound"] if script["bound"] != "step" else None
+    times = {k: v for k, v in script.get("time", {}).items() if isinstance(v, (int, float))}
+    return bound, times
+
+
 def figures(t: Target, st: dict[str, Any], pl: dict[str, Any] | None, s: ProbeSettings,
             cpus: int, workers: int, p: int, fits: bool, cuda: bool) -> Figures:
     from ._pipeline import jpeg_fields
@@ -304,12 +317,7 @@ def figures(t: Target, st: dict[str, Any], pl: dict[str, Any] | None, s: ProbeSe
     h2d_sps = (h2d["pinned_gb_per_s"] * 1e9 / h2d["bytes_per_sample"]
                if h2d and h2d.get("bytes_per_sample") else None)
     best_seq_all = storage.best([c for c in cells if c["cache"] == state])
-    from ._accounts import script_loader
-
-    script = script_loader((pl or {}).get("accounts") or [])
-    loader_bound = None
-    if script is not None and script["bound"] != "step":  # the probe's loop takes no step
-        loader_bound = script["loop_bound"]  # start-up apart: the steady state's part
+    loader_bound, loader_time = _script_figures(pl)
     return Figures(
         kind=t.kind, target=t.url, cpus=cpus, workers=workers, batch_size=s.batch_size,
         storage=sps, storage_mb_per_s=mb, storage_basis=basis,
@@ -324,6 +332,4 @@ def figures(t: Target, st: dict[str, Any], pl: dict[str, Any] | None, s: ProbeSe
         step_time_ms=s.step_time_ms,
         cold_mb_per_s=cold_best["mb_per_s"] if cold_best else None,
         warm_mb_per_s=warm_best["mb_per_s"] if warm_best else None,
-        loader_bound=loader_bound,
-        loader_time={k: v for k, v in (script or {}).get("time", {}).items()
-                     if isinstance(v, (int, float))})
+        loader_bound=loader_bound, loader_time=loader_time)
