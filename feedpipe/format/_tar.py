@@ -387,37 +387,53 @@ def _walk(read_at: Callable[[int, int], bytes], total: int, where: str,
             name = _member_name(block, own_name, long_name, pax, where, pos, ext_at)
             before[_norm(name)] = (data_off, size)
             yield Member(name, data_off, size)
-        elif typeflag == _HARD_LINK:
-            target = _link_name(block, long_link, pax)
-            found = before.get(_norm(target))
-            if isinstance(found, tuple):  # a member like any: its name is checked as theirs
-                name = _member_name(block, own_name, long_name, pax, where, pos, ext_at)
-                before[_norm(name)] = found
-                yield Member(name, *found)
-            else:
-                name = _loose_name(block, own_name, long_name, pax, where, pos, ext_at)
-                before[_norm(name)] = "hard link to nothing"
-                if left_out is not None:
-                    left_out.append(LeftOut(name, f"hard link to {target!r}, " + (
-                        "which the tar does not hold before it" if found is None else
-                        f"a {found}")))
         else:
-            name = _loose_name(block, own_name, long_name, pax, where, pos, ext_at)
-            kind = _NO_DATA.get(typeflag, "directory" if typeflag == b"\0" else "")
-            before[_norm(name)] = kind or "member of an unknown type"
-            if left_out is not None and typeflag != _DIRECTORY and kind != "directory":
-                if typeflag == _SYMLINK:
-                    why = (f"symbolic link to {_link_name(block, long_link, pax)!r}: it holds no "
-                           "bytes (webdataset skips it too); store the file itself")
-                elif kind:
-                    why = f"{kind}: it holds no bytes"
-                else:
-                    why = (f"member type {typeflag.decode('latin-1')!r}, which tar readers do "
-                           "not agree on (webdataset skips it)")
-                left_out.append(LeftOut(name, why))
+            member = _not_regular(block, typeflag, own_name, long_name, long_link, pax, where,
+                                  pos, ext_at, before, left_out)
+            if member is not None:
+                yield member
         long_name, long_link, pax, ext_at = None, None, None, None
         seen.clear()
         pos = data_off + skip
+
+
+def _not_regular(block: bytes, typeflag: bytes, own_name: bytes, long_name: bytes | None,
+                 long_link: bytes | None, pax: dict[str, bytes] | None, where: str, pos: int,
+                 ext_at: int | None, before: dict[str, tuple[int, int] | str],
+                 left_out: list[LeftOut] | None) -> Member | None:
+    """A member that is not a regular file, at ``pos``: a hard link to a regular member before
+    it reads as that member (as :mod:`tarfile` reads it); anything else is recorded in
+    ``before`` by what it is and, but for directories, listed in ``left_out`` with its
+    reason."""
+    if typeflag == _HARD_LINK:
+        target = _link_name(block, long_link, pax)
+        found = before.get(_norm(target))
+        if isinstance(found, tuple):  # a member like any: its name is checked as theirs
+            name = _member_name(block, own_name, long_name, pax, where, pos, ext_at)
+            before[_norm(name)] = found
+            return Member(name, *found)
+        else:
+            name = _loose_name(block, own_name, long_name, pax, where, pos, ext_at)
+            before[_norm(name)] = "hard link to nothing"
+            if left_out is not None:
+                left_out.append(LeftOut(name, f"hard link to {target!r}, " + (
+                    "which the tar does not hold before it" if found is None else
+                    f"a {found}")))
+    else:
+        name = _loose_name(block, own_name, long_name, pax, where, pos, ext_at)
+        kind = _NO_DATA.get(typeflag, "directory" if typeflag == b"\0" else "")
+        before[_norm(name)] = kind or "member of an unknown type"
+        if left_out is not None and typeflag != _DIRECTORY and kind != "directory":
+            if typeflag == _SYMLINK:
+                why = (f"symbolic link to {_link_name(block, long_link, pax)!r}: it holds no "
+                       "bytes (webdataset skips it too); store the file itself")
+            elif kind:
+                why = f"{kind}: it holds no bytes"
+            else:
+                why = (f"member type {typeflag.decode('latin-1')!r}, which tar readers do "
+                       "not agree on (webdataset skips it)")
+            left_out.append(LeftOut(name, why))
+    return None
 
 
 def _check_tail(read_at: Callable[[int, int], bytes], pos: int, total: int, where: str) -> None:
