@@ -22,11 +22,14 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .._helpers.parent_watch import exit_with
+from .._redact import logger
 from ..errors import ShardFormatError
 from ._assembly import assemble
 from ._batch_loop import EpochReader, PartTimes, Skips
 from ._io import ZERO, IoTally
 from ._worker_rows import ByteRing, RowRelease, WorkerRing
+
+log = logger("feedpipe")
 
 if TYPE_CHECKING:
     from ._dataset import FeedDataset
@@ -252,7 +255,12 @@ def _shut_down(loader: Any, it: Any) -> None:
     shutdown = getattr(it, "_shutdown_workers", None)
     if shutdown is None:
         return
-    shutdown()
+    try:
+        shutdown()  # torch unregisters and ends the workers in its own finally block
+    except RuntimeError as e:
+        # another worker died meanwhile (SIGBUS under the same cut shard), and torch's SIGCHLD
+        # handler says so while they are shut down: the error already leaving is the first cause
+        log.warning("feedpipe: %s (while shutting the loader's workers down after an error)", e)
     if getattr(loader, "_iterator", None) is it:
         loader._iterator = None
 
