@@ -20,7 +20,7 @@ _LAZY = {
     "shard": "convert._shard",
     "ShardSummary": "convert._summary",
     "ShardOptions": "convert._options",
-    "shard_from": "convert._tables",
+    "shard_from": "convert._shard_from",
     "merge": "convert._merge",
     "index": "format._indexer",
     "verify": "format._verify",
@@ -116,9 +116,9 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .convert._merge import merge
     from .convert._options import ShardOptions
     from .convert._shard import shard
+    from .convert._shard_from import shard_from
     from .convert._shard_writer import ShardWriter, write_samples
     from .convert._summary import ShardSummary
-    from .convert._tables import shard_from
     from .device._cache import DeviceCache
     from .device._loader import DeviceLoader
     from .diagnostics._probe import ProbeReport, probe

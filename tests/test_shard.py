@@ -44,7 +44,8 @@ from feedpipe.errors import (
 from feedpipe.format._index import parse_index
 from feedpipe.format._keys import decode_key, encode_key, source_path
 from feedpipe.format._manifest import load_manifest
-from feedpipe.format._tar import END_OF_ARCHIVE, Member, member_header, padded, scan
+from feedpipe.format._tar import END_OF_ARCHIVE, Member, member_header, padded
+from feedpipe.format._tar_scan import scan
 
 USTAR_MAGIC = b"ustar\x0000"
 GNU_MAGIC = b"ustar  \x00"

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import BinaryIO, cast
 
 from ..errors import CompressedShardError, ShardFormatError
+from ._tar import damaged
 
 # name suffix -> (compression, the command that undoes it)
 SUFFIXES = {".tar.gz": ("gzip", "gunzip"), ".tgz": ("gzip", "gunzip"),
@@ -133,8 +134,6 @@ class Gunzip:
         return tail
 
     def _damaged(self, what: str) -> ShardFormatError:
-        from ._tar import damaged
-
         return damaged(self.where, None, "truncated", f"{self.where}: {what}")
 
 

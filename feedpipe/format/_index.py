@@ -19,7 +19,8 @@ from typing import Any, BinaryIO
 
 from ..errors import ShardFormatError
 from ._keys import split_member
-from ._tar import LeftOut, format_error, scan, scan_buffer
+from ._tar import LeftOut, format_error
+from ._tar_scan import scan, scan_buffer
 
 VERSION = "v1.2"
 

@@ -27,7 +27,8 @@ from .._redact import cause
 from ..errors import CompressedShardError, ShardFormatError, SourceNotFoundError
 from ._compression import readable
 from ._index import ShardIndex, group_members, index_path, parse_index
-from ._tar import DAMAGED, scan
+from ._tar import DAMAGED
+from ._tar_scan import scan
 
 # madvise(2): fault a range of a map in, in one call (Linux 5.14+; Python 3.11's mmap lacks it)
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
