@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from feedpipe.convert import _onepass as onepass
+from feedpipe.convert import _listing
+from feedpipe.convert import _stage_dir as stagedir
 
 
 def stage_both(root: Path, top: str, cls: int | None, tmp: Path) -> list[Any]:
@@ -20,14 +21,14 @@ def stage_both(root: Path, top: str, cls: int | None, tmp: Path) -> list[Any]:
     for loop in ("c", "python"):
         with pytest.MonkeyPatch.context() as m:
             if loop == "python":
-                m.setattr(onepass, "_C", None)
+                m.setattr(stagedir, "_C", None)
             chunk, stage = tmp / f"{loop}.chunk", tmp / f"{loop}.stage"
-            sd = onepass.stage_dir(str(root), top, cls, str(chunk), str(stage))
+            sd = stagedir.stage_dir(str(root), top, cls, str(chunk), str(stage))
             if sd is None:
                 got.append((None, stage.exists()))
                 continue
             c = sd.chunk
             got.append((stage.read_bytes(), sd.keys, sd.starts, sd.first, sd.exts, sd.names,
-                        sd.offsets, sd.sizes, list(onepass.rows(str(chunk))),
+                        sd.offsets, sd.sizes, list(_listing.rows(str(chunk))),
                         (c.samples, c.files, c.ignored, c.first, c.last)))
     return got

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from feedpipe.cli import _main as cli
 from feedpipe.convert import _dask as dask_convert
-from feedpipe.convert import _shard as convert
+from feedpipe.convert import _shard_run
 from feedpipe.convert._dask import plan_tasks
 from feedpipe.convert._shard import shard
 from feedpipe.convert._sources import FileRef, SampleSpec
@@ -88,7 +88,7 @@ def test_dask_output_is_byte_identical_to_the_local_path(
 def _split_shards(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plan on the client so that every shard is cut into parts of 2 samples, written by tasks
     of at most 2 files, and joined by a task of its own."""
-    monkeypatch.setattr(convert, "PART_SAMPLES", 2)
+    monkeypatch.setattr(_shard_run, "PART_SAMPLES", 2)
     monkeypatch.setattr(dask_convert, "TASK_FILES", 2)
 
 

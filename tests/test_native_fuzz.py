@@ -38,7 +38,7 @@ from _staging import stage_both
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from feedpipe.convert import _onepass as onepass
+from feedpipe.convert import _stage_dir as stagedir
 from feedpipe.errors import DecodeError
 from feedpipe.stream import _packed
 from feedpipe.transforms import _jpeg as image_ops
@@ -62,7 +62,7 @@ needs_jpegcrop = pytest.mark.skipif(image_ops._jpegcrop is None,
                                     reason="feedpipe._jpegcrop did not build (no libjpeg headers)")
 needs_packrows = pytest.mark.skipif(_packed._packrows is None,
                                     reason="feedpipe._packrows did not build (no C compiler)")
-needs_stagefiles = pytest.mark.skipif(onepass._C is None,
+needs_stagefiles = pytest.mark.skipif(stagedir._C is None,
                                       reason="feedpipe._stagefiles did not build (no C compiler)")
 
 # -- JPEGs --
@@ -424,7 +424,7 @@ def trees(draw: Any) -> tuple[list[tuple[str, bytes]], bool]:
     """Files of one top-level directory (relative paths and bytes) and whether labels are on:
     sizes around a tar block and the read's guess, empty ones, names around the ustar name
     field's 100 bytes, sidecars of one key, a subdirectory."""
-    g = onepass._GUESS
+    g = stagedir._GUESS
     files = {}
     for _ in range(draw(st.integers(1, 7))):
         stem = "".join(draw(st.lists(NAME_CHARS, min_size=1, max_size=draw(

@@ -28,6 +28,9 @@ import feedpipe
 from feedpipe._helpers import dependency
 from feedpipe.convert import _onepass as onepass
 from feedpipe.convert import _shard as convert
+from feedpipe.convert import _shard_run
+from feedpipe.convert import _stage_dir as stagedir
+from feedpipe.convert import _stage_walk as stagewalk
 from feedpipe.errors import FeedpipeError
 
 
@@ -68,7 +71,7 @@ def _dir_tree(src: Path, dirs: int, data: Callable[[int, int], bytes]) -> Path:
 
 
 needs_stagefiles = pytest.mark.skipif(
-    onepass.stage_files_with() == "python",
+    stagedir.stage_files_with() == "python",
     reason="feedpipe._stagefiles did not build (no C compiler at install)")
 
 
@@ -82,7 +85,7 @@ def test_same_bytes_as_the_general_path(tmp_path: Path, monkeypatch: pytest.Monk
     # files and a hidden top-level directory; shards that span directories and cut through them;
     # staged by the C loop where it was built, and by the Python loop
     if loop == "python":
-        monkeypatch.setattr(onepass, "_C", None)
+        monkeypatch.setattr(stagedir, "_C", None)
     src = tmp_path / "src"
     names = [n for n in ODD_NAMES + UNICODE_NAMES if "/" in n]
     names += [f"z{d}/sub/{i:03d}.bin" for d in range(3) for i in range(7)]
@@ -154,7 +157,7 @@ def test_anything_unusual_goes_to_the_general_path(tmp_path: Path, monkeypatch: 
     elif case == "unreadable":  # (as root, a chmod would not keep the file from being read)
         # (the C loop opens files itself; its fall-back to this loop at a file it cannot read
         # is test_the_c_loop_leaves_the_unusual_samples_to_the_python_loop's)
-        monkeypatch.setattr(onepass, "_C", None)
+        monkeypatch.setattr(stagedir, "_C", None)
         real = os.open
 
         def open_(path: Any, *a: Any, **k: Any) -> int:
@@ -321,7 +324,7 @@ def test_the_staging_shortcut_keys_files_as_classify_does(parts: list[str], ext:
     # (a hidden top-level directory, a dotted stem, a name to escape: all left to classify)
     rel = "top/" + "/".join(parts) + (f".{ext}" if ext else "")
     for path in (rel, rel[4:]):
-        fast = onepass._sample_key(path, labels, {})
+        fast = stagewalk._sample_key(path, labels, {})
         if fast is None:
             continue
         got = feedpipe.convert._sources.classify(path, 1, labels_from_dirs=labels)
@@ -342,8 +345,8 @@ def test_a_directorys_names_judged_at_once_as_one_at_a_time(names: list[str],
     # stage_dir judges a directory's names together where all are plain: the same stems and
     # fields as _plain_name gives each, and a directory with one name that is not plain is
     # judged a name at a time
-    one = [onepass._plain_name(n, labels, {}) for n in names]
-    together = onepass._plain_names(names, labels, {})
+    one = [stagewalk._plain_name(n, labels, {}) for n in names]
+    together = stagewalk._plain_names(names, labels, {})
     if any(o is None for o in one):
         assert together is None
     else:
@@ -354,30 +357,30 @@ def test_the_staging_read_gives_a_regular_file_whole_and_nothing_for_anything_el
         tmp_path: Path) -> None:
     data = bytes(range(256)) * 300
     (tmp_path / "f.bin").write_bytes(data)
-    assert onepass.read_file(str(tmp_path / "f.bin")) == data
+    assert stagedir.read_file(str(tmp_path / "f.bin")) == data
     (tmp_path / "empty.bin").write_bytes(b"")
-    assert onepass.read_file(str(tmp_path / "empty.bin")) == b""
+    assert stagedir.read_file(str(tmp_path / "empty.bin")) == b""
     os.mkfifo(tmp_path / "pipe.bin")  # (no writer: a blocking open or read would hang here)
-    assert onepass.read_file(str(tmp_path / "pipe.bin")) == b""
+    assert stagedir.read_file(str(tmp_path / "pipe.bin")) == b""
     (tmp_path / "d").mkdir()
-    assert onepass.read_file(str(tmp_path / "d")) == b""
+    assert stagedir.read_file(str(tmp_path / "d")) == b""
     with pytest.raises(FileNotFoundError):
-        onepass.read_file(str(tmp_path / "missing.bin"))
+        stagedir.read_file(str(tmp_path / "missing.bin"))
 
 
 @pytest.mark.parametrize("delta", [-1, 0, 1, 5000])
 def test_the_staging_read_takes_files_around_its_guess_whole(tmp_path: Path, delta: int) -> None:
     # under the guess: one read, no stat; from it on: the stat, and the rest in one more read
-    n = onepass._GUESS + delta
+    n = stagedir._GUESS + delta
     data = (bytes(range(256)) * (n // 256 + 1))[:n]
     (tmp_path / "f.bin").write_bytes(data)
-    assert onepass.read_file(str(tmp_path / "f.bin")) == data
+    assert stagedir.read_file(str(tmp_path / "f.bin")) == data
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs a device that fills a read")
 def test_the_staging_read_refuses_a_device_that_fills_its_read() -> None:
     # the walk saw a regular file; a device put in its place is not read as one
-    assert onepass.read_file("/dev/zero") == b""
+    assert stagedir.read_file("/dev/zero") == b""
 
 
 def test_shards_sealed_before_a_failure_ahead_of_the_join_leave_nothing(
@@ -399,7 +402,7 @@ def test_shards_sealed_before_a_failure_ahead_of_the_join_leave_nothing(
         raise RuntimeError("state file failed")
 
     monkeypatch.setattr(onepass.StagedTree, "start", spy)
-    monkeypatch.setattr(convert, "check_state", fail)
+    monkeypatch.setattr(_shard_run, "check_state", fail)
     with pytest.raises(RuntimeError, match="state file failed"):
         feedpipe.shard(str(src), str(out), max_samples=5, workers=2)
     assert trees and len(trees[0]._futures or []) == 8
@@ -428,7 +431,7 @@ def test_the_c_loop_stages_what_the_python_loop_stages(
     # loop's), names around the ustar name field's 100 bytes (over it: the Python loop's GNU
     # long-name header), unicode names, sidecars, nested directories; samples the C loop hands
     # to the Python loop and back
-    g = onepass._GUESS
+    g = stagedir._GUESS
     sizes = [1, 2, 511, 512, 513, 1000, 4096, g - 1, g, g + 1, 3 * g, 7]
     src = tmp_path / "src"
     top = src / "t"
@@ -476,7 +479,7 @@ def test_the_c_loop_leaves_the_unusual_samples_to_the_python_loop(tmp_path: Path
         (d / odd).unlink()
         os.mkfifo(d / odd)
     elif case == "fills-the-read":
-        (d / odd).write_bytes(b"x" * onepass._GUESS)
+        (d / odd).write_bytes(b"x" * stagedir._GUESS)
     else:
         odd = "l" * 97 + ".bin"
         (d / "1.bin").rename(d / odd)
@@ -487,12 +490,12 @@ def test_the_c_loop_leaves_the_unusual_samples_to_the_python_loop(tmp_path: Path
     try:
         with open(tmp_path / "stage", "wb") as out:
             got = _stagefiles.stage(fd, out.fileno(), keys, [0, 1, 2, 3], exts, rels, b"",
-                                    onepass._TEMPLATE, 0, 0, onepass._GUESS,
+                                    stagedir._TEMPLATE, 0, 0, stagedir._GUESS,
                                     feedpipe.convert._sources.READ_FLAGS, *lists)
             assert got == (1, 512 + 1024)
             # it takes up again after the sample the Python loop staged
             assert _stagefiles.stage(fd, out.fileno(), keys, [0, 1, 2, 3], exts, rels, b"",
-                                     onepass._TEMPLATE, 2, 5000, onepass._GUESS,
+                                     stagedir._TEMPLATE, 2, 5000, stagedir._GUESS,
                                      feedpipe.convert._sources.READ_FLAGS,
                                      *lists) == (3, 5000 + 512 + 1024)
     finally:
@@ -512,7 +515,7 @@ def test_the_python_loop_says_once_that_the_c_loop_was_not_built(
     import logging
 
     src = _tree(tmp_path)
-    monkeypatch.setattr(onepass, "_C", None)
+    monkeypatch.setattr(stagedir, "_C", None)
     monkeypatch.setattr(dependency, "UNBUILT_SAID", set())
     with caplog.at_level(logging.INFO, logger="feedpipe"):
         for i in range(2):

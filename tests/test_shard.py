@@ -31,8 +31,9 @@ from hypothesis import strategies as st
 
 import feedpipe
 from feedpipe.convert import _executors as conversion_executor
-from feedpipe.convert import _shard as convert
-from feedpipe.convert._sources import Source
+from feedpipe.convert import _shard_run
+from feedpipe.convert._output_dir import STATE_NAME
+from feedpipe.convert._sources import SampleSpec, Source
 from feedpipe.convert._synth import make_records
 from feedpipe.errors import (
     InputError,
@@ -386,7 +387,7 @@ def test_same_bytes_whatever_workers(
 ) -> None:
     # small parts so that shards are joined from several parts written by different processes
     # (the general method: this tree would take the one-pass method, tests/test_onepass.py)
-    monkeypatch.setattr(convert, "PART_SAMPLES", 16)
+    monkeypatch.setattr(_shard_run, "PART_SAMPLES", 16)
     outs = {}
     for w in (1, 2):
         out = tmp_path / f"w{w}"
@@ -409,16 +410,16 @@ def test_pool_workers_inherit_the_plan_or_get_it_pickled(
     dropped from the parent once the run ends."""
     import pickle
 
-    monkeypatch.setattr(convert, "PART_SAMPLES", 16)
+    monkeypatch.setattr(_shard_run, "PART_SAMPLES", 16)
     pickled_specs = []
-    real_reduce = convert.SampleSpec.__reduce_ex__
+    real_reduce = SampleSpec.__reduce_ex__
 
     def counting_reduce(self: object, proto: int) -> object:
         pickled_specs.append(1)
         return real_reduce(self, proto)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(convert.SampleSpec, "__reduce_ex__", counting_reduce, raising=False)
-    assert pickle.loads(pickle.dumps(convert.SampleSpec("k"))).key == "k" and pickled_specs
+    monkeypatch.setattr(SampleSpec, "__reduce_ex__", counting_reduce, raising=False)
+    assert pickle.loads(pickle.dumps(SampleSpec("k"))).key == "k" and pickled_specs
     outs = {}
     for method in ("fork", "spawn"):
         pickled_specs.clear()
@@ -621,7 +622,7 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         assert str(locked) in str(ei.value)
         left = [p.name for p in (tmp_path / "o1").iterdir()]
         # nothing half-written, no temp file; only the hidden state kept for --resume
-        assert left == [convert.STATE_NAME]
+        assert left == [STATE_NAME]
         s = feedpipe.shard(str(src), str(tmp_path / "o2"), workers=1, on_error="skip",
                            method="general")
         assert s.skipped == 1 and s.samples == 3
@@ -970,7 +971,7 @@ def test_a_bad_input_in_a_later_shard_stops_the_pool_and_leaves_nothing(
     # shards are joined as their parts arrive: a failing part of a later shard still stops the
     # run with the file named, no part or temporary file stays behind, the shards committed
     # before are whole, and --resume finishes the same bytes as a clean run
-    monkeypatch.setattr(convert, "PART_SAMPLES", 8)
+    monkeypatch.setattr(_shard_run, "PART_SAMPLES", 8)
     src = tmp_path / "src"
     src.mkdir()
     for i in range(200):

@@ -51,10 +51,10 @@ def open_(path, *a, **k):  # (every reader of a source file opens it with os.ope
 
 os.open = open_
 
-from feedpipe.convert import _onepass  # noqa: E402
+from feedpipe.convert import _stage_dir  # noqa: E402
 
-if _onepass._C is not None:  # the C loop of one-pass staging opens files itself: the swap
-    real_c = _onepass._C     # happens as it is handed them
+if _stage_dir._C is not None:  # the C loop of one-pass staging opens files itself: the swap
+    real_c = _stage_dir._C     # happens as it is handed them
 
     class SwapFirst:
         @staticmethod
@@ -64,7 +64,7 @@ if _onepass._C is not None:  # the C loop of one-pass staging opens files itself
                     swap(os.path.join(src, rel))
             return real_c.stage(dirfd, out_fd, keys, first, exts, rels, *rest)
 
-    _onepass._C = SwapFirst
+    _stage_dir._C = SwapFirst
 try:
     s = feedpipe.shard(src, out, workers=2, on_error=on_error, method=method)
     print(json.dumps({"samples": s.samples, "skipped": s.skipped_inputs}))
@@ -251,20 +251,20 @@ def test_a_file_whose_size_changed_after_the_listing_is_taken_as_read(
     # the general path lists sizes before it reads (the one-pass path takes its sizes from the
     # reads): a file that changes in between is read whole, and the shards, index and manifest
     # hold what was read, a sound dataset
-    from feedpipe.convert import _shard
+    from feedpipe.convert import _shard_run
 
     src = tmp_path / "src"
     write_tree(src, [f"{d}/{i}.bin" for d in "ab" for i in range(4)])
     target = src / "a" / "2.bin"
     new = b"x" * (3000 if change == "grown" else 3)
-    real_plan = _shard.plan_shards
+    real_plan = _shard_run.plan_shards
 
     def plan_then_change(*a, **k):  # type: ignore[no-untyped-def]
         plan = real_plan(*a, **k)
         target.write_bytes(new)  # after the listing took its size, before any read
         return plan
 
-    monkeypatch.setattr(_shard, "plan_shards", plan_then_change)
+    monkeypatch.setattr(_shard_run, "plan_shards", plan_then_change)
     out = tmp_path / "out"
     s = feedpipe.shard(str(src), str(out), workers=workers, method="general")
     assert s.samples == 8

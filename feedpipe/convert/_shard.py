@@ -28,42 +28,34 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import closing, nullcontext
-from contextvars import ContextVar
 from typing import Any
 
-from .. import __version__
 from .._helpers.pool_context import CommitPoint
-from .._helpers.progress import progress
 from .._helpers.storage import is_local, local_path
 from .._redact import logger, redact
-from ..errors import InputError, KeyClashError, OutputError
-from ..format._image_fields import IMAGE_FIELDS, image_extension, image_field_of
-from ..format._manifest import Manifest, ShardRecord
-from ._executors import Executor, Job, PoolExecutor, SerialExecutor
+from ..errors import InputError, OutputError
 from ._file_list import list_manifest
 from ._gc_freeze import frozen
-from ._merge import state_name as part_state_name
+from ._listing_checks import check_not_empty, drop_problems
 from ._method import Choice, Facts, choose_method
-from ._onepass import StagedExecutor, StagedTree, stage_tree
+from ._onepass import StagedTree, stage_tree
 from ._options import DEFAULT_MAX_BYTES, ShardOptions  # noqa: F401  (re-exported)
 from ._output_dir import (
-    STATE_NAME,
-    check_state,
     clean_temps,
-    finished_dataset,
     prepare_out,
     take_lock,
-    unlink_quiet,
-    write_dataset_manifest,
 )
-from ._parts import PartInfo, parse_part, part_prefix, part_tag
-from ._shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
-from ._sources import Listing, SampleSpec, Source, hidden_skipped, printable, several_images
+from ._parts import PartInfo, parse_part, part_tag
+from ._shard_run import (
+    ALREADY_COMPLETE,  # noqa: F401  (re-exported)
+    COMMIT_POINT,
+    convert_listing,
+)
+from ._sources import Listing, hidden_skipped, printable
 from ._summary import ShardSummary
-from ._writer import hidden, load_record, output_error
+from ._writer import hidden
 
 log = logger("feedpipe.convert")
-Records = dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]]
 
 
 def shard(src: str, out: str, options: ShardOptions | None = None, /,
@@ -129,24 +121,12 @@ def _under_lock(out: str, part_of: tuple[int, int] | None,
     what = (f"{printable(out)}: the conversion" if part_of is None
             else f"{printable(out)}: part {part_of[0]}/{part_of[1]} of the conversion")
     with CommitPoint(what) as point:
-        token = _COMMIT_POINT.set(point)
+        token = COMMIT_POINT.set(point)
         try:
             point.result = _locked_run(out, part_of, run)
         finally:
-            _COMMIT_POINT.reset(token)
+            COMMIT_POINT.reset(token)
         return point.result
-
-
-# the commit point of the run under way in this context (see _under_lock)
-_COMMIT_POINT: ContextVar[CommitPoint | None] = ContextVar("feedpipe_shard_commit",
-                                                           default=None)
-
-
-def _commit_point_reached() -> None:
-    """The run is complete from here on (its manifest or part record is being written)."""
-    point = _COMMIT_POINT.get()
-    if point is not None:
-        point.reached()
 
 
 def _locked_run(out: str, part_of: tuple[int, int] | None,
@@ -206,180 +186,7 @@ def _locked(src: str, out: str, opts: ShardOptions, facts: Facts, choice: Choice
         raise
     # the listing's objects (one per file, alive to the end) out of full collections
     with frozen(), (closing(staged) if staged is not None else nullcontext()):
-        return _convert(src, out, opts, choice, staged, listing, part_info, nworkers, t0)
-
-
-def _convert(src: str, out: str, opts: ShardOptions, choice: Choice, staged: StagedTree | None,
-             listing: Listing, part_info: PartInfo | None, nworkers: int,
-             t0: float, rows: Any = None, provenance: dict[str, Any] | None = None
-             ) -> ShardSummary:
-    """Plan ``listing``'s samples, write the shards not yet committed with the executor of
-    ``choice``, and commit the dataset (or the part). ``rows``: the source the samples' fields
-    are read from, for a table (:class:`~feedpipe.convert._table_rows.TableRows`; default: the
-    files of ``src``); ``provenance``: more for the manifest's ``created_by``."""
-    samples = _drop_problems(listing, opts.on_error)
-    _refuse_case_clashes(src, samples)
-    _report_outputs(src, out, listing)
-    _report_left_out(listing)
-    several = (several_images_named(samples) if opts.manifest is None and rows is None
-               else [])  # (a file list pairs files on purpose)
-    _report_several_images(several)
-    part_of = None if part_info is None else (part_info.index, part_info.count)
-    name_prefix = opts.prefix if part_of is None else part_prefix(opts.prefix, *part_of)
-    state = STATE_NAME if part_of is None else part_state_name(*part_of)
-    prepare_out(out, opts.resume, None if part_of is None else name_prefix)
-    out = local_path(out)
-    if opts.shuffle and part_of is None:  # a part's samples come in their final order
-        samples = shuffled(samples, opts.seed)
-    sizes = staged.sample_sizes() if staged is not None else None
-    plan = plan_shards(samples, opts.max_bytes, opts.max_samples, PART_SAMPLES,
-                       sizes if sizes is not None and len(sizes) == len(samples) else None)
-    names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
-    if staged is not None:  # (its workers copy meanwhile; nothing is committed before run)
-        staged.start(plan, names, out)
-    fp = plan_fingerprint(opts.output_options(), plan)
-    total_files = (staged.listing.files  # (counted as staged: every sample is kept)
-                   if staged is not None and staged.listing is not None
-                   and samples is listing.samples else sum(len(s.files) for s in samples))
-    done = finished_dataset(out, fp) if opts.resume and part_of is None else None
-    if done is not None:
-        return _already_complete(out, done, plan, name_prefix, total_files, t0)
-    check_state(out, fp, opts.resume, state, opts.output_options())
-    if staged is None:  # (the staging files are this run's)
-        clean_temps(out, name_prefix, state)
-    records: Records = {}
-    if opts.resume:
-        for i, name in enumerate(names):
-            got = load_record(out, name)
-            if got is not None:
-                records[i] = got
-    reused = len(records)
-    todo = [i for i in range(len(plan)) if i not in records]
-    bar = progress(total_files, "shard", "file", opts.show_progress)
-    bar.update(sum(len(s.files) for i in records for p in plan[i] for s in p))
-
-    def record(i: int, rec: ShardRecord, skipped: list[tuple[str, str]],
-               fields: set[str]) -> None:
-        records[i] = (rec, skipped, fields)
-        if opts.on_shard is not None:
-            opts.on_shard(rec)
-
-    part_paths = {(i, j): hidden(out, names[i], f".part{j:05d}.tmp-{os.getpid()}")
-                  for i in todo for j in range(len(plan[i]))}
-    executor = _executor(choice, opts, nworkers, staged)
-    job = Job(Source(src) if rows is None else rows, plan, todo, names, part_paths, out,
-              opts.on_error, bar, record)
-    try:
-        executor.run(job)
-    except BaseException:
-        clean_temps(out, name_prefix, state)
-        raise
-    finally:
-        bar.close()
-    m = _manifest(src, opts, choice, listing, plan, records, fp)
-    m.created_by.update(provenance or {})
-    if several:
-        m.created_by["several_images"] = several
-    merged = _commit(out, opts, m, listing, part_info, names, state)
-    secs = time.perf_counter() - t0
-    nbytes = sum(r.bytes for r in m.shards)
-    return ShardSummary(
-        out=out, shards=len(m.shards), samples=m.total_samples, files=total_files,
-        bytes=nbytes, skipped=len(m.skipped), reused_shards=reused, seconds=secs,
-        files_per_s=total_files / secs if secs > 0 else 0.0,
-        mb_per_s=nbytes / secs / 1e6 if secs > 0 else 0.0, skipped_inputs=list(m.skipped),
-        part=None if part_info is None else part_info.label, merged=merged,
-        method=choice.method, executor=executor.describe(), why=choice.why,
-        several_images=several)
-
-
-# the executor of a resume over a dataset already complete (the CLI's summary says so)
-ALREADY_COMPLETE = "nothing to do: the dataset was already complete"
-
-
-def _already_complete(out: str, m: Manifest, plan: Any, name_prefix: str, total_files: int,
-                      t0: float) -> ShardSummary:
-    """The summary of a ``resume`` over a dataset this very conversion finished (same inputs
-    and options, every shard there at its recorded size): nothing is written. What a resume
-    would have needed and an older run left behind is removed."""
-    _commit_point_reached()
-    clean_temps(out, name_prefix)
-    for i in range(len(plan)):
-        unlink_quiet(os.path.join(out, f".{name_prefix}-{i:06d}.tar.record.json"))
-    unlink_quiet(os.path.join(out, STATE_NAME))
-    log.warning("feedpipe shard: %s already holds this conversion, complete (its manifest.json "
-                "and all %d shards): nothing to resume, nothing written", printable(out),
-                len(m.shards))
-    secs = time.perf_counter() - t0
-    nbytes = sum(r.bytes for r in m.shards)
-    method = m.created_by.get("method")
-    return ShardSummary(
-        out=out, shards=len(m.shards), samples=m.total_samples, files=total_files,
-        bytes=nbytes, skipped=len(m.skipped), reused_shards=len(m.shards), seconds=secs,
-        files_per_s=0.0, mb_per_s=0.0, skipped_inputs=list(m.skipped),
-        method=method if isinstance(method, str) else "general",
-        executor=ALREADY_COMPLETE,
-        several_images=list(m.created_by.get("several_images", [])))
-
-
-def _executor(choice: Choice, opts: ShardOptions, workers: int,
-              staged: StagedTree | None) -> Executor:
-    if choice.executor == "staged" and staged is not None:
-        if choice.method == "table":  # (the listing read the rows: one process staged them)
-            return StagedExecutor(staged, 1, "one pass: rows staged as they were listed, "
-                                  "shards joined in this process")
-        return StagedExecutor(staged, workers)
-    if choice.executor == "dask":
-        from ._dask import DaskExecutor
-
-        return DaskExecutor(opts.dask, opts.retries)
-    if choice.executor == "pool":
-        return PoolExecutor(workers, opts.start_method)
-    return SerialExecutor("one worker" if workers <= 1 else "")
-
-
-def _manifest(src: str, opts: ShardOptions, choice: Choice, listing: Listing, plan: Any,
-              records: Records, fp: str) -> Manifest:
-    skipped = [{"path": p, "reason": r} for p, r in _listing_skipped(listing, opts.on_error)]
-    fields: set[str] = set()
-    for i in range(len(plan)):
-        skipped += [{"path": p, "reason": r} for p, r in records[i][1]]
-        fields |= records[i][2]
-    options = opts.output_options()
-    options["src"] = printable(src)
-    m = Manifest(shards=[records[i][0] for i in range(len(plan))], fields=sorted(fields),
-                 classes=listing.classes, skipped=skipped,
-                 created_by={"tool": "feedpipe shard", "feedpipe_version": __version__,
-                             "method": choice.method, "options": options,
-                             "plan_fingerprint": fp, "ignored_hidden_files": listing.ignored})
-    if listing.outputs:
-        m.created_by["skipped_output_dirs"] = listing.outputs
-    return m
-
-
-def _commit(out: str, opts: ShardOptions, m: Manifest, listing: Listing,
-            part_info: PartInfo | None, names: list[str], state: str) -> bool:
-    """Write the manifest (a part: its part record, and with ``merge`` the manifest once every
-    part is done) and remove what only a resume needed; whether this run merged the parts.
-    This is the run's commit point: a Ctrl-C from here on is noted, not raised (see
-    :func:`_under_lock`), so the files that only a resume needed are removed in full."""
-    _commit_point_reached()
-    if part_info is None:
-        write_dataset_manifest(out, m)
-        for name in names:
-            unlink_quiet(os.path.join(out, f".{name}.record.json"))
-        unlink_quiet(os.path.join(out, STATE_NAME))
-        return False
-    from ._merge import merge_if_complete, write_part_record
-
-    m.created_by["part"] = part_info.label
-    listing_skipped = len(_listing_skipped(listing, opts.on_error))
-    try:
-        write_part_record(out, part_info, m, listing_skipped)
-    except OSError as e:
-        raise output_error(e, out) from e
-    unlink_quiet(os.path.join(out, state))  # shard records stay: --resume reuses them
-    return opts.merge and merge_if_complete(out, part_info.count) is not None
+        return convert_listing(src, out, opts, choice, staged, listing, part_info, nworkers, t0)
 
 
 def _list(src: str, out: str, opts: ShardOptions, part: tuple[int, int] | None
@@ -396,7 +203,7 @@ def _list(src: str, out: str, opts: ShardOptions, part: tuple[int, int] | None
                                      exclude=out)
     try:
         total = len(listing.samples) if isinstance(listing, Listing) else listing.samples
-        _check_not_empty(src, opts, listing, total)
+        check_not_empty(src, opts, listing, total)
         if part is None:
             return (listing if isinstance(listing, Listing) else listing.to_listing()), None
         return list_part(listing, *part, shuffle=opts.shuffle, seed=opts.seed,
@@ -404,79 +211,6 @@ def _list(src: str, out: str, opts: ShardOptions, part: tuple[int, int] | None
     finally:
         if not isinstance(listing, Listing):
             listing.close()
-
-
-def _check_not_empty(src: str, opts: ShardOptions, listing: Any, total: int) -> None:
-    """Refuse a source with nothing to convert (a dataset of 0 samples is a mistake), saying
-    what was found instead; a bad input under ``on_error="raise"`` is reported first."""
-    if total:
-        return
-    _drop_problems(listing, opts.on_error)
-    if opts.manifest is not None:
-        raise InputError(f"{opts.manifest}: the manifest names no samples; add rows with a "
-                         "'path' or '<ext>_path' column")
-    found = []
-    if listing.problems:
-        found.append(f"{len(listing.problems)} bad input(s) skipped, e.g. "
-                     f"{listing.problems[0][0]}: {listing.problems[0][1]}")
-    if listing.ignored:
-        found.append(f"{listing.ignored} hidden file(s) ignored")
-    if listing.left_out:
-        found.append(f"{len(listing.left_out)} file(s) of class folders left out as not "
-                     f"images, e.g. {listing.left_out[0][0]}")
-    if listing.outputs:
-        found.append(f"feedpipe output skipped: {', '.join(listing.outputs)}")
-    tail = f" ({'; '.join(found)})" if found else ""
-    raise InputError(f"{printable(src)}: the source directory has no files to convert{tail}; "
-                     "point SRC at the directory that holds the data")
-
-
-def _report_outputs(src: str, out: str, listing: Any) -> None:
-    """Say which directories the listing skipped as output (see
-    :mod:`~feedpipe.convert._source_tree`)."""
-    if is_local(src) and is_local(out):
-        real_src, real_out = os.path.realpath(local_path(src)), os.path.realpath(local_path(out))
-        if real_out != real_src and os.path.commonpath([real_src, real_out]) == real_src:
-            log.warning("feedpipe shard: the output directory %s is inside the source %s: the "
-                        "listing skips it (and any later conversion of the source does too)",
-                        printable(out), printable(src))
-    for rel in listing.outputs:
-        log.warning("feedpipe shard: skipped %s/%s: it holds feedpipe output (shards, a "
-                    "manifest or a conversion under way), not source data", printable(src), rel)
-
-
-def several_images_named(samples: list[SampleSpec]) -> list[dict[str, Any]]:
-    """Every sample of two or more images (files that share a stem), by key: its ``key``, its
-    image files (``images``) and the one :class:`~feedpipe.ImagePipeline` takes by default
-    (``taken``, the first of its ``image_field`` list): an ImageFolder counts each file as an
-    image, and the others are never trained."""
-    multi = [s for s in samples if len(s.files) > 1]
-    if not multi:  # a sample of one file holds one image at most
-        return []
-    out: list[tuple[str, list[str], str]] = []
-    for spec in several_images(multi, IMAGE_FIELDS):
-        taken = image_field_of(dict.fromkeys((f.ext for f in spec.files), True), IMAGE_FIELDS)
-        out.append((spec.key, sorted(printable(f.path) for f in spec.files
-                                     if image_extension(f.ext) is not None),
-                    next(printable(f.path) for f in spec.files if f.ext == taken)))
-    out.sort()  # (by key: a part's samples come shuffled)
-    return [{"key": key, "images": images, "taken": path} for key, images, path in out]
-
-
-def _report_several_images(several: list[dict[str, Any]]) -> None:
-    """Say, once a run, that files sharing a stem made samples of two or more images, naming
-    some (the manifest and the summary name all)."""
-    if not several:
-        return
-    n = len(several)
-    shown = "; ".join(f"{' + '.join(e['images'])} (trains with {e['taken']})"
-                      for e in several[:5]) + ("; ..." if n > 5 else "")
-    log.warning("feedpipe shard: %d sample%s hold%s two or more images (files that share a stem "
-                "are one sample), where an ImageFolder counts each file as an image, and "
-                "ImagePipeline takes the first of its image_field list: %s. Every one is named "
-                "in the manifest's created_by.several_images (and the summary's "
-                "several_images); give each image its own stem if each is a sample",
-                n, "s" * (n > 1), "" if n > 1 else "s", shown)
 
 
 def _stage(src: str, out: str, opts: ShardOptions, workers: int,
@@ -560,7 +294,7 @@ def _shard_listed_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOpt
     listing.hidden = list(table.hidden)
     with closing(staged) if staged is not None else nullcontext():
         if not listing.samples:
-            _drop_problems(listing, opts.on_error)
+            drop_problems(listing, opts.on_error)
             raise InputError(f"{printable(src)}: the table has no rows to convert"
                              + (f" ({len(listing.problems)} skipped)" if listing.problems
                                 else ""))
@@ -569,64 +303,10 @@ def _shard_listed_rows(src: str, table: Any, rows: Any, out: str, opts: ShardOpt
             listing, part_info = list_part(listing, *part_of, shuffle=opts.shuffle,
                                            seed=opts.seed, options=opts.output_options())
         provenance = {"source": {**table.describe, "src": src}, "columns": cmap.to_dict()}
-        s = _convert(src, out, opts, choice, staged, listing, part_info, nworkers, t0, rows,
+        s = convert_listing(src, out, opts, choice, staged, listing, part_info, nworkers, t0, rows,
                      provenance)
     nrows = table.num_rows or 0
     return dataclasses.replace(s, files=nrows, columns=cmap.lines(),
                                files_per_s=nrows / s.seconds if s.seconds > 0 else 0.0)
-
-
-def _refuse_case_clashes(src: str, samples: list[SampleSpec]) -> None:
-    """Refuse a sample of two files whose extensions differ only in case (``x.jpg`` and
-    ``x.JPG``): WebDataset readers take extensions in lower case and cannot read it."""
-    for spec in samples:
-        files, extras = spec.files, spec.extras
-        # the common shapes checked cheaply: one file and the class field, or two files
-        if len(files) < 2:
-            if not files or not extras or (len(extras) == 1 and
-                                           files[0].ext.lower() != extras[0][0].lower()):
-                continue
-        elif len(files) == 2 and not extras and files[0].ext.lower() != files[1].ext.lower():
-            continue
-        exts = [f.ext for f in files] + [e for e, _ in extras]
-        if len({e.lower() for e in exts}) == len(exts):
-            continue
-        seen: dict[str, str] = {}
-        for ext, path in [(f.ext, printable(f.path)) for f in files] + [
-                (e, f"the {e!r} field of --labels-from-dirs") for e, _ in extras]:
-            first = seen.setdefault(ext.lower(), path)
-            if first != path:
-                raise KeyClashError(
-                    f"{printable(src)}: {first} and {path} make one sample "
-                    f"whose fields differ only in case; WebDataset readers take extensions in "
-                    "lower case and cannot read it: rename one of the files (or move it out)")
-
-
-def _listing_skipped(listing: Listing, on_error: str) -> list[tuple[str, str]]:
-    """The listing's inputs the manifest counts as skipped: the files ``--labels-from-dirs``
-    left out (not images), the hidden files (a hidden directory once), and the bad inputs
-    ``on_error="skip"`` left out."""
-    return listing.left_out + listing.hidden + (listing.problems if on_error == "skip" else [])
-
-
-def _report_left_out(listing: Listing) -> None:
-    """Say which files of class folders were left out as not images (they are counted in the
-    manifest's ``skipped`` and listed in the summary's ``skipped_inputs``)."""
-    if listing.left_out:
-        n = len(listing.left_out)
-        shown = ", ".join(p for p, _ in listing.left_out[:5]) + (", ..." if n > 5 else "")
-        log.warning("feedpipe shard: left out %d file%s of the class folders that %s not an "
-                    "image (--labels-from-dirs takes image files, as torchvision's ImageFolder "
-                    "does; the manifest's 'skipped' lists them): %s",
-                    n, "s" * (n > 1), "are" if n > 1 else "is", shown)
-
-
-def _drop_problems(listing: Listing, on_error: str) -> list[SampleSpec]:
-    if listing.problems and on_error == "raise":
-        path, reason = listing.problems[0]
-        more = len(listing.problems) - 1
-        tail = f" (and {more} more bad input(s))" if more else ""
-        raise InputError(f"{path}: {reason}{tail}; use --on-error skip to leave bad inputs out")
-    return listing.samples
 
 
