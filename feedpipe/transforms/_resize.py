@@ -16,6 +16,7 @@ pixels. Without OpenCV every resize takes the torch path.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import torch
@@ -103,43 +104,74 @@ def resize_to_tensor(img: np.ndarray, size: Size, *, flip: bool = False,
             img.shape[2] if img.ndim == 3 else 1, size[0], size[1])):
         raise ValueError(f"out= must be a uint8 tensor of shape {(img.shape[2], *size)}, not "
                          f"{out.dtype} {tuple(out.shape)}")
-    if (_resize_into is not None and img.ndim == 3 and img.shape[2] == 3
-            and img.dtype == np.uint8 and img.shape[0] > 0 and img.shape[1] > 0
-            and img.strides[2] == 1 and img.strides[1] == 3
-            and img.strides[0] >= 3 * img.shape[1]):
-        chw = out if out is not None and out.is_contiguous() else torch.empty(
-            (3, size[0], size[1]), dtype=torch.uint8)
+    if _resize_into is not None and _extension_takes(img):
+        chw = _chw_target(out, 3, size)
         _resize_into(img, chw.numpy(), flip)
-        if out is not None and chw is not out:
-            out.copy_(chw)
-        return chw if out is None else out
+        return _written(chw, out)
     if _resize_into is None and img.ndim == 3 and img.shape[2] == 3:
         say_no_extension()
     up = _enlarge_hwc(img, size, flip, scratch=True)
     if up is not None:
-        chw = out if out is not None and out.is_contiguous() else torch.empty(
-            (up.shape[2], size[0], size[1]), dtype=torch.uint8)
+        chw = _chw_target(out, up.shape[2], size)
         _split_into(up, chw)
-        if out is not None and chw is not out:
-            out.copy_(chw)
-        return chw if out is None else out
+        return _written(chw, out)
     cv2 = opencv()
-    if (cv2 is not None and out is not None and out.is_contiguous() and img.ndim == 3
-            and img.dtype == np.uint8 and img.strides[2] == 1 and img.strides[1] == img.shape[2]
-            and img.strides[0] > 0 and 1 <= img.shape[2] <= 4):
-        # OpenCV's flip (or a packed copy) makes the dense channels-last input torch's uint8
-        # kernel wants, and its split writes the result's planes straight into ``out``: torch's
-        # own channels-last to CHW copy is the slower way to the same bytes
-        # (benchmarks/bench_decode_parts.py).
-        dense = cv2.flip(img, 1) if flip else np.ascontiguousarray(img)
-        dense = dense.reshape(img.shape)  # cv2 drops a single channel's axis
-        with one_thread():
-            x = torch.from_numpy(dense).unsqueeze(0).permute(0, 3, 1, 2)
-            if (x.shape[2], x.shape[3]) != size:
-                x = F.interpolate(x, size=size, mode="bilinear", antialias=True,
-                                  align_corners=False)
-            _split_into(x[0].permute(1, 2, 0).numpy(), out)
+    if cv2 is not None and out is not None and out.is_contiguous() and _packed(img):
+        return _interpolate_split(cv2, img, size, flip, out)
+    return _interpolate(img, size, flip, out)
+
+
+def _extension_takes(img: np.ndarray) -> bool:
+    """An RGB ``uint8`` image, not empty, of packed pixels in rows that may be padded: what the
+    C extension's ``resize_into`` reads."""
+    return (img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8 and img.shape[0] > 0
+            and img.shape[1] > 0 and img.strides[2] == 1 and img.strides[1] == 3
+            and img.strides[0] >= 3 * img.shape[1])
+
+
+def _packed(img: np.ndarray) -> bool:
+    """A 1-4 channel ``uint8`` image of packed pixels in rows going down: what OpenCV reads."""
+    return (img.ndim == 3 and img.dtype == np.uint8 and img.strides[2] == 1
+            and img.strides[1] == img.shape[2] and img.strides[0] > 0 and 1 <= img.shape[2] <= 4)
+
+
+def _chw_target(out: torch.Tensor | None, channels: int, size: Size) -> torch.Tensor:
+    """Where a CHW result is written: ``out`` when it is contiguous, else a new tensor."""
+    if out is not None and out.is_contiguous():
         return out
+    return torch.empty((channels, size[0], size[1]), dtype=torch.uint8)
+
+
+def _written(chw: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The result ``chw``, copied into ``out`` where one was given and it is not ``chw``."""
+    if out is None:
+        return chw
+    if chw is not out:
+        out.copy_(chw)
+    return out
+
+
+def _interpolate_split(cv2: Any, img: np.ndarray, size: Size, flip: bool,
+                       out: torch.Tensor) -> torch.Tensor:
+    """torch's resize written into the contiguous ``out`` by OpenCV. OpenCV's flip (or a packed
+    copy) makes the dense channels-last input torch's uint8 kernel wants, and its split writes
+    the result's planes straight into ``out``: torch's own channels-last to CHW copy is the
+    slower way to the same bytes (benchmarks/bench_decode_parts.py)."""
+    dense = cv2.flip(img, 1) if flip else np.ascontiguousarray(img)
+    dense = dense.reshape(img.shape)  # cv2 drops a single channel's axis
+    with one_thread():
+        x = torch.from_numpy(dense).unsqueeze(0).permute(0, 3, 1, 2)
+        if (x.shape[2], x.shape[3]) != size:
+            x = F.interpolate(x, size=size, mode="bilinear", antialias=True,
+                              align_corners=False)
+        _split_into(x[0].permute(1, 2, 0).numpy(), out)
+    return out
+
+
+def _interpolate(img: np.ndarray, size: Size, flip: bool,
+                 out: torch.Tensor | None) -> torch.Tensor:
+    """torch alone: the one copy it needs (a dense channels-last input) also flips, and uint8
+    channels-last is its vectorised interpolation path."""
     if min(img.strides) < 0:  # torch takes no negative strides (a channel-reversed view)
         img = np.ascontiguousarray(img)
     with one_thread():
