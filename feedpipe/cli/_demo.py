@@ -37,12 +37,8 @@ def demo(workdir: str | None = None, keep: bool = False, *,
         The figures: ``workdir``, ``kept``, ``samples``, ``shards``, ``streamed``, ``epochs``,
         ``exactly_once``, ``tiers`` and ``device`` (the ``--json`` document).
     """
-    import simplejpeg
-
     from ..convert._shard import shard
     from ..convert._synth import make_image_folder
-    from ..stream._dataset import FeedDataset
-    from ..stream._loader import FeedLoader
 
     own = workdir is None
     root: str = tempfile.mkdtemp(prefix="feedpipe-demo-") if workdir is None else workdir
@@ -64,66 +60,10 @@ def demo(workdir: str | None = None, keep: bool = False, *,
         p(f"2. feedpipe shard: {s.samples} samples -> {s.shards} shards ({s.bytes / 1e6:.2f} MB) "
           f"in {s.seconds:.2f}s, with DALI .idx indexes and manifest.json")
 
-        ds = FeedDataset(out)
-        t0 = time.perf_counter()
-        n, nbytes = 0, 0
-        fields: Counter[str] = Counter()
-        for sample in ds:
-            n += 1
-            for k, v in sample.items():
-                if not k.startswith("__"):
-                    fields[k] += 1
-                    nbytes += len(v)
-        dt = time.perf_counter() - t0
-        first = next(iter(ds))
-        img = simplejpeg.decode_jpeg(first["jpg"])
-        p(f"3. FeedDataset streamed {n} samples ({nbytes / 1e6:.2f} MB) in {dt * 1e3:.1f} ms, "
-          f"zero-copy from memory-mapped shards; fields {dict(sorted(fields.items()))}")
-        p(f"   first sample: key {first['__key__']!r}, class {bytes(first['cls']).decode()}, "
-          f"image {img.shape[1]}x{img.shape[0]}")
-
-        world, batch = 2, 16
+        n = _stream_step(out, p)
         seen: dict[int, list[int]] = {}
         for epoch in (0, 1):
-            ids: list[int] = []
-            saved = None
-            loaders = [FeedLoader(FeedDataset(out, shuffle=True, seed=7, rank=r, world_size=world),
-                                  batch_size=batch) for r in range(world)]
-            iters = []
-            for ld in loaders:
-                ld.set_epoch(epoch)
-                iters.append(iter(ld))
-            steps = len(loaders[0])
-            per_rank = [0] * world  # samples each rank trained on before a stop
-            for step in range(steps):
-                if epoch == 1 and step == steps // 2:
-                    saved = loaders[0].state_dict()  # rank 0's state resumes every rank
-                    break
-                for r, it in enumerate(iters):
-                    got = next(it)["__index__"].tolist()
-                    ids += got
-                    per_rank[r] += len(got)
-            where = f" over {world} ranks ({per_rank} per rank)"
-            if saved is not None:
-                p(f"   epoch 1: stopped after {steps // 2} of {steps} steps, saved state "
-                  f"{{epoch: {saved['epoch']}, position: {saved['position']}}}; resuming with 1 "
-                  "rank instead of 2")
-                resumed = FeedLoader(FeedDataset(out, shuffle=True, seed=7, rank=0, world_size=1),
-                                     batch_size=batch)
-                resumed.load_state_dict(saved)
-                after = 0
-                for b in resumed:
-                    got = b["__index__"].tolist()
-                    ids += got
-                    after += len(got)
-                where = (f", {per_rank} on {world} ranks before the stop and {after} on 1 "
-                         "rank after the resume")
-            counts = Counter(ids)
-            seen[epoch] = ids
-            dup = sum(c - 1 for c in counts.values() if c > 1)
-            p(f"{'4.' if epoch == 0 else '  '} epoch {epoch}: {len(ids)} samples{where}, "
-              f"{len(counts)} distinct of {s.samples}, repeats {dup}, "
-              f"first ids {ids[:6]}")
+            seen[epoch] = _epoch_step(out, epoch, s.samples, p)
         same = seen[0] == seen[1]
         once = all(sorted(v) == list(range(s.samples)) for v in seen.values())
         p(f"5. epochs 0 and 1 have {'the same' if same else 'different'} orders; "
@@ -147,6 +87,83 @@ def demo(workdir: str | None = None, keep: bool = False, *,
                "on another number of ranks" if result["exactly_once"] else
                "verdict: PROBLEM, an epoch did not deliver every sample exactly once")
               + "; next: the tutorial (docs/tutorial.md), on your own images")
+
+
+def _stream_step(out: str, p: Callable[..., None]) -> int:
+    """Step 3: one pass of a FeedDataset over the shards, and its first sample; the samples."""
+    import simplejpeg
+
+    from ..stream._dataset import FeedDataset
+
+    ds = FeedDataset(out)
+    t0 = time.perf_counter()
+    n, nbytes = 0, 0
+    fields: Counter[str] = Counter()
+    for sample in ds:
+        n += 1
+        for k, v in sample.items():
+            if not k.startswith("__"):
+                fields[k] += 1
+                nbytes += len(v)
+    dt = time.perf_counter() - t0
+    first = next(iter(ds))
+    img = simplejpeg.decode_jpeg(first["jpg"])
+    p(f"3. FeedDataset streamed {n} samples ({nbytes / 1e6:.2f} MB) in {dt * 1e3:.1f} ms, "
+      f"zero-copy from memory-mapped shards; fields {dict(sorted(fields.items()))}")
+    p(f"   first sample: key {first['__key__']!r}, class {bytes(first['cls']).decode()}, "
+      f"image {img.shape[1]}x{img.shape[0]}")
+    return n
+
+
+_WORLD, _BATCH = 2, 16  # the simulated ranks of steps 4 and 5, and their batch size
+
+
+def _epoch_step(out: str, epoch: int, samples: int, p: Callable[..., None]) -> list[int]:
+    """Step 4: one shuffled epoch on two ranks (epoch 1 stopped halfway, saved and resumed on
+    one rank), said with its counts; the sample indices delivered, in order."""
+    from ..stream._dataset import FeedDataset
+    from ..stream._loader import FeedLoader
+
+    world, batch = _WORLD, _BATCH
+    ids: list[int] = []
+    saved = None
+    loaders = [FeedLoader(FeedDataset(out, shuffle=True, seed=7, rank=r, world_size=world),
+                          batch_size=batch) for r in range(world)]
+    iters = []
+    for ld in loaders:
+        ld.set_epoch(epoch)
+        iters.append(iter(ld))
+    steps = len(loaders[0])
+    per_rank = [0] * world  # samples each rank trained on before a stop
+    for step in range(steps):
+        if epoch == 1 and step == steps // 2:
+            saved = loaders[0].state_dict()  # rank 0's state resumes every rank
+            break
+        for r, it in enumerate(iters):
+            got = next(it)["__index__"].tolist()
+            ids += got
+            per_rank[r] += len(got)
+    where = f" over {world} ranks ({per_rank} per rank)"
+    if saved is not None:
+        p(f"   epoch 1: stopped after {steps // 2} of {steps} steps, saved state "
+          f"{{epoch: {saved['epoch']}, position: {saved['position']}}}; resuming with 1 "
+          "rank instead of 2")
+        resumed = FeedLoader(FeedDataset(out, shuffle=True, seed=7, rank=0, world_size=1),
+                             batch_size=batch)
+        resumed.load_state_dict(saved)
+        after = 0
+        for b in resumed:
+            got = b["__index__"].tolist()
+            ids += got
+            after += len(got)
+        where = (f", {per_rank} on {world} ranks before the stop and {after} on 1 "
+                 "rank after the resume")
+    counts = Counter(ids)
+    dup = sum(c - 1 for c in counts.values() if c > 1)
+    p(f"{'4.' if epoch == 0 else '  '} epoch {epoch}: {len(ids)} samples{where}, "
+      f"{len(counts)} distinct of {samples}, repeats {dup}, "
+      f"first ids {ids[:6]}")
+    return ids
 
 
 def _claim(root: str) -> list[str]:
