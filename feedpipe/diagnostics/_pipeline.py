@@ -215,8 +215,6 @@ def _image_slot(decoded: Sequence[Any]
     The slot's shape: the median height and width, the most channels. Its field: the image
     field's name, or ``image`` where samples hold their image in different fields (a tree
     mixing ``.jpg`` and ``.png``)."""
-    import numpy as np
-
     dicts = [s for s in decoded if isinstance(s, dict)]
     if not dicts or len(dicts) < len(decoded):
         return {}, []
@@ -229,10 +227,24 @@ def _image_slot(decoded: Sequence[Any]
     shapes = {a.shape for a in arrays}
     if len(names) == 1 and len(arrays) == len(dicts) and len(shapes) == 1:
         return {}, []
+    shape = _slot_shape(arrays)
+    name, notes = _slot_notes(names, dicts, arrays, len(shapes) > 1, shape)
+    return {name: (tuple(names), shape)}, notes
+
+
+def _slot_shape(arrays: list[Any]) -> tuple[int, ...]:
+    """The median height and width of ``arrays``, the most channels (none for greyscale)."""
+    import numpy as np
+
     h = int(np.median([a.shape[0] for a in arrays]))
     w = int(np.median([a.shape[1] for a in arrays]))
     c = max((a.shape[2] if a.ndim == 3 else 1) for a in arrays)
-    shape = (h, w, c) if c > 1 or any(a.ndim == 3 for a in arrays) else (h, w)
+    return (h, w, c) if c > 1 or any(a.ndim == 3 for a in arrays) else (h, w)
+
+
+def _slot_notes(names: list[str], dicts: list[dict[str, Any]], arrays: list[Any],
+                sizes_differ: bool, shape: tuple[int, ...]) -> tuple[str, list[str]]:
+    """The slot's field, and what the batch stage's note says about it."""
     name = names[0]
     notes = []
     if len(names) > 1:
@@ -240,14 +252,14 @@ def _image_slot(decoded: Sequence[Any]
         notes.append(f"samples hold their image in different fields ({', '.join(names)}): "
                      f"batches stack each sample's first of them, as ImagePipeline takes it, "
                      f"in one tensor named {name!r}")
-    if len(shapes) > 1:
+    if sizes_differ:
         notes.append(f"decoded images differ in size: batches stack them as uint8 tensors of "
                      f"one shape ({name} {'x'.join(map(str, shape))}: the median size, "
                      "centre-cropped or zero-padded), as a resize transform would")
     if len(arrays) < len(dicts):
         notes.append(f"{len(dicts) - len(arrays)} of {len(dicts)} samples read hold no decoded "
                      "image: their rows of the image tensor stay zero")
-    return {name: (tuple(names), shape)}, notes
+    return name, notes
 
 
 def _unstacked(samples: Sequence[Any], batch: Any) -> list[str]:
