@@ -39,9 +39,6 @@ DALI is imported when the stage first builds its pipeline, never at ``import fee
 
 from __future__ import annotations
 
-import os
-import re
-import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -52,90 +49,25 @@ import torch
 from .._helpers.dependency import require
 from .._helpers.fork_safety import mark_process_fork_unsafe
 from .._redact import logger
-from ..errors import DecodeError, MissingDependencyError
+from ..errors import DecodeError
 from ..format._image_fields import fields_present
-from ._decode import IMAGE_FIELDS, animated_png, decode_image, image_format, image_size
-from ._jpeg import repaired_jpeg
-from ._opencv import opencv
+from ._dali_host import (
+    BUILT,
+    DALI_FAILED,
+    Fed,
+    HeaderSkipped,
+    default_image_png,
+    drop_row,
+    host_bytes,
+    int_column,
+    keep_pipelines_in_forked_children,
+)
+from ._decode import IMAGE_FIELDS, animated_png, image_format, image_size
 from ._pipeline import ImageSpec, no_label, parse_label
 from ._seeding import scratch_rng
 
 log = logger("feedpipe")
 _DALI_FORMATS = ("jpeg", "png", "webp")  # what fn.decoders.image_slice reads of ours
-
-
-class _Fed(NamedTuple):
-    """A batch fed to DALI: what it was fed, and what is needed to name a sample of it or to
-    feed it again without one (after DALI failed to decode that sample)."""
-
-    state: dict[str, Any] | None  # the loader's state after this batch
-    arrays: tuple[Any, ...]  # encode_batch's
-    keys: list[Any]
-    shards: list[Any]
-    retried: bool = False  # fed again once, its JPEGs repaired as libjpeg reads them
-
-    def without(self, i: int) -> _Fed:
-        data, *columns = self.arrays
-        arrays = (data[:i] + data[i + 1:], *(np.delete(c, i, axis=0) for c in columns))
-        return _Fed(self.state, arrays, self.keys[:i] + self.keys[i + 1:],
-                    self.shards[:i] + self.shards[i + 1:], self.retried)
-
-
-def _host_bytes(data: Any) -> bytes | None:
-    """What the host makes of an image DALI failed on: ``None`` where it decodes as it is,
-    a JPEG repaired as libjpeg reads it (``repaired_jpeg``) where only that made it fail; a
-    DecodeError where it does not decode on the host either."""
-    raw = bytes(data)
-    if image_format(raw) == "jpeg":
-        return repaired_jpeg(raw)
-    decode_image(raw)
-    return None
-
-
-_TOLD_APNG: list[bool] = []
-
-
-def _default_image_png(data: Any) -> np.ndarray:
-    """An animated PNG's default image, decoded on the host as the CPU pipeline decodes it
-    (with Pillow), as the bytes of a plain PNG for DALI. DALI's decoder gives an APNG's first
-    animation frame, and refuses some APNGs that Pillow reads; Pillow and torchvision give the
-    default image. Re-encoded losslessly, so DALI decodes exactly the CPU pipeline's pixels."""
-    rgb = decode_image(data)
-    cv2 = opencv()
-    if cv2 is None:  # pragma: no cover - OpenCV is a dependency
-        raise MissingDependencyError("re-encoding an animated PNG's default image for DALI "
-                                     "needs OpenCV. Install it with: pip install "
-                                     "opencv-python-headless")
-    ok, png = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]),
-                           [cv2.IMWRITE_PNG_COMPRESSION, 1])
-    if not ok:  # pragma: no cover - a decoded 8-bit RGB image always encodes
-        raise DecodeError("OpenCV could not re-encode an animated PNG's default image")
-    if not _TOLD_APNG:
-        _TOLD_APNG.append(True)
-        log.info("feedpipe: DaliStage decodes animated PNGs (APNG) on the host with Pillow, to "
-                 "their default image as the CPU pipeline does, and feeds DALI that image "
-                 "(DALI would give the first animation frame); said once per process")
-    return np.asarray(png, np.uint8).reshape(-1)
-
-
-class _HeaderSkipped(Exception):
-    """Sample ``i`` of a batch has an image header that does not read (on_error="skip")."""
-
-    def __init__(self, i: int, message: str) -> None:
-        super().__init__(message)
-        self.i, self.message = i, message
-
-
-def _drop(column: Any, i: int) -> Any:
-    """A batch column without its row ``i`` (a list or a tensor; other values as they are)."""
-    if isinstance(column, torch.Tensor) and column.dim() > 0:
-        return torch.cat([column[:i], column[i + 1:]])
-    if isinstance(column, (list, tuple)):
-        return [*column[:i], *column[i + 1:]]
-    return column
-
-
-_FAILED = re.compile(r"Failed to decode sample #(\d+)[^\n]*")
 
 
 class DaliBatch(NamedTuple):
@@ -148,43 +80,6 @@ class DaliBatch(NamedTuple):
     """``(B,)`` ``int64``, on the same device as ``images``."""
     indices: torch.Tensor
     """``(B,)`` ``int64`` global sample ids (``__index__``) on the CPU; ``-1`` where unknown."""
-
-
-def _column(batch: Any, key: str, n: int, default: int) -> np.ndarray:
-    v = batch.get(key) if isinstance(batch, dict) else None
-    if v is None:
-        return np.full(n, default, dtype=np.int64)
-    if isinstance(v, torch.Tensor):
-        return v.reshape(-1).numpy().astype(np.int64, copy=False)
-    return np.asarray(v, dtype=np.int64).reshape(-1)
-
-
-_BUILT: weakref.WeakSet[Any] = weakref.WeakSet()  # the pipelines this module has built
-_KEPT: list[Any] = []  # in a forked child: every pipeline alive at the fork, never finalised
-_HOOKED = False
-
-
-def _keep_pipelines_in_forked_children() -> None:
-    """Make every process forked from here keep the DALI pipelines it inherits alive.
-
-    A forked child has none of DALI's threads, so a pipeline finalised there (by the garbage
-    collector: ``Pipeline.__del__`` calls ``Shutdown``) crashes it. Any child forked later is
-    at risk, a process pool's worker started long after the pipeline was dropped as much as a
-    DataLoader's. So the guard is on fork itself: the child holds a reference to each pipeline
-    (those built here and those DALI tracks) and exits without finalising them.
-    """
-    global _HOOKED
-    if _HOOKED or not hasattr(os, "register_at_fork"):
-        return
-
-    def in_child() -> None:
-        from nvidia.dali import Pipeline
-
-        tracked = (ref() for ref in list(getattr(Pipeline, "_pipes", ())))
-        _KEPT.extend({id(p): p for p in (*_BUILT, *tracked) if p is not None}.values())
-
-    os.register_at_fork(after_in_child=in_child)
-    _HOOKED = True
 
 
 class DaliStage:
@@ -265,8 +160,8 @@ class DaliStage:
         """Samples left out (``on_error="skip"``) since the stage was made."""
         self._pipe: Any = None
         self._it: Iterator[Any] | None = None
-        self._fed: deque[_Fed] = deque()  # fed to DALI, not yet handed out
-        self._replay: deque[_Fed] = deque()  # to feed a new pipeline before the loader's next
+        self._fed: deque[Fed] = deque()  # fed to DALI, not yet handed out
+        self._replay: deque[Fed] = deque()  # to feed a new pipeline before the loader's next
         self._state: dict[str, Any] | None = None
 
     @property
@@ -310,9 +205,9 @@ class DaliStage:
         if not 0 < n <= self.batch_size:
             raise ValueError(f"a batch of {n} samples for a DaliStage of batch_size "
                              f"{self.batch_size}")
-        index = _column(meta, "__index__", n, -1)
-        seed = _column(meta, "__seed__", n, 0)
-        epoch = _column(meta, "__epoch__", n, 0)
+        index = int_column(meta, "__index__", n, -1)
+        seed = int_column(meta, "__seed__", n, 0)
+        epoch = int_column(meta, "__epoch__", n, 0)
         spec = self.spec
         data = [np.frombuffer(j, dtype=np.uint8) for j in jpegs]
         anchors = np.empty((n, 2), dtype=np.int32)
@@ -330,7 +225,7 @@ class DaliStage:
                         "convert them to one of those formats")
                 h, w = image_size(j)
                 if fmt == "png" and animated_png(j):
-                    data[i] = _default_image_png(j)
+                    data[i] = default_image_png(j)
             except DecodeError as e:
                 key = meta.get("__key__", [None] * n)[i] if meta is not None else None
                 shard = meta.get("__shard__", [None] * n)[i] if meta is not None else None
@@ -338,7 +233,7 @@ class DaliStage:
                 message = (f"sample {key!r}{where} (id {index[i]}) in a batch fed to the DALI "
                            f"stage (which crops from image headers): {e}")
                 if self.on_error == "skip" and fmt in _DALI_FORMATS:
-                    raise _HeaderSkipped(i, message) from e
+                    raise HeaderSkipped(i, message) from e
                 raise DecodeError(message) from e
             rng = scratch_rng(seed[i], epoch[i], index[i]) if spec.train else None
             box, flip = spec.geometry(h, w, rng)
@@ -363,7 +258,7 @@ class DaliStage:
         self._fed.append(fed)
         return fed.arrays
 
-    def _encode(self, batch: Any, state: dict[str, Any] | None) -> _Fed | None:
+    def _encode(self, batch: Any, state: dict[str, Any] | None) -> Fed | None:
         """``batch`` as fed to DALI; with ``on_error="skip"``, without the samples whose image
         header does not read (``None``, and its place passed, when that is every one)."""
         meta = dict(batch) if isinstance(batch, dict) else None
@@ -371,7 +266,7 @@ class DaliStage:
             try:
                 arrays = self.encode_batch(meta if meta is not None else batch)
                 break
-            except _HeaderSkipped as e:
+            except HeaderSkipped as e:
                 self.skipped += 1
                 log.warning("feedpipe: a sample was left out of its batch: %s", e.message)
                 if meta is None:
@@ -380,14 +275,14 @@ class DaliStage:
                                                                     *labels[e.i + 1:]])
                     left = len(batch[0])
                 else:
-                    meta = {k: _drop(v, e.i) for k, v in meta.items()}
+                    meta = {k: drop_row(v, e.i) for k, v in meta.items()}
                     left = len(meta[self.label_field])
                 if not left:  # (DALI may still hold earlier batches: the state stays theirs)
                     return None
         n = len(arrays[0])
         keys = list((meta or {}).get("__key__") or [None] * n)
         shards = list((meta or {}).get("__shard__") or [None] * n)
-        return _Fed(state, arrays, keys, shards)
+        return Fed(state, arrays, keys, shards)
 
     def _failed(self, e: RuntimeError) -> None:
         """DALI failed on the oldest batch it was fed (it names the sample, or not): find the
@@ -400,14 +295,14 @@ class DaliStage:
         if not self._fed:
             raise e
         fed = self._fed[0]
-        m = _FAILED.search(str(e))
+        m = DALI_FAILED.search(str(e))
         named = int(m.group(1)) if m and int(m.group(1)) < len(fed.keys) else None
         dali_says = (m.group(0) if m else str(e).strip().splitlines()[-1]).strip(" :")
         fixed: dict[int, bytes] = {}
         found: tuple[int, str] | None = None
         for j in ([named] if named is not None else range(len(fed.keys))):
             try:
-                better = _host_bytes(fed.arrays[0][j])
+                better = host_bytes(fed.arrays[0][j])
             except DecodeError as bad:
                 found = (j, str(bad))
                 break
@@ -458,14 +353,14 @@ class DaliStage:
 
         spec = self.spec
         gpu = self.device_id is not None
-        _keep_pipelines_in_forked_children()
+        keep_pipelines_in_forked_children()
         # from here DALI's threads run in this process, until its pipelines are gone: no loader
         # of it may fork workers meanwhile
         mark_process_fork_unsafe("DALI's threads (a DaliStage runs in this process)",
-                                 lambda: len(_BUILT) > 0)
+                                 lambda: len(BUILT) > 0)
         pipe = dali.Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                              device_id=self.device_id, prefetch_queue_depth=self.prefetch)
-        _BUILT.add(pipe)
+        BUILT.add(pipe)
         with pipe:
             dt = types.DALIDataType
             jpegs, anchor, shape, mirror, labels, index = fn.external_source(
