@@ -6,7 +6,7 @@ must be small next to the decode it saves and next to reading the bytes.
 
 Candidates, each hashing the same random bytes on one core:
 
-    xxh3-128     xxhash.xxh3_128 (what feedpipe.caches._function_index.content_hash uses)
+    xxh3-128     xxhash.xxh3_128 (what feedpipe.caches.l2._index.content_hash uses)
     xxh3-64      xxhash.xxh3_64 (the decoded store's record checksum)
     blake3       the blake3 package, one thread (max_threads=1); cryptographic
     blake2b-128  hashlib.blake2b(digest_size=16); cryptographic
@@ -47,7 +47,7 @@ SIZES = {"1KiB": 1 << 10, "16KiB": 16 << 10, "110KiB": 110 << 10, "1MiB": 1 << 2
 def candidates() -> dict[str, Callable[[bytes], Any]]:
     import xxhash
 
-    from feedpipe.caches._memo_record import content_hash
+    from feedpipe.caches.l2._record import content_hash
 
     out: dict[str, Callable[[bytes], Any]] = {
         "xxh3-128": xxhash.xxh3_128_digest,

@@ -64,7 +64,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from feedpipe import FeedDataset, FeedLoader, FunctionIndex, ImagePipeline
-    from feedpipe.caches._decoded_files import read_recorded
+    from feedpipe.caches.decoded._files import read_recorded
 
     torch.set_num_threads(1)
     system, tmp = spec["system"], spec["tmp"]

@@ -52,8 +52,8 @@ _LAZY = {
     "DaliBatch": "transforms._dali",
     "image_decoders": "transforms._decode",
     "ShardCache": "caches._shards",
-    "DecodedStore": "caches._decoded",
-    "FunctionIndex": "caches._function_index",
+    "DecodedStore": "caches.decoded._store",
+    "FunctionIndex": "caches.l2._index",
     "cache_stats": "caches._tiers",
     "cache_clear": "caches._tiers",
     "DeviceLoader": "device._loader",
@@ -108,10 +108,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keeps both in step)
-    from .caches._decoded import DecodedStore
-    from .caches._function_index import FunctionIndex
     from .caches._shards import ShardCache
     from .caches._tiers import cache_clear, cache_stats
+    from .caches.decoded._store import DecodedStore
+    from .caches.l2._index import FunctionIndex
     from .cli._demo import demo
     from .convert._merge import merge
     from .convert._options import ShardOptions

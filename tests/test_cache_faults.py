@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader
 
 import feedpipe
 from feedpipe import FeedDataset
-from feedpipe.caches._budget import Budget
 from feedpipe.caches._shards import ShardCache
+from feedpipe.caches.l1._budget import Budget
 from feedpipe.convert._synth import make_records
 
 CTX = mp.get_context("fork")

@@ -17,9 +17,9 @@ from _servers import python_server
 
 import feedpipe
 from feedpipe import FeedDataset
-from feedpipe.caches._entry import FETCH_ATTEMPTS, entry_key
-from feedpipe.caches._integrity import stamp
 from feedpipe.caches._shards import ShardCache
+from feedpipe.caches.l1._entry import FETCH_ATTEMPTS, entry_key
+from feedpipe.caches.l1._integrity import stamp
 from feedpipe.convert._synth import make_records
 from feedpipe.errors import ShardFormatError
 from feedpipe.format._manifest import load_manifest

@@ -22,7 +22,7 @@ import torch
 
 from feedpipe import FeedDataset, FeedLoader, ImagePipeline, UncacheableTransformError
 from feedpipe.caches._fingerprint import fingerprint
-from feedpipe.caches._function_index import FunctionIndex
+from feedpipe.caches.l2._index import FunctionIndex
 
 N = 25  # samples of the ds_path fixture (conftest)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -167,7 +167,7 @@ def test_inherited_code_without_source_is_in_the_fingerprint() -> None:
 
 SETS = textwrap.dedent("""
     from types import SimpleNamespace
-    from feedpipe.caches._decoded import DecodedStore
+    from feedpipe.caches.decoded._store import DecodedStore
     from feedpipe.caches._fingerprint import fingerprint
 
     def is_pet(s):

@@ -15,10 +15,10 @@ import torch
 from _data import make_dataset
 
 from feedpipe import FeedDataset
-from feedpipe.caches._decoded import DecodedStore
-from feedpipe.caches._function_index import FunctionIndex
 from feedpipe.caches._shards import ShardCache
 from feedpipe.caches._stats import DECODED, DEVICE, FUNCTION_INDEX, SHARDS, TierStats
+from feedpipe.caches.decoded._store import DecodedStore
+from feedpipe.caches.l2._index import FunctionIndex
 from feedpipe.device._cache import DeviceCache
 
 

@@ -22,8 +22,8 @@ from _servers import python_server
 from torch.utils.data import DataLoader
 
 from feedpipe import FeedDataset
-from feedpipe.caches._decoded import DecodedStore
-from feedpipe.caches._decoded_files import read_recorded
+from feedpipe.caches.decoded._files import read_recorded
+from feedpipe.caches.decoded._store import DecodedStore
 from feedpipe.errors import DecodedStoreError
 from feedpipe.transforms._pipeline import ImagePipeline
 
@@ -218,7 +218,7 @@ def test_concurrent_fillers_share_one_store(ds_path: str, truth: dict, tmp_path:
 KILLED_FILL = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
-    from feedpipe.caches import _record_layout as record_layout
+    from feedpipe.caches.decoded import _layout as record_layout
     from test_decoded_store import Decode, epoch
     from feedpipe import FeedDataset
     pack, n = record_layout.Layout.pack, [0]

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.caches._codec import decode, encode
 from feedpipe.caches._fingerprint import fingerprint
-from feedpipe.caches._function_index import FunctionIndex
-from feedpipe.caches._memo_record import content_hash, unpack
+from feedpipe.caches.l2._codec import decode, encode
+from feedpipe.caches.l2._index import FunctionIndex
+from feedpipe.caches.l2._record import content_hash, unpack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -253,7 +253,7 @@ def test_many_processes_read_and_write_at_once(tmp_path) -> None:  # type: ignor
 
 WRITER = textwrap.dedent("""
     import sys, numpy as np
-    from feedpipe.caches._function_index import FunctionIndex
+    from feedpipe.caches.l2._index import FunctionIndex
     def value(b):
         return np.full(5000, b[0], dtype=np.uint8)
     idx = FunctionIndex(sys.argv[1], map_size=1 << 20, batch_writes=1)
@@ -291,7 +291,7 @@ DISK_FULL = textwrap.dedent("""
     import resource, signal, sys, warnings, numpy as np
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
-    from feedpipe.caches._function_index import FunctionIndex
+    from feedpipe.caches.l2._index import FunctionIndex
     idx = FunctionIndex(sys.argv[1], map_size=8 << 20, batch_writes=4)
     f = idx.wrap(lambda b: np.full(20000, b[0], dtype=np.uint8))
     with warnings.catch_warnings(record=True) as w:

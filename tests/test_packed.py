@@ -399,7 +399,7 @@ def test_an_epoch_without_a_memoized_transform_imports_no_function_index(corpus)
             "ld = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(sys.argv[1]), 16),"
             " batch_size=2)\n"
             "n = sum(1 for _ in ld)\n"
-            "print(n, 'feedpipe.caches._function_index' in sys.modules)\n")
+            "print(n, 'feedpipe.caches.l2._index' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
                          check=True).stdout.split()
     assert int(out[0]) > 0 and out[1] == "False"

@@ -14,7 +14,7 @@ import torch
 from _data import damage_record, make_dataset
 
 from feedpipe import FeedDataset, FeedLoader
-from feedpipe.caches._decoded import DecodedStore
+from feedpipe.caches.decoded._store import DecodedStore
 from feedpipe.stream._collator import BatchCollator
 from feedpipe.stream._store_gather import gatherable
 from feedpipe.transforms._pipeline import ImagePipeline

@@ -1,6 +1,6 @@
 """Fingerprints of functions: a stable hash of a callable's code and the values it holds.
 
-Used by the L2 function index (:class:`~feedpipe.caches._function_index.FunctionIndex`) and
+Used by the L2 function index (:class:`~feedpipe.caches.l2._index.FunctionIndex`) and
 the decoded store (``FeedDataset(decoded_cache=)``). Their entries are keyed by the fingerprint.
 So changing a function's code, its default arguments, the values it closes over, or (for callable
 objects and ``functools.partial``) its parameters makes its old entries unreachable. The same

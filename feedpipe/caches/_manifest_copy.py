@@ -90,7 +90,7 @@ def _keep(copy: str, text: str) -> None:
         pass
     except OSError:
         return  # unreadable: the cache will say why when it writes its first shard
-    from ._budget import Budget
+    from .l1._budget import Budget
 
     tmp = f"{copy}.tmp-{os.getpid()}"
     try:

@@ -13,8 +13,8 @@ every call while no pass runs (a memoised function called by hand).
 (the training loop's body runs while its loader's pass is open): until the pass ends, values are
 looked up under the state the pass began with. The decoded store finds the change at the pass's
 end and empties the records this process wrote in it
-(:meth:`~feedpipe.caches._decoded.DecodedStore.end_pass`); the function index cannot, and keeps
-the entries that process computed after the change under the old state's key. Change a
+(:meth:`~feedpipe.caches.decoded._store.DecodedStore.end_pass`); the function index cannot, and
+keeps the entries that process computed after the change under the old state's key. Change a
 transform between epochs. Workers hold their own copy of the transform: with
 ``persistent_workers=True`` they never see a change made in the training process (as with any
 DataLoader), and they key by the state they compute with.

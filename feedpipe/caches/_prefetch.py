@@ -24,8 +24,8 @@ from ..format._manifest import ShardRecord
 from ..plan._order import Plan, Split
 from ..plan._schedule import INF, ShardTimeline, node_timeline, worker_uses
 from ..plan._world import World
-from ._entry import entry_key
 from ._shards import ShardCache
+from .l1._entry import entry_key
 
 
 class Prefetcher:

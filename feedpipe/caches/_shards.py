@@ -2,7 +2,7 @@
 
 **Layout.** Everything is derivable from the directory; there is no index file a crash could
 corrupt. An entry is named after the shard's content and file name
-(:func:`~feedpipe.caches._entry.entry_key`)::
+(:func:`~feedpipe.caches.l1._entry.entry_key`)::
 
     <key>.tar   the shard   (the commit point: an entry exists once this name exists)
     <key>.idx   its index   (when the source has one)
@@ -10,7 +10,7 @@ corrupt. An entry is named after the shard's content and file name
     <key>.tar.part, <key>.idx.part   a download under way (or left by a killed process)
     manifest-<hash>.json   the manifest of a dataset read through the cache (offline starts,
                            :mod:`feedpipe.caches._manifest_copy`)
-    .budget, .reader-*     the node-wide accounting (:mod:`feedpipe.caches._budget`)
+    .budget, .reader-*     the node-wide accounting (:mod:`feedpipe.caches.l1._budget`)
 
 **Locks** (``fcntl.flock`` on ``<key>.lock``). The kernel drops the locks of a dead process, so
 a crash never leaves a lock that blocks the next run.
@@ -20,10 +20,10 @@ a crash never leaves a lock that blocks the next run.
   per shard and node), other fillers skip it;
 - eviction takes ``LOCK_EX | LOCK_NB`` and skips entries it cannot lock: in-use entries stay.
 
-**Checks** (:mod:`feedpipe.caches._integrity`). Fills write ``.part`` files and check them before
+**Checks** (:mod:`feedpipe.caches.l1._integrity`). Fills write ``.part`` files and check them before
 the rename publishes them: the shard's size and sha256 against the manifest, the index against
 the manifest's index hash or else the shard's tar headers. A file that fails is fetched again,
-up to :data:`~feedpipe.caches._entry.FETCH_ATTEMPTS` fetches in all. Then a
+up to :data:`~feedpipe.caches.l1._entry.FETCH_ATTEMPTS` fetches in all. Then a
 :class:`ShardFormatError` names it, its URL and the cache. A checked file carries a *stamp* in
 its mtime (an index's also hashes its content). So a file damaged in the cache directory is
 noticed on its next use, checked again and fetched again when wrong: nothing unchecked is ever
@@ -32,7 +32,7 @@ served.
 **Budget** (``size`` bytes: the apparent size of every file in the directory: entries, downloads
 under way, manifest copies, the ledger). Admissions are serialised node-wide, and a download
 reserves its full size when it starts. A fill first makes room: it evicts unlocked entries, the
-one needed furthest ahead first (:mod:`feedpipe.caches._eviction`). When the entries in use
+one needed furthest ahead first (:mod:`feedpipe.caches.l1._eviction`). When the entries in use
 leave no room, a reader's download (never a prefetch) still goes ahead if the directory then
 holds at most ``size + R x`` that shard. ``R`` is the number of processes reading through the
 directory at that moment (every DataLoader worker of every rank is one). Else that shard is read
@@ -61,9 +61,9 @@ from .._helpers.cache_home import cache_home
 from .._helpers.file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
 from .._redact import cause, redact
 from ..format._manifest import ShardRecord
-from ._budget import Budget, scan
-from ._entry import PARTS, Entry, NoSpace, Stopped, disk, entry_key
-from ._eviction import INF, Rank, evict_until, remove_leftovers
+from .l1._budget import Budget, scan
+from .l1._entry import PARTS, Entry, NoSpace, Stopped, disk, entry_key
+from .l1._eviction import INF, Rank, evict_until, remove_leftovers
 
 if TYPE_CHECKING:
     from ._stats import TierStats

@@ -13,8 +13,8 @@ DEVICE = "L3 device cache"
 class TierStats:
     """The figures every cache tier reports in one shape (``tier.tier_stats()``): the L1
     :class:`~feedpipe.caches._shards.ShardCache`, the
-    :class:`~feedpipe.caches._decoded.DecodedStore`, the L2
-    :class:`~feedpipe.caches._function_index.FunctionIndex` and the L3
+    :class:`~feedpipe.caches.decoded._store.DecodedStore`, the L2
+    :class:`~feedpipe.caches.l2._index.FunctionIndex` and the L3
     :class:`~feedpipe.device._cache.DeviceCache`.
 
     Attributes:

@@ -4,9 +4,9 @@ A directory is recognised by what only that tier writes there:
 
 - **L1 shard cache** (:mod:`feedpipe.caches._shards`): entry files
   ``<20 hex>-<name>.tar/.idx/.lock`` or kept manifests ``manifest-<20 hex>.json``;
-- **L2 function index** (:mod:`feedpipe.caches._function_index`): LMDB's ``data.mdb`` and
+- **L2 function index** (:mod:`feedpipe.caches.l2._index`): LMDB's ``data.mdb`` and
   ``lock.mdb``;
-- **decoded store** (:mod:`feedpipe.caches._decoded`): a ``meta.json`` of format
+- **decoded store** (:mod:`feedpipe.caches.decoded._store`): a ``meta.json`` of format
   ``feedpipe-decoded``.
 
 Clearing never pulls data from under a running job:
@@ -122,8 +122,8 @@ def _index_stats(path: str) -> TierReport:
 def _decoded_stats(path: str) -> TierReport:
     import numpy as np
 
-    from ._decoded_files import read_recorded
-    from ._record_layout import Layout
+    from .decoded._files import read_recorded
+    from .decoded._layout import Layout
 
     with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
         meta = json.load(f)
@@ -165,7 +165,7 @@ def cache_stats(path: str | os.PathLike[str]) -> list[TierReport]:
 def _lmdb_in_use(path: str) -> bool:
     """Whether a process has the environment open: LMDB holds a shared ``fcntl`` lock on
     ``lock.mdb`` for as long as an environment is open (in this process too, by our table)."""
-    from ._lmdb_env import open_here
+    from .l2._lmdb_env import open_here
 
     if open_here(path):
         return True
@@ -183,8 +183,8 @@ def _lmdb_in_use(path: str) -> bool:
 
 
 def _clear_shards(path: str) -> str:
-    from ._budget import Budget
     from ._shards import ShardCache
+    from .l1._budget import Budget
 
     ShardCache(path, size=0).trim()  # evicts every entry nobody holds, removes dead downloads
     for name in os.listdir(path):
@@ -198,7 +198,7 @@ def _clear_index(path: str) -> str:
     if not _lmdb_in_use(path):
         shutil.rmtree(path)
         return "removed"
-    from ._function_index import FunctionIndex
+    from .l2._index import FunctionIndex
 
     idx = FunctionIndex(path)
     try:

@@ -197,7 +197,7 @@ def _cache_steps(out: str, root: str, p: Any) -> dict[str, Any]:
     the decoded store (epoch 2 skips reading and decoding), L2 (a memoised function)."""
     import fsspec
 
-    from ..caches._function_index import FunctionIndex
+    from ..caches.l2._index import FunctionIndex
     from ..stream._dataset import FeedDataset
     from ..transforms._ops import decode_jpeg
     from ..transforms._pipeline import ImagePipeline

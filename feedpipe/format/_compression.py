@@ -4,7 +4,7 @@ are read, and the sentence that refuses the others.
 feedpipe reads each sample at its byte offset in a plain tar, which a compressed stream does not
 allow. So a gzip shard (``.tar.gz``, ``.tgz``, as WebDataset reads them) is decompressed once:
 ``feedpipe index`` scans the tar inside it, and a reader decompresses it into the L1 shard cache,
-where the index's offsets hold (:mod:`feedpipe.caches._entry`). Other compressions are refused
+where the index's offsets hold (:mod:`feedpipe.caches.l1._entry`). Other compressions are refused
 with the command that converts them.
 """
 

@@ -40,7 +40,7 @@ from ._worker_rows import WorkerRing
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..caches._decoded import DecodedStore
+    from ..caches.decoded._store import DecodedStore
     from ..format._reader import ShardReader
     from ..plan._order import Plan, Split
     from ..plan._world import World

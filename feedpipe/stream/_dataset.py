@@ -17,9 +17,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .._helpers.exit_close import closed_at_exit
 from .._redact import logger
-from ..caches._decoded import open_decoded_store
 from ..caches._manifest_copy import load_manifest_cached
 from ..caches._shards import ShardCache, make_cache
+from ..caches.decoded._store import open_decoded_store
 from ..errors import PlanError, StateError
 from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split

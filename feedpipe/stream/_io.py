@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 FIELDS = ("local_bytes", "remote_requests", "remote_bytes", "l1_hits", "l1_misses", "l1_fills",
           "decoded_hits", "decoded_misses", "l2_hits", "l2_misses")
 ZERO = (0,) * len(FIELDS)
-_MEMO = __name__.rsplit(".", 2)[0] + ".caches._function_index"  # where Memoized is defined
+_MEMO = __name__.rsplit(".", 2)[0] + ".caches.l2._index"  # where Memoized is defined
 
 
 def io_figures(counts: tuple[int, ...] | list[int]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ uses its public methods:
 :class:`~feedpipe.DeviceCache`.
 
 A gzip shard (``.tar.gz``, ``.tgz``) is always read through an L1 cache, which decompresses it
-once (:mod:`feedpipe.caches._entry`): the dataset's cache, else the default cache directory with
+once (:mod:`feedpipe.caches.l1._entry`): the dataset's cache, else the default cache directory with
 a budget of :data:`GZIP_CACHE_SIZE` bytes, said in a log record (once per dataset and process).
 Plain shards of the same dataset are read where they are.
 

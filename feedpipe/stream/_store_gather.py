@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..caches._record_layout import Layout, flatten
+from ..caches.decoded._layout import Layout, flatten
 from ._collator import BatchCollator
 
 if TYPE_CHECKING:

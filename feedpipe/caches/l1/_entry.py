@@ -4,7 +4,7 @@ An entry ``<key>`` of a cache directory is ``<key>.tar`` (the shard; its rename 
 point), ``<key>.idx`` (its index, when the source has one) and, while a download is under way,
 ``<key>.tar.part`` / ``<key>.idx.part``. Every method here runs under the entry's ``LOCK_EX``
 (held by :class:`~feedpipe.caches._shards.ShardCache`), except :meth:`Entry.valid`, which a reader
-calls under ``LOCK_SH``. What is checked: :mod:`feedpipe.caches._integrity`.
+calls under ``LOCK_SH``. What is checked: :mod:`feedpipe.caches.l1._integrity`.
 
 A gzip shard (``.tar.gz``, ``.tgz``) is decompressed as it is downloaded: its entry's ``.tar`` is
 the plain tar inside (``ShardRecord.tar_bytes`` long), where its index's offsets hold; the
@@ -23,12 +23,12 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
-from .._helpers.storage import filesystem, read_range
-from .._redact import cause
-from ..errors import OutputError, ShardFormatError, SourceNotFoundError
-from ..format._compression import Gunzip
-from ..format._index import index_path
-from ..format._manifest import ShardRecord
+from ..._helpers.storage import filesystem, read_range
+from ..._redact import cause
+from ...errors import OutputError, ShardFormatError, SourceNotFoundError
+from ...format._compression import Gunzip
+from ...format._index import index_path
+from ...format._manifest import ShardRecord
 from ._integrity import IDX, TAR, file_sha256, index_problem, stamp
 
 CHUNK = 16 << 20  # bytes per ranged GET when filling
@@ -279,7 +279,7 @@ class Entry:
         """The shard into its reserved ``.tar.part`` (synced; a gzip shard decompressed); the
         sha256 of the bytes fetched. :class:`_Damaged`: a gzip stream that is broken or does not
         hold ``tar_bytes``."""
-        from .._helpers import retry
+        from ..._helpers import retry
 
         url, total = self.url, self.rec.bytes
         fs, path = filesystem(url)
@@ -343,7 +343,7 @@ class Entry:
             os.close(fd)
 
     def _fetch_index(self, stop: threading.Event | None) -> bytes | None:
-        from .._helpers import retry
+        from ..._helpers import retry
 
         iurl = index_path(self.url)
         fs, ipath = filesystem(iurl)

@@ -1,7 +1,7 @@
 """The L2 tier: a persistent, content-addressed memo of deterministic per-sample functions.
 
 An entry's key is ``fingerprint(function) + xxh3_128(input bytes)``
-(:mod:`feedpipe.caches._memo_record`). The same input anywhere in the dataset (or in another
+(:mod:`feedpipe.caches.l2._record`). The same input anywhere in the dataset (or in another
 dataset) is computed and stored once. Changing the function's code or parameters makes its old
 entries unreachable, also when the change is made to the wrapped object after ``wrap()``: the
 fingerprint is taken again at each pass of a loader and at every call outside one
@@ -14,9 +14,9 @@ included). It does not see module globals the function reads, files or environme
 read at call time, nor the code of C extensions it calls. When one of those changes, the old
 entries would still be served: give ``wrap(fn, version=...)`` a new value (or clear the index:
 ``feedpipe cache clear PATH``). Values are stored with the safe codec of
-:mod:`feedpipe.caches._codec` (never pickle) behind a checksum; a damaged entry is recomputed.
+:mod:`feedpipe.caches.l2._codec` (never pickle) behind a checksum; a damaged entry is recomputed.
 
-Concurrency (:mod:`feedpipe.caches._lmdb_env`): LMDB serialises writers across processes and
+Concurrency (:mod:`feedpipe.caches.l2._lmdb_env`): LMDB serialises writers across processes and
 lets readers run beside them. The environment is opened lazily in each process (after a
 DataLoader fork). Writes are batched and committed when ``batch_writes`` accumulate, on
 ``flush()``, and when a worker process exits. When the map is full it is grown and the write
@@ -33,16 +33,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._redact import logger
-from ..errors import FeedpipeError, UncacheableTransformError
-from ._fingerprint import fingerprint
+from ..._redact import logger
+from ...errors import FeedpipeError, UncacheableTransformError
+from .._fingerprint import fingerprint
+from .._passes import current
+from .._randomness import DrawCheck, random_part
 from ._lmdb_env import open_env, read, release, share, shared, write
-from ._memo_record import content_hash, pack, unpack
-from ._passes import current
-from ._randomness import DrawCheck, random_part
+from ._record import content_hash, pack, unpack
 
 if TYPE_CHECKING:
-    from ._stats import TierStats
+    from .._stats import TierStats
 
 log = logger("feedpipe")
 
@@ -262,7 +262,7 @@ class FunctionIndex:
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the entries and bytes on disk, in the shape every
         cache tier reports (the fields :func:`~feedpipe.cache_stats` lists)."""
-        from ._stats import FUNCTION_INDEX, TierStats
+        from .._stats import FUNCTION_INDEX, TierStats
 
         s = self.stats()
         return TierStats(FUNCTION_INDEX, s.hits, s.misses, s.db_bytes, s.entries)

@@ -5,7 +5,7 @@ image after a deterministic resize, and its label) for every sample in one recor
 The first epoch fills it, whichever worker or rank of the node computes a sample; later epochs
 read records directly, without opening a shard or calling the transform.
 
-**Layout** (:mod:`feedpipe.caches._decoded_files`). A store is the directory ``ROOT/<fp>``,
+**Layout** (:mod:`feedpipe.caches.decoded._files`). A store is the directory ``ROOT/<fp>``,
 ``fp`` the fingerprint of the transform and of the dataset: changing either selects another,
 empty store, also when the transform object's state changes after the store is filled
 (progressive resizing): the fingerprint is taken again at the start of every pass
@@ -50,11 +50,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .._helpers.cache_home import cache_home
-from .._helpers.file_lock import EXCLUSIVE, SHARED, lock
-from .._redact import logger
-from ..errors import DecodedStoreError, OutputError, UncacheableTransformError
-from ._decoded_files import (
+from ..._helpers.cache_home import cache_home
+from ..._helpers.file_lock import EXCLUSIVE, SHARED, lock
+from ..._redact import logger
+from ...errors import DecodedStoreError, OutputError, UncacheableTransformError
+from .._randomness import DrawCheck, random_part
+from ._files import (
     FORMAT,
     FULL,
     VERSION,
@@ -68,12 +69,11 @@ from ._decoded_files import (
     publish_meta,
     read_meta,
 )
-from ._randomness import DrawCheck, random_part
-from ._record_layout import Layout, LayoutError, flatten
-from ._record_pool import RecordPool
+from ._layout import Layout, LayoutError, flatten
+from ._pool import RecordPool
 
 if TYPE_CHECKING:
-    from ._stats import TierStats
+    from .._stats import TierStats
 
 log = logger("feedpipe")
 
@@ -141,7 +141,7 @@ class DecodedStore:
             version: any value; change it when something the fingerprint cannot see changed
                 (see the module docstring).
         """
-        from ._fingerprint import fingerprint
+        from .._fingerprint import fingerprint
 
         ident = [[s.name, s.samples, s.sha256 or s.bytes] for s in manifest.shards]
         params = (FORMAT, VERSION, ident) if version is None else (FORMAT, VERSION, ident, version)
@@ -370,7 +370,7 @@ class DecodedStore:
     def tier_stats(self) -> TierStats:
         """This process's hits and misses, the samples stored and the store's bytes on disk, in
         the shape every cache tier reports (the fields :func:`~feedpipe.cache_stats` lists)."""
-        from ._stats import DECODED, TierStats
+        from .._stats import DECODED, TierStats
 
         size = 0
         if os.path.isdir(self.path):
@@ -453,7 +453,7 @@ class _Follow:
         self._fp: str | None = None
 
     def path(self) -> str:
-        from ._fingerprint import fingerprint
+        from .._fingerprint import fingerprint
 
         fp = fingerprint(self.transform, self.rest).hex()[:24]
         if fp != self._fp:

@@ -5,7 +5,7 @@ A store is the directory ``ROOT/<fp>``, where ``fp`` is the fingerprint
 (its shards' names, sample counts and content hashes). Changing the transform's parameters or
 the data selects another, empty store. Inside::
 
-    meta.json          format, samples, the record layout (caches._record_layout), dataset
+    meta.json          format, samples, the record layout (caches.decoded._layout), dataset
     data-<l>.bin       samples x record bytes (preallocated: a full disk shows at creation)
     state-<l>.bin      one uint64 per sample: 0 = empty, else the xxh3-64 of the record (never 0)
     stats.json         hits, misses, fills, damaged: recorded by each iterator when it ends
@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._record_layout import Layout
+from ._layout import Layout
 
 FORMAT = "feedpipe-decoded"
 VERSION = 1

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-from .._helpers.file_lock import EXCLUSIVE, lock, same_file
+from ..._helpers.file_lock import EXCLUSIVE, lock, same_file
 
 LEDGER = ".budget"
 READER = ".reader-"

@@ -1,7 +1,7 @@
 """The LMDB environments of the L2 function index: one per directory and process, shared.
 
 py-lmdb refuses to open one environment twice in a process, so every
-:class:`~feedpipe.caches._function_index.FunctionIndex` of a directory uses the same one; a table
+:class:`~feedpipe.caches.l2._index.FunctionIndex` of a directory uses the same one; a table
 counts its users. LMDB serialises writers with a robust cross-process lock and lets any number of
 readers run beside them. Another process may grow the map at any moment: a read or an open that
 meets ``MDB_MAP_RESIZED`` adopts the new size and tries again. A write that finds the map full

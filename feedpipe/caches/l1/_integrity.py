@@ -18,8 +18,8 @@ import hashlib
 import os
 from typing import Any
 
-from ..errors import ShardFormatError
-from ..format._index import index_from_tar, parse_index
+from ...errors import ShardFormatError
+from ...format._index import index_from_tar, parse_index
 
 STAMP_BASE = 1_000_000_000  # seconds; a checked file's mtime is this plus an even offset
 
@@ -69,7 +69,7 @@ def index_problem(data: bytes, rec: Any, tar_path: str, where: str,
         tar_path: the local shard file the index must describe.
         where, tar_where: the index's and the shard's names for messages (their URLs).
     """
-    from ..format._verify import index_problems
+    from ...format._verify import index_problems
 
     try:
         idx = parse_index(data, where)

@@ -6,7 +6,7 @@ decoding it saves (benchmarks/bench_hash.py).
 
 The stored bytes are a record: a magic, the xxh64 of the payload, the key of the sample that
 stored it (its *origin*, to count inputs shared by several samples), then the payload in the safe
-codec of :mod:`feedpipe.caches._codec` (never pickle). A record whose checksum fails is refused,
+codec of :mod:`feedpipe.caches.l2._codec` (never pickle). A record whose checksum fails is refused,
 and the value is computed again.
 """
 

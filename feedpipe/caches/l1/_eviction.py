@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
-from .._helpers.processes import pid_alive
+from ..._helpers.processes import pid_alive
 from ._entry import PARTS
 
 INF = float("inf")
