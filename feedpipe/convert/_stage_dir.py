@@ -18,7 +18,7 @@ from typing import Any
 from ..format._tar import BLOCK, SHORT_HEADER, member_header
 from ._listing import Chunk, write_rows
 from ._sources import READ_FLAGS, FileRef, leave_out_non_images, read_local
-from ._stage_walk import GiveBack, Grouped, _walk_plain, group_samples
+from ._stage_walk import GiveBack, Grouped, group_samples, walk_plain
 from ._writer import removed_on_error, unlink_quiet
 
 
@@ -111,7 +111,7 @@ def stage_dir(root: str, top: str, cls: int | None, chunk_path: str,
     :func:`~feedpipe.convert._writer.write_members`: a tree of small files spends most of its
     staging time on it (``benchmarks/bench_convert.py --profile``). Headers are packed from
     :data:`~feedpipe.format._tar.SHORT_HEADER`, byte for byte what ``member_header`` packs."""
-    groups = _walk_plain(root, top)
+    groups = walk_plain(root, top)
     if groups is None:
         return None
     labels = cls is not None
@@ -201,7 +201,7 @@ def _stage_members(root: str, stage_path: str, m: _Members, extra: bytes, staged
 
 
 try:  # optional C extension (setup.py): the per-file loop of stage_dir
-    from .. import _stagefiles as _C
+    from .._native import _stagefiles as _C
 except ImportError:  # pragma: no cover - where it did not build, _stage_samples stages them all
     _C = None
 
@@ -221,9 +221,9 @@ def _open_dir(path: str) -> int:
 
 
 def stage_files_with() -> str:
-    """What runs one-pass staging's per-file loop: the C extension ``feedpipe._stagefiles``
+    """What runs one-pass staging's per-file loop: the C extension ``feedpipe._native._stagefiles``
     where it was built, else ``python`` (the same bytes, more slowly)."""
-    return "python" if _C is None else "feedpipe._stagefiles"
+    return "python" if _C is None else "feedpipe._native._stagefiles"
 
 
 def _stage_samples(out: Any, base: str, keys: list[str], first: list[int], exts: list[str],
@@ -231,7 +231,7 @@ def _stage_samples(out: Any, base: str, keys: list[str], first: list[int], exts:
                    staged: StagedDir, rows: list[tuple[str, list[tuple[str, str, int]]]]
                    ) -> int | None:
     """Stage samples ``a`` to ``b`` (exclusive) of :func:`stage_dir`'s flat lists into ``out``
-    from ``pos``, appending to ``staged``'s lists and ``rows`` as ``feedpipe._stagefiles``
+    from ``pos``, appending to ``staged``'s lists and ``rows`` as ``feedpipe._native._stagefiles``
     does; the position reached, or ``None`` where a file is unreadable, empty or not a regular
     file. The C loop leaves the unusual samples to it (a name over 100 bytes, a file that fills
     the first read)."""

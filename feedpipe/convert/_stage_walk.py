@@ -24,7 +24,7 @@ class GiveBack(Exception):
     """The directory holds what only the general path converts (and reports)."""
 
 
-def _walk_plain(root: str, top: str) -> list[tuple[str, list[str]]] | None:
+def walk_plain(root: str, top: str) -> list[tuple[str, list[str]]] | None:
     """The regular files below ``root/top`` in the listing's walk order (sorted per directory, a
     directory's files before its subdirectories), without a ``stat``: per directory, its path
     relative to ``root`` (ending in ``/``) and its files' names. ``None`` at a link, a special
@@ -114,7 +114,7 @@ def _sample_key(rel: str, labels: bool, exts: dict[str, str | None]) -> tuple[st
 
 def group_samples(groups: list[tuple[str, list[str]]], labels: bool
                   ) -> tuple[Grouped, int, dict[str, int]]:
-    """The samples of a directory's files (:func:`_walk_plain`'s ``groups``), grouped by key as
+    """The samples of a directory's files (:func:`walk_plain`'s ``groups``), grouped by key as
     the listing groups them, the number of files it ignores and the hidden ones among them (by
     top-level directory). Raises :class:`GiveBack` at a bad input or a ``cls`` file under
     ``labels``."""
