@@ -1,38 +1,43 @@
 """Build hook for the optional C extensions; all metadata is in pyproject.toml.
 
-``feedpipe._jpegcrop`` decodes only the crop window of a JPEG with libjpeg-turbo (see its source).
-It needs a C compiler and libjpeg-turbo's headers (Debian: ``libjpeg-dev``). It is optional: where
-it does not build, the install goes on and feedpipe decodes whole images with simplejpeg.
+The three live in ``feedpipe/_native/`` (its ``__init__`` says what each does, who calls it and
+what runs where it did not build). Each is optional: where one does not build, the install goes
+on and feedpipe does the same work in Python (or with simplejpeg, OpenCV and numpy), slower.
 
-``feedpipe._packrows`` copies ``feedpipe.Packed``'s token pieces out of the shards' maps (see its
-source). It needs a C compiler only. It is optional too: without it, numpy copies them, slower.
+- ``feedpipe._native._jpegcrop`` decodes only the crop window of a JPEG with libjpeg-turbo and
+  resizes into a batch row; it needs a C compiler and libjpeg-turbo's headers (Debian:
+  ``libjpeg-dev``).
+- ``feedpipe._native._packrows`` copies ``feedpipe.Packed``'s token pieces out of the shards'
+  maps; a C compiler only.
+- ``feedpipe._native._stagefiles`` runs the per-file loop of one-pass conversion (``feedpipe
+  shard`` of a local tree of small files); a C compiler only.
 
-``feedpipe._stagefiles`` runs the per-file loop of one-pass conversion (``feedpipe shard`` of a
-local tree of small files: open, read, close, tar header; see its source). It needs a C compiler
-only. It is optional too: without it, the same loop runs in Python, slower.
+They build with ``-Wall -Wextra`` and are kept free of warnings under them.
 """
 
 from setuptools import Extension, setup
 
+WARNINGS = ["-Wall", "-Wextra"]
+
 setup(
     ext_modules=[
         Extension(
-            "feedpipe._jpegcrop",
-            sources=["feedpipe/_jpegcrop.c"],
+            "feedpipe._native._jpegcrop",
+            sources=["feedpipe/_native/_jpegcrop.c"],
             libraries=["jpeg"],
-            extra_compile_args=["-O3"],
+            extra_compile_args=["-O3", *WARNINGS],
             optional=True,
         ),
         Extension(
-            "feedpipe._packrows",
-            sources=["feedpipe/_packrows.c"],
-            extra_compile_args=["-O2"],
+            "feedpipe._native._packrows",
+            sources=["feedpipe/_native/_packrows.c"],
+            extra_compile_args=["-O2", *WARNINGS],
             optional=True,
         ),
         Extension(
-            "feedpipe._stagefiles",
-            sources=["feedpipe/_stagefiles.c"],
-            extra_compile_args=["-O2"],
+            "feedpipe._native._stagefiles",
+            sources=["feedpipe/_native/_stagefiles.c"],
+            extra_compile_args=["-O2", *WARNINGS],
             optional=True,
         ),
     ]

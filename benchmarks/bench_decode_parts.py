@@ -8,16 +8,16 @@ own draws for ``__seed__`` 0, ``__epoch__`` 1), in rounds that rotate their orde
                     of the per-image work below, with its Python glue
     prelude         header (``jpeg_size``), the sample's generator, the crop and flip draw and
                     the DCT scale choice: the Python before the decode
-    decode window   the decode floor: ``feedpipe._jpegcrop.decode_crop`` of each crop window at
-                    the chosen scale, nothing else (no resize)
+    decode window   the decode floor: ``feedpipe._native._jpegcrop.decode_crop`` of each crop
+                    window at the chosen scale, nothing else (no resize)
     resize+flip     ``resize_to_tensor(window, 224, flip=..., out=row)`` on the decoded windows:
                     resize, flip and the CHW write into the batch row
     whole decode    ``simplejpeg.decode_jpeg`` of each whole image at full size (the reference
                     ceiling bench_peers.py's ``ceil`` phase measures)
     one call, enlargements
-                    ``feedpipe._jpegcrop.decode_crop_into`` of each crop window that enlarges to
-                    224 (the pipeline's one call for them: decode, resize, flip, CHW write), per
-                    such image
+                    ``feedpipe._native._jpegcrop.decode_crop_into`` of each crop window that
+                    enlarges to 224 (the pipeline's one call for them: decode, resize, flip,
+                    CHW write), per such image
     resize+flip, enlargements / reductions
                     the resize+flip part on the enlarged windows only and on the others only
                     (torch's antialiased reduction), per image of each kind
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     from feedpipe.transforms._seeding import scratch_rng
 
     if _jpeg._jpegcrop is None:
-        raise SystemExit("feedpipe._jpegcrop is not built here: no window decode to measure")
+        raise SystemExit("feedpipe._native._jpegcrop is not built here: no window decode to "
+                         "measure")
     import simplejpeg
 
     torch.set_num_threads(1)

@@ -26,9 +26,9 @@ the process (the figure to read where other work shares the cores: wall time the
 waits for a core). feedpipe's batches also carry ``position_ids``, ``labels`` (int64, as
 the issue asks) and ``cu_seqlens``; LitData's are the token ids only, in their stored dtype.
 
-Where feedpipe's optional C extension (``feedpipe._packrows``, which copies the token pieces)
-is built, ``feedpipe-numpy`` is feedpipe with it switched off, as where it did not build (not a
-peer, in no ratio).
+Where feedpipe's optional C extension (``feedpipe._native._packrows``, which copies the token
+pieces) is built, ``feedpipe-numpy`` is feedpipe with it switched off, as where it did not build
+(not a peer, in no ratio).
 
 **The floor** (not a peer, in no ratio): a numpy loop that writes the same three int64 fields of
 every batch and does nothing else (ids cast from the corpus's int32 tokens read in order,

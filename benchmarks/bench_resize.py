@@ -15,8 +15,8 @@ Systems:
              channels-last, then the CHW write
     opencv   ``resize_to_tensor`` with the C extension hidden: ``cv2.resize(INTER_LINEAR)``,
              ``cv2.flip``, ``cv2.split`` into the planes of a CHW tensor
-    onepass  ``resize_to_tensor`` as shipped: ``feedpipe._jpegcrop.resize_into`` (resize, flip
-             and CHW write in one pass)
+    onepass  ``resize_to_tensor`` as shipped: ``feedpipe._native._jpegcrop.resize_into``
+             (resize, flip and CHW write in one pass)
 
 Each writes into the rows of one reused batch buffer of 256 (as ``ImagePipeline.into`` writes a
 ``BatchCollator``'s). Rounds alternate the order of the systems; reported: the median ms per
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
     one_pass = _resize._resize_into
     if one_pass is None:
-        raise SystemExit("feedpipe._jpegcrop is not built (pip install -e . with libjpeg-dev)")
+        raise SystemExit("feedpipe._native._jpegcrop is not built (pip install -e . with "
+                         "libjpeg-dev)")
     systems = ["torch", "opencv", "onepass"]
 
     batch = torch.empty((256, 3, 224, 224), dtype=torch.uint8)

@@ -1,5 +1,5 @@
-"""Window-only JPEG decoding (``feedpipe._jpegcrop``) against simplejpeg's whole decode, on the
-random-resized crops ``ImagePipeline(224, train=True)`` draws.
+"""Window-only JPEG decoding (``feedpipe._native._jpegcrop``) against simplejpeg's whole decode,
+on the random-resized crops ``ImagePipeline(224, train=True)`` draws.
 
 Two comparisons on the same JPEGs and the same crop boxes (``sample_rng(0, 1, i)`` per image):
     decode      ``simplejpeg.decode_jpeg`` + slice to the box, against
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from feedpipe.transforms._pipeline import sample_rng
 
     if _jpeg._jpegcrop is None:
-        raise SystemExit("feedpipe._jpegcrop is not built here: nothing to compare")
+        raise SystemExit("feedpipe._native._jpegcrop is not built here: nothing to compare")
     torch.set_num_threads(1)
     tmp = None
     folder = args.images

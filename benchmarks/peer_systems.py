@@ -4,8 +4,8 @@ small-file dataset and how it delivers batches of raw bytes or of decoded 224x22
 Every loader yields batches of 256 and runs shuffled, like a training loop would:
 
     feedpipe   feedpipe.shard -> FeedDataset(shuffle=True) + FeedLoader; decode: ImagePipeline
-               (libjpeg-turbo's decode of the crop's window, feedpipe._jpegcrop, at a reduced
-               DCT scale where the crop allows; uint8 out) and BatchCollator
+               (libjpeg-turbo's decode of the crop's window, feedpipe._native._jpegcrop, at a
+               reduced DCT scale where the crop allows; uint8 out) and BatchCollator
     feedpipe-store  the same with FeedDataset(decoded_cache=...) and the deterministic
                ImagePipeline(train=False) (decode, centre crop, resize): epoch 2 reads the store
     feedpipe-threads  feedpipe's decode with FeedLoader(num_workers=0, transform_threads=N) in

@@ -85,8 +85,8 @@ ABOUT: dict[str, tuple[str, str]] = {
                "with a flip: the torch path against the OpenCV path (ms per image)."),
     "tiers": ("cache tiers, epoch 1 against epoch 2", "samples/s through no cache, L1, L1 + the "
               "decoded store, the L2 memo and L1 + L2, over HTTP on 127.0.0.1."),
-    "window_decode": ("window-only JPEG decoding", "`feedpipe._jpegcrop` decoding only the crop "
-                      "against simplejpeg's whole decode, on the crops `ImagePipeline(224, "
+    "window_decode": ("window-only JPEG decoding", "`feedpipe._native._jpegcrop` decoding only the "
+                      "crop against simplejpeg's whole decode, on the crops `ImagePipeline(224, "
                       "train=True)` draws: µs per image, alone and in the pipeline."),
     "cache_budget": ("L1 cache budget node-wide", "the shared cache directory's peak size "
                      "against `cache_size` with many readers (counts, not timings)."),

@@ -1,4 +1,4 @@
-"""Window-only JPEG decoding (the optional C extension ``feedpipe._jpegcrop``, behind
+"""Window-only JPEG decoding (the optional C extension ``feedpipe._native._jpegcrop``, behind
 ``feedpipe.transforms._jpeg.decode_window``): the same pixels as a whole decode sliced to the
 window, at every DCT scale, for every chroma subsampling, progressive and restart-marker JPEGs;
 errors and hostile bytes are ValueErrors or DecodeErrors, never a crash; the GIL is released while
@@ -25,7 +25,8 @@ from feedpipe.transforms._pipeline import ImagePipeline
 
 HAVE_HEADERS = os.path.exists("/usr/include/jpeglib.h")
 needs_ext = pytest.mark.skipif(image_ops._jpegcrop is None,
-                               reason="feedpipe._jpegcrop did not build (no libjpeg headers)")
+                               reason="feedpipe._native._jpegcrop did not build (no libjpeg "
+                               "headers)")
 
 
 def picture(h: int, w: int, seed: int = 0) -> np.ndarray:
@@ -606,7 +607,7 @@ def test_threads_resizing_at_once_each_get_their_own_pixels() -> None:
 
 def test_without_the_extension_a_log_record_says_once_what_runs_instead(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Where feedpipe._jpegcrop did not build, JPEG crops are decoded whole and resized by
+    """Where feedpipe._native._jpegcrop did not build, JPEG crops are decoded whole and resized by
     OpenCV or torch (pixels within one grey level): said once a process, not chosen silently."""
     import logging
 
@@ -625,6 +626,7 @@ def test_without_the_extension_a_log_record_says_once_what_runs_instead(
             _resize.resize_to_tensor(window, (40, 40), flip=True)
         _resize.resize_to_tensor(np.zeros((5, 5, 3), np.uint8), (9, 9),
                                  out=torch.empty((3, 9, 9), dtype=torch.uint8))
-    said = [r.getMessage() for r in caplog.records if "feedpipe._jpegcrop" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records
+            if "feedpipe._native._jpegcrop" in r.getMessage()]
     assert len(said) == 1, said
     assert "was not built" in said[0] and "libjpeg" in said[0]

@@ -1,6 +1,7 @@
-"""Differential fuzz of the C extensions (Hypothesis): every entry point of ``feedpipe._jpegcrop``,
-``feedpipe._packrows`` and ``feedpipe._stagefiles`` gives what its pure-Python fallback or the
-reference decoder gives, on random inputs and on damaged ones.
+"""Differential fuzz of the C extensions (Hypothesis): every entry point of
+``feedpipe._native._jpegcrop``, ``feedpipe._native._packrows`` and ``feedpipe._native._stagefiles``
+gives what its pure-Python fallback or the reference decoder gives, on random inputs and on
+damaged ones.
 
 - ``_jpegcrop.decode_crop``: random JPEG kinds (simplejpeg's five subsamplings and grey,
   Pillow's progressive and baseline ones, OpenCV's with restart markers), sizes, qualities,
@@ -59,11 +60,14 @@ def fuzz(examples: int) -> Any:
 
 
 needs_jpegcrop = pytest.mark.skipif(image_ops._jpegcrop is None,
-                                    reason="feedpipe._jpegcrop did not build (no libjpeg headers)")
+                                    reason="feedpipe._native._jpegcrop did not build (no libjpeg "
+                                    "headers)")
 needs_packrows = pytest.mark.skipif(_packed._packrows is None,
-                                    reason="feedpipe._packrows did not build (no C compiler)")
+                                    reason="feedpipe._native._packrows did not build (no C "
+                                    "compiler)")
 needs_stagefiles = pytest.mark.skipif(stagedir._C is None,
-                                      reason="feedpipe._stagefiles did not build (no C compiler)")
+                                      reason="feedpipe._native._stagefiles did not build (no C "
+                                      "compiler)")
 
 # -- JPEGs --
 
@@ -199,7 +203,7 @@ def test_decode_crop_is_the_whole_decode_sliced(examples: int) -> None:
 
 
 def without_extension(fn: Any) -> Any:
-    """``fn()`` with feedpipe's fallbacks instead of ``feedpipe._jpegcrop``."""
+    """``fn()`` with feedpipe's fallbacks instead of ``feedpipe._native._jpegcrop``."""
     with pytest.MonkeyPatch.context() as m:
         m.setattr(image_ops, "_jpegcrop", None)
         m.setattr(_resize, "_resize_into", None)

@@ -72,7 +72,7 @@ def _dir_tree(src: Path, dirs: int, data: Callable[[int, int], bytes]) -> Path:
 
 needs_stagefiles = pytest.mark.skipif(
     stagedir.stage_files_with() == "python",
-    reason="feedpipe._stagefiles did not build (no C compiler at install)")
+    reason="feedpipe._native._stagefiles did not build (no C compiler at install)")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -461,7 +461,7 @@ def test_the_c_loop_leaves_the_unusual_samples_to_the_python_loop(tmp_path: Path
                                                                    case: str) -> None:
     # it stops before the sample, having staged those before it whole, and says which: the
     # Python loop then does what it does today (given back, or the slow read or header)
-    from feedpipe import _stagefiles
+    from feedpipe._native import _stagefiles
 
     d = tmp_path / "d"
     d.mkdir()
@@ -521,5 +521,5 @@ def test_the_python_loop_says_once_that_the_c_loop_was_not_built(
         for i in range(2):
             s = feedpipe.shard(str(src), str(tmp_path / f"o{i}"), workers=2)
             assert s.method == "one-pass" and s.samples == 12
-    said = [r for r in caplog.records if "feedpipe._stagefiles" in r.getMessage()]
+    said = [r for r in caplog.records if "feedpipe._native._stagefiles" in r.getMessage()]
     assert len(said) == 1 and "Python loop" in said[0].getMessage()

@@ -440,7 +440,7 @@ def test_each_epoch_of_a_mixture_delivers_its_own_documents(tmp_path, world):
 
 needs_packrows = pytest.mark.skipif(
     piece_copier() == "numpy",
-    reason="feedpipe._packrows did not build (no C compiler at install)")
+    reason="feedpipe._native._packrows did not build (no C compiler at install)")
 
 
 def _epoch_batches(path, epoch=2):
@@ -452,9 +452,9 @@ def _epoch_batches(path, epoch=2):
 
 @needs_packrows
 def test_the_c_copy_and_the_numpy_copy_give_the_same_batches(tmp_path, monkeypatch, caplog):
-    """The token pieces copied by ``feedpipe._packrows`` and by numpy (where it did not build)
-    make the same batches, for each token dtype a document may have; the numpy copy says so in
-    a log record."""
+    """The token pieces copied by ``feedpipe._native._packrows`` and by numpy (where it did not
+    build) make the same batches, for each token dtype a document may have; the numpy copy says so
+    in a log record."""
     import logging
 
     from feedpipe.stream import _packed
@@ -485,7 +485,7 @@ def test_the_c_copy_and_the_numpy_copy_give_the_same_batches(tmp_path, monkeypat
 
 @needs_packrows
 def test_the_c_copy_refuses_pieces_outside_their_maps() -> None:
-    from feedpipe import _packrows
+    from feedpipe._native import _packrows
 
     m = np.arange(16, dtype=np.uint8)
     out = np.zeros(4, dtype=np.int32)

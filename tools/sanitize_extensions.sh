@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The three C extensions (feedpipe/_jpegcrop.c, _packrows.c, _stagefiles.c) built with
+# The three C extensions (feedpipe/_native/: _jpegcrop.c, _packrows.c, _stagefiles.c) built with
 # AddressSanitizer and UndefinedBehaviorSanitizer into a temporary copy of the package, then the
 # differential fuzz (tests/test_native_fuzz.py, FEEDPIPE_FUZZ_EXAMPLES examples a test: 40
 # unless set) and tests/test_jpegcrop.py's truncated, corrupt and mangled-bytes tests run against
@@ -56,11 +56,11 @@ FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-po
   exit 1
 }
 for ext in _jpegcrop _packrows _stagefiles; do
-  so=$(ls "$WORK/tree/feedpipe/$ext".*.so 2>/dev/null || true)
+  so=$(ls "$WORK/tree/feedpipe/_native/$ext".*.so 2>/dev/null || true)
   # setup.py's extensions are optional: a failed build is only a warning there, an error here
   if [ -z "$so" ] || ! nm -D "$so" | grep -q __asan_; then
     cat "$WORK/build.log" >&2
-    echo "sanitize: feedpipe.$ext did not build with AddressSanitizer" >&2
+    echo "sanitize: feedpipe._native.$ext did not build with AddressSanitizer" >&2
     exit 1
   fi
 done
@@ -73,7 +73,7 @@ status=0
      FEEDPIPE_FUZZ_EXAMPLES="${FEEDPIPE_FUZZ_EXAMPLES:-40}" \
      ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:alloc_dealloc_mismatch=0:detect_odr_violation=0:log_path=$WORK/reports/asan" \
      UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-     "$PY" -c 'import sys, feedpipe._jpegcrop as j, feedpipe._packrows as p, feedpipe._stagefiles as s
+     "$PY" -c 'import sys, feedpipe._native._jpegcrop as j, feedpipe._native._packrows as p, feedpipe._native._stagefiles as s
 for m in (j, p, s):  # the sanitized builds, not an installed copy
     assert m.__file__.startswith(sys.argv[1]), m.__file__' "$WORK/tree/" \
   && PYTHONPATH="$WORK/tree" PYTHONMALLOC=malloc LD_PRELOAD="$ASAN" \

@@ -293,8 +293,8 @@ def stage_tree(src: str, out: str, prefix: str, *, labels_from_dirs: bool, worke
     ``None`` when the general path must convert it (the reason then appended to ``why``)."""
     said = why if why is not None else []
     if stage_files_with() == "python":
-        say_unbuilt(log, "_stagefiles", "one-pass conversion stages its files with a Python "
-                    "loop", "the shards are the same")
+        say_unbuilt(log, "_native._stagefiles", "one-pass conversion stages its files with a "
+                    "Python loop", "the shards are the same")
     # (a directory of feedpipe output is not looked for here: each worker's walk of its
     # directory gives the run back at the signs of one, a manifest.json or .feedpipe-* file)
     files, dirs, outputs = root_entries(src, outputs=False)

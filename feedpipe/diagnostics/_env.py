@@ -73,10 +73,10 @@ def filesystem_of(path: str) -> dict[str, Any]:
 
 def jpeg_window_decoder() -> str | None:
     """The libjpeg-turbo behind feedpipe's window-only JPEG decoding (the optional C extension
-    ``feedpipe._jpegcrop``), e.g. ``"libjpeg-turbo 2.1.5"``; ``None`` where it did not build and
-    simplejpeg decodes whole images."""
+    ``feedpipe._native._jpegcrop``), e.g. ``"libjpeg-turbo 2.1.5"``; ``None`` where it did not
+    build and simplejpeg decodes whole images."""
     try:
-        from .. import _jpegcrop
+        from .._native import _jpegcrop
     except ImportError:
         return None
     v = int(_jpegcrop.LIBJPEG_TURBO_VERSION_NUMBER)

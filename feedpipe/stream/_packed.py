@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ._worker_rows import ByteRing
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
-    from .. import _packrows
+    from .._native import _packrows
 except ImportError:  # pragma: no cover - where it did not build, numpy copies them
     _packrows = None
 
@@ -51,9 +51,9 @@ GROUP_BATCHES = 32
 
 def piece_copier() -> str:
     """What copies the token pieces of raw ``.npy`` documents out of the shards: the C
-    extension ``feedpipe._packrows`` where it was built, else ``numpy`` (slower: one view
+    extension ``feedpipe._native._packrows`` where it was built, else ``numpy`` (slower: one view
     object per piece, see ``benchmarks/bench_packed.py``)."""
-    return "numpy" if _packrows is None else "feedpipe._packrows"
+    return "numpy" if _packrows is None else "feedpipe._native._packrows"
 
 
 def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
@@ -330,7 +330,7 @@ class Packed:
                              byte, k, dt.itemsize)
             return out
         if len(where.dtypes) == 1 and not (byte % size).any():  # the common case
-            say_unbuilt(log, "_packrows", "Packed copies token pieces with numpy",
+            say_unbuilt(log, "_native._packrows", "Packed copies token pieces with numpy",
                         "the batches are the same")
             dt = where.dtypes[0]
             typed = {s: self._typed(s, maps[s], dt) for s in used}

@@ -3,7 +3,7 @@
 Why these libraries (``benchmarks/bench_decode.py`` compares them): simplejpeg (libjpeg-turbo)
 is the fastest JPEG decoder that installs from the registry without a system library. It
 decodes at 1/2, 1/4 or 1/8 scale when the target is small, which saves IDCT and resize work.
-Where the optional C extension ``feedpipe._jpegcrop`` is built (it links the system's
+Where the optional C extension ``feedpipe._native._jpegcrop`` is built (it links the system's
 libjpeg-turbo), :func:`decode_window` decodes only a crop's rows and iMCU columns, with the same
 pixels (``benchmarks/bench_window_decode.py``). Where it is not built, simplejpeg decodes the
 whole image.
@@ -24,7 +24,7 @@ from ..errors import DecodeError
 from ._geometry import Box, Size, scale_box
 
 try:  # optional C extension (setup.py): window-only JPEG decoding
-    from .. import _jpegcrop
+    from .._native import _jpegcrop
 except ImportError:  # pragma: no cover - where it did not build, simplejpeg decodes whole images
     _jpegcrop = None
 
@@ -32,15 +32,15 @@ except ImportError:  # pragma: no cover - where it did not build, simplejpeg dec
 def window_decoder() -> str | None:
     """The window-only JPEG decoder's module name where the C extension was built, else None
     (simplejpeg then decodes whole images)."""
-    return None if _jpegcrop is None else "feedpipe._jpegcrop"
+    return None if _jpegcrop is None else "feedpipe._native._jpegcrop"
 
 
 def say_no_extension() -> None:
     """Log once a process that JPEG crops are decoded whole and resized another way, because
-    ``feedpipe._jpegcrop`` was not built."""
-    say_unbuilt(_log, "_jpegcrop", "JPEG crops are decoded whole by simplejpeg and resized by "
-                "OpenCV or torch (the extension also needs libjpeg-turbo's headers: Debian "
-                "libjpeg-dev)", "the same crops and flips, pixels within one grey level")
+    ``feedpipe._native._jpegcrop`` was not built."""
+    say_unbuilt(_log, "_native._jpegcrop", "JPEG crops are decoded whole by simplejpeg and "
+                "resized by OpenCV or torch (the extension also needs libjpeg-turbo's headers: "
+                "Debian libjpeg-dev)", "the same crops and flips, pixels within one grey level")
 
 
 def jpeg_size(data: Any) -> Size:

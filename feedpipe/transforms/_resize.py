@@ -1,6 +1,6 @@
 """Resizing HWC ``uint8`` images, into CHW tensors or HWC arrays.
 
-An RGB image into a CHW tensor is one call of the C extension ``feedpipe._jpegcrop``
+An RGB image into a CHW tensor is one call of the C extension ``feedpipe._native._jpegcrop``
 (``resize_into``): an enlargement (the usual case for a random-resized crop of a small image)
 with OpenCV's fixed-point bilinear, a reduction with torch's antialiased bilinear (the filter
 class of torchvision's and DALI's random-resized crops: its pixels exactly), the flip and the
@@ -28,7 +28,7 @@ from ._opencv import opencv
 from ._threads import one_thread
 
 try:  # optional C extension (setup.py): the one-pass enlargement into CHW planes
-    from .._jpegcrop import resize_into as _resize_into
+    from .._native._jpegcrop import resize_into as _resize_into
 except ImportError:  # pragma: no cover - where it did not build, OpenCV's three passes
     _resize_into = None
 

@@ -1,5 +1,8 @@
-/* feedpipe._jpegcrop: decode only a window of a JPEG (libjpeg-turbo's partial decoding), and
- * resize RGB pixels into the three planes of a CHW uint8 batch row.
+/* feedpipe._native._jpegcrop: decode only a window of a JPEG (libjpeg-turbo's partial decoding),
+ * and resize RGB pixels into the three planes of a CHW uint8 batch row. Three functions and the
+ * test hooks below; the callers are feedpipe/transforms/_jpeg.py (decode_crop,
+ * decode_crop_into), feedpipe/transforms/_resize.py (resize_into) and
+ * feedpipe/diagnostics/_env.py (LIBJPEG_TURBO_VERSION_NUMBER).
  *
  * A random-resized crop keeps on average about half of the image. simplejpeg, OpenCV and Pillow
  * decode all of it; libjpeg-turbo (>= 1.5) can skip the rows above the window
@@ -10,7 +13,7 @@
  * are the ones a whole decode gives (the decoded columns reach past the window on each side:
  * see crop_region).
  *
- * The functions (their Python wrappers: feedpipe/transforms/_jpeg.py and _resize.py):
+ * The functions:
  *
  * - decode_crop(data, top, left, height, width, scale_num=8, fastdct=False) returns
  *   (pixels, row_width, x_offset): ``pixels`` is a bytearray of ``height`` rows of
@@ -30,9 +33,10 @@
  *   that it got there and wait until _let_go(). Unarmed, the hook costs one read of an int per
  *   call.
  *
- * The GIL is released while decoding and resizing. Errors raise ValueError with libjpeg's
- * message. As with simplejpeg's strict mode (its default), a warning (corrupt or truncated data
- * that libjpeg would paper over) is an error too. libjpeg reports fatal errors through a
+ * The GIL is released while decoding and resizing. Errors raise ValueError naming the function
+ * (``decode_crop(): libjpeg: <its message>``, the convention of feedpipe/_native/__init__.py),
+ * MemoryError where a buffer cannot be had. As with simplejpeg's strict mode (its default), a
+ * warning (corrupt or truncated data that libjpeg would paper over) is an error too. libjpeg reports fatal errors through a
  * callback that must not return; this module longjmps back out of it, which only C can do safely
  * (hence no ctypes).
  *
@@ -100,7 +104,7 @@ static int wait_while_held(void)
 static PyObject *hold_next(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused))
 {
     if (hold_gate_taken)
-        return PyErr_Format(PyExc_RuntimeError, "a hold is armed already");
+        return PyErr_Format(PyExc_RuntimeError, "_hold_next(): a hold is armed already");
     PyThread_acquire_lock(hold_gate, WAIT_LOCK); /* free: returns at once */
     hold_gate_taken = 1;
     hold_armed = 1;
@@ -785,6 +789,7 @@ static int resize_any(const unsigned char *src, size_t stride, int src_h, int sr
 
 /* A window to decode, and where its pixels go. */
 struct window {
+    const char *fn; /* the Python function called, which errors name (see ERR) */
     const unsigned char *data;
     unsigned long len;
     unsigned int top, left, height, width;
@@ -869,11 +874,12 @@ static int decode_window_rows(struct window *w)
     size_t stride;
 
     if (w->scale_num < 1 || w->scale_num > 16) {
-        PyErr_Format(PyExc_ValueError, "scale_num must be in 1..16, not %d", w->scale_num);
+        PyErr_Format(PyExc_ValueError, "%s(): scale_num must be in 1..16, not %d", w->fn,
+                     w->scale_num);
         return -1;
     }
     if (height == 0 || width == 0) {
-        PyErr_Format(PyExc_ValueError, "an empty window (%u x %u)", height, width);
+        PyErr_Format(PyExc_ValueError, "%s(): an empty window (%u x %u)", w->fn, height, width);
         return -1;
     }
     cinfo.err = jpeg_std_error(&err.pub);
@@ -890,7 +896,7 @@ static int decode_window_rows(struct window *w)
         if (err.message[0] == '\0') /* not libjpeg's: out of memory in the resize */
             PyErr_NoMemory();
         else
-            PyErr_Format(PyExc_ValueError, "libjpeg: %s", err.message);
+            PyErr_Format(PyExc_ValueError, "%s(): libjpeg: %s", w->fn, err.message);
         return -1;
     }
     jpeg_create_decompress(&cinfo);
@@ -908,11 +914,12 @@ static int decode_window_rows(struct window *w)
         int comps = cinfo.output_components;
         jpeg_destroy_decompress(&cinfo);
         if (comps != 3)
-            PyErr_Format(PyExc_ValueError, "libjpeg gave %d components, not 3 (RGB)", comps);
+            PyErr_Format(PyExc_ValueError, "%s(): libjpeg gave %d components, not 3 (RGB)",
+                         w->fn, comps);
         else
             PyErr_Format(PyExc_ValueError,
-                         "window %u+%u x %u+%u is outside the %u x %u decoded image", top, height,
-                         left, width, oh, ow);
+                         "%s(): window %u+%u x %u+%u is outside the %u x %u decoded image", w->fn,
+                         top, height, left, width, oh, ow);
         return -1;
     }
     xoff = left;
@@ -1007,6 +1014,7 @@ static PyObject *decode_crop(PyObject *Py_UNUSED(self), PyObject *args, PyObject
     int rc;
 
     memset(&w, 0, sizeof w);
+    w.fn = "decode_crop";
     w.scale_num = 8;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIII|ip:decode_crop", keywords, &view,
                                      &w.top, &w.left, &w.height, &w.width, &w.scale_num,
@@ -1023,16 +1031,17 @@ static PyObject *decode_crop(PyObject *Py_UNUSED(self), PyObject *args, PyObject
 }
 
 /* out: a writable C-contiguous uint8 buffer of exactly 3 x out_h x out_w bytes for a window of
- * height x width; a ValueError naming what is wrong. */
-static int check_out(Py_buffer *out, int out_h, int out_w, Py_ssize_t height, Py_ssize_t width)
+ * height x width; a ValueError naming the function fn and what is wrong. */
+static int check_out(const char *fn, Py_buffer *out, int out_h, int out_w, Py_ssize_t height,
+                     Py_ssize_t width)
 {
     if (out_h <= 0 || out_w <= 0 || out->len != (Py_ssize_t)3 * out_h * out_w) {
-        PyErr_Format(PyExc_ValueError, "out must hold 3 x %d x %d bytes, not %zd", out_h, out_w,
-                     out->len);
+        PyErr_Format(PyExc_ValueError, "%s(): out must hold 3 x %d x %d bytes, not %zd", fn,
+                     out_h, out_w, out->len);
         return -1;
     }
     if (height <= 0 || width <= 0) {
-        PyErr_Format(PyExc_ValueError, "an empty window (%zd x %zd)", height, width);
+        PyErr_Format(PyExc_ValueError, "%s(): an empty window (%zd x %zd)", fn, height, width);
         return -1;
     }
     return 0;
@@ -1047,12 +1056,13 @@ static PyObject *decode_crop_into(PyObject *Py_UNUSED(self), PyObject *args, PyO
     int rc;
 
     memset(&w, 0, sizeof w);
+    w.fn = "decode_crop_into";
     w.scale_num = 8;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIIIw*iip|i:decode_crop_into", keywords,
                                      &view, &w.top, &w.left, &w.height, &w.width, &out, &w.out_h,
                                      &w.out_w, &w.flip, &w.scale_num))
         return NULL;
-    rc = check_out(&out, w.out_h, w.out_w, w.height, w.width);
+    rc = check_out(w.fn, &out, w.out_h, w.out_w, w.height, w.width);
     if (rc == 0) {
         w.data = (const unsigned char *)view.buf;
         w.len = (unsigned long)view.len;
@@ -1087,13 +1097,15 @@ static PyObject *resize_into(PyObject *Py_UNUSED(self), PyObject *args, PyObject
         || src.strides[1] != 3 || src.strides[0] < 3 * src.shape[1]
         || (src.format != NULL && strcmp(src.format, "B") != 0))
         PyErr_SetString(PyExc_ValueError,
-                        "src must be an H x W x 3 uint8 array of packed pixels, rows in order");
+                        "resize_into(): src must be an H x W x 3 uint8 array of packed pixels, "
+                        "rows in order");
     else if (out.ndim != 3 || out.shape[0] != 3 || out.itemsize != 1)
-        PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous 3 x H x W uint8 array");
+        PyErr_SetString(PyExc_ValueError,
+                        "resize_into(): out must be a C-contiguous 3 x H x W uint8 array");
     else {
         out_h = (int)out.shape[1];
         out_w = (int)out.shape[2];
-        rc = check_out(&out, out_h, out_w, src.shape[0], src.shape[1]);
+        rc = check_out("resize_into", &out, out_h, out_w, src.shape[0], src.shape[1]);
     }
     if (rc == 0) {
         Py_BEGIN_ALLOW_THREADS
@@ -1143,7 +1155,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_jpegcrop",
+    PyModuleDef_HEAD_INIT, "feedpipe._native._jpegcrop",
     "Window-only JPEG decoding with libjpeg-turbo, and the resize into a batch row (see the "
     "source).",
     -1, methods, NULL, NULL, NULL, NULL,

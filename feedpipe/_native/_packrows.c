@@ -1,4 +1,4 @@
-/* feedpipe._packrows: the copy of feedpipe.Packed's token pieces out of the shards' maps.
+/* feedpipe._native._packrows: the copy of feedpipe.Packed's token pieces out of the shards' maps.
  *
  * gather(out, maps, which, start, count, itemsize) copies piece i, ``count[i]`` tokens of
  * ``itemsize`` bytes from byte ``start[i]`` of ``maps[which[i]]`` (the shards' maps), after the
@@ -27,7 +27,7 @@ static int get_i64(PyObject *obj, Py_buffer *view, const char *name)
     size_t flen = f == NULL ? 0 : strlen(f);
     if (view->itemsize != 8 || flen == 0 || (f[flen - 1] != 'q' && f[flen - 1] != 'l')
         || strchr(f, '>') != NULL || strchr(f, '!') != NULL) {
-        PyErr_Format(PyExc_TypeError, "_packrows: %s must be a contiguous int64 array", name);
+        PyErr_Format(PyExc_TypeError, "gather(): %s must be a contiguous int64 array", name);
         PyBuffer_Release(view);
         return -1;
     }
@@ -42,7 +42,7 @@ static PyObject *gather(PyObject *Py_UNUSED(self), PyObject *args)
                           &count_o, &itemsize))
         return NULL;
     if (itemsize < 1 || itemsize > 8) {
-        PyErr_SetString(PyExc_ValueError, "_packrows.gather: itemsize must be 1 to 8 bytes");
+        PyErr_SetString(PyExc_ValueError, "gather(): itemsize must be 1 to 8 bytes");
         return NULL;
     }
     Py_ssize_t nmaps = PyTuple_GET_SIZE(maps);
@@ -70,7 +70,7 @@ static PyObject *gather(PyObject *Py_UNUSED(self), PyObject *args)
             goto done;
     Py_ssize_t n = which.len / 8;
     if (start.len / 8 != n || count.len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "_packrows.gather: which, start and count differ in length");
+        PyErr_SetString(PyExc_ValueError, "gather(): which, start and count differ in length");
         goto done;
     }
     const int64_t *w = which.buf, *st = start.buf, *k = count.buf;
@@ -80,13 +80,13 @@ static PyObject *gather(PyObject *Py_UNUSED(self), PyObject *args)
         if (w[i] < 0 || w[i] >= nmaps || st[i] < 0 || st[i] > views[w[i]].len || k[i] < 0
             || k[i] > (views[w[i]].len - st[i]) / itemsize) {
             PyErr_Format(PyExc_ValueError,
-                         "_packrows.gather: piece %zd (map %lld, byte %lld, %lld tokens) is outside "
-                         "its map", i, (long long)w[i], (long long)st[i], (long long)k[i]);
+                         "gather(): piece %zd (map %lld, byte %lld, %lld tokens) is outside its "
+                         "map", i, (long long)w[i], (long long)st[i], (long long)k[i]);
             goto done;
         }
         total += (Py_ssize_t)k[i] * itemsize; /* at most a map's size: no overflow */
         if (total > out.len) {
-            PyErr_SetString(PyExc_ValueError, "_packrows.gather: the pieces do not fit in out");
+            PyErr_SetString(PyExc_ValueError, "gather(): the pieces do not fit in out");
             goto done;
         }
     }
@@ -126,7 +126,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_packrows", "The copy of feedpipe.Packed's token pieces (see the source).",
+    PyModuleDef_HEAD_INIT, "feedpipe._native._packrows", "The copy of feedpipe.Packed's token pieces (see the source).",
     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__packrows(void) { return PyModule_Create(&module); }

@@ -1,4 +1,5 @@
-/* feedpipe._stagefiles: the per-file loop of one-pass staging (feedpipe.convert._onepass).
+/* feedpipe._native._stagefiles: the per-file loop of one-pass staging, called by
+ * feedpipe.convert._stage_dir (stage_dir, for feedpipe.convert._onepass).
  *
  * stage(dirfd, out_fd, keys, first, exts, rels, extra, template, start, pos, guess, flags,
  *       starts, names, offsets, sizes, rows) -> (next, pos)
@@ -120,7 +121,7 @@ static PyObject *stage(PyObject *Py_UNUSED(self), PyObject *args)
     if (tmpl.len != BLOCK || guess < 1 || extra.len >= guess || start < 0
         || PyList_GET_SIZE(first) != nkeys + 1 || PyList_GET_SIZE(exts) != nmembers
         || PyList_GET_SIZE(rels) != nmembers) {
-        PyErr_SetString(PyExc_ValueError, "_stagefiles.stage: inconsistent arguments");
+        PyErr_SetString(PyExc_ValueError, "stage(): inconsistent arguments");
         goto done;
     }
     long tmpl_sum = 0;
@@ -133,7 +134,7 @@ static PyObject *stage(PyObject *Py_UNUSED(self), PyObject *args)
         if ((m0 == -1 || m1 == -1) && PyErr_Occurred())
             goto done;
         if (m0 < 0 || m1 < m0 || m1 > nmembers) {
-            PyErr_SetString(PyExc_ValueError, "_stagefiles.stage: first is out of range");
+            PyErr_SetString(PyExc_ValueError, "stage(): first is out of range");
             goto done;
         }
         if (m1 - m0 > got_cap) {
@@ -272,7 +273,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_stagefiles",
+    PyModuleDef_HEAD_INIT, "feedpipe._native._stagefiles",
     "The per-file loop of one-pass staging (see the source).", -1, methods, NULL, NULL, NULL,
     NULL};
 
