@@ -78,57 +78,13 @@ def _value(h: Any, v: Any, depth: int, seen: set[int]) -> None:
         h.update(f"{type(v).__name__}:{v!r};".encode())
         return
     seen = seen | {id(v)}
-    if isinstance(v, (tuple, list)):
-        h.update(f"{type(v).__name__}[{len(v)}]".encode())
-        for x in v:
-            _value(h, x, depth + 1, seen)
-        return
-    if isinstance(v, (frozenset, set)):
-        h.update(f"{type(v).__name__}[{len(v)}]".encode())
-        _unordered(h, v, depth, seen)
-        return
-    if isinstance(v, dict):
-        h.update(f"dict[{len(v)}]".encode())
-        _unordered(h, v.items(), depth, seen)
-        return
-    if isinstance(v, np.ndarray):
-        h.update(f"ndarray{v.dtype.str}{v.shape}".encode())
-        h.update(np.ascontiguousarray(v).tobytes())
-        return
-    if isinstance(v, np.generic):
-        h.update(f"np:{v.dtype.str}:{v!r}".encode())
+    if _container(h, v, depth, seen):
         return
     torch = sys.modules.get("torch")  # a torch value exists only where torch was imported
     if torch is not None and isinstance(v, torch.Tensor):
         _tensor(h, v, torch)
         return
-    if isinstance(v, functools.partial):
-        h.update(b"partial")
-        _value(h, v.func, depth + 1, seen)
-        _value(h, v.args, depth + 1, seen)
-        _value(h, v.keywords, depth + 1, seen)
-        return
-    if isinstance(v, types.MethodType):
-        _value(h, v.__func__, depth + 1, seen)
-        _value(h, v.__self__, depth + 1, seen)
-        return
-    if isinstance(v, types.FunctionType):
-        h.update(f"fn:{v.__module__}.{v.__qualname__}".encode())
-        _code(h, v.__code__, 0)
-        _value(h, v.__defaults__, depth + 1, seen)
-        _value(h, v.__kwdefaults__, depth + 1, seen)
-        for cell in v.__closure__ or ():
-            try:
-                _value(h, cell.cell_contents, depth + 1, seen)
-            except ValueError:  # empty cell
-                h.update(b"<empty>")
-        if v.__dict__:  # attributes set on the function (a version, functools.wraps' target)
-            _value(h, v.__dict__, depth + 1, seen)
-        return
-    if isinstance(v, (types.BuiltinFunctionType, type, types.ModuleType)):
-        module = getattr(v, "__module__", "")
-        name = getattr(v, "__qualname__", getattr(v, "__name__", ""))
-        h.update(f"{type(v).__name__}:{module}.{name}".encode())
+    if _callable(h, v, depth, seen):
         return
     if isinstance(v, enum.Enum):
         h.update(f"enum:{type(v).__module__}.{type(v).__qualname__}.{v.name}".encode())
@@ -137,6 +93,65 @@ def _value(h: Any, v: Any, depth: int, seen: set[int]) -> None:
         h.update(f"path:{type(v).__name__}:{os.fspath(v)!r}".encode())
         return
     _instance(h, v, depth, seen, torch)
+
+
+def _container(h: Any, v: Any, depth: int, seen: set[int]) -> bool:
+    """Hash ``v`` if it is a tuple, list, set, dict or numpy value; whether it was one."""
+    if isinstance(v, (tuple, list)):
+        h.update(f"{type(v).__name__}[{len(v)}]".encode())
+        for x in v:
+            _value(h, x, depth + 1, seen)
+    elif isinstance(v, (frozenset, set)):
+        h.update(f"{type(v).__name__}[{len(v)}]".encode())
+        _unordered(h, v, depth, seen)
+    elif isinstance(v, dict):
+        h.update(f"dict[{len(v)}]".encode())
+        _unordered(h, v.items(), depth, seen)
+    elif isinstance(v, np.ndarray):
+        h.update(f"ndarray{v.dtype.str}{v.shape}".encode())
+        h.update(np.ascontiguousarray(v).tobytes())
+    elif isinstance(v, np.generic):
+        h.update(f"np:{v.dtype.str}:{v!r}".encode())
+    else:
+        return False
+    return True
+
+
+def _callable(h: Any, v: Any, depth: int, seen: set[int]) -> bool:
+    """Hash ``v`` if it is a partial, a method, a function, a builtin, a class or a module;
+    whether it was one."""
+    if isinstance(v, functools.partial):
+        h.update(b"partial")
+        _value(h, v.func, depth + 1, seen)
+        _value(h, v.args, depth + 1, seen)
+        _value(h, v.keywords, depth + 1, seen)
+    elif isinstance(v, types.MethodType):
+        _value(h, v.__func__, depth + 1, seen)
+        _value(h, v.__self__, depth + 1, seen)
+    elif isinstance(v, types.FunctionType):
+        _function(h, v, depth, seen)
+    elif isinstance(v, (types.BuiltinFunctionType, type, types.ModuleType)):
+        module = getattr(v, "__module__", "")
+        name = getattr(v, "__qualname__", getattr(v, "__name__", ""))
+        h.update(f"{type(v).__name__}:{module}.{name}".encode())
+    else:
+        return False
+    return True
+
+
+def _function(h: Any, v: types.FunctionType, depth: int, seen: set[int]) -> None:
+    """A function by its name, code, defaults, the values it closes over and its attributes."""
+    h.update(f"fn:{v.__module__}.{v.__qualname__}".encode())
+    _code(h, v.__code__, 0)
+    _value(h, v.__defaults__, depth + 1, seen)
+    _value(h, v.__kwdefaults__, depth + 1, seen)
+    for cell in v.__closure__ or ():
+        try:
+            _value(h, cell.cell_contents, depth + 1, seen)
+        except ValueError:  # empty cell
+            h.update(b"<empty>")
+    if v.__dict__:  # attributes set on the function (a version, functools.wraps' target)
+        _value(h, v.__dict__, depth + 1, seen)
 
 
 def _tensor(h: Any, t: Any, torch: Any) -> None:

@@ -226,20 +226,28 @@ def _another_epoch(sample: Any) -> Any:
     return again
 
 
+def _same_tensor(torch: Any, a: Any, b: Any) -> bool:
+    if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    x, y = (t.detach().cpu().contiguous().reshape(-1) for t in (a, b))
+    return bool(torch.equal(x.view(torch.uint8), y.view(torch.uint8)))
+
+
+def _same_array(a: Any, b: Any) -> bool:
+    if not isinstance(b, (np.ndarray, np.generic)):
+        return False
+    x, y = np.asarray(a), np.asarray(b)
+    return x.dtype == y.dtype and x.shape == y.shape and \
+        np.ascontiguousarray(x).tobytes() == np.ascontiguousarray(y).tobytes()
+
+
 def same(a: Any, b: Any) -> bool:
     """Whether two outputs are equal bit for bit (arrays and tensors: dtype, shape, bytes)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(a, torch.Tensor):
-        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        x, y = (t.detach().cpu().contiguous().reshape(-1) for t in (a, b))
-        return bool(torch.equal(x.view(torch.uint8), y.view(torch.uint8)))
+        return _same_tensor(torch, a, b)
     if isinstance(a, (np.ndarray, np.generic)):
-        if not isinstance(b, (np.ndarray, np.generic)):
-            return False
-        x, y = np.asarray(a), np.asarray(b)
-        return x.dtype == y.dtype and x.shape == y.shape and \
-            np.ascontiguousarray(x).tobytes() == np.ascontiguousarray(y).tobytes()
+        return _same_array(a, b)
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
     if isinstance(a, dict):

@@ -162,34 +162,8 @@ class DeviceCache:
             show_progress: a progress bar (default: when stderr is a terminal).
             chunk: samples staged on the host per copy to the device.
         """
-        items: Iterable[Any]
-        if is_dataset(source):
-            if transform is None:
-                raise DeviceCacheError("warmup(dataset) needs transform=: a function from a sample "
-                                       "dict to fixed-shape tensors")
-            num_samples = source.manifest.total_samples
-            view = source.in_order(WithId(transform))  # decode=, cache and verify kept
-            if num_workers:
-                from torch.utils.data import DataLoader
-
-                unsafe = process_fork_unsafe()
-                if unsafe is not None and default_start_method() == "fork":
-                    raise StartMethodError(
-                        f"DeviceCache.warmup(num_workers={num_workers}) would fork its worker "
-                        f"processes from a process that runs {unsafe}, which can deadlock "
-                        "them: warm up with num_workers=0, or before the DaliStage starts.")
-
-                items = DataLoader(view, batch_size=None, num_workers=num_workers)
-            else:
-                items = view
-            fallback = fallback or DatasetFallback(source, transform)
-        else:
-            items = source
-            if num_samples is None:
-                if not hasattr(source, "__len__"):
-                    raise DeviceCacheError("warmup(iterable) needs num_samples= (ids lie in "
-                                           "[0, num_samples)) when the iterable has no len()")
-                num_samples = len(source)
+        items, num_samples, fallback = _warmup_items(source, num_samples, transform,
+                                                     num_workers, fallback)
         self._reset(int(num_samples), fallback)
         dev = self.device
         stage: list[torch.Tensor] = []
@@ -390,3 +364,40 @@ class DeviceCache:
                         "dtype": str(d).replace("torch.", "")}
                        for k, (s, d) in enumerate(zip(self._shapes, self._dtypes))],
         }
+
+
+def _warmup_items(source: Any, num_samples: int | None,
+                  transform: Callable[[dict[str, Any]], Any] | None, num_workers: int,
+                  fallback: Fallback | None) -> tuple[Iterable[Any], int, Fallback | None]:
+    """What :meth:`DeviceCache.warmup` reads (a dataset in manifest order, transformed, in
+    ``num_workers`` worker processes; or the iterable itself), how many ids there are, and the
+    fallback for ids that are not resident."""
+    items: Iterable[Any]
+    if is_dataset(source):
+        if transform is None:
+            raise DeviceCacheError("warmup(dataset) needs transform=: a function from a sample "
+                                   "dict to fixed-shape tensors")
+        num_samples = source.manifest.total_samples
+        view = source.in_order(WithId(transform))  # decode=, cache and verify kept
+        if num_workers:
+            from torch.utils.data import DataLoader
+
+            unsafe = process_fork_unsafe()
+            if unsafe is not None and default_start_method() == "fork":
+                raise StartMethodError(
+                    f"DeviceCache.warmup(num_workers={num_workers}) would fork its worker "
+                    f"processes from a process that runs {unsafe}, which can deadlock "
+                    "them: warm up with num_workers=0, or before the DaliStage starts.")
+
+            items = DataLoader(view, batch_size=None, num_workers=num_workers)
+        else:
+            items = view
+        fallback = fallback or DatasetFallback(source, transform)
+    else:
+        items = source
+        if num_samples is None:
+            if not hasattr(source, "__len__"):
+                raise DeviceCacheError("warmup(iterable) needs num_samples= (ids lie in "
+                                       "[0, num_samples)) when the iterable has no len()")
+            num_samples = len(source)
+    return items, int(num_samples), fallback

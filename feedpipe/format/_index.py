@@ -148,6 +148,20 @@ def parse_index(text: str | bytes, where: str = "<index>") -> ShardIndex:
     Raises:
         ShardFormatError: not an index, or a malformed line (names ``where`` and the line).
     """
+    body, group = _index_lines(text, where)
+    if group == 4:
+        fast = _parse_columns(body)
+        if fast is not None:
+            return fast
+    idx = ShardIndex([], [0], [], [], [], [], named=group == 4)
+    for lineno, line in enumerate(body, start=2):
+        _parse_line(idx, line, lineno, group, where)
+    return idx
+
+
+def _index_lines(text: str | bytes, where: str) -> tuple[list[str], int]:
+    """The sample lines of index text, checked against its header's count, and the fields per
+    member (4 in v1.2, 3 in v1.1)."""
     if isinstance(text, (bytes, bytearray, memoryview)):
         try:
             text = bytes(text).decode("utf-8")
@@ -161,40 +175,37 @@ def parse_index(text: str | bytes, where: str = "<index>") -> ShardIndex:
         n = int(head[1])
     except ValueError as e:
         raise ShardFormatError(f"{where}: bad sample count {head[1]!r}") from e
-    group = 4 if head[0] == "v1.2" else 3
     body = [ln for ln in lines[1:] if ln]
     if len(body) != n:
         raise ShardFormatError(
             f"{where}: index says {n} samples but has {len(body)} lines (truncated index?)"
         )
-    if group == 4:
-        fast = _parse_columns(body)
-        if fast is not None:
-            return fast
-    idx = ShardIndex([], [0], [], [], [], [], named=group == 4)
-    for lineno, line in enumerate(body, start=2):
-        parts = line.split(" ")
-        if len(parts) % group:
-            raise ShardFormatError(f"{where}:{lineno}: malformed index line")
-        key = None
-        for g in range(0, len(parts), group):
-            ext = parts[g]
-            try:
-                off, size = int(parts[g + 1]), int(parts[g + 2])
-            except ValueError as e:
-                raise ShardFormatError(f"{where}:{lineno}: bad offset/size") from e
-            if off < 0 or size < 0:
-                raise ShardFormatError(f"{where}:{lineno}: bad offset/size")
-            name = parts[g + 3] if group == 4 else ""
-            if key is None:
-                key = split_member(name)[0] if name else f"{lineno - 2}"
-            idx.exts.append(ext)
-            idx.offsets.append(off)
-            idx.sizes.append(size)
-            idx.names.append(name or f"{key}.{ext}")
-        idx.keys.append(key or "")
-        idx.starts.append(len(idx.exts))
-    return idx
+    return body, 4 if head[0] == "v1.2" else 3
+
+
+def _parse_line(idx: ShardIndex, line: str, lineno: int, group: int, where: str) -> None:
+    """Append one sample's line (line ``lineno`` of the index) to ``idx``."""
+    parts = line.split(" ")
+    if len(parts) % group:
+        raise ShardFormatError(f"{where}:{lineno}: malformed index line")
+    key = None
+    for g in range(0, len(parts), group):
+        ext = parts[g]
+        try:
+            off, size = int(parts[g + 1]), int(parts[g + 2])
+        except ValueError as e:
+            raise ShardFormatError(f"{where}:{lineno}: bad offset/size") from e
+        if off < 0 or size < 0:
+            raise ShardFormatError(f"{where}:{lineno}: bad offset/size")
+        name = parts[g + 3] if group == 4 else ""
+        if key is None:
+            key = split_member(name)[0] if name else f"{lineno - 2}"
+        idx.exts.append(ext)
+        idx.offsets.append(off)
+        idx.sizes.append(size)
+        idx.names.append(name or f"{key}.{ext}")
+    idx.keys.append(key or "")
+    idx.starts.append(len(idx.exts))
 
 
 def _parse_columns(body: list[str]) -> ShardIndex | None:

@@ -201,49 +201,64 @@ def _shard_list(shards: object, where: str) -> list[ShardRecord]:
     first: dict[str, int] = {}
     for i, s in enumerate(shards):
         at = f"shards[{i}]"
-        if not isinstance(s, dict):
-            raise _edited(where, f"{at} must be an object with {', '.join(_SHARD_KEYS)}, not "
-                                 f"{s!r}")
-        for k in s:
-            if k not in _SHARD_KEYS:
-                raise _edited(where, f"{at}: unknown key {k!r} (a shard record has "
-                                     f"{', '.join(_SHARD_KEYS)})")
-        for k in ("name", "samples", "bytes"):
-            if k not in s:
-                raise _edited(where, f"{at}: missing {k!r}")
-        name, sha = s["name"], s.get("sha256")
-        if (not isinstance(name, str) or not name or name.startswith("/") or "://" in name
-                or ".." in name.split("/")):
-            raise _edited(where, f"{at}.name must be a shard path relative to the dataset root "
-                                 f"(no leading '/', no '..'), not {name!r}")
-        for k in ("samples", "bytes", "tar_bytes"):
-            if k in s and not _is_count(s[k]) and not (k == "tar_bytes" and s[k] is None):
-                raise _edited(where, f"{at}.{k} must be a non-negative integer, not {s[k]!r}")
-        if s["samples"] == 0:
-            # no writer makes an empty shard (`feedpipe index` refuses one), and a shard the
-            # plan gives no sample ids is never opened: its samples would be left out in silence
-            raise _edited(where, f"{at}.samples is 0 for shard {name!r}: every shard holds at "
-                                 "least one sample, and a shard counted 0 would never be read")
-        if sha is not None and not (isinstance(sha, str) and len(sha) == 64
-                                    and not sha.strip("0123456789abcdef")):
-            raise _edited(where, f"{at}.sha256 must be 64 lowercase hex digits or null, not "
-                                 f"{sha!r}")
+        _check_keys(s, at, where)
+        name = s["name"]
+        _check_values(s, name, at, where)
         if name in first:
             raise ManifestError(
                 f"{where}: shard {name!r} is listed twice (shards[{first[name]}] and "
                 f"shards[{i}]); a dataset lists each shard once: remove the repeated entry (and "
                 "correct total_samples), or rebuild the manifest with `feedpipe index`")
         first[name] = i
-        if compressed_suffix(name) and not readable(name):
-            raise compressed_error(join(dataset_root(where), name))
-        if readable(name) and s.get("tar_bytes") is None:
-            raise _edited(where, f"{at}: the gzip shard {name!r} has no \"tar_bytes\" (the size "
-                                 "of the plain tar inside, which its index describes)")
-        if not readable(name) and s.get("tar_bytes") is not None:
-            raise _edited(where, f"{at}: \"tar_bytes\" is for gzip shards (.tar.gz, .tgz), not "
-                                 f"{name!r}")
+        _check_compression(s, name, at, where)
         out.append(ShardRecord(**s))
     return out
+
+
+def _check_keys(s: object, at: str, where: str) -> None:
+    """Shard record ``at`` is an object of known keys holding the required ones."""
+    if not isinstance(s, dict):
+        raise _edited(where, f"{at} must be an object with {', '.join(_SHARD_KEYS)}, not {s!r}")
+    for k in s:
+        if k not in _SHARD_KEYS:
+            raise _edited(where, f"{at}: unknown key {k!r} (a shard record has "
+                                 f"{', '.join(_SHARD_KEYS)})")
+    for k in ("name", "samples", "bytes"):
+        if k not in s:
+            raise _edited(where, f"{at}: missing {k!r}")
+
+
+def _check_values(s: dict[str, Any], name: object, at: str, where: str) -> None:
+    """The name, counts and hash of shard record ``at``."""
+    sha = s.get("sha256")
+    if (not isinstance(name, str) or not name or name.startswith("/") or "://" in name
+            or ".." in name.split("/")):
+        raise _edited(where, f"{at}.name must be a shard path relative to the dataset root "
+                             f"(no leading '/', no '..'), not {name!r}")
+    for k in ("samples", "bytes", "tar_bytes"):
+        if k in s and not _is_count(s[k]) and not (k == "tar_bytes" and s[k] is None):
+            raise _edited(where, f"{at}.{k} must be a non-negative integer, not {s[k]!r}")
+    if s["samples"] == 0:
+        # no writer makes an empty shard (`feedpipe index` refuses one), and a shard the
+        # plan gives no sample ids is never opened: its samples would be left out in silence
+        raise _edited(where, f"{at}.samples is 0 for shard {name!r}: every shard holds at "
+                             "least one sample, and a shard counted 0 would never be read")
+    if sha is not None and not (isinstance(sha, str) and len(sha) == 64
+                                and not sha.strip("0123456789abcdef")):
+        raise _edited(where, f"{at}.sha256 must be 64 lowercase hex digits or null, not "
+                             f"{sha!r}")
+
+
+def _check_compression(s: dict[str, Any], name: str, at: str, where: str) -> None:
+    """A compressed shard is a gzip one with its ``tar_bytes``; a plain tar has none."""
+    if compressed_suffix(name) and not readable(name):
+        raise compressed_error(join(dataset_root(where), name))
+    if readable(name) and s.get("tar_bytes") is None:
+        raise _edited(where, f"{at}: the gzip shard {name!r} has no \"tar_bytes\" (the size "
+                             "of the plain tar inside, which its index describes)")
+    if not readable(name) and s.get("tar_bytes") is not None:
+        raise _edited(where, f"{at}: \"tar_bytes\" is for gzip shards (.tar.gz, .tgz), not "
+                             f"{name!r}")
 
 
 def write_manifest(root: str, manifest: Manifest) -> str:
@@ -354,36 +369,48 @@ def _not_a_dataset(root: str, url: str) -> Exception:
     if kind == "missing":
         return SourceNotFoundError(f"{root}: does not exist (no such directory or file)")
     if kind == "file":
-        if compressed_suffix(root) and not readable(root):
-            return compressed_error(root)
-        parent = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else "."
-        if root.endswith(".tar") or readable(root):
-            return SourceNotFoundError(
-                f"{root}: is a shard, not a dataset: pass the dataset directory, the one holding "
-                f"manifest.json, {parent} (shards made by another tool: run "
-                f"`feedpipe index {parent}` first)")
-        return SourceNotFoundError(f"{root}: is a file, not a dataset: pass the directory "
-                                   "holding manifest.json (or the manifest.json itself)")
+        return _a_file(root)
     if kind == "dir":  # (a directory's entry ends with "/": data.tar/ is no shard)
-        tars = [n for n in entries if n.endswith(".tar") or readable(n)]
-        packed = [n for n in entries if compressed_suffix(n) and not readable(n)]
-        if packed and not tars:
-            return compressed_error(join(root, packed[0]))
-        if tars:
-            return SourceNotFoundError(
-                f"{url}: no manifest.json, but {len(tars)} .tar shard{'s' * (len(tars) > 1)} "
-                f"(made by another tool?): run `feedpipe index {root}` to write their indexes "
-                "and a manifest")
-        if entries:
-            many = f"{len(entries)} entries" if len(entries) > 1 else "1 entry"
-            return SourceNotFoundError(
-                f"{root}: no manifest.json and no .tar shards: this looks like a source tree "
-                f"({many}, e.g. {entries[0]!r}), not a shard dataset; convert it first: "
-                f"`feedpipe shard {root} OUT`, then use OUT")
-        return SourceNotFoundError(f"{root}: is empty: no manifest.json and no shards")
+        return _a_directory(root, url, entries)
     return SourceNotFoundError(
         f"{url}: no manifest.json; is this a feedpipe dataset? For shards made by other tools run "
         "`feedpipe index DIR`; for a folder of source files `feedpipe shard SRC OUT`")
+
+
+def _a_file(root: str) -> Exception:
+    """What to pass instead of the file ``root``: a shard's dataset, or a compressed shard
+    decompressed."""
+    if compressed_suffix(root) and not readable(root):
+        return compressed_error(root)
+    parent = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else "."
+    if root.endswith(".tar") or readable(root):
+        return SourceNotFoundError(
+            f"{root}: is a shard, not a dataset: pass the dataset directory, the one holding "
+            f"manifest.json, {parent} (shards made by another tool: run "
+            f"`feedpipe index {parent}` first)")
+    return SourceNotFoundError(f"{root}: is a file, not a dataset: pass the directory "
+                               "holding manifest.json (or the manifest.json itself)")
+
+
+def _a_directory(root: str, url: str, entries: list[str]) -> Exception:
+    """What the directory ``root`` without a manifest holds, and what to run: ``feedpipe index``
+    over shards, ``feedpipe shard`` over a source tree."""
+    tars = [n for n in entries if n.endswith(".tar") or readable(n)]
+    packed = [n for n in entries if compressed_suffix(n) and not readable(n)]
+    if packed and not tars:
+        return compressed_error(join(root, packed[0]))
+    if tars:
+        return SourceNotFoundError(
+            f"{url}: no manifest.json, but {len(tars)} .tar shard{'s' * (len(tars) > 1)} "
+            f"(made by another tool?): run `feedpipe index {root}` to write their indexes "
+            "and a manifest")
+    if entries:
+        many = f"{len(entries)} entries" if len(entries) > 1 else "1 entry"
+        return SourceNotFoundError(
+            f"{root}: no manifest.json and no .tar shards: this looks like a source tree "
+            f"({many}, e.g. {entries[0]!r}), not a shard dataset; convert it first: "
+            f"`feedpipe shard {root} OUT`, then use OUT")
+    return SourceNotFoundError(f"{root}: is empty: no manifest.json and no shards")
 
 
 def _look_at(root: str) -> tuple[str | None, list[str]]:
