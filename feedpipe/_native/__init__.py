@@ -26,3 +26,10 @@ interpreter uses for argument errors (``decode_crop(): scale_num must be in 1..1
 ``ValueError`` for a value, ``TypeError`` for a type, ``OSError`` from ``errno`` and
 ``MemoryError``; they build with ``-Wall -Wextra`` without a warning.
 """
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # type checkers see the compiled modules (no stubs: Any), built or not
+    import feedpipe._native._jpegcrop
+    import feedpipe._native._packrows
+    import feedpipe._native._stagefiles  # noqa: F401
