@@ -204,6 +204,22 @@ def is_metadata(name: str) -> bool:
 _INDEX_LEVEL = re.compile(r"__index_level_(\d+)__")
 
 
+def _pandas_index(metadata: Mapping[bytes, bytes] | None
+                  ) -> tuple[list[str], dict[Any, Any]]:
+    """The index columns the schema's ``pandas`` metadata lists, and the name it recorded for
+    each column's field; none where it has none (or of another shape: the names say it)."""
+    raw = (metadata or {}).get(b"pandas")
+    try:
+        doc = json.loads(raw) if raw else {}
+        levels = [c for c in doc.get("index_columns", []) if isinstance(c, str)] \
+            if isinstance(doc, dict) else []
+        recorded = {c.get("field_name"): c.get("name") for c in doc.get("columns", [])
+                    if isinstance(c, dict)} if levels else {}
+    except (ValueError, AttributeError, TypeError):
+        levels, recorded = [], {}
+    return levels, recorded
+
+
 def index_fields(names: Sequence[str], metadata: Mapping[bytes, bytes] | None
                  ) -> dict[str, tuple[str, str]]:
     """The columns among ``names`` that hold a pandas index pandas could only name
@@ -220,15 +236,7 @@ def index_fields(names: Sequence[str], metadata: Mapping[bytes, bytes] | None
         >>> index_fields(["v", "__index_level_0__"], None)
         {'__index_level_0__': ('index', 'pandas index')}
     """
-    raw = (metadata or {}).get(b"pandas")
-    try:
-        doc = json.loads(raw) if raw else {}
-        levels = [c for c in doc.get("index_columns", []) if isinstance(c, str)] \
-            if isinstance(doc, dict) else []
-        recorded = {c.get("field_name"): c.get("name") for c in doc.get("columns", [])
-                    if isinstance(c, dict)} if levels else {}
-    except (ValueError, AttributeError, TypeError):
-        levels, recorded = [], {}  # (metadata of another shape: the names say it)
+    levels, recorded = _pandas_index(metadata)
     if not levels:
         levels = sorted((n for n in names if _INDEX_LEVEL.fullmatch(n)),
                         key=lambda n: int(n[len("__index_level_"):-2]))
@@ -327,34 +335,39 @@ def override(m: ColumnMap, columns: Sequence[Column],
     if unknown:
         raise InputError(f"--columns: no column {unknown[0]!r}; the columns are "
                          f"{', '.join(repr(c.name) for c in columns)}")
-    targets = []
-    names, source = m.classes, m.classes_from
-    for t in m.targets:
-        if t.column not in wanted:
-            targets.append(t)
-            continue
-        dest, c = wanted[t.column], by_name[t.column]
-        if dest is None:
-            targets.append(Target(c.name, None, "drop", "--columns"))
-        elif dest == KEY:
-            targets.append(Target(c.name, KEY, "key", "--columns"))
-        elif dest == "cls":
-            if c.kind not in ("int", "category", "string"):
-                raise InputError(f"--columns: column {c.name!r} holds {c.kind} values, not "
-                                 "class labels (integers or category names)")
-            targets.append(Target(c.name, "cls", "cls", "--columns"))
-        else:
-            if not valid_extension(dest) or dest.startswith("."):
-                raise InputError(f"--columns: {dest!r} cannot be a field name (no spaces, '/', "
-                                 "'%' or leading '.')")
-            if is_metadata(dest):
-                raise InputError(f"--columns: {dest!r} cannot be a field name: a name between "
-                                 "double underscores is a sample's metadata to WebDataset "
-                                 f"(like {KEY}), never stored; name the field "
-                                 f"{field_name(dest)!r} instead")
-            base = _by_kind(c, dest)
-            targets.append(Target(c.name, dest, base.encoding, "--columns"))
-    # the column the default sent to cls goes to text when --columns names another one
+    targets = [t if t.column not in wanted else _sent(by_name[t.column], wanted[t.column])
+               for t in m.targets]
+    out = _one_class_field(targets, by_name, m.classes, m.classes_from)
+    _check_fields(out)
+    return out
+
+
+def _sent(c: Column, dest: str | None) -> Target:
+    """Column ``c`` sent where ``--columns`` says: dropped, the key, the class or a field."""
+    if dest is None:
+        return Target(c.name, None, "drop", "--columns")
+    if dest == KEY:
+        return Target(c.name, KEY, "key", "--columns")
+    if dest == "cls":
+        if c.kind not in ("int", "category", "string"):
+            raise InputError(f"--columns: column {c.name!r} holds {c.kind} values, not "
+                             "class labels (integers or category names)")
+        return Target(c.name, "cls", "cls", "--columns")
+    if not valid_extension(dest) or dest.startswith("."):
+        raise InputError(f"--columns: {dest!r} cannot be a field name (no spaces, '/', "
+                         "'%' or leading '.')")
+    if is_metadata(dest):
+        raise InputError(f"--columns: {dest!r} cannot be a field name: a name between "
+                         "double underscores is a sample's metadata to WebDataset "
+                         f"(like {KEY}), never stored; name the field "
+                         f"{field_name(dest)!r} instead")
+    return Target(c.name, dest, _by_kind(c, dest).encoding, "--columns")
+
+
+def _one_class_field(targets: list[Target], by_name: dict[str, Column],
+                     names: list[str] | None, source: str | None) -> ColumnMap:
+    """The map of ``targets``: the column the default sent to ``cls`` goes to text when
+    ``--columns`` names another one, whose categories then name the classes."""
     chosen = [t for t in targets if t.encoding == "cls" and t.note == "--columns"]
     if len(chosen) > 1:
         raise InputError(f"--columns: {chosen[0].column!r} and {chosen[1].column!r} both go "
@@ -367,9 +380,7 @@ def override(m: ColumnMap, columns: Sequence[Column],
     if chosen and names is None and by_name[chosen[0].column].categories:
         names = list(by_name[chosen[0].column].categories or ())
         source = f"column {chosen[0].column!r}"
-    out = ColumnMap(targets, names, source)
-    _check_fields(out)
-    return out
+    return ColumnMap(targets, names, source)
 
 
 def _check_fields(m: ColumnMap) -> None:
