@@ -58,44 +58,13 @@ def list_manifest(src: str, manifest_file: str) -> Listing:
         where = f"{manifest_file}:{lineno}"
         files: list[FileRef] = []
         extras: list[tuple[str, bytes]] = []
-        bad = None
-        for col, value in row.items():
-            if value is None or value == "" or col == "key":
-                continue
-            if col == "path" or col.endswith("_path"):
-                rel = str(value)
-                ext = split_source(rel)[1] if col == "path" else col[: -len("_path")]
-                if not valid_extension(ext):
-                    bad = (rel, f"{where}: field {ext!r} from column {col!r} is not a valid name")
-                    break
-                try:
-                    size = _size(source, rel)
-                except OSError:
-                    bad = (rel, f"{where}: file not found or not readable")
-                    break
-                if size == 0:
-                    bad = (rel, f"{where}: zero-byte file")
-                    break
-                files.append(FileRef(ext, rel, size))
-            else:
-                if not valid_extension(col):
-                    raise InputError(f"{where}: column {col!r} cannot be a field name (no "
-                                     "spaces, '/' or '%'); rename the column")
-                text = value if isinstance(value, str) else json.dumps(value)
-                extras.append((col, text.encode("utf-8")))
+        bad = _row_fields(source, row, where, files, extras)
         if bad is not None:
             problems.append(bad)
             continue
         if not files and not extras:
             continue
-        raw_key = row.get("key")
-        if raw_key not in (None, ""):
-            key = encode_key(str(raw_key))
-        elif files:
-            key = encode_key(split_source(files[0].path)[0].lstrip("/"))
-        else:
-            raise InputError(f"{where}: row has no files and no key; give it a 'key' column or "
-                             "a 'path' column")
+        key = _row_key(row, files, where)
         exts = [f.ext for f in files] + [e for e, _ in extras]
         dup = {e for e in exts if exts.count(e) > 1}
         if dup:
@@ -110,6 +79,45 @@ def list_manifest(src: str, manifest_file: str) -> Listing:
             )
         samples[key] = (spec, here)
     return Listing([samples[k][0] for k in sorted(samples)], problems)
+
+
+def _row_fields(source: Source, row: dict[str, object], where: str, files: list[FileRef],
+                extras: list[tuple[str, bytes]]) -> tuple[str, str] | None:
+    """Append a row's files and scalar fields; the bad input (a path and why) that leaves the
+    row out, or None."""
+    for col, value in row.items():
+        if value is None or value == "" or col == "key":
+            continue
+        if col == "path" or col.endswith("_path"):
+            rel = str(value)
+            ext = split_source(rel)[1] if col == "path" else col[: -len("_path")]
+            if not valid_extension(ext):
+                return rel, f"{where}: field {ext!r} from column {col!r} is not a valid name"
+            try:
+                size = _size(source, rel)
+            except OSError:
+                return rel, f"{where}: file not found or not readable"
+            if size == 0:
+                return rel, f"{where}: zero-byte file"
+            files.append(FileRef(ext, rel, size))
+        else:
+            if not valid_extension(col):
+                raise InputError(f"{where}: column {col!r} cannot be a field name (no "
+                                 "spaces, '/' or '%'); rename the column")
+            text = value if isinstance(value, str) else json.dumps(value)
+            extras.append((col, text.encode("utf-8")))
+    return None
+
+
+def _row_key(row: dict[str, object], files: list[FileRef], where: str) -> str:
+    """A row's sample key: its ``key`` column, else its first file's stem."""
+    raw_key = row.get("key")
+    if raw_key not in (None, ""):
+        return encode_key(str(raw_key))
+    if files:
+        return encode_key(split_source(files[0].path)[0].lstrip("/"))
+    raise InputError(f"{where}: row has no files and no key; give it a 'key' column or "
+                     "a 'path' column")
 
 
 def _size(source: Source, rel: str) -> int:

@@ -116,6 +116,37 @@ def _why_missing(out: str, index: int, count: int) -> str:
     return f"part {index}/{count} is missing (no {record_name(index, count)}): it never ran here"
 
 
+def _part_count(out: str, found: dict[tuple[int, int], str], parts: int | None) -> int:
+    """The N of the parts in ``out`` (``parts`` where given): one, and at least one part."""
+    counts = sorted({n for _, n in found})
+    if parts is not None:
+        counts = [parts]
+    if not counts:
+        raise PartsError(f"{out}: no finished parts (no .feedpipe-part-*.json records); run "
+                         "`feedpipe shard SRC OUT --part I/N` for I = 0..N-1 first")
+    if len(counts) > 1:
+        raise PartsError(f"{out}: holds parts of conversions into different numbers of parts "
+                         f"(N = {', '.join(map(str, counts))}); merge one with --parts N or use "
+                         "one directory per conversion")
+    return counts[0]
+
+
+def _finished_parts(out: str, found: dict[tuple[int, int], str], n: int
+                    ) -> list[dict[str, Any]]:
+    """The records of parts 0..N-1, every one finished and made from the same inputs and
+    options."""
+    problems = [_why_missing(out, i, n) for i in range(n) if (i, n) not in found]
+    if problems:
+        raise PartsError(f"cannot merge {out}: " + "; ".join(problems))
+    docs = [_load(found[i, n], f"{i}/{n}") for i in range(n)]
+    first = docs[0]
+    for i, doc in enumerate(docs):
+        if doc["dataset_fingerprint"] != first["dataset_fingerprint"]:
+            raise PartsError(f"cannot merge {out}: part {i}/{n} was made from other inputs or "
+                             f"options than part 0/{n}; rerun it with the same SRC and options")
+    return docs
+
+
 def merge(out: str, *, parts: int | None = None) -> Manifest:
     """Write one ``manifest.json`` (and ``wids.json``) for the finished parts in ``out``.
 
@@ -146,26 +177,9 @@ def merge(out: str, *, parts: int | None = None) -> Manifest:
         raise PartsError(f"{out}: not a local directory holding `feedpipe shard --part` output")
     out = local_path(out)
     found = _records(out)
-    counts = sorted({n for _, n in found})
-    if parts is not None:
-        counts = [parts]
-    if not counts:
-        raise PartsError(f"{out}: no finished parts (no .feedpipe-part-*.json records); run "
-                         "`feedpipe shard SRC OUT --part I/N` for I = 0..N-1 first")
-    if len(counts) > 1:
-        raise PartsError(f"{out}: holds parts of conversions into different numbers of parts "
-                         f"(N = {', '.join(map(str, counts))}); merge one with --parts N or use "
-                         "one directory per conversion")
-    n = counts[0]
-    problems = [_why_missing(out, i, n) for i in range(n) if (i, n) not in found]
-    if problems:
-        raise PartsError(f"cannot merge {out}: " + "; ".join(problems))
-    docs = [_load(found[i, n], f"{i}/{n}") for i in range(n)]
+    n = _part_count(out, found, parts)
+    docs = _finished_parts(out, found, n)
     first = docs[0]
-    for i, doc in enumerate(docs):
-        if doc["dataset_fingerprint"] != first["dataset_fingerprint"]:
-            raise PartsError(f"cannot merge {out}: part {i}/{n} was made from other inputs or "
-                             f"options than part 0/{n}; rerun it with the same SRC and options")
     shards: list[ShardRecord] = []
     fields: set[str] = set()
     skipped = list(first["manifest"]["skipped"][: first["listing_skipped"]])
