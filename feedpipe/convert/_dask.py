@@ -111,14 +111,7 @@ def plan_tasks(plan: Sequence[Sequence[list[SampleSpec]]], todo: Sequence[int], 
             if cur:
                 tasks.append(cur)
             cur, cf, cb = [], 0, 0
-            first = 0
-            for j, (f, b) in enumerate(costs[i]):
-                if j > first and (cf + f > bf or cb + b > bb):
-                    tasks.append([Unit(i, first, j, False)])
-                    first, cf, cb = j, 0, 0
-                cf, cb = cf + f, cb + b
-            tasks.append([Unit(i, first, len(plan[i]), False)])
-            cf = cb = 0
+            tasks += _cut_shard(i, costs[i], bf, bb)
             continue
         if cur and (cf + sf > bf or cb + sb > bb):
             tasks.append(cur)
@@ -127,6 +120,20 @@ def plan_tasks(plan: Sequence[Sequence[list[SampleSpec]]], todo: Sequence[int], 
         cf, cb = cf + sf, cb + sb
     if cur:
         tasks.append(cur)
+    return tasks
+
+
+def _cut_shard(i: int, costs: list[tuple[int, int]], bf: int, bb: int) -> list[list[Unit]]:
+    """Shard ``i`` over twice the budget, its parts (of ``costs``: files, bytes) cut into tasks
+    of at most ``bf`` files and ``bb`` bytes (at least one part each), to be joined later."""
+    tasks: list[list[Unit]] = []
+    first = cf = cb = 0
+    for j, (f, b) in enumerate(costs):
+        if j > first and (cf + f > bf or cb + b > bb):
+            tasks.append([Unit(i, first, j, False)])
+            first, cf, cb = j, 0, 0
+        cf, cb = cf + f, cb + b
+    tasks.append([Unit(i, first, len(costs), False)])
     return tasks
 
 
