@@ -55,20 +55,10 @@ def parquet_files(src: str, hidden: dict[str, int] | None = None) -> list[str] |
     (:func:`~feedpipe.convert._sources.count_hidden`)."""
     from ._sources import count_hidden, printable
 
-    if is_local(src):
-        path = local_path(src)
-        walker: Callable[[str], Any] = os.walk
-        if path.endswith(".parquet"):
-            return [path] if os.path.isfile(path) else None
-        if not os.path.isdir(path):
-            return None
-    else:
-        fs, path = filesystem(src)
-        if path.endswith(".parquet"):
-            return [path] if fs.isfile(path) else None
-        if not fs.isdir(path):
-            return None
-        walker = fs.walk
+    got = _parquet_root(src)
+    if not isinstance(got, tuple):
+        return got
+    path, walker = got
     base = path.rstrip("/") + "/"
 
     def rel(root: str, name: str) -> str:
@@ -96,6 +86,20 @@ def parquet_files(src: str, hidden: dict[str, int] | None = None) -> list[str] |
             seen[printable(f"{name}/")] = sum(len(files) for _, _, files in walker(full))
         hidden.update({k: n for k, n in seen.items() if n})
     return sorted(found)
+
+
+def _parquet_root(src: str) -> list[str] | None | tuple[str, Callable[[str], Any]]:
+    """A ``.parquet`` file ``src`` (as the list of it), a directory to walk (its path and the
+    walk of its storage), or ``None`` where ``src`` is neither."""
+    if is_local(src):
+        path = local_path(src)
+        if path.endswith(".parquet"):
+            return [path] if os.path.isfile(path) else None
+        return (path, os.walk) if os.path.isdir(path) else None
+    fs, path = filesystem(src)
+    if path.endswith(".parquet"):
+        return [path] if fs.isfile(path) else None
+    return (path, fs.walk) if fs.isdir(path) else None
 
 
 def pyarrow_parquet() -> Any:
