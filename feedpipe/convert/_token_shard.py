@@ -166,8 +166,8 @@ def _run(src: str, out: str, source: TokenSource, units: list[Any], options: dic
     if resume and part_of is None:
         done = finished_dataset(out, fp)
         if done is not None:
-            return _summary(out, done, names, 0, 0, "nothing to do: the dataset was already "
-                            "complete", t0, None)
+            return _summary(out, done, [r.name for r in done.shards], 0, 0,
+                            "nothing to do: the dataset was already complete", t0, None)
     check_state(out, fp, resume, state, options)
     clean_temps(out, name_prefix, state)
     records: Records = {}
@@ -194,9 +194,11 @@ def _run(src: str, out: str, source: TokenSource, units: list[Any], options: dic
         raise
     finally:
         bar.close()
-    written = _write_lengths(out, names, todo, records, source.dtype.itemsize)
+    kept = _drop_empty(out, names, records)
+    written = _write_lengths(out, names, [i for i in todo if i in kept], kept, records,
+                             source.dtype.itemsize)
     skipped = [{"path": p, "reason": r} for i in range(len(plan)) for p, r in records[i][1]]
-    m = Manifest(shards=[records[i][0] for i in range(len(plan))], fields=[FIELD],
+    m = Manifest(shards=[records[i][0] for i in kept], fields=[FIELD],
                  skipped=skipped,
                  created_by={"tool": "feedpipe shard", "feedpipe_version": __version__,
                              "method": METHOD, "options": {**options, "src": printable(src)},
@@ -210,8 +212,8 @@ def _run(src: str, out: str, source: TokenSource, units: list[Any], options: dic
                          "record(s) left out); point SRC at the text and --text-field at its "
                          "field")
     merged = _commit(out, m, info, names, state, merge)
-    return _summary(out, m, names, reused, written, executor.describe(), t0, info,
-                    merged=merged)
+    return _summary(out, m, [names[i] for i in kept], reused, written, executor.describe(),
+                    t0, info, merged=merged)
 
 
 def _executor(workers: int, shards: int, dask: Any, retries: int,
@@ -228,13 +230,29 @@ def _executor(workers: int, shards: int, dask: Any, retries: int,
     return SerialExecutor("one worker" if workers <= 1 else "one shard to write")
 
 
-def _write_lengths(out: str, names: list[str], todo: list[int], records: Records,
-                   itemsize: int) -> int:
+def _drop_empty(out: str, names: list[str], records: Records) -> list[int]:
+    """The shards holding documents; a unit that held none (a byte range inside one long line,
+    a unit of bad records only) leaves no shard: a dataset's shards each hold a sample. Its
+    record goes too, so a resume redoes it (to nothing again)."""
+    kept = []
+    for i, name in enumerate(names):
+        if records[i][0].samples:
+            kept.append(i)
+            continue
+        stem = name[:-4]
+        for n in (f"{stem}.idx", name, f".{name}.record.json"):
+            unlink_quiet(os.path.join(out, n))
+    return kept
+
+
+def _write_lengths(out: str, names: list[str], todo: list[int], kept: list[int],
+                   records: Records, itemsize: int) -> int:
     """Each shard's document lengths, from its index (the members' sizes less the ``.npy``
     header), into its lengths file; the tokens of the shards this run wrote."""
     written = 0
     todo_set = set(todo)
-    for i, name in enumerate(names):
+    for i in kept:
+        name = names[i]
         path = os.path.join(out, lengths_name(name))
         if i not in todo_set and os.path.exists(path):
             continue  # (a shard kept by a resume: its lengths were written with it)
