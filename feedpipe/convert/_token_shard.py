@@ -80,8 +80,9 @@ def shard_tokens(src: str, out: str, *, tokenizer: Any, vocab_size: int | None =
             file one document).
         out: the output directory (missing or empty, or an interrupted run with ``resume``).
         tokenizer: a ``tokenizers`` JSON path, a ``tokenizers.Tokenizer``, or a callable
-            taking a list of texts and returning each one's ids (the hook for any tokenizer,
-            see :mod:`~feedpipe.convert._tokenizer`).
+            taking a list of texts and returning each one's ids (the hook for any tokenizer:
+            a function defined at module level, or an object whose class is, so that worker
+            processes can be sent it; give ``vocab_size`` or a ``vocab_size`` attribute).
         vocab_size: the vocabulary size (a callable's; default: the tokenizer's). The shards'
             dtype is the smallest unsigned integer holding it.
         text_field: the JSON field or table column holding each document's text.
