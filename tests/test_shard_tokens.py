@@ -293,3 +293,62 @@ def test_a_conversion_killed_mid_way_resumes_to_the_bytes_of_an_uninterrupted_ru
                    env=env)
     assert _tree_bytes(killed) == _tree_bytes(whole)
     assert _documents(killed) == _expected(tok_path, texts)
+
+
+def test_a_dask_cluster_writes_the_bytes_of_one_process(tmp_path, tok_path):
+    distributed = pytest.importorskip("distributed")
+    texts = _texts(200)
+    _write_jsonl(tmp_path / "c.jsonl", texts)
+    one, on_dask = str(tmp_path / "one"), str(tmp_path / "dask")
+    shard_tokens(str(tmp_path / "c.jsonl"), one, tokenizer=tok_path, eos_id=EOS,
+                 chunk_bytes=3000, workers=1)
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                                  host="127.0.0.1", dashboard_address=None) as cluster, \
+            distributed.Client(cluster.scheduler_address) as client:
+        s = shard_tokens(str(tmp_path / "c.jsonl"), on_dask, tokenizer=tok_path, eos_id=EOS,
+                         chunk_bytes=3000, dask=client)
+    assert s.executor == "tasks on the Dask cluster at a dask.distributed Client"
+    assert _tree_bytes(one) == _tree_bytes(on_dask)
+    assert _documents(on_dask) == _expected(tok_path, texts)
+
+
+def _rows(out: str, seq_len: int = 16) -> list[list[int]]:
+    loader = feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(out, shuffle=True, seed=3),
+                                                 seq_len), batch_size=4)
+    return [row for b in loader for row in b["input_ids"].tolist()]
+
+
+def test_packed_plans_a_token_dataset_from_its_lengths_without_reading_a_header(
+        tmp_path, tok_path, monkeypatch):
+    texts = _texts(150)
+    _write_jsonl(tmp_path / "c.jsonl", texts)
+    out = str(tmp_path / "out")
+    shard_tokens(str(tmp_path / "c.jsonl"), out, tokenizer=tok_path, eos_id=EOS,
+                 chunk_bytes=2500, workers=1)
+    from feedpipe.stream._token_docs import TokenDocs
+
+    def no_scan(*_a, **_k):
+        raise AssertionError("a header scan: the lengths files were not used")
+
+    with monkeypatch.context() as m:
+        m.setattr(TokenDocs, "_scan", no_scan)
+        fast = _rows(out)
+        assert _packed_tokens(out) == [t for d in _expected(tok_path, texts) for t in d]
+    for name in os.listdir(out):  # the same rows planned from the .npy headers
+        if name.endswith(".lengths.npy"):
+            os.unlink(os.path.join(out, name))
+    assert fast == _rows(out)
+
+
+def test_a_lengths_file_that_does_not_fit_its_shard_is_not_trusted(tmp_path, tok_path):
+    texts = _texts(150)
+    _write_jsonl(tmp_path / "c.jsonl", texts)
+    out = str(tmp_path / "out")
+    shard_tokens(str(tmp_path / "c.jsonl"), out, tokenizer=tok_path, chunk_bytes=2500,
+                 workers=1)
+    right = _rows(out)
+    a, b = (os.path.join(out, f"data-00000{i}.lengths.npy") for i in (0, 1))
+    la, lb = np.load(a), np.load(b)
+    np.save(a, lb[:len(la)] if len(lb) >= len(la) else np.resize(lb, len(la)))  # wrong counts
+    np.save(b, lb[:-1])  # one entry short
+    assert _rows(out) == right
