@@ -149,8 +149,8 @@ class _PartWriter:
     def __init__(self, out: Any, result: PartResult, dtype: np.dtype,
                  eos_id: int | None) -> None:
         self.out, self.result = out, result
-        self.descr = np.lib.format.dtype_to_descr(dtype.newbyteorder("<")
-                                                  if dtype.itemsize > 1 else dtype)
+        # the header's descr of the stored dtype: '<u2', '|u1', ... (always little-endian)
+        self.descr: str = (dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype).str
         self.pos = 0
         self.pending: list[bytes] = []
         self.pending_bytes = 0
