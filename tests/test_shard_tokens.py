@@ -352,3 +352,11 @@ def test_a_lengths_file_that_does_not_fit_its_shard_is_not_trusted(tmp_path, tok
     np.save(a, lb[:len(la)] if len(lb) >= len(la) else np.resize(lb, len(la)))  # wrong counts
     np.save(b, lb[:-1])  # one entry short
     assert _rows(out) == right
+
+
+def test_the_progress_bar_counts_tokens(tmp_path, tok_path, capsys):
+    _write_jsonl(tmp_path / "c.jsonl", _texts(50))
+    s = shard_tokens(str(tmp_path / "c.jsonl"), str(tmp_path / "out"), tokenizer=tok_path,
+                     workers=1, show_progress=True)
+    err = capsys.readouterr().err
+    assert "tok/s" in err and f"tokenize: {s.tokens / 1000:.2f}ktok" in err, err
