@@ -360,3 +360,34 @@ def test_the_progress_bar_counts_tokens(tmp_path, tok_path, capsys):
                      workers=1, show_progress=True)
     err = capsys.readouterr().err
     assert "tok/s" in err and f"tokenize: {s.tokens / 1000:.2f}ktok" in err, err
+
+
+def test_a_mixture_of_token_datasets_packs_the_same_rows_from_the_lengths(tmp_path, tok_path,
+                                                                         monkeypatch):
+    outs = []
+    for name, texts in (("a", _texts(80)), ("b", _texts(40)[::-1])):
+        _write_jsonl(tmp_path / f"{name}.jsonl", texts)
+        outs.append(str(tmp_path / name))
+        shard_tokens(str(tmp_path / f"{name}.jsonl"), outs[-1], tokenizer=tok_path,
+                     eos_id=EOS, chunk_bytes=1500, workers=1)
+
+    def rows() -> list[list[int]]:
+        mix = feedpipe.Mixture({"a": feedpipe.FeedDataset(outs[0], shuffle=True),
+                                "b": feedpipe.FeedDataset(outs[1], shuffle=True)},
+                               weights={"a": 2, "b": 1}, epoch_size=90, seed=1)
+        loader = feedpipe.FeedLoader(feedpipe.Packed(mix, 32), batch_size=2)
+        return [r for b in loader for r in b["input_ids"].tolist()]
+
+    from feedpipe.stream._token_docs import TokenDocs
+
+    def no_scan(*_a, **_k):
+        raise AssertionError("a header scan: the lengths files were not used")
+
+    with monkeypatch.context() as m:
+        m.setattr(TokenDocs, "_scan", no_scan)
+        fast = rows()
+    for out in outs:
+        for name in os.listdir(out):
+            if name.endswith(".lengths.npy"):
+                os.unlink(os.path.join(out, name))
+    assert fast == rows()
