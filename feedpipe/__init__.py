@@ -21,6 +21,7 @@ _LAZY = {
     "ShardSummary": "convert._summary",
     "ShardOptions": "convert._options",
     "shard_from": "convert._shard_from",
+    "shard_tokens": "convert._token_shard",
     "merge": "convert._merge",
     "index": "format._indexer",
     "verify": "format._verify",
@@ -119,6 +120,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .convert._shard_from import shard_from
     from .convert._shard_writer import ShardWriter, write_samples
     from .convert._summary import ShardSummary
+    from .convert._token_shard import shard_tokens
     from .device._cache import DeviceCache
     from .device._loader import DeviceLoader
     from .diagnostics._probe import ProbeReport, probe

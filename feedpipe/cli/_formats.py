@@ -34,6 +34,15 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
             "PREFIX-pIIIIIofNNNNN-*.tar. The merged dataset has the same samples in the same\n"
             "order whatever N is. With --dask, SRC and OUT must be at the same paths on every\n"
             "worker; the output is byte-identical to a local run.\n\n"
+            "Text in, token shards out (--tokenizer): SRC is a JSON Lines file (.jsonl,\n"
+            ".jsonl.gz, .jsonl.zst), a Parquet or Arrow file, or a directory of them or of text\n"
+            "files (.txt, .md, code: each file one document). Each document becomes a sample\n"
+            "whose tokens.npy field holds its ids in the smallest unsigned dtype of the\n"
+            "vocabulary, read by feedpipe.Packed directly; each shard's document lengths go to\n"
+            "PREFIX-*.lengths.npy. Bad records (invalid UTF-8, empty text, a missing field, not\n"
+            "a string) stop the run, or with --on-error skip are left out, named in the manifest\n"
+            "and counted. --max-bytes, --max-samples, --shuffle, --manifest, --columns,\n"
+            "--classes, --labels-from-dirs and --method do not apply (refused).\n\n"
             "Examples:\n"
             "  feedpipe shard ./images ./shards --labels-from-dirs --max-bytes 256MB\n"
             "  feedpipe shard s3://bucket/raw ./shards --manifest rows.jsonl --shuffle --seed 1\n"
@@ -41,7 +50,11 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
             "  feedpipe shard ./images ./shards --resume     # after an interrupted run\n"
             "  feedpipe shard SRC OUT --part 2/8 --merge     # part 2 of 0..7, e.g. a Slurm array\n"
             "  feedpipe merge OUT                            # or let the last part --merge\n"
-            "  feedpipe shard SRC OUT --dask tcp://sched:8786   # tasks on a Dask cluster"
+            "  feedpipe shard SRC OUT --dask tcp://sched:8786   # tasks on a Dask cluster\n"
+            "  feedpipe shard corpus.jsonl.zst ./tokens --tokenizer tokenizer.json --eos-id 0\n"
+            "  feedpipe shard ./wiki-parquet ./tokens --tokenizer tok.json --text-field content\n"
+            "  feedpipe shard ./code ./tokens --tokenizer tok.json --workers 8 --on-error skip\n"
+            "  feedpipe shard corpus.jsonl ./tokens --tokenizer tok.json --resume   # after a kill"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -88,8 +101,41 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--classes", metavar="NAMES|FILE", default=None,
                    help="Parquet source: class names of the cls column (a,b,c or a file with "
                         "one per line; default: a categorical column's categories)")
+    p.add_argument("--tokenizer", metavar="JSON", default=None,
+                   help="tokenise a text corpus into token shards with this `tokenizers` JSON "
+                        "file (see below; any other tokenizer: feedpipe.shard_tokens)")
+    p.add_argument("--text-field", metavar="NAME", default="text",
+                   help="with --tokenizer: the JSON field or table column of the text "
+                        "(default: text)")
+    p.add_argument("--eos-id", type=int, default=None,
+                   help="with --tokenizer: append this id to every document (default: none)")
+    p.add_argument("--chunk-bytes", type=parse_size, default="64MiB",
+                   help="with --tokenizer: about how many input bytes make one shard "
+                        "(default: 64MiB)")
     add_json_options(p, out=True)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+# options of a small-file conversion that a token conversion has no use for: refused, not ignored
+_NOT_WITH_TOKENIZER = {"shuffle": False, "labels_from_dirs": False, "manifest": None,
+                       "columns": None, "classes": None, "max_samples": None, "method": "auto"}
+
+
+def _cmd_shard_tokens(a: argparse.Namespace) -> Any:
+    from ..convert._token_shard import shard_tokens
+
+    given = [k for k, v in _NOT_WITH_TOKENIZER.items() if getattr(a, k) != v]
+    if a.max_bytes != parse_size("256MiB"):
+        given.append("max_bytes")
+    if given:
+        raise ValueError(", ".join("--" + k.replace("_", "-") for k in given) + " cannot apply "
+                         "with --tokenizer (documents stay in input order; Packed shuffles at "
+                         "read time; --chunk-bytes sizes the shards)")
+    return shard_tokens(a.src, a.out, tokenizer=a.tokenizer, text_field=a.text_field,
+                        eos_id=a.eos_id, chunk_bytes=a.chunk_bytes, prefix=a.prefix,
+                        on_error=a.on_error, workers=a.workers, resume=a.resume, part=a.part,
+                        merge=a.merge, dask=a.dask, retries=a.retries,
+                        show_progress=False if a.no_progress else None)
 
 
 def cmd_shard(a: argparse.Namespace) -> int:
@@ -97,6 +143,10 @@ def cmd_shard(a: argparse.Namespace) -> int:
     from ..convert._options import ShardOptions
     from ..convert._shard import shard
 
+    if a.tokenizer is not None:
+        s = _cmd_shard_tokens(a)
+        emit(a, s.to_dict(), lambda: _shard_text(a, s))
+        return 0
     opts = ShardOptions(
         max_bytes=a.max_bytes, max_samples=a.max_samples, shuffle=a.shuffle, seed=a.seed,
         on_error=a.on_error, prefix=a.prefix, labels_from_dirs=a.labels_from_dirs,
@@ -129,7 +179,7 @@ _SHOWN = 10  # samples of several images named in the text summary (--json names
 
 def _shard_text(a: argparse.Namespace, s: Any) -> str:
     """The human summary of a conversion (``s``: its ShardSummary)."""
-    unit = "rows" if s.method == "table" else "files"
+    unit = {"table": "rows", "tokenize": "units"}.get(s.method, "files")
     lines = [f"feedpipe shard: {a.src} -> {s.out}" + (f"   (part {s.part})" if s.part else "")]
     lines += [f"  {line}" for line in s.columns]  # a table source: column -> field
     if s.part:
@@ -154,6 +204,11 @@ def _shard_text(a: argparse.Namespace, s: Any) -> str:
         f"  time     {s.seconds:>9.2f}s   {s.files_per_s:,.0f} {unit}/s   "
         f"{s.mb_per_s:,.1f} MB/s",
     ]
+    if s.method == "tokenize":  # a token conversion: its tokens and bad records
+        lines.insert(-1, f"  tokens   {s.tokens:>10,}   {s.tokens_per_s:,.0f} tokens/s")
+        if s.bad_records:
+            lines.insert(-1, "  bad      " + ", ".join(f"{k}: {v}"
+                                                    for k, v in s.bad_records.items()))
     lines += [f"  skipped: {sk['path']}: {sk['reason']}" for sk in s.skipped_inputs[:5]]
     several = s.several_images  # samples of files sharing a stem: one image of each trained
     lines += [f"  several images: {' + '.join(e['images'])}: trains with {e['taken']}"

@@ -34,6 +34,9 @@ class ShardSummary:
             ``taken`` is the image ImagePipeline takes by default, the others are never
             trained (an ImageFolder counts each as a sample). The manifest's
             ``created_by.several_images`` lists the same.
+        tokens: a token conversion's (``feedpipe shard --tokenizer``) tokens in the dataset.
+        tokens_per_s: the tokens this run wrote over ``seconds``.
+        bad_records: a token conversion's bad records left out, by kind.
 
     Example:
         >>> import tempfile, pathlib
@@ -67,6 +70,9 @@ class ShardSummary:
     why: str = ""
     columns: list[str] = field(default_factory=list)
     several_images: list[dict[str, Any]] = field(default_factory=list)
+    tokens: int = 0
+    tokens_per_s: float = 0.0
+    bad_records: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a dict (``feedpipe shard --json``)."""

@@ -69,7 +69,13 @@ def removed_on_error(path: str, named: str | None = None) -> Iterator[None]:
 
 def write_part(source: Source, samples: list[SampleSpec], path: str, on_error: str) -> PartResult:
     """Write the members of ``samples`` to ``path``; a sample with an unreadable file is skipped
-    whole (``on_error="skip"``) or raises :class:`InputError` naming the file."""
+    whole (``on_error="skip"``) or raises :class:`InputError` naming the file. A source that
+    makes its own members (a ``write_part`` method: the token documents of
+    :class:`~feedpipe.convert._token_writer.TokenSource`) writes the part itself, so every
+    executor serves it unchanged."""
+    own = getattr(source, "write_part", None)
+    if own is not None:
+        return own(samples, path, on_error)
     result = PartResult()
     pos = 0
     members = result.members

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import PackedFieldError
+from ._token_lengths import layout
 
 if TYPE_CHECKING:
     from ..format._reader import ShardReader
@@ -58,17 +59,31 @@ class TokenDocs:
         self.kind = np.zeros(n, dtype=np.int64)
         self.dtypes: list[np.dtype] = []
         for s in range(len(shards)):
-            r = shards.reader(s)
+            r = shards.reader(s, index=False)  # (the index is read where the lengths fall short)
             if r.buffer is None and len(r):
                 raise NotMapped(r.url)
             lo = int(shards.first[s])
-            self._scan(r, lo)
+            if not self._from_lengths(r, lo, int(shards.counts[s])):
+                self._scan(r, lo)
         self.itemsize = np.array([d.itemsize for d in self.dtypes] or [1], dtype=np.int64)
 
     def _dtype(self, dt: np.dtype) -> int:
         if dt not in self.dtypes:
             self.dtypes.append(dt)
         return self.dtypes.index(dt)
+
+    def _from_lengths(self, r: ShardReader, lo: int, count: int) -> bool:
+        """A token shard of ``feedpipe shard --tokenizer``: its documents' places from its
+        lengths file (:func:`~feedpipe.stream._token_lengths.layout`), no header read; whether
+        it was one."""
+        got = layout(r.url, r.buffer, r.size, count, self.field)
+        if got is None:
+            return False
+        starts, lengths, dt = got
+        self.start[lo:lo + count] = starts
+        self.length[lo:lo + count] = lengths
+        self.kind[lo:lo + count] = self._dtype(dt)
+        return True
 
     def _scan(self, r: ShardReader, lo: int) -> None:
         idx = r.index
