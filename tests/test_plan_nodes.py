@@ -159,3 +159,28 @@ def test_padding_stays_on_the_node() -> None:
         ids = all_ids(p, Split(93, 4, r, pad_own=True), 5, 1)
         s, _ = p.shard_of(np.asarray(ids))
         assert set(s.tolist()) <= set(p.node_shards(r).tolist())
+
+
+def test_1024_nodes_each_read_their_share_and_the_store_serves_the_dataset_once() -> None:
+    """The bound on paper (docs/performance.md), computed: 1,024 nodes of 8 ranks over 20,000
+    shards of unequal sizes."""
+    rng = np.random.default_rng(0)
+    counts = tuple(int(c) for c in rng.integers(50, 151, 20_000))
+    world, rpn = 8192, 8
+    p = Plan(counts, 11, 4, True, None, layout=(world, rpn))
+    n = p.num_samples
+    assert p.nodes == 1024
+    assert np.array_equal(np.sort(p.sample_ids(np.arange(n))), np.arange(n))
+    quota = node_quotas(n, world, rpn)
+    c = np.asarray(counts)
+    pieces = [p.node_shards(k) for k in range(p.nodes)]
+    fetched = np.array([c[x].sum() for x in pieces])
+    assert (fetched < quota + 2 * c.max()).all()
+    assert sum(len(x) for x in pieces) <= len(counts) + 1023
+    assert fetched.sum() <= n + 1023 * c.max()
+    # a node's ranks read only its piece (ranks 8k..8k+7 of node k; a sample of nodes checked)
+    for k in (0, 511, 1023):
+        for r in range(k * rpn, (k + 1) * rpn):
+            sp = Split(n, world, r, pad_own=True)
+            s, _ = p.shard_of(p.sample_ids(sp.positions(0, sp.length)))
+            assert set(s.tolist()) <= set(pieces[k].tolist())

@@ -184,7 +184,7 @@ class Plan:
 
     @property
     def nodes(self) -> int:
-        """Nodes the epoch is laid out for (1: the global order)."""
+        """How many nodes the epoch is laid out for; one is the global order."""
         if self.layout is None or not self.shuffle:
             return 1
         return -(-self.layout[0] // self.layout[1])
@@ -198,7 +198,8 @@ class Plan:
         np.cumsum(quota, out=off[1:])
         cum = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(counts[order], out=cum[1:])
-        cuts = np.union1d(cum, off)  # in layout coordinates: every shard end and piece end
+        # every shard end and piece end, in layout coordinates (repeats give empty runs, dropped)
+        cuts = np.sort(np.concatenate((cum, off)), kind="stable")
         lo, hi = cuts[:-1], cuts[1:]
         keep = hi > lo
         lo, hi = lo[keep], hi[keep]
@@ -276,10 +277,17 @@ class Plan:
         out = np.empty(len(x), dtype=np.int64)
         win = np.searchsorted(self._wstart, x, side="right") - 1
         seg, first = self._seg, self._first
-        for g in distinct(win)[0]:
-            sel = win == g
+        # grouped by window once (a whole epoch's positions span a window per node)
+        by = np.argsort(win, kind="stable")
+        sw = win[by]
+        cuts = np.flatnonzero(np.diff(sw)) + 1
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(sw)].tolist(), strict=True):
+            if a == b:
+                continue
+            g = int(sw[a])
+            sel = by[a:b]
             lo, hi = int(self._wstart[g]), int(self._wstart[g + 1])
-            keys = round_keys(self.seed, self.epoch, int(g))
+            keys = round_keys(self.seed, self.epoch, g)
             perm = feistel((x[sel] - lo).astype(np.uint64), hi - lo, keys).astype(np.int64) + lo
             j = np.searchsorted(seg, perm, side="right") - 1
             out[sel] = first[self._seg_shard[j]] + self._seg_lo[j] + (perm - seg[j])
