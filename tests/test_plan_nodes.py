@@ -5,7 +5,9 @@ elastic resume."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from feedpipe.plan._order import Plan, Split, all_ids, node_quotas
 
+EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "shards", "example")
 counts_st = st.lists(st.integers(0, 40), min_size=1, max_size=14).filter(lambda c: sum(c) > 0)
 window_st = st.one_of(st.none(), st.integers(1, 4))
 
@@ -184,3 +187,36 @@ def test_1024_nodes_each_read_their_share_and_the_store_serves_the_dataset_once(
             sp = Split(n, world, r, pad_own=True)
             s, _ = p.shard_of(p.sample_ids(sp.positions(0, sp.length)))
             assert set(s.tolist()) <= set(pieces[k].tolist())
+
+
+def test_the_ledger_proves_a_node_layout_run_stopped_on_4_nodes_and_resumed_on_3(
+        tmp_path: Path) -> None:
+    """check_ledger rebuilds each part's plan with the layout the part recorded: 4 nodes stop
+    after 2 batches, 3 ranks read the rest with the saved layout, then epoch 1 is cut for 3."""
+    from feedpipe import FeedDataset, FeedLoader, check_ledger
+
+    def loaders(world: int) -> list[FeedLoader]:
+        return [FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=3, rank=r, world_size=world,
+                                       node_local=True), batch_size=2, ledger=tmp_path)
+                for r in range(world)]
+
+    a = loaders(4)
+    its = [iter(x) for x in a]
+    seen = [i for _ in range(2) for it in its for i in next(it)["__index__"].tolist()]
+    state = a[0].state_dict()
+    assert state["layout"] == [4, 1]
+    del its
+    b = loaders(3)
+    for x in b:
+        x.load_state_dict(state)
+    seen += [i for x in b for batch in x for i in batch["__index__"].tolist()]
+    assert sorted(set(seen)) == list(range(24)) and len(seen) == 25  # 8 over 3 ranks: 1 padded
+    for x in b:  # the next epoch, laid out for 3 nodes
+        x.set_epoch(1)
+        assert sum(len(batch["__index__"]) for batch in x) == 8
+    r = check_ledger(tmp_path)
+    assert r["ok"], r
+    e0, e1 = r["epochs"]
+    assert e0["finished"] and e0["exactly_once"] and e0["repeats"]["count"] == 0
+    assert e0["padding"] == 1 and e0["losses"]["count"] == 0
+    assert e1["finished"] and e1["exactly_once"]
