@@ -85,8 +85,8 @@ class EpochState:
         layout = saved(state) if saved is not None else _WORLD
         if layout == _WORLD:
             return
-        self._values[_LAYOUT] = 0 if layout is None else int(layout[0])
-        self._values[_PER_NODE] = 0 if layout is None else int(layout[1])
+        self._values[_LAYOUT] = int(layout[0]) if isinstance(layout, tuple) else 0
+        self._values[_PER_NODE] = int(layout[1]) if isinstance(layout, tuple) else 0
 
     @property
     def layout(self) -> tuple[int, int] | None | int:

@@ -232,8 +232,8 @@ class Packed:
         if self._epoch is not None and self._epoch[0] == epoch:
             return self._epoch[1], self._epoch[2]
         plan = self.dataset.plan(epoch)
-        if getattr(plan, "nodes", 1) > 1:  # rows are dealt here: documents in the global
-            plan = dataclasses.replace(plan, layout=None)  # order, whatever the world
+        if isinstance(plan, Plan) and plan.nodes > 1:  # rows are dealt here: documents in the
+            plan = dataclasses.replace(plan, layout=None)  # global order, whatever the world
         order = plan.sample_ids(np.arange(self.dataset.manifest.total_samples))
         offsets = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(self.lengths(epoch)[order], out=offsets[1:])
