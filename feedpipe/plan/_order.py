@@ -1,12 +1,12 @@
 """The plan: which sample every (rank, worker) reads, in which order. Pure functions only.
 
 **Global order.** An epoch's order is a permutation of the dataset's ``N`` samples that depends on
-``(shard sample counts, seed, epoch, shuffle, window)`` only: never on the number of ranks or
-workers, never on the machine. The shards are put in a random order, cut into *windows* of
-``window`` consecutive shards (``None``: one window holding the whole dataset), and the samples of
-each window are permuted by a keyed Feistel network. The permutation is computed on the fly for any
-run of positions, so planning costs O(shards) memory, never O(samples): no Python object per
-sample (benchmarks/bench_plan.py).
+``(shard sample counts, seed, epoch, shuffle, window)`` only (and on the node layout where one is
+given: see below): never on the number of ranks or workers, never on the machine. The shards are
+put in a random order, cut into *windows* of ``window`` consecutive shards (``None``: one window
+holding the whole dataset), and the samples of each window are permuted by a keyed Feistel
+network. The permutation is computed on the fly for any run of positions, so planning costs
+O(shards) memory, never O(samples): no Python object per sample (benchmarks/bench_plan.py).
 
 Keys come from ``blake2b("feedpipe-plan", seed, epoch)``: no ``seed + epoch`` aliasing, and the
 same integers give the same order with any numpy on any machine.
