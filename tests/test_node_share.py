@@ -140,3 +140,34 @@ def test_resume_on_another_world_reads_the_rest_exactly_and_the_next_epoch_is_la
     assert set(seen) == set(range(SAMPLES))
     assert sum(seen.values()) - SAMPLES < 4 + 3  # padding only: nothing of the first part again
     assert not set(first) & set(rest)  # the rest holds none of the first part
+
+
+def test_the_default_is_said_remote_shards_by_node_local_ones_globally(
+        data: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="feedpipe")
+    with python_server(data) as server:
+        remote = FeedDataset(f"{server.url}/ds", shuffle=True, rank=1, world_size=4)
+        assert remote.plan(0).layout == (4, 1)
+    assert "each of 4 nodes (1 ranks each) reads its own piece" in caplog.text
+    assert "node_local=None: remote shards" in caplog.text
+    caplog.clear()
+    local = FeedDataset(str(data / "ds"), shuffle=True, rank=1, world_size=4)
+    assert local.plan(0).layout is None and local.split_at(0).pad_own is False
+    assert "every rank of 4 nodes reads from all the shards" in caplog.text
+    assert "node_local=None: local shards" in caplog.text
+    # ranks_per_node groups ranks: 2 nodes of 2; one node is the global order
+    assert FeedDataset(str(data / "ds"), shuffle=True, rank=1, world_size=4, node_local=True,
+                       ranks_per_node=2).plan(0).layout == (4, 2)
+    assert FeedDataset(str(data / "ds"), shuffle=True, rank=1, world_size=4, node_local=True,
+                       ranks_per_node=4).plan(0).layout is None
+
+
+def test_a_node_is_the_launchers_local_world(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): a node is the
+    launcher's LOCAL_WORLD_SIZE consecutive ranks."""
+    for k, v in (("RANK", "5"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "1"),
+                 ("LOCAL_WORLD_SIZE", "4")):
+        monkeypatch.setenv(k, v)
+    ds = FeedDataset(str(data / "ds"), shuffle=True, node_local=True)
+    assert (ds.world.rank, ds.world.local_world_size) == (5, 4)
+    assert ds.plan(0).layout == (8, 4) and ds.plan(0).nodes == 2
