@@ -1,12 +1,12 @@
 """The plan: which sample every (rank, worker) reads, in which order. Pure functions only.
 
 **Global order.** An epoch's order is a permutation of the dataset's ``N`` samples that depends on
-``(shard sample counts, seed, epoch, shuffle, window)`` only: never on the number of ranks or
-workers, never on the machine. The shards are put in a random order, cut into *windows* of
-``window`` consecutive shards (``None``: one window holding the whole dataset), and the samples of
-each window are permuted by a keyed Feistel network. The permutation is computed on the fly for any
-run of positions, so planning costs O(shards) memory, never O(samples): no Python object per
-sample (benchmarks/bench_plan.py).
+``(shard sample counts, seed, epoch, shuffle, window)`` only (and on the node layout where one is
+given: see below): never on the number of ranks or workers, never on the machine. The shards are
+put in a random order, cut into *windows* of ``window`` consecutive shards (``None``: one window
+holding the whole dataset), and the samples of each window are permuted by a keyed Feistel
+network. The permutation is computed on the fly for any run of positions, so planning costs
+O(shards) memory, never O(samples): no Python object per sample (benchmarks/bench_plan.py).
 
 Keys come from ``blake2b("feedpipe-plan", seed, epoch)``: no ``seed + epoch`` aliasing, and the
 same integers give the same order with any numpy on any machine.
@@ -20,6 +20,21 @@ and batch ``t`` goes to worker ``t % num_workers``: exactly the order in which a
 ``torch.utils.data.DataLoader`` hands batches back, so after ``c`` batches on every rank the
 consumed samples are precisely global positions ``[start, start + c*batch_size*W)``. That prefix is
 the whole resumable state, which is why a run saved with one world shape resumes exactly on another.
+
+**Node layout** (``Plan(layout=(world_size, ranks_per_node))``, :func:`node_quotas`). With a shuffle
+over all shards every rank's samples touch every shard, so every node (the ranks that share a cache
+directory: ranks ``k*ranks_per_node .. (k+1)*ranks_per_node - 1`` form node ``k``) would fetch the
+whole dataset each epoch. A node layout puts the epoch's shard order end to end and cuts it into one
+contiguous *piece* per node, of exactly as many samples as the split deals that node's ranks (so a
+shard is cut in two only where a piece ends: at most ``nodes - 1`` shards are shared, each by two
+neighbouring nodes). The positions the split deals to node ``k`` walk its piece in order, and the
+piece is mixed by windows (of ``window`` pieces of shards; ``None``: the whole piece) as the global
+order is. Each node reads only its piece: its samples, plus the rest of at most the two boundary
+shards it shares. The shard order, and so the pieces, change every epoch. It is still one
+permutation of positions, so exactly-once, the prefix state and elastic resume hold as before; a
+resume on another world keeps the saved epoch's layout for the rest of that epoch (its nodes no
+longer match: they read other nodes' pieces) and the next epoch is laid out for the new world. With
+one node the layout is the global order above, the same ids.
 """
 
 from __future__ import annotations
@@ -113,6 +128,8 @@ class Plan:
         window: shards whose samples are mixed together (``None``: the whole dataset). A smaller
             window keeps each worker on fewer shards at once (for remote or cached reading) at the
             price of less mixing.
+        layout: ``(world_size, ranks_per_node)``: give each node a piece of the shards of its own
+            (see the module docstring); ``None`` or one node: the global order.
 
     Example:
         >>> p = Plan((3, 2), seed=1, epoch=0, shuffle=True)
@@ -125,10 +142,15 @@ class Plan:
     epoch: int = 0
     shuffle: bool = True
     window: int | None = None
+    layout: tuple[int, int] | None = None
     _first: np.ndarray = field(init=False, repr=False, compare=False)
     _order: np.ndarray = field(init=False, repr=False, compare=False)
     _wstart: np.ndarray = field(init=False, repr=False, compare=False)
     _starts: np.ndarray = field(init=False, repr=False, compare=False)
+    _seg: np.ndarray = field(init=False, repr=False, compare=False)
+    _seg_shard: np.ndarray = field(init=False, repr=False, compare=False)
+    _seg_lo: np.ndarray = field(init=False, repr=False, compare=False)
+    _off: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         counts = np.asarray(self.counts, dtype=np.int64)
@@ -136,6 +158,9 @@ class Plan:
             raise PlanError("shard sample counts must be non-negative integers")
         if self.window is not None and self.window < 1:
             raise PlanError(f"window must be at least 1 shard, not {self.window}")
+        if self.layout is not None and (self.layout[0] < 1 or self.layout[1] < 1):
+            raise PlanError(f"a node layout needs at least 1 rank and 1 rank per node, not "
+                            f"world_size={self.layout[0]}, ranks_per_node={self.layout[1]}")
         first = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=first[1:])
         object.__setattr__(self, "_first", first)
@@ -144,6 +169,9 @@ class Plan:
         seq = np.random.SeedSequence([self.seed, self.epoch, 0xF33D])
         rng = np.random.Generator(np.random.PCG64(seq))
         order = rng.permutation(len(counts))
+        if self.nodes > 1:
+            self._lay_out(counts, order)
+            return
         w = len(counts) if self.window is None else self.window
         ordered = counts[order]
         starts = np.arange(0, len(counts), max(w, 1))
@@ -153,6 +181,61 @@ class Plan:
         object.__setattr__(self, "_order", order)
         object.__setattr__(self, "_wstart", wstart)
         object.__setattr__(self, "_starts", starts)
+
+    @property
+    def nodes(self) -> int:
+        """How many nodes the epoch is laid out for; one is the global order."""
+        if self.layout is None or not self.shuffle:
+            return 1
+        return -(-self.layout[0] // self.layout[1])
+
+    def _lay_out(self, counts: np.ndarray, order: np.ndarray) -> None:
+        """Cut the shard order into the nodes' pieces: *segments* (a shard, or the part of one
+        inside a piece), then windows of ``window`` segments inside each piece."""
+        ws, rpn = self.layout or (1, 1)
+        quota = node_quotas(int(counts.sum()), ws, rpn)
+        off = np.zeros(len(quota) + 1, dtype=np.int64)
+        np.cumsum(quota, out=off[1:])
+        cum = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(counts[order], out=cum[1:])
+        # every shard end and piece end, in layout coordinates (repeats give empty runs, dropped)
+        cuts = np.sort(np.concatenate((cum, off)), kind="stable")
+        lo, hi = cuts[:-1], cuts[1:]
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        at = np.searchsorted(cum, lo, side="right") - 1  # which shard of the order
+        node = np.searchsorted(off, lo, side="right") - 1
+        seg = np.zeros(len(lo) + 1, dtype=np.int64)
+        seg[:-1], seg[-1] = lo, int(off[-1])
+        w = len(lo) if self.window is None else self.window
+        first_of_node = np.searchsorted(node, np.arange(len(quota)), side="left")
+        starts = np.flatnonzero((np.arange(len(lo)) - first_of_node[node]) % max(w, 1) == 0)
+        wstart = np.append(seg[starts], seg[-1])
+        object.__setattr__(self, "_order", order)
+        object.__setattr__(self, "_wstart", wstart)
+        object.__setattr__(self, "_starts", starts)
+        object.__setattr__(self, "_seg", seg)
+        object.__setattr__(self, "_seg_shard", order[at])
+        object.__setattr__(self, "_seg_lo", lo - cum[at])
+        object.__setattr__(self, "_off", off)
+
+    def node_shards(self, node: int) -> np.ndarray:
+        """The shards node ``node`` reads this epoch, in the order its piece holds them (every
+        shard for the global order)."""
+        if self.nodes == 1:
+            return np.flatnonzero(np.asarray(self.counts) > 0) if not self.shuffle else \
+                self._order[np.asarray(self.counts, np.int64)[self._order] > 0]
+        a, b = np.searchsorted(self._seg[:-1], self._off[node : node + 2], side="left")
+        return self._seg_shard[a:b]
+
+    def _layout_positions(self, pos: np.ndarray) -> np.ndarray:
+        """Where each position lies in the pieces laid end to end: node ``k``'s ``j``-th
+        position (in increasing order) is its piece's ``j``-th sample."""
+        ws, rpn = self.layout or (1, 1)
+        r = pos % ws
+        k = r // rpn
+        n_k = np.minimum(rpn, ws - k * rpn)
+        return self._off[k] + (pos // ws) * n_k + (r - k * rpn)
 
     @property
     def num_samples(self) -> int:
@@ -170,6 +253,8 @@ class Plan:
         pos = np.asarray(positions, dtype=np.int64)
         if not self.shuffle:
             return pos.copy()
+        if self.nodes > 1:
+            return self._node_ids(self._layout_positions(pos))
         out = np.empty(len(pos), dtype=np.int64)
         win = np.searchsorted(self._wstart, pos, side="right") - 1
         order, counts, first = self._order, np.asarray(self.counts, np.int64), self._first
@@ -186,10 +271,46 @@ class Plan:
             out[sel] = first[shards[j]] + (perm - cum[j])
         return out
 
+    def _node_ids(self, x: np.ndarray) -> np.ndarray:
+        """Global ids at layout positions ``x``: each window of segments permuted by its own
+        keyed Feistel network (window ``g`` of the layout, numbered across the nodes)."""
+        out = np.empty(len(x), dtype=np.int64)
+        win = np.searchsorted(self._wstart, x, side="right") - 1
+        seg, first = self._seg, self._first
+        # grouped by window once (a whole epoch's positions span a window per node)
+        by = np.argsort(win, kind="stable")
+        sw = win[by]
+        cuts = np.flatnonzero(np.diff(sw)) + 1
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(sw)].tolist(), strict=True):
+            if a == b:
+                continue
+            g = int(sw[a])
+            sel = by[a:b]
+            lo, hi = int(self._wstart[g]), int(self._wstart[g + 1])
+            keys = round_keys(self.seed, self.epoch, g)
+            perm = feistel((x[sel] - lo).astype(np.uint64), hi - lo, keys).astype(np.int64) + lo
+            j = np.searchsorted(seg, perm, side="right") - 1
+            out[sel] = first[self._seg_shard[j]] + self._seg_lo[j] + (perm - seg[j])
+        return out
+
     def shard_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(shard index, index within shard)`` of global sample ids."""
         s = np.searchsorted(self._first, ids, side="right") - 1
         return s, ids - self._first[s]
+
+
+def node_quotas(num_samples: int, world_size: int, ranks_per_node: int) -> np.ndarray:
+    """Positions of ``[0, num_samples)`` the split deals to each node's ranks (ranks
+    ``k*ranks_per_node`` up to ``(k+1)*ranks_per_node - 1``; the last node may have fewer).
+
+    Example:
+        >>> node_quotas(10, 4, 2).tolist()
+        [6, 4]
+    """
+    starts = np.arange(0, world_size, ranks_per_node, dtype=np.int64)
+    n_k = np.minimum(ranks_per_node, world_size - starts)
+    extra = np.clip(num_samples % world_size - starts, 0, n_k)
+    return n_k * (num_samples // world_size) + extra
 
 
 @dataclass(frozen=True)
@@ -202,6 +323,9 @@ class Split:
     start: int = 0
     drop_last: bool = False
     whole_batches: bool = False  # drop each rank's short last batch (FeedLoader(drop_last=True))
+    # pad a rank with its own previous sample, not the first remaining ones (another rank's):
+    # under a node layout the padding then stays in the node's piece
+    pad_own: bool = False
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -234,9 +358,17 @@ class Split:
     def positions(self, lo: int, hi: int) -> np.ndarray:
         """Global positions of local indices ``[lo, hi)``."""
         local = np.arange(lo, hi, dtype=np.int64) * self.world_size + self.rank
-        if self.remaining:
-            local %= self.remaining  # padding repeats the first remaining positions
-        return local + self.start
+        return self.padded(local) + self.start
+
+    def padded(self, local: np.ndarray) -> np.ndarray:
+        """Offsets from ``start`` with the padding resolved: past the remaining positions,
+        the first remaining positions again, or (``pad_own``) the rank's own previous one."""
+        if not self.remaining:
+            return local
+        if self.pad_own:
+            back = local - self.world_size
+            local = np.where((local >= self.remaining) & (back >= 0), back, local)
+        return local % self.remaining
 
     def batches(self, batch_size: int) -> int:
         """Batches of ``batch_size`` this rank delivers: with ``whole_batches`` only full ones
@@ -263,9 +395,7 @@ def worker_positions(split: Split, batch_size: int,
     total = int(lens.sum())
     local = np.arange(total, dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
     local = local * split.world_size + split.rank
-    if split.remaining:
-        local %= split.remaining  # padding repeats the first remaining positions
-    return local + split.start, lens
+    return split.padded(local) + split.start, lens
 
 
 def batch_groups(split: Split, batch_size: int, worker: int, num_workers: int,

@@ -169,8 +169,8 @@ class EpochReader:
     def __init__(self, dataset: LoopDataset, state: EpochState, worker: int = 0,
                  workers: int = 1) -> None:
         self.dataset = dataset
-        self.plan = dataset.plan(state.epoch)
-        self.split = dataset.split_at(state.start, state.whole_batches, epoch=state.epoch)
+        self.plan = state.plan(dataset)  # a resumed epoch keeps its saved node layout
+        self.split = state.split(dataset)
         self.batch_size = state.batch_size
         self.worker, self.workers = worker, workers
         store = dataset.decoded

@@ -118,6 +118,19 @@ class FeedDataset(IterableDataset):
             shards are read with range requests.
         cache_size: the cache's byte budget (``"20GB"``, ``"512MiB"`` or an int; ``None``: no
             limit).
+        node_local: give each node its own piece of the shards each epoch (a different piece
+            every epoch, mixed inside), so that a node fetches its share of the dataset (plus
+            at most the two shards it shares with its neighbours) instead of every shard; across
+            the nodes every sample still comes once, and resumes, also on another world, stay
+            exact. ``None`` (default): on for remote shards (an fsspec URL) read by more than
+            one node with ``shuffle=True``, off for local ones (said in a log record); ``True``
+            or ``False`` chooses. See :class:`feedpipe.Plan` and docs/concepts.md.
+        ranks_per_node: the ranks that share a node (a cache directory): ranks
+            ``k*ranks_per_node`` up to ``(k+1)*ranks_per_node - 1`` form node ``k``. ``None``:
+            the launcher's ``LOCAL_WORLD_SIZE`` (torchrun; Slurm's and Open MPI's likewise)
+            where ``rank=`` is not given, else 1 (each rank a node of its own: never more
+            fetched than the node's share plus its ranks' boundary shards, at the price of
+            less mixing per rank). Every rank must be given the same value.
         decoded_cache: keep ``transform``'s outputs in a node-local memmap store under this
             directory (``True``/``"auto"``: ``$XDG_CACHE_HOME/feedpipe/decoded``): the first epoch
             fills it, later ones read it without reading a shard or calling the transform. The
@@ -148,6 +161,8 @@ class FeedDataset(IterableDataset):
         cache_dir: str | os.PathLike[str] | bool | ShardCache | None = None,
         cache_size: int | str | None = None,
         decoded_cache: str | os.PathLike[str] | bool | None = None,
+        node_local: bool | None = None,
+        ranks_per_node: int | None = None,
     ) -> None:
         super().__init__()
         self.url = dataset_root(url)
@@ -164,6 +179,11 @@ class FeedDataset(IterableDataset):
         self.shuffle_window = shuffle_window
         self.world = resolve_world(rank, world_size)
         self._world_given = rank is not None
+        if ranks_per_node is not None and ranks_per_node < 1:
+            raise PlanError(f"ranks_per_node must be at least 1, not {ranks_per_node}")
+        self.node_local = node_local
+        self.ranks_per_node = ranks_per_node
+        self._said: tuple[int, int] | None = None
         self.verify = verify
         unhashed = [r.name for r in self.manifest.shards if r.sha256 is None] if verify else []
         if unhashed:
@@ -213,17 +233,49 @@ class FeedDataset(IterableDataset):
             self.world = world
             self._check_world()
 
-    def plan(self, epoch: int | None = None) -> Plan:
-        """The plan of ``epoch`` (``None``: the direct reader's epoch, :attr:`epoch`)."""
+    def node_layout(self) -> tuple[int, int] | None:
+        """``(world_size, ranks_per_node)`` when this world's epochs give each node a piece of
+        the shards of its own (see ``node_local=``), else ``None`` (the global order)."""
+        w = self.world
+        per_node = self.ranks_per_node or (1 if self._world_given else w.local_world_size)
+        per_node = max(1, min(per_node, w.world_size))
+        nodes = -(-w.world_size // per_node)
+        if not self.shuffle or nodes == 1:
+            return None
+        remote = not self.shards.local
+        on = remote if self.node_local is None else self.node_local
+        if self._said != (w.world_size, per_node):  # said once for each world
+            self._said = (w.world_size, per_node)
+            how = "node_local=None: remote shards" if self.node_local is None and remote else (
+                "node_local=None: local shards" if self.node_local is None else
+                f"node_local={self.node_local}")
+            if on:
+                log.info("feedpipe: %s: each of %d nodes (%d ranks each) reads its own piece of "
+                         "the shards each epoch, about 1/%d of the dataset (%s; node_local=False "
+                         "mixes every rank over all shards)", self.url, nodes, per_node, nodes,
+                         how)
+            else:
+                log.info("feedpipe: %s: every rank of %d nodes reads from all the shards each "
+                         "epoch (%s; node_local=True gives each node its own piece)", self.url,
+                         nodes, how)
+        return (w.world_size, per_node) if on else None
+
+    def plan(self, epoch: int | None = None, *, layout: Any = -1) -> Plan:
+        """The plan of ``epoch`` (``None``: the direct reader's epoch, :attr:`epoch`), laid out
+        for this world's nodes (:meth:`node_layout`), or with ``layout`` (``None``: the global
+        order; a resumed epoch's saved layout)."""
         return Plan(self.shards.counts, self.seed, self.epoch if epoch is None else epoch,
-                    self.shuffle, self.shuffle_window)
+                    self.shuffle, self.shuffle_window,
+                    self.node_layout() if layout == -1 else layout)
 
     def split_at(self, start: int = 0, whole_batches: bool = False, *,
-                 epoch: int | None = None) -> Split:
+                 epoch: int | None = None, layout: Any = -1) -> Split:
         """This rank's share of the epoch's positions from ``start`` on; ``whole_batches``:
-        each rank's short last batch is left out (every ``epoch`` has as many positions)."""
+        each rank's short last batch is left out (every ``epoch`` has as many positions).
+        Under a node layout a padded rank repeats one of its own samples."""
+        lay = self.node_layout() if layout == -1 else layout
         return Split(self.manifest.total_samples, self.world.world_size, self.world.rank,
-                     int(start), self.drop_last, bool(whole_batches))
+                     int(start), self.drop_last, bool(whole_batches), pad_own=lay is not None)
 
     # -- the direct reader's epoch (a plain DataLoader's; FeedLoader keeps its own) ---------
     @property
@@ -254,7 +306,10 @@ class FeedDataset(IterableDataset):
             >>> FeedDataset("shards/example").sample_ids()[:4].tolist()
             [0, 1, 2, 3]
         """
-        plan, split = self.plan(epoch), self.split() if epoch is None else self.split_at(0)
+        if epoch is None:
+            plan, split = self._reader.plan(self), self.split()
+        else:
+            plan, split = self.plan(epoch), self.split_at(0)
         return plan.sample_ids(split.positions(0, split.length))
 
     def sample(self, g: int, epoch: int | None = None) -> dict[str, Any]:
@@ -314,9 +369,11 @@ class FeedDataset(IterableDataset):
                           max_open_shards=self.max_open_shards, cache_dir=self.cache)
 
     # -- resumption: states of any reader, and the direct reader's -------------------------
-    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+    def state_at(self, epoch: int, position: int, layout: Any = -1) -> dict[str, Any]:
         """The resumable state of a reader at global ``position`` of ``epoch``, with what
-        identifies the order (the dataset's identity, seed, shuffle)."""
+        identifies the order (the dataset's identity, seed, shuffle, and the node layout the
+        epoch was cut with: ``layout``, by default this world's)."""
+        lay = self.node_layout() if layout == -1 else layout
         return {
             "version": STATE_VERSION,
             "epoch": int(epoch),
@@ -326,7 +383,23 @@ class FeedDataset(IterableDataset):
             "seed": self.seed,
             "shuffle": self.shuffle,
             "shuffle_window": self.shuffle_window,
+            "layout": None if lay is None else [int(lay[0]), int(lay[1])],
         }
+
+    def resume_layout(self, state: dict[str, Any]) -> tuple[int, int] | None | int:
+        """The node layout the rest of ``state``'s epoch is read with: the one it was saved
+        with (``None``: the global order, also for a state that names none), or ``-1`` (this
+        world's) when it resumes an epoch at its start or is refused."""
+        if not state.get("position") or self.state_mismatch(state) is not None:
+            return -1
+        lay = state.get("layout")
+        if lay is None:
+            return None
+        if (not isinstance(lay, (list, tuple)) or len(lay) != 2
+                or not all(isinstance(x, int) and x >= 1 for x in lay)):
+            raise StateError(f"cannot resume {self.url}: the state's layout {lay!r} is not "
+                             "[world_size, ranks_per_node]; pass what state_dict() returned")
+        return (int(lay[0]), int(lay[1]))
 
     def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
         """The ``(epoch, position)`` a reader loading ``state`` continues from.
@@ -340,12 +413,14 @@ class FeedDataset(IterableDataset):
         """The direct reader's resumable state: its epoch and the global position reached
         (``consumed``; default: where its pass starts). :meth:`FeedLoader.state_dict` gives a
         loader's."""
-        return self.state_at(self.epoch, self._reader.start if consumed is None else consumed)
+        state = self.state_at(self.epoch, self._reader.start if consumed is None else consumed)
+        return self._reader.stamp(state)
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
         """Continue ``state['epoch']`` at ``state['position']`` on the direct reader's next
         iteration (see :meth:`resume_point` for what is refused)."""
         self._reader.resume(*self.resume_point(state, strict=strict))
+        self._reader.keep_layout(self, state)
 
     def state_mismatch(self, state: dict[str, Any]) -> str | None:
         """Why ``state`` cannot resume this source (a reason to show), or ``None``."""

@@ -10,16 +10,16 @@ without changing each other's epoch, position or batches.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import get_worker_info
 
 if TYPE_CHECKING:
-    from ..plan._order import Split
-    from ._dataset import FeedDataset
+    from ..plan._order import Plan, Split
 
-_EPOCH, _START, _BATCH, _WHOLE = 0, 1, 2, 3
+_EPOCH, _START, _BATCH, _WHOLE, _LAYOUT, _PER_NODE = 0, 1, 2, 3, 4, 5
+_WORLD = -1  # the layout slot's "the dataset's world now" (0: the global order)
 
 
 class EpochState:
@@ -43,7 +43,8 @@ class EpochState:
     def __init__(self, batch_size: int = 1, whole_batches: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        self._values = torch.zeros(4, dtype=torch.int64).share_memory_()
+        self._values = torch.zeros(6, dtype=torch.int64).share_memory_()
+        self._values[_LAYOUT] = _WORLD
         self._values[_BATCH] = int(batch_size)
         self._values[_WHOLE] = int(bool(whole_batches))
         self._owner = os.getpid()  # the process whose workers share the values
@@ -70,10 +71,46 @@ class EpochState:
         self.resume(epoch, 0)
 
     def resume(self, epoch: int, start: int) -> None:
-        """Read ``epoch`` from global position ``start`` of its plan."""
+        """Read ``epoch`` from global position ``start`` of its plan (laid out for the
+        dataset's world until :meth:`keep_layout` says otherwise)."""
         self.own()
         self._values[_EPOCH] = int(epoch)
         self._values[_START] = int(start)
+        self._values[_LAYOUT] = _WORLD
+
+    def keep_layout(self, dataset: object, state: dict[str, object]) -> None:
+        """Read the resumed epoch with the node layout ``state`` was saved with (the rest of its
+        positions are that layout's), where the dataset lays epochs out by node."""
+        saved = getattr(dataset, "resume_layout", None)
+        layout = saved(state) if saved is not None else _WORLD
+        if layout == _WORLD:
+            return
+        self._values[_LAYOUT] = int(layout[0]) if isinstance(layout, tuple) else 0
+        self._values[_PER_NODE] = int(layout[1]) if isinstance(layout, tuple) else 0
+
+    @property
+    def layout(self) -> tuple[int, int] | None | int:
+        """The resumed epoch's saved node layout (``None``: the global order), or ``-1`` to lay
+        the epoch out for the dataset's world."""
+        v = int(self._values[_LAYOUT])
+        if v == _WORLD:
+            return _WORLD
+        return None if v == 0 else (v, int(self._values[_PER_NODE]))
+
+    def stamp(self, state: dict[str, object]) -> dict[str, object]:
+        """``state`` (a dataset's ``state_at``) naming the resumed epoch's saved layout where
+        this reader kept one: a state saved again later in that epoch resumes it the same way."""
+        layout = self.layout
+        if layout != _WORLD and "layout" in state and state.get("position"):
+            state["layout"] = None if not isinstance(layout, tuple) else list(layout)
+        return state
+
+    def plan(self, dataset: Any) -> Plan:
+        """The plan of the epoch being read."""
+        layout = self.layout
+        if layout == _WORLD:
+            return dataset.plan(self.epoch)
+        return dataset.plan(self.epoch, layout=layout)
 
     def own(self) -> None:
         """Make these values this process's own when the state came from another training
@@ -84,6 +121,9 @@ class EpochState:
             self._values = self._values.clone().share_memory_()
             self._owner = os.getpid()
 
-    def split(self, dataset: FeedDataset) -> Split:
+    def split(self, dataset: Any) -> Split:
         """This rank's share of the rest of the epoch of ``dataset``."""
-        return dataset.split_at(self.start, self.whole_batches, epoch=self.epoch)
+        layout = self.layout
+        if layout == _WORLD:
+            return dataset.split_at(self.start, self.whole_batches, epoch=self.epoch)
+        return dataset.split_at(self.start, self.whole_batches, epoch=self.epoch, layout=layout)

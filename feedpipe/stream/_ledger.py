@@ -269,6 +269,9 @@ class Ledger:
             "rank": split.rank, "world_size": split.world_size, "start": split.start,
             "length": split.length, "batch_size": self._batch,
             "whole_batches": split.whole_batches, "samples": self.samples,
+            # the node layout the epoch's plan was cut with (None: the global order)
+            "layout": (list(plan.layout) if isinstance(plan, Plan) and plan.layout is not None
+                       and plan.nodes > 1 else None),
             "reached": 0, "delivered": 0, "padding": [], "skipped": [],
             "dropped": [], "marks": [], "finished": False, "pass": not record}
         if self._seq == 1:  # the run's first part: the ids its plan gives, for the checker

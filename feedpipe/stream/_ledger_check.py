@@ -170,10 +170,13 @@ def _mixture(info: dict[str, Any]) -> tuple[MixturePlan, np.ndarray]:
     return _mixture_plan(json.dumps({k: info[k] for k in keys}))
 
 
-def _plan(info: dict[str, Any], epoch: int) -> Ordered:
+def _plan(info: dict[str, Any], epoch: int, layout: Any = None) -> Ordered:
+    """The plan of ``epoch``; ``layout``: the node layout a part recorded (``None``: the global
+    order)."""
     if _is_mixture(info):
         return MixtureEpoch(*_mixture(info)[:1], epoch, _mixture(info)[1])
-    return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"])
+    return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"],
+                None if not layout else (int(layout[0]), int(layout[1])))
 
 
 def _positions(info: dict[str, Any]) -> int:
@@ -194,14 +197,15 @@ def _expected(info: dict[str, Any], epoch: int) -> np.ndarray:
 
 def _split(info: dict[str, Any], h: dict[str, Any]) -> Split:
     return Split(_positions(info), h["world_size"], h["rank"], h["start"],
-                 info["drop_last"], h["whole_batches"])
+                 info["drop_last"], h["whole_batches"], pad_own=bool(h.get("layout")))
 
 
 def _check_plan(info: dict[str, Any], h: dict[str, Any]) -> None:
     """Refuse a run whose plan ordered the epoch otherwise than this feedpipe's: the first part
     of a run holds the ids its writer's plan gave at a few positions."""
     positions, ids = (np.asarray(x, dtype=np.int64) for x in h["checked"])
-    if not np.array_equal(_plan(info, int(h["epoch"])).sample_ids(positions), ids):
+    plan = _plan(info, int(h["epoch"]), h.get("layout"))
+    if not np.array_equal(plan.sample_ids(positions), ids):
         raise ValueError(
             "the plan that wrote it ordered epoch "
             f"{h['epoch']} otherwise than this feedpipe's does (ids {ids.tolist()} at positions "
@@ -494,7 +498,7 @@ def _credit(start: _Start, cut: Mark, proof: _Proof, batch: dict[str, int]) -> N
 
 def _ids(info: dict[str, Any], part: _Part, k: int) -> np.ndarray:
     """The ids ``part`` delivered at its first ``k`` local positions (padding aside)."""
-    plan = _plan(info, part.epoch)
+    plan = _plan(info, part.epoch, part.header.get("layout"))
     ids = delivered(plan, part.split, k)
     if part.bits is not None and k >= part.reached:  # version 1: its own record
         have = np.unpackbits(part.bits, count=part.split.num_samples, bitorder="little")
@@ -542,7 +546,8 @@ def _tally_part(info: dict[str, Any], part: _Part, t: _Tally) -> None:
     t.padding += max(0, k - padding_from(part.split))
     t.parts.append((part, kept))
     if part.finished:
-        np.add.at(t.dropped, dropped_ids(_plan(info, part.epoch), part.split, k), 1)
+        plan = _plan(info, part.epoch, part.header.get("layout"))
+        np.add.at(t.dropped, dropped_ids(plan, part.split, k), 1)
 
 
 def _passed(p: _Part) -> bool:

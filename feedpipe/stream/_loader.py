@@ -328,7 +328,7 @@ class FeedLoader:
         ledger = self._ledger
         skipped = self._skipped_ids = []
         if ledger is not None:
-            ledger.begin(ds.plan(state.epoch), self._split, self.batch_size, self._resumed_from)
+            ledger.begin(state.plan(ds), self._split, self.batch_size, self._resumed_from)
             self._resumed_from = None
         # counted as the loop receives a batch: with a DeviceLoader, after it hands the batch
         # over, never for the batches its thread prefetched
@@ -563,11 +563,11 @@ class FeedLoader:
         if self._done():
             state = self.dataset.state_at(self._state.epoch + 1, 0)
         else:
-            state = self.dataset.state_at(self._state.epoch, self.position)
+            state = self._state.stamp(self.dataset.state_at(self._state.epoch, self.position))
         ledger = self._ledger
         if ledger is not None:
             if not ledger.in_part:  # a state taken before a pass: it goes on record
-                ledger.begin(self.dataset.plan(self._state.epoch), self._split,
+                ledger.begin(self._state.plan(self.dataset), self._split,
                              self.batch_size, None, record=True)
             state["ledger"] = ledger.mark(state["epoch"], state["position"])
         return state
@@ -579,6 +579,7 @@ class FeedLoader:
         if not isinstance(state_dict, dict) or "position" not in state_dict:
             raise StateError("not a FeedLoader state (no 'position')")
         self._state.resume(*self.dataset.resume_point(state_dict, strict=strict))
+        self._state.keep_layout(self.dataset, state_dict)  # the rest of its epoch: its layout
         mark = state_dict.get("ledger")
         self._resumed_from = dict(mark) if isinstance(mark, dict) else {
             "lineage": None, "epoch": self._state.epoch, "position": int(state_dict["position"])}
@@ -587,7 +588,7 @@ class FeedLoader:
         self._finished = False
         self._epoch_chosen = True
         if self._ledger is not None:  # the resume is on record before any pass begins
-            self._ledger.begin(self.dataset.plan(self._state.epoch), self._split,
+            self._ledger.begin(self._state.plan(self.dataset), self._split,
                                self.batch_size, self._resumed_from, record=True)
             self._resumed_from = None
 

@@ -348,7 +348,7 @@ class Mixture(IterableDataset):
 
     def __len__(self) -> int:
         """Samples this rank delivers in the direct reader's current epoch."""
-        return self._reader.split(self).length  # type: ignore[arg-type]
+        return self._reader.split(self).length
 
     # -- resumption ------------------------------------------------------------------------
     def state_at(self, epoch: int, position: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ batches' tokens is copied straight out of the shards' maps.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 from collections.abc import Iterator
@@ -230,8 +231,10 @@ class Packed:
         """``epoch``'s document order and token prefix sums (kept: every batch asks)."""
         if self._epoch is not None and self._epoch[0] == epoch:
             return self._epoch[1], self._epoch[2]
-        order = self.dataset.plan(epoch).sample_ids(
-            np.arange(self.dataset.manifest.total_samples))
+        plan = self.dataset.plan(epoch)
+        if isinstance(plan, Plan) and plan.nodes > 1:  # rows are dealt here: documents in the
+            plan = dataclasses.replace(plan, layout=None)  # global order, whatever the world
+        order = plan.sample_ids(np.arange(self.dataset.manifest.total_samples))
         offsets = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(self.lengths(epoch)[order], out=offsets[1:])
         self._epoch = (epoch, order, offsets)
