@@ -1,0 +1,178 @@
+"""The plan of packed rows (:class:`~feedpipe.Packed`): which pieces of which documents make each
+row of an epoch, and which rows each rank reads. Pure functions of (the documents' lengths in the
+epoch's order, ``seq_len``, the world) only, so the reader, its worker processes and the ledger's
+checker (``feedpipe ledger``) compute the same rows.
+
+**Packing.** A *packing strategy* turns the documents of an epoch, in plan order, into rows of
+``seq_len`` tokens: its :meth:`~Packing.layout` gives a :class:`Layout`, which says how many rows
+the epoch has and which pieces ``(document, start, length)`` fill a group of them. A document is
+named by its place in the epoch's order. :class:`ConcatenateAndCut` (the default, ``"concatenate"``)
+concatenates the documents and cuts the concatenation every ``seq_len`` tokens: every row is
+full but the epoch's last, and a document longer than the room left continues in the next row.
+
+**Ranks.** An epoch's rows are dealt round-robin to the ranks from a start row (0, or the row a
+state saved mid-epoch resumes at) by :func:`rows_split`: the rows are made a multiple of the
+world size with rows of padding only, so every rank reads as many rows and no token twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ._order import Split
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """The pieces of a group of rows, in row order and within a row in order: ``row`` (the
+    index of the piece's row in the group asked for), ``doc`` (the document's place in the
+    epoch's order), ``start`` (where the piece starts in its document) and ``length``."""
+
+    row: np.ndarray
+    doc: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.doc)
+
+
+class Layout(Protocol):
+    """An epoch's rows as one packing strategy laid them out."""
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the epoch (all ranks'), padding rows of a world size not counted."""
+        ...
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether row ``r`` holds tokens ``[r * seq_len, (r + 1) * seq_len)`` of the documents'
+        concatenation (only the last row short): a reader then copies runs of rows at once."""
+        ...
+
+    def pieces(self, rows: np.ndarray) -> Pieces:
+        """The pieces of global rows ``rows`` (ascending); a row past :attr:`num_rows` has
+        none (padding)."""
+        ...
+
+
+class Packing(Protocol):
+    """A packing strategy: a named, pure function from an epoch's document lengths (in plan
+    order) and ``seq_len`` to its :class:`Layout`."""
+
+    name: str
+
+    def layout(self, lengths: np.ndarray, seq_len: int) -> Layout:
+        """The rows of an epoch whose documents, in order, have ``lengths`` tokens."""
+        ...
+
+
+def offsets_of(lengths: np.ndarray) -> np.ndarray:
+    """The token prefix sums of documents of ``lengths`` (``[0, l0, l0 + l1, ...]``)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
+    return offsets
+
+
+class CutLayout:
+    """The rows of :class:`ConcatenateAndCut`: row ``r`` is tokens ``[r * seq_len,
+    (r + 1) * seq_len)`` of the concatenation whose document prefix sums are ``offsets``."""
+
+    contiguous = True
+
+    def __init__(self, offsets: np.ndarray, seq_len: int) -> None:
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.seq_len = int(seq_len)
+        self.tokens = int(self.offsets[-1])
+        self.num_rows = -(-self.tokens // self.seq_len)
+
+    def pieces(self, rows: np.ndarray) -> Pieces:
+        rows = np.asarray(rows, dtype=np.int64)
+        offsets, L, total = self.offsets, self.seq_len, self.tokens
+        index = np.flatnonzero(rows * L < total)  # rows past the tokens are padding only
+        real = rows[index]
+        # runs of consecutive rows: each a contiguous range of the concatenation
+        new = np.ones(len(real), dtype=bool)
+        new[1:] = real[1:] != real[:-1] + 1
+        first = np.flatnonzero(new)
+        tlo = real[first] * L
+        thi = np.minimum(np.append(real[first[1:] - 1], real[-1:]) * L + L, total)
+        d0 = np.searchsorted(offsets, tlo, side="right") - 1
+        cnt = np.searchsorted(offsets, thi, side="left") - d0
+        run = np.repeat(np.arange(len(first)), cnt)
+        doc = np.arange(len(run)) + np.repeat(d0 - (np.cumsum(cnt) - cnt), cnt)
+        a = np.maximum(offsets[doc], tlo[run])
+        k = np.minimum(offsets[doc + 1], thi[run]) - a
+        # a piece crossing a row boundary is cut there: each piece lies in one row
+        r0 = a // L
+        r1 = (a + k - 1) // L
+        parts = np.where(k > 0, r1 - r0 + 1, 0)  # documents without tokens are no piece
+        which = np.repeat(np.arange(len(doc)), parts)
+        row = np.repeat(r0, parts) + (np.arange(len(which)) - np.repeat(np.cumsum(parts) - parts,
+                                                                        parts))
+        lo = np.maximum(a[which], row * L)
+        hi = np.minimum(a[which] + k[which], row * L + L)
+        doc = doc[which]
+        group_row = index[np.searchsorted(real, row)]
+        return Pieces(group_row, doc, lo - offsets[doc], hi - lo)
+
+    def row_pieces(self, row: int) -> list[tuple[int, int, int]]:
+        """The pieces ``(document, start, length)`` of row ``row``."""
+        p = self.pieces(np.array([row], dtype=np.int64))
+        return list(zip(p.doc.tolist(), p.start.tolist(), p.length.tolist()))
+
+
+class ConcatenateAndCut:
+    """The documents concatenated in plan order and cut every ``seq_len`` tokens (the default
+    packing of :class:`~feedpipe.Packed`): no padding but in the epoch's last row; a document
+    longer than the room left in a row continues in the next.
+
+    Example:
+        >>> lay = ConcatenateAndCut().layout(np.array([3, 7]), 4)
+        >>> lay.num_rows, lay.row_pieces(0), lay.row_pieces(2)
+        (3, [(0, 0, 3), (1, 0, 1)], [(1, 5, 2)])
+    """
+
+    name = "concatenate"
+
+    def layout(self, lengths: np.ndarray, seq_len: int) -> CutLayout:
+        return CutLayout(offsets_of(lengths), seq_len)
+
+    def __repr__(self) -> str:
+        return "ConcatenateAndCut()"
+
+
+CONCATENATE = ConcatenateAndCut()
+
+
+def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
+    """The pieces of row ``row`` of concatenate-and-cut: ``(document index, start in document,
+    length)``. ``offsets`` are the documents' token prefix sums (``offsets[0] == 0``,
+    ``offsets[-1]`` the epoch's tokens).
+
+    Example:
+        >>> row_pieces(np.array([0, 3, 10]), 1, 4)
+        [(1, 1, 4)]
+        >>> row_pieces(np.array([0, 3, 10]), 0, 4)
+        [(0, 0, 3), (1, 0, 1)]
+    """
+    return CutLayout(offsets, seq_len).row_pieces(row)
+
+
+def rows_split(num_rows: int, start: int, world_size: int, rank: int,
+               whole_batches: bool = False) -> Split:
+    """Rank ``rank``'s share of an epoch's ``num_rows`` rows from row ``start`` on: the rows
+    are made a multiple of ``world_size`` from ``start`` with rows of padding only (rows past
+    the epoch's tokens), so every rank gets as many rows and no token is dealt twice.
+
+    Example:
+        >>> s = rows_split(7, 0, 2, 1)
+        >>> s.num_samples, s.positions(0, s.length).tolist()
+        (8, [1, 3, 5, 7])
+    """
+    end = start + -(-max(num_rows - start, 0) // world_size) * world_size
+    return Split(end, world_size, rank, int(start), False, bool(whole_batches))

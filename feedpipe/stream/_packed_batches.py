@@ -1,0 +1,118 @@
+"""The batches of a :class:`~feedpipe.Packed` reader: a group of them made at once
+(:class:`Group`), and a worker's group written into one shared-memory buffer
+(:class:`Shipment`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
+
+
+class Group:
+    """The batches of one ``Packed._group`` call, each made when asked (:meth:`make`): the
+    group's tokens (``tokens``; the padding starts at ``m``), and where each piece of the
+    positions starts (``starts``, ascending: each row, each document and the padding start
+    one)."""
+
+    __slots__ = ("tokens", "lo", "size", "full", "at", "local", "counts", "cu", "L", "pad",
+                 "count")
+
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray, edges: np.ndarray, m: int,
+                 L: int, pad: int, count: np.ndarray) -> None:
+        self.tokens, self.L, self.pad, self.count = tokens, L, pad, count
+        lo, size = edges[:-1], np.diff(edges)
+        self.lo, self.size = lo.tolist(), size.tolist()
+        self.full = np.clip(m - lo, 0, size).tolist()  # each batch's tokens before the padding
+        # batch b's pieces are starts[at[b]:at[b + 1]] (each batch's first row starts one)
+        at = np.searchsorted(starts, edges)
+        self.at = at.tolist()
+        per = np.diff(at)
+        self.local = starts - np.repeat(lo, per)  # where each piece starts in its batch
+        self.counts = np.diff(np.append(starts, edges[-1:]))  # each piece's tokens
+        # each batch's cu_seqlens: its pieces' starts, then its size (b's are cu[at[b] + b:
+        # at[b + 1] + b + 1])
+        self.cu = np.insert(self.local, at[1:], size).astype(np.int32)
+
+    def make(self, b: int) -> dict[str, Any]:
+        """Batch ``b`` of the group, in memory of its own."""
+        n = self.size[b]
+        buf = np.empty((3, n), dtype=np.int64)  # ids, positions, labels
+        self.write(b, buf)
+        i, j, L = self.at[b], self.at[b + 1], self.L
+        ids, pos, labels = buf
+        return {"input_ids": torch.from_numpy(ids.reshape(-1, L)),
+                "position_ids": torch.from_numpy(pos.reshape(-1, L)),
+                "labels": torch.from_numpy(labels.reshape(-1, L)),
+                "cu_seqlens": torch.from_numpy(self.cu[i + b:j + b + 1])}
+
+    def cu_len(self, b: int) -> int:
+        """The length of batch ``b``'s ``cu_seqlens``."""
+        return self.at[b + 1] - self.at[b] + 1
+
+    def write(self, b: int, buf: np.ndarray, cu: np.ndarray | None = None) -> None:
+        """Batch ``b``'s ids, positions and labels into ``buf`` (int64 ``[3, tokens]``), and
+        its ``cu_seqlens`` into ``cu`` where given."""
+        lo, n, full = self.lo[b], self.size[b], self.full[b]
+        i, j = self.at[b], self.at[b + 1]
+        ids, pos, labels = buf
+        ids[:full] = self.tokens[lo:lo + full]
+        labels[:full] = ids[:full]
+        if full < n:  # the epoch's last tokens: padding after them
+            ids[full:] = self.pad
+            labels[full:] = IGNORE
+        # a token's position: its place in the batch less its piece's start (no loop over
+        # the pieces)
+        np.subtract(self.count[:n], np.repeat(self.local[i:j], self.counts[i:j]), out=pos)
+        if cu is not None:
+            cu[:] = self.cu[i + b:j + b + 1]
+
+
+class Shipment:
+    """A worker's group of batches written into one shared-memory buffer: what crosses from a
+    worker process to the training process in one message (``packed-workers``). Each tensor
+    sent through a DataLoader's queue is a shared-memory segment of its own, with its file
+    descriptor handed over by a round trip between the two processes; a batch of four fields
+    sent as tensors costs four, which is more than making the batch. A shipment costs one for
+    a whole group.
+
+    ``worker``: the worker that made it (its batches are that worker's next ones, in order);
+    ``layout``: each batch's tokens and ``cu_seqlens`` length; the buffer holds each batch's
+    ids, positions and labels (int64), then every batch's ``cu_seqlens`` (int32)."""
+
+    __slots__ = ("worker", "buffer", "layout", "L")
+
+    def __init__(self, worker: int, buffer: torch.Tensor, layout: list[tuple[int, int]],
+                 L: int) -> None:
+        self.worker, self.buffer, self.layout, self.L = worker, buffer, layout, L
+
+    def __reduce__(self) -> Any:
+        return Shipment, (self.worker, self.buffer, self.layout, self.L)
+
+    def __len__(self) -> int:
+        return len(self.layout)
+
+    @staticmethod
+    def size(layout: list[tuple[int, int]]) -> tuple[int, int]:
+        """The int64 elements of ``layout``'s fields, and the int32 elements of its
+        ``cu_seqlens`` (after them)."""
+        return 3 * sum(n for n, _ in layout), sum(c for _, c in layout)
+
+    def unpacked(self, pin: bool = False) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        """The buffer the batches view (``pin``: a copy of it in pinned memory, made once
+        for all of them), and the batches."""
+        buf = self.buffer.pin_memory() if pin else self.buffer
+        wide, _ = self.size(self.layout)
+        longs, ints = buf[:wide * 8].view(torch.int64), buf[wide * 8:].view(torch.int32)
+        L = self.L
+        out = []
+        # one call each for every batch's fields and cu_seqlens, and one a batch for its three
+        for part, cu in zip(torch.split(longs, [3 * n for n, _ in self.layout]),
+                            torch.split(ints, [k for _, k in self.layout])):
+            ids, pos, labels = part.view(3, -1, L).unbind(0)
+            out.append({"input_ids": ids, "position_ids": pos, "labels": labels,
+                        "cu_seqlens": cu})
+        return buf, out
