@@ -17,8 +17,6 @@ batches' tokens is copied straight out of the shards' maps.
 from __future__ import annotations
 
 import io
-import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,16 +28,15 @@ from ..errors import PackedFieldError
 from ..plan._order import Plan, Split
 from ..plan._packing import CONCATENATE, Layout, Packing, offsets_of, rows_split
 from ..plan._packing import row_pieces as row_pieces  # the plan's, named here as before
-from ._collator import shared_empty
 from ._dataset import FeedDataset, checked_resume_point
 from ._packed_batches import IGNORE as IGNORE  # the label of a padding token
-from ._packed_batches import Group, Shipment
+from ._packed_batches import Group
+from ._packed_batches import PackedFetch as PackedFetch  # the packed routes' fetch
+from ._packed_batches import Shipment as Shipment  # what a worker sends
 from ._token_docs import NotMapped, TokenDocs
 
 if TYPE_CHECKING:
-    from ._batch_loop import PartTimes
     from ._mixture import Mixture
-    from ._worker_rows import ByteRing
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
     from .. import _packrows
@@ -233,6 +230,10 @@ class Packed:
         all at once, and their tokens are copied at once."""
         group = self._group(epoch, groups)
         return [group.make(b) for b in range(len(groups))]
+
+    def group_sizes(self) -> tuple[int, int]:
+        """The most tokens and batches a reader's fetch makes together (:class:`PackedFetch`)."""
+        return GROUP_TOKENS, GROUP_BATCHES
 
     def _group(self, epoch: int, groups: list[np.ndarray]) -> Group:
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
@@ -454,84 +455,3 @@ class Packed:
             return (f"the saved row {row!r} is outside epoch {epoch}, which has {rows} rows "
                     f"of {self.seq_len} tokens")
         return None
-
-
-class PackedFetch:
-    """fetch=packed: a reader's batches of rows made in groups of up to ``GROUP_TOKENS``
-    tokens and ``GROUP_BATCHES`` batches (``Packed._group``), so that numpy's per-call
-    costs are paid once a group, and each batch of a group written when it is asked for."""
-
-    def __init__(self, packed: Packed, epoch: int) -> None:
-        self.packed, self.epoch = packed, epoch
-        self.group = max(1, GROUP_TOKENS // packed.seq_len)  # rows made at once
-
-    def __call__(self, rows: np.ndarray) -> dict[str, Any]:
-        """The batch of rows ``rows`` on its own."""
-        return self.packed.rows(self.epoch, rows)
-
-    def groups(self, batches: Iterator[np.ndarray],
-               times: PartTimes | None = None) -> Iterator[tuple[Group, int]]:
-        """Each group of ``batches`` (a reader's batches of rows, in order) and how many
-        batches it holds; ``times``: the groups' seconds are added to ``fetch``."""
-        packed, epoch, most = self.packed, self.epoch, self.group
-        clock = time.perf_counter
-        pending: list[np.ndarray] = []
-        rows = 0
-        size = 1  # the first batch is made on its own: the reader waits for no group
-        end = object()
-        it = iter(batches)
-        while True:
-            ids = next(it, end)
-            if ids is not end:
-                pending.append(ids)  # type: ignore[arg-type]
-                rows += len(ids)  # type: ignore[arg-type]
-                if rows < most and len(pending) < size:
-                    continue
-            if not pending:
-                return
-            t0 = clock()
-            group = packed._group(epoch, pending)
-            if times is not None:
-                times.fetch += clock() - t0
-            yield group, len(pending)
-            # the group's tokens go before the next group's are copied: one at a time alive
-            pending, rows, group = [], 0, None  # type: ignore[assignment]
-            size = GROUP_BATCHES
-
-    def run(self, batches: Iterator[np.ndarray],
-            times: PartTimes | None = None) -> Iterator[dict[str, Any]]:
-        """The batch of each of ``batches`` (a reader's batches of rows, in order).
-        ``times``: the groups' seconds are added to ``fetch``, the batches' to ``sink``."""
-        clock = time.perf_counter
-        for group, n in self.groups(batches, times):
-            for b in range(n):
-                t0 = clock()
-                batch = group.make(b)
-                if times is not None:
-                    times.sink += clock() - t0
-                yield batch
-            del group  # gone before the next group's tokens are copied
-
-    def ship(self, batches: Iterator[np.ndarray], worker: int, ring: ByteRing | None = None,
-             times: PartTimes | None = None) -> Iterator[Shipment]:
-        """:meth:`run`'s batches, each group written into one buffer in shared memory
-        (:class:`Shipment`), as worker ``worker`` sends them: a buffer of ``ring`` (its
-        :meth:`~feedpipe.stream._worker_rows.ByteRing.ticket` then names it), else a fresh
-        one. ``times`` as for :meth:`run`."""
-        clock = time.perf_counter
-        for group, count in self.groups(batches, times):
-            t0 = clock()
-            layout = [(group.size[b], group.cu_len(b)) for b in range(count)]
-            wide, narrow = Shipment.size(layout)
-            size = wide * 8 + narrow * 4
-            buf = shared_empty((size,), torch.uint8) if ring is None else ring.buffer(size)
-            raw = buf.numpy()
-            longs, ints = raw[:wide * 8].view(np.int64), raw[wide * 8:].view(np.int32)
-            a = c = 0
-            for b, (n, k) in enumerate(layout):
-                group.write(b, longs[a:a + 3 * n].reshape(3, n), ints[c:c + k])
-                a, c = a + 3 * n, c + k
-            if times is not None:
-                times.sink += clock() - t0
-            del group, raw, longs, ints  # gone before the next group's tokens are copied
-            yield Shipment(worker, buf, layout, self.packed.seq_len)
