@@ -176,3 +176,12 @@ def rows_split(num_rows: int, start: int, world_size: int, rank: int,
     """
     end = start + -(-max(num_rows - start, 0) // world_size) * world_size
     return Split(end, world_size, rank, int(start), False, bool(whole_batches))
+
+
+PACKINGS: dict[str, Packing] = {CONCATENATE.name: CONCATENATE}  # by the name a ledger records
+
+
+def packing_named(name: str) -> Packing:
+    """The packing strategy of feedpipe named ``name`` (what a ledger records); a strategy of
+    one's own is not known by name here (``KeyError``)."""
+    return PACKINGS[name]

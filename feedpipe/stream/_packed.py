@@ -29,6 +29,8 @@ from ..plan._order import Plan, Split
 from ..plan._packing import CONCATENATE, Layout, Packing, offsets_of, rows_split
 from ..plan._packing import row_pieces as row_pieces  # the plan's, named here as before
 from ._dataset import FeedDataset, checked_resume_point
+from ._ledger import dataset_info
+from ._ledger_kinds import lengths_record
 from ._packed_batches import IGNORE as IGNORE  # the label of a padding token
 from ._packed_batches import Group
 from ._packed_batches import PackedFetch as PackedFetch  # the packed routes' fetch
@@ -408,6 +410,21 @@ class Packed:
         w = self.world
         e = self.dataset.epoch if epoch is None else int(epoch)
         return rows_split(self.num_rows(e), int(start), w.world_size, w.rank, whole_batches)
+
+    def ledger_info(self) -> dict[str, Any]:
+        """What ``FeedLoader(ledger=)`` records of this Packed in ``ledger.json``: the documents'
+        dataset (its own record), ``seq_len``, the field, the packing strategy and every
+        document's length with a digest, from which ``feedpipe ledger`` recomputes each
+        epoch's rows (:mod:`feedpipe.stream._ledger_kinds`)."""
+        from ._mixture import Mixture
+
+        ds = self.dataset
+        inner = ds.ledger_info() if isinstance(ds, Mixture) else dataset_info(ds)
+        e = ds.epoch
+        return {"kind": "packed", "digest": inner["digest"], "inner": inner,
+                "counts": inner["counts"], "seq_len": self.seq_len, "field": self.field,
+                "packing": self.packing.name, "lengths": lengths_record(self.lengths(e)),
+                "drop_last": False}
 
     # -- states ------------------------------------------------------------------------------
     def state_at(self, epoch: int, row: int) -> dict[str, Any]:
