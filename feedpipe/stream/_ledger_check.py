@@ -26,7 +26,10 @@ Then an id delivered more than once is a **repeat**; in a finished epoch an id n
 delivered, nor skipped by the transform, nor dropped by design is a **loss**. A
 :class:`~feedpipe.Mixture`'s epoch holds each sample as many times as its plan draws it
 (recomputed from what ``ledger.json`` records of the mixture): a delivery beyond that is a
-repeat, one short of it a loss, each also named per source. With
+repeat, one short of it a loss, each also named per source. A :class:`~feedpipe.Packed`'s ids
+are its epoch's rows (recomputed from the documents' lengths ``ledger.json`` holds,
+:mod:`feedpipe.stream._ledger_kinds`), each once: a lost or repeated row is named by its pieces
+of documents, and its rows of padding only are padding. With
 ``drop_last=False`` a rank pads its share by repeating at most ``world_size - 1`` samples; with
 ``drop_last=True`` samples are left out by design: neither counts. Samples the transform skipped
 (:class:`~feedpipe.errors.SampleSkipped`) are counted and named apart from the delivered ones.

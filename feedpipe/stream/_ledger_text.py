@@ -61,18 +61,21 @@ def _epoch_lines(e: dict[str, Any], samples: int, kind: str = "dataset") -> list
     for what in ("repeats", "losses"):
         f = e[what]
         if f and f["count"]:
-            # a mixture's: the draws found (an id of a source drawn twice may be lost twice)
-            count = sum(map(len, f["sources"].values())) if "sources" in f else f["count"]
-            name = what[:-1] if count == 1 else what
-            ids = (", ".join(f"{s} ids {_ids_text(v)}" for s, v in f["sources"].items())
-                   if "sources" in f else f"ids {_ids_text(f['ids'])}")
-            if "pieces" in f:  # a Packed's rows: the tokens of documents they hold
-                name = ("repeated" if what == "repeats" else "lost") + (
-                    " row" if count == 1 else " rows")
-                ids = f"rows {_ids_text(f['ids'])}, {f['tokens']:,} tokens: {_pieces(f)}"
-            lines.append(f"    {count:,} {name}, {ids}; parts: "
-                         f"{'; '.join(f['parts']) or '-'}")
+            lines.append(_finding_line(what, f))
     return lines
+
+
+def _finding_line(what: str, f: dict[str, Any]) -> str:
+    """One finding (``what``: repeats or losses): how many, which, and the parts involved."""
+    # a mixture's: the draws found (an id of a source drawn twice may be lost twice)
+    count = sum(map(len, f["sources"].values())) if "sources" in f else f["count"]
+    name = what[:-1] if count == 1 else what
+    ids = (", ".join(f"{s} ids {_ids_text(v)}" for s, v in f["sources"].items())
+           if "sources" in f else f"ids {_ids_text(f['ids'])}")
+    if "pieces" in f:  # a Packed's rows: the tokens of documents they hold
+        name = ("repeated" if what == "repeats" else "lost") + (" row" if count == 1 else " rows")
+        ids = f"rows {_ids_text(f['ids'])}, {f['tokens']:,} tokens: {_pieces(f)}"
+    return f"    {count:,} {name}, {ids}; parts: {'; '.join(f['parts']) or '-'}"
 
 
 def _pieces(f: dict[str, Any]) -> str:
