@@ -13,9 +13,11 @@ from feedpipe.convert._shard_writer import write_samples
 from feedpipe.plan._order import Split
 from feedpipe.plan._packing import (
     CONCATENATE,
+    BestFit,
     ConcatenateAndCut,
     CutLayout,
     offsets_of,
+    packing_named,
     row_pieces,
     rows_split,
 )
@@ -124,3 +126,55 @@ def test_packed_refuses_what_is_no_packing_strategy(tmp_path):
     with pytest.raises(TypeError, match="packing strategy"):
         Packed(ds, 4, packing="best-fit")  # type: ignore[arg-type]
     assert Packed(ds, 4).packing is CONCATENATE  # the default: concatenate and cut
+
+
+# -- best fit ----------------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(LENGTHS, st.integers(1, 17))
+def test_best_fit_holds_every_token_once_and_splits_no_document_that_fits(lengths, seq_len):
+    layout = BestFit().layout(np.array(lengths, dtype=np.int64), seq_len)
+    assert not layout.contiguous
+    assert _tokens_of(layout, range(layout.num_rows)) == _every_token(lengths)
+    p = layout.pieces(np.arange(layout.num_rows, dtype=np.int64))
+    fill = np.bincount(p.row, weights=p.length, minlength=layout.num_rows)
+    assert (fill <= seq_len).all() and (fill > 0).all()  # no row over seq_len, none empty
+    for d, n in enumerate(lengths):
+        mine = p.doc == d
+        if 0 < n <= seq_len:  # a document no longer than a row: one piece, whole
+            assert mine.sum() == 1 and p.length[mine].tolist() == [n]
+        else:  # a longer one: whole rows of its own, its rest placed as a document
+            by_start = p.length[mine][np.argsort(p.start[mine])]
+            assert (by_start[:-1] == seq_len).all() and mine.sum() == -(-n // seq_len)
+    # the fill rate said is the documents' share of the rows
+    total = sum(lengths)
+    assert layout.fill == pytest.approx(total / max(1, layout.num_rows * seq_len))
+    assert layout.num_rows >= -(-total // seq_len)
+
+
+@settings(max_examples=200, deadline=None)
+@given(LENGTHS, st.integers(1, 17), st.integers(1, 4), st.data())
+def test_best_fit_rows_deal_to_ranks_and_resume_like_any_rows(lengths, seq_len, world, data):
+    layout = BestFit().layout(np.array(lengths, dtype=np.int64), seq_len)
+    start = data.draw(st.integers(0, layout.num_rows))
+    splits = [rows_split(layout.num_rows, start, world, r) for r in range(world)]
+    rows = np.sort(np.concatenate([s.positions(0, s.length) for s in splits]))
+    before = _tokens_of(layout, range(start))
+    assert _tokens_of(layout, rows) == {t: 1 for t in _every_token(lengths) if t not in before}
+    # a group of rows has the pieces of its rows alone, and the layout is the same made again
+    again = BestFit().layout(np.array(lengths, dtype=np.int64), seq_len)
+    pick = np.array(sorted(data.draw(st.sets(st.integers(0, layout.num_rows + 2),
+                                             max_size=8))), dtype=np.int64)
+    got, want = layout.pieces(pick), again.pieces(pick)
+    assert all(np.array_equal(getattr(got, f), getattr(want, f))
+               for f in ("row", "doc", "start", "length"))
+    alone = [layout.pieces(np.array([r])) for r in pick.tolist()]
+    assert got.doc.tolist() == [d for a in alone for d in a.doc.tolist()]
+
+
+def test_best_fit_fills_the_fullest_row_a_document_fits():
+    layout = BestFit().layout(np.array([5, 4, 3, 1, 2]), 6)
+    rows = [layout.pieces(np.array([r])).doc.tolist() for r in range(layout.num_rows)]
+    assert rows == [[0, 3], [1, 4], [2]] and layout.fill == pytest.approx(15 / 18)
+    assert packing_named("best-fit").name == "best-fit"
+    assert packing_named("concatenate") is CONCATENATE

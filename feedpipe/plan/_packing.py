@@ -9,6 +9,9 @@ the epoch has and which pieces ``(document, start, length)`` fill a group of the
 named by its place in the epoch's order. :class:`ConcatenateAndCut` (the default, ``"concatenate"``)
 concatenates the documents and cuts the concatenation every ``seq_len`` tokens: every row is
 full but the epoch's last, and a document longer than the room left continues in the next row.
+:class:`BestFit` (``"best-fit"``) keeps each document no longer than a row whole, in the fullest
+row it fits, leaving padding in rows (:attr:`Layout.fill`). A strategy of one's own is any object
+with a ``name`` and a ``layout(lengths, seq_len)`` giving a :class:`Layout`.
 
 **Ranks.** An epoch's rows are dealt round-robin to the ranks from a start row (0, or the row a
 state saved mid-epoch resumes at) by :func:`rows_split`: the rows are made a multiple of the
@@ -17,6 +20,8 @@ world size with rows of padding only, so every rank reads as many rows and no to
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,6 +59,11 @@ class Layout(Protocol):
         concatenation (only the last row short): a reader then copies runs of rows at once."""
         ...
 
+    @property
+    def fill(self) -> float:
+        """The share of the rows' tokens that are documents' (the rest is padding)."""
+        ...
+
     def pieces(self, rows: np.ndarray) -> Pieces:
         """The pieces of global rows ``rows`` (ascending); a row past :attr:`num_rows` has
         none (padding)."""
@@ -89,6 +99,10 @@ class CutLayout:
         self.seq_len = int(seq_len)
         self.tokens = int(self.offsets[-1])
         self.num_rows = -(-self.tokens // self.seq_len)
+
+    @property
+    def fill(self) -> float:
+        return self.tokens / max(1, self.num_rows * self.seq_len)
 
     def pieces(self, rows: np.ndarray) -> Pieces:
         rows = np.asarray(rows, dtype=np.int64)
@@ -139,7 +153,8 @@ class ConcatenateAndCut:
 
     name = "concatenate"
 
-    def layout(self, lengths: np.ndarray, seq_len: int) -> CutLayout:
+    def layout(self, lengths: np.ndarray, seq_len: int) -> Layout:
+        """The rows of an epoch whose documents, in order, have ``lengths`` tokens."""
         return CutLayout(offsets_of(lengths), seq_len)
 
     def __repr__(self) -> str:
@@ -178,7 +193,104 @@ def rows_split(num_rows: int, start: int, world_size: int, rank: int,
     return Split(end, world_size, rank, int(start), False, bool(whole_batches))
 
 
-PACKINGS: dict[str, Packing] = {CONCATENATE.name: CONCATENATE}  # by the name a ledger records
+class PieceLayout:
+    """Rows given piece by piece (``row``, ``doc``, ``start``, ``length`` of each piece, rows
+    numbered from 0): what a strategy that leaves room in rows lays out."""
+
+    contiguous = False
+
+    def __init__(self, row: np.ndarray, doc: np.ndarray, start: np.ndarray, length: np.ndarray,
+                 num_rows: int, seq_len: int) -> None:
+        by = np.argsort(np.asarray(row, dtype=np.int64), kind="stable")  # in order within a row
+        self.row, self.doc = np.asarray(row, dtype=np.int64)[by], np.asarray(doc)[by]
+        self.start, self.length = np.asarray(start)[by], np.asarray(length)[by]
+        self.num_rows, self.seq_len = int(num_rows), int(seq_len)
+        self.tokens = int(self.length.sum())
+        self.ptr = np.searchsorted(self.row, np.arange(self.num_rows + 1, dtype=np.int64))
+
+    @property
+    def fill(self) -> float:
+        return self.tokens / max(1, self.num_rows * self.seq_len)
+
+    def pieces(self, rows: np.ndarray) -> Pieces:
+        rows = np.asarray(rows, dtype=np.int64)
+        index = np.flatnonzero(rows < self.num_rows)  # rows past the epoch's are padding only
+        lo, hi = self.ptr[rows[index]], self.ptr[rows[index] + 1]
+        cnt = hi - lo
+        sel = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        return Pieces(np.repeat(index, cnt), self.doc[sel], self.start[sel], self.length[sel])
+
+
+class BestFit:
+    """Each document whole in the fullest row it fits (best fit, rows kept open all epoch, as
+    Grain's and Megatron-Energon's packers offer): a document no longer than ``seq_len`` is
+    never split, so fewer documents start mid-context, at the cost of padding left in rows
+    (:attr:`Layout.fill <feedpipe.Layout.fill>` says how much). A document longer than a row
+    fills rows of its own, ``seq_len`` tokens each, and its rest is placed like a document.
+    Rows are numbered in the order they are opened, and a row's pieces are in plan order. The
+    layout is made in one pass over the epoch's documents, a Python loop (each process reading
+    the epoch makes it once).
+
+    Example:
+        >>> lay = BestFit().layout(np.array([5, 4, 3, 1]), 6)
+        >>> lay.num_rows, [lay.pieces(np.array([r])).doc.tolist() for r in range(2)]
+        (3, [[0, 3], [1]])
+    """
+
+    name = "best-fit"
+
+    def layout(self, lengths: np.ndarray, seq_len: int) -> Layout:
+        """The rows of an epoch whose documents, in order, have ``lengths`` tokens."""
+        L = int(seq_len)
+        rows: list[int] = []
+        docs: list[int] = []
+        starts: list[int] = []
+        sizes: list[int] = []
+        open_rows: dict[int, deque[int]] = {}  # room left: the rows with that room, oldest first
+        rooms: list[int] = []  # the rooms of open rows, ascending, each once
+        count = 0
+        for d, n in enumerate(np.asarray(lengths, dtype=np.int64).tolist()):
+            at = 0
+            while n - at > L:  # a document longer than a row: whole rows of its own
+                rows.append(count)
+                docs.append(d)
+                starts.append(at)
+                sizes.append(L)
+                count += 1
+                at += L
+            k = n - at
+            if k <= 0:
+                continue
+            i = bisect_left(rooms, k)
+            if i < len(rooms):  # the fullest open row it fits in
+                room = rooms[i]
+                bucket = open_rows[room]
+                r = bucket.popleft()
+                if not bucket:
+                    del open_rows[room]
+                    del rooms[i]
+            else:
+                r, room = count, L
+                count += 1
+            rows.append(r)
+            docs.append(d)
+            starts.append(at)
+            sizes.append(k)
+            room -= k
+            if room:
+                if room not in open_rows:
+                    open_rows[room] = deque()
+                    insort(rooms, room)
+                open_rows[room].append(r)
+        return PieceLayout(np.array(rows, dtype=np.int64), np.array(docs, dtype=np.int64),
+                           np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64),
+                           count, L)
+
+    def __repr__(self) -> str:
+        return "BestFit()"
+
+
+PACKINGS: dict[str, Packing] = {CONCATENATE.name: CONCATENATE, BestFit.name: BestFit()}
 
 
 def packing_named(name: str) -> Packing:

@@ -32,7 +32,7 @@ from ._dataset import FeedDataset, checked_resume_point
 from ._ledger import dataset_info
 from ._ledger_kinds import lengths_record
 from ._packed_batches import IGNORE as IGNORE  # the label of a padding token
-from ._packed_batches import Group
+from ._packed_batches import Group, placed
 from ._packed_batches import PackedFetch as PackedFetch  # the packed routes' fetch
 from ._packed_batches import Shipment as Shipment  # what a worker sends
 from ._token_docs import NotMapped, TokenDocs
@@ -86,11 +86,14 @@ class Packed:
             hold one document each; its rank and world size are the reader's.
         seq_len: tokens per row.
         field: the sample field holding the document.
-        pad_id: the token id that fills the epoch's last row.
-        packing: the packing strategy, which lays an epoch's documents out in rows
-            (:mod:`feedpipe.plan._packing`); the default, ``ConcatenateAndCut()``
+        pad_id: the token id of padding (the epoch's last row, the rows of padding only).
+        packing: the packing strategy (a :class:`~feedpipe.Packing`), which lays an epoch's
+            documents out in rows; the default, :class:`~feedpipe.ConcatenateAndCut`
             (``"concatenate"``), is the concatenation cut every ``seq_len`` tokens described
-            above.
+            above. :class:`~feedpipe.BestFit` (``"best-fit"``) keeps each document no longer
+            than a row whole, in the fullest row it fits, with padding (label -100, its own
+            piece in ``cu_seqlens``) left in rows: :meth:`fill` and a log record per epoch say
+            how much of the rows is documents'.
 
     Example:
         >>> import feedpipe, numpy as np
@@ -199,8 +202,8 @@ class Packed:
         return offsets_of(self.lengths(epoch)[self.order(epoch)])
 
     def layout(self, epoch: int) -> Layout:
-        """``epoch``'s rows as the packing strategy lays them out
-        (:mod:`feedpipe.plan._packing`): a piece's document is its place in :meth:`order`."""
+        """``epoch``'s rows as the packing strategy lays them out: a piece's document is its
+        place in :meth:`order`."""
         return self._plan(epoch)[1]
 
     def _plan(self, epoch: int) -> tuple[np.ndarray, Layout]:
@@ -210,12 +213,18 @@ class Packed:
         order = self.dataset.plan(epoch).sample_ids(
             np.arange(self.dataset.manifest.total_samples))
         layout = self.packing.layout(self.lengths(epoch)[order], self.seq_len)
-        if not layout.contiguous:
-            raise NotImplementedError(
-                f"packing {self.packing.name!r} leaves padding inside rows, which Packed's "
-                "batches do not lay out yet: use the default packing")
+        if not layout.contiguous:  # the padding a strategy leaves in rows is said
+            log.info("Packed epoch %d: %d rows of %d tokens packed by %r, %.1f%% of them "
+                     "documents' tokens (the rest padding)", epoch, layout.num_rows,
+                     self.seq_len, self.packing.name, 100 * layout.fill)
         self._epoch = (epoch, order, layout)
         return order, layout
+
+    def fill(self, epoch: int) -> float:
+        """The share of ``epoch``'s row tokens that are documents' (1.0 but for the last row
+        with the default packing; what :class:`~feedpipe.BestFit` leaves as
+        padding inside rows is the rest)."""
+        return float(self.layout(epoch).fill)
 
     def num_rows(self, epoch: int) -> int:
         """Rows of all ranks in ``epoch``."""
@@ -234,7 +243,7 @@ class Packed:
         return [group.make(b) for b in range(len(groups))]
 
     def group_sizes(self) -> tuple[int, int]:
-        """The most tokens and batches a reader's fetch makes together (:class:`PackedFetch`)."""
+        """The most tokens and batches a reader's fetch makes together (the packed routes)."""
         return GROUP_TOKENS, GROUP_BATCHES
 
     def _group(self, epoch: int, groups: list[np.ndarray]) -> Group:
@@ -256,14 +265,19 @@ class Packed:
         doc, into, k = p.doc, p.start, p.length
         at = np.cumsum(k) - k  # where each piece starts in the group
         m = int(k.sum())
-        # pieces of the positions start at each row, each document start and the padding
-        starts = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * L, at[into == 0],
-                                           [m] if m < N else []]).astype(np.int64))
         tokens = self._tokens(epoch, order[doc], into, k)
+        real = None
+        if layout.contiguous:
+            # pieces of the positions start at each row, each document start and the padding
+            starts = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * L, at[into == 0],
+                                               [m] if m < N else []]).astype(np.int64))
+        else:  # padding inside rows: each piece is put in its place, the rest is padding
+            tokens, real, starts = placed(tokens, p.row, k, at, n, L, self.pad_id)
+            m = N
         most = int(np.diff(edges).max(initial=0))  # the tokens of the group's largest batch
         if len(self._counting) < most:
             self._counting = np.arange(most, dtype=np.int64)
-        return Group(tokens, starts, edges, m, L, self.pad_id, self._counting)
+        return Group(tokens, starts, edges, m, L, self.pad_id, self._counting, real)
 
     def _tokens(self, epoch: int, docs: np.ndarray, into: np.ndarray,
                 k: np.ndarray) -> np.ndarray:
@@ -415,7 +429,7 @@ class Packed:
         """What ``FeedLoader(ledger=)`` records of this Packed in ``ledger.json``: the documents'
         dataset (its own record), ``seq_len``, the field, the packing strategy and every
         document's length with a digest, from which ``feedpipe ledger`` recomputes each
-        epoch's rows (:mod:`feedpipe.stream._ledger_kinds`)."""
+        epoch's rows."""
         from ._mixture import Mixture
 
         ds = self.dataset

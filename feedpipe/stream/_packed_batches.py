@@ -111,11 +111,12 @@ class Group:
     one)."""
 
     __slots__ = ("tokens", "lo", "size", "full", "at", "local", "counts", "cu", "L", "pad",
-                 "count")
+                 "count", "real")
 
     def __init__(self, tokens: np.ndarray, starts: np.ndarray, edges: np.ndarray, m: int,
-                 L: int, pad: int, count: np.ndarray) -> None:
+                 L: int, pad: int, count: np.ndarray, real: np.ndarray | None = None) -> None:
         self.tokens, self.L, self.pad, self.count = tokens, L, pad, count
+        self.real = real  # which tokens are documents' where rows hold padding inside
         lo, size = edges[:-1], np.diff(edges)
         self.lo, self.size = lo.tolist(), size.tolist()
         self.full = np.clip(m - lo, 0, size).tolist()  # each batch's tokens before the padding
@@ -156,6 +157,8 @@ class Group:
         if full < n:  # the epoch's last tokens: padding after them
             ids[full:] = self.pad
             labels[full:] = IGNORE
+        if self.real is not None:  # padding inside rows (already pad ids in the tokens)
+            labels[:n][~self.real[lo:lo + n]] = IGNORE
         # a token's position: its place in the batch less its piece's start (no loop over
         # the pieces)
         np.subtract(self.count[:n], np.repeat(self.local[i:j], self.counts[i:j]), out=pos)
@@ -208,3 +211,23 @@ class Shipment:
             out.append({"input_ids": ids, "position_ids": pos, "labels": labels,
                         "cu_seqlens": cu})
         return buf, out
+
+
+def placed(tokens: np.ndarray, row: np.ndarray, k: np.ndarray, at: np.ndarray, n: int, L: int,
+            pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A group's ``n`` rows of ``L`` with padding inside them: the pieces' ``tokens`` (pieces of
+    ``k`` tokens, starting at ``at`` in ``tokens``, of the group's rows ``row``) put in their
+    places, ``pad`` between; which tokens are real; and where the positions' pieces start (each
+    row, each piece, each row's padding)."""
+    fill = np.bincount(row, weights=k, minlength=n).astype(np.int64)
+    within = at - (np.cumsum(fill) - fill)[row]  # where each piece starts in its row
+    dest = row * L + within  # where each piece starts in the group
+    idx = np.repeat(dest - at, k) + np.arange(len(tokens), dtype=np.int64)
+    out = np.full(n * L, pad, dtype=tokens.dtype)
+    out[idx] = tokens
+    real = np.zeros(n * L, dtype=bool)
+    real[idx] = True
+    rows = np.arange(n, dtype=np.int64) * L
+    gaps = (rows + fill)[fill < L]
+    starts = np.unique(np.concatenate([rows, dest, gaps]).astype(np.int64))
+    return out, real, starts
