@@ -14,6 +14,7 @@ import os
 import socket
 import zlib
 from collections import Counter
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +236,38 @@ def test_two_gloo_ranks_with_two_workers_each_are_proved_exactly_once(corpus: st
     r = check_ledger(ledger)
     assert r["ok"] and {x["rank"] for x in r["runs"]} == {0, 1}, ledger_text(r)
     assert r["epochs"][0]["finished"] and r["epochs"][0]["exactly_once"]
+
+
+def test_a_packed_mixture_whose_epochs_differ_is_proved_per_epoch(tmp_path: Path) -> None:
+    """A Packed over a Mixture that draws other documents each epoch (``epoch_size`` below the
+    sources' size): each epoch has its own rows, recomputed from the mixture's plan and the
+    lengths; an epoch left early names its lost tokens, the others are exactly once."""
+    from feedpipe import Mixture
+
+    lengths = [int(n) for n in np.random.default_rng(4).integers(3, 40, size=30)]
+    for name, lo, hi in (("web", 0, 20), ("books", 20, 30)):
+        write_samples([{"__key__": f"{name}{i:03d}", "tokens.npy": _doc(i, lengths[i])}
+                       for i in range(lo, hi)], str(tmp_path / name), max_samples=6)
+
+    def mixture() -> Mixture:
+        return Mixture({n: FeedDataset(str(tmp_path / n), shuffle=True) for n in ("web", "books")},
+                       weights={"web": 3, "books": 1}, epoch_size=12, seed=3)
+
+    ld = FeedLoader(Packed(mixture(), SEQ), batch_size=2, ledger=tmp_path / "l")
+    got: dict[int, Counter[int]] = {}
+    for e in range(3):
+        ld.set_epoch(e)
+        it = iter(ld)
+        stop = 2 if e == 1 else None  # epoch 1 left after 2 batches
+        got[e] = Counter(t for b in islice(it, stop) for t in tokens(b))
+        it.close()
+    mix = mixture()
+    r = check_ledger(tmp_path / "l")
+    assert [x["exactly_once"] for x in r["epochs"]] == [True, False, True]
+    rows = []
+    for e in range(3):
+        drawn = mix.plan(e).sample_ids(np.arange(12)).tolist()
+        want = Counter(t for g in drawn for t in _doc(g, lengths[g]).tolist())
+        assert named(r["epochs"][e]["losses"]) == want - got[e]
+        rows.append(r["epochs"][e]["expected"])
+    assert len(set(rows)) > 1  # the epochs do have other row counts
