@@ -104,11 +104,13 @@ class CutLayout:
     def fill(self) -> float:
         return self.tokens / max(1, self.num_rows * self.seq_len)
 
-    def pieces(self, rows: np.ndarray) -> Pieces:
+    def spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pieces of global rows ``rows`` (ascending) as :meth:`pieces` gives them, but a
+        document's pieces in consecutive rows joined: ``(doc, start, length)``, in order (what
+        a reader copies: a run of consecutive rows is one range of the concatenation)."""
         rows = np.asarray(rows, dtype=np.int64)
         offsets, L, total = self.offsets, self.seq_len, self.tokens
-        index = np.flatnonzero(rows * L < total)  # rows past the tokens are padding only
-        real = rows[index]
+        real = rows[rows * L < total]  # rows past the tokens are padding only
         # runs of consecutive rows: each a contiguous range of the concatenation
         new = np.ones(len(real), dtype=bool)
         new[1:] = real[1:] != real[:-1] + 1
@@ -121,17 +123,26 @@ class CutLayout:
         doc = np.arange(len(run)) + np.repeat(d0 - (np.cumsum(cnt) - cnt), cnt)
         a = np.maximum(offsets[doc], tlo[run])
         k = np.minimum(offsets[doc + 1], thi[run]) - a
-        # a piece crossing a row boundary is cut there: each piece lies in one row
+        keep = k > 0  # documents without tokens are no piece
+        doc = doc[keep]
+        return doc, a[keep] - offsets[doc], k[keep]
+
+    def pieces(self, rows: np.ndarray) -> Pieces:
+        rows = np.asarray(rows, dtype=np.int64)
+        offsets, L = self.offsets, self.seq_len
+        doc, into, k = self.spans(rows)
+        a = offsets[doc] + into  # where each span starts in the concatenation
+        # a span crossing a row boundary is cut there: each piece lies in one row
         r0 = a // L
-        r1 = (a + k - 1) // L
-        parts = np.where(k > 0, r1 - r0 + 1, 0)  # documents without tokens are no piece
+        parts = (a + k - 1) // L - r0 + 1
         which = np.repeat(np.arange(len(doc)), parts)
         row = np.repeat(r0, parts) + (np.arange(len(which)) - np.repeat(np.cumsum(parts) - parts,
                                                                         parts))
         lo = np.maximum(a[which], row * L)
         hi = np.minimum(a[which] + k[which], row * L + L)
         doc = doc[which]
-        group_row = index[np.searchsorted(real, row)]
+        index = np.flatnonzero(rows * L < self.tokens)
+        group_row = index[np.searchsorted(rows[index], row)]
         return Pieces(group_row, doc, lo - offsets[doc], hi - lo)
 
     def row_pieces(self, row: int) -> list[tuple[int, int, int]]:

@@ -26,7 +26,7 @@ from .._helpers.dependency import say_unbuilt
 from .._redact import logger
 from ..errors import PackedFieldError
 from ..plan._order import Plan, Split
-from ..plan._packing import CONCATENATE, Layout, Packing, offsets_of, rows_split
+from ..plan._packing import CONCATENATE, CutLayout, Layout, Packing, offsets_of, rows_split
 from ..plan._packing import row_pieces as row_pieces  # the plan's, named here as before
 from ._dataset import FeedDataset, checked_resume_point
 from ._ledger import dataset_info
@@ -261,8 +261,11 @@ class Packed:
         np.cumsum([len(g) * L for g in groups], out=edges[1:])
         # the pieces of the rows, in order (only the epoch's last row can be short, and rows
         # past the epoch's tokens are padding only: they come last)
-        p = layout.pieces(rows)
-        doc, into, k = p.doc, p.start, p.length
+        if isinstance(layout, CutLayout):  # a run of rows is one range: copied at once
+            doc, into, k = layout.spans(rows)
+        else:
+            p = layout.pieces(rows)
+            doc, into, k = p.doc, p.start, p.length
         at = np.cumsum(k) - k  # where each piece starts in the group
         m = int(k.sum())
         tokens = self._tokens(epoch, order[doc], into, k)
