@@ -10,6 +10,7 @@ at every batch or only at the writer's own moments."""
 from __future__ import annotations
 
 import copy
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -41,18 +42,20 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
 class PackedJob(Job):
     """Job's training loop over Packed rows: what a loop receives is the batch's tokens."""
 
-    def __init__(self, root: Path, batch: int, corpus: str) -> None:
+    def __init__(self, root: Path, batch: int, corpus: str, workers: int = 0) -> None:
         super().__init__(root, batch, frozenset())
-        self.corpus = corpus
+        self.corpus, self.workers = corpus, workers
 
     def close(self) -> None:
         for ld in self.all:
             ld.dataset.dataset.close()
 
     def begin(self, world: int, ckpt: Checkpoint | None, delta: int) -> None:
+        route = "packed-workers" if self.workers else "auto"
         self.lds = [FeedLoader(Packed(FeedDataset(self.corpus, shuffle=True, seed=3, rank=r,
                                                   world_size=world), SEQ),
-                               batch_size=self.batch, ledger=self.root) for r in range(world)]
+                               batch_size=self.batch, ledger=self.root,
+                               num_workers=self.workers, route=route) for r in range(world)]
         self.all += self.lds
         self.its = None
         at = None
@@ -86,6 +89,9 @@ class PackedJob(Job):
                     stopped += 1
                     continue
                 got += b["input_ids"][b["labels"] != -100].tolist()  # padding is no token
+            if self.workers and got:  # the rows came from worker processes of its own
+                pids = self.lds[0].stats()["worker_pids"]
+                assert pids and len(set(pids)) <= self.workers and os.getpid() not in pids
             assert stopped in (0, len(self.its)), "ranks out of lockstep"
             if stopped:
                 self.its = None
@@ -134,8 +140,8 @@ def compare(report: dict[str, Any], truth: Truth) -> None:
 
 
 def run_job(root: Path, corpus: str, ops: list[tuple[Any, ...]], world: int, batch: int,
-            lose: int | None) -> dict[str, Any]:
-    job = PackedJob(root, batch, corpus)
+            lose: int | None, workers: int = 0) -> dict[str, Any]:
+    job = PackedJob(root, batch, corpus, workers)
     try:
         play(job, ops, world)
     finally:
@@ -214,10 +220,15 @@ def no_events(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("no_events")
+@pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_each_fault_gives_its_verdict(tmp_path: Path, corpus: str, fault: str) -> None:
+def test_each_fault_gives_its_verdict(tmp_path: Path, corpus: str, fault: str,
+                                      workers: int) -> None:
+    """Each fault on its own, in this process and with 2 worker processes per rank making the
+    rows (route packed-workers): the verdict, and its findings token for token, are the
+    truth's."""
     ops, world, ok = FAULTS[fault]
-    report = run_job(tmp_path / "l", corpus, ops, world, 2, None)
+    report = run_job(tmp_path / "l", corpus, ops, world, 2, None, workers)
     assert report["ok"] is ok, ledger_text(report)
 
 
