@@ -271,3 +271,25 @@ def test_a_packed_mixture_whose_epochs_differ_is_proved_per_epoch(tmp_path: Path
         assert named(r["epochs"][e]["losses"]) == want - got[e]
         rows.append(r["epochs"][e]["expected"])
     assert len(set(rows)) > 1  # the epochs do have other row counts
+
+
+def test_a_part_whose_writer_made_other_rows_is_unreadable_not_trusted(corpus: str,
+                                                                       tmp_path: Path) -> None:
+    """Each part records its epoch's rows as its writer packed them: a writer whose packing
+    made another row count than this feedpipe's (of the same lengths) is named, never OK."""
+    ld = FeedLoader(packed(corpus), batch_size=4, ledger=tmp_path / "l")
+    for e in range(2):
+        ld.set_epoch(e)
+        for _ in ld:
+            pass
+    assert check_ledger(tmp_path / "l")["ok"]
+    part = sorted((tmp_path / "l").glob("r*/*.part"))[-1]  # epoch 1's: no plan ids in it
+    head = json.loads(part.read_text())
+    assert "checked" not in head and head["epoch"] == 1
+    head["positions"] += 1
+    part.write_text(json.dumps(head) + "\n")
+    r = check_ledger(tmp_path / "l")
+    assert not r["ok"] and [u["why"] for u in r["unreadable"]] == [
+        f"the packing that wrote it made {head['positions'] - 1} rows of epoch 1, this "
+        f"feedpipe's makes {head['positions'] - 2}: check this ledger with the feedpipe version "
+        "that wrote it"]

@@ -69,6 +69,7 @@ from ._ledger_kinds import (
     _mixture,
     check_info,
     check_plan,
+    check_rows,
     epoch_plan,
     expected,
     part_split,
@@ -104,6 +105,7 @@ def _read_parts(root: str, info: dict[str, Any]) -> tuple[list[_Part], list[dict
             if bits is None and "checked" in header:
                 check_plan(info, header)
                 checked.add(str(header["run"]))
+            check_rows(info, header)
             part_split(info, header)  # its place in the plan is one the plan has
         except (OSError, ValueError, KeyError, TypeError, zlib.error) as err:
             unreadable.append({"part": os.path.relpath(path, root), "why": str(err)})

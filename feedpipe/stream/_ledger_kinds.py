@@ -187,21 +187,27 @@ def part_split(info: dict[str, Any], h: dict[str, Any]) -> Split:
                  info["drop_last"], h["whole_batches"])
 
 
-def check_plan(info: dict[str, Any], h: dict[str, Any]) -> None:
-    """Refuse a run whose plan ordered the epoch otherwise than this feedpipe's: the first part
-    of a run holds the ids its writer's plan gave at a few positions (a Packed's, the number of
-    positions of its epoch: its rows and a world size of padding rows)."""
-    epoch = int(h["epoch"])
-    if _is_packed(info):
-        rows = int(h["positions"]) - int(h["world_size"])
+def check_rows(info: dict[str, Any], h: dict[str, Any]) -> None:
+    """Refuse a Packed part whose writer made another number of rows of its epoch than this
+    feedpipe's packing of the recorded lengths makes (every part records its epoch's positions:
+    its rows and a world size of padding rows)."""
+    if _is_packed(info) and "positions" in h:
+        epoch, rows = int(h["epoch"]), int(h["positions"]) - int(h["world_size"])
         if rows != positions(info, epoch):
             raise ValueError(
                 f"the packing that wrote it made {rows} rows of epoch {epoch}, this feedpipe's "
                 f"makes {positions(info, epoch)}: check this ledger with the feedpipe version "
                 "that wrote it")
+
+
+def check_plan(info: dict[str, Any], h: dict[str, Any]) -> None:
+    """Refuse a run whose plan ordered the epoch otherwise than this feedpipe's: the first part
+    of a run holds the ids its writer's plan gave at a few positions (a Packed's positions are
+    its rows: :func:`check_rows` checks every part's row count instead)."""
+    if _is_packed(info):
         return
     positions_, ids = (np.asarray(x, dtype=np.int64) for x in h["checked"])
-    if not np.array_equal(epoch_plan(info, epoch).sample_ids(positions_), ids):
+    if not np.array_equal(epoch_plan(info, int(h["epoch"])).sample_ids(positions_), ids):
         raise ValueError(
             "the plan that wrote it ordered epoch "
             f"{h['epoch']} otherwise than this feedpipe's does (ids {ids.tolist()} at positions "
