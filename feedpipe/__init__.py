@@ -43,6 +43,11 @@ _LAZY = {
     "FeedLoader": "stream._loader",
     "check_ledger": "stream._ledger_check",
     "Packed": "stream._packed",
+    "BestFit": "plan._packing",
+    "ConcatenateAndCut": "plan._packing",
+    "Packing": "plan._packing",
+    "Layout": "plan._packing",
+    "Pieces": "plan._packing",
     "Mixture": "stream._mixture",
     "ShardSet": "stream._shard_set",
     "BatchCollator": "stream._collator",
@@ -159,6 +164,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .format._reader import ShardReader, open_shard
     from .format._verify import Problem, VerifyReport, verify
     from .plan._order import Plan
+    from .plan._packing import BestFit, ConcatenateAndCut, Layout, Packing, Pieces
     from .plan._world import World, detect_world
     from .stream._collator import BatchCollator
     from .stream._dataset import FeedDataset

@@ -706,14 +706,3 @@ def test_worker_processes_send_a_group_of_batches_in_one_buffer(corpus, monkeypa
         del got
     assert ld.stats()["buffers"]["reused"] > 0
     assert sum(x is not None for x in found) >= ld.stats()["buffers"]["reused"] // 2
-
-
-def test_a_ledger_is_refused_for_packed_rows_saying_why(corpus, tmp_path):
-    """A Packed loader's rows are pieces of documents, which the ledger does not record: a
-    ledger that cannot prove them is refused, never one that would say OK over a loss."""
-    path, _ = corpus
-    with pytest.raises(ValueError, match="rows of pieces of documents, which it does not "
-                                         "record; leave ledger out for a Packed"):
-        feedpipe.FeedLoader(feedpipe.Packed(feedpipe.FeedDataset(path), 16), batch_size=2,
-                            ledger=str(tmp_path / "ledger"))
-    assert not (tmp_path / "ledger").exists()

@@ -17,12 +17,15 @@ restart from an older checkpoint than one saved since (or from one whose save ne
 is a rollback: named under "replays", it fails nothing. A Mixture's epoch holds each sample of a
 source as many times as its plan draws it (a source drawn more than its size repeats samples, one
 drawn less leaves some out): a repeat is a delivery beyond that, a loss one short of it, and both
-are also named per source.
+are also named per source. A Packed's ids are its epoch's rows, recomputed from the documents'
+lengths the ledger holds: a lost or repeated row is named by the pieces of documents it holds,
+so every token of the epoch is proved once (padding rows count as padding).
 
 The JSON document (--json; every id is listed, the text shows the first 5):
   "ledger": DIR, "samples": samples the dataset has (a mixture's sources together),
   "ok": the verdict, "mixture" (a Mixture's ledger only): {"sources", "sizes", "draws": each
-      source's samples an epoch, "epoch_size"},
+      source's samples an epoch, "epoch_size"}, "packed" (a Packed's ledger only): {"seq_len",
+      "packing": the strategy's name, "field", "documents", "tokens"},
   "runs": [{"run", "host", "pid", "rank", "lineage", "resumed_from": the state's mark or null,
             "marks": [[epoch, position] of each state saved]}],
   "replays": [{"origin", "runs": [saved the later state, restarted], "why"}],
@@ -33,7 +36,8 @@ The JSON document (--json; every id is listed, the text shows the first 5):
       "expected": deliveries the epoch holds, "skipped": {"count", "ids"}, "rolled_back",
       "padding", "dropped", "repeats": {"count", "ids", "parts"}, "losses": {"count", "ids",
       "parts"} or null (an epoch under way); a mixture's findings add "sources": {name: ids
-      within that source, one found twice (two draws lost) listed twice},
+      within that source, one found twice (two draws lost) listed twice}; a Packed's (ids are
+      rows) add "pieces": [[document, start, length] of each row's tokens] and "tokens",
       "missing": [{"rank", "world_size", "lineage", "runs", "why"}],
       "exactly_once"}]
 

@@ -66,6 +66,15 @@ CHECKED = 4  # positions whose ids a part holds, to check the checker's plan aga
 FRESH = "fresh"  # the lineage of a job that started from nothing
 
 
+def dataset_info(dataset: Any) -> dict[str, Any]:
+    """What ``ledger.json`` records of a :class:`~feedpipe.FeedDataset`: what its epochs' plans
+    are made of."""
+    return {"digest": dataset.identity["digest"],
+            "counts": [int(c) for c in dataset.shards.counts], "seed": dataset.seed,
+            "shuffle": dataset.shuffle, "window": dataset.shuffle_window,
+            "drop_last": dataset.drop_last}
+
+
 def lineage_of(mark: dict[str, Any] | None) -> str:
     """The lineage of a job started from ``mark`` (``None``: a fresh start): the same on every
     rank that loaded the same state."""
@@ -267,7 +276,8 @@ class Ledger:
             "pid": os.getpid(), "created": time.time(), "lineage": self.lineage,
             "origin": self.origin, "epoch": plan.epoch,
             "rank": split.rank, "world_size": split.world_size, "start": split.start,
-            "length": split.length, "batch_size": self._batch,
+            "length": split.length, "positions": int(plan.num_samples),
+            "batch_size": self._batch,
             "whole_batches": split.whole_batches, "samples": self.samples,
             # the node layout the epoch's plan was cut with (None: the global order)
             "layout": (list(plan.layout) if isinstance(plan, Plan) and plan.layout is not None

@@ -26,7 +26,10 @@ Then an id delivered more than once is a **repeat**; in a finished epoch an id n
 delivered, nor skipped by the transform, nor dropped by design is a **loss**. A
 :class:`~feedpipe.Mixture`'s epoch holds each sample as many times as its plan draws it
 (recomputed from what ``ledger.json`` records of the mixture): a delivery beyond that is a
-repeat, one short of it a loss, each also named per source. With
+repeat, one short of it a loss, each also named per source. A :class:`~feedpipe.Packed`'s ids
+are its epoch's rows (recomputed from the documents' lengths ``ledger.json`` holds,
+:mod:`feedpipe.stream._ledger_kinds`), each once: a lost or repeated row is named by its pieces
+of documents, and its rows of padding only are padding. With
 ``drop_last=False`` a rank pads its share by repeating at most ``world_size - 1`` samples; with
 ``drop_last=True`` samples are left out by design: neither counts. Samples the transform skipped
 (:class:`~feedpipe.errors.SampleSkipped`) are counted and named apart from the delivered ones.
@@ -40,179 +43,43 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import zlib
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from ..errors import StateError
-from ..plan._mixture import MixtureEpoch, MixturePlan
-from ..plan._order import Plan, Split
-from ._ledger import PARTS, Ordered, delivered, dropped_ids, finished_reach, padding_from, read_part
+from ._ledger import PARTS, delivered, dropped_ids, padding_from, read_part
+from ._ledger_history import (
+    _gaps,
+    _history,
+    _keep,
+    _origin_mark,
+    _Part,
+    _parts_of,
+    _passed,
+    _runs,
+    _Start,
+    _starts,
+)
+from ._ledger_kinds import (
+    _is_mixture,
+    _is_packed,
+    _mixture,
+    check_info,
+    check_plan,
+    check_rows,
+    epoch_plan,
+    expected,
+    part_split,
+    positions,
+    row_pieces,
+    samples,
+)
+from ._ledger_text import SHOW
+from ._ledger_text import ledger_text as ledger_text  # what `feedpipe ledger` prints
 
-SHOW = 5  # ids the text shows per finding (the JSON document lists them all)
-
-Mark = tuple[int, int]  # (epoch, position)
-
-
-@dataclass
-class _Part:
-    path: str
-    header: dict[str, Any]
-    bits: np.ndarray | None  # a version-1 part's bitmap of delivered ids
-    split: Split
-    seq: int = 0  # the order of the run's passes
-    kept: int = 0  # local positions that stay in the history (set by _keep)
-    finished: bool = False  # in the history, this part reached the end of its share
-    credited: bool = False  # a saved state proves more than its last flush recorded
-
-    @property
-    def run(self) -> str:
-        return str(self.header["run"])
-
-    @property
-    def epoch(self) -> int:
-        return int(self.header["epoch"])
-
-    @property
-    def rank(self) -> int:
-        return int(self.header["rank"])
-
-    @property
-    def reached(self) -> int:
-        return int(self.header["reached"])
-
-    @property
-    def created(self) -> float:
-        return float(self.header["created"])
-
-    def describe(self) -> str:
-        h = self.header
-        how = "from the start" if not h["start"] else f"from position {h['start']}"
-        return f"run {h['run']} rank {h['rank']}/{h['world_size']} {how}"
-
-
-@dataclass
-class _Run:
-    run: str
-    rank: int
-    world: int
-    lineage: str
-    origin: dict[str, Any] | None
-    created: float
-    host: str
-    pid: int
-    parts: list[_Part] = field(default_factory=list)
-
-    def marks(self) -> list[tuple[Mark, _Proof]]:
-        """The states this run saved, each with the part that recorded it and how far that
-        part's pass had come (version 3; ``None`` before)."""
-        return [((int(m[0]), int(m[1])), _Proof(p, int(m[2]) if len(m) > 2 else None,
-                                                float(m[3]) if len(m) > 3 else None))
-                for p in self.parts for m in p.header["marks"]]
-
-
-@dataclass
-class _Proof:
-    """A saved state as its part recorded it: ``reached``, the local positions its pass had
-    delivered then, and ``time``, when (version 3)."""
-
-    part: _Part
-    reached: int | None
-    time: float | None
-
-
-@dataclass
-class _Start:
-    lineage: str
-    origin: dict[str, Any] | None
-    runs: list[_Run]
-    cut: Mark | None = None  # what it delivered from here on is rolled back
-    proof: _Proof | None = None  # how the state at ``cut`` was recorded saved
-
-    @property
-    def created(self) -> float:
-        return min(r.created for r in self.runs)
-
-    @property
-    def world(self) -> int:
-        return self.runs[0].world
-
-    def marks(self) -> list[tuple[Mark, _Proof]]:
-        return [m for r in self.runs for m in r.marks()]
-
-
-def _is_mixture(info: dict[str, Any]) -> bool:
-    return info.get("kind") == "mixture"
-
-
-@lru_cache(maxsize=4)
-def _mixture_plan(key: str) -> tuple[MixturePlan, np.ndarray]:
-    """The mixture's plan made from what ``ledger.json`` recorded (``key``: that, as JSON), and
-    each source's first sample number."""
-    info = json.loads(key)
-    plan = MixturePlan(info["shards"], info["weights"], info["epoch_size"], info["seed"],
-                       info["shuffle"])
-    if plan.counts.tolist() != info["draws"]:
-        raise StateError(
-            f"this feedpipe's mixture plan draws {plan.counts.tolist()} samples of the sources "
-            f"{info['sources']} an epoch, the ledger's writer drew {info['draws']}: check this "
-            "ledger with the feedpipe version that wrote it")
-    sizes = np.array([sum(c) for c in info["shards"]], dtype=np.int64)
-    return plan, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-
-
-def _mixture(info: dict[str, Any]) -> tuple[MixturePlan, np.ndarray]:
-    keys = ("shards", "weights", "epoch_size", "seed", "shuffle", "draws", "sources")
-    return _mixture_plan(json.dumps({k: info[k] for k in keys}))
-
-
-def _plan(info: dict[str, Any], epoch: int, layout: Any = None) -> Ordered:
-    """The plan of ``epoch``; ``layout``: the node layout a part recorded (``None``: the global
-    order)."""
-    if _is_mixture(info):
-        return MixtureEpoch(*_mixture(info)[:1], epoch, _mixture(info)[1])
-    return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"],
-                None if not layout else (int(layout[0]), int(layout[1])))
-
-
-def _positions(info: dict[str, Any]) -> int:
-    """The positions of an epoch: a mixture's ``epoch_size``, a dataset's samples."""
-    return _mixture(info)[0].epoch_size if _is_mixture(info) else int(sum(info["counts"]))
-
-
-def _expected(info: dict[str, Any], epoch: int) -> np.ndarray:
-    """How many times ``epoch`` holds each sample: once for a dataset; for a mixture what its
-    plan draws (a source drawn more than its size repeats samples, one drawn less leaves some
-    out)."""
-    n = int(sum(info["counts"]))
-    if not _is_mixture(info):
-        return np.ones(n, dtype=np.int64)
-    ids = _plan(info, epoch).sample_ids(np.arange(_positions(info), dtype=np.int64))
-    return np.bincount(ids, minlength=n).astype(np.int64)
-
-
-def _split(info: dict[str, Any], h: dict[str, Any]) -> Split:
-    return Split(_positions(info), h["world_size"], h["rank"], h["start"],
-                 info["drop_last"], h["whole_batches"], pad_own=bool(h.get("layout")))
-
-
-def _check_plan(info: dict[str, Any], h: dict[str, Any]) -> None:
-    """Refuse a run whose plan ordered the epoch otherwise than this feedpipe's: the first part
-    of a run holds the ids its writer's plan gave at a few positions."""
-    positions, ids = (np.asarray(x, dtype=np.int64) for x in h["checked"])
-    plan = _plan(info, int(h["epoch"]), h.get("layout"))
-    if not np.array_equal(plan.sample_ids(positions), ids):
-        raise ValueError(
-            "the plan that wrote it ordered epoch "
-            f"{h['epoch']} otherwise than this feedpipe's does (ids {ids.tolist()} at positions "
-            f"{positions.tolist()}): check this ledger with the feedpipe version that wrote it")
-
-
-# -- reading -----------------------------------------------------------------------------------
 
 def _read_info(root: str) -> dict[str, Any]:
     meta = os.path.join(root, "ledger.json")
@@ -236,9 +103,10 @@ def _read_parts(root: str, info: dict[str, Any]) -> tuple[list[_Part], list[dict
         try:
             header, bits = read_part(path)
             if bits is None and "checked" in header:
-                _check_plan(info, header)
+                check_plan(info, header)
                 checked.add(str(header["run"]))
-            _split(info, header)  # its place in the plan is one the plan has
+            check_rows(info, header)
+            part_split(info, header)  # its place in the plan is one the plan has
         except (OSError, ValueError, KeyError, TypeError, zlib.error) as err:
             unreadable.append({"part": os.path.relpath(path, root), "why": str(err)})
             continue
@@ -250,255 +118,13 @@ def _read_parts(root: str, info: dict[str, Any]) -> tuple[list[_Part], list[dict
                 "no readable part of its run holds the ids its plan gave, to check this "
                 "feedpipe's plan against")})
             continue
-        parts.append(_Part(path, header, bits, _split(info, header)))
+        parts.append(_Part(path, header, bits, part_split(info, header)))
     return parts, unreadable
 
 
-def _runs(parts: list[_Part]) -> list[_Run]:
-    """The runs (one loader on one rank), oldest first, each with its passes in order."""
-    runs: dict[str, _Run] = {}
-    for p in parts:
-        h = p.header
-        r = runs.get(p.run)
-        if r is None:
-            r = runs[p.run] = _Run(p.run, p.rank, int(h["world_size"]), str(h["lineage"]),
-                                   h["origin"], float(h["created"]), str(h["host"]),
-                                   int(h["pid"]))
-        r.created = min(r.created, float(h["created"]))
-        r.parts.append(p)
-    for r in runs.values():
-        for p in r.parts:
-            found = re.search(r"-(\d+)\.part$", p.path)
-            p.seq = int(found.group(1)) if found else 0
-        r.parts.sort(key=lambda p: (p.seq, float(p.header["created"])))
-    return sorted(runs.values(), key=lambda r: r.created)
-
-
-def _gaps(runs: list[_Run]) -> list[dict[str, Any]]:
-    """Parts lost from a run that still has others: a run numbers its parts 0, 1, 2, ..."""
-    out = []
-    for r in runs:
-        have = {p.seq for p in r.parts}
-        lost = sorted(set(range(max(have) + 1)) - have)
-        if lost:
-            out.append({"lineage": r.lineage, "why": (
-                f"run {r.run} (rank {r.rank} of {r.world}) lacks its part(s) number "
-                f"{', '.join(map(str, lost))} of {max(have) + 1}: what they recorded is "
-                "unknown")})
-    return out
-
-
-def _starts(runs: list[_Run]) -> list[_Start]:
-    """The runs grouped into starts: one lineage's runs in order, a new start where a rank
-    comes again (its state was started once more) or the world size changes; oldest first. A
-    start whose runs of some ranks are lost whole may be grouped with the next: the check then
-    names ranks missing."""
-    lineages: dict[str, list[list[_Run]]] = {}
-    for r in runs:
-        groups = lineages.setdefault(r.lineage, [[]])
-        if any(x.rank == r.rank or x.world != r.world for x in groups[-1]):
-            groups.append([])
-        groups[-1].append(r)
-    starts = [_Start(lin, g[0].origin, g) for lin, gs in lineages.items() for g in gs]
-    return sorted(starts, key=lambda s: s.created)
-
-
-# -- the history -------------------------------------------------------------------------------
-
-def _origin_mark(origin: dict[str, Any]) -> Mark:
-    return int(origin.get("epoch") or 0), int(origin.get("position") or 0)
-
-
-def _parent(start: _Start, starts: list[_Start], notes: list[str],
-            missing: list[dict[str, Any]]) -> tuple[_Start | None, _Proof | None]:
-    """The start that saved the state ``start`` resumed from, and the part that recorded the
-    saving (``None`` when no part did)."""
-    origin = start.origin
-    if origin is None:
-        return None, None
-    at = _origin_mark(origin)
-    before = [s for s in starts if s.created < start.created]
-    lineage = origin.get("lineage")
-    if lineage is None:
-        notes.append(f"runs of lineage {start.lineage} resumed from a state saved without a "
-                     f"ledger mark (epoch {at[0]}, position {at[1]}): it is taken to continue the "
-                     "start before it")
-        return (before[-1] if before else None), None
-    if "run" in origin:  # the run that saved it is named (version 3)
-        return _saver(start, [s for s in before if origin["run"] in {r.run for r in s.runs}],
-                      at, missing)
-    candidates = [s for s in before if s.lineage == lineage]
-    if not candidates:
-        missing.append({"lineage": lineage, "why": (
-            f"runs {', '.join(r.run for r in start.runs)} resumed from a state of lineage "
-            f"{lineage} (epoch {at[0]} position {at[1]}), and no part of that lineage is here: "
-            "what it delivered is unknown")})
-        return None, None
-    for s in reversed(candidates):
-        proof = [p for m, p in s.marks() if m == at]
-        if proof:
-            return s, proof[-1]
-    missing.append({"lineage": lineage, "why": (
-        f"runs {', '.join(r.run for r in start.runs)} resumed from epoch {at[0]} position "
-        f"{at[1]} of lineage {lineage}, a state no part here recorded saving: the part that "
-        "did is lost, or the state is not one this job saved; what was delivered before it "
-        "cannot be told")})
-    return candidates[-1], None
-
-
-def _saver(start: _Start, saver: list[_Start], at: Mark,
-           missing: list[dict[str, Any]]) -> tuple[_Start | None, _Proof | None]:
-    """The start of the run named as the one that saved the state ``start`` resumed from."""
-    runs = ", ".join(r.run for r in start.runs)
-    origin = start.origin or {}
-    if not saver:
-        missing.append({"lineage": origin.get("lineage"), "why": (
-            f"runs {runs} resumed from a state run {origin.get('run')} saved (epoch {at[0]} "
-            f"position {at[1]}), and that run has no part here: what it delivered is unknown")})
-        return None, None
-    when = origin.get("time")  # a run can save the same place twice: the moment tells which
-    proof = [p for m, p in saver[-1].marks() if m == at and (when is None or p.time == when)]
-    if not proof:
-        missing.append({"lineage": origin.get("lineage"), "why": (
-            f"runs {runs} resumed from a state run {origin.get('run')} saved (epoch {at[0]} "
-            f"position {at[1]}), and none of its parts here recorded saving it: the part that "
-            "did is lost; what was delivered before it cannot be told")})
-    return saver[-1], (proof[-1] if proof else None)
-
-
-def _history(starts: list[_Start], notes: list[str], missing: list[dict[str, Any]],
-             replays: list[dict[str, Any]]) -> list[_Start]:
-    """The starts the model's history went through, oldest first; each but the newest gets the
-    ``cut`` its successor resumed from."""
-    if not starts:
-        return []
-    path = [starts[-1]]
-    while True:
-        child = path[-1]
-        parent, proof = _parent(child, starts, notes, missing)
-        if parent is None or parent in path:
-            break
-        at = _origin_mark(child.origin or {})
-        parent.cut, parent.proof = at, proof
-        _replayed(child, at, [s for s in starts if parent.created <= s.created < child.created],
-                  replays)
-        path.append(parent)
-    if path[-1].origin is None:  # a fresh start: had an earlier one saved states?
-        _replayed(path[-1], None, [s for s in starts if s.created < path[-1].created], replays)
-    return path[::-1]
-
-
-def _replayed(child: _Start, at: Mark | None, between: list[_Start],
-              replays: list[dict[str, Any]]) -> None:
-    """Name a restart of ``child`` from an older state than one saved since by the starts
-    ``between`` its parent and it."""
-    later = [(m, s) for s in between for m, _ in s.marks() if at is None or m > at]
-    if later:
-        m, s = max(later, key=lambda x: x[0])
-        replays.append(_replay(child, s, at, m))
-
-
-def _replay(child: _Start, parent: _Start, at: Mark | None, later: Mark) -> dict[str, Any]:
-    runs = [parent.runs[0].run, child.runs[0].run]
-    whence = "nothing" if at is None else f"epoch {at[0]} position {at[1]}"
-    return {"origin": child.origin, "runs": runs, "why": (
-        f"run {runs[1]} started from {whence}, although run {runs[0]} had saved a later state "
-        f"since (epoch {later[0]} position {later[1]}): a restart from an older checkpoint, or "
-        "from one whose save did not complete; what was delivered after it is rolled back")}
-
-
-def _local(part: _Part, position: int) -> int:
-    """Local positions of ``part``'s share before global ``position`` of its epoch."""
-    s = part.split
-    if position >= s.num_samples:
-        return s.length
-    return min(s.length, max(0, -(-(position - s.start) // s.world_size)))
-
-
-def _keep(start: _Start, batch: dict[str, int]) -> None:
-    """Set what each part of ``start`` keeps in the history: all of it, or what came before its
-    cut; a state the ledger saw saved proves every rank delivered up to it (lockstep)."""
-    cut, proof = start.cut, start.proof
-    for r in start.runs:
-        if cut is None:
-            before, current, after = list(r.parts), [], []
-        elif proof is None or proof.time is None:  # no record of the saving: by epoch
-            before = [p for p in r.parts if p.epoch < cut[0]]
-            current = [p for p in r.parts if p.epoch == cut[0]]
-            after = [p for p in r.parts if p.epoch > cut[0]]
-        else:
-            before, current, after = _around(start, r, proof)
-        for p in before:
-            _whole(p, batch[r.run])
-        for p in after:
-            p.kept, p.finished = 0, False
-        for p in current:
-            _cut(p, cut, batch[r.run])  # type: ignore[arg-type]
-    if proof is not None and cut is not None and proof.reached is not None:
-        _credit(start, cut, proof, batch)
-
-
-def _cut(p: _Part, cut: Mark, batch: int) -> None:
-    """``p`` was under way when the state at ``cut`` was saved: it keeps what came before."""
-    if p.epoch < cut[0]:
-        _whole(p, batch)
-    elif p.epoch == cut[0]:
-        p.kept = min(_local(p, cut[1]), p.reached)
-        p.finished = cut[1] >= p.split.num_samples and p.reached >= finished_reach(p.split, batch)
-    else:
-        p.kept, p.finished = 0, False
-
-
-def _around(start: _Start, r: _Run,
-            proof: _Proof) -> tuple[list[_Part], list[_Part], list[_Part]]:
-    """``r``'s parts before the saving of the state, the one under way then, and those after.
-    Ranks go through the same passes (lockstep): as many passes of every rank came before as
-    of the saving rank's."""
-    rec = proof.part
-    if r.run == rec.run:
-        return ([p for p in r.parts if p.seq < rec.seq], [rec],
-                [p for p in r.parts if p.seq > rec.seq])
-    saver = next(x for x in start.runs if x.run == rec.run)
-    done = sum(1 for p in saver.parts if _passed(p) and p.seq < rec.seq)
-    passes = [p for p in r.parts if _passed(p)]
-    records = [p for p in r.parts if not _passed(p)]  # they hold no delivery
-    if _passed(rec):
-        return records + passes[:done], passes[done:done + 1], passes[done + 1:]
-    return records + passes[:done], [], passes[done:]
-
-
-def _whole(p: _Part, batch: int) -> None:
-    p.kept = p.reached  # the loop received every batch of its share: finished
-    p.finished = p.reached >= finished_reach(p.split, batch)
-
-
-def _credit(start: _Start, cut: Mark, proof: _Proof, batch: dict[str, int]) -> None:
-    """Every rank's pass had received as many batches as the saving rank's when the state was
-    saved (lockstep): credit a rank whose part was last flushed before."""
-    rec = proof.part
-    if not _passed(rec):
-        return  # saved before its pass began: nothing of it to credit
-    done = -(-int(proof.reached or 0) // batch[rec.run])
-    for r in start.runs:
-        if proof.time is not None:
-            same = _around(start, r, proof)[1]
-        else:
-            same = [p for p in r.parts if p.epoch == rec.epoch][-1:]
-        for p in same:
-            want = min(p.split.length, done * batch[r.run])
-            if rec.epoch == cut[0]:
-                want = min(want, _local(p, cut[1]))
-            elif want >= finished_reach(p.split, batch[r.run]):
-                p.finished = True
-            if want > p.kept:
-                p.kept, p.credited = want, True
-
-
-# -- the epochs --------------------------------------------------------------------------------
-
 def _ids(info: dict[str, Any], part: _Part, k: int) -> np.ndarray:
     """The ids ``part`` delivered at its first ``k`` local positions (padding aside)."""
-    plan = _plan(info, part.epoch, part.header.get("layout"))
+    plan = epoch_plan(info, part.epoch, part.header.get("layout"))
     ids = delivered(plan, part.split, k)
     if part.bits is not None and k >= part.reached:  # version 1: its own record
         have = np.unpackbits(part.bits, count=part.split.num_samples, bitorder="little")
@@ -546,14 +172,8 @@ def _tally_part(info: dict[str, Any], part: _Part, t: _Tally) -> None:
     t.padding += max(0, k - padding_from(part.split))
     t.parts.append((part, kept))
     if part.finished:
-        plan = _plan(info, part.epoch, part.header.get("layout"))
+        plan = epoch_plan(info, part.epoch, part.header.get("layout"))
         np.add.at(t.dropped, dropped_ids(plan, part.split, k), 1)
-
-
-def _passed(p: _Part) -> bool:
-    """Whether a pass began in ``p`` (not a part that only put a loaded or saved state on
-    record; version 2 wrote none such)."""
-    return bool(p.header.get("pass", True))
 
 
 def _reached_epochs(history: list[_Start]) -> set[int]:
@@ -611,20 +231,19 @@ def _finished(history: list[_Start], epoch: int, reached: set[int]) -> str | Non
     return None
 
 
-def _parts_of(s: _Start) -> list[_Part]:
-    return [p for r in s.runs for p in r.parts]
-
-
 def _repeated(per_id: np.ndarray) -> np.ndarray:
     """Each id as many times as ``per_id`` counts it."""
     ids = np.flatnonzero(per_id > 0)
     return np.repeat(ids, per_id[ids])
 
 
-def _finding(per_id: np.ndarray, tally: _Tally, info: dict[str, Any]) -> dict[str, Any]:
+def _finding(per_id: np.ndarray, tally: _Tally, info: dict[str, Any],
+             epoch: int) -> dict[str, Any]:
     """A finding (``per_id``: how many times each id is found): how many ids, every id, and
     the parts that delivered (or held) the first few; for a mixture also each source's ids
-    within it, each as many times as it is found (a draw of it lost twice is listed twice)."""
+    within it, each as many times as it is found (a draw of it lost twice is listed twice); for
+    a Packed (its ids are rows) the pieces of documents the rows hold, ``[document, start,
+    length]``, each as many times as found, and their tokens."""
     ids = np.flatnonzero(per_id > 0)
     shown = ids[:SHOW]
     involved = [p.describe() for p, kept in tally.parts
@@ -637,6 +256,10 @@ def _finding(per_id: np.ndarray, tally: _Tally, info: dict[str, Any]) -> dict[st
         src = np.searchsorted(bases, ids, side="right") - 1
         out["sources"] = {name: (ids[src == s] - bases[s]).tolist()
                           for s, name in enumerate(info["sources"]) if (src == s).any()}
+    if _is_packed(info):
+        pieces = row_pieces(info, epoch, _repeated(per_id))
+        out["pieces"] = pieces
+        out["tokens"] = int(sum(k for _, _, k in pieces))
     return out
 
 
@@ -653,9 +276,10 @@ def _epoch_record(epoch: int, tally: _Tally, finished: str | None,
         "rolled_back": tally.rolled, "padding": tally.padding,
         "dropped": int(tally.dropped.sum()),
         # a delivery of an id beyond the times the epoch holds it (once, in a dataset's)
-        "repeats": _finding(counts - expected, tally, info), "missing": missing}
+        "repeats": _finding(counts - expected, tally, info, epoch), "missing": missing}
     if finished is not None:
-        rec["losses"] = _finding(expected - counts - tally.dropped - tally.skipped, tally, info)
+        rec["losses"] = _finding(expected - counts - tally.dropped - tally.skipped, tally, info,
+                                 epoch)
     else:
         rec["losses"] = None  # an epoch still under way loses nothing yet
     rec["exactly_once"] = rec["repeats"]["count"] == 0 and not missing and (
@@ -665,12 +289,12 @@ def _epoch_record(epoch: int, tally: _Tally, finished: str | None,
 
 def _epochs(info: dict[str, Any], parts: list[_Part],
             history: list[_Start]) -> list[dict[str, Any]]:
-    n = int(sum(info["counts"]))
     tallies: dict[int, _Tally] = {}
     for p in parts:  # parts off the history keep nothing: all they delivered is rolled back
         t = tallies.get(p.epoch)
         if t is None:
-            t = tallies[p.epoch] = _Tally(n, _expected(info, p.epoch))
+            want = expected(info, p.epoch)
+            t = tallies[p.epoch] = _Tally(len(want), want)
         _tally_part(info, p, t)
     reached = _reached_epochs(history)
     newest = max((p.epoch for p in _parts_of(history[-1])), default=-1) if history else -1
@@ -695,6 +319,7 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
     """
     root = os.fspath(root)
     info = _read_info(root)
+    check_info(info)
     parts, unreadable = _read_parts(root, info)
     runs = _runs(parts)
     notes: list[str] = []
@@ -710,7 +335,7 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
         _keep(s, batch)
     epochs = _epochs(info, parts, history)
     ok = not unreadable and not missing and all(e["exactly_once"] for e in epochs)
-    report = {"ledger": root, "samples": int(sum(info["counts"])), "ok": ok, "runs": [
+    report = {"ledger": root, "samples": samples(info), "ok": ok, "runs": [
         {"run": r.run, "host": r.host, "pid": r.pid, "rank": r.rank, "lineage": r.lineage,
          "resumed_from": r.origin, "marks": [list(m) for m, _ in r.marks()]} for r in runs],
               "replays": replays, "unreadable": unreadable, "missing": missing, "notes": notes,
@@ -718,67 +343,9 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
     if _is_mixture(info):
         report["mixture"] = {"sources": list(info["sources"]),
                              "sizes": [int(sum(c)) for c in info["shards"]],
-                             "draws": list(info["draws"]), "epoch_size": _positions(info)}
+                             "draws": list(info["draws"]), "epoch_size": positions(info, 0)}
+    if _is_packed(info):
+        report["packed"] = {"seq_len": int(info["seq_len"]), "packing": info["packing"],
+                            "field": info["field"], "documents": info["lengths"]["documents"],
+                            "tokens": info["lengths"]["tokens"]}
     return report
-
-
-def ledger_text(report: dict[str, Any]) -> str:
-    """The report as the ``feedpipe ledger`` command prints it."""
-    runs = f"{len(report['runs'])} run{'s' if len(report['runs']) != 1 else ''}"
-    mix = report.get("mixture")
-    if mix is None:
-        lines = [f"ledger {report['ledger']}: {report['samples']:,} samples, {runs}"]
-    else:
-        what = ", ".join(f"{name} ({size:,} samples, {draws:,} drawn an epoch)" for name, size,
-                         draws in zip(mix["sources"], mix["sizes"], mix["draws"]))
-        lines = [f"ledger {report['ledger']}: a mixture of {what}; {runs}"]
-    for u in report["unreadable"]:
-        lines.append(f"  UNREADABLE part {u['part']}: {u['why']} (what it recorded is unknown)")
-    for m in report["missing"]:
-        lines.append(f"  MISSING: {m['why']}")
-    for rp in report["replays"]:
-        lines.append(f"  restart: {rp['why']}")
-    for note in report["notes"]:
-        lines.append(f"  note: {note}")
-    for e in report["epochs"]:
-        lines.extend(_epoch_lines(e, report["samples"], mix is not None))
-    skipped = sum(e["skipped"]["count"] for e in report["epochs"])
-    also = f" ({skipped:,} samples skipped by the transform, named above)" if skipped else ""
-    lines.append(f"OK: every finished epoch exactly once{also}" if report["ok"] else
-                 "NOT exactly once: see above")
-    return "\n".join(lines)
-
-
-def _epoch_lines(e: dict[str, Any], samples: int, mixture: bool = False) -> list[str]:
-    state = f"finished: {e['why_finished']}" if e["finished"] else "not finished"
-    extra = [f"{e[k]} {k.replace('_', ' ')}" for k in ("rolled_back", "padding", "dropped")
-             if e[k]]
-    if e["skipped"]["count"]:
-        extra.insert(0, f"{e['skipped']['count']:,} skipped by the transform (ids "
-                        f"{_ids_text(e['skipped']['ids'])})")
-    parts = f"{e['parts']} part{'s' if e['parts'] != 1 else ''}"
-    # a mixture's epoch holds some samples more than once: its deliveries against its draws
-    got, of = (e["delivered"], e["expected"]) if mixture else (e["distinct"], samples)
-    head = (f"  epoch {e['epoch']} ({state}, {parts}): {got:,} of {of:,} "
-            f"delivered{'; ' + ', '.join(extra) if extra else ''}")
-    if e["exactly_once"]:
-        return [head + (" - exactly once" if e["finished"] else " - no repeat so far")]
-    lines = [head]
-    for m in e["missing"]:
-        lines.append(f"    MISSING: {m['why']}")
-    for what in ("repeats", "losses"):
-        f = e[what]
-        if f and f["count"]:
-            # a mixture's: the draws found (an id of a source drawn twice may be lost twice)
-            count = sum(map(len, f["sources"].values())) if "sources" in f else f["count"]
-            name = what[:-1] if count == 1 else what
-            ids = (", ".join(f"{s} ids {_ids_text(v)}" for s, v in f["sources"].items())
-                   if "sources" in f else f"ids {_ids_text(f['ids'])}")
-            lines.append(f"    {count:,} {name}, {ids}; parts: "
-                         f"{'; '.join(f['parts']) or '-'}")
-    return lines
-
-
-def _ids_text(ids: list[int]) -> str:
-    more = f" and {len(ids) - SHOW:,} more (--json lists them all)" if len(ids) > SHOW else ""
-    return f"{ids[:SHOW]}{more}"

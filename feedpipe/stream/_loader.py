@@ -32,7 +32,7 @@ from ._collator import BatchCollator
 from ._dataset import FeedDataset
 from ._epoch import EpochState
 from ._io import ZERO, IoTally, add, io_figures
-from ._ledger import Ledger
+from ._ledger import Ledger, dataset_info
 from ._packed import Packed
 from ._routes import ROUTES, Config, Route, choose
 from ._worker_rows import RowRelease, sees_holders, writes_into
@@ -95,7 +95,8 @@ class FeedLoader:
             changes of world size, exactly-once. Every run of one job passes the same
             directory. Its ``state_dict()`` then carries a ``ledger`` mark. Over a
             :class:`Mixture`, an epoch must deliver each (source, id) as many times as the
-            mixture's plan draws it; a :class:`Packed` loader refuses ``ledger=``.
+            mixture's plan draws it; over a :class:`Packed`, each row of the epoch once (every
+            token of its documents once), a loss or repeat named by its pieces of documents.
         **loader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
@@ -130,11 +131,6 @@ class FeedLoader:
         if not isinstance(dataset, (FeedDataset, Mixture, Packed)):
             raise TypeError(f"FeedLoader needs a FeedDataset, a Mixture or a Packed, not "
                             f"{type(dataset).__name__}")
-        if isinstance(dataset, Packed) and ledger is not None:
-            raise ValueError("FeedLoader over a Packed does not take ledger= yet: the ledger "
-                             "proves sample ids (a FeedDataset's or a Mixture's) exactly once, "
-                             "and a Packed loader delivers rows of pieces of documents, which it "
-                             "does not record; leave ledger out for a Packed")
         # a Packed (and a Mixture) is read through what the batch loop reads of a FeedDataset
         # (a Packed's rows are its samples: feedpipe.stream._packed)
         dataset = cast(FeedDataset, dataset)
@@ -597,12 +593,9 @@ def _ledger_info(dataset: FeedDataset) -> dict[str, Any]:
     """What ``ledger.json`` records of the dataset: what its epochs' plans are made of."""
     from ._mixture import Mixture
 
-    if isinstance(dataset, Mixture):
+    if isinstance(dataset, (Mixture, Packed)):
         return dataset.ledger_info()
-    return {"digest": dataset.identity["digest"],
-            "counts": [int(c) for c in dataset.shards.counts], "seed": dataset.seed,
-            "shuffle": dataset.shuffle, "window": dataset.shuffle_window,
-            "drop_last": dataset.drop_last}
+    return dataset_info(dataset)
 
 
 def _pinned(batch: Any) -> Any:

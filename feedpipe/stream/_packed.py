@@ -1,12 +1,13 @@
-"""``Packed``: token documents concatenated in plan order and cut into rows of ``seq_len``.
+"""``Packed``: token documents packed in plan order into rows of ``seq_len``.
 
 The packing of an epoch is a pure function of the plan's document order and the documents'
-lengths: row ``r`` holds tokens ``[r * seq_len, (r + 1) * seq_len)`` of the epoch's
-concatenation. Rows are therefore dealt to ranks, batches and worker processes like samples
-(the ``packed`` routes of the loader: a Packed reads as a dataset whose samples are rows), and a
-reader's place in an epoch is a row position: a state saved mid-document resumes, on any number
-of ranks, to exactly the tokens not yet delivered. With several ranks the rows are made a
-multiple of the world size with rows of padding only, so every rank gets as many batches.
+lengths (:mod:`feedpipe.plan._packing`; by default concatenate and cut: row ``r`` holds tokens
+``[r * seq_len, (r + 1) * seq_len)`` of the epoch's concatenation). Rows are therefore dealt to
+ranks, batches and worker processes like samples (the ``packed`` routes of the loader: a Packed
+reads as a dataset whose samples are rows), and a reader's place in an epoch is a row position:
+a state saved mid-document resumes, on any number of ranks, to exactly the tokens not yet
+delivered. With several ranks the rows are made a multiple of the world size with rows of
+padding only, so every rank gets as many batches.
 
 Where the documents are raw ``.npy`` fields of local shards, no document is read whole: their
 lengths come from the headers (:class:`~feedpipe.stream._token_docs.TokenDocs`) and a group of
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,14 +27,19 @@ from .._helpers.dependency import say_unbuilt
 from .._redact import logger
 from ..errors import PackedFieldError
 from ..plan._order import Plan, Split
-from ._collator import shared_empty
+from ..plan._packing import CONCATENATE, CutLayout, Layout, Packing, offsets_of, rows_split
+from ..plan._packing import row_pieces as row_pieces  # the plan's, named here as before
 from ._dataset import FeedDataset, checked_resume_point
+from ._ledger import dataset_info
+from ._ledger_kinds import lengths_record
+from ._packed_batches import IGNORE as IGNORE  # the label of a padding token
+from ._packed_batches import Group, placed
+from ._packed_batches import PackedFetch as PackedFetch  # the packed routes' fetch
+from ._packed_batches import Shipment as Shipment  # what a worker sends
 from ._token_docs import NotMapped, TokenDocs
 
 if TYPE_CHECKING:
-    from ._batch_loop import PartTimes
     from ._mixture import Mixture
-    from ._worker_rows import ByteRing
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
     from .._native import _packrows
@@ -44,7 +48,6 @@ except ImportError:  # pragma: no cover - where it did not build, numpy copies t
 
 log = logger("feedpipe")
 
-IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
 # the batches a reader's fetch makes together (PackedFetch): at most so many tokens and batches
 GROUP_TOKENS = 1 << 19
 GROUP_BATCHES = 32
@@ -55,46 +58,6 @@ def piece_copier() -> str:
     extension ``feedpipe._native._packrows`` where it was built, else ``numpy`` (slower: one view
     object per piece, see ``benchmarks/bench_packed.py``)."""
     return "numpy" if _packrows is None else "feedpipe._native._packrows"
-
-
-def row_pieces(offsets: np.ndarray, row: int, seq_len: int) -> list[tuple[int, int, int]]:
-    """The pieces of row ``row``: ``(document index, start in document, length)``.
-
-    ``offsets`` are the documents' token prefix sums (``offsets[0] == 0``, ``offsets[-1]`` the
-    epoch's tokens).
-
-    Example:
-        >>> row_pieces(np.array([0, 3, 10]), 1, 4)
-        [(1, 1, 4)]
-        >>> row_pieces(np.array([0, 3, 10]), 0, 4)
-        [(0, 0, 3), (1, 0, 1)]
-    """
-    lo = row * seq_len
-    hi = min(lo + seq_len, int(offsets[-1]))
-    out = []
-    d = int(np.searchsorted(offsets, lo, side="right")) - 1
-    while lo < hi:
-        end = min(int(offsets[d + 1]), hi)
-        if end > lo:
-            out.append((d, lo - int(offsets[d]), end - lo))
-        lo = end
-        d += 1
-    return out
-
-
-def rows_split(num_rows: int, start: int, world_size: int, rank: int,
-               whole_batches: bool = False) -> Split:
-    """Rank ``rank``'s share of an epoch's ``num_rows`` rows from row ``start`` on: the rows
-    are made a multiple of ``world_size`` from ``start`` with rows of padding only (rows past
-    the epoch's tokens), so every rank gets as many rows and no token is dealt twice.
-
-    Example:
-        >>> s = rows_split(7, 0, 2, 1)
-        >>> s.num_samples, s.positions(0, s.length).tolist()
-        (8, [1, 3, 5, 7])
-    """
-    end = start + -(-max(num_rows - start, 0) // world_size) * world_size
-    return Split(end, world_size, rank, int(start), False, bool(whole_batches))
 
 
 class Packed:
@@ -124,7 +87,14 @@ class Packed:
             hold one document each; its rank and world size are the reader's.
         seq_len: tokens per row.
         field: the sample field holding the document.
-        pad_id: the token id that fills the epoch's last row.
+        pad_id: the token id of padding (the epoch's last row, the rows of padding only).
+        packing: the packing strategy (a :class:`~feedpipe.Packing`), which lays an epoch's
+            documents out in rows; the default, :class:`~feedpipe.ConcatenateAndCut`
+            (``"concatenate"``), is the concatenation cut every ``seq_len`` tokens described
+            above. :class:`~feedpipe.BestFit` (``"best-fit"``) keeps each document no longer
+            than a row whole, in the fullest row it fits, with padding (label -100, its own
+            piece in ``cu_seqlens``) left in rows: :meth:`fill` and a log record per epoch say
+            how much of the rows is documents'.
 
     Example:
         >>> import feedpipe, numpy as np
@@ -137,7 +107,7 @@ class Packed:
     """
 
     def __init__(self, dataset: FeedDataset | Mixture, seq_len: int, field: str = "tokens.npy",
-                 pad_id: int = 0) -> None:
+                 pad_id: int = 0, packing: Packing = CONCATENATE) -> None:
         from ._mixture import Mixture
 
         if not isinstance(dataset, (FeedDataset, Mixture)):
@@ -149,11 +119,16 @@ class Packed:
         self.seq_len = int(seq_len)
         self.field = field
         self.pad_id = int(pad_id)
+        if not callable(getattr(packing, "layout", None)) or not isinstance(
+                getattr(packing, "name", None), str):
+            raise TypeError(f"packing= takes a packing strategy (a `name` and a `layout(lengths, "
+                            f"seq_len)`, see feedpipe.plan._packing), not {packing!r}")
+        self.packing = packing
         self.documents_read = 0
         self.bytes_read = 0  # token bytes copied out of the documents (loader.stats()["io"])
         self._docs: TokenDocs | None | bool = False  # False: not looked at yet; None: read whole
         self._lengths: np.ndarray | None = None  # per global sample id; -1: not known yet
-        self._epoch: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, order, offsets)
+        self._epoch: tuple[int, np.ndarray, Layout] | None = None  # (epoch, order, rows)
         self._counting = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ...: a token's place in its batch
         # per open shard: its reader, its map as bytes and as elements of each dtype
         self._views: dict[int, tuple[Any, np.ndarray, dict[np.dtype, np.ndarray]]] = {}
@@ -225,24 +200,38 @@ class Packed:
 
     def offsets(self, epoch: int) -> np.ndarray:
         """The token prefix sums of ``epoch``'s documents in plan order."""
+        return offsets_of(self.lengths(epoch)[self.order(epoch)])
+
+    def layout(self, epoch: int) -> Layout:
+        """``epoch``'s rows as the packing strategy lays them out: a piece's document is its
+        place in :meth:`order`."""
         return self._plan(epoch)[1]
 
-    def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """``epoch``'s document order and token prefix sums (kept: every batch asks)."""
+    def _plan(self, epoch: int) -> tuple[np.ndarray, Layout]:
+        """``epoch``'s document order and rows (kept: every batch asks)."""
         if self._epoch is not None and self._epoch[0] == epoch:
             return self._epoch[1], self._epoch[2]
         plan = self.dataset.plan(epoch)
         if isinstance(plan, Plan) and plan.nodes > 1:  # rows are dealt here: documents in the
             plan = dataclasses.replace(plan, layout=None)  # global order, whatever the world
         order = plan.sample_ids(np.arange(self.dataset.manifest.total_samples))
-        offsets = np.zeros(len(order) + 1, dtype=np.int64)
-        np.cumsum(self.lengths(epoch)[order], out=offsets[1:])
-        self._epoch = (epoch, order, offsets)
-        return order, offsets
+        layout = self.packing.layout(self.lengths(epoch)[order], self.seq_len)
+        if not layout.contiguous:  # the padding a strategy leaves in rows is said
+            log.info("Packed epoch %d: %d rows of %d tokens packed by %r, %.1f%% of them "
+                     "documents' tokens (the rest padding)", epoch, layout.num_rows,
+                     self.seq_len, self.packing.name, 100 * layout.fill)
+        self._epoch = (epoch, order, layout)
+        return order, layout
+
+    def fill(self, epoch: int) -> float:
+        """The share of ``epoch``'s row tokens that are documents' (1.0 but for the last row
+        with the default packing; what :class:`~feedpipe.BestFit` leaves as
+        padding inside rows is the rest)."""
+        return float(self.layout(epoch).fill)
 
     def num_rows(self, epoch: int) -> int:
         """Rows of all ranks in ``epoch``."""
-        return -(-int(self.offsets(epoch)[-1]) // self.seq_len)
+        return int(self.layout(epoch).num_rows)
 
     # -- batches -----------------------------------------------------------------------------
     def rows(self, epoch: int, rows: np.ndarray) -> dict[str, Any]:
@@ -256,47 +245,45 @@ class Packed:
         group = self._group(epoch, groups)
         return [group.make(b) for b in range(len(groups))]
 
-    def _group(self, epoch: int, groups: list[np.ndarray]) -> _Group:
+    def group_sizes(self) -> tuple[int, int]:
+        """The most tokens and batches a reader's fetch makes together (the packed routes)."""
+        return GROUP_TOKENS, GROUP_BATCHES
+
+    def _group(self, epoch: int, groups: list[np.ndarray]) -> Group:
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
-        next) of ``epoch``, ready to be made one by one (:meth:`_Group.make`): where the pieces
+        next) of ``epoch``, ready to be made one by one (:meth:`Group.make`): where the pieces
         of each batch lie is worked out for all at once, and their tokens are copied out of the
         documents now (numpy's per-call costs paid once a group, and a shard cut later cannot
         reach them), while each batch's fields are written only when it is asked for (the
         memory of the batch before, freed by then, is reused while it is still in the cache)."""
         rows = np.concatenate(groups).astype(np.int64, copy=False)
-        order, offsets = self._plan(epoch)
-        L, total, n = self.seq_len, int(offsets[-1]), len(rows)
+        order, layout = self._plan(epoch)
+        L, n = self.seq_len, len(rows)
         N = n * L
         edges = np.zeros(len(groups) + 1, dtype=np.int64)  # each batch's place in the group
         np.cumsum([len(g) * L for g in groups], out=edges[1:])
-        # runs of consecutive rows: each a contiguous range of the epoch's tokens, and the
-        # group the runs concatenated (only the epoch's last row can be short, and rows past
-        # the epoch's tokens are padding only: they come last)
-        real = rows[rows * L < total]
-        new = np.ones(len(real), dtype=bool)
-        new[1:] = real[1:] != real[:-1] + 1
-        first = np.flatnonzero(new)
-        tlo = real[first] * L
-        thi = np.minimum(np.append(real[first[1:] - 1], real[-1:]) * L + L, total)
-        d0 = np.searchsorted(offsets, tlo, side="right") - 1
-        cnt = np.searchsorted(offsets, thi, side="left") - d0
-        run = np.repeat(np.arange(len(first)), cnt)
-        doc = np.arange(len(run)) + np.repeat(d0 - (np.cumsum(cnt) - cnt), cnt)
-        a = np.maximum(offsets[doc], tlo[run])
-        k = np.minimum(offsets[doc + 1], thi[run]) - a
-        keep = k > 0  # documents without tokens are no piece
-        doc, k = doc[keep], k[keep]
-        into = a[keep] - offsets[doc]  # where each piece starts in its document
+        # the pieces of the rows, in order (only the epoch's last row can be short, and rows
+        # past the epoch's tokens are padding only: they come last)
+        if isinstance(layout, CutLayout):  # a run of rows is one range: copied at once
+            doc, into, k = layout.spans(rows)
+        else:
+            p = layout.pieces(rows)
+            doc, into, k = p.doc, p.start, p.length
         at = np.cumsum(k) - k  # where each piece starts in the group
         m = int(k.sum())
-        # pieces of the positions start at each row, each document start and the padding
-        starts = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * L, at[into == 0],
-                                           [m] if m < N else []]).astype(np.int64))
         tokens = self._tokens(epoch, order[doc], into, k)
+        real = None
+        if layout.contiguous:
+            # pieces of the positions start at each row, each document start and the padding
+            starts = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * L, at[into == 0],
+                                               [m] if m < N else []]).astype(np.int64))
+        else:  # padding inside rows: each piece is put in its place, the rest is padding
+            tokens, real, starts = placed(tokens, p.row, k, at, n, L, self.pad_id)
+            m = N
         most = int(np.diff(edges).max(initial=0))  # the tokens of the group's largest batch
         if len(self._counting) < most:
             self._counting = np.arange(most, dtype=np.int64)
-        return _Group(tokens, starts, edges, m, L, self.pad_id, self._counting)
+        return Group(tokens, starts, edges, m, L, self.pad_id, self._counting, real)
 
     def _tokens(self, epoch: int, docs: np.ndarray, into: np.ndarray,
                 k: np.ndarray) -> np.ndarray:
@@ -444,13 +431,37 @@ class Packed:
         e = self.dataset.epoch if epoch is None else int(epoch)
         return rows_split(self.num_rows(e), int(start), w.world_size, w.rank, whole_batches)
 
+    def ledger_info(self) -> dict[str, Any]:
+        """What ``FeedLoader(ledger=)`` records of this Packed in ``ledger.json``: the documents'
+        dataset (its own record), ``seq_len``, the field, the packing strategy and every
+        document's length with a digest, from which ``feedpipe ledger`` recomputes each
+        epoch's rows."""
+        from ._mixture import Mixture
+
+        ds = self.dataset
+        inner = ds.ledger_info() if isinstance(ds, Mixture) else dataset_info(ds)
+        e = ds.epoch
+        return {"kind": "packed", "digest": inner["digest"], "inner": inner,
+                "counts": inner["counts"], "seq_len": self.seq_len, "field": self.field,
+                "packing": self.packing.name, "lengths": lengths_record(self.lengths(e)),
+                "drop_last": False}
+
     # -- states ------------------------------------------------------------------------------
     def state_at(self, epoch: int, row: int) -> dict[str, Any]:
         """The resumable state of a reader at global row ``row`` of ``epoch``."""
         state = self.dataset.state_at(epoch, 0)
         state["position"] = int(row)
-        state["packed"] = {"seq_len": self.seq_len, "field": self.field}
+        state["packed"] = self._packed_entry()
         return state
+
+    def _packed_entry(self) -> dict[str, Any]:
+        """What a state records of the packing: a row position names other tokens under
+        another ``seq_len``, field or strategy (the default strategy is not named, so states
+        saved before strategies were named still resume)."""
+        entry: dict[str, Any] = {"seq_len": self.seq_len, "field": self.field}
+        if self.packing.name != CONCATENATE.name:
+            entry["packing"] = self.packing.name
+        return entry
 
     def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
         """The ``(epoch, row)`` a reader loading ``state`` continues from: a state of another
@@ -467,7 +478,7 @@ class Packed:
         why = self.dataset.state_mismatch({**state, "position": 0})
         if why is not None:
             return why
-        mine = {"seq_len": self.seq_len, "field": self.field}
+        mine = self._packed_entry()
         if state.get("packed") != mine:
             return (f"the state was saved with packing {state.get('packed')!r}, this loader "
                     f"packs {mine!r}; its row position would name other tokens")
@@ -481,190 +492,3 @@ class Packed:
             return (f"the saved row {row!r} is outside epoch {epoch}, which has {rows} rows "
                     f"of {self.seq_len} tokens")
         return None
-
-
-class PackedFetch:
-    """fetch=packed: a reader's batches of rows made in groups of up to ``GROUP_TOKENS``
-    tokens and ``GROUP_BATCHES`` batches (``Packed._group``), so that numpy's per-call
-    costs are paid once a group, and each batch of a group written when it is asked for."""
-
-    def __init__(self, packed: Packed, epoch: int) -> None:
-        self.packed, self.epoch = packed, epoch
-        self.group = max(1, GROUP_TOKENS // packed.seq_len)  # rows made at once
-
-    def __call__(self, rows: np.ndarray) -> dict[str, Any]:
-        """The batch of rows ``rows`` on its own."""
-        return self.packed.rows(self.epoch, rows)
-
-    def groups(self, batches: Iterator[np.ndarray],
-               times: PartTimes | None = None) -> Iterator[tuple[_Group, int]]:
-        """Each group of ``batches`` (a reader's batches of rows, in order) and how many
-        batches it holds; ``times``: the groups' seconds are added to ``fetch``."""
-        packed, epoch, most = self.packed, self.epoch, self.group
-        clock = time.perf_counter
-        pending: list[np.ndarray] = []
-        rows = 0
-        size = 1  # the first batch is made on its own: the reader waits for no group
-        end = object()
-        it = iter(batches)
-        while True:
-            ids = next(it, end)
-            if ids is not end:
-                pending.append(ids)  # type: ignore[arg-type]
-                rows += len(ids)  # type: ignore[arg-type]
-                if rows < most and len(pending) < size:
-                    continue
-            if not pending:
-                return
-            t0 = clock()
-            group = packed._group(epoch, pending)
-            if times is not None:
-                times.fetch += clock() - t0
-            yield group, len(pending)
-            # the group's tokens go before the next group's are copied: one at a time alive
-            pending, rows, group = [], 0, None  # type: ignore[assignment]
-            size = GROUP_BATCHES
-
-    def run(self, batches: Iterator[np.ndarray],
-            times: PartTimes | None = None) -> Iterator[dict[str, Any]]:
-        """The batch of each of ``batches`` (a reader's batches of rows, in order).
-        ``times``: the groups' seconds are added to ``fetch``, the batches' to ``sink``."""
-        clock = time.perf_counter
-        for group, n in self.groups(batches, times):
-            for b in range(n):
-                t0 = clock()
-                batch = group.make(b)
-                if times is not None:
-                    times.sink += clock() - t0
-                yield batch
-            del group  # gone before the next group's tokens are copied
-
-    def ship(self, batches: Iterator[np.ndarray], worker: int, ring: ByteRing | None = None,
-             times: PartTimes | None = None) -> Iterator[Shipment]:
-        """:meth:`run`'s batches, each group written into one buffer in shared memory
-        (:class:`Shipment`), as worker ``worker`` sends them: a buffer of ``ring`` (its
-        :meth:`~feedpipe.stream._worker_rows.ByteRing.ticket` then names it), else a fresh
-        one. ``times`` as for :meth:`run`."""
-        clock = time.perf_counter
-        for group, count in self.groups(batches, times):
-            t0 = clock()
-            layout = [(group.size[b], group.cu_len(b)) for b in range(count)]
-            wide, narrow = Shipment.size(layout)
-            size = wide * 8 + narrow * 4
-            buf = shared_empty((size,), torch.uint8) if ring is None else ring.buffer(size)
-            raw = buf.numpy()
-            longs, ints = raw[:wide * 8].view(np.int64), raw[wide * 8:].view(np.int32)
-            a = c = 0
-            for b, (n, k) in enumerate(layout):
-                group.write(b, longs[a:a + 3 * n].reshape(3, n), ints[c:c + k])
-                a, c = a + 3 * n, c + k
-            if times is not None:
-                times.sink += clock() - t0
-            del group, raw, longs, ints  # gone before the next group's tokens are copied
-            yield Shipment(worker, buf, layout, self.packed.seq_len)
-
-
-class _Group:
-    """The batches of one ``Packed._group`` call, each made when asked (:meth:`make`): the
-    group's tokens (``tokens``; the padding starts at ``m``), and where each piece of the
-    positions starts (``starts``, ascending: each row, each document and the padding start
-    one)."""
-
-    __slots__ = ("tokens", "lo", "size", "full", "at", "local", "counts", "cu", "L", "pad",
-                 "count")
-
-    def __init__(self, tokens: np.ndarray, starts: np.ndarray, edges: np.ndarray, m: int,
-                 L: int, pad: int, count: np.ndarray) -> None:
-        self.tokens, self.L, self.pad, self.count = tokens, L, pad, count
-        lo, size = edges[:-1], np.diff(edges)
-        self.lo, self.size = lo.tolist(), size.tolist()
-        self.full = np.clip(m - lo, 0, size).tolist()  # each batch's tokens before the padding
-        # batch b's pieces are starts[at[b]:at[b + 1]] (each batch's first row starts one)
-        at = np.searchsorted(starts, edges)
-        self.at = at.tolist()
-        per = np.diff(at)
-        self.local = starts - np.repeat(lo, per)  # where each piece starts in its batch
-        self.counts = np.diff(np.append(starts, edges[-1:]))  # each piece's tokens
-        # each batch's cu_seqlens: its pieces' starts, then its size (b's are cu[at[b] + b:
-        # at[b + 1] + b + 1])
-        self.cu = np.insert(self.local, at[1:], size).astype(np.int32)
-
-    def make(self, b: int) -> dict[str, Any]:
-        """Batch ``b`` of the group, in memory of its own."""
-        n = self.size[b]
-        buf = np.empty((3, n), dtype=np.int64)  # ids, positions, labels
-        self.write(b, buf)
-        i, j, L = self.at[b], self.at[b + 1], self.L
-        ids, pos, labels = buf
-        return {"input_ids": torch.from_numpy(ids.reshape(-1, L)),
-                "position_ids": torch.from_numpy(pos.reshape(-1, L)),
-                "labels": torch.from_numpy(labels.reshape(-1, L)),
-                "cu_seqlens": torch.from_numpy(self.cu[i + b:j + b + 1])}
-
-    def cu_len(self, b: int) -> int:
-        """The length of batch ``b``'s ``cu_seqlens``."""
-        return self.at[b + 1] - self.at[b] + 1
-
-    def write(self, b: int, buf: np.ndarray, cu: np.ndarray | None = None) -> None:
-        """Batch ``b``'s ids, positions and labels into ``buf`` (int64 ``[3, tokens]``), and
-        its ``cu_seqlens`` into ``cu`` where given."""
-        lo, n, full = self.lo[b], self.size[b], self.full[b]
-        i, j = self.at[b], self.at[b + 1]
-        ids, pos, labels = buf
-        ids[:full] = self.tokens[lo:lo + full]
-        labels[:full] = ids[:full]
-        if full < n:  # the epoch's last tokens: padding after them
-            ids[full:] = self.pad
-            labels[full:] = IGNORE
-        # a token's position: its place in the batch less its piece's start (no loop over
-        # the pieces)
-        np.subtract(self.count[:n], np.repeat(self.local[i:j], self.counts[i:j]), out=pos)
-        if cu is not None:
-            cu[:] = self.cu[i + b:j + b + 1]
-
-
-class Shipment:
-    """A worker's group of batches written into one shared-memory buffer: what crosses from a
-    worker process to the training process in one message (``packed-workers``). Each tensor
-    sent through a DataLoader's queue is a shared-memory segment of its own, with its file
-    descriptor handed over by a round trip between the two processes; a batch of four fields
-    sent as tensors costs four, which is more than making the batch. A shipment costs one for
-    a whole group.
-
-    ``worker``: the worker that made it (its batches are that worker's next ones, in order);
-    ``layout``: each batch's tokens and ``cu_seqlens`` length; the buffer holds each batch's
-    ids, positions and labels (int64), then every batch's ``cu_seqlens`` (int32)."""
-
-    __slots__ = ("worker", "buffer", "layout", "L")
-
-    def __init__(self, worker: int, buffer: torch.Tensor, layout: list[tuple[int, int]],
-                 L: int) -> None:
-        self.worker, self.buffer, self.layout, self.L = worker, buffer, layout, L
-
-    def __reduce__(self) -> Any:
-        return Shipment, (self.worker, self.buffer, self.layout, self.L)
-
-    def __len__(self) -> int:
-        return len(self.layout)
-
-    @staticmethod
-    def size(layout: list[tuple[int, int]]) -> tuple[int, int]:
-        """The int64 elements of ``layout``'s fields, and the int32 elements of its
-        ``cu_seqlens`` (after them)."""
-        return 3 * sum(n for n, _ in layout), sum(c for _, c in layout)
-
-    def unpacked(self, pin: bool = False) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-        """The buffer the batches view (``pin``: a copy of it in pinned memory, made once
-        for all of them), and the batches."""
-        buf = self.buffer.pin_memory() if pin else self.buffer
-        wide, _ = self.size(self.layout)
-        longs, ints = buf[:wide * 8].view(torch.int64), buf[wide * 8:].view(torch.int32)
-        L = self.L
-        out = []
-        # one call each for every batch's fields and cu_seqlens, and one a batch for its three
-        for part, cu in zip(torch.split(longs, [3 * n for n, _ in self.layout]),
-                            torch.split(ints, [k for _, k in self.layout])):
-            ids, pos, labels = part.view(3, -1, L).unbind(0)
-            out.append({"input_ids": ids, "position_ids": pos, "labels": labels,
-                        "cu_seqlens": cu})
-        return buf, out

@@ -1,0 +1,233 @@
+"""The batches of a :class:`~feedpipe.Packed` reader: made in groups (:class:`PackedFetch`),
+a group of them made at once (:class:`Group`), and a worker's group written into one
+shared-memory buffer (:class:`Shipment`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ._collator import shared_empty
+
+if TYPE_CHECKING:
+    from ._batch_loop import PartTimes
+    from ._packed import Packed
+    from ._worker_rows import ByteRing
+
+IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
+
+
+class PackedFetch:
+    """fetch=packed: a reader's batches of rows made in groups of up to
+    :meth:`~feedpipe.stream._packed.Packed.group_sizes` tokens and batches
+    (``Packed._group``), so that numpy's per-call costs are paid once a group, and each batch
+    of a group written when it is asked for."""
+
+    def __init__(self, packed: Packed, epoch: int) -> None:
+        self.packed, self.epoch = packed, epoch
+        tokens, self.most = packed.group_sizes()
+        self.group = max(1, tokens // packed.seq_len)  # rows made at once
+
+    def __call__(self, rows: np.ndarray) -> dict[str, Any]:
+        """The batch of rows ``rows`` on its own."""
+        return self.packed.rows(self.epoch, rows)
+
+    def groups(self, batches: Iterator[np.ndarray],
+               times: PartTimes | None = None) -> Iterator[tuple[Group, int]]:
+        """Each group of ``batches`` (a reader's batches of rows, in order) and how many
+        batches it holds; ``times``: the groups' seconds are added to ``fetch``."""
+        packed, epoch, most = self.packed, self.epoch, self.group
+        clock = time.perf_counter
+        pending: list[np.ndarray] = []
+        rows = 0
+        size = 1  # the first batch is made on its own: the reader waits for no group
+        end = object()
+        it = iter(batches)
+        while True:
+            ids = next(it, end)
+            if ids is not end:
+                pending.append(ids)  # type: ignore[arg-type]
+                rows += len(ids)  # type: ignore[arg-type]
+                if rows < most and len(pending) < size:
+                    continue
+            if not pending:
+                return
+            t0 = clock()
+            group = packed._group(epoch, pending)
+            if times is not None:
+                times.fetch += clock() - t0
+            yield group, len(pending)
+            # the group's tokens go before the next group's are copied: one at a time alive
+            pending, rows, group = [], 0, None  # type: ignore[assignment]
+            size = self.most
+
+    def run(self, batches: Iterator[np.ndarray],
+            times: PartTimes | None = None) -> Iterator[dict[str, Any]]:
+        """The batch of each of ``batches`` (a reader's batches of rows, in order).
+        ``times``: the groups' seconds are added to ``fetch``, the batches' to ``sink``."""
+        clock = time.perf_counter
+        for group, n in self.groups(batches, times):
+            for b in range(n):
+                t0 = clock()
+                batch = group.make(b)
+                if times is not None:
+                    times.sink += clock() - t0
+                yield batch
+            del group  # gone before the next group's tokens are copied
+
+    def ship(self, batches: Iterator[np.ndarray], worker: int, ring: ByteRing | None = None,
+             times: PartTimes | None = None) -> Iterator[Shipment]:
+        """:meth:`run`'s batches, each group written into one buffer in shared memory
+        (:class:`Shipment`), as worker ``worker`` sends them: a buffer of ``ring`` (its
+        :meth:`~feedpipe.stream._worker_rows.ByteRing.ticket` then names it), else a fresh
+        one. ``times`` as for :meth:`run`."""
+        clock = time.perf_counter
+        for group, count in self.groups(batches, times):
+            t0 = clock()
+            layout = [(group.size[b], group.cu_len(b)) for b in range(count)]
+            wide, narrow = Shipment.size(layout)
+            size = wide * 8 + narrow * 4
+            buf = shared_empty((size,), torch.uint8) if ring is None else ring.buffer(size)
+            raw = buf.numpy()
+            longs, ints = raw[:wide * 8].view(np.int64), raw[wide * 8:].view(np.int32)
+            a = c = 0
+            for b, (n, k) in enumerate(layout):
+                group.write(b, longs[a:a + 3 * n].reshape(3, n), ints[c:c + k])
+                a, c = a + 3 * n, c + k
+            if times is not None:
+                times.sink += clock() - t0
+            del group, raw, longs, ints  # gone before the next group's tokens are copied
+            yield Shipment(worker, buf, layout, self.packed.seq_len)
+
+
+class Group:
+    """The batches of one ``Packed._group`` call, each made when asked (:meth:`make`): the
+    group's tokens (``tokens``; the padding starts at ``m``), and where each piece of the
+    positions starts (``starts``, ascending: each row, each document and the padding start
+    one)."""
+
+    __slots__ = ("tokens", "lo", "size", "full", "at", "local", "counts", "cu", "L", "pad",
+                 "count", "real")
+
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray, edges: np.ndarray, m: int,
+                 L: int, pad: int, count: np.ndarray, real: np.ndarray | None = None) -> None:
+        self.tokens, self.L, self.pad, self.count = tokens, L, pad, count
+        self.real = real  # which tokens are documents' where rows hold padding inside
+        lo, size = edges[:-1], np.diff(edges)
+        self.lo, self.size = lo.tolist(), size.tolist()
+        self.full = np.clip(m - lo, 0, size).tolist()  # each batch's tokens before the padding
+        # batch b's pieces are starts[at[b]:at[b + 1]] (each batch's first row starts one)
+        at = np.searchsorted(starts, edges)
+        self.at = at.tolist()
+        per = np.diff(at)
+        self.local = starts - np.repeat(lo, per)  # where each piece starts in its batch
+        self.counts = np.diff(np.append(starts, edges[-1:]))  # each piece's tokens
+        # each batch's cu_seqlens: its pieces' starts, then its size (b's are cu[at[b] + b:
+        # at[b + 1] + b + 1])
+        self.cu = np.insert(self.local, at[1:], size).astype(np.int32)
+
+    def make(self, b: int) -> dict[str, Any]:
+        """Batch ``b`` of the group, in memory of its own."""
+        n = self.size[b]
+        buf = np.empty((3, n), dtype=np.int64)  # ids, positions, labels
+        self.write(b, buf)
+        i, j, L = self.at[b], self.at[b + 1], self.L
+        ids, pos, labels = buf
+        return {"input_ids": torch.from_numpy(ids.reshape(-1, L)),
+                "position_ids": torch.from_numpy(pos.reshape(-1, L)),
+                "labels": torch.from_numpy(labels.reshape(-1, L)),
+                "cu_seqlens": torch.from_numpy(self.cu[i + b:j + b + 1])}
+
+    def cu_len(self, b: int) -> int:
+        """The length of batch ``b``'s ``cu_seqlens``."""
+        return self.at[b + 1] - self.at[b] + 1
+
+    def write(self, b: int, buf: np.ndarray, cu: np.ndarray | None = None) -> None:
+        """Batch ``b``'s ids, positions and labels into ``buf`` (int64 ``[3, tokens]``), and
+        its ``cu_seqlens`` into ``cu`` where given."""
+        lo, n, full = self.lo[b], self.size[b], self.full[b]
+        i, j = self.at[b], self.at[b + 1]
+        ids, pos, labels = buf
+        ids[:full] = self.tokens[lo:lo + full]
+        labels[:full] = ids[:full]
+        if full < n:  # the epoch's last tokens: padding after them
+            ids[full:] = self.pad
+            labels[full:] = IGNORE
+        if self.real is not None:  # padding inside rows (already pad ids in the tokens)
+            labels[:n][~self.real[lo:lo + n]] = IGNORE
+        # a token's position: its place in the batch less its piece's start (no loop over
+        # the pieces)
+        np.subtract(self.count[:n], np.repeat(self.local[i:j], self.counts[i:j]), out=pos)
+        if cu is not None:
+            cu[:] = self.cu[i + b:j + b + 1]
+
+
+class Shipment:
+    """A worker's group of batches written into one shared-memory buffer: what crosses from a
+    worker process to the training process in one message (``packed-workers``). Each tensor
+    sent through a DataLoader's queue is a shared-memory segment of its own, with its file
+    descriptor handed over by a round trip between the two processes; a batch of four fields
+    sent as tensors costs four, which is more than making the batch. A shipment costs one for
+    a whole group.
+
+    ``worker``: the worker that made it (its batches are that worker's next ones, in order);
+    ``layout``: each batch's tokens and ``cu_seqlens`` length; the buffer holds each batch's
+    ids, positions and labels (int64), then every batch's ``cu_seqlens`` (int32)."""
+
+    __slots__ = ("worker", "buffer", "layout", "L")
+
+    def __init__(self, worker: int, buffer: torch.Tensor, layout: list[tuple[int, int]],
+                 L: int) -> None:
+        self.worker, self.buffer, self.layout, self.L = worker, buffer, layout, L
+
+    def __reduce__(self) -> Any:
+        return Shipment, (self.worker, self.buffer, self.layout, self.L)
+
+    def __len__(self) -> int:
+        return len(self.layout)
+
+    @staticmethod
+    def size(layout: list[tuple[int, int]]) -> tuple[int, int]:
+        """The int64 elements of ``layout``'s fields, and the int32 elements of its
+        ``cu_seqlens`` (after them)."""
+        return 3 * sum(n for n, _ in layout), sum(c for _, c in layout)
+
+    def unpacked(self, pin: bool = False) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        """The buffer the batches view (``pin``: a copy of it in pinned memory, made once
+        for all of them), and the batches."""
+        buf = self.buffer.pin_memory() if pin else self.buffer
+        wide, _ = self.size(self.layout)
+        longs, ints = buf[:wide * 8].view(torch.int64), buf[wide * 8:].view(torch.int32)
+        L = self.L
+        out = []
+        # one call each for every batch's fields and cu_seqlens, and one a batch for its three
+        for part, cu in zip(torch.split(longs, [3 * n for n, _ in self.layout]),
+                            torch.split(ints, [k for _, k in self.layout])):
+            ids, pos, labels = part.view(3, -1, L).unbind(0)
+            out.append({"input_ids": ids, "position_ids": pos, "labels": labels,
+                        "cu_seqlens": cu})
+        return buf, out
+
+
+def placed(tokens: np.ndarray, row: np.ndarray, k: np.ndarray, at: np.ndarray, n: int, L: int,
+            pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A group's ``n`` rows of ``L`` with padding inside them: the pieces' ``tokens`` (pieces of
+    ``k`` tokens, starting at ``at`` in ``tokens``, of the group's rows ``row``) put in their
+    places, ``pad`` between; which tokens are real; and where the positions' pieces start (each
+    row, each piece, each row's padding)."""
+    fill = np.bincount(row, weights=k, minlength=n).astype(np.int64)
+    within = at - (np.cumsum(fill) - fill)[row]  # where each piece starts in its row
+    dest = row * L + within  # where each piece starts in the group
+    idx = np.repeat(dest - at, k) + np.arange(len(tokens), dtype=np.int64)
+    out = np.full(n * L, pad, dtype=tokens.dtype)
+    out[idx] = tokens
+    real = np.zeros(n * L, dtype=bool)
+    real[idx] = True
+    rows = np.arange(n, dtype=np.int64) * L
+    gaps = (rows + fill)[fill < L]
+    starts = np.unique(np.concatenate([rows, dest, gaps]).astype(np.int64))
+    return out, real, starts
