@@ -17,7 +17,7 @@ from torch.utils.data import get_worker_info
 
 if TYPE_CHECKING:
     from ..plan._order import Split
-    from ._dataset import FeedDataset
+    from ._source import Source
 
 _EPOCH, _START, _BATCH, _WHOLE = 0, 1, 2, 3
 
@@ -84,6 +84,6 @@ class EpochState:
             self._values = self._values.clone().share_memory_()
             self._owner = os.getpid()
 
-    def split(self, dataset: FeedDataset) -> Split:
+    def split(self, dataset: Source) -> Split:
         """This rank's share of the rest of the epoch of ``dataset``."""
         return dataset.split_at(self.start, self.whole_batches, epoch=self.epoch)

@@ -29,11 +29,13 @@ from ..errors import PackedFieldError
 from ..plan._order import Plan, Split
 from ._collator import shared_empty
 from ._dataset import FeedDataset, checked_resume_point
+from ._mixture import Mixture
+from ._routes import Capabilities
+from ._source import Source
 from ._token_docs import NotMapped, TokenDocs
 
 if TYPE_CHECKING:
     from ._batch_loop import PartTimes
-    from ._mixture import Mixture
     from ._worker_rows import ByteRing
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
@@ -96,7 +98,7 @@ def rows_split(num_rows: int, start: int, world_size: int, rank: int,
     return Split(end, world_size, rank, int(start), False, bool(whole_batches))
 
 
-class Packed:
+class Packed(Source):
     """Token documents of ``dataset`` packed into rows of ``seq_len`` tokens: the dataset of a
     :class:`~feedpipe.FeedLoader` for language-model pre-training.
 
@@ -137,8 +139,6 @@ class Packed:
 
     def __init__(self, dataset: FeedDataset | Mixture, seq_len: int, field: str = "tokens.npy",
                  pad_id: int = 0) -> None:
-        from ._mixture import Mixture
-
         if not isinstance(dataset, (FeedDataset, Mixture)):
             raise TypeError(f"Packed needs a FeedDataset or a Mixture, not "
                             f"{type(dataset).__name__}")
@@ -374,10 +374,32 @@ class Packed:
     # FeedLoader reads a Packed as it reads a FeedDataset (the ``packed`` routes of
     # feedpipe.stream._routes): its "samples" are the epoch's rows, in order (the shuffle is in
     # the documents' order), dealt to ranks, batches and workers by the same Split.
-    plans_rows = True  # its plan orders rows, not samples: no shard prefetch follows it
+    bytes_read: int  # token bytes copied out of the documents (set in __init__)
+    prefetches = False  # its plan orders rows, not samples: no shard prefetch follows it
+
+    # -- what the routes read (feedpipe.Source) ---------------------------------------------
+    def capabilities(self, collate_fn: Any) -> Capabilities:
+        """Its rows take a ``packed`` route (``makes_batches``); ``transform``: its documents
+        are read whole (a transform makes them, or their field is decoded), where workers have
+        work to share."""
+        docs = self.dataset
+        return Capabilities(transform=docs.transform is not None or self.field in docs.decode
+                            or docs.decoded is not None, local=docs.shards.local,
+                            makes_batches=True)
+
+    def batch_fetch(self, epoch: int) -> PackedFetch:
+        """Its batches of rows, made whole a group of batches at a time."""
+        return PackedFetch(self, epoch)
+
+    def ledger_info(self) -> dict[str, Any]:
+        """Refused: ``FeedLoader(ledger=)`` proves sample ids exactly once."""
+        raise ValueError("FeedLoader over a Packed does not take ledger= yet: the ledger "
+                         "proves sample ids (a FeedDataset's or a Mixture's) exactly once, "
+                         "and a Packed loader delivers rows of pieces of documents, which it "
+                         "does not record; leave ledger out for a Packed")
 
     @property
-    def shards(self) -> Any:
+    def shards(self) -> Any:  # type: ignore[override]
         """The documents' dataset's shards."""
         return self.dataset.shards
 
@@ -387,33 +409,33 @@ class Packed:
         return self.dataset.manifest
 
     @property
-    def url(self) -> str:
+    def url(self) -> str:  # type: ignore[override]
         """The documents' dataset's URL."""
         return self.dataset.url
 
     @property
-    def world(self) -> Any:
+    def world(self) -> Any:  # type: ignore[override]
         """The rank and world size rows are dealt to (the documents' dataset's)."""
         return self.dataset.world
 
     @property
-    def seed(self) -> int:
+    def seed(self) -> int:  # type: ignore[override]
         """The documents' dataset's seed."""
         return self.dataset.seed
 
     @property
-    def transform(self) -> Any:
+    def transform(self) -> Any:  # type: ignore[override]
         """The documents' dataset's transform (what makes a sample a document)."""
         return self.dataset.transform
 
     @property
-    def decode(self) -> dict[str, Any]:
+    def decode(self) -> dict[str, Any]:  # type: ignore[override]
         """Empty, as rows are cut from the documents (the dataset's ``decode=`` applies where
         documents are read whole)."""
         return {}
 
     @property
-    def decoded(self) -> None:
+    def decoded(self) -> None:  # type: ignore[override]
         """Always ``None``, as rows are cut from the documents each epoch (no decoded store)."""
         return None
 

@@ -45,8 +45,8 @@ from ._collate import column
 if TYPE_CHECKING:
     from ..format._reader import ShardReader
     from ._collate import Decoder
-    from ._dataset import FeedDataset
     from ._shard_set import ShardSet
+    from ._source import Source
 
 _PAGE = mmap.PAGESIZE
 _HEAD = ("__key__", "__shard__", "__index__")
@@ -250,7 +250,7 @@ class Resolver:
             ``pin_memory=True`` would.
     """
 
-    def __init__(self, dataset: FeedDataset, *, pin_memory: bool = False) -> None:
+    def __init__(self, dataset: Source, *, pin_memory: bool = False) -> None:
         self.shards = dataset.shards
         self.root = dataset.url
         self.names = list(self.shards.names)
@@ -263,7 +263,7 @@ class Resolver:
         self._orders: dict[tuple[tuple[str, ...], int], list[str]] = {}
         self._populate = hasattr(mmap.mmap, "madvise")
         # a Mixture's batches say each sample's source, as its samples do
-        self._tag = getattr(dataset, "tag_batch", None)
+        self._tag = dataset.tag_batch  # what the source's samples carry besides their fields
 
     def _map(self, r: ShardReader) -> mmap.mmap:
         mm = r.buffer
@@ -382,8 +382,7 @@ class Resolver:
                 out[k] = torch.full((n,), refs.seed, dtype=torch.int64)
             else:
                 out[k] = cols.get(k, [None] * n)
-        if self._tag is not None:
-            self._tag(out, refs.shards)
+        self._tag(out, refs.shards)
         if self.pin:
             for k, v in out.items():
                 if isinstance(v, torch.Tensor):
