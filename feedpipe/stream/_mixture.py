@@ -109,27 +109,7 @@ class Mixture(IterableDataset, Source):
                                "Mixture({'web': FeedDataset(...), 'books': FeedDataset(...)})")
         self.names = [str(n) for n in sources]
         for name, ds in sources.items():
-            if not isinstance(ds, FeedDataset):
-                raise MixtureError(f"source {name!r} is a {type(ds).__name__}, not a FeedDataset")
-            if ds.decoded is not None:
-                raise MixtureError(
-                    f"source {name!r} has a decoded_cache ({ds.decoded.path}): a Mixture reads "
-                    "its sources' shards through its own plan, which neither fills nor reads a "
-                    "decoded store, so the store would be left as it is while every epoch runs "
-                    "the transform; make the source without decoded_cache= and keep its "
-                    "transform's outputs in a FunctionIndex instead: FeedDataset(url, "
-                    "transform=FunctionIndex(directory).wrap(transform, fields=[...], "
-                    "version=1))")
-            if ds.cache is not None:
-                log.warning("feedpipe: Mixture source %r reads through its shard cache without "
-                            "prefetching ahead: the cache's prefetcher follows one dataset's "
-                            "plan, not a mixture's, so each shard is fetched as it is first "
-                            "read", name)
-            if ds.shuffle_window is not None or ds.drop_last:
-                log.warning("feedpipe: Mixture source %r: its shuffle_window=%r and "
-                            "drop_last=%r are not used: the mixture's plan orders the epoch "
-                            "and Mixture(drop_last=) makes the ranks equal", name,
-                            ds.shuffle_window, ds.drop_last)
+            _check_source(name, ds)
         self.sources: dict[str, FeedDataset] = dict(zip(self.names, sources.values()))
         self.weights = self._weights(weights)
         self.seed = int(seed)
@@ -442,3 +422,28 @@ class Mixture(IterableDataset, Source):
         """Close every source's open shards."""
         self.shards.close()
 
+
+def _check_source(name: str, ds: Any) -> None:
+    """Refuse a source a mixture cannot read (not a FeedDataset, a decoded store), and say what
+    of it the mixture does not use (its shard cache's prefetch, shuffle_window, drop_last)."""
+    if not isinstance(ds, FeedDataset):
+        raise MixtureError(f"source {name!r} is a {type(ds).__name__}, not a FeedDataset")
+    if ds.decoded is not None:
+        raise MixtureError(
+            f"source {name!r} has a decoded_cache ({ds.decoded.path}): a Mixture reads "
+            "its sources' shards through its own plan, which neither fills nor reads a "
+            "decoded store, so the store would be left as it is while every epoch runs "
+            "the transform; make the source without decoded_cache= and keep its "
+            "transform's outputs in a FunctionIndex instead: FeedDataset(url, "
+            "transform=FunctionIndex(directory).wrap(transform, fields=[...], "
+            "version=1))")
+    if ds.cache is not None:
+        log.warning("feedpipe: Mixture source %r reads through its shard cache without "
+                    "prefetching ahead: the cache's prefetcher follows one dataset's "
+                    "plan, not a mixture's, so each shard is fetched as it is first "
+                    "read", name)
+    if ds.shuffle_window is not None or ds.drop_last:
+        log.warning("feedpipe: Mixture source %r: its shuffle_window=%r and "
+                    "drop_last=%r are not used: the mixture's plan orders the epoch "
+                    "and Mixture(drop_last=) makes the ranks equal", name,
+                    ds.shuffle_window, ds.drop_last)

@@ -316,7 +316,6 @@ class Resolver:
 
     def _resolve(self, refs: BatchRefs, used: list[int]) -> dict[str, Any]:
         n = len(refs)
-        names = self.names
         readers = {s: self.shards.reader(s, index=False) for s in used}
         maps = {s: self._map(r) for s, r in readers.items()}  # opened (and checked) once
         for r in readers.values():  # a truncation since opening: an error, not a SIGBUS
@@ -366,6 +365,14 @@ class Resolver:
             if e in cols:
                 cols[e] = column([None if v is None else self._decoded(fn, v, refs, j, e)
                                   for j, v in enumerate(cols[e])])
+        return self._batch(refs, order, cols, used, shards)
+
+    def _batch(self, refs: BatchRefs, order: list[str], cols: dict[str, Any], used: list[int],
+               shards: list[int] | None) -> dict[str, Any]:
+        """The batch's dict in ``order``: the fields' columns ``cols`` and the samples'
+        ``__key__``, ``__shard__`` (``shards``: each sample's, ``None`` where all are
+        ``used[0]``), ``__index__``, ``__epoch__`` and ``__seed__``, as the source tags them."""
+        n, names = len(refs), self.names
         ids = torch.from_numpy(refs.ids)
         out: dict[str, Any] = {}
         for k in order:
