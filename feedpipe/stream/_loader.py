@@ -106,6 +106,7 @@ class FeedLoader:
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
     Example:
+        >>> from feedpipe import FeedDataset
         >>> ds = FeedDataset("shards/example", shuffle=True, decode={"cls": int})
         >>> loader = FeedLoader(ds, batch_size=5)
         >>> len(loader), loader.route.name
