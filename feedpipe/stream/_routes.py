@@ -69,8 +69,7 @@ class Route:
 
     @property
     def on_threads(self) -> bool:
-        """It runs the transform on a pool of threads of this process (``executor=threads``):
-        its fetched samples are copied out of the shards' maps first."""
+        """It runs the transform on threads of this process (``executor=threads``)."""
         return self.executor == "threads"
 
     @property
@@ -91,13 +90,12 @@ class Route:
 
     @property
     def counts_reads(self) -> bool:
-        """Its fetch reads samples of the shards, whose bytes the loader counts (a gather reads
-        the store; a source that makes its batches counts its own)."""
+        """The loader counts the shard bytes its fetch reads (not a store's, nor a source's own)."""
         return self.fetch not in ("gather", "packed")
 
     @property
     def writes_rows(self) -> bool:
-        """Its sink writes into the rows of a :class:`~feedpipe.BatchCollator` (``sink=rows``)."""
+        """Its sink writes into a :class:`~feedpipe.BatchCollator`'s rows (``sink=rows``)."""
         return self.sink == "rows"
 
     @property
