@@ -52,6 +52,8 @@ _LAZY = {
     "ShardSet": "stream._shard_set",
     "BatchCollator": "stream._collator",
     "Route": "stream._routes",
+    "Source": "stream._source",
+    "Capabilities": "stream._routes",
     "ImagePipeline": "transforms._pipeline",
     "ImageSpec": "transforms._pipeline",
     "DaliStage": "transforms._dali",
@@ -172,8 +174,9 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .stream._loader import FeedLoader
     from .stream._mixture import Mixture
     from .stream._packed import Packed
-    from .stream._routes import Route
+    from .stream._routes import Capabilities, Route
     from .stream._shard_set import ShardSet
+    from .stream._source import Source
     from .transforms._dali import DaliBatch, DaliStage
     from .transforms._decode import image_decoders
     from .transforms._pipeline import ImagePipeline, ImageSpec

@@ -39,6 +39,14 @@ ROUTES = {
     "rows-threads:mix": ("img", "threads"),
     "packed": ("tok", "inline"),
     "packed-workers": ("tok", "workers"),
+    # a source written outside feedpipe (tests/_third_party.py) on the routes its capabilities
+    # allow: raw samples by reference and in workers, images written into rows in workers and on
+    # threads, a transform as a function in workers
+    "refs:third": ("raw", "inline"),
+    "samples-workers:third": ("raw", "workers"),
+    "rows-workers:third": ("img", "workers"),
+    "rows-threads:third": ("img", "threads"),
+    "samples-workers:thirdfn": ("fn", "workers"),
 }
 MIXED = ("a", "b")  # a mixture's sources: the same shards twice, told apart by __source__
 APART = 1000  # a mixture's ids in tests: source number * APART + the id in the source
@@ -120,11 +128,23 @@ def mixed(case: str) -> bool:
     return case.split(":")[-1].startswith("mix")
 
 
+def third(case: str) -> bool:
+    """Whether a case of :data:`ROUTES` reads the third-party source (tests/_third_party.py)."""
+    return case.split(":")[-1].startswith("third")
+
+
 def dataset(case: str, path: str, **ds_kw: Any) -> Any:
-    """The case's dataset: a FeedDataset, or a Mixture of :data:`MIXED` sources over the same
-    shards, each with its own transform (its labels numbered apart) and seed."""
+    """The case's dataset: a FeedDataset, a Mixture of :data:`MIXED` sources over the same
+    shards, each with its own transform (its labels numbered apart) and seed, or the third-party
+    source over the same shards."""
     from feedpipe import FeedDataset, Mixture
 
+    if third(case):
+        from _third_party import TarFolder
+
+        return TarFolder(path, **{k: ds_kw[k] for k in ("seed", "rank", "world_size",
+                                                         "transform", "max_open_shards")
+                                  if k in ds_kw})
     if not mixed(case):
         return FeedDataset(path, **ds_kw)
     sources = {}

@@ -17,9 +17,8 @@ from _images import cases as image_cases
 
 from feedpipe import FeedDataset, FeedLoader
 from feedpipe._helpers import fork_safety
-from feedpipe.errors import DecodeError, MissingDependencyError
+from feedpipe.errors import DecodeError, MissingDependencyError, StartMethodError
 from feedpipe.stream._dataset import sample_ids_of
-from feedpipe.stream._loader import StartMethodError
 from feedpipe.transforms._dali import DaliStage
 from feedpipe.transforms._jpeg import jpeg_size
 from feedpipe.transforms._pipeline import ImagePipeline, ImageSpec, rng_of

@@ -281,11 +281,12 @@ def _configs() -> list[Config]:
         out.append(Config(num_workers=w, threads=t, transform=transform, into=into,
                           collator=collator, default_collate=not collator, local=local,
                           store=store, gatherable=gatherable, shards_fit=fit,
-                          mixture=mix != "no", decodes_agree=mix != "differ"))
+                          fetch="samples" if mix == "no" else "mixture",
+                          decodes_agree=mix != "differ"))
     for w, t, transform, local in itertools.product((0, 2), (0, 2), (False, True),
                                                     (False, True)):
         out.append(Config(num_workers=w, threads=t, transform=transform, local=local,
-                          packed=True))
+                          makes_batches=True))
     return out
 
 
@@ -304,7 +305,7 @@ def test_the_auto_choice_is_the_first_preferred_route_the_table_lets_serve() -> 
         chosen[route.name] += 1
         assert refusal(route, config) is None
         # a mixture's samples are fetched through its sources
-        assert (route.fetch == "mixture") == (config.mixture and route.fetch != "refs")
+        assert (route.fetch == "mixture") == (config.fetch == "mixture" and route.fetch != "refs")
         assert choose(config, route.name)[0] == route
         earlier = []
         for when, names, _ in PREFERENCE:

@@ -5,8 +5,8 @@ Every caller of the batch loop takes its parts from :func:`assemble`: :class:`~f
 in the training process (the ``inline`` and ``threads`` executors), each DataLoader worker
 process of a ``workers`` route (:mod:`feedpipe.stream._worker_source`), and a
 :class:`~feedpipe.FeedDataset` read directly (by a plain ``DataLoader``, or by
-:meth:`~feedpipe.DeviceCache.warmup`). A new source or sink is one more case here, not one more
-assembly.
+:meth:`~feedpipe.DeviceCache.warmup`). The fetch of samples is the source's own
+(:class:`~feedpipe.Source`): a new kind of source needs no case here; a new sink is one.
 """
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from ._batch_loop import (
     Maker,
     PartTimes,
     RowMaker,
-    SampleFetch,
     Skips,
     batch_loop,
 )
+from ._refs import RefFetch, Resolver
+from ._store_gather import Finished, GatherFetch
 
 if TYPE_CHECKING:
     from ._batch_loop import EpochReader
-    from ._dataset import FeedDataset
     from ._refs import Columns
     from ._routes import Route
+    from ._source import Source
 
 
 @dataclass
@@ -56,15 +57,15 @@ class Assembly:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def assemble(route: Route, dataset: FeedDataset, epoch: int, collate_fn: Any, *, skips: Skips,
+def assemble(route: Route, source: Source, epoch: int, collate_fn: Any, *, skips: Skips,
              leaves: bool = False, threads: int = 0, fields: Sequence[str] = (),
              default: bool = True, columns: Columns | None = None,
              pin: bool = False, reader: EpochReader | None = None) -> Assembly:
-    """The parts of ``route`` reading ``dataset``'s ``epoch``.
+    """The parts of ``route`` reading ``source``'s ``epoch``.
 
     Args:
         route: the route (:mod:`feedpipe.stream._routes`).
-        dataset: the dataset read.
+        source: the source read (:class:`~feedpipe.Source`).
         epoch: the epoch read (for the samples' ``__epoch__``).
         collate_fn: the sink: a ``collate_fn``, a :class:`~feedpipe.BatchCollator` or a worker's
             :class:`~feedpipe.stream._worker_rows.WorkerRing` of its buffers (``rows``).
@@ -76,72 +77,52 @@ def assemble(route: Route, dataset: FeedDataset, epoch: int, collate_fn: Any, *,
         default: ``collate_fn`` is the default collation.
         columns: the shards' index as columns, when every shard is open here (``refs``).
         pin: resolved references land in pinned memory.
-        reader: the reader whose batches the loop will ask for (``packed``: its fetch makes
-            the next ones with each).
+        reader: the reader whose batches the loop will ask for.
     """
     fetch: Callable[[np.ndarray], Any]
     maker: Any
     ahead = 0
-    if route.fetch == "packed":
-        return _packed(dataset, epoch, reader)
-    if route.fetch == "refs":
-        from ._refs import RefFetch, Resolver
-        from ._store_gather import Finished
-
+    if route.source_batches:
+        return SourceBatches(source.batch_fetch(epoch), Finished())  # type: ignore[arg-type]
+    if route.by_reference:
         # read-ahead advice pays when the bytes are copied later than they are planned: batches
         # planned ahead from the columns, or resolved by the training process
-        fetch = RefFetch(dataset.shards, epoch, dataset.seed, columns=columns,
+        fetch = RefFetch(source.shards, epoch, source.seed, columns=columns,
                          advise=columns is not None or leaves)
-        maker = Finished() if leaves else Resolver(dataset, pin_memory=pin)
+        maker = Finished() if leaves else Resolver(source, pin_memory=pin)
         if columns is not None:
             ahead = 2
-    elif route.fetch == "gather":
-        from ._store_gather import Finished, GatherFetch
-
-        fetch = GatherFetch(dataset, epoch, collate_fn)
+    elif route.gathers:
+        fetch = GatherFetch(source, epoch, collate_fn)
         maker = Finished()
     else:
-        if route.fetch == "mixture":
-            from ._mixture_fetch import MixtureFetch
-
-            fetch = MixtureFetch(dataset, epoch,  # type: ignore[arg-type]
-                                 copy=route.executor == "threads")
+        fetch = source.sample_fetch(epoch, copy=route.on_threads)
+        if route.writes_rows:
+            maker = RowMaker(source, collate_fn, into=route.writes_into, skips=skips,
+                             drop=source.shards.drop_pages)
         else:
-            fetch = SampleFetch(dataset, epoch, stored=dataset.decoded is not None,
-                                copy=route.executor == "threads")
-        if route.sink == "rows":
-            maker = RowMaker(dataset, collate_fn, into=route.compute == "into", skips=skips,
-                             drop=dataset.shards.drop_pages)
-        else:
-            maker = CollateMaker(dataset, collate_fn, skips=skips, to_bytes=leaves,
+            maker = CollateMaker(source, collate_fn, skips=skips, to_bytes=leaves,
                                  fields=fields, default=default)
     pool = None
-    if route.executor == "threads":
+    if route.on_threads:
         pool = ThreadPoolExecutor(threads, thread_name_prefix="feedpipe-transform")
         ahead = 2
     return Assembly(fetch, maker, pool, ahead)
 
 
-def _packed(dataset: Any, epoch: int, reader: EpochReader | None) -> Assembly:
-    """fetch=packed, sink=packed: token rows of a :class:`~feedpipe.Packed`, each batch made
-    whole by the fetch, a group of the reader's batches at a time."""
-    from ._packed import PackedFetch
-    from ._store_gather import Finished
-
-    return PackedAssembly(PackedFetch(dataset, epoch), Finished())
-
-
 @dataclass
-class PackedAssembly(Assembly):
-    """The packed routes' parts: the fetch runs the loop itself, a group of batches at a time
-    (:meth:`~feedpipe.stream._packed.PackedFetch.run`), as nothing is left for a maker."""
+class SourceBatches(Assembly):
+    """The parts of a route whose source makes its batches whole (``fetch=packed``): the
+    source's :class:`~feedpipe.stream._source.BatchFetch` runs the loop itself, as nothing is
+    left for a maker."""
 
     def run(self, reader: EpochReader, times: PartTimes | None = None) -> Iterator[Any]:
         return self.fetch.run(reader.batches(), times)  # type: ignore[attr-defined]
 
     def ship(self, reader: EpochReader, ring: Any = None,
              times: PartTimes | None = None) -> Iterator[Any]:
-        """In a worker process: the reader's batches a group to a message, in buffers of
-        ``ring`` where given (:meth:`~feedpipe.stream._packed.PackedFetch.ship`)."""
+        """In a worker process: the reader's batches as the messages the source's fetch sends,
+        in buffers of ``ring`` where given (:meth:`BatchFetch.ship
+        <feedpipe.stream._source.BatchFetch.ship>`)."""
         return self.fetch.ship(reader.batches(), reader.worker, ring,  # type: ignore[attr-defined]
                                times)

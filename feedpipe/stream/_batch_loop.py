@@ -10,8 +10,8 @@ work is done as the batch is started. The ``workers`` executor runs this same lo
 DataLoader worker process (:mod:`feedpipe.stream._worker_source`).
 :mod:`feedpipe.stream._routes` names the combinations.
 
-The loop reads a dataset through :class:`LoopDataset`, what it needs of one; a
-:class:`~feedpipe.FeedDataset` has it. Which epoch, from which position and in batches of what
+The loop reads a source through what :class:`~feedpipe.Source` declares, never its class.
+Which epoch, from which position and in batches of what
 size is the reader's own :class:`~feedpipe.stream._epoch.EpochState`, not the dataset's.
 
 A transform may leave a sample out by raising :class:`~feedpipe.errors.SampleSkipped`: the
@@ -40,14 +40,11 @@ from ._worker_rows import WorkerRing
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..caches.decoded._store import DecodedStore
     from ..format._reader import ShardReader
-    from ..plan._order import Plan, Split
-    from ..plan._world import World
-    from ._collate import Decoder
     from ._collator import BatchCollator
     from ._epoch import EpochState
-    from ._shard_set import ShardSet
+    from ._routes import Route
+    from ._source import Source as LoopDataset  # what the loop reads of a source
 
 log = logger("feedpipe")
 
@@ -57,34 +54,6 @@ log = logger("feedpipe")
 DROP_ROWS = 16
 
 Item = tuple[int, Any, bool]  # (global id, sample dict or finished output, finished)
-
-
-class LoopDataset(Protocol):
-    """What the batch loop reads from a dataset: its shards and decoded store, its transform and
-    ``decode=`` fields, its seed and world, its plan of an epoch and a rank's share of it."""
-
-    @property
-    def shards(self) -> ShardSet: ...
-
-    @property
-    def decoded(self) -> DecodedStore | None: ...
-
-    @property
-    def transform(self) -> Callable[[dict[str, Any]], Any] | None: ...
-
-    @property
-    def decode(self) -> Mapping[str, Decoder]: ...
-
-    @property
-    def seed(self) -> int: ...
-
-    @property
-    def world(self) -> World: ...
-
-    def plan(self, epoch: int | None = None) -> Plan: ...
-
-    def split_at(self, start: int = 0, whole_batches: bool = False, *,
-                 epoch: int | None = None) -> Split: ...
 
 
 class Maker(Protocol):
@@ -118,6 +87,29 @@ class PartTimes:
         self.fetch += t[0]
         self.compute += t[1]
         self.sink += t[2]
+
+
+def time_figures(t: PartTimes, waited: float, wall: float, route: Route, workers: int,
+                 threads: int) -> tuple[dict[str, Any], str | None]:
+    """``stats()["time"]``: a pass of ``route``'s seconds per part (``t``), its ``wait`` for
+    batches, its ``step`` between them and its ``wall`` time, with ``parts_in`` saying where the
+    parts ran; and ``stats()["bound"]``: the part that bounds the pass (``step`` when the loop
+    waited less than it worked), or ``None`` before it ran."""
+    if route.in_workers:
+        parts_in = f"{workers} worker processes (their seconds added up)"
+    elif route.on_threads:
+        parts_in = f"this process, compute with {threads} threads (the wait for them)"
+    else:
+        parts_in = "this process"
+    times: dict[str, Any] = {
+        "startup": t.startup, "fetch": t.fetch, "compute": t.compute, "sink": t.sink,
+        "wait": waited, "step": max(0.0, wall - waited), "wall": wall, "parts_in": parts_in}
+    if wall <= 0.0:
+        return times, None
+    if times["step"] >= waited:
+        return times, "step"
+    parts = {k: times[k] for k in ("startup", "fetch", "compute", "sink")}
+    return times, max(parts, key=parts.__getitem__)
 
 
 def batch_loop(batches: Iterator[np.ndarray], fetch: Callable[[np.ndarray], Any], maker: Maker,
@@ -175,9 +167,8 @@ class EpochReader:
         self.worker, self.workers = worker, workers
         store = dataset.decoded
         # a complete decoded store needs no shard this epoch: nothing to prefetch; nor has a
-        # plan of rows (feedpipe.Packed) the shards' order to prefetch by
-        self.prefetch = (store is None or not store.complete()) and not getattr(
-            dataset, "plans_rows", False)
+        # source whose plan is not of samples (feedpipe.Packed's rows) an order to prefetch by
+        self.prefetch = (store is None or not store.complete()) and dataset.prefetches
 
     def batches(self) -> Iterator[np.ndarray]:
         return iter_ids(self.plan, self.split, self.batch_size, self.worker, self.workers)
@@ -263,7 +254,7 @@ class SampleFetch:
         if self.copy:
             for _, x, done in out:
                 if not done:
-                    _bytes_of(x)
+                    bytes_of(x)
         return out
 
     def lazily(self, ids: np.ndarray) -> Iterator[dict[str, Any]]:
@@ -288,7 +279,7 @@ class SampleFetch:
             if decode:
                 decode_fields(x, decode)
             if copy:
-                _bytes_of(x)
+                bytes_of(x)
             yield x
 
     def _open(self, shards: Iterable[int]) -> dict[int, ShardReader]:
@@ -311,7 +302,7 @@ class Skips:
         # within its __source__
         self.bases = bases
 
-    def note(self, skipped: _Skipped) -> None:
+    def note(self, skipped: Skipped) -> None:
         self.count += 1
         base = 0 if self.bases is None else self.bases.get(str(skipped.source))
         if skipped.index is not None and base is not None:  # unnamed: the ledger finds a loss
@@ -319,7 +310,10 @@ class Skips:
         log.warning("feedpipe: a sample was left out of its batch: %s", skipped.error)
 
 
-class _Skipped:
+class Skipped:
+    """A sample its transform left out (:func:`attempt`): the error, and the sample's
+    ``__index__`` and ``__source__`` where it had them."""
+
     __slots__ = ("error", "index", "source")
 
     def __init__(self, error: SampleSkipped, sample: Any) -> None:
@@ -329,14 +323,14 @@ class _Skipped:
         self.source = sample.get("__source__") if isinstance(sample, dict) else None
 
 
-def _attempt(fn: Callable[[Any], Any], x: Any) -> Any:
+def attempt(fn: Callable[[Any], Any], x: Any) -> Any:
     try:
         return fn(x)
     except SampleSkipped as e:
-        return _Skipped(e, x)
+        return Skipped(e, x)
 
 
-def _bytes_of(x: Any) -> Any:
+def bytes_of(x: Any) -> Any:
     if isinstance(x, dict):
         for k, v in x.items():
             if type(v) is memoryview:
@@ -363,29 +357,29 @@ class CollateMaker:
         self.skips = skips
         self.to_bytes = to_bytes
         self.fields = fields if default and self.transform is None else ()
-        self.collate_error = getattr(dataset, "collate_error", None)  # a Mixture names sources
+        self.collate_error = dataset.collate_error  # a Mixture names the sources
 
     def start(self, items: list[Item], pool: ThreadPoolExecutor | None) -> Any:
         fn = self.transform
         if fn is None:
             return None, [x for _, x, _ in items]
         if pool is None:
-            outs = [x if done else _attempt(fn, x) for _, x, done in items]
+            outs = [x if done else attempt(fn, x) for _, x, done in items]
         else:
-            outs = [x if done else pool.submit(_attempt, fn, x) for _, x, done in items]
+            outs = [x if done else pool.submit(attempt, fn, x) for _, x, done in items]
         return (items if self.store is not None else None), outs
 
     def finish(self, pending: Any) -> Any:
         items, pending = pending
         if self.transform is None:  # the samples themselves: nothing to wait for, skip or store
-            return self._collate([_bytes_of(o) for o in pending] if self.to_bytes else pending)
+            return self._collate([bytes_of(o) for o in pending] if self.to_bytes else pending)
         outs: list[Any] = []
         store = self.store
-        last: _Skipped | None = None
+        last: Skipped | None = None
         for j, o in enumerate(pending):
             if isinstance(o, Future):
                 o = o.result()
-            if type(o) is _Skipped:
+            if type(o) is Skipped:
                 self.skips.note(o)
                 last = o
                 continue
@@ -394,7 +388,7 @@ class CollateMaker:
                 s = int(np.searchsorted(self.first, g, side="right")) - 1
                 o = store.put(g, o, key=x["__key__"], shard=self.names[s],  # type: ignore[union-attr]
                               sample=x)
-            outs.append(_bytes_of(o) if self.to_bytes else o)
+            outs.append(bytes_of(o) if self.to_bytes else o)
         if last is not None and not outs:
             return LeftOut(len(pending), str(last.error))
         return self._collate(outs)
@@ -405,52 +399,10 @@ class CollateMaker:
                 return self.collate_fn(outs, self.fields)  # type: ignore[call-arg]
             return self.collate_fn(outs)
         except Exception as e:
-            if self.collate_error is None:
+            why = self.collate_error(outs, e)
+            if why is None:
                 raise
-            raise self.collate_error(outs, e) from e
-
-
-def each_sample(dataset: LoopDataset, state: EpochState, worker: int, workers: int, run: int, *,
-                skips: Skips, to_bytes: bool,
-                left_out: Callable[[LeftOut], None]) -> Iterator[Any]:
-    """fetch=samples, compute=none or call, sink=one by one: reader ``worker`` of ``workers``'s
-    samples of the epoch ``state`` names (read a run of ``run`` at a time with
-    :meth:`SampleFetch.lazily`), each through the dataset's transform when it has one, handed
-    out as it is made: what a reader that delivers samples one by one yields, with no batch of
-    them made or kept. A batch of the plan whose every sample the transform left out is passed
-    to ``left_out`` when it ends (which raises, or lets it go). ``to_bytes``: memoryviews of
-    shard maps become ``bytes`` (the samples leave this process). The decoded store is not
-    asked."""
-    transform = dataset.transform
-    with EpochReader(dataset, state, worker, workers) as reader:
-        fetch = SampleFetch(dataset, reader.plan.epoch, stored=False)
-        for ids, lens in reader.runs(run):
-            samples = fetch.lazily(ids)
-            if transform is None:  # nothing to leave out
-                if to_bytes:
-                    for x in samples:
-                        yield _bytes_of(x)
-                else:
-                    yield from samples
-                continue
-            batches = iter(lens)
-            size = left = next(batches)
-            kept = 0
-            last: _Skipped | None = None
-            for x in samples:
-                o = _attempt(transform, x)
-                if type(o) is _Skipped:
-                    skips.note(o)
-                    last = o
-                else:
-                    kept += 1
-                    yield _bytes_of(o) if to_bytes else o
-                left -= 1
-                if not left:  # a batch of the plan ends here
-                    if not kept and last is not None:
-                        left_out(LeftOut(size, str(last.error)))
-                    size = left = next(batches, 0)
-                    kept = 0
+            raise why from e
 
 
 class RowMaker:
@@ -493,7 +445,7 @@ class RowMaker:
         return images, labels, results
 
     def _row(self, x: Any, rows: Sequence[torch.Tensor], labels: Any, j: int) -> Any:
-        """Sample ``x`` into row ``j``: True/False (a label was written or not), or _Skipped."""
+        """Sample ``x`` into row ``j``: True/False (a label was written or not), or Skipped."""
         try:
             if self.into:
                 label = self.transform.into(x, rows[j])  # type: ignore[union-attr]
@@ -509,17 +461,17 @@ class RowMaker:
                 with one_thread():
                     rows[j].copy_(img if isinstance(img, torch.Tensor) else torch.as_tensor(img))
         except SampleSkipped as e:
-            return _Skipped(e, x)
+            return Skipped(e, x)
         if label is not None:
             labels[j] = label
         return label is not None
 
     def finish(self, pending: Any) -> Any:
         images, labels, results = pending
-        results = [r if type(r) in (bool, _Skipped) else r.result() for r in results]
-        keep = [j for j, r in enumerate(results) if type(r) is not _Skipped]
+        results = [r if type(r) in (bool, Skipped) else r.result() for r in results]
+        keep = [j for j, r in enumerate(results) if type(r) is not Skipped]
         for r in results:
-            if type(r) is _Skipped:
+            if type(r) is Skipped:
                 self.skips.note(r)
         if not keep:
             if self.drop is not None:

@@ -25,11 +25,15 @@ from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
 from ..plan._world import detect_world, resolve_world
 from ._assembly import assemble
-from ._batch_loop import EpochReader, Skips, each_sample
+from ._batch_loop import EpochReader, SampleFetch, Skips
 from ._collate import Decoder, LeftOut, decode_fields, decoders, left_out_error
+from ._direct import each_sample
 from ._epoch import EpochState
-from ._routes import ROUTES
+from ._routes import ROUTES, Capabilities
 from ._shard_set import ShardSet
+from ._source import Source
+from ._store_gather import gatherable
+from ._worker_rows import writes_into
 
 log = logger("feedpipe")
 
@@ -75,7 +79,7 @@ def checked_resume_point(state: Any, mismatch: Any, url: str, strict: bool) -> t
         return int(state.get("epoch", 0)), 0
     return int(state["epoch"]), int(state["position"])
 
-class FeedDataset(IterableDataset):
+class FeedDataset(IterableDataset, Source):
     """Stream a feedpipe (or ``feedpipe index``-ed WebDataset) shard dataset.
 
     Each epoch every sample is delivered exactly once over all ranks and workers, in an order that
@@ -168,7 +172,7 @@ class FeedDataset(IterableDataset):
         self.url = dataset_root(url)
         cache = make_cache(cache_dir, cache_size)
         # through the cache when there is one: a warm cache starts while the storage is down
-        self.manifest = load_manifest_cached(url, cache_dir)
+        self.manifest: Manifest = load_manifest_cached(url, cache_dir)
         if self.manifest.total_samples == 0:
             raise PlanError(f"{url}: the dataset holds no samples")
         self.shuffle = shuffle
@@ -276,6 +280,23 @@ class FeedDataset(IterableDataset):
         lay = self.node_layout() if layout == -1 else layout
         return Split(self.manifest.total_samples, self.world.world_size, self.world.rank,
                      int(start), self.drop_last, bool(whole_batches), pad_own=lay is not None)
+
+    # -- what the routes read (feedpipe.Source) ---------------------------------------------
+    def capabilities(self, collate_fn: Any) -> Capabilities:
+        """What this dataset offers the routes (:meth:`Source.capabilities`): its transform,
+        its shards' place and its decoded store."""
+        return read_capabilities(self, collate_fn)
+
+    def sample_fetch(self, epoch: int, *, copy: bool) -> SampleFetch:
+        """Each id's sample from the shards, or its output from the decoded store."""
+        return SampleFetch(self, epoch, stored=self.decoded is not None, copy=copy)
+
+    def ledger_info(self) -> dict[str, Any]:
+        """What ``ledger.json`` records of this dataset: what its epochs' plans are made of."""
+        return {"digest": self.identity["digest"],
+                "counts": [int(c) for c in self.shards.counts], "seed": self.seed,
+                "shuffle": self.shuffle, "window": self.shuffle_window,
+                "drop_last": self.drop_last}
 
     # -- the direct reader's epoch (a plain DataLoader's; FeedLoader keeps its own) ---------
     @property
@@ -493,6 +514,22 @@ class FeedDataset(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()  # the ShardSet drops its open shards on the way
+
+
+def read_capabilities(source: Source, collate_fn: Any, **more: Any) -> Capabilities:
+    """The capabilities of a source of samples read from its :attr:`~Source.shards` (through
+    its ``transform``, ``decoded`` store and ``max_open_shards``), collated by ``collate_fn``;
+    ``more``: the fields it sets otherwise (:class:`~feedpipe.stream._routes.Capabilities`)."""
+    store = source.decoded
+    state = "none" if store is None else ("complete" if store.complete() else "partial")
+    return Capabilities(**{
+        "transform": source.transform is not None,
+        "into": writes_into(source.transform, collate_fn),
+        "local": source.shards.local,
+        "store": state,
+        "gatherable": state == "complete" and gatherable(source, collate_fn),
+        "shards_fit": len(source.shards) <= source.max_open_shards,
+        **more})
 
 
 def sample_ids_of(ds: FeedDataset, epoch: int | None = None) -> np.ndarray:

@@ -10,13 +10,14 @@ without changing each other's epoch, position or batches.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils.data import get_worker_info
 
 if TYPE_CHECKING:
     from ..plan._order import Plan, Split
+    from ._source import Source
 
 _EPOCH, _START, _BATCH, _WHOLE, _LAYOUT, _PER_NODE = 0, 1, 2, 3, 4, 5
 _WORLD = -1  # the layout slot's "the dataset's world now" (0: the global order)
@@ -121,9 +122,11 @@ class EpochState:
             self._values = self._values.clone().share_memory_()
             self._owner = os.getpid()
 
-    def split(self, dataset: Any) -> Split:
+    def split(self, dataset: Source) -> Split:
         """This rank's share of the rest of the epoch of ``dataset``."""
         layout = self.layout
         if layout == _WORLD:
             return dataset.split_at(self.start, self.whole_batches, epoch=self.epoch)
-        return dataset.split_at(self.start, self.whole_batches, epoch=self.epoch, layout=layout)
+        # a node layout is saved by a FeedDataset only (what its state recorded)
+        return cast(Any, dataset).split_at(self.start, self.whole_batches, epoch=self.epoch,
+                                           layout=layout)

@@ -87,8 +87,8 @@ class IoTally:
         self._index = fn.index if memo is not None and isinstance(fn, memo.Memoized) else None
         self.local_bytes = 0.0
         # a Packed counts the token bytes it slices out of the shards itself
-        self._sliced = getattr(dataset, "bytes_read", None) is not None
-        self._sliced_from = dataset.bytes_read if self._sliced else 0  # type: ignore[attr-defined]
+        self._sliced = dataset.bytes_read is not None
+        self._sliced_from = dataset.bytes_read or 0
         self._last = self._read()
 
     def counted(self, fetch: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], Any]:
@@ -121,7 +121,7 @@ class IoTally:
         l2 = self._index.counts() if self._index is not None else (0, 0)
         local = self.local_bytes
         if self._sliced:
-            local += ds.bytes_read - self._sliced_from  # type: ignore[attr-defined]
+            local += (ds.bytes_read or 0) - self._sliced_from
         return (round(local), requests, fetched, *l1, *dec, *l2)
 
     def take(self) -> tuple[int, ...]:

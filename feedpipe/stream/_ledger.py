@@ -66,15 +66,6 @@ CHECKED = 4  # positions whose ids a part holds, to check the checker's plan aga
 FRESH = "fresh"  # the lineage of a job that started from nothing
 
 
-def dataset_info(dataset: Any) -> dict[str, Any]:
-    """What ``ledger.json`` records of a :class:`~feedpipe.FeedDataset`: what its epochs' plans
-    are made of."""
-    return {"digest": dataset.identity["digest"],
-            "counts": [int(c) for c in dataset.shards.counts], "seed": dataset.seed,
-            "shuffle": dataset.shuffle, "window": dataset.shuffle_window,
-            "drop_last": dataset.drop_last}
-
-
 def lineage_of(mark: dict[str, Any] | None) -> str:
     """The lineage of a job started from ``mark`` (``None``: a fresh start): the same on every
     rank that loaded the same state."""

@@ -14,34 +14,38 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Generator, Iterator
-from numbers import Integral
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
+from torch.utils.data._utils.pin_memory import pin_memory
 
 from .._helpers.exit_close import closed_at_exit
-from .._helpers.fork_safety import default_start_method, process_fork_unsafe
+from .._helpers.fork_safety import process_fork_unsafe
 from .._redact import logger
 from ..device._loader import DeviceLoader
-from ..errors import StartMethodError, StateError
+from ..errors import StateError
 from ._assembly import assemble
-from ._batch_loop import EpochReader, PartTimes, Skips
+from ._batch_loop import EpochReader, PartTimes, Skips, time_figures
 from ._collate import LeftOut, collate_samples, empty_epoch_error, left_out_error
 from ._collator import BatchCollator
-from ._dataset import FeedDataset
 from ._epoch import EpochState
 from ._io import ZERO, IoTally, add, io_figures
-from ._ledger import Ledger, dataset_info
-from ._packed import Packed
-from ._routes import ROUTES, Config, Route, choose
-from ._worker_rows import RowRelease, sees_holders, writes_into
-from ._worker_source import WorkerBatches, WorkerSource, as_is, ring_depth
+from ._ledger import Ledger
+from ._loader_args import check_arguments
+from ._refs import Columns, Resolver
+from ._routes import Config, Route, choose
+from ._source import Source
+from ._worker_rows import RowRelease, sees_holders
+from ._worker_source import (
+    WorkerBatches,
+    WorkerSource,
+    as_is,
+    check_start_method,
+    ring_depth,
+)
 
 log = logger("feedpipe")
-
-_REFUSED = ("shuffle", "sampler", "batch_sampler")
-
 
 class FeedLoader:
     """Batches from a :class:`FeedDataset`, with exact mid-epoch and elastic resumption.
@@ -63,7 +67,9 @@ class FeedLoader:
     :meth:`stats`. Every route gives the same batches.
 
     Args:
-        dataset: the :class:`FeedDataset`, or a :class:`~feedpipe.Mixture` of them.
+        dataset: the :class:`~feedpipe.Source` read: a :class:`FeedDataset`, a
+            :class:`~feedpipe.Mixture` of them, a :class:`~feedpipe.Packed`, or a source of
+            your own.
         batch_size: samples per batch.
         num_workers: DataLoader worker processes (0: read in this process). They start by the
             process's start method, as the DataLoader's do (``multiprocessing_context=`` chooses
@@ -101,6 +107,7 @@ class FeedLoader:
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
 
     Example:
+        >>> from feedpipe import FeedDataset
         >>> ds = FeedDataset("shards/example", shuffle=True, decode={"cls": int})
         >>> loader = FeedLoader(ds, batch_size=5)
         >>> len(loader), loader.route.name
@@ -112,7 +119,7 @@ class FeedLoader:
 
     def __init__(
         self,
-        dataset: FeedDataset | Packed,
+        dataset: Source,
         *,
         batch_size: int = 1,
         num_workers: int = 0,
@@ -126,40 +133,14 @@ class FeedLoader:
         ledger: str | os.PathLike[str] | None = None,
         **loader_kwargs: Any,
     ) -> None:
-        from ._mixture import Mixture
-
-        if not isinstance(dataset, (FeedDataset, Mixture, Packed)):
-            raise TypeError(f"FeedLoader needs a FeedDataset, a Mixture or a Packed, not "
-                            f"{type(dataset).__name__}")
-        # a Packed (and a Mixture) is read through what the batch loop reads of a FeedDataset
-        # (a Packed's rows are its samples: feedpipe.stream._packed)
-        dataset = cast(FeedDataset, dataset)
-        for bad in _REFUSED:
-            if bad in loader_kwargs:
-                raise TypeError(f"FeedLoader does not take {bad}=: the FeedDataset's plan decides "
-                                "the order (pass shuffle=/seed= to FeedDataset)")
-        if isinstance(transform_threads, bool) or int(transform_threads) < 0:
-            raise ValueError(f"transform_threads must be 0 or more, not {transform_threads!r}")
-        if int(num_workers) < 0:
-            raise ValueError(f"num_workers must be 0 or more, not {num_workers!r}")
-        size: Any = batch_size  # checked as the caller may have passed it, typed or not
-        if size is None:
-            raise TypeError("FeedLoader always makes batches: batch_size=None (the DataLoader's "
-                            "one sample at a time, uncollated) is iterating the FeedDataset "
-                            "itself, `for sample in dataset`; give FeedLoader an integer "
-                            "batch_size of 1 or more")
-        if isinstance(size, bool) or not isinstance(size, Integral) or size < 1:
-            raise ValueError(f"batch_size must be an integer of 1 or more, not {batch_size!r}")
-        if isinstance(collate_fn, BatchCollator) and batch_size > collate_fn.batch_size:
-            raise ValueError(
-                f"FeedLoader(batch_size={batch_size}) with a BatchCollator of batch_size "
-                f"{collate_fn.batch_size}: a batch of {batch_size} samples does not fit its "
-                f"{collate_fn.batch_size} rows; give both the same size, e.g. "
-                f"FeedLoader(ds, batch_size={batch_size}, collate_fn=BatchCollator("
-                f"{batch_size}, ...))")
-        if route != "auto" and route not in ROUTES:
-            raise ValueError(f"unknown route {route!r}; the routes are "
-                             f"{', '.join(['auto', *ROUTES])}")
+        if not isinstance(dataset, Source):
+            raise TypeError(f"FeedLoader needs a feedpipe.Source (a FeedDataset, a Mixture, a "
+                            f"Packed, or a source of your own), not {type(dataset).__name__}")
+        # what the ledger records of the source, asked first: a source that cannot say it is
+        # refused before anything is made
+        ledger_info = None if ledger is None else dataset.ledger_info()
+        check_arguments(batch_size, num_workers, transform_threads, collate_fn, route,
+                        loader_kwargs)
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
@@ -188,7 +169,8 @@ class FeedLoader:
         self._batches = 0
         self._finished = False
         self._epoch_chosen = False
-        self._ledger = None if ledger is None else Ledger(ledger, _ledger_info(dataset))
+        self._ledger = (None if ledger is None or ledger_info is None
+                        else Ledger(ledger, ledger_info))
         self._resumed_from: dict[str, Any] | None = None
         self._skipped_ids: list[int] = []  # this pass's, as the batch loop names them
         self._times = PartTimes()
@@ -200,44 +182,15 @@ class FeedLoader:
         self._io_here: tuple[int, ...] = ZERO
         self._io_workers = list(ZERO)
         choose(self._config(), route)  # a forced route that cannot serve is refused here
-        if isinstance(dataset, Mixture):
-            dataset.check_fields(dataset.transform is None and collate_fn is None)
+        dataset.check_loader(dataset.transform is None and collate_fn is None)
 
     # -- the route -------------------------------------------------------------------------
     def _config(self) -> Config:
-        ds, collate = self.dataset, self.collate_fn
-        if isinstance(ds, Packed):
-            return self._packed_config()
-        store = ds.decoded
-        state = "none" if store is None else ("complete" if store.complete() else "partial")
-        from ._store_gather import gatherable
-
-        return Config(
-            num_workers=self.num_workers,
-            threads=self.transform_threads,
-            transform=ds.transform is not None,
-            into=writes_into(ds.transform, collate),
-            collator=isinstance(collate, BatchCollator),
-            default_collate=collate is collate_samples,
-            local=ds.shards.local,
-            store=state,
-            gatherable=state == "complete" and gatherable(ds, collate),
-            shards_fit=len(ds.shards) <= ds.max_open_shards,
-            mixture=hasattr(ds, "mixture_plan"),
-            decodes_agree=getattr(ds, "decodes_agree", True),
-        )
-
-    def _packed_config(self) -> Config:
-        """A :class:`Packed` dataset's configuration: its rows take a ``packed`` route;
-        ``transform``: its documents are read whole (a transform makes them, or their field
-        is decoded), where workers have work to share."""
-        ds = cast(Packed, self.dataset)
-        docs = ds.dataset
-        return Config(num_workers=self.num_workers, threads=self.transform_threads,
-                      transform=docs.transform is not None or ds.field in docs.decode
-                      or docs.decoded is not None, local=docs.shards.local,
-                      collator=isinstance(self.collate_fn, BatchCollator),
-                      default_collate=self.collate_fn is collate_samples, packed=True)
+        collate = self.collate_fn
+        return Config.of(self.dataset.capabilities(collate), num_workers=self.num_workers,
+                         threads=self.transform_threads,
+                         collator=isinstance(collate, BatchCollator),
+                         default_collate=collate is collate_samples)
 
     @property
     def route(self) -> Route:
@@ -379,19 +332,17 @@ class FeedLoader:
                         "stats()['left_out'] counts such batches", batch.samples)
 
     def _source(self, route: Route) -> Iterator[Any]:
-        if route.executor == "workers":
+        if route.in_workers:
             return self._worker_batches(route)
         return self._local_batches(route)
 
     def _local_batches(self, route: Route) -> Iterator[Any]:
         """The inline and threads executors: the batch loop in this process."""
         ds, stats = self.dataset, self._stats
-        skips = Skips(getattr(ds, "source_bases", None))
+        skips = Skips(ds.skip_bases)
         skips.ids = self._skipped_ids
         with EpochReader(ds, self._state) as reader:
-            if route.fetch == "refs":
-                from ._refs import Columns
-
+            if route.by_reference:
                 if self._columns is None and ds.shards.open_all():
                     self._columns = Columns(ds.shards.open_readers())  # type: ignore[arg-type]
                 stats["refs_plan"] = "columns" if self._columns is not None else "per-sample"
@@ -399,7 +350,7 @@ class FeedLoader:
                              threads=self.transform_threads, fields=tuple(ds.manifest.fields),
                              default=self.collate_fn is collate_samples, columns=self._columns,
                              pin=self._pin, reader=reader)
-            if self._io is not None and route.fetch not in ("gather", "packed"):
+            if self._io is not None and route.counts_reads:
                 parts.fetch = self._io.counted(parts.fetch)
             # the start-up: everything before the loop's first fetch (the shards opened, the
             # prefetch started, the pool made)
@@ -407,8 +358,8 @@ class FeedLoader:
             try:
                 for batch in parts.run(reader, self._times):
                     stats["skipped"] = skips.count
-                    if self._pin and route.sink != "resolve":
-                        batch = _pinned(batch)
+                    if self._pin and not route.resolves:
+                        batch = pin_memory(batch)
                     yield batch
             finally:
                 stats["skipped"] = skips.count
@@ -416,15 +367,16 @@ class FeedLoader:
 
     def _worker_batches(self, route: Route) -> Iterator[Any]:
         """The workers executor: the batch loop in DataLoader worker processes."""
-        self._check_start_method()
+        check_start_method(self._fork_unsafe or process_fork_unsafe(),
+                           self._kwargs.get("multiprocessing_context"), self.num_workers)
         loader = self._loaders.get(route.name)
         kwargs = dict(self._kwargs)
         if loader is None:
             depth = 0
-            if route.sink == "rows":
+            if route.rows_ring:
                 kwargs = {"prefetch_factor": 1, **kwargs}  # see reuse_buffers
                 depth = ring_depth(kwargs["prefetch_factor"]) if self.reuse_buffers else 0
-            elif route.sink == "packed" and self.reuse_buffers and sees_holders():
+            elif route.bytes_ring and self.reuse_buffers and sees_holders():
                 depth = ring_depth(kwargs.get("prefetch_factor"))
             source = WorkerSource(self.dataset, self._state, route, self.collate_fn,
                                   fields=tuple(self.dataset.manifest.fields),
@@ -434,38 +386,17 @@ class FeedLoader:
             self._loaders[route.name] = loader
         loader.dataset.started_here()  # type: ignore[attr-defined]
         resolver = None
-        if route.sink == "resolve":
-            from ._refs import Resolver
-
+        if route.resolves:
             resolver = Resolver(self.dataset, pin_memory=self._pin)
         release = self._releases.get(route.name)
         if release is None and self.reuse_buffers and (
-                route.sink == "rows" or loader.dataset.depth):  # type: ignore[attr-defined]
+                route.rows_ring or loader.dataset.depth):  # type: ignore[attr-defined]
             release = self._releases[route.name] = RowRelease(
-                bool(kwargs.get("persistent_workers", False)), keep_mapped=route.sink == "packed")
+                bool(kwargs.get("persistent_workers", False)), keep_mapped=route.bytes_ring)
         yield from WorkerBatches(loader, route, self._stats, resolver=resolver,
                                  release=release, pin=self._pin, shards=self.dataset.shards,
                                  times=self._times, io=self._io_workers,
                                  began=self._began[1], skipped_ids=self._skipped_ids)
-
-    def _check_start_method(self) -> None:
-        unsafe = self._fork_unsafe or process_fork_unsafe()
-        if unsafe is None:
-            return
-        ctx = self._kwargs.get("multiprocessing_context")
-        if ctx is None:
-            method = default_start_method()
-        else:
-            method = ctx if isinstance(ctx, str) else ctx.get_start_method()
-        if method != "fork":
-            return
-        raise StartMethodError(
-            f"FeedLoader(num_workers={self.num_workers}) would fork its worker processes from "
-            f"a process that runs {unsafe}, which can deadlock them. Pass "
-            "multiprocessing_context='forkserver' (or 'spawn'): then the transform and "
-            "collate_fn must be picklable (no lambdas or local functions) and the script must "
-            "start under `if __name__ == \"__main__\":`; or use num_workers=0 / "
-            "transform_threads=N.")
 
     # -- figures ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -513,37 +444,17 @@ class FeedLoader:
             out["buffers"] = release.stats()
         if self._device_loader is not None:
             out["device"] = self._device_loader.stats()
-        delivered = getattr(self.dataset, "delivered", None)
-        if delivered is not None:  # a Mixture: the samples of each source received
-            out["sources"] = delivered(self._state.epoch, self._split, self._batches,
-                                       self.batch_size)
-        out["time"], out["bound"] = self._time_figures(route)
+        sources = self.dataset.delivered(self._state.epoch, self._split, self._batches,
+                                         self.batch_size)
+        if sources is not None:  # a Mixture: the samples of each source received
+            out["sources"] = sources
+        waited, wall = self._clock
+        out["time"], out["bound"] = time_figures(self._times, waited, wall, route,
+                                                 self.num_workers, self.transform_threads)
         here = self._io.take() if self._io is not None else ZERO
         self._io_here = add(self._io_here, here)
         out["io"] = io_figures(add(self._io_here, self._io_workers))
         return out
-
-    def _time_figures(self, route: Route) -> tuple[dict[str, Any], str | None]:
-        """``time``: seconds of this pass per part, and ``bound``: the part that bounds it."""
-        t = self._times
-        waited, wall = self._clock
-        times: dict[str, Any] = {
-            "startup": t.startup, "fetch": t.fetch, "compute": t.compute, "sink": t.sink,
-            "wait": waited,
-            "step": max(0.0, wall - waited), "wall": wall}
-        if route.executor == "workers":
-            times["parts_in"] = f"{self.num_workers} worker processes (their seconds added up)"
-        elif route.executor == "threads":
-            times["parts_in"] = (f"this process, compute with {self.transform_threads} "
-                                 "threads (the wait for them)")
-        else:
-            times["parts_in"] = "this process"
-        if wall <= 0.0:
-            return times, None
-        if times["step"] >= waited:
-            return times, "step"
-        parts = {k: times[k] for k in ("startup", "fetch", "compute", "sink")}
-        return times, max(parts, key=parts.__getitem__)
 
     # -- resumption ------------------------------------------------------------------------
     @property
@@ -587,18 +498,3 @@ class FeedLoader:
             self._ledger.begin(self._state.plan(self.dataset), self._split,
                                self.batch_size, self._resumed_from, record=True)
             self._resumed_from = None
-
-
-def _ledger_info(dataset: FeedDataset) -> dict[str, Any]:
-    """What ``ledger.json`` records of the dataset: what its epochs' plans are made of."""
-    from ._mixture import Mixture
-
-    if isinstance(dataset, (Mixture, Packed)):
-        return dataset.ledger_info()
-    return dataset_info(dataset)
-
-
-def _pinned(batch: Any) -> Any:
-    from torch.utils.data._utils.pin_memory import pin_memory
-
-    return pin_memory(batch)

@@ -30,11 +30,15 @@ from .._redact import logger
 from ..errors import MixtureError, PlanError
 from ..plan._mixture import MixtureEpoch, MixturePlan
 from ..plan._order import Split, worker_positions
+from ._assembly import assemble
 from ._batch_loop import EpochReader, Skips
-from ._dataset import FeedDataset, checked_resume_point
+from ._collate import LeftOut, left_out_error
+from ._dataset import FeedDataset, checked_resume_point, read_capabilities
 from ._epoch import EpochState
-from ._mixture_fetch import BySource, BySourceInto
+from ._mixture_fetch import BySource, BySourceInto, MixtureFetch
 from ._mixture_shards import MixtureShards
+from ._routes import ROUTES, Capabilities
+from ._source import Source
 
 if TYPE_CHECKING:
     from ..plan._world import World
@@ -44,10 +48,10 @@ log = logger("feedpipe")
 STATE_VERSION = 1
 
 
-class Mixture(IterableDataset):
-    """A weighted mixture of named :class:`FeedDataset` sources, usable wherever a
-    ``FeedDataset`` is: as the dataset of a :class:`FeedLoader` (every route that applies:
-    workers, threads, rows, raw batches by reference, ``device=``) or iterated directly.
+class Mixture(IterableDataset, Source):
+    """A weighted mixture of named :class:`FeedDataset` sources: a :class:`~feedpipe.Source` of
+    its own, read by a :class:`FeedLoader` (every route that applies: workers, threads, rows,
+    raw batches by reference, ``device=``) or iterated directly.
 
     Each epoch draws exactly ``weights[s] * epoch_size`` samples of source ``s`` (largest
     remainder rounding, summing to ``epoch_size``); within a source no sample repeats before
@@ -105,27 +109,7 @@ class Mixture(IterableDataset):
                                "Mixture({'web': FeedDataset(...), 'books': FeedDataset(...)})")
         self.names = [str(n) for n in sources]
         for name, ds in sources.items():
-            if not isinstance(ds, FeedDataset):
-                raise MixtureError(f"source {name!r} is a {type(ds).__name__}, not a FeedDataset")
-            if ds.decoded is not None:
-                raise MixtureError(
-                    f"source {name!r} has a decoded_cache ({ds.decoded.path}): a Mixture reads "
-                    "its sources' shards through its own plan, which neither fills nor reads a "
-                    "decoded store, so the store would be left as it is while every epoch runs "
-                    "the transform; make the source without decoded_cache= and keep its "
-                    "transform's outputs in a FunctionIndex instead: FeedDataset(url, "
-                    "transform=FunctionIndex(directory).wrap(transform, fields=[...], "
-                    "version=1))")
-            if ds.cache is not None:
-                log.warning("feedpipe: Mixture source %r reads through its shard cache without "
-                            "prefetching ahead: the cache's prefetcher follows one dataset's "
-                            "plan, not a mixture's, so each shard is fetched as it is first "
-                            "read", name)
-            if ds.shuffle_window is not None or ds.drop_last:
-                log.warning("feedpipe: Mixture source %r: its shuffle_window=%r and "
-                            "drop_last=%r are not used: the mixture's plan orders the epoch "
-                            "and Mixture(drop_last=) makes the ranks equal", name,
-                            ds.shuffle_window, ds.drop_last)
+            _check_source(name, ds)
         self.sources: dict[str, FeedDataset] = dict(zip(self.names, sources.values()))
         self.weights = self._weights(weights)
         self.seed = int(seed)
@@ -145,7 +129,9 @@ class Mixture(IterableDataset):
                             "epoch of %d (each epoch's counts are %s); raise its weight or "
                             "epoch_size, or give it weight 0 to say so", name, self.epoch_size,
                             dict(zip(self.names, self.mixture_plan.counts.tolist())))
-        self.shards = MixtureShards([ds.shards for ds in self.sources.values()])
+        # its sources' shards, numbered as one (a Source's shards: read by sample number)
+        self.shards: MixtureShards = MixtureShards(  # type: ignore[assignment]
+            [ds.shards for ds in self.sources.values()])
         self.decoded = None
         self.shuffle = True
         self.shuffle_window = None
@@ -215,6 +201,29 @@ class Mixture(IterableDataset):
         """Each source's first sample number in the mixture's numbering."""
         return {n: int(b) for n, b in zip(self.names, self.shards.bases)}
 
+    # -- what the routes read (feedpipe.Source) ---------------------------------------------
+    @property
+    def skip_bases(self) -> dict[str, int]:
+        """A left-out sample's ``__index__`` is its id in its ``__source__``: numbered from
+        :attr:`source_bases`."""
+        return self.source_bases
+
+    def capabilities(self, collate_fn: Any) -> Capabilities:
+        """What the mixture offers the routes: its sources' transforms and shards, read through
+        the ``mixture`` fetch; a batch decoded one way only where the sources agree."""
+        return read_capabilities(self, collate_fn, fetch="mixture",
+                                 decodes_agree=self.decodes_agree)
+
+    def sample_fetch(self, epoch: int, *, copy: bool) -> MixtureFetch:
+        """Each id's sample read through its own source (``decode=``, seed, shards), marked
+        with ``__source__``."""
+        return MixtureFetch(self.names, self.shards.bases, list(self.sources.values()), epoch,
+                            copy=copy)
+
+    def check_loader(self, raw_default: bool) -> None:
+        """As :meth:`check_fields`."""
+        self.check_fields(raw_default)
+
     def ledger_info(self) -> dict[str, Any]:
         """What ``FeedLoader(ledger=)`` records of this mixture in ``ledger.json``: the inputs
         of its plan, from which ``feedpipe ledger`` recomputes what each epoch draws
@@ -229,7 +238,7 @@ class Mixture(IterableDataset):
 
     # -- the world and the plan ------------------------------------------------------------
     @property
-    def world(self) -> World:
+    def world(self) -> World:  # type: ignore[override]
         """This process's rank and the number of ranks, every source's (they must agree)."""
         return next(iter(self.sources.values())).world
 
@@ -253,7 +262,7 @@ class Mixture(IterableDataset):
             ds.attach()
         self._check_world()
 
-    def plan(self, epoch: int | None = None) -> MixtureEpoch:
+    def plan(self, epoch: int | None = None) -> MixtureEpoch:  # type: ignore[override]
         """The epoch ``epoch``'s plan (``None``: the direct reader's epoch)."""
         return MixtureEpoch(self.mixture_plan, self.epoch if epoch is None else int(epoch),
                             self.shards.bases)
@@ -394,24 +403,16 @@ class Mixture(IterableDataset):
         return closed_at_exit(self._samples())
 
     def _samples(self) -> Generator[Any, None, None]:
-        from ._assembly import assemble
-        from ._collate import LeftOut
-        from ._routes import ROUTES
-
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:
             self.attach()
-        route = ROUTES["samples"]
-        route = type(route)(route.name, "mixture", "call", "inline", "collate")
-        with EpochReader(self, self._reader, worker, workers) as reader:  # type: ignore[arg-type]
-            parts = assemble(route, self, reader.plan.epoch, list,  # type: ignore[arg-type]
+        with EpochReader(self, self._reader, worker, workers) as reader:
+            parts = assemble(ROUTES["samples"], self, reader.plan.epoch, list,
                              skips=Skips(), leaves=info is not None, default=False)
             for outs in parts.run(reader):
                 if type(outs) is LeftOut:
                     if self.world.world_size > 1:
-                        from ._collate import left_out_error
-
                         raise left_out_error(outs, self.world.rank, self.world.world_size,
                                              "read directly (a DataLoader batches what comes)")
                     continue
@@ -421,3 +422,28 @@ class Mixture(IterableDataset):
         """Close every source's open shards."""
         self.shards.close()
 
+
+def _check_source(name: str, ds: Any) -> None:
+    """Refuse a source a mixture cannot read (not a FeedDataset, a decoded store), and say what
+    of it the mixture does not use (its shard cache's prefetch, shuffle_window, drop_last)."""
+    if not isinstance(ds, FeedDataset):
+        raise MixtureError(f"source {name!r} is a {type(ds).__name__}, not a FeedDataset")
+    if ds.decoded is not None:
+        raise MixtureError(
+            f"source {name!r} has a decoded_cache ({ds.decoded.path}): a Mixture reads "
+            "its sources' shards through its own plan, which neither fills nor reads a "
+            "decoded store, so the store would be left as it is while every epoch runs "
+            "the transform; make the source without decoded_cache= and keep its "
+            "transform's outputs in a FunctionIndex instead: FeedDataset(url, "
+            "transform=FunctionIndex(directory).wrap(transform, fields=[...], "
+            "version=1))")
+    if ds.cache is not None:
+        log.warning("feedpipe: Mixture source %r reads through its shard cache without "
+                    "prefetching ahead: the cache's prefetcher follows one dataset's "
+                    "plan, not a mixture's, so each shard is fetched as it is first "
+                    "read", name)
+    if ds.shuffle_window is not None or ds.drop_last:
+        log.warning("feedpipe: Mixture source %r: its shuffle_window=%r and "
+                    "drop_last=%r are not used: the mixture's plan orders the epoch "
+                    "and Mixture(drop_last=) makes the ranks equal", name,
+                    ds.shuffle_window, ds.drop_last)

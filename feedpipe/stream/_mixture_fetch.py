@@ -12,7 +12,7 @@ import torch
 from ._batch_loop import Item, SampleFetch
 
 if TYPE_CHECKING:
-    from ._mixture import Mixture
+    from ._source import Source
 
 
 class BySource:
@@ -51,11 +51,11 @@ class MixtureFetch:
     :class:`~feedpipe.stream._batch_loop.SampleFetch`: its shards, ``decode=`` and seed), marked
     with ``__source__``, in the batch's order."""
 
-    def __init__(self, mixture: Mixture, epoch: int, *, copy: bool = False) -> None:
-        self.names = mixture.names
-        self.bases = mixture.shards.bases
-        self.fetches = [SampleFetch(ds, epoch, stored=False, copy=copy)
-                        for ds in mixture.sources.values()]
+    def __init__(self, names: Sequence[str], bases: np.ndarray, sources: Sequence[Source],
+                 epoch: int, *, copy: bool = False) -> None:
+        self.names = names
+        self.bases = bases  # each source's first number
+        self.fetches = [SampleFetch(ds, epoch, stored=False, copy=copy) for ds in sources]
 
     def __call__(self, ids: np.ndarray) -> list[Item]:
         src = np.searchsorted(self.bases, ids, side="right") - 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,16 +30,15 @@ from ..plan._order import Plan, Split
 from ..plan._packing import CONCATENATE, CutLayout, Layout, Packing, offsets_of, rows_split
 from ..plan._packing import row_pieces as row_pieces  # the plan's, named here as before
 from ._dataset import FeedDataset, checked_resume_point
-from ._ledger import dataset_info
 from ._ledger_kinds import lengths_record
+from ._mixture import Mixture
 from ._packed_batches import IGNORE as IGNORE  # the label of a padding token
 from ._packed_batches import Group, placed
 from ._packed_batches import PackedFetch as PackedFetch  # the packed routes' fetch
 from ._packed_batches import Shipment as Shipment  # what a worker sends
+from ._routes import Capabilities
+from ._source import Source
 from ._token_docs import NotMapped, TokenDocs
-
-if TYPE_CHECKING:
-    from ._mixture import Mixture
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
     from .._native import _packrows
@@ -60,7 +59,7 @@ def piece_copier() -> str:
     return "numpy" if _packrows is None else "feedpipe._native._packrows"
 
 
-class Packed:
+class Packed(Source):
     """Token documents of ``dataset`` packed into rows of ``seq_len`` tokens: the dataset of a
     :class:`~feedpipe.FeedLoader` for language-model pre-training.
 
@@ -108,8 +107,6 @@ class Packed:
 
     def __init__(self, dataset: FeedDataset | Mixture, seq_len: int, field: str = "tokens.npy",
                  pad_id: int = 0, packing: Packing = CONCATENATE) -> None:
-        from ._mixture import Mixture
-
         if not isinstance(dataset, (FeedDataset, Mixture)):
             raise TypeError(f"Packed needs a FeedDataset or a Mixture, not "
                             f"{type(dataset).__name__}")
@@ -364,10 +361,25 @@ class Packed:
     # FeedLoader reads a Packed as it reads a FeedDataset (the ``packed`` routes of
     # feedpipe.stream._routes): its "samples" are the epoch's rows, in order (the shuffle is in
     # the documents' order), dealt to ranks, batches and workers by the same Split.
-    plans_rows = True  # its plan orders rows, not samples: no shard prefetch follows it
+    bytes_read: int  # token bytes copied out of the documents (set in __init__)
+    prefetches = False  # its plan orders rows, not samples: no shard prefetch follows it
+
+    # -- what the routes read (feedpipe.Source) ---------------------------------------------
+    def capabilities(self, collate_fn: Any) -> Capabilities:
+        """Its rows take a ``packed`` route (``makes_batches``); ``transform``: its documents
+        are read whole (a transform makes them, or their field is decoded), where workers have
+        work to share."""
+        docs = self.dataset
+        return Capabilities(transform=docs.transform is not None or self.field in docs.decode
+                            or docs.decoded is not None, local=docs.shards.local,
+                            makes_batches=True)
+
+    def batch_fetch(self, epoch: int) -> PackedFetch:
+        """Its batches of rows, made whole a group of batches at a time."""
+        return PackedFetch(self, epoch)
 
     @property
-    def shards(self) -> Any:
+    def shards(self) -> Any:  # type: ignore[override]
         """The documents' dataset's shards."""
         return self.dataset.shards
 
@@ -377,33 +389,33 @@ class Packed:
         return self.dataset.manifest
 
     @property
-    def url(self) -> str:
+    def url(self) -> str:  # type: ignore[override]
         """The documents' dataset's URL."""
         return self.dataset.url
 
     @property
-    def world(self) -> Any:
+    def world(self) -> Any:  # type: ignore[override]
         """The rank and world size rows are dealt to (the documents' dataset's)."""
         return self.dataset.world
 
     @property
-    def seed(self) -> int:
+    def seed(self) -> int:  # type: ignore[override]
         """The documents' dataset's seed."""
         return self.dataset.seed
 
     @property
-    def transform(self) -> Any:
+    def transform(self) -> Any:  # type: ignore[override]
         """The documents' dataset's transform (what makes a sample a document)."""
         return self.dataset.transform
 
     @property
-    def decode(self) -> dict[str, Any]:
+    def decode(self) -> dict[str, Any]:  # type: ignore[override]
         """Empty, as rows are cut from the documents (the dataset's ``decode=`` applies where
         documents are read whole)."""
         return {}
 
     @property
-    def decoded(self) -> None:
+    def decoded(self) -> None:  # type: ignore[override]
         """Always ``None``, as rows are cut from the documents each epoch (no decoded store)."""
         return None
 
@@ -436,10 +448,8 @@ class Packed:
         dataset (its own record), ``seq_len``, the field, the packing strategy and every
         document's length with a digest, from which ``feedpipe ledger`` recomputes each
         epoch's rows."""
-        from ._mixture import Mixture
-
         ds = self.dataset
-        inner = ds.ledger_info() if isinstance(ds, Mixture) else dataset_info(ds)
+        inner = ds.ledger_info()
         e = ds.epoch
         return {"kind": "packed", "digest": inner["digest"], "inner": inner,
                 "counts": inner["counts"], "seq_len": self.seq_len, "field": self.field,

@@ -45,8 +45,8 @@ from ._collate import column
 if TYPE_CHECKING:
     from ..format._reader import ShardReader
     from ._collate import Decoder
-    from ._dataset import FeedDataset
     from ._shard_set import ShardSet
+    from ._source import Source
 
 _PAGE = mmap.PAGESIZE
 _HEAD = ("__key__", "__shard__", "__index__")
@@ -250,7 +250,7 @@ class Resolver:
             ``pin_memory=True`` would.
     """
 
-    def __init__(self, dataset: FeedDataset, *, pin_memory: bool = False) -> None:
+    def __init__(self, dataset: Source, *, pin_memory: bool = False) -> None:
         self.shards = dataset.shards
         self.root = dataset.url
         self.names = list(self.shards.names)
@@ -263,7 +263,7 @@ class Resolver:
         self._orders: dict[tuple[tuple[str, ...], int], list[str]] = {}
         self._populate = hasattr(mmap.mmap, "madvise")
         # a Mixture's batches say each sample's source, as its samples do
-        self._tag = getattr(dataset, "tag_batch", None)
+        self._tag = dataset.tag_batch  # what the source's samples carry besides their fields
 
     def _map(self, r: ShardReader) -> mmap.mmap:
         mm = r.buffer
@@ -316,7 +316,6 @@ class Resolver:
 
     def _resolve(self, refs: BatchRefs, used: list[int]) -> dict[str, Any]:
         n = len(refs)
-        names = self.names
         readers = {s: self.shards.reader(s, index=False) for s in used}
         maps = {s: self._map(r) for s, r in readers.items()}  # opened (and checked) once
         for r in readers.values():  # a truncation since opening: an error, not a SIGBUS
@@ -366,6 +365,14 @@ class Resolver:
             if e in cols:
                 cols[e] = column([None if v is None else self._decoded(fn, v, refs, j, e)
                                   for j, v in enumerate(cols[e])])
+        return self._batch(refs, order, cols, used, shards)
+
+    def _batch(self, refs: BatchRefs, order: list[str], cols: dict[str, Any], used: list[int],
+               shards: list[int] | None) -> dict[str, Any]:
+        """The batch's dict in ``order``: the fields' columns ``cols`` and the samples'
+        ``__key__``, ``__shard__`` (``shards``: each sample's, ``None`` where all are
+        ``used[0]``), ``__index__``, ``__epoch__`` and ``__seed__``, as the source tags them."""
+        n, names = len(refs), self.names
         ids = torch.from_numpy(refs.ids)
         out: dict[str, Any] = {}
         for k in order:
@@ -382,8 +389,7 @@ class Resolver:
                 out[k] = torch.full((n,), refs.seed, dtype=torch.int64)
             else:
                 out[k] = cols.get(k, [None] * n)
-        if self._tag is not None:
-            self._tag(out, refs.shards)
+        self._tag(out, refs.shards)
         if self.pin:
             for k, v in out.items():
                 if isinstance(v, torch.Tensor):

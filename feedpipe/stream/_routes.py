@@ -22,7 +22,8 @@ Every route is one combination of four parts of the batch loop (:mod:`feedpipe.s
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -59,42 +60,124 @@ class Route:
         return (f"{self.name} (fetch={self.fetch}, compute={self.compute}, "
                 f"executor={self.executor}, sink={self.sink})")
 
+    # -- what running the route takes: read by the loader, its workers and the assembly, so
+    # that the parts are compared with names here only
+    @property
+    def in_workers(self) -> bool:
+        """It runs in DataLoader worker processes (``executor=workers``)."""
+        return self.executor == "workers"
+
+    @property
+    def on_threads(self) -> bool:
+        """It runs the transform on threads of this process (``executor=threads``)."""
+        return self.executor == "threads"
+
+    @property
+    def by_reference(self) -> bool:
+        """Its fetch plans where each member of a batch lies (``fetch=refs``)."""
+        return self.fetch == "refs"
+
+    @property
+    def gathers(self) -> bool:
+        """Its fetch copies whole batches out of a complete decoded store (``fetch=gather``)."""
+        return self.fetch == "gather"
+
+    @property
+    def source_batches(self) -> bool:
+        """The source's own fetch makes each batch whole (``fetch=packed``,
+        :meth:`Source.batch_fetch <feedpipe.Source.batch_fetch>`)."""
+        return self.fetch == "packed"
+
+    @property
+    def counts_reads(self) -> bool:
+        """The loader counts the shard bytes its fetch reads (not a store's, nor a source's own)."""
+        return self.fetch not in ("gather", "packed")
+
+    @property
+    def writes_rows(self) -> bool:
+        """Its sink writes into a :class:`~feedpipe.BatchCollator`'s rows (``sink=rows``)."""
+        return self.sink == "rows"
+
+    @property
+    def writes_into(self) -> bool:
+        """The transform writes each output into its row (``compute=into``)."""
+        return self.compute == "into"
+
+    @property
+    def resolves(self) -> bool:
+        """The training process copies the referenced bytes (``sink=resolve``)."""
+        return self.sink == "resolve"
+
+    @property
+    def rows_ring(self) -> bool:
+        """Each worker writes its batches into reused buffers of a BatchCollator's rows
+        (``rows-workers``)."""
+        return self.executor == "workers" and self.sink == "rows"
+
+    @property
+    def bytes_ring(self) -> bool:
+        """Each worker writes the source's whole batches into reused byte buffers
+        (``packed-workers``)."""
+        return self.executor == "workers" and self.sink == "packed"
+
 
 @dataclass(frozen=True)
-class Config:
-    """What the route choice depends on, read off a :class:`~feedpipe.FeedLoader`.
+class Capabilities:
+    """What a source offers the routes (:meth:`Source.capabilities
+    <feedpipe.Source.capabilities>`): the route choice reads these, never the source's class.
 
     Args:
-        num_workers: DataLoader worker processes asked for.
-        threads: transform threads asked for (``transform_threads=``).
-        transform: the dataset has a transform.
-        into: the transform writes into the rows of the loader's BatchCollator
+        transform: the source has work to share among workers or threads (a transform; for a
+            source that makes its batches whole, documents to read whole).
+        into: its transform writes into the rows of the loader's BatchCollator
             (``transform.into`` with the collator's shape and dtype).
-        collator: the loader's ``collate_fn`` is a :class:`~feedpipe.BatchCollator`.
-        default_collate: the loader's ``collate_fn`` is the default one.
-        local: the shards are local files read without a cache (this process can map them).
-        store: the decoded store's state: ``"none"``, ``"partial"`` or ``"complete"``.
+        local: its shards are local files read without a cache (this process can map them).
+        store: its decoded store's state: ``"none"``, ``"partial"`` or ``"complete"``.
         gatherable: a complete store whose records are the collator's image (and an int label).
-        shards_fit: every shard fits in the dataset's ``max_open_shards`` at once.
-        mixture: the dataset is a :class:`~feedpipe.Mixture` (its samples are fetched through
-            their sources).
-        decodes_agree: the sources of a mixture decode their fields alike (``decode=``).
-        packed: the dataset is a :class:`~feedpipe.Packed` (token rows, not samples).
+        shards_fit: every shard fits in its ``max_open_shards`` at once.
+        fetch: the name of its fetch of samples, as :attr:`Route.fetch` reports it
+            (``"samples"``; a :class:`~feedpipe.Mixture`'s is ``"mixture"``: each sample read
+            through its own source).
+        decodes_agree: its samples' fields are decoded one way (a mixture's sources may
+            differ, ``decode=``).
+        makes_batches: its ids are rows whose batches its own fetch makes whole
+            (:meth:`Source.batch_fetch <feedpipe.Source.batch_fetch>`: token rows of a
+            :class:`~feedpipe.Packed`), not samples.
     """
 
-    num_workers: int = 0
-    threads: int = 0
     transform: bool = False
     into: bool = False
-    collator: bool = False
-    default_collate: bool = True
     local: bool = True
     store: str = "none"
     gatherable: bool = False
     shards_fit: bool = True
-    mixture: bool = False
+    fetch: str = "samples"
     decodes_agree: bool = True
-    packed: bool = False
+    makes_batches: bool = False
+
+
+@dataclass(frozen=True)
+class Config(Capabilities):
+    """What the route choice depends on: the source's :class:`Capabilities` and what the
+    :class:`~feedpipe.FeedLoader` asks.
+
+    Args:
+        num_workers: DataLoader worker processes asked for.
+        threads: transform threads asked for (``transform_threads=``).
+        collator: the loader's ``collate_fn`` is a :class:`~feedpipe.BatchCollator`.
+        default_collate: the loader's ``collate_fn`` is the default one.
+    """
+
+    num_workers: int = 0
+    threads: int = 0
+    collator: bool = False
+    default_collate: bool = True
+
+    @classmethod
+    def of(cls, source: Capabilities, **loader: Any) -> Config:
+        """The configuration of a loader (``loader``: the fields of this class) over a source
+        offering ``source``."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(Capabilities)}, **loader)
 
 
 ROUTES: dict[str, Route] = {r.name: r for r in (
@@ -167,7 +250,7 @@ def _raw(c: Config, r: Route) -> str | None:
 
 
 def _one_decode(c: Config, r: Route) -> str | None:
-    if c.mixture and not c.decodes_agree:
+    if not c.decodes_agree:
         return ("it decodes a batch's fields one way, and the mixture's sources decode theirs "
                 "differently (decode=)")
     return None
@@ -227,16 +310,18 @@ def _threads_transform(c: Config, r: Route) -> str | None:
 
 
 def _packed_dataset(c: Config, r: Route) -> str | None:
-    if not c.packed:
-        return "it cuts token rows, and the dataset is not a Packed"
+    if not c.makes_batches:
+        return ("it has the source make each batch whole (token rows of a Packed), and the "
+                "source makes samples")
     if not c.default_collate:
-        return "Packed makes its batches whole, and a collate_fn was given (leave it out)"
+        return "the source makes its batches whole, and a collate_fn was given (leave it out)"
     return None
 
 
 def _not_packed(c: Config, r: Route) -> str | None:
-    if c.packed:
-        return "it reads samples, and the dataset is a Packed (its rows take a packed route)"
+    if c.makes_batches:
+        return ("it reads samples, and the source makes its batches whole (token rows of a "
+                "Packed: they take a packed route)")
     return None
 
 
@@ -292,11 +377,11 @@ def _store_is_complete(c: Config) -> bool:
 #: whose ``when`` holds and one of whose candidates can serve (:func:`refusal`) gives the route;
 #: a ``binding`` row (the user asked for it) that none can serve is refused, not passed over.
 def _is_packed(c: Config) -> bool:
-    return c.packed
+    return c.makes_batches
 
 
 def _packed_reads_documents(c: Config) -> bool:
-    return c.packed and (c.transform or not c.local)
+    return c.makes_batches and (c.transform or not c.local)
 
 
 PREFERENCE: tuple[tuple[Callable[[Config], bool], tuple[str, ...], bool], ...] = (
@@ -404,8 +489,8 @@ def _resolved(route: Route, config: Config) -> Route:
     """``route`` with its fetch and compute parts as this configuration has it."""
     if route.fetch != "samples":
         return route
-    if config.mixture:
-        route = replace(route, fetch="mixture")
+    if config.fetch != route.fetch:  # the source's own name for its fetch of samples
+        route = replace(route, fetch=config.fetch)
     if route.sink == "rows":
         compute = "into" if config.into else "call"
     else:

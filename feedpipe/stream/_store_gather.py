@@ -30,10 +30,10 @@ from ..caches.decoded._layout import Layout, flatten
 from ._collator import BatchCollator
 
 if TYPE_CHECKING:
-    from ._dataset import FeedDataset
+    from ._source import Source
 
 
-def gatherable(dataset: FeedDataset, collator: Any) -> bool:
+def gatherable(dataset: Source, collator: Any) -> bool:
     """Whether ``dataset``'s decoded store holds records ``collator`` can take whole: an image of
     its shape and dtype at offset 0, and nothing else or an int64 label."""
     store = dataset.decoded
@@ -58,7 +58,7 @@ class GatherFetch:
     """The batches of ids gathered from the dataset's complete decoded store into ``collator``'s
     buffers (check :func:`gatherable` first); each call returns a finished batch."""
 
-    def __init__(self, dataset: FeedDataset, epoch: int, collator: BatchCollator) -> None:
+    def __init__(self, dataset: Source, epoch: int, collator: BatchCollator) -> None:
         store = dataset.decoded
         layout = store.layout() if store is not None else None
         if store is None or layout is None:

@@ -21,9 +21,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .._helpers.fork_safety import default_start_method
 from .._helpers.parent_watch import exit_with
 from .._redact import logger
-from ..errors import ShardFormatError
+from ..errors import ShardFormatError, StartMethodError
 from ._assembly import assemble
 from ._batch_loop import EpochReader, PartTimes, Skips
 from ._io import ZERO, IoTally
@@ -32,11 +33,11 @@ from ._worker_rows import ByteRing, RowRelease, WorkerRing
 log = logger("feedpipe")
 
 if TYPE_CHECKING:
-    from ._dataset import FeedDataset
     from ._epoch import EpochState
     from ._refs import Resolver
     from ._routes import Route
     from ._shard_set import ShardSet
+    from ._source import Source
 
 
 class WorkerMeta:
@@ -76,7 +77,7 @@ class WorkerSource(IterableDataset):
         depth: ring buffers per worker (``rows-workers``); ``0``: a fresh buffer per batch.
     """
 
-    def __init__(self, dataset: FeedDataset, state: EpochState, route: Route, collate_fn: Any,
+    def __init__(self, dataset: Source, state: EpochState, route: Route, collate_fn: Any,
                  *, fields: tuple[str, ...] = (), default: bool = True, depth: int = 0) -> None:
         super().__init__()
         self.dataset, self.state, self.route, self.collate_fn = dataset, state, route, collate_fn
@@ -104,29 +105,29 @@ class WorkerSource(IterableDataset):
         ds, route, pid = self.dataset, self.route, os.getpid()
         if info is not None:  # a worker never outlives the training process
             exit_with(os.getppid(), self._owner)
-        skips = Skips(getattr(ds, "source_bases", None))
+        skips = Skips(ds.skip_bases)
         ring = None
         tally = IoTally(ds)  # before the reader starts prefetching
         with EpochReader(ds, self.state, worker, workers) as reader:
             buffers = self.collate_fn
-            if route.sink in ("rows", "packed") and self.depth and info is not None:
+            if (route.rows_ring or route.bytes_ring) and self.depth and info is not None:
                 if self._ring is None or self._ring_pid != pid:
                     self._ring, self._ring_pid = (
-                        WorkerRing(self.collate_fn, self.depth) if route.sink == "rows"
+                        WorkerRing(self.collate_fn, self.depth) if route.rows_ring
                         else ByteRing(self.depth)), pid
                 ring = self._ring
-                if route.sink == "rows":
+                if route.rows_ring:
                     buffers = ring
                 ring.send_table = True  # a new epoch: the training process may have dropped
                 # the table it had
             parts = assemble(route, ds, reader.plan.epoch, buffers, skips=skips, leaves=True,
                              fields=self.fields, default=self.default, reader=reader)
-            if route.fetch != "packed":  # its ids are rows, not samples of a shard
+            if route.counts_reads:  # (a source making whole batches counts its own bytes)
                 parts.fetch = tally.counted(parts.fetch)
             told = told_ids = 0
             times = PartTimes()
             ready: float | None = time.time()
-            if route.sink == "packed":  # a group of batches to a message (Shipment)
+            if route.source_batches:  # the source's messages (Packed: a group of batches each)
                 made = parts.ship(reader, ring, times)  # type: ignore[attr-defined]
             else:
                 made = parts.run(reader, times)
@@ -138,6 +139,26 @@ class WorkerSource(IterableDataset):
                 ready = None
                 told, told_ids = skips.count, len(skips.ids)
                 yield batch, meta
+
+
+def check_start_method(unsafe: str | None, ctx: Any, num_workers: int) -> None:
+    """Refuse to fork worker processes from a process whose threads make forking unsafe
+    (``unsafe`` names them; ``ctx``: the ``multiprocessing_context=`` given, if any)."""
+    if unsafe is None:
+        return
+    if ctx is None:
+        method = default_start_method()
+    else:
+        method = ctx if isinstance(ctx, str) else ctx.get_start_method()
+    if method != "fork":
+        return
+    raise StartMethodError(
+        f"FeedLoader(num_workers={num_workers}) would fork its worker processes from "
+        f"a process that runs {unsafe}, which can deadlock them. Pass "
+        "multiprocessing_context='forkserver' (or 'spawn'): then the transform and "
+        "collate_fn must be picklable (no lambdas or local functions) and the script must "
+        "start under `if __name__ == \"__main__\":`; or use num_workers=0 / "
+        "transform_threads=N.")
 
 
 def as_is(batch: Any) -> Any:
@@ -165,7 +186,7 @@ class WorkerBatches:
         self.shards = shards  # to name a shard cut under a worker that died reading it
 
     def __iter__(self) -> Iterator[Any]:
-        sink, stats = self.route.sink, self.stats
+        route, stats = self.route, self.stats
         pids: set[int] = stats.setdefault("worker_pids", set())
         ctx = self.loader.multiprocessing_context
         stats["start_method"] = (ctx.get_start_method() if ctx is not None
@@ -203,9 +224,9 @@ class WorkerBatches:
                     io = self.io
                     for k, v in enumerate(meta.io):
                         io[k] += v
-                if sink == "resolve":
+                if route.resolves:
                     batch = resolver(batch)  # type: ignore[misc]
-                elif sink == "packed":
+                elif route.source_batches:
                     buffer, made = batch.unpacked(self.pin)
                     held[batch.worker].extend(made)
                     del batch, made
@@ -218,7 +239,7 @@ class WorkerBatches:
                     if release is not None:  # before the DataLoader gives the worker a task
                         release.poll()
                     continue
-                elif sink == "rows":
+                elif route.writes_rows:
                     if type(batch) is list:  # pin_memory made the (images, labels) tuple a list
                         batch = tuple(batch)
                     if release is not None:
