@@ -266,3 +266,25 @@ def test_s3_missing_object_and_bad_credentials_fail_at_once(
         assert isinstance(e.value, PermissionError)
     finally:
         forget_s3_clients()
+
+
+def test_s3_reads_each_object_without_a_head_request(
+        s3: dict, expected: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
+    """s3fs asks an object's size (HEAD) before reading it whole: a round trip per manifest,
+    index and shard. Through the L1 cache and with sizes from the manifest: GETs only, a few
+    per shard."""
+    import s3fs
+
+    calls: list[str] = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(method if isinstance(method, str) else method.__name__)
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    ds = FeedDataset(f"s3://{BUCKET}/shards", cache_dir=tmp_path / "c")
+    assert all_samples(ds) == expected
+    shards = len(ds.manifest.shards)
+    assert set(calls) == {"get_object"}, calls
+    assert len(calls) == 1 + 2 * shards  # the manifest, then each shard's index and bytes

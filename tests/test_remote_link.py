@@ -23,8 +23,14 @@ RTT = "0.03"  # seconds each response waits before its first byte
 FAST = retry.RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 
 
+@pytest.fixture(autouse=True)
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranges of 1 MiB (4 MiB by default), so that a few MB of shards make several each."""
+    monkeypatch.setenv("FEEDPIPE_RANGE_BYTES", str(1 << 20))
+
+
 def dataset(root: Path, seed: int, count: int = 48, per_shard: int = 24) -> Path:
-    """Shards of ``per_shard`` samples of 100 kB (2.4 MB: three 1 MiB ranges each). The seed
+    """Shards of ``per_shard`` samples of 100 kB (2.4 MB: three ranges of 0.8 MB each). The seed
     makes the content, and so the read-ahead's entries (named after it), this test's own."""
     make_records(str(root / "src"), count=count, size=100_000, per_dir=1000, seed=seed)
     feedpipe.shard(str(root / "src"), str(root / "ds"), max_samples=per_shard, workers=1,

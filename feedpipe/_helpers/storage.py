@@ -8,9 +8,12 @@ many byte ranges of one object fetched concurrently (:func:`read_ranges`), each 
 **Concurrency.** A remote link is used well when bandwidth x round trip worth of bytes is in
 flight; an object store also caps what one response streams (tens of MB/s), so a shard is read as
 several concurrent ranges rather than one long response. Every range of this process goes through
-one pool of :func:`streams` threads (``FEEDPIPE_REMOTE_STREAMS``, default 32): with ranges of
-:data:`RANGE_BYTES` (1 MiB) that is 32 MiB in flight, the bandwidth x round trip of 200 MB/s at
-160 ms, or 32 capped responses at once. Raise it for a longer or faster link.
+one pool of :func:`streams` threads (``FEEDPIPE_REMOTE_STREAMS``, default 16): with ranges of
+about :data:`RANGE_BYTES` (4 MiB, ``FEEDPIPE_RANGE_BYTES``) that is 64 MiB in flight, the
+bandwidth x round trip of 200 MB/s at 300 ms, or 16 capped responses at once (16 x 25 MB/s).
+Each range costs a round trip before its first byte, so ranges are as large as keeps the
+streams busy: fewer, larger ranges measured faster than many 1 MiB ones (docs/performance.md).
+Raise the streams for a longer or faster link, or a lower cap per response.
 
 fsspec is imported lazily so that
 ``import feedpipe`` stays light. feedpipe passes no storage options: each backend reads its usual
@@ -128,6 +131,21 @@ def _leave_parent_connections_alone() -> None:
             gc.enable()
 
 
+def _link_options(url: str) -> dict[str, Any]:
+    """Options feedpipe gives a backend so that it carries :func:`streams` requests at once:
+    s3fs (botocore) keeps 10 connections per client by default, which would queue the rest.
+    A ``max_pool_connections`` the user configured for fsspec (``FSSPEC_S3_CONFIG_KWARGS``, or
+    fsspec's config files) is kept."""
+    proto = url.split("://", 1)[0].lower()
+    if proto not in ("s3", "s3a"):
+        return {}
+    import fsspec.config
+
+    given = dict(fsspec.config.conf.get("s3", {}).get("config_kwargs") or {})
+    given.setdefault("max_pool_connections", max(10, streams()))
+    return {"config_kwargs": given}
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """``(fsspec filesystem, path)`` for ``url``; a missing backend names its pip line."""
     import fsspec
@@ -140,7 +158,7 @@ def filesystem(url: str) -> tuple[Any, str]:
         os.register_at_fork(after_in_child=_leave_parent_connections_alone)
 
     try:
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url, **_link_options(url))
     except ImportError as e:
         proto = url.split("://", 1)[0]
         extra = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}.get(proto)
@@ -165,7 +183,7 @@ def read_bytes(url: str, *, stop: Any = None) -> bytes:
     from . import retry
 
     fs, path = filesystem(url)
-    return bytes(retry.call(url, lambda: fs.cat_file(path), stop=stop))
+    return bytes(retry.call(url, lambda: _whole(fs, path), stop=stop))
 
 
 def size_of(url: str) -> int:
@@ -203,21 +221,32 @@ def read_range(fs: Any, path: str, url: str, start: int, end: int, *, whole: boo
     return blob
 
 
-RANGE_BYTES = 1 << 20  # bytes per concurrent range request of one object, at least
+RANGE_BYTES = 4 << 20  # the size of one range request, about (FEEDPIPE_RANGE_BYTES)
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def range_target() -> int:
+    """The size a range request aims at (``FEEDPIPE_RANGE_BYTES``, default 4 MiB)."""
+    return _env_int("FEEDPIPE_RANGE_BYTES", RANGE_BYTES)
 
 
 def range_bytes(total: int) -> int:
-    """The range size for an object of ``total`` bytes: :data:`RANGE_BYTES`, larger for objects
-    over :func:`streams` of them (up to 8 MiB), so that a large shard costs fewer requests."""
-    return max(RANGE_BYTES, min(8 << 20, -(-total // streams())))
+    """The range size for an object of ``total`` bytes: the object cut into equal ranges of about
+    :func:`range_target` (an 8 MB shard: two of 4 MB), so that no short tail costs a round
+    trip of its own."""
+    parts = max(1, -(-total // range_target()))
+    return max(1, -(-total // parts))
 
 
 def streams() -> int:
-    """Requests this process keeps in flight at most (``FEEDPIPE_REMOTE_STREAMS``, default 32)."""
-    try:
-        return max(1, int(os.environ.get("FEEDPIPE_REMOTE_STREAMS", "32")))
-    except ValueError:
-        return 32
+    """Requests this process keeps in flight at most (``FEEDPIPE_REMOTE_STREAMS``, default 16)."""
+    return _env_int("FEEDPIPE_REMOTE_STREAMS", 16)
 
 
 _pool_lock = threading.Lock()
@@ -245,51 +274,71 @@ def ranges_of(start: int, end: int, size: int = RANGE_BYTES) -> list[tuple[int, 
 
 
 def read_ranges(url: str, ranges: list[tuple[int, int]], *, stop: Any = None,
-                size: int | None = None) -> Iterator[bytes]:
+                size: int | None = None) -> Ranges:
     """The byte ranges ``[a, b)`` of the remote object ``url``, fetched concurrently (up to
     :func:`streams` in flight for the whole process) and yielded in order, each retried and
-    checked as :func:`read_range` checks it. ``size``: the object's size, when the caller knows
-    it: a first range answered with the whole object (a server that ignores ``Range``) is then
-    yielded alone, as the object, and nothing else is.
+    checked as :func:`read_range` checks it. The first ones are asked for at once, before the
+    caller iterates (it may do other work meanwhile: fetch an index, reserve room). ``size``:
+    the object's size, when the caller knows it: a first range answered with the whole object
+    (a server that ignores ``Range``) is then yielded alone, as the object, and nothing else is.
 
-    Stopping early (the generator closed, ``stop`` set, an error) cancels the ranges not yet
-    under way.
+    :meth:`Ranges.close` (or an error, or ``stop`` set) cancels the ranges not yet under way.
     """
-    if not ranges:
-        return
-    fs, path = filesystem(url)
-    pool = _executor()
-    window = streams()
-    futures: list[Future[bytes]] = []
-    tolerant = size is not None and ranges[0][0] == 0
+    return Ranges(url, ranges, stop, size)
 
-    def get(i: int) -> bytes:
-        a, b = ranges[i]
-        if i == 0 and tolerant:
-            return _raw(fs, path, url, a, b, whole=b - a == size, stop=stop)
-        return read_range(fs, path, url, a, b, whole=(a, b) == (0, size), stop=stop)
 
-    submitted = 0
-    try:
-        while submitted < min(window, len(ranges)):
-            futures.append(pool.submit(get, submitted))
-            submitted += 1
-        for i in range(len(ranges)):
-            blob = futures[i].result()
-            futures[i] = None  # type: ignore[call-overload]  # its bytes go with the caller
-            if i == 0 and tolerant and len(blob) != ranges[0][1] - ranges[0][0]:
-                if len(blob) == size:
-                    yield blob
-                    return
-                read_range(fs, path, url, *ranges[0], stop=stop)  # names the problem
-            yield blob
-            if submitted < len(ranges):
-                futures.append(pool.submit(get, submitted))
-                submitted += 1
-    finally:
-        for f in futures:
-            if f is not None:
-                f.cancel()
+class Ranges:
+    """The ranges of one object under way (:func:`read_ranges`): iterate for their bytes."""
+
+    def __init__(self, url: str, ranges: list[tuple[int, int]], stop: Any,
+                 size: int | None) -> None:
+        self.url, self.ranges, self.stop, self.size = url, ranges, stop, size
+        self.fs, self.path = filesystem(url) if ranges else (None, "")
+        self.tolerant = size is not None and bool(ranges) and ranges[0][0] == 0
+        self.futures: list[Future[bytes] | None] = []
+        self.pool = _executor() if ranges else None
+        for _ in range(min(streams(), len(ranges))):
+            self._submit()
+
+    def _submit(self) -> None:
+        assert self.pool is not None
+        self.futures.append(self.pool.submit(self._get, len(self.futures)))
+
+    def _get(self, i: int) -> bytes:
+        a, b = self.ranges[i]
+        if i == 0 and self.tolerant:
+            return _raw(self.fs, self.path, self.url, a, b, whole=b - a == self.size,
+                        stop=self.stop)
+        return read_range(self.fs, self.path, self.url, a, b, whole=(a, b) == (0, self.size),
+                          stop=self.stop)
+
+    def __iter__(self) -> Iterator[bytes]:
+        ranges = self.ranges
+        try:
+            for i in range(len(ranges)):
+                f = self.futures[i]
+                assert f is not None
+                blob = f.result()
+                self.futures[i] = None  # its bytes go with the caller
+                if i == 0 and self.tolerant and len(blob) != ranges[0][1] - ranges[0][0]:
+                    if len(blob) == self.size:
+                        yield blob
+                        return
+                    read_range(self.fs, self.path, self.url, *ranges[0], stop=self.stop)
+                yield blob
+                if len(self.futures) < len(ranges):
+                    self._submit()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the ranges not yet under way and wait for those under way (their bytes
+        unread), so that nothing of this object is in flight once it returns."""
+        from concurrent.futures import wait
+
+        running = [f for f in self.futures if f is not None and not f.cancel()]
+        self.futures = [None] * len(self.futures)
+        wait(running)
 
 
 def _raw(fs: Any, path: str, url: str, start: int, end: int, *, whole: bool,
@@ -297,11 +346,29 @@ def _raw(fs: Any, path: str, url: str, start: int, end: int, *, whole: bool,
     from . import retry
 
     if whole:
-        return retry.call(url, lambda: fs.cat_file(path), stop=stop)  # type: ignore[no-any-return]
+        return retry.call(url, lambda: _whole(fs, path), stop=stop)  # type: ignore[no-any-return]
     return retry.call(url, lambda: fs.cat_file(path, start=start, end=end), stop=stop)  # type: ignore[no-any-return]
+
+
+def _whole(fs: Any, path: str) -> bytes:
+    """A whole object in one GET. s3fs first asks an object's size with a HEAD when it reads it
+    whole (to split it): over a long round trip that doubles the time and the requests of every
+    small object (an index, a manifest). An open-ended range (``bytes=0-``) is one GET; an empty
+    object, which answers it with 416, is read plainly."""
+    if "s3" not in fs.protocol and "s3a" not in fs.protocol:
+        return fs.cat_file(path)  # type: ignore[no-any-return]
+    try:
+        return fs.cat_file(path, start=0)  # type: ignore[no-any-return]
+    except Exception as e:
+        from .retry import _chain, _status
+
+        if any(_status(x) == 416 or "InvalidRange" in str(x) for x in _chain(e)):
+            return fs.cat_file(path)  # type: ignore[no-any-return]
+        raise
 
 
 def read_whole(url: str, size: int, *, stop: Any = None) -> bytes:
     """The whole remote object ``url`` of ``size`` bytes (the manifest's: no request asks for
     it), in concurrent ranges (:func:`read_ranges`)."""
-    return b"".join(read_ranges(url, ranges_of(0, size, range_bytes(size)), stop=stop, size=size))
+    return b"".join(read_ranges(url, ranges_of(0, size, range_bytes(size)), stop=stop,
+                                size=size))

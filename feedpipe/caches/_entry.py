@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .._helpers.storage import range_bytes, ranges_of, read_bytes, read_ranges
+from .._helpers.storage import Ranges, range_bytes, ranges_of, read_bytes, read_ranges
 from .._redact import cause
 from ..errors import OutputError, ShardFormatError, SourceNotFoundError
 from ..format._compression import Gunzip
@@ -200,6 +200,8 @@ class Entry:
         rec, url, iurl = self.rec, self.url, index_path(self.url)
         need_tar = state == "all"
         problem = (url, "")
+        # the shard's first ranges are asked for at once: they travel while the index does
+        early = self._ranges(stop) if need_tar else None
         try:
             for _ in range(FETCH_ATTEMPTS):
                 idx = self._fetch_index(stop)
@@ -208,7 +210,8 @@ class Entry:
                     return "refused"
                 if need_tar:
                     try:
-                        digest = self._download(stop)
+                        blobs, early = early, None  # used once: a fetch again asks anew
+                        digest = self._download(stop, blobs)
                     except _Damaged as e:
                         problem = (url, str(e))
                         self.stats.refetched += 1
@@ -235,6 +238,8 @@ class Entry:
                 return "ok"
             raise self._named(problem)
         finally:
+            if early is not None:
+                early.close()
             self.remove(PARTS)  # nothing when committed: the renames took them
 
     def write_parts(self, tar_bytes: int, idx: bytes | None) -> None:
@@ -273,7 +278,14 @@ class Entry:
             self._disk(os.utime, self.p(".tar.part"), (stamp(self.key),) * 2)
             self._disk(os.replace, self.p(".tar.part"), self.p(".tar"))
 
-    def _download(self, stop: threading.Event | None) -> str:
+    def _ranges(self, stop: threading.Event | None) -> Ranges:
+        """The shard's ranges, under way (a server that ignores Range sends the whole object
+        on the first: it is kept, see :func:`~feedpipe._helpers.storage.read_ranges`)."""
+        total = self.rec.bytes
+        return read_ranges(self.url, ranges_of(0, total, range_bytes(total)), stop=stop,
+                           size=total)
+
+    def _download(self, stop: threading.Event | None, early: Ranges | None = None) -> str:
         """The shard into its reserved ``.tar.part`` (synced; a gzip shard decompressed); the
         sha256 of the bytes fetched. :class:`_Damaged`: a gzip stream that is broken or does not
         hold ``tar_bytes``."""
@@ -291,9 +303,7 @@ class Entry:
             except ShardFormatError as e:
                 raise _Damaged(str(e)) from cause(e)
 
-        # concurrent ranges, in order (a server that ignores Range sends the whole object on
-        # the first: it is kept, see read_ranges)
-        blobs = read_ranges(url, ranges_of(0, total, range_bytes(total)), stop=stop, size=total)
+        blobs = early if early is not None else self._ranges(stop)
         try:
             lo = 0
             for blob in blobs:

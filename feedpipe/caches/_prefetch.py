@@ -129,13 +129,14 @@ class Prefetcher:
     def shape(self) -> tuple[int, int]:
         """``(download threads, shards fetched ahead)``: the cache's, where it names them; else
         enough shards at once to keep the process's concurrent ranges busy
-        (:func:`~feedpipe._helpers.storage.streams` x 1 MiB in flight over the mean shard)."""
-        from .._helpers.storage import RANGE_BYTES, streams
+        (:func:`~feedpipe._helpers.storage.streams` over a mean shard's ranges, 2 to 16)."""
+        from .._helpers.storage import range_bytes, streams
 
         threads, depth = self.cache.threads, self.cache.prefetch
         if threads is None:
-            mean = sum(r.bytes for r in self.records) / max(1, len(self.records))
-            threads = min(16, max(2, -(-streams() * RANGE_BYTES // max(1, int(mean)))))
+            mean = int(sum(r.bytes for r in self.records) / max(1, len(self.records)))
+            ranges = -(-max(1, mean) // range_bytes(mean))  # a mean shard's ranges
+            threads = min(16, max(2, -(-streams() // ranges)))
         threads = max(1, threads)
         return threads, threads if depth is None else depth
 

@@ -105,9 +105,9 @@ class ShardCache:
         prefetch: shards each reader fetches ahead in background threads (0: none; ``None``:
             as many as the download threads).
         threads: download threads per reader (``None``: enough shards at once to keep the
-            process's concurrent ranges busy, :func:`feedpipe._helpers.storage.streams` x 1 MiB
-            over the mean shard size, 2 to 16). Each download reads its shard in concurrent
-            ranges too.
+            process's concurrent ranges busy, :func:`feedpipe._helpers.storage.streams` over a
+            mean shard's ranges, 2 to 16). Each download reads its shard in concurrent ranges
+            too.
 
     Example:
         >>> c = ShardCache("/tmp/fp-doc-cache", size=10**9)
@@ -407,6 +407,7 @@ def cache_dir_path(cache_dir: Any) -> str:
 
 READAHEAD_BYTES = 2 * 10**9  # the read-ahead directory's budget, at most (and half its disk)
 _readahead: list[ShardCache] = []  # this process's read-ahead cache, made on first use
+_readahead_said: set[str] = set()  # the datasets whose record this process gave
 
 
 def readahead_cache(url: str) -> ShardCache:
@@ -430,10 +431,13 @@ def readahead_cache(url: str) -> ShardCache:
         _readahead.append(ShardCache(path, size))
         pid = os.getpid()
         atexit.register(lambda: os.getpid() == pid and shutil.rmtree(path, ignore_errors=True))
+    cache = _readahead[0]
+    if url not in _readahead_said:  # once per dataset and process
+        _readahead_said.add(url)
         logger("feedpipe.cache").warning(
             "%s: no cache_dir= was given: remote shards are read whole, in concurrent ranges, "
             "into a temporary read-ahead directory (%s, at most %s, removed at exit) rather than "
             "one request per sample; pass cache_dir= (a directory, or True for %s) to keep them "
             "across runs, or cache_dir=False to read each sample by its own range request",
-            redact(url), path, format_size(size), default_cache_dir())
-    return _readahead[0]
+            redact(url), cache.path, format_size(cache.size or 0), default_cache_dir())
+    return cache
