@@ -260,7 +260,7 @@ def _executor() -> ThreadPoolExecutor:
         if not _pool or _pool[1] != os.getpid():
             _pool[:] = [ThreadPoolExecutor(streams(), thread_name_prefix="feedpipe-fetch"),
                         os.getpid()]
-        return _pool[0]  # type: ignore[no-any-return]
+        return _pool[0]
 
 
 def ranges_of(start: int, end: int, size: int = RANGE_BYTES) -> list[tuple[int, int]]:
@@ -293,7 +293,10 @@ class Ranges:
     def __init__(self, url: str, ranges: list[tuple[int, int]], stop: Any,
                  size: int | None) -> None:
         self.url, self.ranges, self.stop, self.size = url, ranges, stop, size
-        self.fs, self.path = filesystem(url) if ranges else (None, "")
+        self.fs: Any = None
+        self.path = ""
+        if ranges:
+            self.fs, self.path = filesystem(url)
         self.tolerant = size is not None and bool(ranges) and ranges[0][0] == 0
         self.futures: list[Future[bytes] | None] = []
         self.pool = _executor() if ranges else None
@@ -346,8 +349,8 @@ def _raw(fs: Any, path: str, url: str, start: int, end: int, *, whole: bool,
     from . import retry
 
     if whole:
-        return retry.call(url, lambda: _whole(fs, path), stop=stop)  # type: ignore[no-any-return]
-    return retry.call(url, lambda: fs.cat_file(path, start=start, end=end), stop=stop)  # type: ignore[no-any-return]
+        return retry.call(url, lambda: _whole(fs, path), stop=stop)
+    return bytes(retry.call(url, lambda: fs.cat_file(path, start=start, end=end), stop=stop))
 
 
 def _whole(fs: Any, path: str) -> bytes:
@@ -355,15 +358,16 @@ def _whole(fs: Any, path: str) -> bytes:
     whole (to split it): over a long round trip that doubles the time and the requests of every
     small object (an index, a manifest). An open-ended range (``bytes=0-``) is one GET; an empty
     object, which answers it with 416, is read plainly."""
-    if "s3" not in fs.protocol and "s3a" not in fs.protocol:
-        return fs.cat_file(path)  # type: ignore[no-any-return]
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if not {"s3", "s3a"} & set(protocols):
+        return bytes(fs.cat_file(path))
     try:
-        return fs.cat_file(path, start=0)  # type: ignore[no-any-return]
+        return bytes(fs.cat_file(path, start=0))
     except Exception as e:
         from .retry import _chain, _status
 
         if any(_status(x) == 416 or "InvalidRange" in str(x) for x in _chain(e)):
-            return fs.cat_file(path)  # type: ignore[no-any-return]
+            return bytes(fs.cat_file(path))
         raise
 
 

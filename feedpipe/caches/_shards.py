@@ -429,8 +429,7 @@ def readahead_cache(url: str) -> ShardCache:
         size = parse_size(os.environ.get("FEEDPIPE_READAHEAD_BYTES", str(READAHEAD_BYTES)))
         size = max(1, min(size, free // 2))
         _readahead.append(ShardCache(path, size))
-        pid = os.getpid()
-        atexit.register(lambda: os.getpid() == pid and shutil.rmtree(path, ignore_errors=True))
+        atexit.register(_remove_readahead, path, os.getpid())
     cache = _readahead[0]
     if url not in _readahead_said:  # once per dataset and process
         _readahead_said.add(url)
@@ -441,3 +440,11 @@ def readahead_cache(url: str) -> ShardCache:
             "across runs, or cache_dir=False to read each sample by its own range request",
             redact(url), cache.path, format_size(cache.size or 0), default_cache_dir())
     return cache
+
+
+def _remove_readahead(path: str, pid: int) -> None:
+    """At exit of the process that made the read-ahead directory (not of a forked child)."""
+    import shutil
+
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
