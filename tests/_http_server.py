@@ -4,6 +4,7 @@
                                       [--deny] [--corrupt SUFFIX:N ...] [--cut SUFFIX:N ...]
                                       [--token T] [--delay S] [--fail-rate P]
                                       [--down-after N --down-for S]
+                                      [--stall-first N --stall-s S]
 
 Serves ``ROOT`` with ``HEAD`` and ``GET`` (single ``Range: bytes=a-b`` requests answered with
 206, unless ``--ignore-range``: then the whole file with 200, as some servers do). Misbehaviour
@@ -17,7 +18,8 @@ lacks ``token=T`` (a URL that carries its credentials); ``--delay S`` waits S se
 answering each file request (a link with a long round trip, as to a distant object store);
 ``--fail-rate P`` answers a fraction P of file requests (drawn from a seeded generator) with
 503; ``--down-after N --down-for S``: after the N-th file request, every request for S seconds
-has its connection closed unanswered (a store gone for a while).
+has its connection closed unanswered (a store gone for a while); ``--stall-first N --stall-s S``:
+the first N file requests get nothing for S seconds (a response that stalls).
 Prints ``PORT <n>`` once it listens on 127.0.0.1.
 
 ``GET /__stats__`` returns JSON ``{path: {"requests": n, "bytes": body bytes sent, "errors": n}}``
@@ -46,6 +48,7 @@ _served = [0]
 _inflight = [0, 0]  # now, most
 _rng = random.Random(7)
 _down: list[float] = []  # when the outage began
+_stalled = [0]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -61,6 +64,8 @@ class Handler(BaseHTTPRequestHandler):
     fail_rate = 0.0
     down_after = 0
     down_for = 0.0
+    stall_first = 0
+    stall_s = 0.0
 
     def log_message(self, *args: object) -> None:
         pass
@@ -157,6 +162,15 @@ class Handler(BaseHTTPRequestHandler):
             self._count(path, "requests")
         if self._gone():
             return
+        if self.stall_first:
+            with _lock:
+                _stalled[0] += 1
+                stall = _stalled[0] <= self.stall_first
+            if stall:
+                self._count(path, "errors")
+                time.sleep(self.stall_s)  # a response that stalls, not a test waiting
+                self.close_connection = True
+                return
         if self.delay:
             time.sleep(self.delay)  # the round trip of a distant store, not a test waiting
         if self._fail():
@@ -219,6 +233,8 @@ def main() -> None:
     ap.add_argument("--fail-rate", type=float, default=0.0)
     ap.add_argument("--down-after", type=int, default=0)
     ap.add_argument("--down-for", type=float, default=0.0)
+    ap.add_argument("--stall-first", type=int, default=0)
+    ap.add_argument("--stall-s", type=float, default=0.0)
     a = ap.parse_args()
     Handler.root = a.root
     Handler.ignore_range = a.ignore_range
@@ -232,6 +248,8 @@ def main() -> None:
     Handler.fail_rate = a.fail_rate
     Handler.down_after = a.down_after
     Handler.down_for = a.down_for
+    Handler.stall_first = a.stall_first
+    Handler.stall_s = a.stall_s
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(f"PORT {server.server_address[1]}", flush=True)

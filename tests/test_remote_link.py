@@ -171,3 +171,16 @@ def test_two_workers_and_a_resume_over_the_link_exactly_once(tmp_path: Path) -> 
     assert sorted(head + tail) == want
     largest = max(r.bytes for r in feedpipe.load_manifest(str(ds)).shards) + 4096
     assert usage["peak_bytes"] <= half + usage["peak_readers"] * largest
+
+
+def test_a_response_that_stalls_is_given_up_and_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first 2 responses send nothing for 10 minutes: each is given up after the read
+    timeout (1 s here, FEEDPIPE_READ_TIMEOUT), retried, and the epoch completes exactly once
+    instead of waiting."""
+    monkeypatch.setenv("FEEDPIPE_READ_TIMEOUT", "1")
+    ds = dataset(tmp_path, seed=18)
+    with python_server(tmp_path, "--stall-first", "2", "--stall-s", "600") as srv:
+        loader = FeedLoader(FeedDataset(f"{srv.url}/ds", cache_dir=tmp_path / "c"), batch_size=8)
+        assert sorted(keys_of(list(loader))) == local_keys(ds)
+        assert sum(v["errors"] for v in srv.stats().values()) == 2

@@ -131,19 +131,38 @@ def _leave_parent_connections_alone() -> None:
             gc.enable()
 
 
+def read_timeout() -> float:
+    """Seconds a response may send nothing before it is given up and retried
+    (``FEEDPIPE_READ_TIMEOUT``, default 30)."""
+    try:
+        return max(0.1, float(os.environ.get("FEEDPIPE_READ_TIMEOUT", "30")))
+    except ValueError:
+        return 30.0
+
+
 def _link_options(url: str) -> dict[str, Any]:
-    """Options feedpipe gives a backend so that it carries :func:`streams` requests at once:
-    s3fs (botocore) keeps 10 connections per client by default, which would queue the rest.
-    A ``max_pool_connections`` the user configured for fsspec (``FSSPEC_S3_CONFIG_KWARGS``, or
-    fsspec's config files) is kept."""
-    proto = url.split("://", 1)[0].lower()
-    if proto not in ("s3", "s3a"):
-        return {}
+    """Options feedpipe gives a backend. s3fs (botocore) keeps 10 connections per client by
+    default, which would queue the rest of :func:`streams`: it gets as many. aiohttp (fsspec's
+    ``http(s)://``) waits up to 5 minutes for a response that has stopped sending: it gets a
+    :func:`read_timeout` between reads instead (and no cap on a whole long download), so that a
+    stalled response is retried. What the user configured for fsspec (``FSSPEC_S3_CONFIG_KWARGS``,
+    ``FSSPEC_HTTP_CLIENT_KWARGS``, fsspec's config files) is kept."""
     import fsspec.config
 
-    given = dict(fsspec.config.conf.get("s3", {}).get("config_kwargs") or {})
-    given.setdefault("max_pool_connections", max(10, streams()))
-    return {"config_kwargs": given}
+    proto = url.split("://", 1)[0].lower()
+    conf = fsspec.config.conf
+    if proto in ("s3", "s3a"):
+        given = dict(conf.get(proto, {}).get("config_kwargs") or {})
+        given.setdefault("max_pool_connections", max(10, streams()))
+        return {"config_kwargs": given}
+    if proto in ("http", "https"):
+        import aiohttp
+
+        client = dict(conf.get(proto, {}).get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=30,
+                                                           sock_read=read_timeout()))
+        return {"client_kwargs": client}
+    return {}
 
 
 def filesystem(url: str) -> tuple[Any, str]:
