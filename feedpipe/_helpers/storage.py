@@ -214,6 +214,17 @@ def size_of(url: str) -> int:
     return retry.call(url, lambda: int(fs.size(path)))
 
 
+def open_binary(url: str) -> Any:
+    """``url`` opened for reading bytes as a stream (a local file, or fsspec's file object,
+    whose opening is retried)."""
+    if is_local(url):
+        return open(local_path(url), "rb")
+    from . import retry
+
+    fs, path = filesystem(url)
+    return retry.call(url, lambda: fs.open(path, "rb"))
+
+
 def read_range(fs: Any, path: str, url: str, start: int, end: int, *, whole: bool = False,
                stop: Any = None) -> bytes:
     """Bytes ``[start, end)`` of a remote object, retried; a short or long answer is an error.
