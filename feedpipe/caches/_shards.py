@@ -105,9 +105,8 @@ class ShardCache:
         prefetch: shards each reader fetches ahead in background threads (0: none; ``None``:
             as many as the download threads).
         threads: download threads per reader (``None``: enough shards at once to keep the
-            process's concurrent ranges busy, :func:`feedpipe._helpers.storage.streams` over a
-            mean shard's ranges, 2 to 16). Each download reads its shard in concurrent ranges
-            too.
+            process's concurrent range requests busy, ``FEEDPIPE_REMOTE_STREAMS`` over a mean
+            shard's ranges, 2 to 16). Each download reads its shard in concurrent ranges too.
 
     Example:
         >>> c = ShardCache("/tmp/fp-doc-cache", size=10**9)
