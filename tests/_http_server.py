@@ -2,7 +2,9 @@
 
     python tests/_http_server.py ROOT [--ignore-range] [--fail-first N] [--rate BYTES_PER_S]
                                       [--deny] [--corrupt SUFFIX:N ...] [--cut SUFFIX:N ...]
-                                      [--token T] [--delay S]
+                                      [--token T] [--delay S] [--fail-rate P]
+                                      [--down-after N --down-for S]
+                                      [--stall-first N --stall-s S]
 
 Serves ``ROOT`` with ``HEAD`` and ``GET`` (single ``Range: bytes=a-b`` requests answered with
 206, unless ``--ignore-range``: then the whole file with 200, as some servers do). Misbehaviour
@@ -13,11 +15,16 @@ sent for paths ending in ``.idx``, as a corrupting link or proxy would; ``--cut 
 the first half of the first body for paths ending in ``.json`` (with a Content-Length to match:
 damage the transport cannot see); ``--token T`` answers 403 to a file request whose query string
 lacks ``token=T`` (a URL that carries its credentials); ``--delay S`` waits S seconds before
-answering each file request (a link with a long round trip, as to a distant object store).
+answering each file request (a link with a long round trip, as to a distant object store);
+``--fail-rate P`` answers a fraction P of file requests (drawn from a seeded generator) with
+503; ``--down-after N --down-for S``: after the N-th file request, every request for S seconds
+has its connection closed unanswered (a store gone for a while); ``--stall-first N --stall-s S``:
+the first N file requests get nothing for S seconds (a response that stalls).
 Prints ``PORT <n>`` once it listens on 127.0.0.1.
 
 ``GET /__stats__`` returns JSON ``{path: {"requests": n, "bytes": body bytes sent, "errors": n}}``
-counting requests as they arrive; ``POST /__reset__`` clears the counters.
+counting requests as they arrive; ``GET /__link__`` returns ``{"inflight_max": n}``, the most file
+requests it was answering at once; ``POST /__reset__`` clears the counters.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import sys
 import threading
@@ -37,6 +45,10 @@ from urllib.parse import unquote, urlsplit
 _lock = threading.Lock()
 _stats: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "bytes": 0, "errors": 0})
 _served = [0]
+_inflight = [0, 0]  # now, most
+_rng = random.Random(7)
+_down: list[float] = []  # when the outage began
+_stalled = [0]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -49,6 +61,11 @@ class Handler(BaseHTTPRequestHandler):
     cut: ClassVar[dict[str, int]] = {}  # path suffix -> bodies still to cut short
     token = ""
     delay = 0.0
+    fail_rate = 0.0
+    down_after = 0
+    down_for = 0.0
+    stall_first = 0
+    stall_s = 0.0
 
     def log_message(self, *args: object) -> None:
         pass
@@ -57,10 +74,24 @@ class Handler(BaseHTTPRequestHandler):
         with _lock:
             _stats[path][key] += n
 
+    def _gone(self) -> bool:
+        """Whether the store is away now (the connection is then closed unanswered)."""
+        if not self.down_for:
+            return False
+        with _lock:
+            if not _down and _served[0] >= self.down_after:
+                _down.append(time.monotonic())
+            gone = bool(_down) and time.monotonic() - _down[0] < self.down_for
+        if gone:
+            self._count(urlsplit(self.path).path, "errors")
+            self.close_connection = True
+        return gone
+
     def _fail(self) -> bool:
         with _lock:
             _served[0] += 1
-            failing = _served[0] <= self.fail_first
+            failing = _served[0] <= self.fail_first or (
+                self.fail_rate > 0 and _rng.random() < self.fail_rate)
         if failing:
             self._count(urlsplit(self.path).path, "errors")
             self.send_error(503, "flaky on purpose")
@@ -70,6 +101,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/__reset__":
             with _lock:
                 _stats.clear()
+                _inflight[1] = _inflight[0]
             self._reply(200, b"{}", "application/json")
         else:
             self.send_error(405)
@@ -81,6 +113,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/__stats__":
             with _lock:
                 body = json.dumps(_stats).encode()
+            self._reply(200, body, "application/json")
+            return
+        if self.path == "/__link__":
+            with _lock:
+                body = json.dumps({"inflight_max": _inflight[1]}).encode()
             self._reply(200, body, "application/json")
             return
         self._serve(body=True)
@@ -110,9 +147,30 @@ class Handler(BaseHTTPRequestHandler):
         return chunk[: len(chunk) // 2]
 
     def _serve(self, body: bool) -> None:
+        with _lock:
+            _inflight[0] += 1
+            _inflight[1] = max(_inflight)
+        try:
+            self._serve_file(body)
+        finally:
+            with _lock:
+                _inflight[0] -= 1
+
+    def _serve_file(self, body: bool) -> None:
         path = unquote(urlsplit(self.path).path)
         if body:
             self._count(path, "requests")
+        if self._gone():
+            return
+        if self.stall_first:
+            with _lock:
+                _stalled[0] += 1
+                stall = _stalled[0] <= self.stall_first
+            if stall:
+                self._count(path, "errors")
+                time.sleep(self.stall_s)  # a response that stalls, not a test waiting
+                self.close_connection = True
+                return
         if self.delay:
             time.sleep(self.delay)  # the round trip of a distant store, not a test waiting
         if self._fail():
@@ -172,6 +230,11 @@ def main() -> None:
     ap.add_argument("--cut", action="append", default=[], metavar="SUFFIX:N")
     ap.add_argument("--token", default="")
     ap.add_argument("--delay", type=float, default=0.0)
+    ap.add_argument("--fail-rate", type=float, default=0.0)
+    ap.add_argument("--down-after", type=int, default=0)
+    ap.add_argument("--down-for", type=float, default=0.0)
+    ap.add_argument("--stall-first", type=int, default=0)
+    ap.add_argument("--stall-s", type=float, default=0.0)
     a = ap.parse_args()
     Handler.root = a.root
     Handler.ignore_range = a.ignore_range
@@ -182,6 +245,11 @@ def main() -> None:
     Handler.cut = {s: int(n) for s, n in (c.rsplit(":", 1) for c in a.cut)}
     Handler.token = a.token
     Handler.delay = a.delay
+    Handler.fail_rate = a.fail_rate
+    Handler.down_after = a.down_after
+    Handler.down_for = a.down_for
+    Handler.stall_first = a.stall_first
+    Handler.stall_s = a.stall_s
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(f"PORT {server.server_address[1]}", flush=True)

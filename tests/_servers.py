@@ -56,7 +56,7 @@ def _exited_or_listening(proc: subprocess.Popen[bytes], port: int) -> bool:
 
 
 class PyServer:
-    """A running ``_http_server.py``: ``url``, ``stats()``, ``reset()``, ``stop()``."""
+    """A running ``_http_server.py``: ``url``, ``stats()``, ``link()``, ``reset()``, ``stop()``."""
 
     def __init__(self, root: str | Path, *args: str) -> None:
         self.proc = subprocess.Popen(
@@ -73,6 +73,11 @@ class PyServer:
     def stats(self) -> dict[str, dict[str, int]]:
         with urllib.request.urlopen(self.url + "/__stats__", timeout=10) as r:
             return json.loads(r.read())
+
+    def link(self) -> dict[str, int]:
+        """``{"inflight_max": n}``: the most file requests the server answered at once."""
+        with urllib.request.urlopen(self.url + "/__link__", timeout=10) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
 
     def reset(self) -> None:
         req = urllib.request.Request(self.url + "/__reset__", data=b"", method="POST")

@@ -19,6 +19,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "shards" / "example"
 SHARDS = json.loads((EXAMPLE / "manifest.json").read_text())["shards"]
 TAR_BYTES = sum(s["bytes"] for s in SHARDS)
 IO_KEYS = {"local_bytes": int, "remote": {"requests", "bytes"},
+           "link": {"retries", "inflight_max", "inflight_mean", "busy_s", "bytes_per_s",
+                    "requests_per_shard"},
            "l1": {"hits", "misses", "fills"}, "decoded": {"hits", "misses"},
            "l2": {"hits", "misses"}}
 
@@ -73,7 +75,8 @@ def test_cold_then_warm_epochs_over_http(workers: int, tmp_path: Path) -> None:
 
 def test_uncached_reads_over_http_are_remote_bytes() -> None:
     with python_server(EXAMPLE) as srv:
-        loader = FeedLoader(FeedDataset(srv.url, decode={"cls": int}), batch_size=4)
+        loader = FeedLoader(FeedDataset(srv.url, decode={"cls": int}, cache_dir=False),
+                            batch_size=4)
         srv.reset()
         assert ids_of(loader) == list(range(24))
         io, served = loader.stats()["io"], srv.stats()

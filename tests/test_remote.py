@@ -164,13 +164,15 @@ def test_missing_backend_names_its_pip_line(monkeypatch: pytest.MonkeyPatch) -> 
 def test_server_ignoring_range_is_an_error_not_corruption(root: Path, expected: list,
                                                           tmp_path: Path) -> None:  # type: ignore[type-arg]
     with python_server(root, "--ignore-range") as srv:
-        ds = FeedDataset(f"{srv.url}/shards")
+        ds = FeedDataset(f"{srv.url}/shards", cache_dir=False)  # one range per sample
         with pytest.raises(ShardFormatError, match="ignores Range") as e:
             list(ds)
         assert f"{srv.url}/shards/data-" in str(e.value)
         # through the L1 cache whole shards are fetched with plain GETs: correct data
         cached = FeedDataset(f"{srv.url}/shards", cache_dir=tmp_path / "cache")
         assert all_samples(cached) == expected
+        # and through the read-ahead of a dataset given no cache_dir
+        assert all_samples(FeedDataset(f"{srv.url}/shards")) == expected
 
 
 def test_transient_5xx_is_retried(root: Path, expected: list, fast_retries: None) -> None:  # type: ignore[type-arg]
@@ -220,7 +222,7 @@ def test_a_server_without_range_suggests_the_shard_cache(root: Path, expected: l
         line = proc.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (...) ..."
         url = f"http://127.0.0.1:{line.split(' port ')[1].split()[0]}/shards"
         with pytest.raises(ShardFormatError) as e:
-            list(FeedDataset(url))
+            list(FeedDataset(url, cache_dir=False))
         assert "Range" in str(e.value) and "cache_dir=" in str(e.value)
         assert f"{url}/data-" in str(e.value)
         assert all_samples(FeedDataset(url, cache_dir=tmp_path / "c")) == expected
@@ -239,8 +241,9 @@ def test_missing_object_fails_at_once(root: Path, tmp_path: Path, fast_retries: 
     shutil.copytree(root / "shards", broken)
     os.unlink(broken / "data-000001.tar")
     with python_server(tmp_path) as srv:
+        # (uncached: the process's read-ahead holds this shard's content from other tests)
         with pytest.raises(SourceNotFoundError, match="data-000001.tar"):
-            list(FeedDataset(f"{srv.url}/broken"))
+            list(FeedDataset(f"{srv.url}/broken", cache_dir=False))
 
 
 def test_http_403_fails_at_once(root: Path, fast_retries: None) -> None:
@@ -263,3 +266,25 @@ def test_s3_missing_object_and_bad_credentials_fail_at_once(
         assert isinstance(e.value, PermissionError)
     finally:
         forget_s3_clients()
+
+
+def test_s3_reads_each_object_without_a_head_request(
+        s3: dict, expected: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
+    """s3fs asks an object's size (HEAD) before reading it whole: a round trip per manifest,
+    index and shard. Through the L1 cache and with sizes from the manifest: GETs only, a few
+    per shard."""
+    import s3fs
+
+    calls: list[str] = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(method if isinstance(method, str) else method.__name__)
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    ds = FeedDataset(f"s3://{BUCKET}/shards", cache_dir=tmp_path / "c")
+    assert all_samples(ds) == expected
+    shards = len(ds.manifest.shards)
+    assert set(calls) == {"get_object"}, calls
+    assert len(calls) == 1 + 2 * shards  # the manifest, then each shard's index and bytes

@@ -152,11 +152,13 @@ def call(
     counted = "://" in url and not url.startswith("file://")  # remote: see remote_count
     while True:
         tries += 1
+        if counted:
+            REMOTE.begin()
         try:
             answer = fn()
         except Exception as e:
             if counted:
-                REMOTE.note(None)  # a failed attempt was a request too
+                REMOTE.end(None, retry=tries > 1)  # a failed attempt was a request too
             kind = classify(e)
             if kind == MISSING:
                 raise SourceNotFoundError(
@@ -190,5 +192,5 @@ def call(
                 threading.Event().wait(delay)
             continue
         if counted:
-            REMOTE.note(answer)
+            REMOTE.end(answer, retry=tries > 1)
         return answer

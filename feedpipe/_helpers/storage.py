@@ -1,6 +1,21 @@
 """Where bytes come from: local paths directly, everything else through fsspec.
 
-The one place that decides whether a URL is local. fsspec is imported lazily so that
+The one place that decides whether a URL is local, and the one that makes remote calls: whole
+objects (:func:`read_bytes`), sizes (:func:`size_of`), one byte range (:func:`read_range`) and
+many byte ranges of one object fetched concurrently (:func:`read_ranges`), each retried
+(:mod:`feedpipe._helpers.retry`) and counted (:mod:`feedpipe._helpers.remote_count`).
+
+**Concurrency.** A remote link is used well when bandwidth x round trip worth of bytes is in
+flight; an object store also caps what one response streams (tens of MB/s), so a shard is read as
+several concurrent ranges rather than one long response. Every range of this process goes through
+one pool of :func:`streams` threads (``FEEDPIPE_REMOTE_STREAMS``, default 16): with ranges of
+about :data:`RANGE_BYTES` (4 MiB, ``FEEDPIPE_RANGE_BYTES``) that is 64 MiB in flight, the
+bandwidth x round trip of 200 MB/s at 300 ms, or 16 capped responses at once (16 x 25 MB/s).
+Each range costs a round trip before its first byte, so ranges are as large as keeps the
+streams busy: fewer, larger ranges measured faster than many 1 MiB ones (docs/performance.md).
+Raise the streams for a longer or faster link, or a lower cap per response.
+
+fsspec is imported lazily so that
 ``import feedpipe`` stays light. feedpipe passes no storage options: each backend reads its usual
 configuration (for ``s3://``: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` or ``~/.aws``, and
 ``AWS_ENDPOINT_URL_S3`` for an S3-compatible server; fsspec's own config files and
@@ -11,6 +26,9 @@ failures (:mod:`feedpipe._helpers.retry`).
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .._redact import cause, redact_query
@@ -113,6 +131,40 @@ def _leave_parent_connections_alone() -> None:
             gc.enable()
 
 
+def read_timeout() -> float:
+    """Seconds a response may send nothing before it is given up and retried
+    (``FEEDPIPE_READ_TIMEOUT``, default 30)."""
+    try:
+        return max(0.1, float(os.environ.get("FEEDPIPE_READ_TIMEOUT", "30")))
+    except ValueError:
+        return 30.0
+
+
+def _link_options(url: str) -> dict[str, Any]:
+    """Options feedpipe gives a backend. s3fs (botocore) keeps 10 connections per client by
+    default, which would queue the rest of :func:`streams`: it gets as many. aiohttp (fsspec's
+    ``http(s)://``) waits up to 5 minutes for a response that has stopped sending: it gets a
+    :func:`read_timeout` between reads instead (and no cap on a whole long download), so that a
+    stalled response is retried. What the user configured for fsspec (``FSSPEC_S3_CONFIG_KWARGS``,
+    ``FSSPEC_HTTP_CLIENT_KWARGS``, fsspec's config files) is kept."""
+    import fsspec.config
+
+    proto = url.split("://", 1)[0].lower()
+    conf = fsspec.config.conf
+    if proto in ("s3", "s3a"):
+        given = dict(conf.get(proto, {}).get("config_kwargs") or {})
+        given.setdefault("max_pool_connections", max(10, streams()))
+        return {"config_kwargs": given}
+    if proto in ("http", "https"):
+        import aiohttp
+
+        client = dict(conf.get(proto, {}).get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=30,
+                                                           sock_read=read_timeout()))
+        return {"client_kwargs": client}
+    return {}
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """``(fsspec filesystem, path)`` for ``url``; a missing backend names its pip line."""
     import fsspec
@@ -125,7 +177,7 @@ def filesystem(url: str) -> tuple[Any, str]:
         os.register_at_fork(after_in_child=_leave_parent_connections_alone)
 
     try:
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url, **_link_options(url))
     except ImportError as e:
         proto = url.split("://", 1)[0]
         extra = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}.get(proto)
@@ -138,8 +190,9 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, path
 
 
-def read_bytes(url: str) -> bytes:
-    """The whole content of ``url`` (remote reads retried, see :mod:`feedpipe._helpers.retry`)."""
+def read_bytes(url: str, *, stop: Any = None) -> bytes:
+    """The whole content of ``url`` (remote reads retried, see :mod:`feedpipe._helpers.retry`;
+    ``stop`` cuts a retry's wait short)."""
     if is_local(url):
         try:
             with open(local_path(url), "rb") as f:
@@ -149,7 +202,7 @@ def read_bytes(url: str) -> bytes:
     from . import retry
 
     fs, path = filesystem(url)
-    return retry.call(url, lambda: fs.cat_file(path))
+    return bytes(retry.call(url, lambda: _whole(fs, path), stop=stop))
 
 
 def size_of(url: str) -> int:
@@ -161,6 +214,17 @@ def size_of(url: str) -> int:
     return retry.call(url, lambda: int(fs.size(path)))
 
 
+def open_binary(url: str) -> Any:
+    """``url`` opened for reading bytes as a stream (a local file, or fsspec's file object,
+    whose opening is retried)."""
+    if is_local(url):
+        return open(local_path(url), "rb")
+    from . import retry
+
+    fs, path = filesystem(url)
+    return retry.call(url, lambda: fs.open(path, "rb"))
+
+
 def read_range(fs: Any, path: str, url: str, start: int, end: int, *, whole: bool = False,
                stop: Any = None) -> bytes:
     """Bytes ``[start, end)`` of a remote object, retried; a short or long answer is an error.
@@ -170,12 +234,8 @@ def read_range(fs: Any, path: str, url: str, start: int, end: int, *, whole: boo
     which such a server serves correctly.
     """
     from ..errors import ShardFormatError
-    from . import retry
 
-    if whole:
-        blob = retry.call(url, lambda: fs.cat_file(path), stop=stop)
-    else:
-        blob = retry.call(url, lambda: fs.cat_file(path, start=start, end=end), stop=stop)
+    blob = _raw(fs, path, url, start, end, whole=whole, stop=stop)
     if len(blob) > end - start:
         raise ShardFormatError(
             f"{url}: asked for bytes {start}-{end - 1}, the server sent {len(blob)} bytes: it "
@@ -189,3 +249,160 @@ def read_range(fs: Any, path: str, url: str, start: int, end: int, *, whole: boo
             f"{end - start}: the object is truncated (shorter than the manifest says)"
         )
     return blob
+
+
+RANGE_BYTES = 4 << 20  # the size of one range request, about (FEEDPIPE_RANGE_BYTES)
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def range_target() -> int:
+    """The size a range request aims at (``FEEDPIPE_RANGE_BYTES``, default 4 MiB)."""
+    return _env_int("FEEDPIPE_RANGE_BYTES", RANGE_BYTES)
+
+
+def range_bytes(total: int) -> int:
+    """The range size for an object of ``total`` bytes: the object cut into equal ranges of about
+    :func:`range_target` (an 8 MB shard: two of 4 MB), so that no short tail costs a round
+    trip of its own."""
+    parts = max(1, -(-total // range_target()))
+    return max(1, -(-total // parts))
+
+
+def streams() -> int:
+    """Requests this process keeps in flight at most (``FEEDPIPE_REMOTE_STREAMS``, default 16)."""
+    return _env_int("FEEDPIPE_REMOTE_STREAMS", 16)
+
+
+_pool_lock = threading.Lock()
+_pool: list[Any] = []  # [ThreadPoolExecutor, pid]
+
+
+def _executor() -> ThreadPoolExecutor:
+    """This process's pool of range fetchers (a forked child makes its own: threads do not
+    survive a fork)."""
+    with _pool_lock:
+        if not _pool or _pool[1] != os.getpid():
+            _pool[:] = [ThreadPoolExecutor(streams(), thread_name_prefix="feedpipe-fetch"),
+                        os.getpid()]
+        return _pool[0]
+
+
+def ranges_of(start: int, end: int, size: int = RANGE_BYTES) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into ranges of ``size`` bytes (the last one shorter).
+
+    Example:
+        >>> ranges_of(0, 5, 2)
+        [(0, 2), (2, 4), (4, 5)]
+    """
+    return [(a, min(end, a + size)) for a in range(start, end, max(1, size))]
+
+
+def read_ranges(url: str, ranges: list[tuple[int, int]], *, stop: Any = None,
+                size: int | None = None) -> Ranges:
+    """The byte ranges ``[a, b)`` of the remote object ``url``, fetched concurrently (up to
+    :func:`streams` in flight for the whole process) and yielded in order, each retried and
+    checked as :func:`read_range` checks it. The first ones are asked for at once, before the
+    caller iterates (it may do other work meanwhile: fetch an index, reserve room). ``size``:
+    the object's size, when the caller knows it: a first range answered with the whole object
+    (a server that ignores ``Range``) is then yielded alone, as the object, and nothing else is.
+
+    :meth:`Ranges.close` (or an error, or ``stop`` set) cancels the ranges not yet under way.
+    """
+    return Ranges(url, ranges, stop, size)
+
+
+class Ranges:
+    """The ranges of one object under way (:func:`read_ranges`): iterate for their bytes."""
+
+    def __init__(self, url: str, ranges: list[tuple[int, int]], stop: Any,
+                 size: int | None) -> None:
+        self.url, self.ranges, self.stop, self.size = url, ranges, stop, size
+        self.fs: Any = None
+        self.path = ""
+        if ranges:
+            self.fs, self.path = filesystem(url)
+        self.tolerant = size is not None and bool(ranges) and ranges[0][0] == 0
+        self.futures: list[Future[bytes] | None] = []
+        self.pool = _executor() if ranges else None
+        for _ in range(min(streams(), len(ranges))):
+            self._submit()
+
+    def _submit(self) -> None:
+        assert self.pool is not None
+        self.futures.append(self.pool.submit(self._get, len(self.futures)))
+
+    def _get(self, i: int) -> bytes:
+        a, b = self.ranges[i]
+        if i == 0 and self.tolerant:
+            return _raw(self.fs, self.path, self.url, a, b, whole=b - a == self.size,
+                        stop=self.stop)
+        return read_range(self.fs, self.path, self.url, a, b, whole=(a, b) == (0, self.size),
+                          stop=self.stop)
+
+    def __iter__(self) -> Iterator[bytes]:
+        ranges = self.ranges
+        try:
+            for i in range(len(ranges)):
+                f = self.futures[i]
+                assert f is not None
+                blob = f.result()
+                self.futures[i] = None  # its bytes go with the caller
+                if i == 0 and self.tolerant and len(blob) != ranges[0][1] - ranges[0][0]:
+                    if len(blob) == self.size:
+                        yield blob
+                        return
+                    read_range(self.fs, self.path, self.url, *ranges[0], stop=self.stop)
+                yield blob
+                if len(self.futures) < len(ranges):
+                    self._submit()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the ranges not yet under way and wait for those under way (their bytes
+        unread), so that nothing of this object is in flight once it returns."""
+        from concurrent.futures import wait
+
+        running = [f for f in self.futures if f is not None and not f.cancel()]
+        self.futures = [None] * len(self.futures)
+        wait(running)
+
+
+def _raw(fs: Any, path: str, url: str, start: int, end: int, *, whole: bool,
+         stop: Any) -> bytes:
+    from . import retry
+
+    if whole:
+        return retry.call(url, lambda: _whole(fs, path), stop=stop)
+    return bytes(retry.call(url, lambda: fs.cat_file(path, start=start, end=end), stop=stop))
+
+
+def _whole(fs: Any, path: str) -> bytes:
+    """A whole object in one GET. s3fs first asks an object's size with a HEAD when it reads it
+    whole (to split it): over a long round trip that doubles the time and the requests of every
+    small object (an index, a manifest). An open-ended range (``bytes=0-``) is one GET; an empty
+    object, which answers it with 416, is read plainly."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if not {"s3", "s3a"} & set(protocols):
+        return bytes(fs.cat_file(path))
+    try:
+        return bytes(fs.cat_file(path, start=0))
+    except Exception as e:
+        from .retry import _chain, _status
+
+        if any(_status(x) == 416 or "InvalidRange" in str(x) for x in _chain(e)):
+            return bytes(fs.cat_file(path))
+        raise
+
+
+def read_whole(url: str, size: int, *, stop: Any = None) -> bytes:
+    """The whole remote object ``url`` of ``size`` bytes (the manifest's: no request asks for
+    it), in concurrent ranges (:func:`read_ranges`)."""
+    return b"".join(read_ranges(url, ranges_of(0, size, range_bytes(size)), stop=stop,
+                                size=size))

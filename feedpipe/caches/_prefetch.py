@@ -119,11 +119,26 @@ class Prefetcher:
         # the lister runs even without prefetching: it is what moves the eviction clock
         lister = threading.Thread(target=self._list, name="feedpipe-plan", daemon=True)
         self._threads.append(lister)
-        for i in range(max(1, self.cache.threads) if self.cache.prefetch > 0 else 0):
+        threads, depth = self.shape()
+        for i in range(threads if depth > 0 else 0):
             self._threads.append(threading.Thread(target=self._fetch, daemon=True,
                                                   name=f"feedpipe-prefetch-{i}"))
         for t in self._threads:
             t.start()
+
+    def shape(self) -> tuple[int, int]:
+        """``(download threads, shards fetched ahead)``: the cache's, where it names them; else
+        enough shards at once to keep the process's concurrent ranges busy
+        (:func:`~feedpipe._helpers.storage.streams` over a mean shard's ranges, 2 to 16)."""
+        from .._helpers.storage import range_bytes, streams
+
+        threads, depth = self.cache.threads, self.cache.prefetch
+        if threads is None:
+            mean = int(sum(r.bytes for r in self.records) / max(1, len(self.records)))
+            ranges = -(-max(1, mean) // range_bytes(mean))  # a mean shard's ranges
+            threads = min(16, max(2, -(-streams() // ranges)))
+        threads = max(1, threads)
+        return threads, threads if depth is None else depth
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the threads: downloads under way stop at their next chunk."""
@@ -160,7 +175,7 @@ class Prefetcher:
                 self._cond.notify_all()
 
     def _fetch(self) -> None:
-        depth = self.cache.prefetch
+        depth = self.shape()[1]
         while True:
             with self._cond:
                 while not self._stop.is_set():

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._helpers.retry import call as retrying
-from .._helpers.storage import filesystem, is_local, local_path, read_range
+from .._helpers.storage import filesystem, is_local, local_path, read_bytes, read_range
 from .._redact import cause
 from ..errors import CompressedShardError, ShardFormatError, SourceNotFoundError
 from ._compression import readable
@@ -68,8 +68,7 @@ def _load_index(url: str, size: int, open_stream: Any) -> ShardIndex:
             with open(local_path(ipath), "rb") as f:
                 text = f.read()  # bytes: parse_index names the .idx if they are not UTF-8
         else:
-            fs, p = filesystem(ipath)
-            text = retrying(ipath, lambda: fs.cat_file(p))
+            text = read_bytes(ipath)
     except FileNotFoundError:
         with open_stream() as f:
             return group_members((m.name, m.offset, m.size) for m in scan(f, size, url))

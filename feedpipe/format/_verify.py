@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
 from .._helpers.progress import progress
-from .._helpers.storage import filesystem, is_local, local_path
+from .._helpers.storage import filesystem, is_local, local_path, open_binary, size_of
 from .._redact import redact
 from ..errors import ShardFormatError
 from ._compression import compressed_suffix, readable, unpacked
@@ -108,17 +108,11 @@ class VerifyReport:
 
 
 def _open(url: str) -> BinaryIO:
-    if is_local(url):
-        return open(local_path(url), "rb")
-    fs, p = filesystem(url)
-    return fs.open(p, "rb")
+    return open_binary(url)
 
 
 def _size(url: str) -> int:
-    if is_local(url):
-        return os.path.getsize(local_path(url))
-    fs, p = filesystem(url)
-    return int(fs.size(p))
+    return size_of(url)
 
 
 def _tar_index(url: str, size: int) -> tuple[ShardIndex, int]:

@@ -170,7 +170,7 @@ class FeedDataset(IterableDataset, Source):
     ) -> None:
         super().__init__()
         self.url = dataset_root(url)
-        cache = make_cache(cache_dir, cache_size)
+        cache = make_cache(cache_dir, cache_size, self.url)
         # through the cache when there is one: a warm cache starts while the storage is down
         self.manifest: Manifest = load_manifest_cached(url, cache_dir)
         if self.manifest.total_samples == 0:

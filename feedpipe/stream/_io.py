@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 # the order of the figures in a tally's tuples (what a worker sends with each batch)
 FIELDS = ("local_bytes", "remote_requests", "remote_bytes", "l1_hits", "l1_misses", "l1_fills",
-          "decoded_hits", "decoded_misses", "l2_hits", "l2_misses")
+          "decoded_hits", "decoded_misses", "l2_hits", "l2_misses", "retries", "inflight_max",
+          "busy_us", "inflight_us")
 ZERO = (0,) * len(FIELDS)
 _MEMO = __name__.rsplit(".", 2)[0] + ".caches.l2._index"  # where Memoized is defined
 
@@ -45,13 +46,29 @@ _MEMO = __name__.rsplit(".", 2)[0] + ".caches.l2._index"  # where Memoized is de
 def io_figures(counts: tuple[int, ...] | list[int]) -> dict[str, Any]:
     """``stats()["io"]`` from a tuple in :data:`FIELDS` order.
 
+    ``"link"``: what the remote link gave: ``retries`` (attempts after a failed one),
+    ``inflight_max`` (the most requests in flight at once in one process, added up over the
+    worker processes), ``inflight_mean`` (the mean number in flight while any was),
+    ``busy_s`` (seconds with a request in flight, added up over processes), ``bytes_per_s``
+    (remote bytes over ``busy_s``: per process where workers fetch at once) and
+    ``requests_per_shard`` (remote requests per L1 fill; 0 without fills).
+
     Example:
-        >>> io_figures((10, 2, 8, 1, 1, 1, 0, 0, 0, 0))["remote"]
-        {'requests': 2, 'bytes': 8}
+        >>> io = io_figures((10, 2, 8, 1, 1, 1, 0, 0, 0, 0, 0, 2, 500000, 750000))
+        >>> io["remote"], io["link"]["inflight_mean"], io["link"]["bytes_per_s"]
+        ({'requests': 2, 'bytes': 8}, 1.5, 16.0)
     """
     c = dict(zip(FIELDS, (int(x) for x in counts)))
+    busy = c["busy_us"] / 1e6
     return {"local_bytes": c["local_bytes"],
             "remote": {"requests": c["remote_requests"], "bytes": c["remote_bytes"]},
+            "link": {"retries": c["retries"], "inflight_max": c["inflight_max"],
+                     "inflight_mean": round(c["inflight_us"] / c["busy_us"], 2)
+                     if c["busy_us"] else 0.0,
+                     "busy_s": round(busy, 3),
+                     "bytes_per_s": round(c["remote_bytes"] / busy, 1) if busy else 0.0,
+                     "requests_per_shard": round(c["remote_requests"] / c["l1_fills"], 2)
+                     if c["l1_fills"] else 0.0},
             "l1": {"hits": c["l1_hits"], "misses": c["l1_misses"], "fills": c["l1_fills"]},
             "decoded": {"hits": c["decoded_hits"], "misses": c["decoded_misses"]},
             "l2": {"hits": c["l2_hits"], "misses": c["l2_misses"]}}
@@ -89,6 +106,7 @@ class IoTally:
         # a Packed counts the token bytes it slices out of the shards itself
         self._sliced = dataset.bytes_read is not None
         self._sliced_from = dataset.bytes_read or 0
+        REMOTE.mark()  # the most in flight is this pass's (see take)
         self._last = self._read()
 
     def counted(self, fetch: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], Any]:
@@ -122,10 +140,13 @@ class IoTally:
         local = self.local_bytes
         if self._sliced:
             local += (ds.bytes_read or 0) - self._sliced_from
-        return (round(local), requests, fetched, *l1, *dec, *l2)
+        retries, peak, busy, area = REMOTE.link()
+        return (round(local), requests, fetched, *l1, *dec, *l2, retries, peak, busy // 1000,
+                area // 1000)
 
     def take(self) -> tuple[int, ...]:
-        """What was counted since the last take. A tier whose counters went back (a store or
+        """What was counted since the last take (the most in flight: its growth, so that a
+        pass's takes add up to its peak). A tier whose counters went back (a store or
         index that started counting afresh in a new process) counts from zero."""
         now = self._read()
         last, self._last = self._last, now
@@ -133,4 +154,5 @@ class IoTally:
         for lo, hi in ((3, 6), (6, 8), (8, 10)):  # the tiers, each restarted as a whole
             if any(x < 0 for x in out[lo:hi]):
                 out[lo:hi] = now[lo:hi]
+        out[11] = max(0, out[11])  # another pass of this process marked the peak afresh
         return tuple(out)

@@ -20,10 +20,9 @@ import re
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from functools import partial
 from typing import Any
 
-from ..._helpers.storage import filesystem, read_range
+from ..._helpers.storage import Ranges, range_bytes, ranges_of, read_bytes, read_ranges
 from ..._redact import cause
 from ...errors import OutputError, ShardFormatError, SourceNotFoundError
 from ...format._compression import Gunzip
@@ -31,7 +30,6 @@ from ...format._index import index_path
 from ...format._manifest import ShardRecord
 from ._integrity import IDX, TAR, file_sha256, index_problem, stamp
 
-CHUNK = 16 << 20  # bytes per ranged GET when filling
 FETCH_ATTEMPTS = 3  # fetches of a file that keeps failing its check before it is named
 PARTS = (".tar.part", ".idx.part")
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -202,6 +200,8 @@ class Entry:
         rec, url, iurl = self.rec, self.url, index_path(self.url)
         need_tar = state == "all"
         problem = (url, "")
+        # the shard's first ranges are asked for at once: they travel while the index does
+        early = self._ranges(stop) if need_tar else None
         try:
             for _ in range(FETCH_ATTEMPTS):
                 idx = self._fetch_index(stop)
@@ -210,7 +210,8 @@ class Entry:
                     return "refused"
                 if need_tar:
                     try:
-                        digest = self._download(stop)
+                        blobs, early = early, None  # used once: a fetch again asks anew
+                        digest = self._download(stop, blobs)
                     except _Damaged as e:
                         problem = (url, str(e))
                         self.stats.refetched += 1
@@ -237,6 +238,8 @@ class Entry:
                 return "ok"
             raise self._named(problem)
         finally:
+            if early is not None:
+                early.close()
             self.remove(PARTS)  # nothing when committed: the renames took them
 
     def write_parts(self, tar_bytes: int, idx: bytes | None) -> None:
@@ -275,14 +278,18 @@ class Entry:
             self._disk(os.utime, self.p(".tar.part"), (stamp(self.key),) * 2)
             self._disk(os.replace, self.p(".tar.part"), self.p(".tar"))
 
-    def _download(self, stop: threading.Event | None) -> str:
+    def _ranges(self, stop: threading.Event | None) -> Ranges:
+        """The shard's ranges, under way (a server that ignores Range sends the whole object
+        on the first: it is kept, see :func:`~feedpipe._helpers.storage.read_ranges`)."""
+        total = self.rec.bytes
+        return read_ranges(self.url, ranges_of(0, total, range_bytes(total)), stop=stop,
+                           size=total)
+
+    def _download(self, stop: threading.Event | None, early: Ranges | None = None) -> str:
         """The shard into its reserved ``.tar.part`` (synced; a gzip shard decompressed); the
         sha256 of the bytes fetched. :class:`_Damaged`: a gzip stream that is broken or does not
         hold ``tar_bytes``."""
-        from ..._helpers import retry
-
         url, total = self.url, self.rec.bytes
-        fs, path = filesystem(url)
         h = hashlib.sha256()
         fd = self._disk(os.open, self.p(".tar.part"), os.O_WRONLY | os.O_CLOEXEC)
         gunzip = Gunzip(url) if _packed(self.rec) else None
@@ -296,20 +303,12 @@ class Entry:
             except ShardFormatError as e:
                 raise _Damaged(str(e)) from cause(e)
 
+        blobs = early if early is not None else self._ranges(stop)
         try:
             lo = 0
-            while lo < total:
+            for blob in blobs:
                 if stop is not None and stop.is_set():
                     raise Stopped
-                hi = min(total, lo + CHUNK)
-                if lo == 0 and hi < total:
-                    # a server that ignores Range sends the whole object: keep it
-                    blob = retry.call(url, partial(fs.cat_file, path, start=0, end=hi),
-                                      stop=stop)
-                    if len(blob) not in (hi, total):
-                        blob = read_range(fs, path, url, 0, hi, stop=stop)  # names the problem
-                else:
-                    blob = read_range(fs, path, url, lo, hi, whole=hi - lo == total, stop=stop)
                 h.update(blob)
                 lo += len(blob)
                 written += self._write_fd(fd, unpack(blob))
@@ -323,6 +322,7 @@ class Entry:
                                    "(tar_bytes)")
             self._disk(os.fsync, fd)  # data on disk before the rename publishes it
         finally:
+            blobs.close()  # the ranges not yet under way are cancelled
             os.close(fd)
         return h.hexdigest()
 
@@ -343,11 +343,7 @@ class Entry:
             os.close(fd)
 
     def _fetch_index(self, stop: threading.Event | None) -> bytes | None:
-        from ..._helpers import retry
-
-        iurl = index_path(self.url)
-        fs, ipath = filesystem(iurl)
         try:
-            return bytes(retry.call(iurl, lambda: fs.cat_file(ipath), stop=stop))
+            return read_bytes(index_path(self.url), stop=stop)
         except SourceNotFoundError:
             return None
