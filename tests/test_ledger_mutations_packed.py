@@ -219,9 +219,13 @@ def no_events(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(globals(), "event", quiet)
 
 
+# with workers every fault costs a job of worker processes: one runs by default, all with --slow
+_CASES = [pytest.param(f, w, marks=[pytest.mark.slow] if w and f != "a batch dropped" else [])
+          for f in sorted(FAULTS) for w in (0, 2)]
+
+
 @pytest.mark.usefixtures("no_events")
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize(("fault", "workers"), _CASES)
 def test_each_fault_gives_its_verdict(tmp_path: Path, corpus: str, fault: str,
                                       workers: int) -> None:
     """Each fault on its own, in this process and with 2 worker processes per rank making the

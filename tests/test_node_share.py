@@ -68,7 +68,7 @@ def _run(data: Path, tmp: Path, world: int, workers: int, epochs: int
     return ids, stats, url
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_each_of_4_nodes_fetches_its_share_plus_at_most_one_shard(
         data: Path, tmp_path: Path, workers: int) -> None:
     world = 4

@@ -70,7 +70,7 @@ class RetryPolicy:
 DEFAULT_POLICY = RetryPolicy()
 
 
-def _status(e: BaseException) -> int | None:
+def status_of(e: BaseException) -> int | None:
     status = getattr(e, "status", None) or getattr(e, "code", None)
     if isinstance(status, int):
         return status
@@ -82,7 +82,7 @@ def _status(e: BaseException) -> int | None:
     return None
 
 
-def _chain(e: BaseException) -> Iterator[BaseException]:
+def error_chain(e: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
@@ -105,8 +105,8 @@ def classify(e: BaseException) -> str:
     if dns is not None:
         return dns
     kinds = []
-    for x in _chain(e):
-        status = _status(x)
+    for x in error_chain(e):
+        status = status_of(x)
         if status is not None and (status >= 500 or status in (408, 429)):
             return TRANSIENT
         if isinstance(x, (ConnectionError, TimeoutError)) or type(x).__name__ in _TRANSIENT_NAMES:
@@ -122,7 +122,7 @@ def classify(e: BaseException) -> str:
 def _name_resolution(e: BaseException) -> str | None:
     """``UNRESOLVED`` when a host name does not resolve, ``TRANSIENT`` when the resolver said to
     try again (``EAI_AGAIN``), ``None`` when name resolution is not what failed."""
-    for x in _chain(e):
+    for x in error_chain(e):
         found = x if isinstance(x, socket.gaierror) else getattr(x, "os_error", None)
         if isinstance(found, socket.gaierror):
             return TRANSIENT if found.errno == socket.EAI_AGAIN else UNRESOLVED

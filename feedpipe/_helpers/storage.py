@@ -394,9 +394,9 @@ def _whole(fs: Any, path: str) -> bytes:
     try:
         return bytes(fs.cat_file(path, start=0))
     except Exception as e:
-        from .retry import _chain, _status
+        from .retry import error_chain, status_of
 
-        if any(_status(x) == 416 or "InvalidRange" in str(x) for x in _chain(e)):
+        if any(status_of(x) == 416 or "InvalidRange" in str(x) for x in error_chain(e)):
             return bytes(fs.cat_file(path))
         raise
 

@@ -52,26 +52,26 @@ import numpy as np
 from ..errors import StateError
 from ._ledger import PARTS, delivered, dropped_ids, padding_from, read_part
 from ._ledger_history import (
-    _gaps,
-    _history,
-    _keep,
-    _origin_mark,
-    _Part,
-    _parts_of,
-    _passed,
-    _runs,
-    _Start,
-    _starts,
+    LedgerPart,
+    LedgerStart,
+    build_history,
+    find_starts,
+    group_runs,
+    keep_parts,
+    origin_mark,
+    part_gaps,
+    part_passed,
+    parts_of,
 )
 from ._ledger_kinds import (
-    _is_mixture,
-    _is_packed,
-    _mixture,
     check_info,
     check_plan,
     check_rows,
     epoch_plan,
     expected,
+    is_mixture,
+    is_packed,
+    mixture_of,
     part_split,
     positions,
     row_pieces,
@@ -94,7 +94,7 @@ def _read_info(root: str) -> dict[str, Any]:
     return info
 
 
-def _read_parts(root: str, info: dict[str, Any]) -> tuple[list[_Part], list[dict[str, str]]]:
+def _read_parts(root: str, info: dict[str, Any]) -> tuple[list[LedgerPart], list[dict[str, str]]]:
     """Every readable part, and the unreadable ones named with the reason."""
     unreadable: list[dict[str, str]] = []
     read: list[tuple[str, dict[str, Any], np.ndarray | None]] = []
@@ -111,18 +111,18 @@ def _read_parts(root: str, info: dict[str, Any]) -> tuple[list[_Part], list[dict
             unreadable.append({"part": os.path.relpath(path, root), "why": str(err)})
             continue
         read.append((path, header, bits))
-    parts: list[_Part] = []
+    parts: list[LedgerPart] = []
     for path, header, bits in read:
         if bits is None and str(header["run"]) not in checked:
             unreadable.append({"part": os.path.relpath(path, root), "why": (
                 "no readable part of its run holds the ids its plan gave, to check this "
                 "feedpipe's plan against")})
             continue
-        parts.append(_Part(path, header, bits, part_split(info, header)))
+        parts.append(LedgerPart(path, header, bits, part_split(info, header)))
     return parts, unreadable
 
 
-def _ids(info: dict[str, Any], part: _Part, k: int) -> np.ndarray:
+def _ids(info: dict[str, Any], part: LedgerPart, k: int) -> np.ndarray:
     """The ids ``part`` delivered at its first ``k`` local positions (padding aside)."""
     plan = epoch_plan(info, part.epoch, part.header.get("layout"))
     ids = delivered(plan, part.split, k)
@@ -142,7 +142,7 @@ class _Tally:
     counts: np.ndarray = field(init=False)
     skipped: np.ndarray = field(init=False)
     dropped: np.ndarray = field(init=False)
-    parts: list[tuple[_Part, np.ndarray]] = field(default_factory=list)
+    parts: list[tuple[LedgerPart, np.ndarray]] = field(default_factory=list)
     rolled: int = 0
     padding: int = 0
     count: int = 0
@@ -153,9 +153,9 @@ class _Tally:
         self.dropped = np.zeros(self.n, dtype=np.int64)
 
 
-def _tally_part(info: dict[str, Any], part: _Part, t: _Tally) -> None:
+def _tally_part(info: dict[str, Any], part: LedgerPart, t: _Tally) -> None:
     """Add what ``part`` kept (and rolled back) to its epoch's tally."""
-    t.count += _passed(part) or part.reached > 0  # a part that only put a state on record: none
+    t.count += part_passed(part) or part.reached > 0  # a part that only put a state on record: none
     k = part.kept
     ids = _ids(info, part, max(k, part.reached))
     kept = _ids(info, part, k) if k < part.reached else ids
@@ -176,34 +176,35 @@ def _tally_part(info: dict[str, Any], part: _Part, t: _Tally) -> None:
         np.add.at(t.dropped, dropped_ids(plan, part.split, k), 1)
 
 
-def _reached_epochs(history: list[_Start]) -> set[int]:
+def _reached_epochs(history: list[LedgerStart]) -> set[int]:
     """The epochs the history went into: those it kept deliveries of, those a start of it
     resumed in, and those the newest start began a pass of."""
     out: set[int] = set()
     for i, s in enumerate(history):
         if s.origin is not None:
-            out.add(_origin_mark(s.origin)[0])
+            out.add(origin_mark(s.origin)[0])
         newest = i == len(history) - 1
-        out.update(p.epoch for p in _parts_of(s) if p.kept or p.finished
-                   or (newest and _passed(p)))
+        out.update(p.epoch for p in parts_of(s) if p.kept or p.finished
+                   or (newest and part_passed(p)))
     return out
 
 
-def _missing_ranks(history: list[_Start], epoch: int, newest_epoch: int) -> list[dict[str, Any]]:
+def _missing_ranks(history: list[LedgerStart], epoch: int,
+                   newest_epoch: int) -> list[dict[str, Any]]:
     """Ranks of a start in the history with no part for ``epoch`` although the start went
     through it. In the newest start's last epoch a rank may not have begun yet: it is missing
     only where another rank delivered something of it."""
     out: list[dict[str, Any]] = []
     for i, s in enumerate(history):
-        begun = {p.epoch for p in _parts_of(s) if _passed(p)}
-        lo = _origin_mark(s.origin)[0] if s.origin is not None else min(begun, default=epoch + 1)
+        begun = {p.epoch for p in parts_of(s) if part_passed(p)}
+        lo = origin_mark(s.origin)[0] if s.origin is not None else min(begun, default=epoch + 1)
         if s.cut is not None:
             hi = s.cut[0] if s.cut[1] > 0 else s.cut[0] - 1
         else:
             hi = max(begun, default=-1)
         if not lo <= epoch <= hi:
             continue
-        here = [p for p in _parts_of(s) if p.epoch == epoch]
+        here = [p for p in parts_of(s) if p.epoch == epoch]
         if i == len(history) - 1 and epoch == newest_epoch and not any(p.reached for p in here):
             continue
         ranks = {p.rank for p in here}
@@ -211,21 +212,21 @@ def _missing_ranks(history: list[_Start], epoch: int, newest_epoch: int) -> list
     return out
 
 
-def _missing(s: _Start, rank: int, epoch: int) -> dict[str, Any]:
+def _missing(s: LedgerStart, rank: int, epoch: int) -> dict[str, Any]:
     runs = [r.run for r in s.runs]
     return {"rank": rank, "world_size": s.world, "lineage": s.lineage, "runs": runs, "why": (
         f"rank {rank} of {s.world} has no part for epoch {epoch}, which its start (runs "
         f"{', '.join(runs)}) went through: its part is lost, what it delivered is unknown")}
 
 
-def _finished(history: list[_Start], epoch: int, reached: set[int]) -> str | None:
+def _finished(history: list[LedgerStart], epoch: int, reached: set[int]) -> str | None:
     """Why ``epoch`` is finished (``None``: under way, or never part of the history)."""
     if epoch not in reached:
         return None
     if epoch < max(reached):
         return f"the job went on to epoch {max(reached)}"
     for s in history:
-        ranks = {p.rank for p in _parts_of(s) if p.epoch == epoch and p.finished}
+        ranks = {p.rank for p in parts_of(s) if p.epoch == epoch and p.finished}
         if ranks and len(ranks) == s.world:
             return "every rank reached the end of its share"
     return None
@@ -250,13 +251,13 @@ def _finding(per_id: np.ndarray, tally: _Tally, info: dict[str, Any],
                 if len(shown) and np.isin(shown, kept).any()]
     out: dict[str, Any] = {"count": int(len(ids)), "ids": [int(i) for i in ids],
                            "parts": involved}
-    if _is_mixture(info):
-        bases = _mixture(info)[1]
+    if is_mixture(info):
+        bases = mixture_of(info)[1]
         ids = _repeated(per_id)
         src = np.searchsorted(bases, ids, side="right") - 1
         out["sources"] = {name: (ids[src == s] - bases[s]).tolist()
                           for s, name in enumerate(info["sources"]) if (src == s).any()}
-    if _is_packed(info):
+    if is_packed(info):
         pieces = row_pieces(info, epoch, _repeated(per_id))
         out["pieces"] = pieces
         out["tokens"] = int(sum(k for _, _, k in pieces))
@@ -287,8 +288,8 @@ def _epoch_record(epoch: int, tally: _Tally, finished: str | None,
     return rec
 
 
-def _epochs(info: dict[str, Any], parts: list[_Part],
-            history: list[_Start]) -> list[dict[str, Any]]:
+def _epochs(info: dict[str, Any], parts: list[LedgerPart],
+            history: list[LedgerStart]) -> list[dict[str, Any]]:
     tallies: dict[int, _Tally] = {}
     for p in parts:  # parts off the history keep nothing: all they delivered is rolled back
         t = tallies.get(p.epoch)
@@ -297,7 +298,7 @@ def _epochs(info: dict[str, Any], parts: list[_Part],
             t = tallies[p.epoch] = _Tally(len(want), want)
         _tally_part(info, p, t)
     reached = _reached_epochs(history)
-    newest = max((p.epoch for p in _parts_of(history[-1])), default=-1) if history else -1
+    newest = max((p.epoch for p in parts_of(history[-1])), default=-1) if history else -1
     return [_epoch_record(e, tallies[e], _finished(history, e, reached),
                           _missing_ranks(history, e, newest), info) for e in sorted(tallies)]
 
@@ -321,18 +322,18 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
     info = _read_info(root)
     check_info(info)
     parts, unreadable = _read_parts(root, info)
-    runs = _runs(parts)
+    runs = group_runs(parts)
     notes: list[str] = []
     missing: list[dict[str, Any]] = []
     replays: list[dict[str, Any]] = []
-    missing.extend(_gaps(runs))
-    starts = _starts(runs)
-    history = _history(starts, notes, missing, replays)
+    missing.extend(part_gaps(runs))
+    starts = find_starts(runs)
+    history = build_history(starts, notes, missing, replays)
     for p in parts:
         p.kept, p.finished = 0, False
     batch = {r.run: int(r.parts[0].header["batch_size"]) for r in runs}
     for s in history:
-        _keep(s, batch)
+        keep_parts(s, batch)
     epochs = _epochs(info, parts, history)
     ok = not unreadable and not missing and all(e["exactly_once"] for e in epochs)
     report = {"ledger": root, "samples": samples(info), "ok": ok, "runs": [
@@ -340,11 +341,11 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
          "resumed_from": r.origin, "marks": [list(m) for m, _ in r.marks()]} for r in runs],
               "replays": replays, "unreadable": unreadable, "missing": missing, "notes": notes,
               "epochs": epochs}
-    if _is_mixture(info):
+    if is_mixture(info):
         report["mixture"] = {"sources": list(info["sources"]),
                              "sizes": [int(sum(c)) for c in info["shards"]],
                              "draws": list(info["draws"]), "epoch_size": positions(info, 0)}
-    if _is_packed(info):
+    if is_packed(info):
         report["packed"] = {"seq_len": int(info["seq_len"]), "packing": info["packing"],
                             "field": info["field"], "documents": info["lengths"]["documents"],
                             "tokens": info["lengths"]["tokens"]}

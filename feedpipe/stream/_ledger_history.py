@@ -18,13 +18,13 @@ Mark = tuple[int, int]  # (epoch, position)
 
 
 @dataclass
-class _Part:
+class LedgerPart:
     path: str
     header: dict[str, Any]
     bits: np.ndarray | None  # a version-1 part's bitmap of delivered ids
     split: Split
     seq: int = 0  # the order of the run's passes
-    kept: int = 0  # local positions that stay in the history (set by _keep)
+    kept: int = 0  # local positions that stay in the history (set by keep_parts)
     finished: bool = False  # in the history, this part reached the end of its share
     credited: bool = False  # a saved state proves more than its last flush recorded
 
@@ -64,7 +64,7 @@ class _Run:
     created: float
     host: str
     pid: int
-    parts: list[_Part] = field(default_factory=list)
+    parts: list[LedgerPart] = field(default_factory=list)
 
     def marks(self) -> list[tuple[Mark, _Proof]]:
         """The states this run saved, each with the part that recorded it and how far that
@@ -79,13 +79,13 @@ class _Proof:
     """A saved state as its part recorded it: ``reached``, the local positions its pass had
     delivered then, and ``time``, when (version 3)."""
 
-    part: _Part
+    part: LedgerPart
     reached: int | None
     time: float | None
 
 
 @dataclass
-class _Start:
+class LedgerStart:
     lineage: str
     origin: dict[str, Any] | None
     runs: list[_Run]
@@ -104,7 +104,7 @@ class _Start:
         return [m for r in self.runs for m in r.marks()]
 
 
-def _runs(parts: list[_Part]) -> list[_Run]:
+def group_runs(parts: list[LedgerPart]) -> list[_Run]:
     """The runs (one loader on one rank), oldest first, each with its passes in order."""
     runs: dict[str, _Run] = {}
     for p in parts:
@@ -124,7 +124,7 @@ def _runs(parts: list[_Part]) -> list[_Run]:
     return sorted(runs.values(), key=lambda r: r.created)
 
 
-def _gaps(runs: list[_Run]) -> list[dict[str, Any]]:
+def part_gaps(runs: list[_Run]) -> list[dict[str, Any]]:
     """Parts lost from a run that still has others: a run numbers its parts 0, 1, 2, ..."""
     out = []
     for r in runs:
@@ -138,7 +138,7 @@ def _gaps(runs: list[_Run]) -> list[dict[str, Any]]:
     return out
 
 
-def _starts(runs: list[_Run]) -> list[_Start]:
+def find_starts(runs: list[_Run]) -> list[LedgerStart]:
     """The runs grouped into starts: one lineage's runs in order, a new start where a rank
     comes again (its state was started once more) or the world size changes; oldest first. A
     start whose runs of some ranks are lost whole may be grouped with the next: the check then
@@ -149,22 +149,22 @@ def _starts(runs: list[_Run]) -> list[_Start]:
         if any(x.rank == r.rank or x.world != r.world for x in groups[-1]):
             groups.append([])
         groups[-1].append(r)
-    starts = [_Start(lin, g[0].origin, g) for lin, gs in lineages.items() for g in gs]
+    starts = [LedgerStart(lin, g[0].origin, g) for lin, gs in lineages.items() for g in gs]
     return sorted(starts, key=lambda s: s.created)
 
 
-def _origin_mark(origin: dict[str, Any]) -> Mark:
+def origin_mark(origin: dict[str, Any]) -> Mark:
     return int(origin.get("epoch") or 0), int(origin.get("position") or 0)
 
 
-def _parent(start: _Start, starts: list[_Start], notes: list[str],
-            missing: list[dict[str, Any]]) -> tuple[_Start | None, _Proof | None]:
+def _parent(start: LedgerStart, starts: list[LedgerStart], notes: list[str],
+            missing: list[dict[str, Any]]) -> tuple[LedgerStart | None, _Proof | None]:
     """The start that saved the state ``start`` resumed from, and the part that recorded the
     saving (``None`` when no part did)."""
     origin = start.origin
     if origin is None:
         return None, None
-    at = _origin_mark(origin)
+    at = origin_mark(origin)
     before = [s for s in starts if s.created < start.created]
     lineage = origin.get("lineage")
     if lineage is None:
@@ -194,8 +194,8 @@ def _parent(start: _Start, starts: list[_Start], notes: list[str],
     return candidates[-1], None
 
 
-def _saver(start: _Start, saver: list[_Start], at: Mark,
-           missing: list[dict[str, Any]]) -> tuple[_Start | None, _Proof | None]:
+def _saver(start: LedgerStart, saver: list[LedgerStart], at: Mark,
+           missing: list[dict[str, Any]]) -> tuple[LedgerStart | None, _Proof | None]:
     """The start of the run named as the one that saved the state ``start`` resumed from."""
     runs = ", ".join(r.run for r in start.runs)
     origin = start.origin or {}
@@ -214,8 +214,8 @@ def _saver(start: _Start, saver: list[_Start], at: Mark,
     return saver[-1], (proof[-1] if proof else None)
 
 
-def _history(starts: list[_Start], notes: list[str], missing: list[dict[str, Any]],
-             replays: list[dict[str, Any]]) -> list[_Start]:
+def build_history(starts: list[LedgerStart], notes: list[str], missing: list[dict[str, Any]],
+             replays: list[dict[str, Any]]) -> list[LedgerStart]:
     """The starts the model's history went through, oldest first; each but the newest gets the
     ``cut`` its successor resumed from."""
     if not starts:
@@ -226,7 +226,7 @@ def _history(starts: list[_Start], notes: list[str], missing: list[dict[str, Any
         parent, proof = _parent(child, starts, notes, missing)
         if parent is None or parent in path:
             break
-        at = _origin_mark(child.origin or {})
+        at = origin_mark(child.origin or {})
         parent.cut, parent.proof = at, proof
         _replayed(child, at, [s for s in starts if parent.created <= s.created < child.created],
                   replays)
@@ -236,7 +236,7 @@ def _history(starts: list[_Start], notes: list[str], missing: list[dict[str, Any
     return path[::-1]
 
 
-def _replayed(child: _Start, at: Mark | None, between: list[_Start],
+def _replayed(child: LedgerStart, at: Mark | None, between: list[LedgerStart],
               replays: list[dict[str, Any]]) -> None:
     """Name a restart of ``child`` from an older state than one saved since by the starts
     ``between`` its parent and it."""
@@ -246,7 +246,8 @@ def _replayed(child: _Start, at: Mark | None, between: list[_Start],
         replays.append(_replay(child, s, at, m))
 
 
-def _replay(child: _Start, parent: _Start, at: Mark | None, later: Mark) -> dict[str, Any]:
+def _replay(child: LedgerStart, parent: LedgerStart, at: Mark | None,
+            later: Mark) -> dict[str, Any]:
     runs = [parent.runs[0].run, child.runs[0].run]
     whence = "nothing" if at is None else f"epoch {at[0]} position {at[1]}"
     return {"origin": child.origin, "runs": runs, "why": (
@@ -255,7 +256,7 @@ def _replay(child: _Start, parent: _Start, at: Mark | None, later: Mark) -> dict
         "from one whose save did not complete; what was delivered after it is rolled back")}
 
 
-def _local(part: _Part, position: int) -> int:
+def _local(part: LedgerPart, position: int) -> int:
     """Local positions of ``part``'s share before global ``position`` of its epoch."""
     s = part.split
     if position >= s.num_samples:
@@ -263,7 +264,7 @@ def _local(part: _Part, position: int) -> int:
     return min(s.length, max(0, -(-(position - s.start) // s.world_size)))
 
 
-def _keep(start: _Start, batch: dict[str, int]) -> None:
+def keep_parts(start: LedgerStart, batch: dict[str, int]) -> None:
     """Set what each part of ``start`` keeps in the history: all of it, or what came before its
     cut; a state the ledger saw saved proves every rank delivered up to it (lockstep)."""
     cut, proof = start.cut, start.proof
@@ -286,7 +287,7 @@ def _keep(start: _Start, batch: dict[str, int]) -> None:
         _credit(start, cut, proof, batch)
 
 
-def _cut(p: _Part, cut: Mark, batch: int) -> None:
+def _cut(p: LedgerPart, cut: Mark, batch: int) -> None:
     """``p`` was under way when the state at ``cut`` was saved: it keeps what came before."""
     if p.epoch < cut[0]:
         _whole(p, batch)
@@ -297,8 +298,8 @@ def _cut(p: _Part, cut: Mark, batch: int) -> None:
         p.kept, p.finished = 0, False
 
 
-def _around(start: _Start, r: _Run,
-            proof: _Proof) -> tuple[list[_Part], list[_Part], list[_Part]]:
+def _around(start: LedgerStart, r: _Run,
+            proof: _Proof) -> tuple[list[LedgerPart], list[LedgerPart], list[LedgerPart]]:
     """``r``'s parts before the saving of the state, the one under way then, and those after.
     Ranks go through the same passes (lockstep): as many passes of every rank came before as
     of the saving rank's."""
@@ -307,24 +308,24 @@ def _around(start: _Start, r: _Run,
         return ([p for p in r.parts if p.seq < rec.seq], [rec],
                 [p for p in r.parts if p.seq > rec.seq])
     saver = next(x for x in start.runs if x.run == rec.run)
-    done = sum(1 for p in saver.parts if _passed(p) and p.seq < rec.seq)
-    passes = [p for p in r.parts if _passed(p)]
-    records = [p for p in r.parts if not _passed(p)]  # they hold no delivery
-    if _passed(rec):
+    done = sum(1 for p in saver.parts if part_passed(p) and p.seq < rec.seq)
+    passes = [p for p in r.parts if part_passed(p)]
+    records = [p for p in r.parts if not part_passed(p)]  # they hold no delivery
+    if part_passed(rec):
         return records + passes[:done], passes[done:done + 1], passes[done + 1:]
     return records + passes[:done], [], passes[done:]
 
 
-def _whole(p: _Part, batch: int) -> None:
+def _whole(p: LedgerPart, batch: int) -> None:
     p.kept = p.reached  # the loop received every batch of its share: finished
     p.finished = p.reached >= finished_reach(p.split, batch)
 
 
-def _credit(start: _Start, cut: Mark, proof: _Proof, batch: dict[str, int]) -> None:
+def _credit(start: LedgerStart, cut: Mark, proof: _Proof, batch: dict[str, int]) -> None:
     """Every rank's pass had received as many batches as the saving rank's when the state was
     saved (lockstep): credit a rank whose part was last flushed before."""
     rec = proof.part
-    if not _passed(rec):
+    if not part_passed(rec):
         return  # saved before its pass began: nothing of it to credit
     done = -(-int(proof.reached or 0) // batch[rec.run])
     for r in start.runs:
@@ -342,11 +343,11 @@ def _credit(start: _Start, cut: Mark, proof: _Proof, batch: dict[str, int]) -> N
                 p.kept, p.credited = want, True
 
 
-def _passed(p: _Part) -> bool:
+def part_passed(p: LedgerPart) -> bool:
     """Whether a pass began in ``p`` (not a part that only put a loaded or saved state on
     record; version 2 wrote none such)."""
     return bool(p.header.get("pass", True))
 
 
-def _parts_of(s: _Start) -> list[_Part]:
+def parts_of(s: LedgerStart) -> list[LedgerPart]:
     return [p for r in s.runs for p in r.parts]

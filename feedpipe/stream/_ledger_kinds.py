@@ -23,11 +23,11 @@ from ..plan._packing import Layout, packing_named
 from ._ledger import Ordered
 
 
-def _is_mixture(info: dict[str, Any]) -> bool:
+def is_mixture(info: dict[str, Any]) -> bool:
     return info.get("kind") == "mixture"
 
 
-def _is_packed(info: dict[str, Any]) -> bool:
+def is_packed(info: dict[str, Any]) -> bool:
     return info.get("kind") == "packed"
 
 
@@ -47,7 +47,7 @@ def _mixture_plan(key: str) -> tuple[MixturePlan, np.ndarray]:
     return plan, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
 
-def _mixture(info: dict[str, Any]) -> tuple[MixturePlan, np.ndarray]:
+def mixture_of(info: dict[str, Any]) -> tuple[MixturePlan, np.ndarray]:
     keys = ("shards", "weights", "epoch_size", "seed", "shuffle", "draws", "sources")
     return _mixture_plan(json.dumps({k: info[k] for k in keys}))
 
@@ -81,7 +81,7 @@ def check_info(info: dict[str, Any]) -> None:
     """Refuse a ``ledger.json`` whose record cannot be trusted (a Packed's documents' lengths
     that do not match their digest) with :class:`~feedpipe.errors.StateError`, before any
     part is read."""
-    if _is_packed(info):
+    if is_packed(info):
         _lengths(info)
 
 
@@ -151,9 +151,9 @@ class _Rows:
 def epoch_plan(info: dict[str, Any], epoch: int, layout: Any = None) -> Ordered:
     """What each position of ``epoch`` holds: a sample number, or a Packed's row; ``layout``:
     the node layout a part recorded (``None``: the global order)."""
-    if _is_mixture(info):
-        return MixtureEpoch(*_mixture(info)[:1], epoch, _mixture(info)[1])
-    if _is_packed(info):
+    if is_mixture(info):
+        return MixtureEpoch(*mixture_of(info)[:1], epoch, mixture_of(info)[1])
+    if is_packed(info):
         return _Rows(epoch)
     return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"],
                 None if not layout else (int(layout[0]), int(layout[1])))
@@ -162,9 +162,9 @@ def epoch_plan(info: dict[str, Any], epoch: int, layout: Any = None) -> Ordered:
 def positions(info: dict[str, Any], epoch: int) -> int:
     """The positions of an epoch: a mixture's ``epoch_size``, a dataset's samples, a Packed's
     rows."""
-    if _is_mixture(info):
-        return _mixture(info)[0].epoch_size
-    if _is_packed(info):
+    if is_mixture(info):
+        return mixture_of(info)[0].epoch_size
+    if is_packed(info):
         return int(packed_epoch(info, epoch)[1].num_rows)
     return int(sum(info["counts"]))
 
@@ -173,10 +173,10 @@ def expected(info: dict[str, Any], epoch: int) -> np.ndarray:
     """How many times ``epoch`` holds each id: once for a dataset's samples and a Packed's rows;
     for a mixture what its plan draws (a source drawn more than its size repeats samples, one
     drawn less leaves some out)."""
-    if _is_packed(info):
+    if is_packed(info):
         return np.ones(positions(info, epoch), dtype=np.int64)
     n = int(sum(info["counts"]))
-    if not _is_mixture(info):
+    if not is_mixture(info):
         return np.ones(n, dtype=np.int64)
     ids = epoch_plan(info, epoch).sample_ids(np.arange(positions(info, epoch), dtype=np.int64))
     return np.bincount(ids, minlength=n).astype(np.int64)
@@ -193,7 +193,7 @@ def check_rows(info: dict[str, Any], h: dict[str, Any]) -> None:
     """Refuse a Packed part whose writer made another number of rows of its epoch than this
     feedpipe's packing of the recorded lengths makes (every part records its epoch's positions:
     its rows and a world size of padding rows)."""
-    if _is_packed(info) and "positions" in h:
+    if is_packed(info) and "positions" in h:
         epoch, rows = int(h["epoch"]), int(h["positions"]) - int(h["world_size"])
         if rows != positions(info, epoch):
             raise ValueError(
@@ -206,7 +206,7 @@ def check_plan(info: dict[str, Any], h: dict[str, Any]) -> None:
     """Refuse a run whose plan ordered the epoch otherwise than this feedpipe's: the first part
     of a run holds the ids its writer's plan gave at a few positions (a Packed's positions are
     its rows: :func:`check_rows` checks every part's row count instead)."""
-    if _is_packed(info):
+    if is_packed(info):
         return
     positions_, ids = (np.asarray(x, dtype=np.int64) for x in h["checked"])
     plan = epoch_plan(info, int(h["epoch"]), h.get("layout"))

@@ -239,14 +239,14 @@ class Packed(Source):
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
         next) of ``epoch``, made together: where the pieces of each batch lie is worked out for
         all at once, and their tokens are copied at once."""
-        group = self._group(epoch, groups)
+        group = self.make_group(epoch, groups)
         return [group.make(b) for b in range(len(groups))]
 
     def group_sizes(self) -> tuple[int, int]:
         """The most tokens and batches a reader's fetch makes together (the packed routes)."""
         return GROUP_TOKENS, GROUP_BATCHES
 
-    def _group(self, epoch: int, groups: list[np.ndarray]) -> Group:
+    def make_group(self, epoch: int, groups: list[np.ndarray]) -> Group:
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
         next) of ``epoch``, ready to be made one by one (:meth:`Group.make`): where the pieces
         of each batch lie is worked out for all at once, and their tokens are copied out of the

@@ -24,7 +24,7 @@ IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
 class PackedFetch:
     """fetch=packed: a reader's batches of rows made in groups of up to
     :meth:`~feedpipe.stream._packed.Packed.group_sizes` tokens and batches
-    (``Packed._group``), so that numpy's per-call costs are paid once a group, and each batch
+    (``Packed.make_group``), so that numpy's per-call costs are paid once a group, and each batch
     of a group written when it is asked for."""
 
     def __init__(self, packed: Packed, epoch: int) -> None:
@@ -57,7 +57,7 @@ class PackedFetch:
             if not pending:
                 return
             t0 = clock()
-            group = packed._group(epoch, pending)
+            group = packed.make_group(epoch, pending)
             if times is not None:
                 times.fetch += clock() - t0
             yield group, len(pending)
@@ -105,7 +105,7 @@ class PackedFetch:
 
 
 class Group:
-    """The batches of one ``Packed._group`` call, each made when asked (:meth:`make`): the
+    """The batches of one ``Packed.make_group`` call, each made when asked (:meth:`make`): the
     group's tokens (``tokens``; the padding starts at ``m``), and where each piece of the
     positions starts (``starts``, ascending: each row, each document and the padding start
     one)."""
