@@ -33,12 +33,13 @@ from ..plan._order import Split, worker_positions
 from ._assembly import assemble
 from ._batch_loop import EpochReader, Skips
 from ._collate import LeftOut, left_out_error
-from ._dataset import FeedDataset, checked_resume_point, read_capabilities
+from ._dataset import FeedDataset, read_capabilities
 from ._epoch import EpochState
 from ._mixture_fetch import BySource, BySourceInto, MixtureFetch
 from ._mixture_shards import MixtureShards
 from ._routes import ROUTES, Capabilities
 from ._source import Source
+from ._states import checked_resume_point
 
 if TYPE_CHECKING:
     from ..plan._world import World
