@@ -19,6 +19,7 @@ from .._redact import logger
 from ..caches._manifest_copy import load_manifest_cached
 from ..caches._shards import ShardCache, make_cache
 from ..caches.decoded._store import open_decoded_store
+from ..device._fallback import WarmupSource
 from ..errors import PlanError
 from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
@@ -46,7 +47,7 @@ log = logger("feedpipe")
 RUN = 256  # samples located and checked at once when iterated directly (each_sample)
 
 
-class FeedDataset(IterableDataset, Source):
+class FeedDataset(IterableDataset, Source, WarmupSource):
     """Stream a feedpipe (or ``feedpipe index``-ed WebDataset) shard dataset.
 
     Each epoch every sample is delivered exactly once over all ranks and workers, in an order that
