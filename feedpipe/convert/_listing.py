@@ -33,7 +33,8 @@ from typing import Any
 
 from .._helpers.pool_context import die_with_parent, sigint_deferred, sigint_held
 from .._helpers.progress import progress
-from .._helpers.storage import is_local, list_dir, local_path
+from .._helpers.storage import is_local, local_path
+from .._helpers.storage_listing import list_dir
 from ._source_tree import Identity, TreeWalk, identity, root_entries
 from ._sources import (
     FileRef,

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .._helpers.storage import exists, find_files, is_dir, is_local, local_path, read_bytes
+from .._helpers.storage import is_local, local_path, read_bytes
+from .._helpers.storage_listing import exists, find_files, is_dir
 from ..errors import KeyClashError, SourceNotFoundError
 from ..format._image_fields import image_extension
 from ..format._keys import encode_key, split_source, valid_extension

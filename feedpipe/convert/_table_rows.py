@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from typing import Any
 
-from .._helpers.storage import open_path
+from .._helpers.storage_listing import open_path
 from ..errors import InputError, KeyClashError, OutputError
 from ._gc_freeze import refreeze
 from ._sample_encoder import SampleEncoder

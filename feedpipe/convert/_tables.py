@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._helpers.storage import is_dir, is_file, is_local, local_path, open_path, path_in, walker
+from .._helpers.storage import is_local, local_path
+from .._helpers.storage_listing import is_dir, is_file, open_path, path_in, walker
 from ..errors import InputError, KeyClashError, OutputError
 from ._shard_writer import ShardWriter
 from ._summary import ShardSummary

@@ -417,7 +417,8 @@ def _look_at(root: str) -> tuple[str | None, list[str]]:
     """``("missing" | "file" | "dir" | None, visible entries of a directory)``, each directory
     among the entries with a trailing ``/``; None when the storage cannot say (a listing
     refused, an HTTP server)."""
-    from .._helpers.storage import is_local, list_names, local_path, path_info
+    from .._helpers.storage import is_local, local_path
+    from .._helpers.storage_listing import list_names, path_info
 
     try:
         if is_local(root):

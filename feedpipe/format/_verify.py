@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
 from .._helpers.progress import progress
-from .._helpers.storage import find_paths, is_local, local_path, open_binary, size_of
+from .._helpers.storage import is_local, local_path, open_binary, size_of
+from .._helpers.storage_listing import find_paths
 from .._redact import redact
 from ..errors import ShardFormatError
 from ._compression import compressed_suffix, readable, unpacked
