@@ -93,3 +93,35 @@ def test_a_tree_on_a_registered_protocol_converts_as_the_local_one(dirstore: Pat
     got = sorted((s["__key__"], bytes(s["txt"])) for s in FeedDataset(str(tmp_path / "out")))
     want = sorted((s["__key__"], bytes(s["txt"])) for s in FeedDataset(str(tmp_path / "out-local")))
     assert got == want
+
+
+class FlakyStore(DirStore):
+    """A backend whose listing of a top directory fails once with a dropped connection before
+    it answers."""
+
+    protocol = ("flakystore",)
+    failed: set[str] = set()
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        key = self._strip_protocol(path).strip("/")
+        if key.count("/") == 0 and key not in self.failed:
+            self.failed.add(key)
+            raise ConnectionResetError(f"connection reset listing {key}")
+        return super().ls(path, detail=detail, **kwargs)
+
+
+def test_a_listing_that_fails_once_is_retried_as_a_read_is(dirstore: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # the converters' listings go through feedpipe._helpers.storage_listing, which retries a
+    # transient failure as the reads do (they were called on the filesystem directly, and a
+    # dropped connection while listing ended the conversion)
+    fsspec.register_implementation("flakystore", FlakyStore, clobber=True)
+    monkeypatch.setitem(fsspec.config.conf, "flakystore", {"root": str(dirstore)})
+    monkeypatch.setattr(FlakyStore, "failed", set())
+    tree = dirstore / "tree"
+    for i in range(4):
+        (tree / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (tree / f"c{i % 2}" / f"{i}.txt").write_text(f"sample {i}")
+    summary = shard("flakystore://tree", str(tmp_path / "out"))
+    assert summary.samples == 4
+    assert "tree" in FlakyStore.failed  # its listing did fail once
