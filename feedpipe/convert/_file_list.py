@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Iterator
 
-from .._helpers.storage import filesystem, is_local, local_path
+from .._helpers.storage import is_local, local_path, size_of
 from ..errors import InputError, KeyClashError
 from ..format._keys import encode_key, split_source, valid_extension
 from ._sources import FileRef, Listing, SampleSpec, Source, check_source_dir
@@ -124,8 +124,7 @@ def _size(source: Source, rel: str) -> int:
     p = source.path(rel)
     if is_local(p):
         return os.stat(local_path(p)).st_size
-    fs, path = filesystem(p)
     try:
-        return int(fs.size(path))
+        return size_of(p)
     except FileNotFoundError as e:
         raise OSError(str(e)) from e

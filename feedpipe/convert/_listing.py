@@ -33,7 +33,8 @@ from typing import Any
 
 from .._helpers.pool_context import die_with_parent, sigint_deferred, sigint_held
 from .._helpers.progress import progress
-from .._helpers.storage import filesystem, is_local, local_path
+from .._helpers.storage import is_local, local_path
+from .._helpers.storage_listing import list_dir
 from ._source_tree import Identity, TreeWalk, identity, root_entries
 from ._sources import (
     FileRef,
@@ -76,22 +77,7 @@ def top_entries(src: str, skip: frozenset[Identity] = frozenset()
     skipped among them (:mod:`feedpipe.convert._source_tree`), each sorted by name."""
     if is_local(src):
         return root_entries(local_path(src), skip)
-    files: list[tuple[str, int]] = []
-    dirs: list[str] = []
-    fs, path = filesystem(src)
-    base = path.rstrip("/") + "/"
-    for info in sorted(fs.ls(path, detail=True), key=lambda i: i["name"]):
-        name = info["name"].rstrip("/")
-        rel = name[len(base):] if name.startswith(base) else name.rsplit("/", 1)[-1]
-        if not rel:
-            continue
-        if info.get("type") == "directory":
-            dirs.append(rel)
-        else:
-            size = info.get("size")
-            if size is None:
-                size = fs.size(name)
-            files.append((rel, int(size if size is not None else -1)))
+    files, dirs = list_dir(src)
     return files, dirs, []
 
 

@@ -76,27 +76,40 @@ def choose_method(f: Facts) -> Choice:
         >>> choose_method(Facts(resume=True, workers=2)).executor
         'pool'
     """
-    req = f.requested
     if f.source == "table":
-        if f.dask:
-            if req == "one-pass":
-                raise MethodError("--method one-pass cannot run on a Dask cluster (--dask): the "
-                                  "cluster writes with the general method; use --method auto")
-            return Choice("table", "dask", "")
-        against = [why for why, on in (
-            ("--resume (the general method keeps the committed shards)", f.resume),
-            ("--part", f.part), ("--shuffle", f.shuffle),
-            ("an output that is not a local directory", not f.local)) if on]
-        if req != "general" and not against:
-            return Choice("table", "staged", "")
-        if req == "one-pass":
-            raise MethodError(f"--method one-pass cannot serve this table: {'; '.join(against)};"
-                              " use --method auto or general")
-        return Choice("table", "serial" if f.workers <= 1 else "pool", "")
+        return _table_choice(f)
+    return _tree_choice(f)
+
+
+_NO_DASK = ("--method one-pass cannot run on a Dask cluster (--dask): the cluster writes with "
+            "the general method; use --method auto")
+
+
+def _table_choice(f: Facts) -> Choice:
+    """:func:`choose_method` for a table (Parquet, a ``datasets.Dataset``)."""
+    req = f.requested
     if f.dask:
         if req == "one-pass":
-            raise MethodError("--method one-pass cannot run on a Dask cluster (--dask): the "
-                              "cluster writes with the general method; use --method auto")
+            raise MethodError(_NO_DASK)
+        return Choice("table", "dask", "")
+    against = [why for why, on in (
+        ("--resume (the general method keeps the committed shards)", f.resume),
+        ("--part", f.part), ("--shuffle", f.shuffle),
+        ("an output that is not a local directory", not f.local)) if on]
+    if req != "general" and not against:
+        return Choice("table", "staged", "")
+    if req == "one-pass":
+        raise MethodError(f"--method one-pass cannot serve this table: {'; '.join(against)};"
+                          " use --method auto or general")
+    return Choice("table", "serial" if f.workers <= 1 else "pool", "")
+
+
+def _tree_choice(f: Facts) -> Choice:
+    """:func:`choose_method` for a tree of files or a list of them (``--manifest``)."""
+    req = f.requested
+    if f.dask:
+        if req == "one-pass":
+            raise MethodError(_NO_DASK)
         return Choice("general", "dask", "")
     if req != "general" and f.gave_back is None:
         against = [why for why, on in (

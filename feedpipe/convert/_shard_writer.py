@@ -52,6 +52,34 @@ TOOL = "feedpipe.ShardWriter"
 _PART_STATE = ".feedpipe-writer-part"  # (a part writer's temps; it keeps no resume state)
 
 
+def _checked_options(max_bytes: int | str, max_samples: int | None, prefix: str,
+                     encoders: Mapping[str, Any] | None) -> int:
+    """``max_bytes`` in bytes, once the writer's size limits, shard name prefix and encoder
+    field names are checked (a :class:`ValueError` saying which is wrong)."""
+    from .._helpers.sizes import parse_size
+
+    limit = parse_size(max_bytes)
+    if limit <= 2 * BLOCK:
+        raise ValueError(f"max_bytes must be more than {2 * BLOCK} bytes, not {max_bytes}")
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples must be at least 1, not {max_samples}")
+    if "/" in prefix or not prefix:
+        raise ValueError(f"prefix must be a non-empty file name without '/', not {prefix!r}")
+    bad = [e for e in (encoders or {}) if not valid_extension(e)]
+    if bad:
+        raise ValueError(f"encoders: {bad[0]!r} cannot be a field name")
+    return limit
+
+
+def _class_index(classes: list[str] | None) -> dict[str, int]:
+    """Each class name's number (refused when a name is given twice)."""
+    index = {c: i for i, c in enumerate(classes or ())}
+    if classes is not None and len(index) != len(classes):
+        dup = sorted({c for c in classes if classes.count(c) > 1})
+        raise ValueError(f"classes: repeated class name(s) {dup}; give each class once")
+    return index
+
+
 class ShardWriter:
     """Write samples (dicts) as a feedpipe dataset in ``out``; a context manager.
 
@@ -90,24 +118,10 @@ class ShardWriter:
                  prefix: str = "data", encoders: Mapping[str, Callable[[Any], Any]] | None = None,
                  part: tuple[int, int] | str | None = None, merge: bool = False,
                  provenance: Mapping[str, Any] | None = None) -> None:
-        from .._helpers.sizes import parse_size
-
-        self.max_bytes = parse_size(max_bytes)
-        if self.max_bytes <= 2 * BLOCK:
-            raise ValueError(f"max_bytes must be more than {2 * BLOCK} bytes, not {max_bytes}")
-        if max_samples is not None and max_samples < 1:
-            raise ValueError(f"max_samples must be at least 1, not {max_samples}")
-        if "/" in prefix or not prefix:
-            raise ValueError(f"prefix must be a non-empty file name without '/', not {prefix!r}")
-        bad = [e for e in (encoders or {}) if not valid_extension(e)]
-        if bad:
-            raise ValueError(f"encoders: {bad[0]!r} cannot be a field name")
+        self.max_bytes = _checked_options(max_bytes, max_samples, prefix, encoders)
         self.max_samples = max_samples
         self.classes = None if classes is None else [str(c) for c in classes]
-        self._class_index = {c: i for i, c in enumerate(self.classes or ())}
-        if self.classes is not None and len(self._class_index) != len(self.classes):
-            dup = sorted({c for c in self.classes if self.classes.count(c) > 1})
-            raise ValueError(f"classes: repeated class name(s) {dup}; give each class once")
+        self._class_index = _class_index(self.classes)
         self.prefix = prefix
         self.encoders = dict(encoders or {})
         self._encoder = SampleEncoder(self.classes, self.encoders)

@@ -15,10 +15,10 @@ import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, NamedTuple
 
-from .._helpers.storage import filesystem, is_local, local_path
+from .._helpers.storage import is_local, local_path, read_bytes
+from .._helpers.storage_listing import exists, find_files, is_dir
 from ..errors import KeyClashError, SourceNotFoundError
 from ..format._image_fields import image_extension
 from ..format._keys import encode_key, split_source, valid_extension
@@ -69,7 +69,6 @@ class Source:
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/") if "://" in root else root
         self.local = is_local(root)
-        self._fs: Any = None
         self._local_root: str | None = None  # the local root with a trailing "/"
         if self.local:
             base = local_path(self.root)
@@ -92,16 +91,10 @@ class Source:
         p = self.path(rel)
         if is_local(p):
             return read_local(local_path(p), size)
-        from .._helpers.retry import call
-
-        if self._fs is None:
-            self._fs = filesystem(p)[0]
-        fs, path = self._fs, filesystem(p)[1]
-        return call(p, lambda: fs.cat_file(path))
+        return read_bytes(p)
 
     def __getstate__(self) -> dict[str, object]:
-        return {"root": self.root, "local": self.local, "_fs": None,
-                "_local_root": self._local_root}
+        return {"root": self.root, "local": self.local, "_local_root": self._local_root}
 
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -185,20 +178,8 @@ def printable(rel: str) -> str:
 
 
 def walk_remote(root: str) -> Iterator[tuple[str, int]]:
-    fs, path = filesystem(root)
-    found = fs.find(path, detail=True)
-    base = path.rstrip("/") + "/"
-    for full in sorted(found):
-        info = found[full]
-        if info.get("type", "file") != "file":
-            continue
-        rel = full[len(base) :] if full.startswith(base) else full
-        size = info.get("size")
-        if size is None:  # HTTP directory listings carry no sizes: ask (a HEAD per file)
-            from .._helpers.retry import call
-
-            size = call(f"{root.rstrip('/')}/{rel}", partial(fs.size, full))
-        yield rel, int(size if size is not None else -1)
+    """Every file under the remote directory ``root``: ``(relative path, size)``, in order."""
+    return find_files(root)
 
 
 def check_source_dir(src: str) -> None:
@@ -212,10 +193,9 @@ def check_source_dir(src: str) -> None:
         if not os.access(p, os.R_OK | os.X_OK):
             raise SourceNotFoundError(f"{src}: source directory is not readable (permission)")
         return
-    fs, path = filesystem(src)
-    if not fs.exists(path):
+    if not exists(src):
         raise SourceNotFoundError(f"{src}: source does not exist")
-    if not fs.isdir(path):
+    if not is_dir(src):
         raise SourceNotFoundError(f"{src}: source is not a directory")
 
 

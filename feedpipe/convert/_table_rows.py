@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from typing import Any
 
-from .._helpers.storage import filesystem
+from .._helpers.storage_listing import open_path
 from ..errors import InputError, KeyClashError, OutputError
 from ._gc_freeze import refreeze
 from ._sample_encoder import SampleEncoder
@@ -116,8 +116,7 @@ class TableRows(Rows):
         from ._tables import pyarrow_parquet
 
         pq = pyarrow_parquet()
-        fs = filesystem(self.src)[0]
-        return pq.ParquetFile(fs.open(path, "rb"))
+        return pq.ParquetFile(open_path(self.src, path))
 
     def _row_groups(self, path: str) -> list[int]:
         bounds = self._bounds.get(path)

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._helpers.storage import filesystem, is_local, local_path
+from .._helpers.storage import is_local, local_path
+from .._helpers.storage_listing import is_dir, is_file, open_path, path_in, walker
 from ..errors import InputError, KeyClashError, OutputError
 from ._shard_writer import ShardWriter
 from ._summary import ShardSummary
@@ -96,10 +97,10 @@ def _parquet_root(src: str) -> list[str] | None | tuple[str, Callable[[str], Any
         if path.endswith(".parquet"):
             return [path] if os.path.isfile(path) else None
         return (path, os.walk) if os.path.isdir(path) else None
-    fs, path = filesystem(src)
+    path, walk = walker(src)
     if path.endswith(".parquet"):
-        return [path] if fs.isfile(path) else None
-    return (path, fs.walk) if fs.isdir(path) else None
+        return [path] if is_file(src) else None
+    return (path, walk) if is_dir(src) else None
 
 
 def pyarrow_parquet() -> Any:
@@ -138,13 +139,13 @@ def _kind(t: Any) -> str:
 def parquet_source(src: str, files: Sequence[str]) -> TableSource:
     """The Parquet files ``files`` (relative to the directory ``src``, or ``src`` itself)."""
     pq = pyarrow_parquet()
-    fs, path = filesystem(src)
+    path = path_in(src)
     single = path.endswith(".parquet")
     paths = [path] if single else [f"{path.rstrip('/')}/{f}" for f in files]
 
     def open_file(p: str) -> Any:
         try:
-            return pq.ParquetFile(fs.open(p, "rb"))
+            return pq.ParquetFile(open_path(src, p))
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             raise InputError(f"{p}: not a readable Parquet file ({e})") from e
 
@@ -166,7 +167,7 @@ def parquet_source(src: str, files: Sequence[str]) -> TableSource:
     for name in names:
         kind = _kind(schema.field(name).type)
         sample = next((r[name] for r in head_rows if r.get(name) is not None), None)
-        cats = _categories(pq, fs, paths, name) if kind == "category" else None
+        cats = _categories(pq, src, paths, name) if kind == "category" else None
         if kind == "int" and name in labels:  # a datasets.ClassLabel, as its Parquet keeps it
             kind, cats = "category", labels[name]
         columns.append(Column(name, kind, cats, sample, *index.get(name, (None, ""))))
@@ -210,12 +211,12 @@ def hf_class_labels(metadata: Mapping[bytes, bytes] | None) -> dict[str, tuple[s
             and isinstance(f.get("names"), list) and f["names"]}
 
 
-def _categories(pq: Any, fs: Any, paths: list[str], column: str) -> tuple[str, ...]:
+def _categories(pq: Any, src: str, paths: list[str], column: str) -> tuple[str, ...]:
     """The categories of a dictionary column: the dictionary values in the order they are first
     met, file by file (a pandas categorical's categories, in their order)."""
     seen: dict[str, None] = {}
     for p in paths:
-        for batch in pq.ParquetFile(fs.open(p, "rb")).iter_batches(columns=[column]):
+        for batch in pq.ParquetFile(open_path(src, p)).iter_batches(columns=[column]):
             for v in batch.column(0).dictionary.to_pylist():
                 seen.setdefault(str(v), None)
     return tuple(seen)

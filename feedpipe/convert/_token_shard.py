@@ -150,16 +150,8 @@ def _run(src: str, out: str, source: TokenSource, units: list[Any], options: dic
          part_of: tuple[int, int] | None, merge: bool, nworkers: int, resume: bool, dask: Any,
          retries: int, start_method: str | None, show_progress: bool | None,
          t0: float) -> ShardSummary:
-    prefix, on_error = options["prefix"], options["on_error"]
-    info = None
-    mine = units
-    name_prefix, state = prefix, STATE_NAME
-    if part_of is not None:
-        lo, hi = part_range(len(units), *part_of)
-        mine = units[lo:hi]
-        name_prefix, state = part_prefix(prefix, *part_of), part_state_name(*part_of)
-        info = PartInfo(part_of[0], part_of[1], len(units),
-                        plan_fingerprint(options, [[[u]] for u in units]))
+    on_error = options["on_error"]
+    mine, name_prefix, state, info = _part(units, options, part_of)
     prepare_out(out, resume, None if part_of is None else name_prefix)
     plan = [[[u]] for u in mine]  # a shard per unit, written as one part
     names = [f"{name_prefix}-{i:06d}.tar" for i in range(len(plan))]
@@ -171,12 +163,7 @@ def _run(src: str, out: str, source: TokenSource, units: list[Any], options: dic
                             "nothing to do: the dataset was already complete", t0, None)
     check_state(out, fp, resume, state, options)
     clean_temps(out, name_prefix, state)
-    records: Records = {}
-    if resume:
-        for i, name in enumerate(names):
-            got = load_record(out, name)
-            if got is not None:
-                records[i] = got
+    records: Records = _committed(out, names) if resume else {}
     reused = len(records)
     todo = [i for i in range(len(plan)) if i not in records]
     bar = progress(None, "tokenize", "tok", show_progress)
@@ -198,23 +185,52 @@ def _run(src: str, out: str, source: TokenSource, units: list[Any], options: dic
     kept = _drop_empty(out, names, records)
     written = _write_lengths(out, names, [i for i in todo if i in kept], kept, records,
                              source.dtype.itemsize)
-    skipped = [{"path": p, "reason": r} for i in range(len(plan)) for p, r in records[i][1]]
-    m = Manifest(shards=[records[i][0] for i in kept], fields=[FIELD],
-                 skipped=skipped,
-                 created_by={"tool": "feedpipe shard", "feedpipe_version": __version__,
-                             "method": METHOD, "options": {**options, "src": printable(src)},
-                             "plan_fingerprint": fp,
-                             "tokens": {"field": FIELD, "dtype": options["dtype"],
-                                        "eos_id": options["eos_id"],
-                                        "tokenizer": options["tokenizer"],
-                                        "lengths": "<shard stem>.lengths.npy"}})
+    m = _manifest(src, options, fp, [records[i] for i in range(len(plan))], kept, records)
     if m.total_samples == 0 and part_of is None:
-        raise InputError(f"{printable(src)}: no document to write ({len(skipped)} bad "
+        raise InputError(f"{printable(src)}: no document to write ({len(m.skipped)} bad "
                          "record(s) left out); point SRC at the text and --text-field at its "
                          "field")
     merged = _commit(out, m, info, names, state, merge)
     return _summary(out, m, [names[i] for i in kept], reused, written, executor.describe(),
                     t0, info, merged=merged)
+
+
+def _part(units: list[Any], options: dict[str, Any], part_of: tuple[int, int] | None
+          ) -> tuple[list[Any], str, str, PartInfo | None]:
+    """The units this run converts, the prefix of its shards' names, its state file's name and
+    what the manifest records of the part (``part_of``: ``(part, parts)``, or ``None``)."""
+    prefix = options["prefix"]
+    if part_of is None:
+        return units, prefix, STATE_NAME, None
+    lo, hi = part_range(len(units), *part_of)
+    info = PartInfo(part_of[0], part_of[1], len(units),
+                    plan_fingerprint(options, [[[u]] for u in units]))
+    return units[lo:hi], part_prefix(prefix, *part_of), part_state_name(*part_of), info
+
+
+def _committed(out: str, names: list[str]) -> Records:
+    """The records of the shards of ``names`` an interrupted run committed (by number)."""
+    records: Records = {}
+    for i, name in enumerate(names):
+        got = load_record(out, name)
+        if got is not None:
+            records[i] = got
+    return records
+
+
+def _manifest(src: str, options: dict[str, Any], fp: str, every: list[Any], kept: list[int],
+              records: Records) -> Manifest:
+    """The manifest of the shards ``kept``: their records, every unit's (``every``) records
+    left out, and how they were made (the options, the plan's fingerprint, the token field)."""
+    skipped = [{"path": p, "reason": r} for rec in every for p, r in rec[1]]
+    return Manifest(shards=[records[i][0] for i in kept], fields=[FIELD], skipped=skipped,
+                    created_by={"tool": "feedpipe shard", "feedpipe_version": __version__,
+                                "method": METHOD, "options": {**options, "src": printable(src)},
+                                "plan_fingerprint": fp,
+                                "tokens": {"field": FIELD, "dtype": options["dtype"],
+                                           "eos_id": options["eos_id"],
+                                           "tokenizer": options["tokenizer"],
+                                           "lengths": "<shard stem>.lengths.npy"}})
 
 
 def _executor(workers: int, shards: int, dask: Any, retries: int,

@@ -3,6 +3,7 @@ fallback that reads again, from the dataset, the samples that are not resident."
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -22,10 +23,32 @@ def as_fields(out: Any) -> dict[str, Any] | tuple[Any, ...]:
     return out if isinstance(out, tuple) else (out,)
 
 
+class WarmupSource(ABC):
+    """What a :class:`~feedpipe.DeviceCache` reads of a dataset, declared: it warms up from
+    :meth:`in_order`, reads the samples that are not resident with :meth:`sample`, and takes an
+    epoch's ids from :meth:`sample_ids`. :class:`~feedpipe.FeedDataset` implements it (beside
+    :class:`~feedpipe.Source`, which this layer, below the streaming one, does not import); a
+    source of another kind that implements it warms a cache the same way."""
+
+    manifest: Any  # what holds ``total_samples``: the ids are 0 .. total_samples - 1
+
+    @abstractmethod
+    def in_order(self, transform: Callable[[dict[str, Any]], Any] | None) -> Any:
+        """Every sample once, in id order, each through ``transform`` (an iterable dataset)."""
+
+    @abstractmethod
+    def sample_ids(self, epoch: int | None = None) -> np.ndarray:
+        """The ids this rank delivers in ``epoch``, in order."""
+
+    @abstractmethod
+    def sample(self, g: int, epoch: int | None = None) -> dict[str, Any]:
+        """Sample ``g`` (a global id), as the transform sees it."""
+
+
 def is_dataset(x: Any) -> bool:
-    """Whether ``x`` is a :class:`~feedpipe.FeedDataset`, told by what it offers: this layer
-    sits below the streaming one and does not import it."""
-    return all(hasattr(x, a) for a in ("sample", "in_order", "sample_ids", "manifest"))
+    """Whether ``x`` is a dataset a cache reads itself (a :class:`WarmupSource`), not ids or
+    batches given to it."""
+    return isinstance(x, WarmupSource)
 
 
 class WithId:

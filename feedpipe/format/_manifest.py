@@ -417,7 +417,8 @@ def _look_at(root: str) -> tuple[str | None, list[str]]:
     """``("missing" | "file" | "dir" | None, visible entries of a directory)``, each directory
     among the entries with a trailing ``/``; None when the storage cannot say (a listing
     refused, an HTTP server)."""
-    from .._helpers.storage import filesystem, is_local, local_path
+    from .._helpers.storage import is_local, local_path
+    from .._helpers.storage_listing import list_names, path_info
 
     try:
         if is_local(root):
@@ -429,12 +430,9 @@ def _look_at(root: str) -> tuple[str | None, list[str]]:
             with os.scandir(p) as it:
                 return "dir", sorted(e.name + "/" * e.is_dir() for e in it
                                      if not e.name.startswith("."))
-        fs, p = filesystem(root)
-        info = fs.info(p)
-        if info.get("type") != "directory":
+        if path_info(root).get("type") != "directory":
             return "file", []
-        names = [x["name"].rstrip("/").rsplit("/", 1)[-1] + "/" * (x.get("type") == "directory")
-                 for x in fs.ls(p, detail=True)]
+        names = [name + "/" * is_directory for name, is_directory in list_names(root)]
         return "dir", sorted(n for n in names if not n.startswith("."))
     except FileNotFoundError:
         return "missing", []

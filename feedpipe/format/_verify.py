@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
 from .._helpers.progress import progress
-from .._helpers.storage import filesystem, is_local, local_path, open_binary, size_of
+from .._helpers.storage import is_local, local_path, open_binary, size_of
+from .._helpers.storage_listing import find_paths
 from .._redact import redact
 from ..errors import ShardFormatError
 from ._compression import compressed_suffix, readable, unpacked
@@ -333,13 +334,9 @@ def _shard_files(root: str) -> list[str]:
             prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
             out += [prefix + n for n in files if is_shard(n)]
         return sorted(out)
-    fs, p = filesystem(root)
-    base = p.rstrip("/") + "/"
-    paths = [x for x in fs.find(p) if x.startswith(base)]
-    nested = {x[len(base):].rpartition("/")[0] for x in paths if x.endswith("/manifest.json")}
-    nested.discard("")
-    for x in paths:
-        rel = x[len(base):]
+    paths = find_paths(root)
+    nested = {x.rpartition("/")[0] for x in paths if x.endswith("/manifest.json")}
+    for rel in paths:
         parts = rel.split("/")
         if any(d.startswith(".") for d in parts[:-1]) or any(
                 rel.startswith(n + "/") for n in nested):

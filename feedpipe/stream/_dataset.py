@@ -6,7 +6,6 @@ turns it into samples or batches."""
 
 from __future__ import annotations
 
-import hashlib
 import operator
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -20,7 +19,8 @@ from .._redact import logger
 from ..caches._manifest_copy import load_manifest_cached
 from ..caches._shards import ShardCache, make_cache
 from ..caches.decoded._store import open_decoded_store
-from ..errors import PlanError, StateError
+from ..device._fallback import WarmupSource
+from ..errors import PlanError
 from ..format._manifest import Manifest, dataset_root
 from ..plan._order import Plan, Split
 from ..plan._world import detect_world, resolve_world
@@ -32,54 +32,22 @@ from ._epoch import EpochState
 from ._routes import ROUTES, Capabilities
 from ._shard_set import ShardSet
 from ._source import Source
+from ._states import (
+    STATE_VERSION,
+    checked_resume_point,
+    dataset_identity,
+    dataset_mismatch,
+    saved_layout,
+)
 from ._store_gather import gatherable
 from ._worker_rows import writes_into
 
 log = logger("feedpipe")
 
-STATE_VERSION = 2
 RUN = 256  # samples located and checked at once when iterated directly (each_sample)
 
 
-def dataset_identity(manifest: Manifest) -> dict[str, Any]:
-    """What identifies a dataset's order: a digest of its shards' names, sample counts, sizes and
-    hashes, with the counts for messages. Two datasets with the same identity have the same
-    plan for the same seed and epoch.
-
-    Example:
-        >>> from feedpipe import load_manifest
-        >>> ident = dataset_identity(load_manifest("shards/example"))
-        >>> ident["shards"], ident["samples"], len(ident["digest"])
-        (3, 24, 32)
-    """
-    h = hashlib.blake2b(b"feedpipe-dataset", digest_size=16)
-    for r in manifest.shards:
-        h.update(f"\0{r.name}\0{r.samples}\0{r.bytes}\0{r.sha256}".encode())
-    return {"digest": h.hexdigest(), "shards": len(manifest.shards),
-            "samples": manifest.total_samples}
-
-
-
-def checked_resume_point(state: Any, mismatch: Any, url: str, strict: bool) -> tuple[int, int]:
-    """The ``(epoch, position)`` of a loader ``state`` for the dataset at ``url``, whose
-    ``mismatch(state)`` says why the state is another dataset's (or ``None``): refused with a
-    :class:`~feedpipe.errors.StateError`, or with ``strict=False`` logged and the saved epoch's
-    start."""
-    if not isinstance(state, dict) or "position" not in state:
-        raise StateError("not a feedpipe loader state (no 'position'): pass what "
-                         "FeedLoader.state_dict() returned")
-    why = mismatch(state)
-    if why is not None:
-        if strict:
-            raise StateError(f"cannot resume {url}: {why}; the order would differ and "
-                             "samples would repeat or be lost (load_state_dict(state, "
-                             "strict=False) starts the saved epoch afresh instead)")
-        log.warning("feedpipe: %s: %s; starting epoch %s afresh", url, why,
-                    state.get("epoch", 0))
-        return int(state.get("epoch", 0)), 0
-    return int(state["epoch"]), int(state["position"])
-
-class FeedDataset(IterableDataset, Source):
+class FeedDataset(IterableDataset, Source, WarmupSource):
     """Stream a feedpipe (or ``feedpipe index``-ed WebDataset) shard dataset.
 
     Each epoch every sample is delivered exactly once over all ranks and workers, in an order that
@@ -413,14 +381,7 @@ class FeedDataset(IterableDataset, Source):
         world's) when it resumes an epoch at its start or is refused."""
         if not state.get("position") or self.state_mismatch(state) is not None:
             return -1
-        lay = state.get("layout")
-        if lay is None:
-            return None
-        if (not isinstance(lay, (list, tuple)) or len(lay) != 2
-                or not all(isinstance(x, int) and x >= 1 for x in lay)):
-            raise StateError(f"cannot resume {self.url}: the state's layout {lay!r} is not "
-                             "[world_size, ranks_per_node]; pass what state_dict() returned")
-        return (int(lay[0]), int(lay[1]))
+        return saved_layout(state, self.url)
 
     def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
         """The ``(epoch, position)`` a reader loading ``state`` continues from.
@@ -445,31 +406,8 @@ class FeedDataset(IterableDataset, Source):
 
     def state_mismatch(self, state: dict[str, Any]) -> str | None:
         """Why ``state`` cannot resume this source (a reason to show), or ``None``."""
-        version = state.get("version")
-        if version != STATE_VERSION:
-            return (f"the state is version {version!r} (this feedpipe writes {STATE_VERSION}, "
-                    "which names the dataset it belongs to)")
-        saved = state.get("dataset") or {}
-        mine = self.identity
-        if saved.get("digest") != mine["digest"]:
-            if saved.get("samples") != mine["samples"]:
-                what = "another dataset"
-            elif saved.get("shards") != mine["shards"]:
-                what = "another shard layout"
-            else:
-                what = "other shards (their names, sizes or hashes differ)"
-            return (f"the state was saved on {what} ({saved.get('shards')} shards, "
-                    f"{saved.get('samples')} samples, digest {str(saved.get('digest'))[:12]}), "
-                    f"this dataset has {mine['shards']} shards, {mine['samples']} samples, "
-                    f"digest {mine['digest'][:12]}")
-        for k, value in (("seed", self.seed), ("shuffle", self.shuffle),
-                         ("shuffle_window", self.shuffle_window)):
-            if state.get(k) != value:
-                return f"the state has {k}={state.get(k)!r}, this dataset {k}={value!r}"
-        pos = state.get("position")
-        if not isinstance(pos, int) or not 0 <= pos <= self.manifest.total_samples:
-            return f"the saved position {pos!r} is outside the epoch"
-        return None
+        return dataset_mismatch(state, self.identity, {
+            "seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window})
 
     # -- samples ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:

@@ -33,12 +33,13 @@ from ..plan._order import Split, worker_positions
 from ._assembly import assemble
 from ._batch_loop import EpochReader, Skips
 from ._collate import LeftOut, left_out_error
-from ._dataset import FeedDataset, checked_resume_point, read_capabilities
+from ._dataset import FeedDataset, read_capabilities
 from ._epoch import EpochState
 from ._mixture_fetch import BySource, BySourceInto, MixtureFetch
 from ._mixture_shards import MixtureShards
 from ._routes import ROUTES, Capabilities
 from ._source import Source
+from ._states import checked_resume_point
 
 if TYPE_CHECKING:
     from ..plan._world import World
@@ -114,21 +115,9 @@ class Mixture(IterableDataset, Source):
         self.weights = self._weights(weights)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
-        try:
-            self.mixture_plan = MixturePlan(
-                [ds.shards.counts for ds in self.sources.values()], self.weights, epoch_size,
-                self.seed, shuffle=[ds.shuffle for ds in self.sources.values()])
-        except PlanError as e:
-            raise MixtureError(f"Mixture of {', '.join(map(repr, self.names))}: {e}") from e
+        self.mixture_plan = self._plan(epoch_size)
         self.epoch_size = self.mixture_plan.epoch_size
         self._epoch_size_given = epoch_size  # the plan's input, as the ledger records it
-        for name, w, c in zip(self.names, self.weights or [1.0] * len(self.names),
-                              self.mixture_plan.counts.tolist()):
-            if w > 0 and c == 0:
-                log.warning("feedpipe: Mixture source %r: its weight gives it no sample in an "
-                            "epoch of %d (each epoch's counts are %s); raise its weight or "
-                            "epoch_size, or give it weight 0 to say so", name, self.epoch_size,
-                            dict(zip(self.names, self.mixture_plan.counts.tolist())))
         # its sources' shards, numbered as one (a Source's shards: read by sample number)
         self.shards: MixtureShards = MixtureShards(  # type: ignore[assignment]
             [ds.shards for ds in self.sources.values()])
@@ -137,13 +126,7 @@ class Mixture(IterableDataset, Source):
         self.shuffle_window = None
         self.max_open_shards = sum(ds.max_open_shards for ds in self.sources.values())
         self.url = "mixture(" + ", ".join(self.names) + ")"
-        transforms = [ds.transform for ds in self.sources.values()]
-        self.transform: BySource | None = None
-        if any(t is not None for t in transforms):
-            into = all(callable(getattr(t, "into", None)) for t in transforms) and len(
-                {(tuple(getattr(t, "out_shape", ())), getattr(t, "out_dtype", None))
-                 for t in transforms}) == 1
-            self.transform = (BySourceInto if into else BySource)(self.names, transforms)
+        self.transform = by_source(self.names, [ds.transform for ds in self.sources.values()])
         decodes = [ds.decode for ds in self.sources.values()]
         #: the sources' common ``decode=`` (raw batches by reference decode by it)
         self.decode = decodes[0] if all(d == decodes[0] for d in decodes) else {}
@@ -159,6 +142,25 @@ class Mixture(IterableDataset, Source):
         self._shard_seeds = seeds[self.shards.source_of]
         self._shard_names = np.array(self.names, dtype=object)[self.shards.source_of]
         self._check_world()
+
+    def _plan(self, epoch_size: int | None) -> MixturePlan:
+        """The plan of the sources' samples in each epoch (refused with a
+        :class:`~feedpipe.errors.MixtureError`); a source whose weight gives it no sample is
+        said in a warning."""
+        try:
+            plan = MixturePlan(
+                [ds.shards.counts for ds in self.sources.values()], self.weights, epoch_size,
+                self.seed, shuffle=[ds.shuffle for ds in self.sources.values()])
+        except PlanError as e:
+            raise MixtureError(f"Mixture of {', '.join(map(repr, self.names))}: {e}") from e
+        counts = plan.counts.tolist()
+        for name, w, c in zip(self.names, self.weights or [1.0] * len(self.names), counts):
+            if w > 0 and c == 0:
+                log.warning("feedpipe: Mixture source %r: its weight gives it no sample in an "
+                            "epoch of %d (each epoch's counts are %s); raise its weight or "
+                            "epoch_size, or give it weight 0 to say so", name, plan.epoch_size,
+                            dict(zip(self.names, counts)))
+        return plan
 
     def _weights(self, weights: Any) -> list[float] | None:
         if weights is None:
@@ -447,3 +449,14 @@ def _check_source(name: str, ds: Any) -> None:
                     "drop_last=%r are not used: the mixture's plan orders the epoch "
                     "and Mixture(drop_last=) makes the ranks equal", name,
                     ds.shuffle_window, ds.drop_last)
+
+
+def by_source(names: list[str], transforms: list[Any]) -> BySource | None:
+    """The mixture's transform: each source's own ``transforms`` (``None``: none has one),
+    writing into a batch's buffer where every one can and all make the same shape and dtype."""
+    if all(t is None for t in transforms):
+        return None
+    into = all(callable(getattr(t, "into", None)) for t in transforms) and len(
+        {(tuple(getattr(t, "out_shape", ())), getattr(t, "out_dtype", None))
+         for t in transforms}) == 1
+    return (BySourceInto if into else BySource)(names, transforms)

@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from ..format._reader import ShardReader
 
 
+def _union_manifest(sets: list[Any], samples: int) -> UnionManifest:
+    """What a reader needs of a manifest for the shards of all ``sets``: their shard records,
+    every field any of them has (in first-seen order), and ``samples``."""
+    fields: dict[str, None] = {}
+    for s in sets:
+        fields.update(dict.fromkeys(s.manifest.fields))
+    return UnionManifest([r for s in sets for r in s.manifest.shards], list(fields), samples)
+
+
+def _cache_tally(sets: list[Any]) -> CacheTally | None:
+    """The counters of the sets' shard caches summed (each cache once), ``None`` without one."""
+    caches = {id(s.cache): s.cache for s in sets if s.cache is not None}
+    return CacheTally(list(caches.values())) if caches else None
+
+
 class MixtureShards:
     """The shards of every source of a mixture as one numbered set: shard ``k`` of source ``s``
     is shard ``offset[s] + k``, and a sample's number is its source's first number plus its id
@@ -45,16 +60,11 @@ class MixtureShards:
         self._fixed: list[ShardReader] | None = None
         #: per shard of the union: its source's first sample number and its source's seed
         self.base_of = self.bases[self.source_of]
-        fields: dict[str, None] = {}
-        for s in self.sets:
-            fields.update(dict.fromkeys(s.manifest.fields))
-        self.manifest = UnionManifest([r for s in self.sets for r in s.manifest.shards],
-                                      list(fields), int(self.first[-1]))
+        self.manifest = _union_manifest(self.sets, int(self.first[-1]))
         # the sources' prefetchers are planned by one dataset's plan, not a mixture's: the
         # mixture's sources fetch into their caches as each shard is first read (begin() does
         # nothing); ``cache`` only sums their caches' counters for the I/O figures
-        caches = {id(s.cache): s.cache for s in self.sets if s.cache is not None}
-        self.cache = CacheTally(list(caches.values())) if caches else None
+        self.cache = _cache_tally(self.sets)
         remote = [s.root for s in self.sets if not _is_local(s.root)]
         self.root = remote[0] if remote else self.sets[0].root
 

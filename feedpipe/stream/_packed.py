@@ -29,7 +29,7 @@ from ..errors import PackedFieldError
 from ..plan._order import Plan, Split
 from ..plan._packing import CONCATENATE, CutLayout, Layout, Packing, offsets_of, rows_split
 from ..plan._packing import row_pieces as row_pieces  # the plan's, named here as before
-from ._dataset import FeedDataset, checked_resume_point
+from ._dataset import FeedDataset
 from ._ledger_kinds import lengths_record
 from ._mixture import Mixture
 from ._packed_batches import IGNORE as IGNORE  # the label of a padding token
@@ -38,6 +38,7 @@ from ._packed_batches import PackedFetch as PackedFetch  # the packed routes' fe
 from ._packed_batches import Shipment as Shipment  # what a worker sends
 from ._routes import Capabilities
 from ._source import Source
+from ._states import checked_resume_point, packed_mismatch
 from ._token_docs import NotMapped, TokenDocs
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
@@ -488,17 +489,4 @@ class Packed(Source):
         why = self.dataset.state_mismatch({**state, "position": 0})
         if why is not None:
             return why
-        mine = self._packed_entry()
-        if state.get("packed") != mine:
-            return (f"the state was saved with packing {state.get('packed')!r}, this loader "
-                    f"packs {mine!r}; its row position would name other tokens")
-        row, epoch = state.get("position"), state.get("epoch")
-        if not isinstance(epoch, int) or epoch < 0:
-            return f"the saved epoch {epoch!r} is not an epoch"
-        # a loop that read its last batch saves the next epoch's start: a position mid-epoch
-        # is at most the epoch's rows (the rows of padding a world size adds come last)
-        rows = self.num_rows(epoch)
-        if not isinstance(row, int) or not 0 <= row <= rows:
-            return (f"the saved row {row!r} is outside epoch {epoch}, which has {rows} rows "
-                    f"of {self.seq_len} tokens")
-        return None
+        return packed_mismatch(state, self._packed_entry(), self.num_rows, self.seq_len)
