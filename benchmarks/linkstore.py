@@ -33,7 +33,8 @@ The link, as a distant object store shows it to one node:
   at tens of MB/s); 0 = no cap;
 - ``fail``: this fraction of object responses is a 503 SlowDown (after the RTT);
 - ``stall``: this fraction waits ``stall_s`` and then closes the connection unanswered (a
-  response that timed out).
+  response that timed out);
+- ``chunk``: bodies are sent in pieces of this many bytes, each when the buckets allow it.
 
 Counters, from ``GET /__stats__`` (JSON) or :meth:`LinkStore.stats`: ``requests`` (by kind:
 get, head, list, other), ``bytes`` (body bytes sent), ``in_flight``/``max_in_flight``
@@ -66,7 +67,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-CHUNK = 64 << 10
+CHUNK = 256 << 10  # the send unit: each one waits for its tokens (a setting: ``chunk``)
 # How far behind the wall clock the shared bucket may fall before it forgets: a burst of at most
 # this many seconds of node bandwidth, so sleep granularity does not cost throughput.
 SLACK_S = 0.005
@@ -77,8 +78,9 @@ class Link:
 
     def __init__(self, rtt: float = 0.0, node_rate: float = 0.0, response_rate: float = 0.0,
                  fail: float = 0.0, stall: float = 0.0, stall_s: float = 30.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, chunk: int = CHUNK) -> None:
         self._lock = threading.Lock()
+        self.chunk = chunk
         self.rtt = rtt
         self.node_rate = node_rate
         self.response_rate = response_rate
@@ -93,6 +95,8 @@ class Link:
             for k, v in settings.items():
                 if k == "seed":
                     self._rng = random.Random(int(v))
+                elif k == "chunk":
+                    self.chunk = max(1, int(v))
                 elif k in ("rtt", "node_rate", "response_rate", "fail", "stall", "stall_s"):
                     setattr(self, k, float(v))
                 else:
@@ -102,7 +106,7 @@ class Link:
     def settings(self) -> dict[str, float]:
         return {"rtt": self.rtt, "node_rate": self.node_rate,
                 "response_rate": self.response_rate, "fail": self.fail, "stall": self.stall,
-                "stall_s": self.stall_s}
+                "stall_s": self.stall_s, "chunk": self.chunk}
 
     def fault(self) -> str | None:
         """``"fail"``, ``"stall"`` or None for the next object response."""
@@ -349,7 +353,7 @@ class _Handler(BaseHTTPRequestHandler):
         with open(local, "rb") as f:
             f.seek(start)
             while sent < length:
-                chunk = f.read(min(CHUNK, length - sent))
+                chunk = f.read(min(link.chunk, length - sent))
                 if not chunk:
                     raise OSError(f"linkstore: {local} shrank while being served")
                 due = link.node_slot(len(chunk))
@@ -450,6 +454,11 @@ class _Server(ThreadingHTTPServer):
         self.link = link
         self.counters = counters
         super().__init__(("127.0.0.1", 0), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a client that hung up (a keep-alive connection closed): not the store's fault
+        super().handle_error(request, client_address)
 
     def server_bind(self) -> None:
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
