@@ -4,7 +4,8 @@ parallel GETs (issue 48).
 
     PYTHONPATH=. python benchmarks/bench_remote.py --quick     # 3 cases, for development
     PYTHONPATH=. python benchmarks/bench_remote.py             # every case of issue 48
-    PYTHONPATH=. python benchmarks/bench_remote.py --quick --tag remote-branch
+    PYTHONPATH=OTHER python benchmarks/bench_remote.py --quick --tag other \
+        --compare . --compare-label this   # feedpipe of two trees in the same rounds
 
 The same samples (random bytes of 80-120 KB) are written in each system's own format with
 ~8 MB shards/chunks: feedpipe tars (ShardWriter), MosaicML Streaming MDS, LitData ``optimize``
@@ -59,7 +60,7 @@ BUCKET = "bkt"
 
 
 def fmt_of(system: str) -> str:
-    return FORMAT.get(system, "fp")
+    return FORMAT.get(system.split("@")[0], "fp")
 
 
 # -- the data ----------------------------------------------------------------------------------
@@ -166,7 +167,7 @@ def _import_streaming() -> Any:
 # -- one run (a worker process) ----------------------------------------------------------------
 def _loader(spec: dict[str, Any], tmp: str) -> tuple[Any, Any]:
     """(iterable of batches, how to get (key, bytes) pairs out of a batch)."""
-    system, url, nw = spec["system"], spec["url"], spec["workers"]
+    system, url, nw = spec["system"].split("@")[0], spec["url"], spec["workers"]
     if system.startswith("feedpipe"):
         from feedpipe import FeedDataset, FeedLoader
 
@@ -274,13 +275,16 @@ def _gets(spec: dict[str, Any], streams: int = 8) -> dict[str, Any]:
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["system"] == "gets8":
         return _gets(spec)
+    import feedpipe
+
+    spec["feedpipe_from"] = os.path.dirname(os.path.dirname(feedpipe.__file__))
     with open(spec["expect"], encoding="utf-8") as f:
         expect: dict[str, int] = json.load(f)
     tmp = tempfile.mkdtemp(prefix="bench-remote-")
     seen: dict[str, int] = {}
     bad: list[str] = []
     nbytes = 0
-    _imports(spec["system"])  # before the clock: an import is not the link's time
+    _imports(spec["system"].split("@")[0])  # before the clock: an import is not the link's time
     try:
         t0 = time.perf_counter()
         first = None
@@ -312,6 +316,7 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
                            and not bad and sum(seen.values()) == len(expect)}
     if io is not None:
         res["feedpipe_io"] = io
+    res["feedpipe_from"] = spec["feedpipe_from"]
     return res
 
 
@@ -365,7 +370,7 @@ def floor_s(c: dict[str, Any], nbytes: int) -> float:
     return c["rtt"] + nbytes / c["node_rate"]
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
     from linkstore import LinkStore
 
     root = args.root
@@ -376,6 +381,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.systems:
         for c in todo:
             c["systems"] = [s for s in c["systems"] if s in args.systems]
+    if args.compare:  # the same feedpipe systems again, from another tree, in the same rounds
+        for c in todo:
+            c["systems"] = c["systems"] + [f"{s}@{args.compare_label}" for s in c["systems"]
+                                           if s.startswith("feedpipe")]
     datas = {n: prepare(root, n) for n in sorted({c["n"] for c in todo})}
     for n, d in datas.items():
         exp = os.path.join(d["base"], "expect.json")
@@ -397,7 +406,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 spec = {"system": system, "url": store.url, "workers": c["workers"],
                         "fp_shards": d["fp_shards"], "expect": d["expect"]}
                 store.reset()
-                res = run_worker(script, spec, timeout=args.timeout)
+                pp = os.environ.get("PYTHONPATH")
+                if "@" in system:
+                    os.environ["PYTHONPATH"] = args.compare
+                try:
+                    res = run_worker(script, spec, timeout=args.timeout)
+                finally:
+                    if pp is None:
+                        os.environ.pop("PYTHONPATH", None)
+                    else:
+                        os.environ["PYTHONPATH"] = pp
                 st = store.stats()
                 nbytes = d["format_bytes"][fmt_of(system)]
                 res["store"] = {k: st[k] for k in ("requests", "requests_total", "bytes",
@@ -420,6 +438,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         results[c["name"]] = {"case": c, "floor_s": {s: floor_s(c, d["format_bytes"][fmt_of(s)])
                                                      for s in c["systems"]},
                               "runs": runs, "best": {s: _best(rs) for s, rs in runs.items()}}
+        if save is not None:  # each case as it ends: a long run interrupted keeps what it has
+            save(results)
     return {"data": {n: {k: v for k, v in d.items() if k != "base"} for n, d in datas.items()},
             "results": results}
 
@@ -436,8 +456,13 @@ def _best(rs: list[dict[str, Any]]) -> dict[str, Any]:
 def report(doc: dict[str, Any]) -> str:
     systems = list(dict.fromkeys(s for r in doc["results"].values() for s in r["case"]["systems"]))
     lines = [f"# bench_remote{' (quick)' if doc['quick'] else ''}", "",
-             f"{doc['env']['date_utc']}, {doc['env']['cpu_count']} CPUs, feedpipe from "
-             f"`{doc['feedpipe_path']}`, rev {(doc['env']['git'].get('revision') or '?')[:10]}. "
+             f"{doc['env']['date_utc']}, {doc['env']['cpu_count']} CPUs (load average "
+             f"{(doc['env'].get('loadavg_at_start') or [float('nan')])[0]:.1f} at the start), "
+             f"feedpipe from the tree `{os.path.basename(doc['feedpipe_path'])}`"
+             + (f"; SYSTEM@{doc['compare']['label']}: feedpipe from the tree "
+                f"`{os.path.basename(os.path.abspath(doc['compare']['path']))}`"
+                if doc.get("compare") else "")
+             + f"; benchmark rev {(doc['env']['git'].get('revision') or '?')[:10]}. "
              "Fraction of the link (RTT + bytes / node rate) / wall, best of "
              f"{doc['rounds']} rounds; every sample checked exactly once (else the cell says "
              "so).", ""]
@@ -524,6 +549,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=150)
     ap.add_argument("--cases", nargs="*", help="only the cases whose name contains one of these")
     ap.add_argument("--systems", nargs="*")
+    ap.add_argument("--compare", metavar="DIR", help="also run the feedpipe systems with "
+                    "PYTHONPATH=DIR (another tree), as SYSTEM@LABEL, in the same rounds")
+    ap.add_argument("--compare-label", default="other")
     args = ap.parse_args()
     if args.worker:
         worker(load_spec(args.worker))
@@ -532,17 +560,24 @@ def main() -> int:
 
     doc: dict[str, Any] = {"quick": args.quick, "rounds": args.rounds,
                            "feedpipe_path": os.path.dirname(os.path.dirname(feedpipe.__file__)),
-                           "env": environment(args.root)}
-    doc.update(measure(args))
+                           "env": environment(args.root),
+                           "compare": {"label": args.compare_label, "path": args.compare}
+                           if args.compare else None}
     name = "bench_remote" + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, name + ".json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-    md = report(doc)
-    with open(os.path.join(args.out, name + ".md"), "w", encoding="utf-8") as f:
-        f.write(md + "\n")
-    plot(doc, os.path.join(args.out, name + ".png"))
-    print(md)
+
+    def save(results: dict[str, Any]) -> str:
+        doc["results"] = results
+        with open(os.path.join(args.out, name + ".json"), "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+        md = report(doc)
+        with open(os.path.join(args.out, name + ".md"), "w", encoding="utf-8") as f:
+            f.write(md + "\n")
+        plot(doc, os.path.join(args.out, name + ".png"))
+        return md
+
+    doc.update(measure(args, save))
+    print(save(doc["results"]))
     failed = [s for r in doc["results"].values() for s, b in r["best"].items() if "error" in b]
     return 1 if failed else 0
 
