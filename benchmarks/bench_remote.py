@@ -343,7 +343,8 @@ def cases(quick: bool) -> list[dict[str, Any]]:
     def case(rtt: float, node: float, cap: float = 0, nw: int = 0, n: int = 600,
              systems: list[str] | None = None) -> dict[str, Any]:
         name = f"rtt{int(rtt * 1000)}ms-node{int(node / MB)}" + (
-            f"-cap{int(cap / MB)}" if cap else "") + f"-w{nw}-n{n}"
+            f"-cap{int(cap / MB)}" if cap else "") + f"-w{nw}-n{n}" + (
+            "-nocache" if systems == NOCACHE else "")
         return {"name": name, "rtt": rtt, "node_rate": node, "response_rate": cap,
                 "workers": nw, "n": n, "systems": systems or SYSTEMS}
 
@@ -397,6 +398,7 @@ def measure(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
         d["expect"] = exp
     results: dict[str, Any] = {}
     script = os.path.abspath(__file__)
+    assert len({c["name"] for c in todo}) == len(todo), "case names must differ"
     for c in todo:
         d = datas[c["n"]]
         store = LinkStore(d["base"]).start()
@@ -522,17 +524,20 @@ def plot(doc: dict[str, Any], path: str) -> None:
             if not ok:
                 continue
             best = min(ok, key=lambda x: x["wall_s"])
-            t = [0.0] + [p[0] for p in best["timeline"]]
-            b = [0.0] + [p[1] / MB for p in best["timeline"]]
+            tl = best["timeline"]
+            # from the bin of the first byte: each process starts (imports) at its own pace
+            i0 = next((i for i, p in enumerate(tl) if p[1] > 0), 0)
+            t0 = tl[i0 - 1][0] if i0 else 0.0
+            t = [0.0] + [p[0] - t0 for p in tl[i0:]]
+            b = [0.0] + [p[1] / MB for p in tl[i0:]]
             ax.plot(t, b, label=s)
-        c = r["case"]
-        fl = max(r["floor_s"].values())
+        fl = max(r["floor_s"].values()) - r["case"]["rtt"]
         ax.axvline(fl, color="grey", ls=":", lw=1)
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("s (store clock)")
+        ax.set_xlabel("s from the first byte (grey: bytes / node rate)")
         ax.set_ylabel("MB sent")
-        ax.set_xlim(0, max(3 * fl, 0.5) if c["systems"] != NOCACHE else None)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     fig.tight_layout()
