@@ -103,6 +103,14 @@ def storage_phases(t: Target, seq: Any, small: Any, s: ProbeSettings, can_drop: 
         after = out["small_files"].pop("resident_after_drop", None)
         if pc["resident_after_drop"] is None:
             pc["resident_after_drop"] = after
+    if not t.local and seq is not None:
+        from . import _link as link
+
+        phase.extend(1)
+        with phase("the link (remote): latency, one and several range reads"):
+            out["link"] = link.measure(seq, d)
+            if t.kind == "dataset":
+                out["link"]["cold_epoch_s"] = link.cold_epoch_s(out["link"], t.total_bytes)
     rset = seq if seq is not None else storage.FileSet(small.paths[:256], small.sizes[:256],
                                                        small.fs)
     with phase("random reads"):
@@ -332,4 +340,5 @@ def figures(t: Target, st: dict[str, Any], pl: dict[str, Any] | None, s: ProbeSe
         step_time_ms=s.step_time_ms,
         cold_mb_per_s=cold_best["mb_per_s"] if cold_best else None,
         warm_mb_per_s=warm_best["mb_per_s"] if warm_best else None,
-        loader_bound=loader_bound, loader_time=loader_time)
+        loader_bound=loader_bound, loader_time=loader_time, link=st.get("link"),
+        dataset_bytes=t.total_bytes if t.kind == "dataset" else None)

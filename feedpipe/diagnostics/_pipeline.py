@@ -6,9 +6,10 @@ The stages, in the order a sample meets them:
   worker does before handing it over;
 - **decode**: the ``decode`` callable (by default every image field, decoded as ImagePipeline
   decodes it), on one core;
-- **batch**: :func:`collate_samples` on decoded samples, stacking tensors. Images of different
-  sizes, or held in different fields (``jpg`` in some samples, ``png`` in others), are copied
-  into slots of one shape, as a resize transform would give them;
+- **batch**: :func:`collate_samples` on decoded samples, stacking tensors. Images (of different
+  sizes, or held in different fields: ``jpg`` in some samples, ``png`` in others) are copied
+  into slots of one shape, as a resize transform would give them, also where the samples read
+  show one size: the data further on may hold others;
 - **host-to-device**: pinned and pageable copies (CUDA only);
 - the whole :class:`FeedLoader` at several ``num_workers`` (scaling).
 
@@ -209,8 +210,9 @@ class SlotCollate:
 def _image_slot(decoded: Sequence[Any]
                 ) -> tuple[dict[str, tuple[tuple[str, ...], tuple[int, ...]]], list[str]]:
     """The slot the decoded images of dict samples go into, and what the batch stage's note
-    says about it; no slot where :func:`collate_samples` stacks them as they are (one image
-    field in every sample, one shape).
+    says about it. A slot also where the images read all have one shape: they are the first of
+    the data only (over a slow link a handful), and the loader stage goes on to images of other
+    sizes, which stacking them as they are would refuse.
 
     The slot's shape: the median height and width, the most channels. Its field: the image
     field's name, or ``image`` where samples hold their image in different fields (a tree
@@ -225,8 +227,6 @@ def _image_slot(decoded: Sequence[Any]
     images = [next((s[f] for f in names if _is_image(s.get(f))), None) for s in dicts]
     arrays = [a for a in images if a is not None]
     shapes = {a.shape for a in arrays}
-    if len(names) == 1 and len(arrays) == len(dicts) and len(shapes) == 1:
-        return {}, []
     shape = _slot_shape(arrays)
     name, notes = _slot_notes(names, dicts, arrays, len(shapes) > 1, shape)
     return {name: (tuple(names), shape)}, notes
@@ -279,7 +279,7 @@ def choose_collate(decoded: Sequence[Any],
                    batch_size: int) -> tuple[Callable[[list[Any]], Any], str]:
     """How the batch stage batches ``decoded`` samples, and a note saying what it does not
     plainly stack. :func:`collate_samples` when it stacks them as they are; a
-    :class:`SlotCollate` when decoded images differ in size or in the field holding them;
+    :class:`SlotCollate` when samples hold decoded images (see :func:`_image_slot`);
     :func:`list_collate` when nothing can stack them. Arrays that still stay out of a tensor
     are named in the note: the batch figure leaves out their copy."""
     from ..stream._collate import collate_samples

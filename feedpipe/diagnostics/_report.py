@@ -97,6 +97,14 @@ def _storage(doc: dict[str, Any]) -> list[str]:
                  for k, v in rr.items() if v]
         blk = next(iter(rr.values()))["block_bytes"]
         lines.append(f"Random {_block(blk)} reads (1 thread): " + "; ".join(parts))
+    link = st.get("link")
+    if link:
+        lines.append(f"Link (as the L1 cache fetches): {link['latency_s'] * 1e3:.0f} ms to a "
+                     f"first byte; {_num(link['one_stream_mb_per_s'])} MB/s on one range read, "
+                     f"{_num(link['aggregate_mb_per_s'])} MB/s with {link['streams']} at once")
+        if link.get("cold_epoch_s"):
+            lines.append(f"  a cold epoch of this dataset needs about {link['cold_epoch_s']:.3g}"
+                         " s of this link (its bytes at that rate, plus one round trip)")
     return lines
 
 

@@ -67,6 +67,10 @@ class Figures:
     loader_bound: str | None = None
     loader_time: dict[str, float] = field(default_factory=dict)
     cache_dir: bool = False  # the loader read through the L1 shard cache
+    # the link to a remote store as the loader uses it (diagnostics/_link.py: latency_s,
+    # one_stream_mb_per_s, streams, aggregate_mb_per_s, cold_epoch_s), and the dataset's bytes
+    link: dict[str, Any] | None = None
+    dataset_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ class Verdict:
     bound_basis: str | None = None  # what decided it: the stage rates, or the loader's accounts
     advice_about: list[str | None] = field(default_factory=list)  # each advice's part
     parallelism_note: str | None = None  # why fewer workers than asked for are planned
+    # a remote dataset: what the link allows a cold epoch through the L1 cache, in seconds
+    cold_epoch_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,7 +153,22 @@ def decide(f: Figures) -> Verdict:
                    f.loader[best_w] if best_w is not None else None, best_w,
                    [a for _, a in advice], f.cold_mb_per_s, f.warm_mb_per_s,
                    PART_OF.get(bound) if bound else None, basis, [k for k, _ in advice],
-                   _parallelism_note(f, p))
+                   _parallelism_note(f, p), (f.link or {}).get("cold_epoch_s"))
+
+
+def _link_floor(f: Figures) -> str:
+    """What the link allows a cold epoch, against what the samples/s ceiling gives, for the
+    remote-fetch advice ("" where the link was not measured)."""
+    link = f.link or {}
+    cold = link.get("cold_epoch_s")
+    if not cold or not f.dataset_bytes:
+        return ""
+    one, agg, n = link.get("one_stream_mb_per_s"), link["aggregate_mb_per_s"], link["streams"]
+    streams = (f" ({_fmt(one)} MB/s on one range read: fetches in flight, not larger samples, "
+               "reach it)" if one and agg > 1.5 * one else "")
+    return (f" The link gives {_fmt(agg)} MB/s with {n} range reads in flight{streams}, "
+            f"{link['latency_s'] * 1e3:.0f} ms to a first byte: a cold epoch of this dataset's "
+            f"{f.dataset_bytes / 1e6:,.1f} MB through the L1 cache needs about {cold:.3g} s.")
 
 
 def _parallelism_note(f: Figures, p: int) -> str | None:
@@ -215,7 +236,8 @@ def _storage_advice(f: Figures, bound: str | None,
     if remote_fetch and f.cache_dir:
         out.append(("fetch", "Remote fetches bound even through the L1 shard cache: an "
                              "epoch that finds a shard missing fetches it first; a cache_size "
-                             "that holds the whole dataset keeps later epochs local."))
+                             "that holds the whole dataset keeps later epochs local."
+                             + _link_floor(f)))
     elif remote_fetch:
         t = f.loader_time
         spent = (f" (the FeedLoader a script gets: fetch {t['fetch']:.3g} s of its "
@@ -225,7 +247,8 @@ def _storage_advice(f: Figures, bound: str | None,
                              "FeedDataset(..., cache_dir=LOCAL_NVME_DIR, cache_size=...): each "
                              "shard is fetched once, whole, ahead of the plan, and every "
                              "sample is then read from local disk (later epochs too); more "
-                             "DataLoader workers overlap more requests meanwhile."))
+                             "DataLoader workers overlap more requests meanwhile."
+                             + _link_floor(f)))
     elif bound == "storage" and f.kind != "file":
         where = "the remote store" if f.remote else "this storage"
         if f.fits_in_memory:
