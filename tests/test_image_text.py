@@ -357,3 +357,24 @@ def test_the_folder_shards_keep_each_pairs_metadata(shards):
         assert json.loads(bytes(got[key]["json"])) == {"coco_image_id": image_id}
         assert set(got[key]) >= {"txt", "json", name.rsplit(".", 1)[1]}
 
+
+
+def test_a_table_whose_image_column_holds_paths_shards_the_files_bytes(source, tokenizer_json,
+                                                                       tmp_path):
+    """A ``datasets.Image(decode=False)`` column of file paths (no bytes in the table): the
+    shards hold each file's bytes, read as the folder's pairs are."""
+    datasets = pytest.importorskip("datasets")
+    tok = tokenizers.Tokenizer.from_file(tokenizer_json)
+    names = sorted(p for p in source.iterdir() if p.suffix not in (".txt", ".json"))
+    table = datasets.Dataset.from_dict({
+        "key": [p.stem for p in names], "image": [str(p) for p in names],
+        "caption": [(source / f"{p.stem}.txt").read_text() for p in names]},
+        features=datasets.Features({"key": datasets.Value("string"),
+                                    "image": datasets.Image(decode=False),
+                                    "caption": datasets.Value("string")}))
+    assert table[0]["image"]["bytes"] is None
+    feedpipe.shard_from(table, str(tmp_path / "paths"), columns={"caption": "txt"})
+    ds = FeedDataset(str(tmp_path / "paths"), seed=6, transform=Keyed(pairs(tokenizer_json)))
+    rows = unbatch(FeedLoader(ds, batch_size=2))
+    assert sorted(r["key"] for r in rows) == sorted(p.stem for p in names)
+    check_against_reference(rows, source, tok, seed=6, epoch=0)

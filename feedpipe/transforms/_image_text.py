@@ -84,8 +84,9 @@ def caption_draw(seed: int, epoch: int, index: int, n: int) -> int:
 
 
 class CaptionTokens:
-    """A caption (text or UTF-8 bytes) -> its token ids, cut to ``max_len`` by the module's rule,
-    as a 1-D ``int64`` array (unpadded). Deterministic, so it may be memoised by
+    """A caption (text or UTF-8 bytes) -> its token ids as a 1-D ``int64`` array (unpadded), cut
+    when longer than ``max_len``: with ``end_id``, the first ``max_len - 1`` ids then ``end_id``;
+    without, the first ``max_len``. Deterministic, so it may be memoised by
     :meth:`FunctionIndex.wrap <feedpipe.FunctionIndex.wrap>` (:class:`ImageText` does that with
     ``cache=``). Picklable: a worker process loads the tokenizer once.
 
@@ -107,6 +108,7 @@ class CaptionTokens:
         self.end_id = None if end_id is None else int(end_id)
 
     def __call__(self, caption: Any) -> np.ndarray:
+        """The ids of ``caption`` (``str``, UTF-8 ``bytes`` or a ``memoryview`` of them)."""
         if isinstance(caption, memoryview):
             caption = caption.tobytes()
         text = caption.decode("utf-8") if isinstance(caption, (bytes, bytearray)) else caption
@@ -142,12 +144,21 @@ class ImageText:
     pair for CLIP-style training, ready for the loader's default collation.
 
     ``image`` is ``image(sample)``, an :class:`~feedpipe.ImagePipeline` without a label
-    (``label_field=None``; its ``on_error`` applies to the whole sample). ``input_ids`` and
-    ``attention_mask`` are ``int64`` tensors of ``max_len``: the caption drawn for this epoch
-    (:func:`caption_draw`) tokenised on the fly by :class:`CaptionTokens`, cut by the module's
-    rule, then padded with ``pad_id``. ``caption`` is the index of the caption drawn among the
-    sample's captions (:func:`captions_of`). A sample without the caption field, or with no
-    caption in it, is a :class:`~feedpipe.errors.DecodeError` naming it (a
+    (``label_field=None``; its ``on_error`` applies to the whole sample).
+
+    **Captions.** The caption field holds one caption, or several: a JSON list of strings (the
+    text starts with ``[``), or one a line (empty lines left out, each stripped). The one taken
+    in an epoch is ``blake2b("feedpipe-caption", seed, epoch, index)`` modulo their number
+    (``index``: the sample's global id), so a sample gets the same caption in a given epoch on
+    any rank or worker and after a resume, other captions in other epochs, and a draw
+    independent of its crop; ``caption`` is its index.
+
+    **Tokens.** ``input_ids`` and ``attention_mask`` are ``int64`` tensors of ``max_len``: the
+    caption tokenised on the fly by :class:`CaptionTokens` (the tokenizer's own ids, special
+    tokens included), cut when longer than ``max_len`` (with ``end_id``: the first
+    ``max_len - 1`` ids, then ``end_id``; without: the first ``max_len``), padded with
+    ``pad_id``; the mask is 1 over the caption's ids. A sample without the caption field, or
+    with no caption in it, is a :class:`~feedpipe.errors.DecodeError` naming it (a
     :class:`~feedpipe.errors.SampleSkipped` with the pipeline's ``on_error="skip"``).
 
     Picklable: give it to ``FeedDataset(transform=...)`` and it runs in the workers.
@@ -190,6 +201,8 @@ class ImageText:
         self.caption_field = caption_field
 
     def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
+        """The pair of ``sample``: its image, the caption drawn for its epoch as ``input_ids``
+        and ``attention_mask``, and that caption's index as ``caption``."""
         try:
             if self.caption_field not in sample:
                 raise DecodeError(f"has no {self.caption_field!r} caption field (it has "
