@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import torch
 from _corpora import CORPORA, PILLOW, pillow_pixels, sha256, vendored
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import feedpipe
 from feedpipe import (
@@ -378,3 +380,16 @@ def test_a_table_whose_image_column_holds_paths_shards_the_files_bytes(source, t
     rows = unbatch(FeedLoader(ds, batch_size=2))
     assert sorted(r["key"] for r in rows) == sorted(p.stem for p in names)
     check_against_reference(rows, source, tok, seed=6, epoch=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32), index=st.integers(0, 2**40), n=st.integers(1, 9))
+def test_the_draw_is_in_range_repeatable_and_varies_over_epochs(seed, index, n):
+    from feedpipe.transforms._image_text import caption_draw
+
+    draws = [caption_draw(seed, epoch, index, n) for epoch in range(40)]
+    assert all(0 <= d < n for d in draws)
+    assert draws == [caption_draw(seed, epoch, index, n) for epoch in range(40)]
+    assert draws == [reference_draw(seed, epoch, index, n) for epoch in range(40)]
+    if n > 1:  # 40 draws all alike has probability n**-39
+        assert len(set(draws)) > 1
