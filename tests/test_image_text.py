@@ -393,3 +393,56 @@ def test_the_draw_is_in_range_repeatable_and_varies_over_epochs(seed, index, n):
     assert draws == [reference_draw(seed, epoch, index, n) for epoch in range(40)]
     if n > 1:  # 40 draws all alike has probability n**-39
         assert len(set(draws)) > 1
+
+
+def _drop_pid(rows):
+    return [{k: v for k, v in r.items() if k != "pid"} for r in rows]
+
+
+def _same_rows(got, want):
+    assert [r["key"] for r in got] == [r["key"] for r in want]
+    for a, b in zip(got, want):
+        assert a["caption"] == b["caption"] and int(a["index"]) == int(b["index"])
+        for k in ("image", "input_ids", "attention_mask"):
+            assert torch.equal(a[k], b[k]), (a["key"], k)
+
+
+@pytest.mark.parametrize("kw", [dict(transform_threads=2), dict(num_workers=2)])
+def test_every_route_gives_the_inline_routes_batches(shards, tokenizer_json, kw):
+    def rows(**kw):
+        ds = FeedDataset(shards, seed=9, transform=Keyed(pairs(tokenizer_json)))
+        loader = FeedLoader(ds, batch_size=2, **kw)
+        loader.set_epoch(2)
+        return _drop_pid(unbatch(loader)), loader.route.name
+
+    want, inline = rows()
+    got, route = rows(**kw)
+    assert inline == "samples" and route != inline
+    _same_rows(got, want)
+
+
+def test_a_state_from_two_workers_resumes_on_none(shards, tokenizer_json):
+    def loader(workers):
+        ds = FeedDataset(shards, seed=5, transform=Keyed(pairs(tokenizer_json)))
+        return FeedLoader(ds, batch_size=2, num_workers=workers)
+
+    whole = loader(0)
+    whole.set_epoch(3)
+    want = _drop_pid(unbatch(whole))
+    first = loader(2)
+    first.set_epoch(3)
+    it = iter(first)
+    seen = unbatch([next(it)])
+    state = first.state_dict()
+    del it
+    again = loader(0)
+    again.load_state_dict(state)
+    _same_rows(_drop_pid(seen + unbatch(again)), want)
+
+
+def test_worker_processes_fill_one_function_index(shards, tokenizer_json, tmp_path):
+    with FunctionIndex(str(tmp_path / "memo")) as index:
+        ds = FeedDataset(shards, seed=1, transform=Keyed(pairs(tokenizer_json, cache=index)))
+        rows = unbatch(FeedLoader(ds, batch_size=2, num_workers=2))
+        assert len({int(r["pid"]) for r in rows} - {os.getpid()}) == 2
+        assert index.stats().entries == len({r["input_ids"].numpy().tobytes() for r in rows})
