@@ -56,6 +56,8 @@ _LAZY = {
     "Capabilities": "stream._routes",
     "ImagePipeline": "transforms._pipeline",
     "ImageSpec": "transforms._pipeline",
+    "ImageText": "transforms._image_text",
+    "CaptionTokens": "transforms._image_text",
     "DaliStage": "transforms._dali",
     "DaliBatch": "transforms._dali",
     "image_decoders": "transforms._decode",
@@ -179,4 +181,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .stream._source import Source
     from .transforms._dali import DaliBatch, DaliStage
     from .transforms._decode import image_decoders
+    from .transforms._image_text import CaptionTokens, ImageText
     from .transforms._pipeline import ImagePipeline, ImageSpec

@@ -26,8 +26,8 @@ from feedpipe import shard_tokens
 from feedpipe.cli import main
 from feedpipe.convert._text_inputs import list_units, read_unit
 from feedpipe.convert._token_shard import lengths_name
-from feedpipe.convert._tokenizer import dtype_for
 from feedpipe.errors import InputError
+from feedpipe.transforms._tokenizer import dtype_for
 
 tokenizers = pytest.importorskip("tokenizers")
 

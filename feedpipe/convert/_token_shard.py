@@ -32,6 +32,7 @@ from .._redact import logger
 from ..errors import InputError
 from ..format._index import index_path, parse_index
 from ..format._manifest import Manifest, ShardRecord
+from ..transforms._tokenizer import TokenizerRef
 from ._executors import Executor, Job, PoolExecutor, SerialExecutor
 from ._merge import merge_if_complete, write_part_record
 from ._merge import state_name as part_state_name
@@ -51,7 +52,6 @@ from ._sources import printable
 from ._summary import ShardSummary
 from ._text_inputs import DEFAULT_CHUNK_BYTES, list_inputs, list_units
 from ._token_writer import FIELD, NPY_HEADER, TokenSource
-from ._tokenizer import TokenizerRef
 from ._writer import hidden, load_record, output_error
 
 log = logger("feedpipe.convert")

@@ -21,9 +21,9 @@ import numpy as np
 
 from ..errors import InputError
 from ..format._tar import BLOCK, member_header
+from ..transforms._tokenizer import TokenizerRef
 from ._sources import SampleSpec, Source
 from ._text_inputs import Bad, read_unit
-from ._tokenizer import TokenizerRef
 from ._writer import PartResult, removed_on_error
 
 FIELD = "tokens.npy"
@@ -64,7 +64,7 @@ class TokenSource(Source):
 
     Args:
         root: the directory the units' files are relative to.
-        tokenizer: what tokenises (:class:`~feedpipe.convert._tokenizer.TokenizerRef`).
+        tokenizer: what tokenises (:class:`~feedpipe.transforms._tokenizer.TokenizerRef`).
         text_field: the JSON field or table column holding each document's text.
         eos_id: appended to every document (``None``: nothing appended).
     """

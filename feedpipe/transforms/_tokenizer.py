@@ -1,6 +1,6 @@
-"""The tokenizer of ``feedpipe shard --tokenizer``: a ``tokenizers`` JSON file (or a
-``tokenizers.Tokenizer``), or any callable, behind one small picklable object that each worker
-process loads once.
+"""The tokenizer of ``feedpipe shard --tokenizer`` and of :class:`~feedpipe.ImageText`: a
+``tokenizers`` JSON file (or a ``tokenizers.Tokenizer``), or any callable, behind one small
+picklable object that each worker process loads once.
 
 The hook for any tokenizer is a callable taking a list of texts and returning, for each, its
 token ids (a list or a 1-D integer array); its vocabulary size must be given (``vocab_size=``)
