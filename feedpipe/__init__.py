@@ -24,6 +24,7 @@ _LAZY = {
     "shard_tokens": "convert._token_shard",
     "merge": "convert._merge",
     "index": "format._indexer",
+    "record_image_sizes": "format._image_sizes",
     "verify": "format._verify",
     "VerifyReport": "format._verify",
     "Problem": "format._verify",
@@ -159,6 +160,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
         StateError,
         UncacheableTransformError,
     )
+    from .format._image_sizes import record_image_sizes
     from .format._index import ShardIndex
     from .format._indexer import index
     from .format._keys import source_path
