@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from .._helpers.storage import is_local, local_path
+from .._helpers.storage import is_local, local_path, open_binary
 from ..errors import InputError
 from ._image_fields import IMAGE_FIELDS, image_extension
 from ._index import index_from_tar, index_path, parse_index
-from ._manifest import load_manifest
+from ._manifest import join, load_manifest
 
 log = logging.getLogger("feedpipe.sizes")
 
@@ -232,8 +232,8 @@ def record_image_sizes(root: str, *, overwrite: bool = False) -> dict[str, int]:
 
 
 def load_sizes(root: str, manifest: Any) -> np.ndarray:
-    """Every sample's ``(width, height)`` of a local dataset, in global id order (an ``int32``
-    array of shape ``(total_samples, 2)``, ``-1`` where unknown).
+    """Every sample's ``(width, height)`` of a dataset (local or remote), in global id order
+    (an ``int32`` array of shape ``(total_samples, 2)``, ``-1`` where unknown).
 
     Raises:
         InputError: a shard has no sizes file, or one of another length (the message says to
@@ -241,9 +241,13 @@ def load_sizes(root: str, manifest: Any) -> np.ndarray:
     """
     parts = []
     for rec in manifest.shards:
-        path = sizes_path(os.path.join(local_path(root), rec.name))
+        path = join(root, sizes_path(rec.name))
         try:
-            a = np.load(path, allow_pickle=False)
+            if is_local(path):
+                a = np.load(local_path(path), allow_pickle=False)
+            else:
+                with open_binary(path) as f:
+                    a = np.load(io.BytesIO(f.read()), allow_pickle=False)
         except (OSError, ValueError) as e:
             raise InputError(f"{path}: no image sizes recorded for shard {rec.name} ({e}); "
                              "run feedpipe.record_image_sizes(dataset) once to record "
