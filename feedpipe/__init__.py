@@ -46,7 +46,7 @@ _LAZY = {
     "Packed": "stream._packed",
     "Bucketed": "stream._bucketed",
     "BucketCrop": "transforms._bucket_crop",
-    "SDXL_BUCKETS": "plan._buckets",
+    "sdxl_buckets": "plan._buckets",
     "generated_buckets": "plan._buckets",
     "BestFit": "plan._packing",
     "ConcatenateAndCut": "plan._packing",
@@ -171,7 +171,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .format._manifest import Manifest, ShardRecord, load_manifest
     from .format._reader import ShardReader, open_shard
     from .format._verify import Problem, VerifyReport, verify
-    from .plan._buckets import SDXL_BUCKETS, generated_buckets
+    from .plan._buckets import generated_buckets, sdxl_buckets
     from .plan._order import Plan
     from .plan._packing import BestFit, ConcatenateAndCut, Layout, Packing, Pieces
     from .plan._world import World, detect_world

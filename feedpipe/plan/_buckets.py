@@ -45,6 +45,19 @@ SDXL_BUCKETS: tuple[tuple[int, int], ...] = tuple(sorted(
 """SDXL's 41 bucket resolutions, ``(width, height)``, from the tallest to the widest."""
 
 
+def sdxl_buckets() -> tuple[tuple[int, int], ...]:
+    """SDXL's bucket resolutions, ``(width, height)`` from the tallest to the widest: the 41 of
+    its multi-aspect training (Podell et al., arXiv:2307.01952, appendix), about 1024^2 pixels
+    each, sides multiples of 64, aspect ratios from 1/4 to 4.
+
+    Example:
+        >>> b = sdxl_buckets()
+        >>> len(b), b[0], (1024, 1024) in b, b[-1]
+        (41, (512, 2048), True, (2048, 512))
+    """
+    return SDXL_BUCKETS
+
+
 def generated_buckets(area: int = 1024 * 1024, step: int = 64,
                       max_ratio: float = 4.0) -> tuple[tuple[int, int], ...]:
     """Buckets of about ``area`` pixels whose sides are multiples of ``step``: for each width

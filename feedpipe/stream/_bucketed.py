@@ -53,12 +53,12 @@ class Bucketed(Source):
     """The images of ``dataset`` in batches of ``batch_size`` from one aspect-ratio bucket each.
 
     Each image goes to the bucket nearest its aspect ratio (in log ratio), from the sizes
-    recorded beside the shards (``feedpipe shard`` records them; :func:`~feedpipe.
-    record_image_sizes` once for older shards). Each epoch every bucket's images are shuffled
-    and cut into batches, and the batches of all buckets are shuffled together: a pure
-    function of the seed and the epoch. Over all ranks an epoch delivers each image at most
-    once, every rank the same number of batches, and a saved state resumes on any number of
-    ranks to exactly the rest of the epoch. What is left out of an epoch, counted in
+    recorded beside the shards (``feedpipe shard`` records them;
+    :func:`~feedpipe.record_image_sizes` once for older shards). Each epoch every bucket's
+    images are shuffled and cut into batches, and the batches of all buckets are shuffled
+    together: a pure function of the seed and the epoch. Over all ranks an epoch delivers each
+    image at most once, every rank the same number of batches, and a saved state resumes on
+    any number of ranks to exactly the rest of the epoch. What is left out of an epoch, counted in
     ``FeedLoader.stats()["sources"]``: each bucket's remainder (fewer than ``batch_size``
     images, drawn again each epoch), the last batches that would give some ranks one more
     than others, and images without a recorded size.
@@ -68,7 +68,7 @@ class Bucketed(Source):
             store of its own: the bucket's transform is this source's). Its seed is the plan's;
             its ``shuffle`` and ``drop_last`` do not apply.
         batch_size: images per batch; a :class:`~feedpipe.FeedLoader` over it takes the same.
-        buckets: the resolutions, ``(width, height)`` pairs (:data:`~feedpipe.SDXL_BUCKETS`,
+        buckets: the resolutions, ``(width, height)`` pairs (:func:`~feedpipe.sdxl_buckets`,
             or any list); ``None``: :func:`~feedpipe.generated_buckets` of ``area``, ``step``
             and ``max_ratio``.
         transform: what each sample (with ``__bucket__``) goes through; ``None``:
@@ -123,38 +123,47 @@ class Bucketed(Source):
     # -- what the dataset describes -------------------------------------------------------
     @property
     def url(self) -> str:  # type: ignore[override]
+        """The dataset's URL."""
         return self.dataset.url
 
     @property
     def manifest(self) -> Any:
+        """The dataset's manifest."""
         return self.dataset.manifest
 
     @property
     def shards(self) -> Any:  # type: ignore[override]
+        """The dataset's shards."""
         return self.dataset.shards
 
     @property
     def world(self) -> Any:  # type: ignore[override]
+        """The dataset's rank and number of ranks."""
         return self.dataset.world
 
     @property
     def seed(self) -> int:  # type: ignore[override]
+        """The dataset's seed, the plan's."""
         return self.dataset.seed
 
     @property
     def max_open_shards(self) -> int:  # type: ignore[override]
+        """The dataset's ``max_open_shards``."""
         return self.dataset.max_open_shards
 
     @property
     def epoch(self) -> int:
+        """The epoch of the dataset's direct reader (a loader keeps its own)."""
         return self.dataset.epoch
 
     def attach(self) -> None:
+        """Attach the dataset (:meth:`~feedpipe.FeedDataset.attach`)."""
         self.dataset.attach()
 
     # -- the plan ----------------------------------------------------------------------------
     def plan(self, epoch: int | None = None) -> BucketPlan:  # type: ignore[override]
-        """``epoch``'s batches (:func:`~feedpipe.plan._buckets.bucket_plan`)."""
+        """``epoch``'s batches of one bucket each, in order (a pure function of the images'
+        buckets, the batch size, the seed and ``epoch``)."""
         e = self.epoch if epoch is None else int(epoch)
         p = self._plans.get(e)
         if p is None:
@@ -170,28 +179,36 @@ class Bucketed(Source):
                            batch_size=self.batch_size)
 
     def sample_fetch(self, epoch: int, *, copy: bool) -> BucketFetch:
+        """The dataset's samples of a batch of ids, each with its bucket as ``__bucket__``."""
         return BucketFetch(self.dataset.sample_fetch(epoch, copy=copy),
                            self.buckets, self.bucket_of)
 
     def sample(self, g: int, epoch: int | None = None) -> dict[str, Any]:
+        """Sample ``g`` as the transform sees it in ``epoch``, with its ``__bucket__``."""
         x = self.dataset.sample(g, epoch)
         w, h = self.buckets[self.bucket_of[int(g)]].tolist()
         x["__bucket__"] = (w, h)
         return x
 
     def capabilities(self, collate_fn: Any) -> Capabilities:
+        """A transform to share among workers or threads; the dataset's shards."""
         return Capabilities(transform=True, into=False, local=self.shards.local,
                             shards_fit=len(self.shards) <= self.max_open_shards,
                             fetch="bucketed")
 
     # -- state and resume --------------------------------------------------------------------
     def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The dataset's state at ``position`` of ``epoch``, with the buckets it was planned
+        with (the batch size and a digest of the buckets and the images' assignment)."""
         state = self.dataset.state_at(epoch, 0)
         state["position"] = int(position)
         state["buckets"] = dict(self._entry)
         return state
 
     def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
+        """The ``(epoch, position)`` of ``state``: a state of another dataset, seed, batch size,
+        bucket list or image sizes, or not at a whole batch, is refused with a
+        :class:`~feedpipe.StateError` (``strict=False``: logged, the saved epoch afresh)."""
         why = self._mismatch(state)
         if why is not None:
             if strict:
