@@ -63,7 +63,7 @@ def test_sharding_records_every_samples_size_beside_its_shard(tmp_path: Path,
                                                               caplog: pytest.LogCaptureFixture
                                                               ) -> None:
     out = str(tmp_path / "ds")
-    with caplog.at_level(logging.WARNING, "feedpipe.sizes"):
+    with caplog.at_level(logging.INFO, "feedpipe.sizes"):
         feedpipe.write_samples(_samples(), out, max_samples=5)
     m = feedpipe.load_manifest(out)
     assert all(os.path.exists(sizes_path(os.path.join(out, r.name))) for r in m.shards)

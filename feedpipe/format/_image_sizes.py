@@ -16,7 +16,6 @@ format is opened lazily by Pillow (its header only) where Pillow is installed.
 from __future__ import annotations
 
 import io
-import logging
 import mmap
 import os
 import struct
@@ -26,12 +25,13 @@ from typing import Any
 import numpy as np
 
 from .._helpers.storage import is_local, local_path, open_binary
+from .._redact import logger
 from ..errors import InputError
 from ._image_fields import IMAGE_FIELDS, image_extension
 from ._index import index_from_tar, index_path, parse_index
 from ._manifest import join, load_manifest
 
-log = logging.getLogger("feedpipe.sizes")
+log = logger("feedpipe.sizes")
 
 # the JPEG start-of-frame markers (baseline, extended, progressive, lossless, arithmetic)
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE,
@@ -115,7 +115,7 @@ def _pillow_size(b: memoryview) -> tuple[int, int] | None:
         return None
     try:
         with Image.open(io.BytesIO(b)) as im:  # lazy: reads the header only
-            return im.size  # type: ignore[no-any-return]
+            return im.size
     except Exception:  # noqa: BLE001 (any format Pillow does not read: no size)
         return None
 
@@ -181,14 +181,15 @@ def sizes_of_file(tar_path: str, idx: Any) -> tuple[np.ndarray, int]:
 
 def record_shard_sizes(out_dir: str, name: str, tar_path: str, idx: Any) -> None:
     """At shard time: write ``name``'s sizes file in ``out_dir`` (the sealed shard still at
-    ``tar_path``), where the shard holds images; a header not read is said in a log record."""
+    ``tar_path``), where the shard holds images; a header not read is said in a log record
+    (``INFO``: only a reader bucketing by shape needs the sizes, and it warns)."""
     if not has_images(idx):
         return
     sizes, unread = sizes_of_file(tar_path, idx)
-    if unread:
-        log.warning("%s: %d image(s) of an unread header format have no recorded size "
-                    "(-1, -1 in %s); bucketing by shape leaves them out",
-                    os.path.join(out_dir, name), unread, os.path.basename(sizes_path(name)))
+    if unread:  # said where it matters too: a Bucketed over them warns it leaves them out
+        log.info("%s: %d image(s) of an unread header format have no recorded size "
+                 "(-1, -1 in %s); bucketing by shape leaves them out",
+                 os.path.join(out_dir, name), unread, os.path.basename(sizes_path(name)))
     write_sizes(sizes_path(os.path.join(out_dir, name)), sizes)
 
 

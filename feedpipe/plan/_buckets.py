@@ -93,7 +93,7 @@ def generated_buckets(area: int = 1024 * 1024, step: int = 64,
     return tuple(sorted(best.values(), key=lambda s: s[0] / s[1]))
 
 
-def check_buckets(buckets: Sequence[Sequence[int]]) -> np.ndarray:
+def check_buckets(buckets: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
     """``buckets`` as an ``int64`` array of ``(width, height)`` rows, checked."""
     b = np.asarray(buckets, dtype=np.int64)
     if b.ndim != 2 or b.shape[1] != 2 or not len(b) or (b < 1).any():
@@ -104,7 +104,8 @@ def check_buckets(buckets: Sequence[Sequence[int]]) -> np.ndarray:
     return b
 
 
-def assign_buckets(sizes: np.ndarray, buckets: Sequence[Sequence[int]]) -> np.ndarray:
+def assign_buckets(sizes: np.ndarray,
+                   buckets: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
     """Each image's bucket: the one nearest its aspect ratio in log ratio (of two equally near,
     the first listed); ``-1`` for a size of ``(-1, -1)`` (unknown).
 

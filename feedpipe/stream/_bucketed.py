@@ -10,12 +10,12 @@ transform (:class:`~feedpipe.BucketCrop` by default) makes it that size.
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from .._redact import logger
 from ..errors import StateError
 from ..format._image_sizes import load_sizes
 from ..plan._buckets import (
@@ -30,7 +30,7 @@ from ..transforms._bucket_crop import BucketCrop
 from ._routes import Capabilities
 from ._source import Source
 
-log = logging.getLogger("feedpipe.buckets")
+log = logger("feedpipe.buckets")
 
 
 class BucketFetch:
