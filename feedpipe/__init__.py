@@ -24,6 +24,7 @@ _LAZY = {
     "shard_tokens": "convert._token_shard",
     "merge": "convert._merge",
     "index": "format._indexer",
+    "record_image_sizes": "format._image_sizes",
     "verify": "format._verify",
     "VerifyReport": "format._verify",
     "Problem": "format._verify",
@@ -43,6 +44,10 @@ _LAZY = {
     "FeedLoader": "stream._loader",
     "check_ledger": "stream._ledger_check",
     "Packed": "stream._packed",
+    "Bucketed": "stream._bucketed",
+    "BucketCrop": "transforms._bucket_crop",
+    "sdxl_buckets": "plan._buckets",
+    "generated_buckets": "plan._buckets",
     "BestFit": "plan._packing",
     "ConcatenateAndCut": "plan._packing",
     "Packing": "plan._packing",
@@ -161,15 +166,18 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
         StateError,
         UncacheableTransformError,
     )
+    from .format._image_sizes import record_image_sizes
     from .format._index import ShardIndex
     from .format._indexer import index
     from .format._keys import source_path
     from .format._manifest import Manifest, ShardRecord, load_manifest
     from .format._reader import ShardReader, open_shard
     from .format._verify import Problem, VerifyReport, verify
+    from .plan._buckets import generated_buckets, sdxl_buckets
     from .plan._order import Plan
     from .plan._packing import BestFit, ConcatenateAndCut, Layout, Packing, Pieces
     from .plan._world import World, detect_world
+    from .stream._bucketed import Bucketed
     from .stream._collator import BatchCollator
     from .stream._dataset import FeedDataset
     from .stream._ledger_check import check_ledger
@@ -179,6 +187,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .stream._routes import Capabilities, Route
     from .stream._shard_set import ShardSet
     from .stream._source import Source
+    from .transforms._bucket_crop import BucketCrop
     from .transforms._dali import DaliBatch, DaliStage
     from .transforms._decode import image_decoders
     from .transforms._image_text import CaptionTokens, ImageText

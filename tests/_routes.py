@@ -47,7 +47,13 @@ ROUTES = {
     "rows-workers:third": ("img", "workers"),
     "rows-threads:third": ("img", "threads"),
     "samples-workers:thirdfn": ("fn", "workers"),
+    # feedpipe.Bucketed (aspect-ratio buckets) over the same shards: each batch one bucket,
+    # cropped at random to its resolution, inline and in workers
+    "samples:bkt": ("fn", "inline"),
+    "samples-workers:bkt": ("fn", "workers"),
 }
+BUCKETS = [(16, 8), (8, 8), (8, 16)]  # the bkt cases' buckets, (width, height): 2:1, 1:1, 1:2
+# (the shared shards give them 7 batches of 4: an elastic resume after 4 leaves one a rank)
 MIXED = ("a", "b")  # a mixture's sources: the same shards twice, told apart by __source__
 APART = 1000  # a mixture's ids in tests: source number * APART + the id in the source
 SIZE = 8
@@ -133,6 +139,26 @@ def third(case: str) -> bool:
     return case.split(":")[-1].startswith("third")
 
 
+def bucketed(case: str) -> bool:
+    """Whether a case of :data:`ROUTES` reads a :class:`feedpipe.Bucketed`."""
+    return case.split(":")[-1] == "bkt"
+
+
+class BucketIds:
+    """The bkt cases' transform: :class:`feedpipe.BucketCrop`'s random crop to the sample's
+    bucket, with its global id as the label; ``mark`` as :class:`IdImages`'s."""
+
+    def __init__(self, mark: str | None = None) -> None:
+        from feedpipe import BucketCrop
+
+        self.crop, self.mark = BucketCrop("random", label_field=None), mark
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        if self.mark is not None:
+            open(os.path.join(self.mark, str(os.getpid())), "a").close()
+        return self.crop(sample)["image"], int(sample["__index__"])
+
+
 def dataset(case: str, path: str, **ds_kw: Any) -> Any:
     """The case's dataset: a FeedDataset, a Mixture of :data:`MIXED` sources over the same
     shards, each with its own transform (its labels numbered apart) and seed, or the third-party
@@ -145,6 +171,12 @@ def dataset(case: str, path: str, **ds_kw: Any) -> Any:
         return TarFolder(path, **{k: ds_kw[k] for k in ("seed", "rank", "world_size",
                                                          "transform", "max_open_shards")
                                   if k in ds_kw})
+    if bucketed(case):
+        from feedpipe import Bucketed
+
+        t = ds_kw.pop("transform", None)
+        return Bucketed(FeedDataset(path, **ds_kw), BATCH, buckets=BUCKETS,
+                        transform=BucketIds(getattr(t, "mark", None)))
     if not mixed(case):
         return FeedDataset(path, **ds_kw)
     sources = {}

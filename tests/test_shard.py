@@ -370,8 +370,8 @@ def test_prefix(image_folder: Path, tmp_path: Path) -> None:
     feedpipe.shard(str(image_folder), str(tmp_path / "o"), prefix="train", max_samples=20,
                    workers=1)
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
-        "manifest.json", "train-000000.idx", "train-000000.tar", "train-000001.idx",
-        "train-000001.tar", "wids.json",
+        "manifest.json", "train-000000.idx", "train-000000.sizes.npy", "train-000000.tar",
+        "train-000001.idx", "train-000001.sizes.npy", "train-000001.tar", "wids.json",
     ]
     with pytest.raises(ValueError, match="prefix"):
         feedpipe.shard(str(image_folder), str(tmp_path / "p"), prefix="a/b")

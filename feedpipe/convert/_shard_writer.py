@@ -285,6 +285,7 @@ class ShardWriter:
         for rec in self._records:
             unlink_quiet(os.path.join(self.out, rec.name))
             unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".idx"))
+            unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".sizes.npy"))
         self._records = []
         self._release()
 

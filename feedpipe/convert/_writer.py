@@ -23,6 +23,7 @@ from typing import Any
 
 from .._redact import redact_doc
 from ..errors import InputError, OutputError
+from ..format._image_sizes import record_shard_sizes
 from ..format._index import ShardIndex, group_members, write_index
 from ..format._manifest import ShardRecord
 from ..format._tar import BLOCK, END_OF_ARCHIVE, member_header
@@ -369,6 +370,7 @@ def commit(out_dir: str, name: str, tmp: str, total: int, sha256: str, idx: Shar
     record = ShardRecord(name, len(idx), total, sha256)
     stem = name[:-4] if name.endswith(".tar") else name
     write_index(os.path.join(out_dir, stem + ".idx"), idx, index_text)
+    record_shard_sizes(out_dir, name, tmp, idx)  # planning by shape decodes no image
     if keep_record:
         save_record(out_dir, record, skipped, idx.fields())
     os.replace(tmp, os.path.join(out_dir, name))

@@ -1,0 +1,263 @@
+"""Each image's width and height, kept beside its shard so that planning by shape (aspect-ratio
+buckets, :class:`~feedpipe.Bucketed`) never decodes an image.
+
+``feedpipe shard`` (and :class:`~feedpipe.ShardWriter`) write ``<stem>.sizes.npy`` beside each
+shard holding images: an ``int32`` array of shape ``(samples, 2)``, each sample's ``(width,
+height)`` read from its first image field's header (:data:`IMAGE_FIELDS` order), ``(-1, -1)``
+where the sample has no image or its header is not one this module reads. A dataset sharded
+before the sizes were recorded gets them once from :func:`record_image_sizes`, which reads the
+same headers from the shards.
+
+The headers are parsed here (JPEG's start-of-frame marker, PNG's ``IHDR``, WebP's ``VP8``,
+``VP8L`` and ``VP8X`` chunks, GIF, BMP), without Pillow, which is an optional extra; another
+format is opened lazily by Pillow (its header only) where Pillow is installed.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._helpers.storage import is_local, local_path, open_binary
+from .._redact import logger
+from ..errors import InputError
+from ._image_fields import IMAGE_FIELDS, image_extension
+from ._index import index_from_tar, index_path, parse_index
+from ._manifest import join, load_manifest
+
+log = logger("feedpipe.sizes")
+
+# the JPEG start-of-frame markers (baseline, extended, progressive, lossless, arithmetic)
+_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE,
+                  0xCF})
+NO_SIZE = (-1, -1)
+
+
+def sizes_path(shard_path: str) -> str:
+    """``.../data-000000.tar`` -> ``.../data-000000.sizes.npy``."""
+    stem = shard_path[:-4] if shard_path.endswith(".tar") else shard_path
+    return f"{stem}.sizes.npy"
+
+
+def _jpeg(b: memoryview) -> tuple[int, int] | None:
+    i, n = 2, len(b)
+    while i + 9 < n:
+        if b[i] != 0xFF:
+            return None
+        m = b[i + 1]
+        if m == 0xFF:  # fill byte
+            i += 1
+            continue
+        if m in (0x01, 0xD8) or 0xD0 <= m <= 0xD7:  # markers without a length
+            i += 2
+            continue
+        length = (b[i + 2] << 8) | b[i + 3]
+        if m in _SOF:
+            h, w = struct.unpack(">HH", b[i + 5:i + 9])
+            return (w, h) if w and h else None
+        i += 2 + length
+    return None
+
+
+def _webp(b: memoryview) -> tuple[int, int] | None:
+    chunk = bytes(b[12:16])
+    if chunk == b"VP8 " and len(b) >= 30:
+        w, h = struct.unpack("<HH", b[26:30])
+        return w & 0x3FFF, h & 0x3FFF
+    if chunk == b"VP8L" and len(b) >= 25:
+        v = int.from_bytes(b[21:25], "little")
+        return (v & 0x3FFF) + 1, ((v >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8X" and len(b) >= 30:
+        return (int.from_bytes(b[24:27], "little") + 1, int.from_bytes(b[27:30], "little") + 1)
+    return None
+
+
+def header_size(data: Any) -> tuple[int, int] | None:
+    """``(width, height)`` of an encoded image from its header, without decoding it; ``None``
+    where the header is not one this module reads (nor Pillow, where it is installed).
+
+    Example:
+        >>> import struct, zlib
+        >>> ihdr = struct.pack(">IIBBBBB", 640, 480, 8, 2, 0, 0, 0)
+        >>> png = b"\\x89PNG\\r\\n\\x1a\\n" + struct.pack(">I", 13) + b"IHDR" + ihdr
+        >>> header_size(png)
+        (640, 480)
+    """
+    b = memoryview(data).cast("B")
+    head = bytes(b[:12])
+    size: tuple[int, int] | None = None
+    if head[:2] == b"\xff\xd8":
+        size = _jpeg(b)
+    elif head[:8] == b"\x89PNG\r\n\x1a\n" and len(b) >= 24:
+        size = struct.unpack(">II", b[16:24])
+    elif head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        size = _webp(b)
+    elif head[:6] in (b"GIF87a", b"GIF89a"):
+        size = struct.unpack("<HH", head[6:10])
+    elif head[:2] == b"BM" and len(b) >= 26:
+        w, h = struct.unpack("<ii", b[18:26])
+        size = (w, abs(h))
+    if size is None:
+        size = _pillow_size(b)
+    return None if size is None else (int(size[0]), int(size[1]))
+
+
+def _pillow_size(b: memoryview) -> tuple[int, int] | None:
+    try:
+        from PIL import Image
+    except ImportError:
+        return None
+    try:
+        with Image.open(io.BytesIO(b)) as im:  # lazy: reads the header only
+            return im.size
+    except Exception:  # noqa: BLE001 (any format Pillow does not read: no size)
+        return None
+
+
+def image_member(exts: Sequence[str]) -> int | None:
+    """Which of a sample's member extensions is its image (:data:`IMAGE_FIELDS` order, any
+    case), or ``None``."""
+    lowered = [e.lower() for e in exts]
+    for f in IMAGE_FIELDS:
+        if f in lowered:
+            return lowered.index(f)
+    for k, e in enumerate(exts):
+        if image_extension(e) is not None:
+            return k
+    return None
+
+
+def index_sizes(buffer: Any, idx: Any) -> tuple[np.ndarray, int]:
+    """Each sample's ``(width, height)`` in a shard mapped as ``buffer`` whose index is
+    ``idx`` (a :class:`~feedpipe.format._index.ShardIndex`), and how many samples with an
+    image field have no size (a header not read)."""
+    n = len(idx)
+    out = np.full((n, 2), -1, dtype=np.int32)
+    buf = memoryview(buffer)
+    unread = 0
+    for i in range(n):
+        a, b = idx.starts[i], idx.starts[i + 1]
+        k = image_member(idx.exts[a:b])
+        if k is None:
+            continue
+        off, size = idx.offsets[a + k], idx.sizes[a + k]
+        got = header_size(buf[off:off + size])
+        if got is None:
+            unread += 1
+        else:
+            out[i] = got
+    return out, unread
+
+
+def has_images(idx: Any) -> bool:
+    """Whether any member of the shard indexed by ``idx`` is an image."""
+    return any(image_extension(e) is not None for e in idx.fields())
+
+
+def write_sizes(path: str, sizes: np.ndarray) -> None:
+    """Write a sizes file atomically (a reader never sees half of one)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(sizes, dtype=np.int32), allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def sizes_of_file(tar_path: str, idx: Any) -> tuple[np.ndarray, int]:
+    """:func:`index_sizes` of the local shard file ``tar_path``."""
+    if not len(idx):
+        return np.full((0, 2), -1, dtype=np.int32), 0
+    with open(tar_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        try:
+            return index_sizes(m, idx)
+        finally:
+            del m  # no view of the map outlives it
+
+
+def record_shard_sizes(out_dir: str, name: str, tar_path: str, idx: Any) -> None:
+    """At shard time: write ``name``'s sizes file in ``out_dir`` (the sealed shard still at
+    ``tar_path``), where the shard holds images; a header not read is said in a log record
+    (``INFO``: only a reader bucketing by shape needs the sizes, and it warns)."""
+    if not has_images(idx):
+        return
+    sizes, unread = sizes_of_file(tar_path, idx)
+    if unread:  # said where it matters too: a Bucketed over them warns it leaves them out
+        log.info("%s: %d image(s) of an unread header format have no recorded size "
+                 "(-1, -1 in %s); bucketing by shape leaves them out",
+                 os.path.join(out_dir, name), unread, os.path.basename(sizes_path(name)))
+    write_sizes(sizes_path(os.path.join(out_dir, name)), sizes)
+
+
+def record_image_sizes(root: str, *, overwrite: bool = False) -> dict[str, int]:
+    """Record each image's size beside the shards of the local dataset ``root`` that were
+    sharded before ``feedpipe shard`` recorded them (a one-time scan of the image headers; no
+    image is decoded). A shard whose sizes file exists is left as it is unless ``overwrite``.
+
+    Returns ``{"shards": shards scanned, "images": sizes recorded, "unread": images whose header
+    was not read}``; what it did is said in a log record.
+
+    Raises:
+        InputError: ``root`` is not a local directory (the sizes are written beside the shards).
+    """
+    if not is_local(root):
+        raise InputError(f"{root}: image sizes are recorded beside the shards, in a local "
+                         "directory; record them where the dataset is written, then copy it")
+    root = local_path(root)
+    manifest = load_manifest(root)
+    scanned = images = unread = 0
+    for rec in manifest.shards:
+        tar = os.path.join(root, rec.name)
+        out = sizes_path(tar)
+        if os.path.exists(out) and not overwrite:
+            continue
+        ipath = index_path(tar)
+        if os.path.exists(ipath):
+            with open(ipath, "rb") as f:
+                idx = parse_index(f.read(), ipath)
+        else:
+            with open(tar, "rb") as f:
+                idx = index_from_tar(f, os.path.getsize(tar), tar)
+        sizes, bad = sizes_of_file(tar, idx)
+        write_sizes(out, sizes)
+        scanned += 1
+        images += int((sizes[:, 0] >= 0).sum())
+        unread += bad
+    log.info("%s: recorded the image sizes of %d shard(s) (%d images, %d unread headers) "
+             "beside them as <shard>.sizes.npy", root, scanned, images, unread)
+    return {"shards": scanned, "images": images, "unread": unread}
+
+
+def load_sizes(root: str, manifest: Any) -> np.ndarray:
+    """Every sample's ``(width, height)`` of a dataset (local or remote), in global id order
+    (an ``int32`` array of shape ``(total_samples, 2)``, ``-1`` where unknown).
+
+    Raises:
+        InputError: a shard has no sizes file, or one of another length (the message says to
+            run :func:`~feedpipe.record_image_sizes`).
+    """
+    parts = []
+    for rec in manifest.shards:
+        path = join(root, sizes_path(rec.name))
+        try:
+            if is_local(path):
+                a = np.load(local_path(path), allow_pickle=False)
+            else:
+                with open_binary(path) as f:
+                    a = np.load(io.BytesIO(f.read()), allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InputError(f"{path}: no image sizes recorded for shard {rec.name} ({e}); "
+                             "run feedpipe.record_image_sizes(dataset) once to record "
+                             "them") from e
+        if a.shape != (rec.samples, 2):
+            raise InputError(f"{path}: {a.shape[0] if a.ndim else 0} sizes for the "
+                             f"{rec.samples} samples of {rec.name}; run "
+                             "feedpipe.record_image_sizes(dataset, overwrite=True)")
+        parts.append(a.astype(np.int32, copy=False))
+    if not parts:
+        return np.zeros((0, 2), dtype=np.int32)
+    return np.concatenate(parts)
