@@ -117,17 +117,7 @@ def decide(f: Figures) -> Verdict:
     stages: dict[str, float | None] = {"storage": f.storage}
     stages.update({s: (getattr(f, s) * p if getattr(f, s) else None) for s in CPU_STAGES})
     stages["h2d"] = f.h2d
-    cpu = p / sum(1 / r for r in cpu_rates.values()) if cpu_rates else None
-    candidates = {k: v for k, v in (("storage", f.storage), ("cpu", cpu), ("h2d", f.h2d)) if v}
-    bound: str | None = None
-    ceiling: float | None = None
-    if candidates:
-        bound = min(candidates, key=lambda k: candidates[k])
-        ceiling = candidates[bound]
-        if bound == "cpu":
-            bound = min(cpu_rates, key=lambda k: cpu_rates[k])
-    elif f.kind == "file" and f.storage_mb_per_s:
-        bound = "storage"
+    bound, ceiling = _bound(f, cpu_rates, p)
     basis = "the stage rates" if bound is not None else None
     if bound is not None and f.loader_bound is not None and \
             PART_OF.get(bound) == f.loader_bound:
@@ -142,18 +132,38 @@ def decide(f: Figures) -> Verdict:
         demand = f.batch_size / (f.step_time_ms / 1e3)
         if ceiling:
             utilisation = min(1.0, ceiling / demand)
-    mb = None
-    if f.kind == "file":
-        mb = f.storage_mb_per_s
-    elif ceiling and f.storage and f.storage_mb_per_s:
-        mb = ceiling * f.storage_mb_per_s / f.storage
     best_w = max(f.loader, key=lambda w: f.loader[w]) if f.loader else None
     advice = _advice(f, bound, ceiling, p, cpu_rates, demand)
-    return Verdict(bound, ceiling, mb, stages, p, demand, utilisation,
+    return Verdict(bound, ceiling, _ceiling_mb(f, ceiling), stages, p, demand, utilisation,
                    f.loader[best_w] if best_w is not None else None, best_w,
                    [a for _, a in advice], f.cold_mb_per_s, f.warm_mb_per_s,
                    PART_OF.get(bound) if bound else None, basis, [k for k, _ in advice],
                    _parallelism_note(f, p), (f.link or {}).get("cold_epoch_s"))
+
+
+def _bound(f: Figures, cpu_rates: dict[str, float],
+           p: int) -> tuple[str | None, float | None]:
+    """The stage the stage rates say bounds (the CPU's slowest stage where the CPU does), and
+    the ceiling it sets in samples/s."""
+    cpu = p / sum(1 / r for r in cpu_rates.values()) if cpu_rates else None
+    candidates = {k: v for k, v in (("storage", f.storage), ("cpu", cpu), ("h2d", f.h2d)) if v}
+    if not candidates:
+        return ("storage" if f.kind == "file" and f.storage_mb_per_s else None), None
+    bound = min(candidates, key=lambda k: candidates[k])
+    ceiling = candidates[bound]
+    if bound == "cpu":
+        bound = min(cpu_rates, key=lambda k: cpu_rates[k])
+    return bound, ceiling
+
+
+def _ceiling_mb(f: Figures, ceiling: float | None) -> float | None:
+    """The ceiling in MB/s: a file's storage rate, or the samples/s ceiling at the dataset's
+    bytes per sample."""
+    if f.kind == "file":
+        return f.storage_mb_per_s
+    if ceiling and f.storage and f.storage_mb_per_s:
+        return ceiling * f.storage_mb_per_s / f.storage
+    return None
 
 
 def _link_floor(f: Figures) -> str:
