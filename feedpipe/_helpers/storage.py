@@ -569,7 +569,10 @@ def _store_options() -> dict[str, Any]:
         "retry_config": {"max_retries": 0, "retry_timeout": timedelta(seconds=read_timeout()),
                          "backoff": {"init_backoff": timedelta(milliseconds=100),
                                      "max_backoff": timedelta(seconds=1), "base": 2.0}},
+        # a response that sends nothing for read_timeout() is given up (and retried), as over
+        # http(s)://; a long one that keeps sending is not cut short
         "client_options": {"timeout": timedelta(hours=1),
+                           "read_timeout": f"{read_timeout()}s",
                            "connect_timeout": timedelta(seconds=30),
                            "pool_max_idle_per_host": str(streams())},
     }
