@@ -99,6 +99,88 @@ def test_s3_through_moto_equals_local(s3: dict, expected: list) -> None:  # type
     assert all_samples(FeedDataset(f"s3://{BUCKET}/shards", shuffle=True, seed=1)) == expected
 
 
+def test_a_forked_worker_reads_s3_without_decoding_botocore_models_again(
+        s3: dict, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
+    """s3fs made a botocore session per process: a DataLoader worker decoded botocore's JSON
+    models (the S3 service, its endpoint rules) again before its first request. The session the
+    parent read with is inherited: the child's first s3:// read loads no model file."""
+    import multiprocessing
+
+    import botocore.loaders
+
+    from feedpipe._helpers.storage import read_bytes
+
+    loads: list[str] = []
+    plain = botocore.loaders.JSONFileLoader.load_file
+
+    def counted(self: object, path: str) -> object:
+        loads.append(path)
+        return plain(self, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(botocore.loaders.JSONFileLoader, "load_file", counted)
+    monkeypatch.setenv("FEEDPIPE_S3_CLIENT", "s3fs")
+    url = f"s3://{BUCKET}/shards/manifest.json"
+    parent = read_bytes(url)  # loads the models, unless an earlier test of this process did
+
+    def child(q: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+        loads.clear()
+        q.put((read_bytes(url) == parent, list(loads)))
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    same, child_loads = q.get(timeout=60)
+    p.join(60)
+    assert same
+    assert child_loads == []
+
+
+def test_s3_read_with_obstore_in_the_parent_and_two_forked_workers_exactly_once(
+        s3: dict, expected: list, monkeypatch: pytest.MonkeyPatch,  # type: ignore[type-arg]
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The credentials come from the environment (the fixture's AWS_* keys, no ~/.aws): s3:// is
+    read with obstore, which says so. obstore's runtime does not survive a fork: the workers
+    read with s3fs (a worker that used the inherited runtime crashed), every sample once."""
+    from feedpipe._helpers import storage
+
+    monkeypatch.setattr(storage, "_said", set())
+    with caplog.at_level("INFO", logger="feedpipe"):
+        ds = FeedDataset(f"s3://{BUCKET}/shards", shuffle=True, seed=2)
+    assert any("read with obstore (credentials from the environment)" in r.getMessage()
+               for r in caplog.records)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    assert sorted(fields(s) for s in loader) == expected
+
+
+def test_s3_keeps_s3fs_where_a_profile_may_say_otherwise(
+        s3: dict, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        tmp_path: Path) -> None:  # type: ignore[type-arg]
+    """obstore reads no ~/.aws files: with a profile named, or a credentials file present, s3fs
+    (botocore) reads s3://, and the log says why; FEEDPIPE_S3_CLIENT overrides."""
+    from feedpipe._helpers import storage
+
+    url = f"s3://{BUCKET}/shards/manifest.json"
+    monkeypatch.setattr(storage, "_said", set())
+    assert storage.object_store(url) is not None
+    monkeypatch.setenv("AWS_PROFILE", "team")
+    monkeypatch.setattr(storage, "_said", set())
+    with caplog.at_level("INFO", logger="feedpipe"):
+        assert storage.object_store(url) is None
+    assert any("read with s3fs (AWS_PROFILE names a profile)" in r.getMessage()
+               for r in caplog.records)
+    monkeypatch.delenv("AWS_PROFILE")
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\naws_access_key_id = other\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    assert storage.object_store(url) is None
+    monkeypatch.setenv("FEEDPIPE_S3_CLIENT", "obstore")
+    assert storage.object_store(url) is not None
+    monkeypatch.setenv("FEEDPIPE_S3_CLIENT", "s3fs")
+    monkeypatch.delenv("AWS_SHARED_CREDENTIALS_FILE")
+    assert storage.object_store(url) is None
+
+
 def test_file_url_equals_local(root: Path, expected: list) -> None:  # type: ignore[type-arg]
     assert all_samples(FeedDataset(f"file://{root / 'shards'}")) == expected
 
@@ -283,6 +365,7 @@ def test_s3_reads_each_object_without_a_head_request(
         return await real(self, method, *args, **kwargs)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    monkeypatch.setenv("FEEDPIPE_S3_CLIENT", "s3fs")  # obstore makes no HEAD either: s3fs here
     ds = FeedDataset(f"s3://{BUCKET}/shards", cache_dir=tmp_path / "c")
     assert all_samples(ds) == expected
     shards = len(ds.manifest.shards)

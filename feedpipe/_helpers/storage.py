@@ -154,7 +154,10 @@ def _link_options(url: str) -> dict[str, Any]:
     if proto in ("s3", "s3a"):
         given = dict(conf.get(proto, {}).get("config_kwargs") or {})
         given.setdefault("max_pool_connections", max(10, streams()))
-        return {"config_kwargs": given}
+        options: dict[str, Any] = {"config_kwargs": given}
+        if not {"session", "profile", "key", "secret", "token"} & set(conf.get(proto, {})):
+            options["session"] = _s3_session()
+        return options
     if proto in ("http", "https"):
         import aiohttp
 
@@ -163,6 +166,35 @@ def _link_options(url: str) -> dict[str, Any]:
                                                            sock_read=read_timeout()))
         return {"client_kwargs": client}
     return {}
+
+
+_s3_sessions: dict[tuple[tuple[str, str], ...], Any] = {}  # AWS_* environment -> AioSession
+_s3_loader: list[Any] = []  # botocore's loader of its JSON models, shared by those sessions
+
+
+def _s3_session() -> Any:
+    """The botocore session s3fs clients of this process are made from, one per ``AWS_*``
+    environment (credentials and profile are resolved as s3fs would: from the environment or
+    ``~/.aws``, when a client is made).
+
+    s3fs otherwise makes a session per filesystem, and a filesystem per process: each one decodes
+    botocore's JSON models (the S3 service, its endpoint rules) before its first request, a
+    fraction of a second of CPU, again in every DataLoader worker. Made here, before the workers
+    fork, the session and its loaded models are inherited, so a worker's first request waits for
+    the round trip only. A user who configures fsspec's s3 ``session``, ``profile`` or keys keeps
+    s3fs's own session (see :func:`_link_options`)."""
+    import aiobotocore.session
+
+    key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    with _pool_lock:
+        session = _s3_sessions.get(key)
+        if session is None:
+            session = aiobotocore.session.AioSession()
+            if not _s3_loader:
+                _s3_loader.append(session.get_component("data_loader"))
+            session.register_component("data_loader", _s3_loader[0])
+            _s3_sessions[key] = session
+        return session
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -201,6 +233,9 @@ def read_bytes(url: str, *, stop: Any = None) -> bytes:
             raise SourceNotFoundError(f"{url}: no such file") from cause(e)
     from . import retry
 
+    ob = object_store(url)
+    if ob is not None:
+        return retry.call(url, lambda: _ob_get(ob, url), stop=stop)
     fs, path = filesystem(url)
     return bytes(retry.call(url, lambda: _whole(fs, path), stop=stop))
 
@@ -325,7 +360,7 @@ class Ranges:
         self.url, self.ranges, self.stop, self.size = url, ranges, stop, size
         self.fs: Any = None
         self.path = ""
-        if ranges:
+        if ranges and object_store(url) is None:
             self.fs, self.path = filesystem(url)
         self.tolerant = size is not None and bool(ranges) and ranges[0][0] == 0
         self.futures: list[Future[bytes] | None] = []
@@ -378,6 +413,12 @@ def _raw(fs: Any, path: str, url: str, start: int, end: int, *, whole: bool,
          stop: Any) -> bytes:
     from . import retry
 
+    ob = object_store(url) if fs is None else None
+    if ob is not None:
+        return retry.call(url, lambda: _ob_get(ob, url, None if whole else (start, end)),
+                          stop=stop)
+    if fs is None:
+        fs, path = filesystem(url)
     if whole:
         return retry.call(url, lambda: _whole(fs, path), stop=stop)
     return bytes(retry.call(url, lambda: fs.cat_file(path, start=start, end=end), stop=stop))
@@ -406,3 +447,172 @@ def read_whole(url: str, size: int, *, stop: Any = None) -> bytes:
     it), in concurrent ranges (:func:`read_ranges`)."""
     return b"".join(read_ranges(url, ranges_of(0, size, range_bytes(size)), stop=stop,
                                 size=size))
+
+
+# -- s3:// through obstore ---------------------------------------------------------------------
+_stores: dict[tuple[Any, ...], Any] = {}  # kept for the process's life, in forked children too
+# The process whose obstore (tokio) runtime started: a child forked from it inherits a runtime
+# without its threads, where a request crashes the process; it reads with s3fs instead.
+_obstore_parent: list[int] = []
+_said: set[str] = set()
+_AWS_FILES = (("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+              ("AWS_CONFIG_FILE", "~/.aws/config"))
+
+
+def s3_client() -> str:
+    """Which client reads ``s3://`` objects: ``FEEDPIPE_S3_CLIENT`` (``auto``, the default;
+    ``obstore``; ``s3fs``)."""
+    return os.environ.get("FEEDPIPE_S3_CLIENT", "auto").strip().lower() or "auto"
+
+
+def _obstore_refusal() -> str | None:
+    """Why ``auto`` keeps s3fs for ``s3://`` (None: obstore reads it as s3fs would). obstore
+    takes credentials, region and endpoint from ``AWS_*`` environment variables (or the
+    instance's role) only: where ``~/.aws`` files, a profile or fsspec's s3 configuration may say
+    something else, s3fs (botocore) reads them."""
+    import fsspec.config
+
+    if fsspec.config.conf.get("s3") or fsspec.config.conf.get("s3a"):
+        return "fsspec's configuration has s3 options"
+    if os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE"):
+        return "AWS_PROFILE names a profile"
+    for var, default in _AWS_FILES:
+        path = os.path.expanduser(os.environ.get(var) or default)
+        if path != os.devnull and os.path.isfile(path) and os.path.getsize(path) > 0:
+            return f"{path} may hold credentials or settings"
+    return None
+
+
+def _say(choice: str, why: str) -> None:
+    if choice in _said:
+        return
+    _said.add(choice)
+    from .._redact import logger
+
+    logger("feedpipe").info("feedpipe: s3:// objects are read with %s (%s); "
+                            "FEEDPIPE_S3_CLIENT=s3fs|obstore chooses", choice, why)
+
+
+def object_store(url: str) -> tuple[Any, str] | None:
+    """``(obstore S3Store, key)`` where ``url`` is read through obstore, else None (s3fs).
+
+    ``auto`` takes obstore for ``s3://`` when it is installed and the credentials come from the
+    environment or nowhere (:func:`_obstore_refusal`): it starts in a round trip, where s3fs first
+    imports and decodes botocore's models. The choice is said once per process in a log record."""
+    proto, _, rest = url.partition("://")
+    if proto.lower() not in ("s3", "s3a"):
+        return None
+    choice = s3_client()
+    if choice == "s3fs":
+        _say("s3fs", "FEEDPIPE_S3_CLIENT=s3fs")
+        return None
+    if choice == "auto":
+        why = _obstore_refusal()
+        if why is not None:
+            _say("s3fs", why)
+            return None
+    try:
+        from obstore.store import S3Store
+    except ImportError as e:
+        if choice == "obstore":
+            from ..errors import MissingDependencyError
+            from .dependency import install_hint
+
+            raise MissingDependencyError(
+                f"{url}: FEEDPIPE_S3_CLIENT=obstore, and obstore is not installed ({e}). "
+                f"Install it with: {install_hint('obstore', 's3')}") from cause(e)
+        _say("s3fs", "obstore is not installed")
+        return None
+    if _obstore_parent and _obstore_parent[0] != os.getpid():
+        _say("s3fs", "obstore's runtime does not survive the fork of this worker process "
+             "from one that used it")
+        return None
+    bucket, _, key = rest.partition("/")
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    ident = (bucket, env)
+    with _pool_lock:
+        if not _obstore_parent:
+            _obstore_parent.append(os.getpid())
+            os.register_at_fork(before=_ready_s3fs_for_children)
+        store = _stores.get(ident)
+        if store is None:
+            store = _stores[ident] = S3Store(bucket, **_store_options())
+    _say("obstore", "credentials from the environment" if "AWS_ACCESS_KEY_ID" in dict(env)
+         else "no credentials configured")
+    return store, key
+
+
+def _ready_s3fs_for_children() -> None:
+    """Before this process (which reads with obstore) forks: make the s3fs client of each bucket
+    it read, so that the children (which read with s3fs, see :func:`object_store`) inherit its
+    imports and botocore's decoded models instead of each making them again. Best effort: a
+    child that finds none makes its own."""
+    if not _obstore_parent or _obstore_parent[0] != os.getpid():
+        return
+    for bucket in sorted({ident[0] for ident in _stores}):
+        try:
+            fs, _ = filesystem(f"s3://{bucket}")
+            fs.connect()
+        except Exception:  # noqa: BLE001 - the child makes its client itself and reports
+            pass
+
+
+def _store_options() -> dict[str, Any]:
+    """obstore's settings from the environment, as botocore reads them (the S3-specific
+    endpoint first); retries are left to :mod:`feedpipe._helpers.retry`, which counts them."""
+    from datetime import timedelta
+
+    env = os.environ
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    options: dict[str, Any] = {
+        "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "retry_config": {"max_retries": 0, "retry_timeout": timedelta(seconds=read_timeout()),
+                         "backoff": {"init_backoff": timedelta(milliseconds=100),
+                                     "max_backoff": timedelta(seconds=1), "base": 2.0}},
+        # a response that sends nothing for read_timeout() is given up (and retried), as over
+        # http(s)://; a long one that keeps sending is not cut short
+        "client_options": {"timeout": timedelta(hours=1),
+                           "read_timeout": f"{read_timeout()}s",
+                           "connect_timeout": timedelta(seconds=30),
+                           "pool_max_idle_per_host": str(streams())},
+    }
+    if endpoint:
+        options["endpoint"] = endpoint
+        if endpoint.lower().startswith("http://"):
+            options["client_options"]["allow_http"] = True
+    return options
+
+
+class ObjectStoreError(OSError):
+    """An obstore failure, with the HTTP status it names (for :func:`retry.classify`)."""
+
+    def __init__(self, message: str, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _ob_get(ob: tuple[Any, str], url: str, span: tuple[int, int] | None = None) -> bytes:
+    """The object (or bytes ``[a, b)`` of it) in one GET; obstore's errors as those of the
+    other clients: a missing object a ``FileNotFoundError``, others with their status."""
+    import re
+
+    import obstore
+
+    store, key = ob
+    try:
+        if span is None:
+            return bytes(obstore.get(store, key).bytes())
+        if span[1] <= span[0]:
+            return b""
+        return bytes(obstore.get_range(store, key, start=span[0], end=span[1]))
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        text = str(e)
+        found = re.search(r"status code: (\d{3})", text)
+        status = int(found.group(1)) if found else None
+        if status is None and "416" in text:
+            status = 416
+        if status is None:
+            raise ConnectionError(f"{url}: {text}") from e
+        raise ObjectStoreError(f"{url}: {text}", status) from e
