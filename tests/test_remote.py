@@ -142,7 +142,7 @@ def test_s3_read_with_obstore_in_the_parent_and_two_forked_workers_exactly_once(
     """The credentials come from the environment (the fixture's AWS_* keys, no ~/.aws): s3:// is
     read with obstore, which says so. obstore's runtime does not survive a fork: the workers
     read with s3fs (a worker that used the inherited runtime crashed), every sample once."""
-    from feedpipe._helpers import storage
+    from feedpipe._helpers import storage_clients as storage
 
     monkeypatch.setattr(storage, "_said", set())
     with caplog.at_level("INFO", logger="feedpipe"):
@@ -158,7 +158,7 @@ def test_s3_keeps_s3fs_where_a_profile_may_say_otherwise(
         tmp_path: Path) -> None:  # type: ignore[type-arg]
     """obstore reads no ~/.aws files: with a profile named, or a credentials file present, s3fs
     (botocore) reads s3://, and the log says why; FEEDPIPE_S3_CLIENT overrides."""
-    from feedpipe._helpers import storage
+    from feedpipe._helpers import storage_clients as storage
 
     url = f"s3://{BUCKET}/shards/manifest.json"
     monkeypatch.setattr(storage, "_said", set())
