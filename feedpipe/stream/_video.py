@@ -132,11 +132,15 @@ class VideoClips(Source):
         """The clips of an epoch (over all ranks)."""
         return self.videos * self.clips
 
-    def plan(self, epoch: int | None = None) -> ClipOrder:
+    def plan(self, epoch: int | None = None) -> Any:  # a ClipOrder: ids of clips, not samples
+        """The order of ``epoch``'s clips: the clip id (``video * clips + clip``) at each
+        position."""
         return ClipOrder(self.videos, self.clips, self.seed, epoch or 0)
 
     def split_at(self, start: int = 0, whole_batches: bool = False, *,
                  epoch: int | None = None) -> Split:
+        """This rank's share of the epoch's ``videos * clips_per_video`` positions from
+        ``start`` on."""
         return Split(len(self), self.world.world_size, self.world.rank, int(start),
                      self.drop_last, bool(whole_batches))
 
@@ -146,9 +150,12 @@ class VideoClips(Source):
                 "frames": c.frames, "stride": c.stride, "fps": c.fps}
 
     def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The state at ``position`` of ``epoch``, naming the clips it belongs to."""
         return {**self._identity(), "epoch": int(epoch), "position": int(position)}
 
     def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
+        """Where ``state`` continues; a state of other clips (another seed, count, clip
+        length) raises :class:`~feedpipe.StateError`."""
         from ..errors import StateError
 
         mine = self._identity()
@@ -162,9 +169,11 @@ class VideoClips(Source):
         return int(state["epoch"]), int(state["position"])
 
     def capabilities(self, collate_fn: Any) -> Capabilities:
+        """A transform to share (the decoding), read by its own fetch (``video-clips``)."""
         return Capabilities(transform=True, local=self.shards.local,
                             shards_fit=len(self.shards) <= self.max_open_shards,
                             fetch=_KIND)
 
     def sample_fetch(self, epoch: int, *, copy: bool) -> ReadClips:
+        """Each clip id's video sample, tagged with its video, clip, epoch and seed."""
         return ReadClips(self, epoch, copy)
