@@ -199,3 +199,26 @@ def test_a_video_that_cannot_be_decoded_is_named_or_skipped(tmp_path: Path) -> N
                         batch_size=2)
     keys = [k for b in loader for k in b["__key__"]]
     assert keys == ["good"] and loader.stats()["skipped"] == 1
+
+
+def test_resume_mid_epoch_in_worker_processes_gives_exactly_the_rest(
+        videos: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = videos
+
+    def make() -> FeedLoader:
+        return FeedLoader(VideoClips(str(out), frames=2, stride=4, clips_per_video=3,
+                                     size=(12, 16), seed=2), batch_size=2, num_workers=2)
+
+    full = [(int(c["video"]), int(c["clip"]), int(c["start"])) for c in _clips(make())]
+    assert sorted((v, c) for v, c, _ in full) == [(v, c) for v in range(5) for c in range(3)]
+    loader = make()
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    it.close()
+    again = make()
+    again.load_state_dict(state)
+    seen = [(int(v), int(c), int(s)) for b in first
+            for v, c, s in zip(b["video"], b["clip"], b["start"])]
+    rest = [(int(c["video"]), int(c["clip"]), int(c["start"])) for c in _clips(again)]
+    assert len(seen) == 6 and seen + rest == full  # the same clips, in the same order
