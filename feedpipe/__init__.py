@@ -58,6 +58,7 @@ _LAZY = {
     "BatchCollator": "stream._collator",
     "Route": "stream._routes",
     "Source": "stream._source",
+    "VideoClips": "stream._video",
     "Capabilities": "stream._routes",
     "ImagePipeline": "transforms._pipeline",
     "ImageSpec": "transforms._pipeline",
@@ -66,6 +67,9 @@ _LAZY = {
     "DaliStage": "transforms._dali",
     "DaliBatch": "transforms._dali",
     "image_decoders": "transforms._decode",
+    "VideoClip": "transforms._video",
+    "VideoInfo": "transforms._video",
+    "video_info": "transforms._video",
     "ShardCache": "caches._shards",
     "DecodedStore": "caches.decoded._store",
     "FunctionIndex": "caches.l2._index",
@@ -187,8 +191,10 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .stream._routes import Capabilities, Route
     from .stream._shard_set import ShardSet
     from .stream._source import Source
+    from .stream._video import VideoClips
     from .transforms._bucket_crop import BucketCrop
     from .transforms._dali import DaliBatch, DaliStage
     from .transforms._decode import image_decoders
     from .transforms._image_text import CaptionTokens, ImageText
     from .transforms._pipeline import ImagePipeline, ImageSpec
+    from .transforms._video import VideoClip, VideoInfo, video_info

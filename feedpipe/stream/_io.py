@@ -112,8 +112,8 @@ class IoTally:
     def counted(self, fetch: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], Any]:
         """``fetch`` counting, per batch, the bytes it read from local shards."""
         rate, first, store = self._rate, self._first, self.dataset.decoded
-        if not rate.any():
-            return fetch
+        if not rate.any() or self._sliced:  # a source counting its own bytes (its ids are
+            return fetch                     # not the shards' samples: clips, rows)
 
         def counted_fetch(ids: np.ndarray) -> Any:
             before = store.stats.hits if store is not None else 0

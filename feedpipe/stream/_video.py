@@ -1,0 +1,179 @@
+"""``VideoClips``: the clips of a dataset of videos as the samples of an epoch, each
+``(video, clip)`` exactly once over the ranks and workers, resumable mid-epoch.
+
+A source (:class:`~feedpipe.Source`) whose ids are clips: id ``g`` is clip ``g % clips`` of video
+(sample) ``g // clips``. Its plan is :class:`~feedpipe.plan._clips.ClipOrder` (a keyed
+permutation of the clip ids, a pure function of seed and epoch); its fetch reads each clip's
+video from the shards and tags it with the clip; its transform
+(:class:`~feedpipe.transforms._video.VideoClip`) draws the clip's start and decodes it, in the
+loader's worker processes where it has them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..format._manifest import load_manifest
+from ..plan._clips import ClipOrder
+from ..plan._order import Split
+from ..plan._world import World, detect_world
+from ..transforms._video import VideoClip
+from ._routes import Capabilities
+from ._shard_set import ShardSet
+from ._source import Source
+
+log = logging.getLogger("feedpipe.video")
+
+_KIND = "video-clips"
+
+
+class _Then:
+    """``after(first(x))``: the clip decoder, then the user's transform (picklable)."""
+
+    def __init__(self, first: Callable[[Any], Any], after: Callable[[Any], Any]) -> None:
+        self.first, self.after = first, after
+
+    def __call__(self, x: Any) -> Any:
+        return self.after(self.first(x))
+
+
+class ReadClips:
+    """The fetch of :class:`VideoClips`: each clip id's video sample from the shards, with
+    ``__video__``, ``__clip__``, ``__epoch__`` and ``__seed__``; ``__index__`` is the clip id.
+    A shard cut since it was opened is named (:meth:`ShardSet.check`)."""
+
+    def __init__(self, source: VideoClips, epoch: int, copy: bool) -> None:
+        self.source, self.shards, self.clips = source, source.shards, source.clips
+        self.epoch, self.seed, self.copy = epoch, source.seed, copy
+
+    def __call__(self, ids: np.ndarray) -> list[tuple[int, Any, bool]]:
+        ids = np.asarray(ids, dtype=np.int64)
+        videos = ids // self.clips
+        s_of, i_of = self.shards.locate(videos)
+        used = sorted(set(s_of.tolist()))
+        with self.shards.hold(used):
+            readers = {s: self.shards.reader(s) for s in used}
+        self.shards.check(used)
+        out, read = [], 0
+        for g, v, s, i in zip(ids.tolist(), videos.tolist(), s_of.tolist(), i_of.tolist()):
+            x = readers[s].sample(i)
+            read += sum(len(b) for b in x.values() if isinstance(b, (bytes, memoryview)))
+            if self.copy:
+                x = {k: bytes(b) if isinstance(b, memoryview) else b for k, b in x.items()}
+            x.update(__video__=v, __clip__=g % self.clips, __index__=g,
+                     __epoch__=self.epoch, __seed__=self.seed)
+            out.append((g, x, False))
+        # the loader counts bytes per sample id; these ids are clips, so the source counts
+        self.source.bytes_read = (self.source.bytes_read or 0) + read
+        return out
+
+
+class VideoClips(Source):
+    """The clips of the videos in ``url``'s shards: ``clips_per_video`` clips of ``frames``
+    frames from each video every epoch, each clip one sample.
+
+    Every ``(video, clip)`` comes exactly once per epoch over all ranks and workers, in an order
+    that is a pure function of ``(seed, epoch)``; each clip's start is drawn from
+    ``(seed, epoch, video, clip)`` (:class:`~feedpipe.VideoClip`), so a clip is the same on any
+    rank or worker and moves from one epoch to the next. ``FeedLoader.state_dict()`` resumes
+    mid-epoch to exactly the clips not yet delivered.
+
+    Args:
+        url: the dataset (a folder of shards with a manifest) holding one video per sample.
+        frames: frames per clip.
+        stride: video frames between two frames of a clip.
+        fps: instead of ``stride``, the clip's frame rate.
+        clips_per_video: clips drawn from each video per epoch.
+        size: ``(height, width)`` the frames are resized to (``None``: the videos' own).
+        field: the video field (``None``: the first of ``mp4``, ``webm``, ``mkv``, ``avi``,
+            ``mov`` present).
+        seed: the seed of the order and of the clips' starts.
+        transform: applied to each decoded clip (the dict :class:`~feedpipe.VideoClip` makes).
+        on_error: ``"raise"`` or ``"skip"`` for a video that cannot be decoded.
+        rank, world_size: this process's rank and the number of ranks (default: detected).
+        drop_last: make the ranks equal by leaving clips out rather than repeating some.
+
+    Example:
+        >>> import feedpipe
+        >>> issubclass(feedpipe.VideoClips, feedpipe.Source)
+        True
+    """
+
+    prefetches = False  # its plan is of clips, not of the shards' samples
+
+    def __init__(self, url: str, *, frames: int, stride: int = 1, fps: float | None = None,
+                 clips_per_video: int = 1, size: tuple[int, int] | None = None,
+                 field: str | None = None, seed: int = 0,
+                 transform: Callable[[Any], Any] | None = None, on_error: str = "raise",
+                 rank: int | None = None, world_size: int | None = None,
+                 drop_last: bool = False, max_open_shards: int = 64) -> None:
+        self.url = str(url)
+        self.manifest = load_manifest(self.url)
+        self.seed = int(seed)
+        self.clip = VideoClip(frames, stride=stride, fps=fps, size=size,
+                              clips=clips_per_video, field=field, on_error=on_error)
+        self.transform = self.clip if transform is None else _Then(self.clip, transform)
+        self.decode: dict[str, Any] = {}
+        self.decoded = None
+        self.world = (World(rank, world_size) if rank is not None and world_size
+                      else detect_world())
+        self.drop_last = bool(drop_last)
+        self.max_open_shards = int(max_open_shards)
+        self.shards = ShardSet(self.url, self.manifest, max_open=self.max_open_shards)
+        self.videos = int(self.manifest.total_samples)
+        self.clips = self.clip.clips
+        self.bytes_read = 0  # video bytes read out of the shards (loader.stats()["io"])
+
+    def __len__(self) -> int:
+        """The clips of an epoch (over all ranks)."""
+        return self.videos * self.clips
+
+    def plan(self, epoch: int | None = None) -> Any:  # a ClipOrder: ids of clips, not samples
+        """The order of ``epoch``'s clips: the clip id (``video * clips + clip``) at each
+        position."""
+        return ClipOrder(self.videos, self.clips, self.seed, epoch or 0)
+
+    def split_at(self, start: int = 0, whole_batches: bool = False, *,
+                 epoch: int | None = None) -> Split:
+        """This rank's share of the epoch's ``videos * clips_per_video`` positions from
+        ``start`` on."""
+        return Split(len(self), self.world.world_size, self.world.rank, int(start),
+                     self.drop_last, bool(whole_batches))
+
+    def _identity(self) -> dict[str, Any]:
+        c = self.clip
+        return {"kind": _KIND, "seed": self.seed, "videos": self.videos, "clips": self.clips,
+                "frames": c.frames, "stride": c.stride, "fps": c.fps}
+
+    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The state at ``position`` of ``epoch``, naming the clips it belongs to."""
+        return {**self._identity(), "epoch": int(epoch), "position": int(position)}
+
+    def resume_point(self, state: dict[str, Any], *, strict: bool = True) -> tuple[int, int]:
+        """Where ``state`` continues; a state of other clips (another seed, count, clip
+        length) raises :class:`~feedpipe.StateError`."""
+        from ..errors import StateError
+
+        mine = self._identity()
+        theirs = {k: state.get(k) for k in mine}
+        if theirs != mine:
+            why = f"{self.url}: the state is of {theirs}, these clips are {mine}"
+            if strict:
+                raise StateError(why + " (strict=False starts the saved epoch afresh)")
+            log.warning("%s: starting epoch %s afresh", why, state.get("epoch", 0))
+            return int(state.get("epoch", 0)), 0
+        return int(state["epoch"]), int(state["position"])
+
+    def capabilities(self, collate_fn: Any) -> Capabilities:
+        """A transform to share (the decoding), read by its own fetch (``video-clips``)."""
+        return Capabilities(transform=True, local=self.shards.local,
+                            shards_fit=len(self.shards) <= self.max_open_shards,
+                            fetch=_KIND)
+
+    def sample_fetch(self, epoch: int, *, copy: bool) -> ReadClips:
+        """Each clip id's video sample, tagged with its video, clip, epoch and seed."""
+        return ReadClips(self, epoch, copy)

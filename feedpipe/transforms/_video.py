@@ -1,0 +1,255 @@
+"""Video clips decoded on CPU with PyAV (the FFmpeg bindings; ``pip install feedpipe[video]``).
+
+:class:`VideoClip` is the transform of a video sample: it reads the container's header (frame
+count, frame rate; no frame decoded), draws the clip's start from the plan
+(:func:`~feedpipe.plan._clips.clip_start`), seeks to the nearest keyframe before the start and
+decodes only up to the clip's last frame, each wanted frame converted to RGB at the asked size
+by FFmpeg's scaler. The clip is a ``uint8`` tensor ``[T, C, H, W]`` (frames first, as
+``torchvision.transforms.v2`` takes videos).
+
+A frame's number is read from its timestamp at the stream's average frame rate (a constant
+frame rate is assumed, as containers of training clips have).
+
+A video shorter than a clip is padded by repeating its last frame, said in a log record (once per
+video and process) and in the sample's ``padded`` count. A video that cannot be decoded raises a
+:class:`~feedpipe.errors.DecodeError` naming its key and shard (``on_error="skip"``: a
+:class:`~feedpipe.errors.SampleSkipped`, which the loader logs and counts).
+
+PyAV is imported when the first clip is decoded, never by ``import feedpipe``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from .._helpers.dependency import require
+from ..errors import DecodeError, SampleSkipped
+from ..plan._clips import clip_draw, clip_start
+
+log = logging.getLogger("feedpipe.video")
+
+VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "avi", "mov")
+"""The extensions read as videos, in the order a sample's video field is looked for."""
+
+_padded_logged: set[tuple[Any, Any]] = set()  # (shard, key) said once per process
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What a video's container header says, read without decoding a frame.
+
+    Attributes:
+        frames: frame count (from the header, or duration x frame rate where the container
+            does not count them, as WebM and Matroska do not).
+        fps: the stream's average frame rate.
+        duration: seconds.
+        width: frame width in pixels.
+        height: frame height in pixels.
+    """
+
+    frames: int
+    fps: float
+    duration: float
+    width: int
+    height: int
+
+
+def _av() -> Any:
+    return require("av", extra="video", purpose="decoding video clips")
+
+
+def _open(data: Any) -> Any:
+    return _av().open(io.BytesIO(data))
+
+
+def _rate(stream: Any) -> Fraction:
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    if not rate:
+        raise ValueError("the video stream states no frame rate")
+    return Fraction(rate)
+
+
+def _header(container: Any) -> tuple[Any, Fraction, int, float]:
+    if not container.streams.video:
+        raise ValueError("the container holds no video stream")
+    stream = container.streams.video[0]
+    rate = _rate(stream)
+    if stream.duration:
+        duration = float(stream.duration * stream.time_base)
+    else:
+        duration = float(container.duration or 0) / 1_000_000  # AV_TIME_BASE: microseconds
+    frames = int(stream.frames) or int(round(duration * rate))
+    if frames <= 0:
+        raise ValueError("the container states neither a frame count nor a duration")
+    return stream, rate, frames, duration
+
+
+def video_info(data: bytes | memoryview) -> VideoInfo:
+    """The :class:`VideoInfo` of a video's bytes, from the container header alone.
+
+    Example:
+        >>> video_info(b"not a video")  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        av.error.InvalidDataError: ...
+    """
+    with _open(data) as container:
+        stream, rate, frames, duration = _header(container)
+        return VideoInfo(frames, float(rate), duration, stream.codec_context.width,
+                         stream.codec_context.height)
+
+
+class VideoClip:
+    """The transform that makes a video sample a clip of ``frames`` frames.
+
+    Args:
+        frames: frames per clip (``T``).
+        stride: frames of the video between two frames of the clip.
+        fps: instead of ``stride``, the clip's frame rate (the video's frames nearest to
+            every ``1 / fps`` seconds).
+        size: ``(height, width)`` every frame is resized to (``None``: the video's own size;
+            the videos of a batch must then share it).
+        clips: clips drawn from each video per epoch (clip ``c`` starts in the ``c``-th of
+            ``clips`` equal segments of the video; :class:`~feedpipe.VideoClips` makes each
+            one a sample).
+        field: the video field (``None``: the first of ``mp4``, ``webm``, ``mkv``, ``avi``,
+            ``mov`` the sample has).
+        on_error: ``"raise"`` (:class:`~feedpipe.errors.DecodeError`) or ``"skip"``
+            (:class:`~feedpipe.errors.SampleSkipped`) for a video that cannot be decoded.
+
+    The output is a dict: ``frames`` (``uint8`` tensor ``[T, 3, H, W]``), ``start`` (the
+    video frame the clip starts at), ``video`` and ``clip`` (which clip of which sample),
+    ``padded`` (frames repeated past the video's end) and ``__key__``.
+
+    Over a plain :class:`~feedpipe.FeedDataset` it draws one clip per video per epoch (the
+    sample's ``__index__`` is the video); :class:`~feedpipe.VideoClips` makes several.
+
+    Example:
+        >>> VideoClip(8, stride=2).span(30.0)
+        15
+    """
+
+    def __init__(self, frames: int, *, stride: int = 1, fps: float | None = None,
+                 size: tuple[int, int] | None = None, clips: int = 1,
+                 field: str | None = None, on_error: str = "raise") -> None:
+        if int(frames) < 1 or int(stride) < 1 or int(clips) < 1:
+            raise ValueError(f"VideoClip(frames={frames}, stride={stride}, clips={clips}): "
+                             "each must be at least 1")
+        if fps is not None and not fps > 0:
+            raise ValueError(f"VideoClip(fps={fps}): a frame rate above 0, or None")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"VideoClip(on_error={on_error!r}): 'raise' or 'skip'")
+        self.frames, self.stride, self.fps = int(frames), int(stride), fps
+        self.size = None if size is None else (int(size[0]), int(size[1]))
+        self.clips, self.field, self.on_error = int(clips), field, on_error
+
+    def step(self, rate: float) -> float:
+        """Video frames from one clip frame to the next, for a video of ``rate`` frames/s."""
+        return float(rate) / self.fps if self.fps else float(self.stride)
+
+    def span(self, rate: float) -> int:
+        """Video frames one clip covers, first to last."""
+        return int(round((self.frames - 1) * self.step(rate))) + 1
+
+    def wanted(self, start: int, rate: float) -> np.ndarray:
+        """The video frames of a clip starting at ``start``."""
+        return start + np.round(np.arange(self.frames) * self.step(rate)).astype(np.int64)
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        name = self.field or next((f for f in VIDEO_FIELDS if sample.get(f) is not None), None)
+        key, shard = sample.get("__key__"), sample.get("__shard__")
+        if name is None or sample.get(name) is None:
+            raise DecodeError(f"sample {key!r} of {shard!r} has no video field "
+                              f"({self.field or ', '.join(VIDEO_FIELDS)}); name it with field=")
+        video = int(sample.get("__video__", sample.get("__index__", 0)))
+        clip = int(sample.get("__clip__", 0))
+        draw = clip_draw(sample.get("__seed__", 0), sample.get("__epoch__", 0), video, clip)
+        try:
+            out, start, padded = self._decode(sample[name], clip, draw)
+        except Exception as e:  # FFmpeg's errors, a missing stream, a clip cut short
+            if isinstance(e, ImportError):
+                raise
+            cls = SampleSkipped if self.on_error == "skip" else DecodeError
+            raise cls(f"video {name!r} of sample {key!r} in {shard!r} cannot be decoded: {e} "
+                      "(check the file with ffprobe; on_error='skip' leaves such videos out)"
+                      ) from e
+        if padded and (shard, key) not in _padded_logged:
+            _padded_logged.add((shard, key))
+            log.warning("video %r of %r ends before its clip of %d frames does: its last frame "
+                        "is repeated %d times (the rule for short videos)", key, shard,
+                        self.frames, padded)
+        import torch
+
+        return {"frames": torch.from_numpy(out), "start": start, "video": video, "clip": clip,
+                "padded": padded, "__key__": key}
+
+    def _decode(self, data: Any, clip: int, draw: float) -> tuple[np.ndarray, int, int]:
+        with _open(data) as container:
+            stream, rate, total, _ = _header(container)
+            start = clip_start(total, self.span(float(rate)), self.clips, clip, draw)
+            want = self.wanted(start, float(rate))
+            got = _frames_at(container, stream, rate, want, self.size)
+        have = sorted(got)
+        if not have or have[0] > want[0]:
+            raise ValueError(f"no frame decoded at or after frame {int(want[0])} (the header "
+                             f"says {total} frames)")
+        last = have[-1]
+        missing = [int(i) for i in want if int(i) not in got and int(i) < last]
+        if missing:
+            raise ValueError(f"frames {missing[:4]} of the clip were not decoded")
+        # past the video's last decoded frame: the last frame repeated (the short-video rule)
+        rows = [got[int(i)] if int(i) in got else got[last] for i in want]
+        padded = int(sum(1 for i in want if int(i) > last))
+        return np.ascontiguousarray(np.stack(rows).transpose(0, 3, 1, 2)), start, padded
+
+
+_scaler: list[Any] = []
+
+
+def _reformatter() -> Any:
+    """The process's FFmpeg scaler, used with one thread (``threads=1``): a scaler's slice
+    threads do not survive a fork, and a worker process that inherited a threaded one waited
+    on them forever (tests/test_video.py, the worker-process test). Worker processes are the
+    parallelism."""
+    if not _scaler:
+        from av.video.reformatter import VideoReformatter
+
+        _scaler.append(VideoReformatter())
+    return _scaler[0]
+
+
+def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
+               size: tuple[int, int] | None) -> dict[int, np.ndarray]:
+    """The RGB frames numbered ``want`` (at most), decoding from the keyframe before the
+    first."""
+    t0 = stream.start_time or 0
+    tb = stream.time_base
+    first, end = int(want[0]), int(want[-1])
+    if first > 0:  # the demuxer goes to the last keyframe at or before the timestamp
+        container.seek(t0 + int(Fraction(first) / rate / tb), stream=stream, backward=True,
+                       any_frame=False)
+    wanted = set(int(i) for i in want)
+    h, w = size if size is not None else (None, None)
+    scale = _reformatter()
+    got: dict[int, np.ndarray] = {}
+    last: tuple[int, Any] | None = None
+    for frame in container.decode(stream):
+        if frame.pts is None:
+            continue
+        i = int(round((frame.pts - t0) * tb * rate))
+        if i in wanted:
+            got[i] = scale.reformat(frame, width=w, height=h, format="rgb24",
+                                    threads=1).to_ndarray()
+        if i >= end:
+            return got
+        last = (i, frame)
+    if last is not None and last[0] >= first and last[0] not in got:
+        # the video ended before the clip: its last frame is the one repeated
+        got[last[0]] = scale.reformat(last[1], width=w, height=h,
+                                       format="rgb24", threads=1).to_ndarray()
+    return got
