@@ -249,7 +249,7 @@ class Packed(Source):
 
     def make_group(self, epoch: int, groups: list[np.ndarray]) -> Group:
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
-        next) of ``epoch``, ready to be made one by one (:meth:`Group.make`): where the pieces
+        next) of ``epoch``, ready to be made one by one (``Group.make``): where the pieces
         of each batch lie is worked out for all at once, and their tokens are copied out of the
         documents now (numpy's per-call costs paid once a group, and a shard cut later cannot
         reach them), while each batch's fields are written only when it is asked for (the
