@@ -1,9 +1,11 @@
 """Where bytes come from: local paths directly, everything else through fsspec.
 
-The one place that decides whether a URL is local, and the one that makes remote calls: whole
+The one place that decides whether a URL is local, and the one that makes remote reads: whole
 objects (:func:`read_bytes`), sizes (:func:`size_of`), one byte range (:func:`read_range`) and
 many byte ranges of one object fetched concurrently (:func:`read_ranges`), each retried
-(:mod:`feedpipe._helpers.retry`) and counted (:mod:`feedpipe._helpers.remote_count`).
+(:mod:`feedpipe._helpers.retry`) and counted (:mod:`feedpipe._helpers.remote_count`). Which
+client reads a URL, set up for the link, is :mod:`feedpipe._helpers.storage_clients`; listings
+are :mod:`feedpipe._helpers.storage_listing`.
 
 **Concurrency.** A remote link is used well when bandwidth x round trip worth of bytes is in
 flight; an object store also caps what one response streams (tens of MB/s), so a shard is read as
