@@ -46,7 +46,11 @@ def reference_frames(data: bytes, size: tuple[int, int] | None = None) -> np.nda
     import av
 
     h, w = size if size is not None else (None, None)
+    # one scaler thread, as feedpipe's: a frame keeps its scaler, and one with slice threads
+    # left for the collector hangs a worker process forked later in this process when the child
+    # frees it (FFmpeg joins threads the fork did not copy; the suite hung in
+    # test_worker_rows.py after this module's reference decodes)
     with av.open(io.BytesIO(data)) as c:
-        out: list[Any] = [f.reformat(width=w, height=h, format="rgb24").to_ndarray()
+        out: list[Any] = [f.reformat(width=w, height=h, format="rgb24", threads=1).to_ndarray()
                           for f in c.decode(video=0)]
     return np.stack(out).transpose(0, 3, 1, 2)
