@@ -248,7 +248,7 @@ def test_a_lost_part_of_a_rank_is_never_ok(tmp_path: Path, corpus: str, lose: in
                                                           for e in report["epochs"]))
 
 
-@settings(max_examples=100, deadline=None, derandomize=True,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(**SCENARIO)
 def test_the_packed_ledgers_verdict_is_the_truth(tmp_path_factory: pytest.TempPathFactory,

@@ -86,7 +86,10 @@ def test_a_state_names_the_position_its_own_loader_reached(ds_path: str, case: s
     assert seen + ids(list(it_b)) == alone(ds_path, case, 8)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# two worker cases of the three run with --slow: each pass starts worker processes
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow)
+                                  if c in ("persistent-workers", "refs-workers") else c
+                                  for c in CASES])
 def test_one_loaders_passes_leave_the_others_epoch(ds_path: str, case: str) -> None:
     a, b, _ = three(ds_path, case)
     first = ids(list(a))

@@ -49,7 +49,7 @@ class ShardSummary:
         >>> print(s.why)  # doctest: +ELLIPSIS
         one pass gave the tree back: files at the top of the tree ...
         >>> sorted(s.to_dict())[:3]
-        ['bytes', 'columns', 'executor']
+        ['bad_records', 'bytes', 'columns']
     """
 
     out: str

@@ -11,12 +11,12 @@ loader's worker processes where it has them.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .._redact import logger
 from ..format._manifest import load_manifest
 from ..plan._clips import ClipOrder
 from ..plan._order import Split
@@ -26,7 +26,7 @@ from ._routes import Capabilities
 from ._shard_set import ShardSet
 from ._source import Source
 
-log = logging.getLogger("feedpipe.video")
+log = logger("feedpipe.video")
 
 _KIND = "video-clips"
 

@@ -21,7 +21,6 @@ PyAV is imported when the first clip is decoded, never by ``import feedpipe``.
 from __future__ import annotations
 
 import io
-import logging
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -29,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from .._helpers.dependency import require
+from .._redact import logger
 from ..errors import DecodeError, SampleSkipped
 from ..plan._clips import clip_draw, clip_start
 
-log = logging.getLogger("feedpipe.video")
+log = logger("feedpipe.video")
 
 VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "avi", "mov")
 """The extensions read as videos, in the order a sample's video field is looked for."""
