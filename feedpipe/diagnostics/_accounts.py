@@ -9,9 +9,13 @@ epoch costs.
 from __future__ import annotations
 
 import gc
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .._helpers.storage import is_local
 
 Decode = Callable[[dict[str, Any]], Any]
 LOOP_PARTS = ("fetch", "compute", "sink")  # the batch loop's own parts, start-up apart
@@ -76,8 +80,13 @@ def run_loader(src: str, route: str | None, *, decode: Decode | None,
               {"transform_threads": max(1, workers)} if executor == "threads" else {})
     n = 0
     t0 = time.perf_counter()
+    # a remote dataset is read through an L1 directory of its own, empty: each run's epoch is
+    # cold, as a script's first one is (the process's read-ahead directory, which a script
+    # without cache_dir gets, is warm from the probe's earlier stages)
+    cold = None if is_local(src) else tempfile.mkdtemp(prefix="feedpipe-probe-l1-")
     try:
-        ds = FeedDataset(src, transform=decode, rank=0, world_size=1)
+        ds = FeedDataset(src, transform=decode, rank=0, world_size=1,
+                         **({} if cold is None else {"cache_dir": cold}))
         loader = FeedLoader(ds, batch_size=batch_size, collate_fn=collate, route=asked, **kw)
         try:
             deadline = t0 + seconds
@@ -91,6 +100,9 @@ def run_loader(src: str, route: str | None, *, decode: Decode | None,
             gc.collect()
     except Exception as e:  # noqa: BLE001 - reported per route; the others still run
         return {"asked": asked, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        if cold is not None:
+            shutil.rmtree(cold, ignore_errors=True)
     elapsed = time.perf_counter() - t0
     fraction = n / samples if samples else 0.0
     per_epoch = _scaled(s["io"], 1 / fraction) if fraction > 0 else None
