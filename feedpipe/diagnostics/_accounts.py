@@ -85,8 +85,8 @@ def run_loader(src: str, route: str | None, *, decode: Decode | None,
     # without cache_dir gets, is warm from the probe's earlier stages)
     cold = None if is_local(src) else tempfile.mkdtemp(prefix="feedpipe-probe-l1-")
     try:
-        ds = FeedDataset(src, transform=decode, rank=0, world_size=1,
-                         **({} if cold is None else {"cache_dir": cold}))
+        ds = (FeedDataset(src, transform=decode, rank=0, world_size=1) if cold is None else
+              FeedDataset(src, transform=decode, rank=0, world_size=1, cache_dir=cold))
         loader = FeedLoader(ds, batch_size=batch_size, collate_fn=collate, route=asked, **kw)
         try:
             deadline = t0 + seconds
