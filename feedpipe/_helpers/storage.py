@@ -11,10 +11,10 @@ are :mod:`feedpipe._helpers.storage_listing`.
 flight; an object store also caps what one response streams (tens of MB/s), so a shard is read as
 several concurrent ranges rather than one long response. Every range of this process goes through
 one pool of :func:`streams` threads (``FEEDPIPE_REMOTE_STREAMS``, default 16): with ranges of
-about :data:`RANGE_BYTES` (4 MiB, ``FEEDPIPE_RANGE_BYTES``) that is 64 MiB in flight, the
-bandwidth x round trip of 200 MB/s at 300 ms, or 16 capped responses at once (16 x 25 MB/s).
+about :data:`RANGE_BYTES` (``FEEDPIPE_RANGE_BYTES``) that is streams x range bytes in flight,
+which must cover the link's bandwidth x round trip, or enough capped responses at once.
 Each range costs a round trip before its first byte, so ranges are as large as keeps the
-streams busy: fewer, larger ranges measured faster than many 1 MiB ones (docs/performance.md).
+streams busy (the measurement behind the default: benchmarks/bench_remote.py, docs/performance.md).
 Raise the streams for a longer or faster link, or a lower cap per response.
 
 fsspec is imported lazily so that
