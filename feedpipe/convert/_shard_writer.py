@@ -5,7 +5,11 @@ The output is what ``feedpipe shard`` writes:
 - tar shards (ustar/GNU headers, no PAX), committed atomically: a hidden temp file, hashed as it
   is written, renamed once whole;
 - a DALI v1.2 ``.idx`` beside each shard;
-- ``wids.json``, and ``manifest.json`` last.
+- ``wids.json``, and ``manifest.json`` last;
+- for token documents (every sample only a ``tokens.npy`` 1-D integer array, one dtype), each
+  shard's ``PREFIX-000000.lengths.npy`` and the manifest's ``created_by.tokens``, as
+  ``feedpipe shard --tokenizer`` writes them, so that :class:`~feedpipe.Packed` plans rows
+  from the lengths without reading a header (:class:`_TokenLengths`).
 
 Keys follow the same rule. A key is a relative path whose last component may hold dots. It is
 encoded with :func:`~feedpipe.format._keys.encode_key`, so that the WebDataset first-dot rule
@@ -46,6 +50,7 @@ from ._output_dir import (
 from ._parts import PartInfo, parse_part, part_prefix, part_tag
 from ._sample_encoder import SampleEncoder
 from ._shard_plan import member_size, shard_full
+from ._token_writer import FIELD, NPY_HEADER, lengths_name, save_lengths
 from ._writer import commit, hidden, output_error, seal, write_members
 
 TOOL = "feedpipe.ShardWriter"
@@ -78,6 +83,37 @@ def _class_index(classes: list[str] | None) -> dict[str, int]:
         dup = sorted({c for c in classes if classes.count(c) > 1})
         raise ValueError(f"classes: repeated class name(s) {dup}; give each class once")
     return index
+
+
+class _TokenLengths:
+    """The token counts of a writer's documents, while every sample so far is a token document:
+    a lone ``tokens.npy`` member of a short name (one tar header) holding a 1-D integer array
+    of the writer's one dtype in a 128-byte ``.npy`` header, the layout a lengths file describes
+    (``shards/README.md``). One other sample and the writer writes no lengths file at all."""
+
+    def __init__(self, encoders: Mapping[str, Any]) -> None:
+        self.ok = FIELD not in encoders  # (an encoder's bytes need not be np.save's)
+        self.dtype: Any = None
+        self.shard: list[int] = []  # the counts of the shard being written
+
+    def add(self, key: str, sample: Mapping[str, Any], blobs: list[tuple[str, bytes]]) -> None:
+        if not self.ok:
+            return
+        value = sample.get(FIELD)
+        if (len(blobs) != 1 or blobs[0][0] != FIELD or type(value).__module__ != "numpy"
+                or getattr(value, "ndim", 0) != 1 or value.dtype.kind not in "iu"
+                or len(blobs[0][1]) != NPY_HEADER + value.nbytes
+                or member_size(f"{key}.{FIELD}", len(blobs[0][1]))
+                != BLOCK + -(-len(blobs[0][1]) // BLOCK) * BLOCK
+                or (self.dtype is not None and value.dtype != self.dtype)):
+            self.ok = False
+            return
+        self.dtype = value.dtype
+        self.shard.append(len(value))
+
+    def manifest_entry(self) -> dict[str, Any]:
+        return {"field": FIELD, "dtype": str(self.dtype.newbyteorder("=")), "eos_id": None,
+                "tokenizer": None, "lengths": "<shard stem>.lengths.npy"}
 
 
 class ShardWriter:
@@ -152,6 +188,8 @@ class ShardWriter:
         self._hash: Any = None
         self._members: list[tuple[str, int, int]] = []
         self._pos = self._count = 0
+        self._tokens = _TokenLengths(self.encoders)
+        self._lengths_files: list[str] = []
         self._closed = False
         self.manifest: Manifest | None = None
 
@@ -181,6 +219,7 @@ class ShardWriter:
         except OSError as e:
             raise output_error(e, os.path.join(self.out, self._name())) from e
         self._keys[key] = n
+        self._tokens.add(key, sample, blobs)
         self._count += 1
         self._fields.update(ext for ext, _ in blobs)
         return key
@@ -200,6 +239,7 @@ class ShardWriter:
             raise output_error(e, os.path.join(self.out, self._name())) from e
         self._hash = hashlib.sha256()
         self._members, self._pos, self._count = [], 0, 0
+        self._tokens.shard = []
 
     def _end_shard(self) -> None:
         name = self._name()
@@ -212,6 +252,9 @@ class ShardWriter:
         except OSError as e:
             raise output_error(e, os.path.join(self.out, name)) from e
         self._records.append(rec)
+        if self._tokens.ok:
+            self._lengths_files.append(lengths_name(name))
+            save_lengths(self.out, name, self._tokens.shard)
 
     # ------------------------------------------------------------------ closing
 
@@ -228,6 +271,9 @@ class ShardWriter:
                 self._end_shard()
             if not self._records and self.part is None:
                 raise InputError(f"{self.out}: no sample was written; nothing to save")
+            if not self._tokens.ok:  # (a later sample was not a token document of the dtype)
+                for n in self._lengths_files:
+                    unlink_quiet(os.path.join(self.out, n))
             m = Manifest(shards=list(self._records), fields=sorted(self._fields),
                          classes=self.classes, skipped=list(self.skipped),
                          created_by=self._created_by())
@@ -255,10 +301,12 @@ class ShardWriter:
         self.skipped.append({"path": what, "reason": reason})
 
     def _created_by(self) -> dict[str, Any]:
+        tokens = {"tokens": self._tokens.manifest_entry()} if self._tokens.ok and \
+            self._tokens.dtype is not None else {}
         return {"tool": TOOL, "feedpipe_version": __version__,
                 "options": {"max_bytes": self.max_bytes, "max_samples": self.max_samples,
                             "prefix": self.prefix, "encoders": sorted(self.encoders)},
-                **self.provenance}
+                **tokens, **self.provenance}
 
     def _commit_part(self, m: Manifest, index: int, count: int) -> None:
         from ._merge import write_part_record
@@ -286,6 +334,7 @@ class ShardWriter:
             unlink_quiet(os.path.join(self.out, rec.name))
             unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".idx"))
             unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".sizes.npy"))
+            unlink_quiet(os.path.join(self.out, lengths_name(rec.name)))
         self._records = []
         self._release()
 

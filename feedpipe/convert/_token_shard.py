@@ -51,18 +51,12 @@ from ._shard_plan import plan_fingerprint
 from ._sources import printable
 from ._summary import ShardSummary
 from ._text_inputs import DEFAULT_CHUNK_BYTES, list_inputs, list_units
-from ._token_writer import FIELD, NPY_HEADER, TokenSource
+from ._token_writer import FIELD, NPY_HEADER, TokenSource, lengths_name, save_lengths
 from ._writer import hidden, load_record, output_error
 
 log = logger("feedpipe.convert")
 METHOD = "tokenize"
 Records = dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]]
-
-
-def lengths_name(shard_name: str) -> str:
-    """The lengths file of a shard: ``data-000000.tar`` -> ``data-000000.lengths.npy``."""
-    stem = shard_name[:-4] if shard_name.endswith(".tar") else shard_name
-    return f"{stem}.lengths.npy"
 
 
 def shard_tokens(src: str, out: str, *, tokenizer: Any, vocab_size: int | None = None,
@@ -278,16 +272,7 @@ def _write_lengths(out: str, names: list[str], todo: list[int], kept: list[int],
         lengths = (np.asarray(idx.sizes, dtype=np.int64) - NPY_HEADER) // itemsize
         if i in todo_set:
             written += int(lengths.sum())
-        tmp = hidden(out, name, f".lengths.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                np.save(f, lengths)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as e:
-            unlink_quiet(tmp)
-            raise output_error(e, path) from e
+        save_lengths(out, name, lengths)
     return written
 
 

@@ -14,6 +14,7 @@ the same ids as tokenising the documents one by one.
 from __future__ import annotations
 
 import io
+import os
 from itertools import chain
 from typing import Any
 
@@ -22,9 +23,10 @@ import numpy as np
 from ..errors import InputError
 from ..format._tar import BLOCK, member_header
 from ..transforms._tokenizer import TokenizerRef
+from ._output_dir import unlink_quiet
 from ._sources import SampleSpec, Source
 from ._text_inputs import Bad, read_unit
-from ._writer import PartResult, removed_on_error
+from ._writer import PartResult, hidden, output_error, removed_on_error
 
 FIELD = "tokens.npy"
 NPY_HEADER = 128  # bytes of the .npy header of a 1-D array (np.save's, growth padding included)
@@ -32,6 +34,28 @@ BATCH_DOCS = 1024  # documents tokenised in one call
 _WRITE_BELOW = 8 << 20  # bytes gathered before one write
 _ZEROS = bytes(BLOCK)
 _HEADERS: dict[tuple[str, int], tuple[bytes, bytes]] = {}
+
+
+def lengths_name(shard_name: str) -> str:
+    """The lengths file of a shard: ``data-000000.tar`` -> ``data-000000.lengths.npy``."""
+    stem = shard_name[:-4] if shard_name.endswith(".tar") else shard_name
+    return f"{stem}.lengths.npy"
+
+
+def save_lengths(out: str, name: str, lengths: np.ndarray) -> None:
+    """Write the lengths file of shard ``name`` of ``out`` (int64), atomically: a hidden temp
+    file, synced, renamed."""
+    path = os.path.join(out, lengths_name(name))
+    tmp = hidden(out, name, f".lengths.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, np.asarray(lengths, dtype=np.int64))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        unlink_quiet(tmp)
+        raise output_error(e, path) from e
 
 
 def npy_header(descr: str, n: int) -> bytes:
