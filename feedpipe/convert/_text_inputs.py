@@ -142,7 +142,7 @@ def _decode(raw: bytes, where: str) -> str | Bad:
         return Bad(where, "invalid UTF-8", f"invalid UTF-8 at byte {e.start}")
 
 
-def _text_of(value: Any, where: str, field: str, what: str) -> str | Bad:
+def text_of(value: Any, where: str, field: str, what: str) -> str | Bad:
     """The text of a record's value, or why it has none."""
     if value is None:
         return Bad(where, "missing field", f"{what} {field!r} is null")
@@ -192,7 +192,7 @@ def _jsonl_lines(data: bytes, field: str, name: str, first_line: int | None,
             yield where, Bad(where, "not an object", f"a JSON {type(obj).__name__}, not an "
                              "object")
             continue
-        yield where, _text_of(obj.get(field), where, field, "field") if field in obj else \
+        yield where, text_of(obj.get(field), where, field, "field") if field in obj else \
             Bad(where, "missing field", f"no field {field!r} (it has {sorted(obj)[:8]})")
 
 
@@ -232,7 +232,7 @@ def _column(table: Any, field: str, name: str, base: int = 0
         return
     for r, value in enumerate(table.column(field).to_pylist()):
         w = f"{name} row {base + r}"
-        yield w, _text_of(value, w, field, "column")
+        yield w, text_of(value, w, field, "column")
 
 
 def read_unit(root: str, unit: SampleSpec, field: str) -> Iterator[tuple[str, str | Bad]]:

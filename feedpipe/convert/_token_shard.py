@@ -51,6 +51,7 @@ from ._shard_plan import plan_fingerprint
 from ._sources import printable
 from ._summary import ShardSummary
 from ._text_inputs import DEFAULT_CHUNK_BYTES, list_inputs, list_units
+from ._token_dataset import dataset_plan, is_hf_dataset
 from ._token_writer import FIELD, NPY_HEADER, TokenSource, lengths_name, save_lengths
 from ._writer import hidden, load_record, output_error
 
@@ -59,8 +60,8 @@ METHOD = "tokenize"
 Records = dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]]
 
 
-def shard_tokens(src: str, out: str, *, tokenizer: Any, vocab_size: int | None = None,
-                 text_field: str = "text", eos_id: int | None = None,
+def shard_tokens(src: Any, out: str, *, tokenizer: Any, vocab_size: int | None = None,
+                 text_field: str = "text", eos_id: int | None = None, split: str | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, prefix: str = "data",
                  on_error: str = "raise", workers: int | None = None, resume: bool = False,
                  part: str | tuple[int, int] | None = None, merge: bool = False,
@@ -71,7 +72,8 @@ def shard_tokens(src: str, out: str, *, tokenizer: Any, vocab_size: int | None =
     Args:
         src: a JSON Lines file (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``), a Parquet or Arrow
             file, or a local directory of them or of text files (``.txt``, ``.md``, code: each
-            file one document).
+            file one document); or a Hugging Face ``datasets.Dataset``, ``IterableDataset`` or
+            ``DatasetDict`` (with ``split``), its records named by index (``dataset[17]``).
         out: the output directory (missing or empty, or an interrupted run with ``resume``).
         tokenizer: a ``tokenizers`` JSON path, a ``tokenizers.Tokenizer``, or a callable
             taking a list of texts and returning each one's ids (the hook for any tokenizer:
@@ -81,7 +83,9 @@ def shard_tokens(src: str, out: str, *, tokenizer: Any, vocab_size: int | None =
             dtype is the smallest unsigned integer holding it.
         text_field: the JSON field or table column holding each document's text.
         eos_id: an id appended to every document (``None``: none).
-        chunk_bytes: about how many input bytes one shard holds (one unit of work).
+        split: the split of a ``DatasetDict`` to convert.
+        chunk_bytes: about how many input bytes one shard holds (one unit of work; for an
+            ``IterableDataset``, a unit is one of its ``n_shards``).
         prefix: shard names are ``PREFIX-000000.tar``.
         on_error: a bad record (invalid UTF-8, empty text, a missing field or column, not a
             string, not JSON) raises (``"raise"``) or is left out and listed in the
@@ -119,16 +123,24 @@ def shard_tokens(src: str, out: str, *, tokenizer: Any, vocab_size: int | None =
     if not is_local(out):
         raise ValueError(f"{printable(out)}: token shards are written to a local directory")
     ref = TokenizerRef(tokenizer, vocab_size)
-    root, files = list_inputs(src)
-    real_out = os.path.realpath(local_path(out))
-    files = [f for f in files  # an output directory inside the source is not an input
-             if os.path.commonpath([os.path.realpath(os.path.join(root, f)), real_out])
-             != real_out]
-    units = list_units(root, files, chunk_bytes)
-    source = TokenSource(root, ref, text_field, eos_id)
     options = {"tokenizer": ref.describe(), "text_field": text_field, "eos_id": eos_id,
                "dtype": str(ref.dtype), "chunk_bytes": chunk_bytes, "prefix": prefix,
                "on_error": on_error}
+    source: TokenSource
+    if is_hf_dataset(src):
+        src, units, source, options["dataset"] = dataset_plan(src, split, ref, text_field,
+                                                              eos_id, chunk_bytes)
+    else:
+        if split is not None:
+            raise ValueError(f"split={split!r} chooses a split of a Hugging Face DatasetDict; "
+                             f"{printable(str(src))} is a path: leave split out")
+        root, files = list_inputs(src)
+        real_out = os.path.realpath(local_path(out))
+        files = [f for f in files  # an output directory inside the source is not an input
+                 if os.path.commonpath([os.path.realpath(os.path.join(root, f)), real_out])
+                 != real_out]
+        units = list_units(root, files, chunk_bytes)
+        source = TokenSource(root, ref, text_field, eos_id)
     part_of = None if part is None else parse_part(part)
     nworkers = workers if workers is not None else (os.cpu_count() or 1)
     lock = take_lock(out, None if part_of is None else part_tag(*part_of), "feedpipe shard")

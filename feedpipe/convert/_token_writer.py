@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterator
 from itertools import chain
 from typing import Any
 
@@ -114,13 +115,12 @@ class TokenSource(Source):
         ``skipped`` (``"skip"``). The result's ``files`` counts the tokens written (the progress
         bar's unit)."""
         result = PartResult()
-        root = self.root
         with removed_on_error(path), open(path, "wb") as out:
             w = _PartWriter(out, result, self.dtype, self.eos_id)
             for unit in units:
                 keys: list[str] = []
                 texts: list[str] = []
-                for j, (_where, text) in enumerate(read_unit(root, unit, self.text_field)):
+                for j, (_where, text) in enumerate(self.documents(unit)):
                     if isinstance(text, Bad):
                         if on_error == "raise":
                             raise InputError(
@@ -139,6 +139,10 @@ class TokenSource(Source):
                     w.add(keys, self._ids(texts, unit))
             w.flush()
         return result
+
+    def documents(self, unit: SampleSpec) -> Iterator[tuple[str, str | Bad]]:
+        """The documents of ``unit``, in order: ``(where, text or Bad)``."""
+        return read_unit(self.root, unit, self.text_field)
 
     def _ids(self, texts: list[str], unit: SampleSpec) -> list[np.ndarray]:
         """Each text's ids in the dataset's dtype, the end-of-document id appended."""
