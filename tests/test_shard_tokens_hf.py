@@ -3,7 +3,8 @@
 ``IterableDataset`` become token shards holding the ids a real ``tokenizers`` BPE gives each
 document one by one, in the dataset's order, read back through ``feedpipe.Packed``; bad records
 (``None``, empty, not a string, a missing column) are named by their dataset index and counted;
-a process pool, parts merged and a resumed run write the bytes of one uninterrupted run.
+a process pool, parts merged and a resumed run write the bytes of one uninterrupted run, and a
+resume from another dataset is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import feedpipe
 from feedpipe import shard_tokens
 from feedpipe.convert._token_writer import lengths_name
-from feedpipe.errors import InputError
+from feedpipe.errors import InputError, OutputError
 
 datasets = pytest.importorskip("datasets")
 tokenizers = pytest.importorskip("tokenizers")
@@ -176,6 +177,10 @@ def test_a_pool_parts_and_a_resume_write_the_bytes_of_one_process(tmp_path, tok_
     with pytest.raises(RuntimeError, match="interrupted"):
         shard_tokens(ds, resumed, workers=1, **kw)
     assert "data-000001.tar" in os.listdir(resumed)
+    datasets.Dataset.from_dict({"text": texts[::-1]}).save_to_disk(str(tmp_path / "other"))
+    other = datasets.load_from_disk(str(tmp_path / "other"))  # as long, other files
+    with pytest.raises(OutputError, match="cannot resume: .*dataset"):
+        shard_tokens(other, resumed, workers=1, resume=True, **kw)
     s = shard_tokens(ds, resumed, workers=1, resume=True, **kw)
     assert s.reused_shards == 2
     got, want = _tree_bytes(resumed), _tree_bytes(one)

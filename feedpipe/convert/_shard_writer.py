@@ -99,7 +99,7 @@ class _TokenLengths:
     def add(self, key: str, sample: Mapping[str, Any], blobs: list[tuple[str, bytes]]) -> None:
         if not self.ok:
             return
-        value = sample.get(FIELD)
+        value: Any = sample.get(FIELD)
         if (len(blobs) != 1 or blobs[0][0] != FIELD or type(value).__module__ != "numpy"
                 or getattr(value, "ndim", 0) != 1 or value.dtype.kind not in "iu"
                 or len(blobs[0][1]) != NPY_HEADER + value.nbytes

@@ -25,6 +25,7 @@ counted like those of a file (:class:`~feedpipe.convert._text_inputs.Bad`).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -70,7 +71,7 @@ def dataset_plan(src: Any, split: str | None, tokenizer: TokenizerRef, text_fiel
                  ) -> tuple[str, list[SampleSpec], DatasetTokenSource, str]:
     """What a conversion of the Hugging Face dataset ``src`` needs: a label for the manifest and
     messages, the units, the source that reads them, and what identifies the dataset (its
-    ``datasets`` fingerprint), so that a resume refuses another dataset."""
+    length, features and cache files), so that a resume refuses another dataset."""
     ds, name = pick_split(src, split)
     label = f"datasets.{type(src).__name__}" + ("" if name == "dataset" else name[7:])
     if hasattr(ds, "__getitem__") and hasattr(ds, "__len__"):
@@ -80,9 +81,18 @@ def dataset_plan(src: Any, split: str | None, tokenizer: TokenizerRef, text_fiel
         n = int(getattr(ds, "n_shards", 1) or 1) if hasattr(ds, "shard") else 1
         units = [SampleSpec(f"u{k:06d}", [], [(SHARD, f"{k} {n}".encode())]) for k in range(n)]
         label += f" ({n} shard{'s' if n != 1 else ''})"
-    ident = f"{type(ds).__name__}:{getattr(ds, '_fingerprint', None)}"
+    ident = _identity(ds)
     source = DatasetTokenSource(ds, name, tokenizer, text_field, eos_id)
     return label, units, source, ident
+
+
+def _identity(ds: Any) -> str:
+    """What tells this dataset from another for a resume, from its public attributes: its
+    type, length, features and cache files (a dataset built in memory has none: another of the
+    same length and features passes for it)."""
+    files = sorted(str(f.get("filename", f)) for f in getattr(ds, "cache_files", None) or [])
+    n = len(ds) if hasattr(ds, "__len__") else getattr(ds, "n_shards", None)
+    return json.dumps([type(ds).__name__, n, str(getattr(ds, "features", None)), files])
 
 
 def _row_units(ds: Any, field: str, chunk_bytes: int) -> list[SampleSpec]:

@@ -43,7 +43,7 @@ def lengths_name(shard_name: str) -> str:
     return f"{stem}.lengths.npy"
 
 
-def save_lengths(out: str, name: str, lengths: np.ndarray) -> None:
+def save_lengths(out: str, name: str, lengths: np.ndarray | list[int]) -> None:
     """Write the lengths file of shard ``name`` of ``out`` (int64), atomically: a hidden temp
     file, synced, renamed."""
     path = os.path.join(out, lengths_name(name))
