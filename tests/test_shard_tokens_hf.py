@@ -116,6 +116,13 @@ def test_a_datasetdict_split_is_chosen_by_name(tmp_path, tok_path):
                      workers=1)
     assert _documents(str(tmp_path / "c")) == _expected(tok_path, texts[40:])
     assert s.samples == 20
+    assert s.skipped_inputs == [] and json.loads((tmp_path / "c" / "manifest.json").read_text())[
+        "created_by"]["options"]["src"] == "datasets.DatasetDict['test'] (20 rows)"
+    with pytest.raises(ValueError, match="split='test' chooses a split of a DatasetDict"):
+        shard_tokens(dd["test"], str(tmp_path / "d"), tokenizer=tok_path, split="test")
+    with pytest.raises(ValueError, match="is a path: leave split out"):
+        shard_tokens(str(tmp_path / "c.jsonl"), str(tmp_path / "e"), tokenizer=tok_path,
+                     split="test")
 
 
 def _bad_dataset():
