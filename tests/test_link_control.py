@@ -39,7 +39,8 @@ def simulate(control: LinkController, rtt: float, node: float, cap: float | None
         for r in [r for r in under_way if r[1] <= 0]:
             under_way.remove(r)
             done += 1
-            control.complete(size, t - r[3], int(delivered - r[2]), inflight=len(under_way) + 1)
+            control.complete(size, t - r[3], int(delivered - r[2]), inflight=len(under_way) + 1,
+                             now=t)
     return most
 
 
@@ -91,7 +92,8 @@ def test_equal_floor_and_ceiling_fix_the_number() -> None:
 
 
 completion = st.tuples(st.integers(-10, 1 << 30), st.floats(-1.0, 100.0, allow_nan=False),
-                       st.integers(-10, 1 << 34), st.integers(0, 300))
+                       st.integers(-10, 1 << 34), st.integers(0, 300),
+                       st.none() | st.floats(-1.0, 1e6, allow_nan=False))
 
 
 @settings(max_examples=300, deadline=None)
@@ -103,8 +105,8 @@ def test_the_target_stays_within_floor_and_ceiling(floor: int, ceiling: int, sta
     lo, hi = c.floor, c.ceiling
     assert 1 <= lo <= hi == max(1, ceiling)
     assert lo <= c.target <= hi
-    for nbytes, seconds, delivered, inflight in events:
-        c.complete(nbytes, seconds, delivered, inflight=inflight)
+    for nbytes, seconds, delivered, inflight, now in events:
+        c.complete(nbytes, seconds, delivered, inflight=inflight, now=now)
         assert lo <= c.target <= hi and isinstance(c.target, int)
 
 

@@ -10,7 +10,9 @@ streams more. Neither the bandwidth nor the cap is known in advance, so the cont
 them as ranges complete, after the design of BBR (a congestion controller of TCP):
 
 - ``bw``: the highest delivery rate seen recently; each completion gives a sample, the bytes
-  delivered while it was under way over its duration.
+  delivered while it was under way over its duration, or, where that is shorter than the last
+  round of completions, the bytes of that round over its time (a range counts all its bytes
+  when it completes, so a short interval would count bytes that arrived before it).
 - ``d_min``: the shortest duration of a full-sized range (the quickest a range was served);
   ``rtt``: the shortest response of any size, a bound on the round trip.
 - The target is ``gain x bw x d_min / range bytes``, clamped to ``[floor, ceiling]``.
@@ -64,6 +66,7 @@ class LinkController:
         self.stream_bw = 0.0  # bytes/s: the most one response streamed
         self.completions = 0
         self._rates: deque[float] = deque()  # recent delivery-rate samples
+        self._ends: deque[tuple[float, int]] = deque()  # (time, bytes) of recent completions
         self._round_end = self.target  # completions at which the current round ends
         self._plateau_bw = 0.0  # bw at the last round that grew it by PLATEAU
         self._flat_rounds = 0
@@ -73,12 +76,17 @@ class LinkController:
             return self.floor
         return self.ceiling if n >= self.ceiling else max(self.floor, math.ceil(n))
 
-    def complete(self, nbytes: int, seconds: float, delivered: int, *, inflight: int) -> None:
+    def complete(self, nbytes: int, seconds: float, delivered: int, *, inflight: int,
+                 now: float | None = None) -> None:
         """A request answered ``nbytes`` in ``seconds``; ``delivered``: the bytes all requests
         of the process delivered while it was under way (its own included); ``inflight``: the
-        requests in flight when it ended (itself included)."""
+        requests in flight when it ended (itself included); ``now``: the clock when it ended
+        (None: the delivery rate is taken from ``delivered`` alone)."""
         if nbytes <= 0 or seconds <= 0:
             return
+        rate = max(delivered, nbytes) / seconds
+        if now is not None:
+            rate = min(rate, self._round_rate(now, nbytes, max(4, inflight)))
         self.completions += 1
         self.rtt = min(self.rtt, seconds)
         if nbytes > self.size:  # a larger range: the earlier shortest full-sized one is not
@@ -86,7 +94,6 @@ class LinkController:
         elif nbytes * 2 >= self.size:
             self.d_min = min(self.d_min, seconds)
         self.stream_bw = max(self.stream_bw, nbytes / seconds)
-        rate = max(delivered, nbytes) / seconds
         limited = inflight < self.target  # the reader asked for fewer than the target
         if not limited or rate > self.bw:
             self._rates.append(rate)
@@ -97,6 +104,16 @@ class LinkController:
             self._end_round(limited)
         need = self.bw * self.d_min / self.size  # Little's law: requests that fill the link
         self.target = self._clamp(max(self.gain * need, 1.0))
+
+    def _round_rate(self, now: float, nbytes: int, k: int) -> float:
+        """The bytes of the last ``k`` completions (this one included) over the time since the
+        one before them; infinite until there were that many."""
+        self._ends.append((now, nbytes))
+        while len(self._ends) > k + 1:
+            self._ends.popleft()
+        if len(self._ends) <= k or now <= self._ends[0][0]:
+            return math.inf
+        return sum(b for _, b in list(self._ends)[1:]) / (now - self._ends[0][0])
 
     def _end_round(self, limited: bool) -> None:
         self._round_end = self.completions + max(1, self.target)
@@ -156,8 +173,9 @@ class Gate:
         with self.cond:
             self.delivered += max(0, nbytes)
             if nbytes > 0:
-                self.control.complete(nbytes, self.clock() - ticket[0],
-                                      self.delivered - ticket[1], inflight=self.inflight)
+                now = self.clock()
+                self.control.complete(nbytes, now - ticket[0], self.delivered - ticket[1],
+                                      inflight=self.inflight, now=now)
             self.inflight -= 1
             # the longest waiters first (a Condition wakes in the order they waited), as many
             # as there are places: the ranges asked for first are fetched first
