@@ -10,9 +10,10 @@ streams more. Neither the bandwidth nor the cap is known in advance, so the cont
 them as ranges complete, after the design of BBR (a congestion controller of TCP):
 
 - ``bw``: the highest delivery rate seen recently; each completion gives a sample, the bytes
-  delivered while it was under way over its duration, or, where that is shorter than the last
-  round of completions, the bytes of that round over its time (a range counts all its bytes
-  when it completes, so a short interval would count bytes that arrived before it).
+  delivered while it was under way over its duration, or, where that is less, the bytes of the
+  last two rounds of completions over their time (a range counts all its bytes when it
+  completes, and completions come in bursts where the client's thread was busy: a short
+  interval would count bytes that arrived before it).
 - ``d_min``: the shortest duration of a full-sized range (the quickest a range was served);
   ``rtt``: the shortest response of any size, a bound on the round trip.
 - The target is ``gain x bw x d_min / range bytes``, clamped to ``[floor, ceiling]``.
@@ -86,7 +87,7 @@ class LinkController:
             return
         rate = max(delivered, nbytes) / seconds
         if now is not None:
-            rate = min(rate, self._round_rate(now, nbytes, max(4, inflight)))
+            rate = min(rate, self._round_rate(now, nbytes, max(8, 2 * inflight)))
         self.completions += 1
         self.rtt = min(self.rtt, seconds)
         if nbytes > self.size:  # a larger range: the earlier shortest full-sized one is not
