@@ -268,7 +268,10 @@ class Ranges:
         self.tolerant = size is not None and bool(ranges) and ranges[0][0] == 0
         self.closed = False
         self.futures: list[Future[bytes] | None] = []
-        self.pool, self.gate = _executor() if ranges else (None, None)
+        self.pool: ThreadPoolExecutor | None = None
+        self.gate: Gate | None = None
+        if ranges:
+            self.pool, self.gate = _executor()
         for _ in range(min(streams(), len(ranges))):
             self._submit()
 
