@@ -6,9 +6,14 @@ requests in flight on an uncapped link and on more where each response is capped
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -131,3 +136,26 @@ def test_the_gate_never_lets_more_than_the_target_in_flight() -> None:
     assert len(seen) == 240 and gate.inflight == 0
     assert all(inflight <= target for inflight, target in seen)
     assert 1 <= gate.most <= 64 and control.completions == 240
+
+
+SAY = """
+import logging
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from feedpipe._helpers import storage
+storage._executor()
+storage._executor()
+"""
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({}, "follow the link between 2 and 32"),
+    ({"FEEDPIPE_REMOTE_STREAMS": "6", "FEEDPIPE_REMOTE_STREAMS_MIN": "6"}, "fixed at 6"),
+    ({"FEEDPIPE_REMOTE_STREAMS": "64", "FEEDPIPE_REMOTE_STREAMS_MIN": "4"},
+     "follow the link between 4 and 64")])
+def test_the_choice_of_streams_is_said_once(env: dict[str, str], said: str) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FEEDPIPE_REMOTE_STREAMS")}
+    out = subprocess.run([sys.executable, "-c", SAY], capture_output=True, text=True, timeout=120,
+                         env=base | env | {"PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [x for x in out.stderr.splitlines() if "range requests in flight" in x]
+    assert len(lines) == 1 and said in lines[0], out.stderr[-2000:]
