@@ -20,7 +20,7 @@ SHARDS = json.loads((EXAMPLE / "manifest.json").read_text())["shards"]
 TAR_BYTES = sum(s["bytes"] for s in SHARDS)
 IO_KEYS = {"local_bytes": int, "remote": {"requests", "bytes"},
            "link": {"retries", "inflight_max", "inflight_mean", "busy_s", "bytes_per_s",
-                    "requests_per_shard"},
+                    "requests_per_shard", "target", "bandwidth", "rtt_s"},
            "l1": {"hits", "misses", "fills"}, "decoded": {"hits", "misses"},
            "l2": {"hits", "misses"}}
 

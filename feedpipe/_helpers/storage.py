@@ -9,13 +9,15 @@ are :mod:`feedpipe._helpers.storage_listing`.
 
 **Concurrency.** A remote link is used well when bandwidth x round trip worth of bytes is in
 flight; an object store also caps what one response streams (tens of MB/s), so a shard is read as
-several concurrent ranges rather than one long response. Every range of this process goes through
-one pool of :func:`streams` threads (``FEEDPIPE_REMOTE_STREAMS``, default 16): with ranges of
-about :data:`RANGE_BYTES` (``FEEDPIPE_RANGE_BYTES``) that is streams x range bytes in flight,
-which must cover the link's bandwidth x round trip, or enough capped responses at once.
-Each range costs a round trip before its first byte, so ranges are as large as keeps the
-streams busy (the measurement behind the default: benchmarks/bench_remote.py, docs/performance.md).
-Raise the streams for a longer or faster link, or a lower cap per response.
+several concurrent ranges rather than one long response. Every range of this process passes one
+:class:`~feedpipe._helpers.link_control.Gate`, which holds the ranges in flight to what a
+:class:`~feedpipe._helpers.link_control.LinkController` measures the link needs (its bandwidth
+times the time a range takes, over the range's bytes: more streams where each response is
+capped), between ``FEEDPIPE_REMOTE_STREAMS_MIN`` (default 2) and ``FEEDPIPE_REMOTE_STREAMS``
+(default 32), the ceiling; equal values fix the number. Ranges are about :data:`RANGE_BYTES`
+(``FEEDPIPE_RANGE_BYTES``): each costs a round trip before its first byte, so they are as large
+as keeps the streams busy (the measurement behind the default: benchmarks/bench_remote.py,
+docs/performance.md). What the controller chose and measured is in ``stats()["io"]["link"]``.
 
 fsspec is imported lazily so that
 ``import feedpipe`` stays light. feedpipe passes no storage options: each backend reads its usual
@@ -35,7 +37,8 @@ from typing import Any
 
 from .._redact import cause, redact_query
 from ..errors import InputError, SourceNotFoundError
-from .storage_clients import env_int, ob_get, object_store, streams
+from .link_control import Gate, LinkController
+from .storage_clients import env_int, ob_get, object_store, streams, streams_floor
 from .storage_clients import filesystem as filesystem  # where callers have always found it
 from .storage_clients import read_timeout as read_timeout
 
@@ -178,17 +181,54 @@ def range_bytes(total: int) -> int:
 
 
 _pool_lock = threading.Lock()
-_pool: list[Any] = []  # [ThreadPoolExecutor, pid]
+_pool: list[Any] = []  # [ThreadPoolExecutor, Gate, pid]
 
 
-def _executor() -> ThreadPoolExecutor:
-    """This process's pool of range fetchers (a forked child makes its own: threads do not
-    survive a fork)."""
+def _executor() -> tuple[ThreadPoolExecutor, Gate]:
+    """This process's pool of range fetchers (as many threads as the ceiling) and the gate that
+    holds them to the controller's target (a forked child makes its own: threads do not survive
+    a fork, and its link is measured afresh)."""
     with _pool_lock:
-        if not _pool or _pool[1] != os.getpid():
-            _pool[:] = [ThreadPoolExecutor(streams(), thread_name_prefix="feedpipe-fetch"),
-                        os.getpid()]
-        return _pool[0]
+        if not _pool or _pool[2] != os.getpid():
+            ceiling = streams()
+            floor = streams_floor()
+            control = LinkController(floor=floor, ceiling=ceiling, start=min(ceiling, 8))
+            _pool[:] = [ThreadPoolExecutor(ceiling, thread_name_prefix="feedpipe-fetch"),
+                        Gate(control), os.getpid()]
+            _say_streams(control)
+        return _pool[0], _pool[1]
+
+
+_said: list[int] = []
+
+
+def _say_streams(control: LinkController) -> None:
+    if _said:
+        return
+    _said.append(1)
+    from .._redact import logger
+
+    if control.floor == control.ceiling:
+        how = f"fixed at {control.ceiling} (FEEDPIPE_REMOTE_STREAMS_MIN = FEEDPIPE_REMOTE_STREAMS)"
+    else:
+        how = (f"follow the link between {control.floor} and {control.ceiling} "
+               "(FEEDPIPE_REMOTE_STREAMS_MIN, FEEDPIPE_REMOTE_STREAMS; equal values fix it)")
+    logger("feedpipe").info("feedpipe: remote range requests in flight %s", how)
+
+
+def link_figures() -> tuple[int, int, int, int]:
+    """``(target, bandwidth bytes/s, shortest response in microseconds, 1)`` from this
+    process's range controller; zeros before it measured a range."""
+    with _pool_lock:
+        gate = _pool[1] if _pool and _pool[2] == os.getpid() else None
+    if gate is None:
+        return 0, 0, 0, 0
+    with gate.cond:
+        c = gate.control
+        if not c.completions:
+            return 0, 0, 0, 0
+        f = c.figures()
+        return int(f["target"]), int(f["bandwidth"]), int(f["rtt"] * 1e6), 1
 
 
 def ranges_of(start: int, end: int, size: int = RANGE_BYTES) -> list[tuple[int, int]]:
@@ -226,8 +266,12 @@ class Ranges:
         if ranges and object_store(url) is None:
             self.fs, self.path = filesystem(url)
         self.tolerant = size is not None and bool(ranges) and ranges[0][0] == 0
+        self.closed = False
         self.futures: list[Future[bytes] | None] = []
-        self.pool = _executor() if ranges else None
+        self.pool: ThreadPoolExecutor | None = None
+        self.gate: Gate | None = None
+        if ranges:
+            self.pool, self.gate = _executor()
         for _ in range(min(streams(), len(ranges))):
             self._submit()
 
@@ -236,6 +280,20 @@ class Ranges:
         self.futures.append(self.pool.submit(self._get, len(self.futures)))
 
     def _get(self, i: int) -> bytes:
+        """Range ``i``, once the gate gives it a place among the requests in flight."""
+        assert self.gate is not None
+        ticket = self.gate.enter()
+        got = 0
+        try:
+            if self.closed:  # closed while this range waited for its place: nobody wants it
+                return b""
+            blob = self._fetch(i)
+            got = len(blob)
+            return blob
+        finally:
+            self.gate.leave(ticket, got)
+
+    def _fetch(self, i: int) -> bytes:
         a, b = self.ranges[i]
         if i == 0 and self.tolerant:
             return _raw(self.fs, self.path, self.url, a, b, whole=b - a == self.size,
@@ -267,6 +325,7 @@ class Ranges:
         unread), so that nothing of this object is in flight once it returns."""
         from concurrent.futures import wait
 
+        self.closed = True
         running = [f for f in self.futures if f is not None and not f.cancel()]
         self.futures = [None] * len(self.futures)
         wait(running)

@@ -151,8 +151,16 @@ def env_int(name: str, default: int) -> int:
 
 
 def streams() -> int:
-    """Requests this process keeps in flight at most (``FEEDPIPE_REMOTE_STREAMS``, default 16)."""
-    return env_int("FEEDPIPE_REMOTE_STREAMS", 16)
+    """Range requests this process keeps in flight at most (``FEEDPIPE_REMOTE_STREAMS``, default
+    32): the ceiling of :class:`~feedpipe._helpers.link_control.LinkController`, which keeps as
+    many as the link needs."""
+    return env_int("FEEDPIPE_REMOTE_STREAMS", 32)
+
+
+def streams_floor() -> int:
+    """Range requests the controller keeps in flight at least (``FEEDPIPE_REMOTE_STREAMS_MIN``,
+    default 2, at most :func:`streams`; equal to it: a fixed number)."""
+    return min(streams(), env_int("FEEDPIPE_REMOTE_STREAMS_MIN", 2))
 
 
 _pool_lock = threading.Lock()  # sessions made once, by one thread

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._helpers.remote_count import REMOTE
-from .._helpers.storage import is_local
+from .._helpers.storage import is_local, link_figures
 from ..format._compression import readable
 
 if TYPE_CHECKING:
@@ -38,8 +38,11 @@ if TYPE_CHECKING:
 # the order of the figures in a tally's tuples (what a worker sends with each batch)
 FIELDS = ("local_bytes", "remote_requests", "remote_bytes", "l1_hits", "l1_misses", "l1_fills",
           "decoded_hits", "decoded_misses", "l2_hits", "l2_misses", "retries", "inflight_max",
-          "busy_us", "inflight_us")
+          "busy_us", "inflight_us", "link_target", "link_bw", "link_rtt_us", "link_n")
 ZERO = (0,) * len(FIELDS)
+# the range controller's latest figures (gauges, not counts): a tally starts them at 0 and
+# hands on their changes, so that each process's takes add up to its latest value
+_GAUGES = slice(FIELDS.index("link_target"), len(FIELDS))
 _MEMO = __name__.rsplit(".", 2)[0] + ".caches.l2._index"  # where Memoized is defined
 
 
@@ -50,13 +53,20 @@ def io_figures(counts: tuple[int, ...] | list[int]) -> dict[str, Any]:
     ``inflight_max`` (the most requests in flight at once in one process, added up over the
     worker processes), ``inflight_mean`` (the mean number in flight while any was),
     ``busy_s`` (seconds with a request in flight, added up over processes), ``bytes_per_s``
-    (remote bytes over ``busy_s``: per process where workers fetch at once) and
-    ``requests_per_shard`` (remote requests per L1 fill; 0 without fills).
+    (remote bytes over ``busy_s``: per process where workers fetch at once),
+    ``requests_per_shard`` (remote requests per L1 fill; 0 without fills), and the range
+    controller's (:mod:`feedpipe._helpers.link_control`) latest figures: ``target`` (the range
+    requests it keeps in flight, added up over processes), ``bandwidth`` (bytes/s it measured
+    the link to give, added up over processes) and ``rtt_s`` (the shortest range response, a
+    bound on the round trip; the mean over processes); 0 where no range was fetched.
 
     Example:
-        >>> io = io_figures((10, 2, 8, 1, 1, 1, 0, 0, 0, 0, 0, 2, 500000, 750000))
+        >>> io = io_figures((10, 2, 8, 1, 1, 1, 0, 0, 0, 0, 0, 2, 500000, 750000,
+        ...                  6, 200, 30000, 1))
         >>> io["remote"], io["link"]["inflight_mean"], io["link"]["bytes_per_s"]
         ({'requests': 2, 'bytes': 8}, 1.5, 16.0)
+        >>> io["link"]["target"], io["link"]["bandwidth"], io["link"]["rtt_s"]
+        (6, 200, 0.03)
     """
     c = dict(zip(FIELDS, (int(x) for x in counts)))
     busy = c["busy_us"] / 1e6
@@ -68,7 +78,10 @@ def io_figures(counts: tuple[int, ...] | list[int]) -> dict[str, Any]:
                      "busy_s": round(busy, 3),
                      "bytes_per_s": round(c["remote_bytes"] / busy, 1) if busy else 0.0,
                      "requests_per_shard": round(c["remote_requests"] / c["l1_fills"], 2)
-                     if c["l1_fills"] else 0.0},
+                     if c["l1_fills"] else 0.0,
+                     "target": c["link_target"], "bandwidth": c["link_bw"],
+                     "rtt_s": round(c["link_rtt_us"] / c["link_n"] / 1e6, 4)
+                     if c["link_n"] > 0 else 0.0},
             "l1": {"hits": c["l1_hits"], "misses": c["l1_misses"], "fills": c["l1_fills"]},
             "decoded": {"hits": c["decoded_hits"], "misses": c["decoded_misses"]},
             "l2": {"hits": c["l2_hits"], "misses": c["l2_misses"]}}
@@ -107,7 +120,9 @@ class IoTally:
         self._sliced = dataset.bytes_read is not None
         self._sliced_from = dataset.bytes_read or 0
         REMOTE.mark()  # the most in flight is this pass's (see take)
-        self._last = self._read()
+        last = list(self._read())
+        last[_GAUGES] = ZERO[_GAUGES]
+        self._last = tuple(last)
 
     def counted(self, fetch: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], Any]:
         """``fetch`` counting, per batch, the bytes it read from local shards."""
@@ -142,11 +157,12 @@ class IoTally:
             local += (ds.bytes_read or 0) - self._sliced_from
         retries, peak, busy, area = REMOTE.link()
         return (round(local), requests, fetched, *l1, *dec, *l2, retries, peak, busy // 1000,
-                area // 1000)
+                area // 1000, *link_figures())
 
     def take(self) -> tuple[int, ...]:
         """What was counted since the last take (the most in flight: its growth, so that a
-        pass's takes add up to its peak). A tier whose counters went back (a store or
+        pass's takes add up to its peak; the controller's figures: their change, so that the takes
+        add up to the latest). A tier whose counters went back (a store or
         index that started counting afresh in a new process) counts from zero."""
         now = self._read()
         last, self._last = self._last, now
