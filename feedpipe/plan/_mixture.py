@@ -15,9 +15,15 @@ position ``k % size_s`` of the source's own :class:`~feedpipe.plan._order.Plan` 
 its size an epoch is three whole permutations; one drawn 12% of its size continues its permutation
 in the next epoch.
 
-**Spread.** The sources are interleaved by construction: the ``j``-th draw of source ``s`` sits at
-its ideal time ``(j + 1/2) / count_s`` of the epoch (ties by source order), so every run of
-consecutive positions holds each source close to its weight, not by chance.
+**Spread.** The sources are interleaved by formula
+(:class:`~feedpipe.plan._interleave.Interleave`): the ``j``-th draw of source ``s`` sits in the
+cell of its ideal time ``(j + 1/2) / count_s`` of the epoch (ties by source order), so every run
+of consecutive positions holds each source close to its weight, not by chance.
+
+**Memory.** Nothing is the size of the epoch: any positions' sources and draws come from the
+counts by formula, and each source's ids from its own Feistel permutation per chunk (a source's
+whole permutation is kept only while the kept ones stay within :data:`TABLE_BYTES`), so a reader
+anywhere in an epoch of any size holds ``O(sources + shards + chunk)``.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import PlanError
-from ._order import Plan, feistel, round_keys
+from ._interleave import Interleave
+from ._order import Plan, Split, feistel, round_keys, worker_positions
 
 
 def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None = None,
@@ -67,9 +74,19 @@ def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None = None,
     return counts
 
 
-# the largest Feistel domain a source's whole permutation is drawn and kept for (32 MiB of
-# table while it is made, at most as much of ids kept)
-_WHOLE_MAX = 1 << 22
+# the largest Feistel domain a source's whole permutation is drawn and kept for (its table is
+# made in blocks of _TABLE_BLOCK), and the most bytes of ids kept over all sources: a source past
+# either draws its ids per chunk (the same ids)
+_WHOLE_MAX = 1 << 18
+TABLE_BYTES = 1 << 24
+_TABLE_BLOCK = 1 << 18
+# positions counted together by MixturePlan.source_counts
+_COUNT_GROUP = 1 << 18
+
+
+#: the version of the interleave (a ledger records it: one of another version is checked by the
+#: feedpipe that wrote it). 1: every draw sorted by its ideal time as a float; 2: by its cell
+INTERLEAVE = 2
 
 
 def _source_seed(seed: int, source: int) -> int:
@@ -107,23 +124,14 @@ class MixturePlan:
                         else [bool(x) for x in shuffle])
         if len(self.shuffle) != len(self.counts):
             raise PlanError(f"{len(self.shuffle)} shuffle flags for {len(self.counts)} sources")
-        # the interleave: each draw at its ideal time of the epoch, ties by source order
-        src = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
-        j = np.arange(self.epoch_size, dtype=np.int64) - np.repeat(
-            np.cumsum(self.counts) - self.counts, self.counts)
-        ideal = (2 * j + 1) / (2 * np.repeat(self.counts, self.counts).astype(np.float64))
-        order = np.lexsort((src, ideal))
+        self.interleave = Interleave(self.counts)  # which source each position holds
         self._plans: dict[tuple[int, int], Plan] = {}  # (source, cycle): its order, made once
-        # (source, cycle): its whole permutation's ids, for a source an epoch draws a good part
+        # source: (cycle, its whole permutation's ids), for a source an epoch draws a good part
         # of (at least a quarter of its Feistel domain): drawing it whole costs about what its
-        # chunks would, and each chunk is then one lookup. Not for a source whose domain is
-        # over _WHOLE_MAX: its table and ids would hold far more memory than a chunk's draws
-        self._ids: dict[tuple[int, int], np.ndarray] = {}
-        domains = [1 << max(2, int(n - 1).bit_length()) for n in self.sizes.tolist()]
-        self._tabled = [d <= 4 * int(c) and d <= _WHOLE_MAX
-                        for d, c in zip(domains, self.counts.tolist())]
-        self.source_at = src[order]  # the source of each position
-        self.draw_at = j[order]  # which of its source's draws this epoch each position is
+        # chunks would, and each chunk is then one lookup. One cycle a source is kept, and only
+        # as many sources (smallest first) as TABLE_BYTES holds; the others draw per chunk
+        self._ids: dict[int, tuple[int, np.ndarray]] = {}
+        self._tabled = _tabled(self.sizes.tolist(), self.counts.tolist(), self.shuffle)
 
     def _plan(self, source: int, cycle: int) -> Plan:
         """The order of ``source``'s ``cycle``-th permutation (a few are kept: a reader asks for
@@ -143,15 +151,12 @@ class MixturePlan:
         while chunks of the epoch draw from it; ``None`` where drawing it whole would cost far
         more than the epoch draws of it (a source drawn a small share of its size an epoch),
         or where the source is not shuffled (its ids are its draws' places)."""
-        if not self.shuffle[source] or not self._tabled[source]:
+        if not self._tabled[source]:
             return None
-        key = (source, cycle)
-        ids = self._ids.get(key)
-        if ids is None:
-            if len(self._ids) >= 2 * len(self.counts):
-                self._ids.clear()
-            ids = self._ids[key] = whole_permutation(self._plan(source, cycle))
-        return ids
+        kept = self._ids.get(source)
+        if kept is None or kept[0] != cycle:
+            kept = self._ids[source] = (cycle, whole_permutation(self._plan(source, cycle)))
+        return kept[1]
 
     def draws(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The source and the sample id within it (its manifest order) at each of
@@ -159,9 +164,8 @@ class MixturePlan:
         pos = np.asarray(positions, dtype=np.int64)
         if len(pos) and (pos.min() < 0 or pos.max() >= self.epoch_size):
             raise PlanError(f"positions outside an epoch of {self.epoch_size}")
-        src = self.source_at[pos]
-        cycle, at = np.divmod(int(epoch) * self.counts[src] + self.draw_at[pos],
-                              self.sizes[src])
+        src, draw = self.interleave.at(pos)
+        cycle, at = np.divmod(int(epoch) * self.counts[src] + draw, self.sizes[src])
         if len(self.counts) == 1:
             present = [0]
         else:
@@ -190,6 +194,35 @@ class MixturePlan:
                 ids = a
         return src, ids
 
+    def source_counts(self, split: Split, batch_size: int, batches: int) -> np.ndarray:
+        """Samples of each source in the first ``batches`` batches of ``batch_size`` of a
+        rank's ``split``: by formula for one rank (its positions are one run), else counted a
+        bounded group of batches at a time."""
+        n = min(batches, split.batches(batch_size))
+        if split.world_size == 1:
+            hi = split.start + min(n * batch_size, split.length)
+            return self.interleave.before(hi) - self.interleave.before(split.start)
+        out = np.zeros(len(self.counts), dtype=np.int64)
+        group = max(1, _COUNT_GROUP // max(batch_size, 1))
+        for t in range(0, n, group):
+            pos, _ = worker_positions(split, batch_size, np.arange(t, min(n, t + group)))
+            out += np.bincount(self.interleave.at(pos)[0], minlength=len(self.counts))
+        return out
+
+
+def _tabled(sizes: list[int], counts: list[int], shuffle: list[bool]) -> list[bool]:
+    """Which sources keep their whole permutation: shuffled ones an epoch draws at least a
+    quarter of the Feistel domain of, within :data:`_WHOLE_MAX`, the smallest first while their
+    ids (8 bytes each) fit :data:`TABLE_BYTES` together."""
+    out = [False] * len(sizes)
+    left = TABLE_BYTES
+    for s in sorted(range(len(sizes)), key=sizes.__getitem__):
+        d = 1 << max(2, int(sizes[s] - 1).bit_length())
+        if shuffle[s] and d <= 4 * counts[s] and d <= _WHOLE_MAX and 8 * sizes[s] <= left:
+            out[s] = True
+            left -= 8 * sizes[s]
+    return out
+
 
 def whole_permutation(plan: Plan) -> np.ndarray:
     """``plan.sample_ids(np.arange(plan.num_samples))`` for a shuffled :class:`Plan` of one
@@ -205,9 +238,12 @@ def whole_permutation(plan: Plan) -> np.ndarray:
     n = plan.num_samples
     bits = max(2, (n - 1).bit_length())
     # the same network feistel() uses on [0, n): its widths come from the bits of n - 1 only
-    table = feistel(np.arange(1 << bits, dtype=np.uint64), 1 << bits,
-                    round_keys(plan.seed, plan.epoch, 0))
-    perm = table[:n].astype(np.int64)
+    keys = round_keys(plan.seed, plan.epoch, 0)
+    table = np.empty(1 << bits, dtype=np.int64)
+    for lo in range(0, 1 << bits, _TABLE_BLOCK):  # in blocks: the rounds' temporaries stay small
+        hi = min(lo + _TABLE_BLOCK, 1 << bits)
+        table[lo:hi] = feistel(np.arange(lo, hi, dtype=np.uint64), 1 << bits, keys)
+    perm = table[:n].copy()
     bad = np.flatnonzero(perm >= n)
     while len(bad):
         perm[bad] = table[perm[bad]]
