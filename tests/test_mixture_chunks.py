@@ -120,3 +120,46 @@ def test_a_plan_of_an_epoch_of_10_to_the_8_holds_no_epoch_sized_array() -> None:
     for src, ids in (first, later):
         assert len(src) == 16384 and (ids < 10**6).all() and (ids >= 0).all()
     assert np.bincount(first[0], minlength=100).min() > 0  # every source in the first chunk
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=5).filter(sum),
+                      min_size=1, max_size=4),
+       weights=st.lists(st.floats(0.05, 10), min_size=4, max_size=4), size=st.integers(1, 400),
+       seed=st.integers(0, 2**31), epoch=st.integers(0, 6), chunk=st.integers(1, 90))
+def test_ids_drawn_per_chunk_for_every_source_at_once_are_each_sources_own_plan(
+        sizes, weights, size, seed, epoch, chunk) -> None:  # type: ignore[no-untyped-def]
+    """With no permutation kept whole, every source's ids of a chunk come from one pass of
+    Feistel rounds over all their domains: the same ids as each source's own Plan."""
+    import feedpipe.plan._mixture as mixture
+    from feedpipe.plan._mixture import _source_seed
+    from feedpipe.plan._order import Plan
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mixture, "TABLE_BYTES", 0)
+        plan = MixturePlan(sizes, weights[:len(sizes)], size, seed=seed)
+        assert not any(plan._tabled)
+        got = [plan.draws(epoch, np.arange(a, min(a + chunk, size)))
+               for a in range(0, size, chunk)]
+    src = np.concatenate([g[0] for g in got])
+    ids = np.concatenate([g[1] for g in got])
+    draw = plan.interleave.run(0, size)[1]
+    for p in range(size):
+        s = int(src[p])
+        n, k = sum(sizes[s]), epoch * int(plan.counts[s]) + int(draw[p])
+        own = Plan(tuple(sizes[s]), _source_seed(seed, s), k // n)
+        assert ids[p] == own.sample_ids(np.array([k % n]))[0], (epoch, p)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2**40), st.integers(0, 2**31), st.integers(0, 9)),
+                min_size=1, max_size=20), st.integers(0, 2**40))
+def test_feistel_over_many_domains_is_each_domains_feistel(domains, x) -> None:  # type: ignore[no-untyped-def]
+    from feedpipe.plan._mixture import feistel_many
+    from feedpipe.plan._order import feistel, round_keys
+
+    n = np.array([d[0] for d in domains], dtype=np.uint64)
+    xs = np.array([x % d[0] for d in domains], dtype=np.uint64)
+    keys = np.stack([round_keys(seed, epoch, 0) for _, seed, epoch in domains])
+    want = [int(feistel(xs[i:i + 1], int(n[i]), keys[i])[0]) for i in range(len(domains))]
+    assert feistel_many(xs, n, keys).tolist() == want

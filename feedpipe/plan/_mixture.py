@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import PlanError
 from ._interleave import Interleave
-from ._order import Plan, Split, feistel, round_keys, worker_positions
+from ._order import Plan, Split, feistel, mix, round_keys, worker_positions
 
 
 def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None = None,
@@ -132,6 +132,12 @@ class MixturePlan:
         # as many sources (smallest first) as TABLE_BYTES holds; the others draw per chunk
         self._ids: dict[int, tuple[int, np.ndarray]] = {}
         self._tabled = _tabled(self.sizes.tolist(), self.counts.tolist(), self.shuffle)
+        self._tabled_at = np.array(self._tabled, dtype=bool)
+        # per source: its ids come from its keyed permutation per chunk (shuffled, not kept)
+        self._keyed_at = np.array(self.shuffle, dtype=bool) & ~self._tabled_at
+        # (source, cycle): its permutation's round keys, and its shards' first positions in
+        # its order and first ids (what Plan.sample_ids reads of it), kept with its Plan
+        self._parts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def _plan(self, source: int, cycle: int) -> Plan:
         """The order of ``source``'s ``cycle``-th permutation (a few are kept: a reader asks for
@@ -141,6 +147,7 @@ class MixturePlan:
         if plan is None:
             if len(self._plans) >= 4 * len(self.counts):
                 self._plans.clear()
+                self._parts.clear()
             plan = self._plans[key] = Plan(self.shard_counts[source],
                                            _source_seed(self.seed, source), cycle,
                                            self.shuffle[source])
@@ -166,33 +173,43 @@ class MixturePlan:
             raise PlanError(f"positions outside an epoch of {self.epoch_size}")
         src, draw = self.interleave.at(pos)
         cycle, at = np.divmod(int(epoch) * self.counts[src] + draw, self.sizes[src])
-        if len(self.counts) == 1:
-            present = [0]
-        else:
-            present = np.flatnonzero(np.bincount(src, minlength=len(self.counts))).tolist()
-        ids = at if len(present) == 1 else np.empty(len(pos), dtype=np.int64)
-        for s in present:
-            sel = slice(None) if len(present) == 1 else np.flatnonzero(src == s)
-            c, a = cycle[sel], at[sel]
-            first, last = int(c.min()), int(c.max())
-            for k in range(first, last + 1):
-                here = slice(None) if first == last else c == k
-                whole = self._whole(s, k)
-                if whole is not None:
-                    got = whole[a[here]]
-                elif self.shuffle[s]:
-                    got = self._plan(s, k).sample_ids(a[here])
-                else:
-                    continue  # manifest order: its ids are its places, already there
-                if first == last:
-                    a = got
-                else:
-                    a[here] = got
-            if len(present) > 1:
-                ids[sel] = a
-            else:
-                ids = a
+        ids = at.copy()
+        tabled = self._tabled_at[src]
+        if tabled.any():
+            sel = np.flatnonzero(tabled)
+            for (s, k), where in _groups(src[sel], cycle[sel]):
+                got = sel[where]
+                ids[got] = self._whole(s, k)[at[got]]  # type: ignore[index]
+        keyed = self._keyed_at[src]
+        if keyed.any():
+            sel = np.flatnonzero(keyed)
+            ids[sel] = self._keyed_ids(src[sel], cycle[sel], at[sel])
         return src, ids
+
+    def _keyed_ids(self, src: np.ndarray, cycle: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """``self._plan(s, k).sample_ids([a])`` for each ``(s, k, a)``, every source's Feistel
+        rounds run together (one set of numpy calls a chunk, not one a source)."""
+        pairs = _groups(src, cycle)
+        m = len(pairs)
+        n = np.empty(m, dtype=np.uint64)
+        keys = np.empty((m, len(round_keys(0, 0, 0))), dtype=np.uint64)
+        bases = np.zeros(m + 1, dtype=np.int64)  # each pair's places, laid end to end
+        cums, firsts, which = [], [], np.empty(len(src), dtype=np.int64)
+        for i, ((s, k), where) in enumerate(pairs):
+            plan = self._plan(s, k)
+            parts = self._parts.get((s, k))
+            if parts is None:
+                parts = self._parts[(s, k)] = _keyed_parts(plan)
+            n[i], bases[i + 1] = plan.num_samples, bases[i] + plan.num_samples
+            keys[i] = parts[0]
+            cums.append(parts[1] + bases[i])
+            firsts.append(parts[2])
+            which[where] = i
+        perm = feistel_many(at.astype(np.uint64), n[which], keys[which]).astype(np.int64)
+        cum, first = np.concatenate(cums), np.concatenate(firsts)
+        x = perm + bases[which]
+        j = np.searchsorted(cum, x, side="right") - 1  # the shard of the order it falls in
+        return np.asarray(first[j] + (x - cum[j]), dtype=np.int64)
 
     def source_counts(self, split: Split, batch_size: int, batches: int) -> np.ndarray:
         """Samples of each source in the first ``batches`` batches of ``batch_size`` of a
@@ -208,6 +225,73 @@ class MixturePlan:
             pos, _ = worker_positions(split, batch_size, np.arange(t, min(n, t + group)))
             out += np.bincount(self.interleave.at(pos)[0], minlength=len(self.counts))
         return out
+
+
+def _groups(src: np.ndarray, cycle: np.ndarray) -> list[tuple[tuple[int, int], np.ndarray]]:
+    """The distinct ``(source, cycle)`` pairs of the arrays, each with where it occurs."""
+    lo = int(cycle.min())
+    key = src * (int(cycle.max()) - lo + 1) + (cycle - lo)
+    order = np.argsort(key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    out = []
+    for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(order)].tolist(), strict=True):
+        i = int(order[a])
+        out.append(((int(src[i]), int(cycle[i])), order[a:b]))
+    return out
+
+
+def _keyed_parts(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What :meth:`Plan.sample_ids` reads of a shuffled plan of one window: its round keys, the
+    first position of each shard in its order (and the total), each such shard's first id."""
+    order = plan._order
+    cum = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(plan.counts, dtype=np.int64)[order], out=cum[1:])
+    first = np.append(plan.first_ids[order], plan.num_samples)
+    return round_keys(plan.seed, plan.epoch, 0), cum, first
+
+
+def feistel_many(x: np.ndarray, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """:func:`~feedpipe.plan._order.feistel` of each ``x[i]`` over ``[0, n[i])`` with round keys
+    ``keys[i]``: element by element the same bijections, for many domains in one pass.
+
+    Example:
+        >>> k = np.stack([round_keys(1, 0, 0), round_keys(2, 5, 0)])
+        >>> x, n = np.array([3, 4], np.uint64), np.array([10, 1000], np.uint64)
+        >>> feistel_many(x, n, k).tolist() == [int(feistel(x[:1], 10, k[0])[0]),
+        ...                                    int(feistel(x[1:], 1000, k[1])[0])]
+        True
+    """
+    bits = np.maximum(2, _bit_length(np.maximum(n, 2) - np.uint64(1)))
+    wa0 = bits // np.uint64(2)
+    wb0 = bits - wa0
+    one = np.uint64(1)
+
+    def once(v: np.ndarray, wa: np.ndarray, wb: np.ndarray, k: np.ndarray) -> np.ndarray:
+        for r in range(k.shape[1]):  # as feistel(): (hi, lo) -> (lo, hi ^ F(lo)), widths swap
+            hi, lo = v >> wb, v & ((one << wb) - one)
+            f = mix(lo ^ k[:, r]) & ((one << wa) - one)
+            v = (lo << wa) | (hi ^ f)
+            wa, wb = wb, wa
+        return v
+
+    y = once(x.astype(np.uint64, copy=False), wa0, wb0, keys)
+    bad = np.flatnonzero(y >= n)
+    while len(bad):  # cycle-walk back into each domain
+        y[bad] = once(y[bad], wa0[bad], wb0[bad], keys[bad])
+        bad = bad[y[bad] >= n[bad]]
+    return np.where(n <= one, x, y)
+
+
+def _bit_length(v: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of each element (of values below 2**63)."""
+    out = np.zeros(len(v), dtype=np.uint64)
+    v = v.copy()
+    for shift in (32, 16, 8, 4, 2, 1):
+        s = np.uint64(shift)
+        big = v >= (np.uint64(1) << s)
+        out[big] += s
+        v[big] >>= s
+    return out + (v > 0).astype(np.uint64)
 
 
 def _tabled(sizes: list[int], counts: list[int], shuffle: list[bool]) -> list[bool]:
