@@ -230,9 +230,12 @@ def markdown(doc: dict[str, Any]) -> str:
         f"address-space limit of {doc['params']['limit_gb']} GiB and a timeout of "
         f"{doc['params']['timeout_s']} s.",
         "",
-        f"**Environment:** {env.get('date', '')}; {env.get('cpus', '?')} CPUs; "
-        f"Python {env.get('python', '?')}; git `{(env.get('git') or {}).get('commit', '?')}`; "
-        f"load average {doc['loadavg_before'][0]:.2f} at the start.",
+        f"**Environment:** {env.get('date_utc', '')}; {env.get('cpu_count', '?')} CPUs "
+        f"({env.get('cpu_model', '?')}); Python {env.get('python', '?')}; numpy "
+        f"{(env.get('versions') or {}).get('numpy', '?')}; git "
+        f"`{str((env.get('git') or {}).get('revision', '?'))[:12]}`; load average "
+        f"{doc['loadavg_before'][0]:.2f} at the start, {doc['loadavg_after'][0]:.2f} at the end "
+        "(a machine shared with other work: the times are this load's).",
         "",
         f"Command: `{doc['command']}`",
         "",
