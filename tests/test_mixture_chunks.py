@@ -163,3 +163,22 @@ def test_feistel_over_many_domains_is_each_domains_feistel(domains, x) -> None: 
     keys = np.stack([round_keys(seed, epoch, 0) for _, seed, epoch in domains])
     want = [int(feistel(xs[i:i + 1], int(n[i]), keys[i])[0]) for i in range(len(domains))]
     assert feistel_many(xs, n, keys).tolist() == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 60), min_size=1, max_size=5),
+       weights=st.lists(st.floats(0.05, 10), min_size=5, max_size=5),
+       size=st.integers(1, 600), stride=st.integers(9, 40), start=st.integers(0, 40),
+       epoch=st.integers(0, 4))
+def test_positions_far_apart_draw_the_ids_of_the_whole_epoch(
+        sizes, weights, size, stride, start, epoch) -> None:  # type: ignore[no-untyped-def]
+    """A rank of a large world asks for positions far apart: a source whose permutation is
+    kept whole for dense reading draws those per chunk instead (or from the table already
+    kept), the same ids as the whole epoch's."""
+    plan = MixturePlan([[n] for n in sizes], weights[:len(sizes)], size, seed=7)
+    src, ids = MixturePlan([[n] for n in sizes], weights[:len(sizes)], size, seed=7).draws(
+        epoch, np.arange(size))
+    for lo in range(min(start, size - 1), size, 5 * stride):
+        pos = np.arange(lo, min(size, lo + 5 * stride), stride)
+        s, i = plan.draws(epoch, pos)
+        assert s.tolist() == src[pos].tolist() and i.tolist() == ids[pos].tolist()

@@ -96,9 +96,25 @@ class Interleave:
         total = int(reps.sum())
         src = np.repeat(np.arange(len(reps), dtype=np.int64), reps)
         j = np.arange(total, dtype=np.int64) + np.repeat(first - (np.cumsum(reps) - reps), reps)
-        key = self.cells(src, j) * len(reps) + src  # distinct: at most one draw a cell a source
-        order = np.argsort(key, kind="stable")
-        return src[order], j[order]
+        if not total:
+            return src, j
+        cell = self.cells(src, j)
+        lo = int(cell.min())
+        cell -= lo
+        # a counting sort by cell: a cell's draws in source order (src is ascending), each
+        # source at most once a cell
+        at = np.cumsum(np.bincount(cell))
+        at[1:] = at[:-1].copy()
+        at[0] = 0
+        place = np.empty(total, dtype=np.int64)
+        ends = np.cumsum(reps)
+        for s in np.flatnonzero(reps).tolist():
+            c = cell[ends[s] - reps[s]:ends[s]]
+            place[ends[s] - reps[s]:ends[s]] = at[c]
+            at[c] += 1
+        out_src, out_j = np.empty_like(src), np.empty_like(j)
+        out_src[place], out_j[place] = src, j
+        return out_src, out_j
 
     # -- any positions -----------------------------------------------------------------------
     def at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

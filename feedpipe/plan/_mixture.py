@@ -175,12 +175,19 @@ class MixturePlan:
         cycle, at = np.divmod(int(epoch) * self.counts[src] + draw, self.sizes[src])
         ids = at.copy()
         tabled = self._tabled_at[src]
+        keyed = self._keyed_at[src]
+        # positions far apart (a rank's share of a large world): a reader draws a small share of
+        # each cycle, so a cycle not kept yet is not worth drawing whole
+        sparse = len(pos) > 1 and int(pos.max() - pos.min()) > 8 * len(pos)
         if tabled.any():
             sel = np.flatnonzero(tabled)
             for (s, k), where in _groups(src[sel], cycle[sel]):
                 got = sel[where]
+                kept = self._ids.get(s)
+                if sparse and (kept is None or kept[0] != k):
+                    keyed[got] = True
+                    continue
                 ids[got] = self._whole(s, k)[at[got]]  # type: ignore[index]
-        keyed = self._keyed_at[src]
         if keyed.any():
             sel = np.flatnonzero(keyed)
             ids[sel] = self._keyed_ids(src[sel], cycle[sel], at[sel])
