@@ -198,3 +198,36 @@ def test_samples_a_sources_transform_skipped_are_named_in_that_source(
     assert r["ok"] and e["exactly_once"] and e["delivered"] == EPOCH - plan[("code", 3)]
     assert e["skipped"]["count"] == plan[("code", 3)]
     assert set(e["skipped"]["ids"]) == {SIZES["web"] + 3}  # code's id 3, after web's samples
+
+
+def test_a_ledger_written_with_the_earlier_interleave_is_refused_naming_it(
+        roots: dict[str, str], tmp_path: Path) -> None:
+    """A ledger whose record names no interleave was written by a feedpipe that ordered the
+    sources by float ideal times: its positions name other samples under today's plan, so it
+    is refused with the reason, not reported as losses and repeats."""
+    import json
+
+    from feedpipe import StateError
+
+    ld = loader(roots, tmp_path / "l")
+    for _ in ld:
+        pass
+    assert check_ledger(tmp_path / "l")["ok"]
+    record = tmp_path / "l" / "ledger.json"
+    doc = json.loads(record.read_text())
+    found = [d for d in _dicts(doc) if d.get("kind") == "mixture"]
+    assert found and all(d["interleave"] == 2 for d in found)
+    for d in found:
+        del d["interleave"]
+    record.write_text(json.dumps(doc))
+    with pytest.raises(StateError, match="interleaves the sources otherwise"):
+        check_ledger(tmp_path / "l")
+
+
+def _dicts(x: Any) -> list[dict[str, Any]]:
+    """Every dict inside a JSON document."""
+    if isinstance(x, dict):
+        return [x, *(d for v in x.values() for d in _dicts(v))]
+    if isinstance(x, list):
+        return [d for v in x for d in _dicts(v)]
+    return []

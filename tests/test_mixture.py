@@ -202,6 +202,22 @@ def test_a_state_of_another_mixture_or_a_dataset_is_refused(roots) -> None:  # t
         a.load_state_dict(one.state_dict())
 
 
+def test_a_mid_epoch_state_of_the_earlier_interleave_is_refused_and_its_epoch_ends_resume(
+        roots) -> None:  # type: ignore[no-untyped-def]
+    """A state saved by the feedpipe whose plan interleaved the sources by float ideal times
+    (version 1): mid-epoch its position names other samples now, refused with the reason; at an
+    epoch's start it still resumes."""
+    ld = FeedLoader(mixture(roots, ["web", "code"], weights=[1, 1], epoch_size=20), batch_size=4)
+    it = iter(ld)
+    next(it)
+    old = {**ld.state_dict(), "version": 1}
+    assert 0 < old["position"] < 20
+    with pytest.raises(StateError, match="interleaved the sources otherwise"):
+        ld.load_state_dict(old)
+    ld.load_state_dict({**old, "position": 0, "epoch": 2})
+    assert ld.state_dict()["epoch"] == 2 and len(list(ld)) == 5
+
+
 def test_bad_arguments_are_refused_naming_the_source(roots, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     web, code = FeedDataset(roots["web"]), FeedDataset(roots["code"])
     with pytest.raises(MixtureError, match="unknown source.*'news'"):

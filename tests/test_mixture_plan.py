@@ -113,10 +113,11 @@ def test_draws_are_each_sources_own_plan_in_any_chunks(mix, seed, shuffle, chunk
         got = [plan.draws(epoch, pos[at:at + chunk]) for at in range(0, len(pos), chunk)]
         src = np.concatenate([g[0] for g in got])
         ids = np.concatenate([g[1] for g in got])
-        assert src.tolist() == plan.source_at.tolist()
+        source_at, draw_at = plan.interleave.run(0, plan.epoch_size)
+        assert src.tolist() == source_at.tolist()
         for p in range(plan.epoch_size):
             s = int(src[p])
-            k = epoch * int(plan.counts[s]) + int(plan.draw_at[p])
+            k = epoch * int(plan.counts[s]) + int(draw_at[p])
             own = Plan(tuple(srcs[s]), _source_seed(seed, s), k // sizes[s], flags[s])
             assert ids[p] == own.sample_ids(np.array([k % sizes[s]]))[0], (epoch, p)
 

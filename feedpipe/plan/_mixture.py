@@ -15,9 +15,15 @@ position ``k % size_s`` of the source's own :class:`~feedpipe.plan._order.Plan` 
 its size an epoch is three whole permutations; one drawn 12% of its size continues its permutation
 in the next epoch.
 
-**Spread.** The sources are interleaved by construction: the ``j``-th draw of source ``s`` sits at
-its ideal time ``(j + 1/2) / count_s`` of the epoch (ties by source order), so every run of
-consecutive positions holds each source close to its weight, not by chance.
+**Spread.** The sources are interleaved by formula
+(:class:`~feedpipe.plan._interleave.Interleave`): the ``j``-th draw of source ``s`` sits in the
+cell of its ideal time ``(j + 1/2) / count_s`` of the epoch (ties by source order), so every run
+of consecutive positions holds each source close to its weight, not by chance.
+
+**Memory.** Nothing is the size of the epoch: any positions' sources and draws come from the
+counts by formula, and each source's ids from its own Feistel permutation per chunk (a source's
+whole permutation is kept only while the kept ones stay within :data:`TABLE_BYTES`), so a reader
+anywhere in an epoch of any size holds ``O(sources + shards + chunk)``.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import PlanError
-from ._order import Plan, feistel, round_keys
+from ._interleave import Interleave
+from ._order import Plan, Split, feistel, mix, round_keys, worker_positions
 
 
 def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None = None,
@@ -67,9 +74,19 @@ def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None = None,
     return counts
 
 
-# the largest Feistel domain a source's whole permutation is drawn and kept for (32 MiB of
-# table while it is made, at most as much of ids kept)
-_WHOLE_MAX = 1 << 22
+# the largest Feistel domain a source's whole permutation is drawn and kept for (its table is
+# made in blocks of _TABLE_BLOCK), and the most bytes of ids kept over all sources: a source past
+# either draws its ids per chunk (the same ids)
+_WHOLE_MAX = 1 << 18
+TABLE_BYTES = 1 << 24
+_TABLE_BLOCK = 1 << 18
+# positions counted together by MixturePlan.source_counts
+_COUNT_GROUP = 1 << 18
+
+
+#: the version of the interleave (a ledger records it: one of another version is checked by the
+#: feedpipe that wrote it). 1: every draw sorted by its ideal time as a float; 2: by its cell
+INTERLEAVE = 2
 
 
 def _source_seed(seed: int, source: int) -> int:
@@ -107,23 +124,20 @@ class MixturePlan:
                         else [bool(x) for x in shuffle])
         if len(self.shuffle) != len(self.counts):
             raise PlanError(f"{len(self.shuffle)} shuffle flags for {len(self.counts)} sources")
-        # the interleave: each draw at its ideal time of the epoch, ties by source order
-        src = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
-        j = np.arange(self.epoch_size, dtype=np.int64) - np.repeat(
-            np.cumsum(self.counts) - self.counts, self.counts)
-        ideal = (2 * j + 1) / (2 * np.repeat(self.counts, self.counts).astype(np.float64))
-        order = np.lexsort((src, ideal))
+        self.interleave = Interleave(self.counts)  # which source each position holds
         self._plans: dict[tuple[int, int], Plan] = {}  # (source, cycle): its order, made once
-        # (source, cycle): its whole permutation's ids, for a source an epoch draws a good part
+        # source: (cycle, its whole permutation's ids), for a source an epoch draws a good part
         # of (at least a quarter of its Feistel domain): drawing it whole costs about what its
-        # chunks would, and each chunk is then one lookup. Not for a source whose domain is
-        # over _WHOLE_MAX: its table and ids would hold far more memory than a chunk's draws
-        self._ids: dict[tuple[int, int], np.ndarray] = {}
-        domains = [1 << max(2, int(n - 1).bit_length()) for n in self.sizes.tolist()]
-        self._tabled = [d <= 4 * int(c) and d <= _WHOLE_MAX
-                        for d, c in zip(domains, self.counts.tolist())]
-        self.source_at = src[order]  # the source of each position
-        self.draw_at = j[order]  # which of its source's draws this epoch each position is
+        # chunks would, and each chunk is then one lookup. One cycle a source is kept, and only
+        # as many sources (smallest first) as TABLE_BYTES holds; the others draw per chunk
+        self._ids: dict[int, tuple[int, np.ndarray]] = {}
+        self._tabled = _tabled(self.sizes.tolist(), self.counts.tolist(), self.shuffle)
+        self._tabled_at = np.array(self._tabled, dtype=bool)
+        # per source: its ids come from its keyed permutation per chunk (shuffled, not kept)
+        self._keyed_at = np.array(self.shuffle, dtype=bool) & ~self._tabled_at
+        # (source, cycle): its permutation's round keys, and its shards' first positions in
+        # its order and first ids (what Plan.sample_ids reads of it), kept with its Plan
+        self._parts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def _plan(self, source: int, cycle: int) -> Plan:
         """The order of ``source``'s ``cycle``-th permutation (a few are kept: a reader asks for
@@ -133,6 +147,7 @@ class MixturePlan:
         if plan is None:
             if len(self._plans) >= 4 * len(self.counts):
                 self._plans.clear()
+                self._parts.clear()
             plan = self._plans[key] = Plan(self.shard_counts[source],
                                            _source_seed(self.seed, source), cycle,
                                            self.shuffle[source])
@@ -143,15 +158,12 @@ class MixturePlan:
         while chunks of the epoch draw from it; ``None`` where drawing it whole would cost far
         more than the epoch draws of it (a source drawn a small share of its size an epoch),
         or where the source is not shuffled (its ids are its draws' places)."""
-        if not self.shuffle[source] or not self._tabled[source]:
+        if not self._tabled[source]:
             return None
-        key = (source, cycle)
-        ids = self._ids.get(key)
-        if ids is None:
-            if len(self._ids) >= 2 * len(self.counts):
-                self._ids.clear()
-            ids = self._ids[key] = whole_permutation(self._plan(source, cycle))
-        return ids
+        kept = self._ids.get(source)
+        if kept is None or kept[0] != cycle:
+            kept = self._ids[source] = (cycle, whole_permutation(self._plan(source, cycle)))
+        return kept[1]
 
     def draws(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The source and the sample id within it (its manifest order) at each of
@@ -159,36 +171,148 @@ class MixturePlan:
         pos = np.asarray(positions, dtype=np.int64)
         if len(pos) and (pos.min() < 0 or pos.max() >= self.epoch_size):
             raise PlanError(f"positions outside an epoch of {self.epoch_size}")
-        src = self.source_at[pos]
-        cycle, at = np.divmod(int(epoch) * self.counts[src] + self.draw_at[pos],
-                              self.sizes[src])
-        if len(self.counts) == 1:
-            present = [0]
-        else:
-            present = np.flatnonzero(np.bincount(src, minlength=len(self.counts))).tolist()
-        ids = at if len(present) == 1 else np.empty(len(pos), dtype=np.int64)
-        for s in present:
-            sel = slice(None) if len(present) == 1 else np.flatnonzero(src == s)
-            c, a = cycle[sel], at[sel]
-            first, last = int(c.min()), int(c.max())
-            for k in range(first, last + 1):
-                here = slice(None) if first == last else c == k
-                whole = self._whole(s, k)
-                if whole is not None:
-                    got = whole[a[here]]
-                elif self.shuffle[s]:
-                    got = self._plan(s, k).sample_ids(a[here])
-                else:
-                    continue  # manifest order: its ids are its places, already there
-                if first == last:
-                    a = got
-                else:
-                    a[here] = got
-            if len(present) > 1:
-                ids[sel] = a
-            else:
-                ids = a
+        src, draw = self.interleave.at(pos)
+        cycle, at = np.divmod(int(epoch) * self.counts[src] + draw, self.sizes[src])
+        ids = at.copy()
+        tabled = self._tabled_at[src]
+        keyed = self._keyed_at[src]
+        # positions far apart (a rank's share of a large world): a reader draws a small share of
+        # each cycle, so a cycle not kept yet is not worth drawing whole
+        sparse = len(pos) > 1 and int(pos.max() - pos.min()) > 8 * len(pos)
+        if tabled.any():
+            sel = np.flatnonzero(tabled)
+            for (s, k), where in _groups(src[sel], cycle[sel]):
+                got = sel[where]
+                kept = self._ids.get(s)
+                if sparse and (kept is None or kept[0] != k):
+                    keyed[got] = True
+                    continue
+                ids[got] = self._whole(s, k)[at[got]]  # type: ignore[index]
+        if keyed.any():
+            sel = np.flatnonzero(keyed)
+            ids[sel] = self._keyed_ids(src[sel], cycle[sel], at[sel])
         return src, ids
+
+    def _keyed_ids(self, src: np.ndarray, cycle: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """``self._plan(s, k).sample_ids([a])`` for each ``(s, k, a)``, every source's Feistel
+        rounds run together (one set of numpy calls a chunk, not one a source)."""
+        pairs = _groups(src, cycle)
+        m = len(pairs)
+        n = np.empty(m, dtype=np.uint64)
+        keys = np.empty((m, len(round_keys(0, 0, 0))), dtype=np.uint64)
+        bases = np.zeros(m + 1, dtype=np.int64)  # each pair's places, laid end to end
+        cums, firsts, which = [], [], np.empty(len(src), dtype=np.int64)
+        for i, ((s, k), where) in enumerate(pairs):
+            plan = self._plan(s, k)
+            parts = self._parts.get((s, k))
+            if parts is None:
+                parts = self._parts[(s, k)] = _keyed_parts(plan)
+            n[i], bases[i + 1] = plan.num_samples, bases[i] + plan.num_samples
+            keys[i] = parts[0]
+            cums.append(parts[1] + bases[i])
+            firsts.append(parts[2])
+            which[where] = i
+        perm = feistel_many(at.astype(np.uint64), n[which], keys[which]).astype(np.int64)
+        cum, first = np.concatenate(cums), np.concatenate(firsts)
+        x = perm + bases[which]
+        j = np.searchsorted(cum, x, side="right") - 1  # the shard of the order it falls in
+        return np.asarray(first[j] + (x - cum[j]), dtype=np.int64)
+
+    def source_counts(self, split: Split, batch_size: int, batches: int) -> np.ndarray:
+        """Samples of each source in the first ``batches`` batches of ``batch_size`` of a
+        rank's ``split``: by formula for one rank (its positions are one run), else counted a
+        bounded group of batches at a time."""
+        n = min(batches, split.batches(batch_size))
+        if split.world_size == 1:
+            hi = split.start + min(n * batch_size, split.length)
+            return self.interleave.before(hi) - self.interleave.before(split.start)
+        out = np.zeros(len(self.counts), dtype=np.int64)
+        group = max(1, _COUNT_GROUP // max(batch_size, 1))
+        for t in range(0, n, group):
+            pos, _ = worker_positions(split, batch_size, np.arange(t, min(n, t + group)))
+            out += np.bincount(self.interleave.at(pos)[0], minlength=len(self.counts))
+        return out
+
+
+def _groups(src: np.ndarray, cycle: np.ndarray) -> list[tuple[tuple[int, int], np.ndarray]]:
+    """The distinct ``(source, cycle)`` pairs of the arrays, each with where it occurs."""
+    lo = int(cycle.min())
+    key = src * (int(cycle.max()) - lo + 1) + (cycle - lo)
+    order = np.argsort(key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    out = []
+    for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(order)].tolist(), strict=True):
+        i = int(order[a])
+        out.append(((int(src[i]), int(cycle[i])), order[a:b]))
+    return out
+
+
+def _keyed_parts(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What :meth:`Plan.sample_ids` reads of a shuffled plan of one window: its round keys, the
+    first position of each shard in its order (and the total), each such shard's first id."""
+    order = plan._order
+    cum = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(plan.counts, dtype=np.int64)[order], out=cum[1:])
+    first = np.append(plan.first_ids[order], plan.num_samples)
+    return round_keys(plan.seed, plan.epoch, 0), cum, first
+
+
+def feistel_many(x: np.ndarray, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """:func:`~feedpipe.plan._order.feistel` of each ``x[i]`` over ``[0, n[i])`` with round keys
+    ``keys[i]``: element by element the same bijections, for many domains in one pass.
+
+    Example:
+        >>> k = np.stack([round_keys(1, 0, 0), round_keys(2, 5, 0)])
+        >>> x, n = np.array([3, 4], np.uint64), np.array([10, 1000], np.uint64)
+        >>> feistel_many(x, n, k).tolist() == [int(feistel(x[:1], 10, k[0])[0]),
+        ...                                    int(feistel(x[1:], 1000, k[1])[0])]
+        True
+    """
+    bits = np.maximum(2, _bit_length(np.maximum(n, 2) - np.uint64(1)))
+    wa0 = bits // np.uint64(2)
+    wb0 = bits - wa0
+    one = np.uint64(1)
+
+    def once(v: np.ndarray, wa: np.ndarray, wb: np.ndarray, k: np.ndarray) -> np.ndarray:
+        for r in range(k.shape[1]):  # as feistel(): (hi, lo) -> (lo, hi ^ F(lo)), widths swap
+            hi, lo = v >> wb, v & ((one << wb) - one)
+            f = mix(lo ^ k[:, r]) & ((one << wa) - one)
+            v = (lo << wa) | (hi ^ f)
+            wa, wb = wb, wa
+        return v
+
+    y = once(x.astype(np.uint64, copy=False), wa0, wb0, keys)
+    bad = np.flatnonzero(y >= n)
+    while len(bad):  # cycle-walk back into each domain
+        y[bad] = once(y[bad], wa0[bad], wb0[bad], keys[bad])
+        bad = bad[y[bad] >= n[bad]]
+    return np.where(n <= one, x, y)
+
+
+def _bit_length(v: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of each element (of values below 2**63)."""
+    out = np.zeros(len(v), dtype=np.uint64)
+    v = v.copy()
+    for shift in (32, 16, 8, 4, 2, 1):
+        s = np.uint64(shift)
+        big = v >= (np.uint64(1) << s)
+        out[big] += s
+        v[big] >>= s
+    return out + (v > 0).astype(np.uint64)
+
+
+def _tabled(sizes: list[int], counts: list[int], shuffle: list[bool]) -> list[bool]:
+    """Which sources keep their whole permutation: shuffled ones an epoch draws at least a
+    quarter of the Feistel domain of, within :data:`_WHOLE_MAX`, the smallest first while their
+    ids (8 bytes each) fit :data:`TABLE_BYTES` together."""
+    out = [False] * len(sizes)
+    left = TABLE_BYTES
+    for s in sorted(range(len(sizes)), key=sizes.__getitem__):
+        d = 1 << max(2, int(sizes[s] - 1).bit_length())
+        if shuffle[s] and d <= 4 * counts[s] and d <= _WHOLE_MAX and 8 * sizes[s] <= left:
+            out[s] = True
+            left -= 8 * sizes[s]
+    return out
 
 
 def whole_permutation(plan: Plan) -> np.ndarray:
@@ -205,9 +329,12 @@ def whole_permutation(plan: Plan) -> np.ndarray:
     n = plan.num_samples
     bits = max(2, (n - 1).bit_length())
     # the same network feistel() uses on [0, n): its widths come from the bits of n - 1 only
-    table = feistel(np.arange(1 << bits, dtype=np.uint64), 1 << bits,
-                    round_keys(plan.seed, plan.epoch, 0))
-    perm = table[:n].astype(np.int64)
+    keys = round_keys(plan.seed, plan.epoch, 0)
+    table = np.empty(1 << bits, dtype=np.int64)
+    for lo in range(0, 1 << bits, _TABLE_BLOCK):  # in blocks: the rounds' temporaries stay small
+        hi = min(lo + _TABLE_BLOCK, 1 << bits)
+        table[lo:hi] = feistel(np.arange(lo, hi, dtype=np.uint64), 1 << bits, keys)
+    perm = table[:n].copy()
     bad = np.flatnonzero(perm >= n)
     while len(bad):
         perm[bad] = table[perm[bad]]

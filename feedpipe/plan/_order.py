@@ -59,6 +59,9 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+mix = _mix  # the name other plan modules use (the mixture's Feistel rounds over many domains)
+
+
 def round_keys(seed: int, epoch: int, stream: int, rounds: int = _ROUNDS) -> np.ndarray:
     """Independent 64-bit keys for one permutation, from ``(seed, epoch, stream)``."""
     text = f"feedpipe-plan\0{seed}\0{epoch}\0{stream}"

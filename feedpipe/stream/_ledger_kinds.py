@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StateError
-from ..plan._mixture import MixtureEpoch, MixturePlan
+from ..plan._mixture import INTERLEAVE, MixtureEpoch, MixturePlan
 from ..plan._order import Plan, Split
 from ..plan._packing import Layout, packing_named
 from ._ledger import Ordered
@@ -36,6 +36,12 @@ def _mixture_plan(key: str) -> tuple[MixturePlan, np.ndarray]:
     """The mixture's plan made from what ``ledger.json`` recorded (``key``: that, as JSON), and
     each source's first sample number."""
     info = json.loads(key)
+    if info.get("interleave", 1) != INTERLEAVE:
+        raise StateError(
+            f"this ledger's mixture of {info['sources']} was written by a feedpipe whose plan "
+            f"interleaves the sources otherwise (interleave {info.get('interleave', 1)}, this "
+            f"feedpipe's {INTERLEAVE}): check this ledger with the feedpipe version that wrote "
+            "it")
     plan = MixturePlan(info["shards"], info["weights"], info["epoch_size"], info["seed"],
                        info["shuffle"])
     if plan.counts.tolist() != info["draws"]:
@@ -49,7 +55,8 @@ def _mixture_plan(key: str) -> tuple[MixturePlan, np.ndarray]:
 
 def mixture_of(info: dict[str, Any]) -> tuple[MixturePlan, np.ndarray]:
     keys = ("shards", "weights", "epoch_size", "seed", "shuffle", "draws", "sources")
-    return _mixture_plan(json.dumps({k: info[k] for k in keys}))
+    return _mixture_plan(json.dumps({**{k: info[k] for k in keys},
+                                     "interleave": info.get("interleave", 1)}))
 
 
 # -- a Packed's rows ---------------------------------------------------------------------------

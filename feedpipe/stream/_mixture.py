@@ -28,8 +28,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .._helpers.exit_close import closed_at_exit
 from .._redact import logger
 from ..errors import MixtureError, PlanError
-from ..plan._mixture import MixtureEpoch, MixturePlan
-from ..plan._order import Split, worker_positions
+from ..plan._mixture import INTERLEAVE, MixtureEpoch, MixturePlan
+from ..plan._order import Split
 from ._assembly import assemble
 from ._batch_loop import EpochReader, Skips
 from ._collate import LeftOut, left_out_error
@@ -46,7 +46,9 @@ if TYPE_CHECKING:
 
 log = logger("feedpipe")
 
-STATE_VERSION = 1
+# 2: the sources interleaved by cells (feedpipe.plan._interleave); a version-1 state's position
+# named the samples of the interleave before, so only its epoch boundaries still hold
+STATE_VERSION = 2
 
 
 class Mixture(IterableDataset, Source):
@@ -236,6 +238,7 @@ class Mixture(IterableDataset, Source):
                 "shuffle": [bool(ds.shuffle) for ds in self.sources.values()],
                 "weights": self.weights, "epoch_size": self._epoch_size_given,
                 "draws": self.mixture_plan.counts.tolist(), "seed": self.seed,
+                "interleave": INTERLEAVE,
                 "drop_last": self.drop_last}
 
     # -- the world and the plan ------------------------------------------------------------
@@ -289,9 +292,7 @@ class Mixture(IterableDataset, Source):
 
     def delivered(self, epoch: int, split: Split, batches: int, batch_size: int) -> dict[str, int]:
         """Samples of each source in this rank's first ``batches`` batches of ``split``."""
-        n = min(batches, split.batches(batch_size))
-        pos, _ = worker_positions(split, batch_size, np.arange(n))
-        counts = np.bincount(self.mixture_plan.source_at[pos], minlength=len(self.names))
+        counts = self.mixture_plan.source_counts(split, batch_size, batches)
         return dict(zip(self.names, counts.tolist()))
 
     def tag_batch(self, batch: dict[str, Any], shards: np.ndarray) -> None:
@@ -375,8 +376,13 @@ class Mixture(IterableDataset, Source):
 
     def state_mismatch(self, state: dict[str, Any]) -> str | None:
         """Why ``state`` cannot resume this source (a reason to show), or ``None``."""
-        if state.get("kind") != "mixture" or state.get("version") != STATE_VERSION:
+        if state.get("kind") != "mixture":
             return "the state is not a Mixture's (it was saved reading one FeedDataset)"
+        if state.get("version") != STATE_VERSION and not (
+                state.get("version") == 1 and state.get("position") in (0, self.epoch_size)):
+            return (f"the state is of version {state.get('version')!r}, saved by a feedpipe "
+                    f"whose mixture plan interleaved the sources otherwise (this one reads "
+                    f"version {STATE_VERSION}): its mid-epoch position names other samples here")
         saved = state.get("dataset") or {}
         if saved.get("digest") != self.identity["digest"]:
             return (f"the state was saved on another mixture (sources {saved.get('sources')}, "
