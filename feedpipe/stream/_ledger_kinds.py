@@ -3,7 +3,9 @@ recorded: a dataset's :class:`~feedpipe.plan._order.Plan` (each sample once), a 
 :class:`~feedpipe.plan._mixture.MixturePlan` (each sample as many times as the epoch draws it),
 and a :class:`~feedpipe.Packed`'s rows (:mod:`feedpipe.plan._packing`), made with the same pure
 functions the reader used from the documents' lengths the ledger holds. A Packed ledger's ids
-are the epoch's rows, each once; a row is named by its pieces ``(document, start, length)``."""
+are the epoch's rows, each once; a row is named by its pieces ``(document, start, length)``. A
+:class:`~feedpipe.VideoClips` ledger's ids are the epoch's clips (:class:`~feedpipe.plan._clips.
+ClipOrder`), each once; a clip is named ``(video, clip)``."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StateError
+from ..plan._clips import ClipOrder
 from ..plan._mixture import MixtureEpoch, MixturePlan
 from ..plan._order import Plan, Split
 from ..plan._packing import Layout, packing_named
@@ -29,6 +32,16 @@ def is_mixture(info: dict[str, Any]) -> bool:
 
 def is_packed(info: dict[str, Any]) -> bool:
     return info.get("kind") == "packed"
+
+
+def is_clips(info: dict[str, Any]) -> bool:
+    return info.get("kind") == "video-clips"
+
+
+def clip_pairs(info: dict[str, Any], ids: np.ndarray) -> list[list[int]]:
+    """The ``[video, clip]`` of each clip id of a VideoClips ledger (repeats kept)."""
+    clips = int(info["clips"])
+    return [[int(g) // clips, int(g) % clips] for g in np.asarray(ids, dtype=np.int64)]
 
 
 @lru_cache(maxsize=4)
@@ -155,6 +168,8 @@ def epoch_plan(info: dict[str, Any], epoch: int, layout: Any = None) -> Ordered:
         return MixtureEpoch(*mixture_of(info)[:1], epoch, mixture_of(info)[1])
     if is_packed(info):
         return _Rows(epoch)
+    if is_clips(info):
+        return ClipOrder(samples(info), int(info["clips"]), info["seed"], epoch)
     return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"],
                 None if not layout else (int(layout[0]), int(layout[1])))
 
@@ -166,14 +181,16 @@ def positions(info: dict[str, Any], epoch: int) -> int:
         return mixture_of(info)[0].epoch_size
     if is_packed(info):
         return int(packed_epoch(info, epoch)[1].num_rows)
+    if is_clips(info):
+        return samples(info) * int(info["clips"])
     return int(sum(info["counts"]))
 
 
 def expected(info: dict[str, Any], epoch: int) -> np.ndarray:
-    """How many times ``epoch`` holds each id: once for a dataset's samples and a Packed's rows;
-    for a mixture what its plan draws (a source drawn more than its size repeats samples, one
-    drawn less leaves some out)."""
-    if is_packed(info):
+    """How many times ``epoch`` holds each id: once for a dataset's samples, a Packed's rows and
+    a VideoClips' clips; for a mixture what its plan draws (a source drawn more than its size
+    repeats samples, one drawn less leaves some out)."""
+    if is_packed(info) or is_clips(info):
         return np.ones(positions(info, epoch), dtype=np.int64)
     n = int(sum(info["counts"]))
     if not is_mixture(info):
@@ -218,5 +235,5 @@ def check_plan(info: dict[str, Any], h: dict[str, Any]) -> None:
 
 
 def samples(info: dict[str, Any]) -> int:
-    """The samples of the dataset (a Packed's: its documents)."""
+    """The samples of the dataset (a Packed's: its documents; a VideoClips': its videos)."""
     return int(sum(info["counts"]))

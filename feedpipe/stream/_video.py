@@ -25,6 +25,7 @@ from ..transforms._video import VideoClip
 from ._routes import Capabilities
 from ._shard_set import ShardSet
 from ._source import Source
+from ._states import dataset_identity
 
 log = logger("feedpipe.video")
 
@@ -167,6 +168,17 @@ class VideoClips(Source):
             log.warning("%s: starting epoch %s afresh", why, state.get("epoch", 0))
             return int(state.get("epoch", 0)), 0
         return int(state["epoch"]), int(state["position"])
+
+    def ledger_info(self) -> dict[str, Any]:
+        """What ``FeedLoader(ledger=)`` records of these clips in ``ledger.json``: the videos'
+        dataset (its digest and shards' counts), the clips per video, the clip's frames, stride
+        and rate, and the seed, from which ``feedpipe ledger`` recomputes each epoch's order
+        of clips."""
+        c = self.clip
+        return {"kind": _KIND, "digest": dataset_identity(self.manifest)["digest"],
+                "counts": [int(n) for n in self.shards.counts], "seed": self.seed,
+                "clips": self.clips, "frames": c.frames, "stride": c.stride, "fps": c.fps,
+                "drop_last": self.drop_last}
 
     def capabilities(self, collate_fn: Any) -> Capabilities:
         """A transform to share (the decoding), read by its own fetch (``video-clips``)."""
