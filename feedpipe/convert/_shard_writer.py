@@ -286,6 +286,7 @@ class ShardWriter:
             unlink_quiet(os.path.join(self.out, rec.name))
             unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".idx"))
             unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".sizes.npy"))
+            unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".frames.npy"))
         self._records = []
         self._release()
 

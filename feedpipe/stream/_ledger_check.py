@@ -356,7 +356,7 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
                             "field": info["field"], "documents": info["lengths"]["documents"],
                             "tokens": info["lengths"]["tokens"]}
     if is_clips(info):
-        report["clips"] = {"videos": samples(info), "clips_per_video": int(info["clips"]),
+        report["clips"] = {"videos": samples(info), "clips_per_video": info["clips"],
                            "frames": int(info["frames"]), "stride": int(info["stride"]),
                            "fps": info["fps"]}
     return report

@@ -38,10 +38,25 @@ def is_clips(info: dict[str, Any]) -> bool:
     return info.get("kind") == "video-clips"
 
 
+def _clip_counts(info: dict[str, Any]) -> np.ndarray | None:
+    """Each video's count of clips a VideoClips ledger of ``clips_per_video="all"`` holds,
+    checked against their digest (``None``: the same count for every video)."""
+    if "clip_counts" not in info:
+        return None
+    return _lengths(info, "clip_counts")
+
+
+def clip_order(info: dict[str, Any], epoch: int) -> ClipOrder:
+    """A VideoClips epoch's order of clips, recomputed."""
+    counts = _clip_counts(info)
+    return ClipOrder(samples(info), 0 if counts is not None else int(info["clips"]),
+                     info["seed"], epoch, counts)
+
+
 def clip_pairs(info: dict[str, Any], ids: np.ndarray) -> list[list[int]]:
     """The ``[video, clip]`` of each clip id of a VideoClips ledger (repeats kept)."""
-    clips = int(info["clips"])
-    return [[int(g) // clips, int(g) % clips] for g in np.asarray(ids, dtype=np.int64)]
+    videos, clips = clip_order(info, 0).locate(np.asarray(ids, dtype=np.int64))
+    return [[int(v), int(c)] for v, c in zip(videos.tolist(), clips.tolist())]
 
 
 @lru_cache(maxsize=4)
@@ -76,17 +91,19 @@ def lengths_record(lengths: np.ndarray) -> dict[str, Any]:
             "zlib": base64.b64encode(zlib.compress(raw, 6)).decode()}
 
 
-def _lengths(info: dict[str, Any]) -> np.ndarray:
-    """The documents' lengths a Packed ledger holds, checked against their digest once per
-    ``info`` read (kept in it)."""
-    got = info.get("_lengths")
+def _lengths(info: dict[str, Any], key: str = "lengths") -> np.ndarray:
+    """The documents' lengths a Packed ledger holds (``key="clip_counts"``: the videos' clip
+    counts of a VideoClips'), checked against their digest once per ``info`` read (kept in
+    it)."""
+    got = info.get("_" + key)
     if got is None:
-        rec = info["lengths"]
+        rec = info[key]
         raw = zlib.decompress(base64.b64decode(rec["zlib"]))
         if hashlib.blake2b(raw, digest_size=16).hexdigest() != rec["digest"]:
-            raise StateError("the documents' lengths in ledger.json do not match their digest: "
+            what = "documents' lengths" if key == "lengths" else "videos' clip counts"
+            raise StateError(f"the {what} in ledger.json do not match their digest: "
                              "the ledger is damaged and cannot be checked")
-        got = info["_lengths"] = np.frombuffer(raw, dtype="<i8").astype(np.int64)
+        got = info["_" + key] = np.frombuffer(raw, dtype="<i8").astype(np.int64)
     return got
 
 
@@ -96,6 +113,8 @@ def check_info(info: dict[str, Any]) -> None:
     part is read."""
     if is_packed(info):
         _lengths(info)
+    if is_clips(info):
+        _clip_counts(info)
 
 
 @lru_cache(maxsize=8)
@@ -169,7 +188,7 @@ def epoch_plan(info: dict[str, Any], epoch: int, layout: Any = None) -> Ordered:
     if is_packed(info):
         return _Rows(epoch)
     if is_clips(info):
-        return ClipOrder(samples(info), int(info["clips"]), info["seed"], epoch)
+        return clip_order(info, epoch)
     return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"],
                 None if not layout else (int(layout[0]), int(layout[1])))
 
@@ -182,7 +201,7 @@ def positions(info: dict[str, Any], epoch: int) -> int:
     if is_packed(info):
         return int(packed_epoch(info, epoch)[1].num_rows)
     if is_clips(info):
-        return samples(info) * int(info["clips"])
+        return clip_order(info, epoch).num_samples
     return int(sum(info["counts"]))
 
 

@@ -30,12 +30,10 @@ import numpy as np
 from .._helpers.dependency import require
 from .._redact import logger
 from ..errors import DecodeError, SampleSkipped
+from ..format._video_frames import VIDEO_FIELDS
 from ..plan._clips import clip_draw, clip_start
 
 log = logger("feedpipe.video")
-
-VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "avi", "mov")
-"""The extensions read as videos, in the order a sample's video field is looked for."""
 
 _padded_logged: set[tuple[Any, Any]] = set()  # (shard, key) said once per process
 
@@ -120,7 +118,8 @@ class VideoClip:
         field: the video field (``None``: the first of ``mp4``, ``webm``, ``mkv``, ``avi``,
             ``mov`` the sample has).
         on_error: ``"raise"`` (:class:`~feedpipe.errors.DecodeError`) or ``"skip"``
-            (:class:`~feedpipe.errors.SampleSkipped`) for a video that cannot be decoded.
+            (:class:`~feedpipe.errors.SampleSkipped`) for a video that cannot be decoded or a
+            sample without one.
 
     The output is a dict: ``frames`` (``uint8`` tensor ``[T, 3, H, W]``), ``start`` (the
     video frame the clip starts at), ``video`` and ``clip`` (which clip of which sample),
@@ -163,14 +162,17 @@ class VideoClip:
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         name = self.field or next((f for f in VIDEO_FIELDS if sample.get(f) is not None), None)
         key, shard = sample.get("__key__"), sample.get("__shard__")
-        if name is None or sample.get(name) is None:
-            raise DecodeError(f"sample {key!r} of {shard!r} has no video field "
-                              f"({self.field or ', '.join(VIDEO_FIELDS)}); name it with field=")
+        if name is None or sample.get(name) is None:  # skipped too where skips are asked for
+            cls = SampleSkipped if self.on_error == "skip" else DecodeError
+            raise cls(f"sample {key!r} of {shard!r} has no video field "
+                      f"({self.field or ', '.join(VIDEO_FIELDS)}); name it with field=")
         video = int(sample.get("__video__", sample.get("__index__", 0)))
         clip = int(sample.get("__clip__", 0))
         draw = clip_draw(sample.get("__seed__", 0), sample.get("__epoch__", 0), video, clip)
+        # VideoClips' per-video clip count and the frame count recorded at shard time
+        clips, total = int(sample.get("__clips__", self.clips)), sample.get("__frames__")
         try:
-            out, start, padded = self._decode(sample[name], clip, draw)
+            out, start, padded = self._decode(sample[name], clip, draw, clips, total)
         except Exception as e:  # FFmpeg's errors, a missing stream, a clip cut short
             if isinstance(e, ImportError):
                 raise
@@ -188,10 +190,12 @@ class VideoClip:
         return {"frames": torch.from_numpy(out), "start": start, "video": video, "clip": clip,
                 "padded": padded, "__key__": key}
 
-    def _decode(self, data: Any, clip: int, draw: float) -> tuple[np.ndarray, int, int]:
+    def _decode(self, data: Any, clip: int, draw: float, clips: int,
+                recorded: int | None) -> tuple[np.ndarray, int, int]:
         with _open(data) as container:
             stream, rate, total, _ = _header(container)
-            start = clip_start(total, self.span(float(rate)), self.clips, clip, draw)
+            total = total if recorded is None else int(recorded)
+            start = clip_start(total, self.span(float(rate)), clips, clip, draw)
             want = self.wanted(start, float(rate))
             got = _frames_at(container, stream, rate, want, self.size)
         have = sorted(got)
