@@ -109,6 +109,9 @@ class VideoClips(Source):
         on_error: ``"raise"`` or ``"skip"`` for a video that cannot be decoded.
         rank, world_size: this process's rank and the number of ranks (default: detected).
         drop_last: make the ranks equal by leaving clips out rather than repeating some.
+        cache: a :class:`~feedpipe.FunctionIndex` memoising the decoded clips, each keyed by its
+            video's bytes and its draw (seed, epoch, video, clip): a run that reads the same
+            epochs again (a restart, another job over the same clips) decodes none of them.
 
     Example:
         >>> import feedpipe
@@ -123,7 +126,8 @@ class VideoClips(Source):
                  field: str | None = None, seed: int = 0,
                  transform: Callable[[Any], Any] | None = None, on_error: str = "raise",
                  rank: int | None = None, world_size: int | None = None,
-                 drop_last: bool = False, max_open_shards: int = 64) -> None:
+                 drop_last: bool = False, max_open_shards: int = 64,
+                 cache: Any = None) -> None:
         self.url = str(url)
         self.manifest = load_manifest(self.url)
         self.seed = int(seed)
@@ -134,7 +138,8 @@ class VideoClips(Source):
         self.clip = VideoClip(frames, stride=stride, fps=fps, size=size,
                               clips=1 if every else int(clips_per_video), field=field,
                               on_error=on_error)
-        self.transform = self.clip if transform is None else _Then(self.clip, transform)
+        decode = self.clip if cache is None else cache.wrap(self.clip)
+        self.transform = decode if transform is None else _Then(decode, transform)
         self.decode: dict[str, Any] = {}
         self.decoded = None
         self.world = (World(rank, world_size) if rank is not None and world_size

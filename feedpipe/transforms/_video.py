@@ -159,6 +159,16 @@ class VideoClip:
         """The video frames of a clip starting at ``start``."""
         return start + np.round(np.arange(self.frames) * self.step(rate)).astype(np.int64)
 
+    def memo_fields(self, sample: dict[str, Any]) -> list[str]:
+        """The fields a clip is a function of, for :meth:`FunctionIndex.wrap
+        <feedpipe.FunctionIndex.wrap>`: the video's bytes and what draws the clip (seed, epoch,
+        video, clip, and the clip count and frame count :class:`~feedpipe.VideoClips` gives),
+        so that a memoised clip is served only for the same draw."""
+        name = self.field or next((f for f in VIDEO_FIELDS if sample.get(f) is not None), None)
+        draw = ("__seed__", "__epoch__", "__video__", "__clip__", "__clips__", "__frames__")
+        video = () if "__video__" in sample else ("__index__",)
+        return [f for f in (name, *draw, *video) if f is not None and f in sample]
+
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         name = self.field or next((f for f in VIDEO_FIELDS if sample.get(f) is not None), None)
         key, shard = sample.get("__key__"), sample.get("__shard__")
