@@ -21,6 +21,8 @@ PyAV is imported when the first clip is decoded, never by ``import feedpipe``.
 from __future__ import annotations
 
 import io
+import os
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -223,18 +225,36 @@ class VideoClip:
 
 
 _scaler: list[Any] = []
+_scaling = threading.Lock()  # one scaler a process: threads take turns
+
+
+def _drop_scaler() -> None:
+    """Before a fork: free the scaler in the process that made its slice threads (a child that
+    freed an inherited one would wait forever on threads the fork did not copy)."""
+    with _scaling:
+        _scaler.clear()
+
+
+os.register_at_fork(before=_drop_scaler)
 
 
 def _reformatter() -> Any:
-    """The process's FFmpeg scaler, used with one thread (``threads=1``): a scaler's slice
-    threads do not survive a fork, and a worker process that inherited a threaded one waited
-    on them forever (tests/test_video.py, the worker-process test). Worker processes are the
-    parallelism."""
+    """The process's FFmpeg scaler, with FFmpeg's slice threads (``threads=0``: one per CPU;
+    the same pixels as one thread, in fewer seconds). It is freed before the process forks
+    (:func:`_drop_scaler`), and no frame keeps it: a scaler left in a frame and freed in a forked
+    worker hung it (tests/test_video.py, the worker-process test)."""
     if not _scaler:
         from av.video.reformatter import VideoReformatter
 
         _scaler.append(VideoReformatter())
     return _scaler[0]
+
+
+def _rgb(frame: Any, w: int | None, h: int | None) -> np.ndarray:
+    """``frame`` in RGB at ``(w, h)`` (``None``: its own size), through the process's scaler."""
+    with _scaling:
+        out = _reformatter().reformat(frame, width=w, height=h, format="rgb24", threads=0)
+    return out.to_ndarray()
 
 
 def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
@@ -249,7 +269,6 @@ def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
                        any_frame=False)
     wanted = set(int(i) for i in want)
     h, w = size if size is not None else (None, None)
-    scale = _reformatter()
     got: dict[int, np.ndarray] = {}
     last: tuple[int, Any] | None = None
     for frame in container.decode(stream):
@@ -257,13 +276,11 @@ def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
             continue
         i = int(round((frame.pts - t0) * tb * rate))
         if i in wanted:
-            got[i] = scale.reformat(frame, width=w, height=h, format="rgb24",
-                                    threads=1).to_ndarray()
+            got[i] = _rgb(frame, w, h)
         if i >= end:
             return got
         last = (i, frame)
     if last is not None and last[0] >= first and last[0] not in got:
         # the video ended before the clip: its last frame is the one repeated
-        got[last[0]] = scale.reformat(last[1], width=w, height=h,
-                                       format="rgb24", threads=1).to_ndarray()
+        got[last[0]] = _rgb(last[1], w, h)
     return got
