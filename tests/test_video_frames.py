@@ -139,3 +139,29 @@ def test_all_clips_without_recorded_counts_is_refused_by_name(
     with pytest.raises(feedpipe.InputError, match="record_video_frames"):
         feedpipe.VideoClips(str(old), frames=2, clips_per_video="all")
     assert len(feedpipe.VideoClips(str(old), frames=2, clips_per_video=2)) == 2 * 7
+
+
+def test_without_pyav_at_shard_time_no_counts_are_written_and_it_is_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from feedpipe._helpers import dependency
+    from feedpipe.errors import MissingDependencyError
+    from feedpipe.format import _video_frames
+
+    def missing(name: str, **kw: object) -> None:
+        raise MissingDependencyError(f"{name} is not installed: pip install feedpipe[video]")
+
+    monkeypatch.setattr(dependency, "require", missing)
+    monkeypatch.setattr(_video_frames, "_said_no_av", [])
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.mp4").write_bytes(make_video(4, width=32, height=24))
+    with caplog.at_level(logging.WARNING, logger="feedpipe.video"):
+        feedpipe.shard(str(src), str(tmp_path / "out"), workers=1)
+    assert not list((tmp_path / "out").glob("*.frames.npy"))
+    assert load_frames(str(tmp_path / "out"), feedpipe.load_manifest(str(tmp_path / "out"))) \
+        is None
+    assert [r for r in caplog.records if "frame counts not recorded (PyAV is not installed"
+            in r.getMessage()]

@@ -109,9 +109,17 @@ def has_videos(idx: Any) -> bool:
 
 
 def frames_of_file(tar_path: str, idx: Any) -> tuple[np.ndarray, int]:
-    """:func:`index_frames` of the local shard file ``tar_path``."""
+    """:func:`index_frames` of the local shard file ``tar_path``.
+
+    Raises:
+        ImportError: PyAV is not installed (asked before the shard is mapped: a view of the map
+            held by the error's traceback would keep it from closing).
+    """
     if not len(idx):
         return np.full((0, 3), -1.0, dtype=np.float64), 0
+    from .._helpers.dependency import require
+
+    require("av", extra="video", purpose="counting video frames")
     with open(tar_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         try:
             return index_frames(m, idx)
