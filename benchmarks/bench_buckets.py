@@ -7,6 +7,17 @@ the map-style dataset reads) and as feedpipe shards (``write_samples``; the size
 at shard time). Buckets: :func:`feedpipe.generated_buckets` of ``--area`` (256^2), step 32,
 ratios within [1/4, 4].
 
+Megatron-Energon's grouping (where ``megatron-energon`` is installed; ``--systems`` leaves it
+out): the same shards prepared once with ``energon prepare`` (a copy beside them, its
+``.nv-meta``: ``ImageClassificationSample`` of ``jpg``), ``get_train_dataset(...,
+repeat=False)`` with a task encoder whose ``batch_group_criterion`` is the image's bucket
+(feedpipe's own assignment) and whose ``encode_sample`` resizes to cover the bucket and crops
+the centre (torch); a new dataset each epoch (``seed_offset=epoch``); its ``plan s`` is the
+one-time ``energon prepare`` where the run made it. Energon delivers each
+group's remainder as a short batch at the end of a pass. Its correctness beside feedpipe's:
+one epoch read by 2 ranks one after the other, each rank's batch count and whether the ranks
+together delivered each image exactly once (``ranks``).
+
 The alternative (:class:`Sampler` and :class:`Images` below): the sizes read once with
 Pillow's lazy ``Image.open`` (timed apart, as ``plan_s``), each image to the nearest bucket in
 log ratio, each epoch every bucket's indices shuffled with ``seed + epoch``, cut into batches,
@@ -56,7 +67,7 @@ from common import (  # noqa: E402  (beside this script)
     table,
 )
 
-SYSTEMS = ("feedpipe", "sampler")
+SYSTEMS = ("feedpipe", "sampler", "energon")
 WORKERS = (0, 2)
 
 
@@ -174,6 +185,112 @@ def ours(spec: dict[str, Any]) -> tuple[Any, Any, float]:
     return loader, src, time.perf_counter() - t0
 
 
+def energon_dir(shards: str) -> str:
+    """A copy of the shards prepared for Energon (its ``.nv-meta`` beside the tars), made once."""
+    import shutil
+    import subprocess
+
+    out = shards + "-energon"
+    if not os.path.exists(os.path.join(out, ".nv-meta", "dataset.yaml")):
+        os.makedirs(out, exist_ok=True)
+        for f in sorted(os.listdir(shards)):
+            if f.endswith(".tar"):
+                shutil.copy(os.path.join(shards, f), out)
+        energon = os.path.join(os.path.dirname(sys.executable), "energon")
+        subprocess.run([energon, "prepare", out, "--non-interactive", "--split-ratio", "1,0,0",
+                        "--sample-type", "ImageClassificationSample", "--field-map",
+                        '{"image": "jpg", "label": "cls"}', "--no-progress",
+                        "--force-overwrite"], check=True, capture_output=True, timeout=600)
+    return out
+
+
+class EnergonLoader:
+    """Energon's grouping over the prepared shards: ``set_epoch`` then iterate, batches of
+    ``(images, ids)``."""
+
+    def __init__(self, spec: dict[str, Any], rank: int = 0, world: int = 1) -> None:
+        self.spec, self.rank, self.world, self.epoch = spec, rank, world, 0
+        self.path = energon_dir(spec["shards"])
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+
+        wc = WorkerConfig(rank=self.rank, world_size=self.world,
+                          num_workers=self.spec["workers"], seed_offset=self.epoch)
+        ds = get_train_dataset(self.path, worker_config=wc, batch_size=None,
+                               shuffle_buffer_size=100, max_samples_per_sequence=100,
+                               task_encoder=_grouping(self.spec), repeat=False)
+        return iter(get_loader(ds))
+
+
+def _grouping(spec: dict[str, Any]) -> Any:
+    """Energon's task encoder: each image to its bucket, cropped to the bucket's resolution,
+    grouped by bucket in batches of ``spec["batch"]``."""
+    import torch
+    from megatron.energon import DefaultTaskEncoder
+
+    import feedpipe
+    from feedpipe.plan._buckets import assign_buckets
+
+    buckets = feedpipe.generated_buckets(spec["area"], 32, 4.0)
+    batch = spec["batch"]
+
+    class Grouping(DefaultTaskEncoder):  # type: ignore[misc]
+        def encode_sample(self, s: Any) -> Any:
+            img = s.image  # [3, H, W] float in [0, 1], Energon's decoder
+            h, w = int(img.shape[1]), int(img.shape[2])
+            k = int(assign_buckets(np.array([[w, h]]), buckets)[0])
+            bw, bh = (int(x) for x in buckets[k])
+            sc = max(bw / w, bh / h)
+            rw, rh = max(bw, round(w * sc)), max(bh, round(h * sc))
+            x = torch.nn.functional.interpolate(img[None], size=(rh, rw), mode="bilinear")[0]
+            top, left = (rh - bh) // 2, (rw - bw) // 2
+            return {"image": x[:, top:top + bh, left:left + bw], "id": int(s.__key__),
+                    "bucket": k}
+
+        def batch_group_criterion(self, s: Any) -> Any:
+            return s["bucket"], batch
+
+        def batch(self, samples: list[Any]) -> Any:
+            return (torch.stack([s["image"] for s in samples]),
+                    torch.tensor([s["id"] for s in samples]))
+
+        def encode_batch(self, b: Any) -> Any:
+            return b
+
+    return Grouping()
+
+
+def ranks_check(spec: dict[str, Any]) -> dict[str, Any]:
+    """One epoch read by 2 ranks one after the other: each rank's batches, and whether the
+    ranks together delivered each image once (plus what the plan left out, for feedpipe)."""
+    import feedpipe
+
+    counts, ids, left = [], [], 0
+    for r in (0, 1):
+        if spec["system"] == "energon":
+            loader: Any = EnergonLoader(spec, r, 2)
+        else:
+            src = feedpipe.Bucketed(feedpipe.FeedDataset(spec["shards"], seed=0, rank=r,
+                                                         world_size=2), spec["batch"],
+                                    area=spec["area"], step=32, max_ratio=4.0)
+            loader = feedpipe.FeedLoader(src, batch_size=spec["batch"])
+        n = 0
+        for b in loader:
+            ids += b[1].tolist() if not isinstance(b, dict) else b["cls"].tolist()
+            n += 1
+        counts.append(n)
+        if spec["system"] == "feedpipe":
+            st = loader.stats()["sources"]
+            left = st["remainders"] + st["unequal_ranks"]  # images, over all ranks
+    return {"batches_per_rank": counts, "equal": len(set(counts)) == 1,
+            "exactly_once": len(ids) == len(set(ids)) and len(ids) + left == spec["images"],
+            "left_out_by_the_plan": left}
+
+
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -182,7 +299,12 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)  # both systems: one thread a process on a shared 2-core machine
     from feedpipe.plan._buckets import assign_buckets
 
-    loader, plan_of, plan_s = (ours if spec["system"] == "feedpipe" else alternative)(spec)
+    if spec["system"] == "energon":
+        t0 = time.perf_counter()
+        loader = plan_of = EnergonLoader(spec)
+        plan_s = time.perf_counter() - t0
+    else:
+        loader, plan_of, plan_s = (ours if spec["system"] == "feedpipe" else alternative)(spec)
     buckets = feedpipe.generated_buckets(spec["area"], 32, 4.0)
     sides = np.random.default_rng(0).integers(128, 513, size=(spec["images"], 2))
     truth = assign_buckets(sides, buckets)
@@ -204,6 +326,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         if spec["system"] == "feedpipe":
             remainders = loader.stats()["sources"]["remainders"]
+        elif spec["system"] == "energon":  # a group's remainder comes as a short batch
+            remainders = 0
         else:
             remainders = plan_of.remainders
         epochs.append({"images": len(seen), "wall_s": wall, "images_per_s": len(seen) / wall,
@@ -211,7 +335,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
                        "exactly_once": len(seen) == len(set(seen))
                        and len(seen) + remainders == spec["images"], "remainders": remainders,
                        "order": seen[:8]})
-    return {"plan_s": plan_s, "epochs": epochs}
+    out = {"plan_s": plan_s, "epochs": epochs}
+    if spec["system"] != "sampler":
+        out["ranks"] = ranks_check(spec)
+    return out
 
 
 def main() -> int:
@@ -222,6 +349,7 @@ def main() -> int:
     ap.add_argument("--area", type=int, default=256 * 256)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--root", default=default_root("buckets"))
     ap.add_argument("--name", default="bench_buckets")
     a = ap.parse_args()
@@ -234,7 +362,8 @@ def main() -> int:
     doc: dict[str, Any] = {"benchmark": a.name, "environment": environment(a.root),
                            "args": {k: v for k, v in vars(a).items() if k != "worker"},
                            "corpus": corpus, "passes": [], "errors": []}
-    configs = [f"{s}, {w} workers" for w in WORKERS for s in SYSTEMS]
+    systems = a.systems.split(",")
+    configs = [f"{s}, {w} workers" for w in WORKERS for s in systems]
     failed = False
     for p in range(a.passes):
         run: dict[str, Any] = {"order": alternating(configs, p), "results": {}}
@@ -265,13 +394,26 @@ def main() -> int:
                     "steady": f["steady_images_per_s"] / s["steady_images_per_s"],
                     "first_epoch": f["epochs"][0]["images_per_s"]
                     / s["epochs"][0]["images_per_s"]}
+            en = run["results"].get(f"energon, {w} workers")
+            if f and en:
+                run["ratio"].setdefault(f"{w} workers", {})["over_energon"] = (
+                    f["steady_images_per_s"] / en["steady_images_per_s"])
         doc["passes"].append(run)
     rows, summary = [], {}
     for name in configs:
         got = [r["results"][name] for r in doc["passes"] if name in r["results"]]
         key = name.split(", ")[1]
-        ratios = [r["ratio"][key] for r in doc["passes"] if key in r["ratio"]]
+        ratios = [r["ratio"][key] for r in doc["passes"] if "steady" in r["ratio"].get(key, {})]
+        over_en = [r["ratio"][key]["over_energon"] for r in doc["passes"]
+                   if "over_energon" in r["ratio"].get(key, {})]
+        ranks = [g["ranks"] for g in got if "ranks" in g]
         s = summary[name] = {
+            "ranks_batches": ranks[0]["batches_per_rank"] if ranks else None,
+            "ranks_equal_and_exactly_once": all(x["equal"] and x["exactly_once"]
+                                                for x in ranks) if ranks else None,
+            "ranks_exactly_once": all(x["exactly_once"] for x in ranks) if ranks else None,
+            "feedpipe_over_energon": median(over_en) if over_en and name.startswith(
+                "feedpipe") else None,
             "steady_images_per_s": median(g["steady_images_per_s"] for g in got),
             "plan_s": median(g["plan_s"] for g in got),
             "exactly_once_every_epoch": all(g["all_exactly_once"] for g in got),
@@ -280,11 +422,14 @@ def main() -> int:
             "feedpipe_over_sampler_spread": spread(x["steady"] for x in ratios)
             if name.startswith("feedpipe") else None}
         rows.append([name, fmt(s["steady_images_per_s"]), f"{s['plan_s']:.2f}",
-                     str(s["exactly_once_every_epoch"]), fmt(s["feedpipe_over_sampler"], 2)])
+                     str(s["exactly_once_every_epoch"]),
+                     "-" if not ranks else f"{s['ranks_batches']} {s['ranks_exactly_once']}",
+                     fmt(s["feedpipe_over_sampler"], 2), fmt(s["feedpipe_over_energon"], 2)])
     doc["summary"] = summary
     loads = [r["loadavg"][0] for r in doc["passes"]]
     text = [table(rows, ["configuration", "steady images/s", "plan s", "exactly once",
-                         "feedpipe / sampler"]),
+                         "2 ranks: batches, exactly once", "feedpipe / sampler",
+                         "feedpipe / energon"]),
             f"\n\nload average (1 min) after each pass: {', '.join(f'{x:.1f}' for x in loads)}"
             f"; {corpus['images']} JPEGs of 128-512 px sides, batch {a.batch}, buckets of "
             f"{a.area} px area\n"]

@@ -25,6 +25,7 @@ _LAZY = {
     "merge": "convert._merge",
     "index": "format._indexer",
     "record_image_sizes": "format._image_sizes",
+    "record_video_frames": "format._video_frames",
     "verify": "format._verify",
     "VerifyReport": "format._verify",
     "Problem": "format._verify",
@@ -177,6 +178,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .format._manifest import Manifest, ShardRecord, load_manifest
     from .format._reader import ShardReader, open_shard
     from .format._verify import Problem, VerifyReport, verify
+    from .format._video_frames import record_video_frames
     from .plan._buckets import generated_buckets, sdxl_buckets
     from .plan._order import Plan
     from .plan._packing import BestFit, ConcatenateAndCut, Layout, Packing, Pieces

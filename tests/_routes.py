@@ -51,6 +51,10 @@ ROUTES = {
     # cropped at random to its resolution, inline and in workers
     "samples:bkt": ("fn", "inline"),
     "samples-workers:bkt": ("fn", "workers"),
+    # feedpipe.VideoClips over videos made beside the shards (videos_path): each sample a clip
+    # decoded with PyAV, labelled with its clip id, inline and in workers
+    "samples:vid": ("fn", "inline"),
+    "samples-workers:vid": ("fn", "workers"),
 }
 BUCKETS = [(16, 8), (8, 8), (8, 16)]  # the bkt cases' buckets, (width, height): 2:1, 1:1, 1:2
 # (the shared shards give them 7 batches of 4: an elastic resume after 4 leaves one a rank)
@@ -59,6 +63,7 @@ APART = 1000  # a mixture's ids in tests: source number * APART + the id in the 
 SIZE = 8
 BATCH = 4
 SEQ = 16  # the tok routes' seq_len
+VIDEOS, CLIPS = 13, 2  # the vid cases' videos (2 clips each: 26 clips, 7 batches of 4)
 
 
 def token_docs() -> list[Any]:
@@ -89,8 +94,32 @@ def tokens_path(path: str) -> str:
     return out
 
 
+def videos_path(path: str) -> str:
+    """The vid cases' videos beside the shards at ``path``, sharded once: video ``i`` has
+    ``10 + i`` frames, 3 videos a shard."""
+    out = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       os.path.basename(os.path.abspath(path)) + "-videos")
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        from _videos import make_video
+
+        from feedpipe.convert._shard_writer import write_samples
+
+        tmp = f"{out}.tmp{os.getpid()}"
+        write_samples([{"__key__": f"v{i:03d}", "mp4": make_video(10 + i, width=32, height=24)}
+                       for i in range(VIDEOS)], tmp, max_samples=3)
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process wrote it first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def data_path(case: str, path: str) -> str:
     """Where the shards a case reads are."""
+    if video(case):
+        return videos_path(path)
     return tokens_path(path) if ROUTES[case][0] == "tok" else path
 
 
@@ -144,6 +173,24 @@ def bucketed(case: str) -> bool:
     return case.split(":")[-1] == "bkt"
 
 
+def video(case: str) -> bool:
+    """Whether a case of :data:`ROUTES` reads a :class:`feedpipe.VideoClips`."""
+    return case.split(":")[-1] == "vid"
+
+
+class ClipIds:
+    """The vid cases' transform: the decoded clip's frames with its clip id (``video * CLIPS +
+    clip``) as the label; ``mark`` as :class:`IdImages`'s."""
+
+    def __init__(self, mark: str | None = None) -> None:
+        self.mark = mark
+
+    def __call__(self, clip: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        if self.mark is not None:
+            open(os.path.join(self.mark, str(os.getpid())), "a").close()
+        return clip["frames"], int(clip["video"]) * CLIPS + int(clip["clip"])
+
+
 class BucketIds:
     """The bkt cases' transform: :class:`feedpipe.BucketCrop`'s random crop to the sample's
     bucket, with its global id as the label; ``mark`` as :class:`IdImages`'s."""
@@ -171,6 +218,14 @@ def dataset(case: str, path: str, **ds_kw: Any) -> Any:
         return TarFolder(path, **{k: ds_kw[k] for k in ("seed", "rank", "world_size",
                                                          "transform", "max_open_shards")
                                   if k in ds_kw})
+    if video(case):
+        from feedpipe import VideoClips
+
+        t = ds_kw.pop("transform", None)
+        return VideoClips(videos_path(path), frames=3, stride=2, clips_per_video=CLIPS,
+                          size=(SIZE, SIZE), seed=ds_kw["seed"], rank=ds_kw["rank"],
+                          world_size=ds_kw["world_size"], transform=ClipIds(getattr(t, "mark",
+                                                                                     None)))
     if bucketed(case):
         from feedpipe import Bucketed
 

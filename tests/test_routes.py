@@ -1,11 +1,12 @@
 """The route contract: every batch route of FeedLoader, held to the same checks.
 
-Each route is built by ``_routes.make`` over the same shards and compared with the reference
-route (``samples``, in this process): the same batches for 1-3 ranks and 0-2 workers where the
-route takes them; mid-epoch resume in a new process; elastic resume (2 ranks x 2 workers to 3 x 1
-and 1 x 3); a shard truncated during the epoch raises the named error; stopping early releases
-threads, shared memory and worker processes; routes with workers run the transform in distinct
-worker processes (their pids checked).
+Each route is built by ``_routes.make`` over the same shards (the VideoClips cases: over videos
+beside them) and compared with the reference route (``samples``, in this process): the same
+batches for 1-3 ranks and 0-2 workers where the route takes them; mid-epoch resume in a new
+process; elastic resume (2 ranks x 2 workers to 3 x 1 and 1 x 3); a shard truncated during the
+epoch raises the named error; stopping early releases threads, shared memory and worker
+processes; routes with workers run the transform in distinct worker processes (their pids
+checked).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import torch
 from _routes import (
     APART,
     BATCH,
+    CLIPS,
     MIXED,
     ROUTES,
+    VIDEOS,
     bucketed,
     data_path,
     dataset,
@@ -38,6 +41,7 @@ from _routes import (
     mixed,
     route_of,
     token_docs,
+    video,
 )
 
 from feedpipe import FeedDataset, FeedLoader, ShardFormatError
@@ -175,6 +179,8 @@ def test_elastic_resume_delivers_the_rest_exactly_once(route: str, world2: int, 
             np.arange(src.plan(0).num_samples - left)).tolist())
         return
     n = FeedDataset(str(sharded)).manifest.total_samples
+    if video(route):  # each (video, clip) once, by its clip id
+        n = VIDEOS * CLIPS
     every = set(range(n))
     if mixed(route):  # each source once an epoch (the default weights)
         every = {k * APART + i for k in range(len(MIXED)) for i in range(n)}

@@ -19,13 +19,16 @@ source as many times as its plan draws it (a source drawn more than its size rep
 drawn less leaves some out): a repeat is a delivery beyond that, a loss one short of it, and both
 are also named per source. A Packed's ids are its epoch's rows, recomputed from the documents'
 lengths the ledger holds: a lost or repeated row is named by the pieces of documents it holds,
-so every token of the epoch is proved once (padding rows count as padding).
+so every token of the epoch is proved once (padding rows count as padding). A VideoClips' ids
+are its epoch's clips (video * clips_per_video + clip), each once: a lost or repeated one is
+named by its (video, clip).
 
 The JSON document (--json; every id is listed, the text shows the first 5):
   "ledger": DIR, "samples": samples the dataset has (a mixture's sources together),
   "ok": the verdict, "mixture" (a Mixture's ledger only): {"sources", "sizes", "draws": each
       source's samples an epoch, "epoch_size"}, "packed" (a Packed's ledger only): {"seq_len",
-      "packing": the strategy's name, "field", "documents", "tokens"},
+      "packing": the strategy's name, "field", "documents", "tokens"}, "clips" (a VideoClips'
+      ledger only): {"videos", "clips_per_video", "frames", "stride", "fps"},
   "runs": [{"run", "host", "pid", "rank", "lineage", "resumed_from": the state's mark or null,
             "marks": [[epoch, position] of each state saved]}],
   "replays": [{"origin", "runs": [saved the later state, restarted], "why"}],
@@ -37,7 +40,8 @@ The JSON document (--json; every id is listed, the text shows the first 5):
       "padding", "dropped", "repeats": {"count", "ids", "parts"}, "losses": {"count", "ids",
       "parts"} or null (an epoch under way); a mixture's findings add "sources": {name: ids
       within that source, one found twice (two draws lost) listed twice}; a Packed's (ids are
-      rows) add "pieces": [[document, start, length] of each row's tokens] and "tokens",
+      rows) add "pieces": [[document, start, length] of each row's tokens] and "tokens"; a
+      VideoClips' add "clips": [[video, clip] of each id, a repeat as often as found],
       "missing": [{"rank", "world_size", "lineage", "runs", "why"}],
       "exactly_once"}]
 

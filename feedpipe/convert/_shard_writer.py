@@ -335,6 +335,7 @@ class ShardWriter:
             unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".idx"))
             unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".sizes.npy"))
             unlink_quiet(os.path.join(self.out, lengths_name(rec.name)))
+            unlink_quiet(os.path.join(self.out, rec.name[:-4] + ".frames.npy"))
         self._records = []
         self._release()
 

@@ -27,6 +27,7 @@ from ..format._image_sizes import record_shard_sizes
 from ..format._index import ShardIndex, group_members, write_index
 from ..format._manifest import ShardRecord
 from ..format._tar import BLOCK, END_OF_ARCHIVE, member_header
+from ..format._video_frames import record_shard_frames
 from ._sources import NotRegularFileError, SampleSpec, Source
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -371,6 +372,7 @@ def commit(out_dir: str, name: str, tmp: str, total: int, sha256: str, idx: Shar
     stem = name[:-4] if name.endswith(".tar") else name
     write_index(os.path.join(out_dir, stem + ".idx"), idx, index_text)
     record_shard_sizes(out_dir, name, tmp, idx)  # planning by shape decodes no image
+    record_shard_frames(out_dir, name, tmp, idx)  # planning clips opens no video
     if keep_record:
         save_record(out_dir, record, skipped, idx.fields())
     os.replace(tmp, os.path.join(out_dir, name))

@@ -29,7 +29,8 @@ delivered, nor skipped by the transform, nor dropped by design is a **loss**. A
 repeat, one short of it a loss, each also named per source. A :class:`~feedpipe.Packed`'s ids
 are its epoch's rows (recomputed from the documents' lengths ``ledger.json`` holds,
 :mod:`feedpipe.stream._ledger_kinds`), each once: a lost or repeated row is named by its pieces
-of documents, and its rows of padding only are padding. With
+of documents, and its rows of padding only are padding. A :class:`~feedpipe.VideoClips`' ids are
+its epoch's clips, each once, a lost or repeated one named ``[video, clip]``. With
 ``drop_last=False`` a rank pads its share by repeating at most ``world_size - 1`` samples; with
 ``drop_last=True`` samples are left out by design: neither counts. Samples the transform skipped
 (:class:`~feedpipe.errors.SampleSkipped`) are counted and named apart from the delivered ones.
@@ -67,8 +68,10 @@ from ._ledger_kinds import (
     check_info,
     check_plan,
     check_rows,
+    clip_pairs,
     epoch_plan,
     expected,
+    is_clips,
     is_mixture,
     is_packed,
     mixture_of,
@@ -244,7 +247,8 @@ def _finding(per_id: np.ndarray, tally: _Tally, info: dict[str, Any],
     the parts that delivered (or held) the first few; for a mixture also each source's ids
     within it, each as many times as it is found (a draw of it lost twice is listed twice); for
     a Packed (its ids are rows) the pieces of documents the rows hold, ``[document, start,
-    length]``, each as many times as found, and their tokens."""
+    length]``, each as many times as found, and their tokens; for a VideoClips the ``[video,
+    clip]`` of each id, each as many times as found."""
     ids = np.flatnonzero(per_id > 0)
     shown = ids[:SHOW]
     involved = [p.describe() for p, kept in tally.parts
@@ -261,6 +265,8 @@ def _finding(per_id: np.ndarray, tally: _Tally, info: dict[str, Any],
         pieces = row_pieces(info, epoch, _repeated(per_id))
         out["pieces"] = pieces
         out["tokens"] = int(sum(k for _, _, k in pieces))
+    if is_clips(info):
+        out["clips"] = clip_pairs(info, _repeated(per_id))
     return out
 
 
@@ -349,4 +355,8 @@ def check_ledger(root: str | os.PathLike[str]) -> dict[str, Any]:
         report["packed"] = {"seq_len": int(info["seq_len"]), "packing": info["packing"],
                             "field": info["field"], "documents": info["lengths"]["documents"],
                             "tokens": info["lengths"]["tokens"]}
+    if is_clips(info):
+        report["clips"] = {"videos": samples(info), "clips_per_video": info["clips"],
+                           "frames": int(info["frames"]), "stride": int(info["stride"]),
+                           "fps": info["fps"]}
     return report

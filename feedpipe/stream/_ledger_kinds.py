@@ -3,7 +3,9 @@ recorded: a dataset's :class:`~feedpipe.plan._order.Plan` (each sample once), a 
 :class:`~feedpipe.plan._mixture.MixturePlan` (each sample as many times as the epoch draws it),
 and a :class:`~feedpipe.Packed`'s rows (:mod:`feedpipe.plan._packing`), made with the same pure
 functions the reader used from the documents' lengths the ledger holds. A Packed ledger's ids
-are the epoch's rows, each once; a row is named by its pieces ``(document, start, length)``."""
+are the epoch's rows, each once; a row is named by its pieces ``(document, start, length)``. A
+:class:`~feedpipe.VideoClips` ledger's ids are the epoch's clips (:class:`~feedpipe.plan._clips.
+ClipOrder`), each once; a clip is named ``(video, clip)``."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StateError
+from ..plan._clips import ClipOrder
 from ..plan._mixture import INTERLEAVE, MixtureEpoch, MixturePlan
 from ..plan._order import Plan, Split
 from ..plan._packing import Layout, packing_named
@@ -29,6 +32,31 @@ def is_mixture(info: dict[str, Any]) -> bool:
 
 def is_packed(info: dict[str, Any]) -> bool:
     return info.get("kind") == "packed"
+
+
+def is_clips(info: dict[str, Any]) -> bool:
+    return info.get("kind") == "video-clips"
+
+
+def _clip_counts(info: dict[str, Any]) -> np.ndarray | None:
+    """Each video's count of clips a VideoClips ledger of ``clips_per_video="all"`` holds,
+    checked against their digest (``None``: the same count for every video)."""
+    if "clip_counts" not in info:
+        return None
+    return _lengths(info, "clip_counts")
+
+
+def clip_order(info: dict[str, Any], epoch: int) -> ClipOrder:
+    """A VideoClips epoch's order of clips, recomputed."""
+    counts = _clip_counts(info)
+    return ClipOrder(samples(info), 0 if counts is not None else int(info["clips"]),
+                     info["seed"], epoch, counts)
+
+
+def clip_pairs(info: dict[str, Any], ids: np.ndarray) -> list[list[int]]:
+    """The ``[video, clip]`` of each clip id of a VideoClips ledger (repeats kept)."""
+    videos, clips = clip_order(info, 0).locate(np.asarray(ids, dtype=np.int64))
+    return [[int(v), int(c)] for v, c in zip(videos.tolist(), clips.tolist())]
 
 
 @lru_cache(maxsize=4)
@@ -70,17 +98,19 @@ def lengths_record(lengths: np.ndarray) -> dict[str, Any]:
             "zlib": base64.b64encode(zlib.compress(raw, 6)).decode()}
 
 
-def _lengths(info: dict[str, Any]) -> np.ndarray:
-    """The documents' lengths a Packed ledger holds, checked against their digest once per
-    ``info`` read (kept in it)."""
-    got = info.get("_lengths")
+def _lengths(info: dict[str, Any], key: str = "lengths") -> np.ndarray:
+    """The documents' lengths a Packed ledger holds (``key="clip_counts"``: the videos' clip
+    counts of a VideoClips'), checked against their digest once per ``info`` read (kept in
+    it)."""
+    got = info.get("_" + key)
     if got is None:
-        rec = info["lengths"]
+        rec = info[key]
         raw = zlib.decompress(base64.b64decode(rec["zlib"]))
         if hashlib.blake2b(raw, digest_size=16).hexdigest() != rec["digest"]:
-            raise StateError("the documents' lengths in ledger.json do not match their digest: "
+            what = "documents' lengths" if key == "lengths" else "videos' clip counts"
+            raise StateError(f"the {what} in ledger.json do not match their digest: "
                              "the ledger is damaged and cannot be checked")
-        got = info["_lengths"] = np.frombuffer(raw, dtype="<i8").astype(np.int64)
+        got = info["_" + key] = np.frombuffer(raw, dtype="<i8").astype(np.int64)
     return got
 
 
@@ -90,6 +120,8 @@ def check_info(info: dict[str, Any]) -> None:
     part is read."""
     if is_packed(info):
         _lengths(info)
+    if is_clips(info):
+        _clip_counts(info)
 
 
 @lru_cache(maxsize=8)
@@ -162,6 +194,8 @@ def epoch_plan(info: dict[str, Any], epoch: int, layout: Any = None) -> Ordered:
         return MixtureEpoch(*mixture_of(info)[:1], epoch, mixture_of(info)[1])
     if is_packed(info):
         return _Rows(epoch)
+    if is_clips(info):
+        return clip_order(info, epoch)
     return Plan(tuple(info["counts"]), info["seed"], epoch, info["shuffle"], info["window"],
                 None if not layout else (int(layout[0]), int(layout[1])))
 
@@ -173,14 +207,16 @@ def positions(info: dict[str, Any], epoch: int) -> int:
         return mixture_of(info)[0].epoch_size
     if is_packed(info):
         return int(packed_epoch(info, epoch)[1].num_rows)
+    if is_clips(info):
+        return clip_order(info, epoch).num_samples
     return int(sum(info["counts"]))
 
 
 def expected(info: dict[str, Any], epoch: int) -> np.ndarray:
-    """How many times ``epoch`` holds each id: once for a dataset's samples and a Packed's rows;
-    for a mixture what its plan draws (a source drawn more than its size repeats samples, one
-    drawn less leaves some out)."""
-    if is_packed(info):
+    """How many times ``epoch`` holds each id: once for a dataset's samples, a Packed's rows and
+    a VideoClips' clips; for a mixture what its plan draws (a source drawn more than its size
+    repeats samples, one drawn less leaves some out)."""
+    if is_packed(info) or is_clips(info):
         return np.ones(positions(info, epoch), dtype=np.int64)
     n = int(sum(info["counts"]))
     if not is_mixture(info):
@@ -225,5 +261,5 @@ def check_plan(info: dict[str, Any], h: dict[str, Any]) -> None:
 
 
 def samples(info: dict[str, Any]) -> int:
-    """The samples of the dataset (a Packed's: its documents)."""
+    """The samples of the dataset (a Packed's: its documents; a VideoClips': its videos)."""
     return int(sum(info["counts"]))

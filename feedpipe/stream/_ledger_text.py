@@ -10,8 +10,11 @@ SHOW = 5  # ids the text shows per finding (the JSON document lists them all)
 def ledger_text(report: dict[str, Any]) -> str:
     """The report as the ``feedpipe ledger`` command prints it."""
     runs = f"{len(report['runs'])} run{'s' if len(report['runs']) != 1 else ''}"
-    mix, packed = report.get("mixture"), report.get("packed")
-    if packed is not None:
+    mix, packed, clips = report.get("mixture"), report.get("packed"), report.get("clips")
+    if clips is not None:
+        lines = [f"ledger {report['ledger']}: video clips, {clips['clips_per_video']} of "
+                 f"{clips['frames']} frames from each of {clips['videos']:,} videos; {runs}"]
+    elif packed is not None:
         lines = [f"ledger {report['ledger']}: Packed rows of {packed['seq_len']:,} tokens "
                  f"(packing {packed['packing']!r}) of {packed['documents']:,} documents, "
                  f"{packed['tokens']:,} tokens; {runs}"]
@@ -31,7 +34,8 @@ def ledger_text(report: dict[str, Any]) -> str:
         lines.append(f"  note: {note}")
     for e in report["epochs"]:
         lines.extend(_epoch_lines(e, report["samples"], "mixture" if mix is not None else
-                                  "packed" if packed is not None else "dataset"))
+                                  "packed" if packed is not None else
+                                  "clips" if clips is not None else "dataset"))
     skipped = sum(e["skipped"]["count"] for e in report["epochs"])
     also = f" ({skipped:,} samples skipped by the transform, named above)" if skipped else ""
     lines.append(f"OK: every finished epoch exactly once{also}" if report["ok"] else
@@ -49,8 +53,9 @@ def _epoch_lines(e: dict[str, Any], samples: int, kind: str = "dataset") -> list
     parts = f"{e['parts']} part{'s' if e['parts'] != 1 else ''}"
     # a mixture's epoch holds some samples more than once: its deliveries against its draws
     got, of = {"mixture": (e["delivered"], e["expected"]),
-               "packed": (e["distinct"], e["expected"])}.get(kind, (e["distinct"], samples))
-    unit = " rows" if kind == "packed" else ""
+               "packed": (e["distinct"], e["expected"]),
+               "clips": (e["distinct"], e["expected"])}.get(kind, (e["distinct"], samples))
+    unit = {"packed": " rows", "clips": " clips"}.get(kind, "")
     head = (f"  epoch {e['epoch']} ({state}, {parts}): {got:,} of {of:,}{unit} "
             f"delivered{'; ' + ', '.join(extra) if extra else ''}")
     if e["exactly_once"]:
@@ -75,6 +80,9 @@ def _finding_line(what: str, f: dict[str, Any]) -> str:
     if "pieces" in f:  # a Packed's rows: the tokens of documents they hold
         name = ("repeated" if what == "repeats" else "lost") + (" row" if count == 1 else " rows")
         ids = f"rows {_ids_text(f['ids'])}, {f['tokens']:,} tokens: {_pieces(f)}"
+    if "clips" in f:  # a VideoClips' ids: (video, clip)
+        name = ("repeated" if what == "repeats" else "lost") + (" clip" if count == 1 else " clips")
+        ids = f"clips (video, clip) {_ids_text([tuple(c) for c in f['clips']])}"
     return f"    {count:,} {name}, {ids}; parts: {'; '.join(f['parts']) or '-'}"
 
 
@@ -86,6 +94,6 @@ def _pieces(f: dict[str, Any]) -> str:
     return text + more
 
 
-def _ids_text(ids: list[int]) -> str:
+def _ids_text(ids: list[Any]) -> str:
     more = f" and {len(ids) - SHOW:,} more (--json lists them all)" if len(ids) > SHOW else ""
     return f"{ids[:SHOW]}{more}"

@@ -17,14 +17,18 @@ from typing import Any
 import numpy as np
 
 from .._redact import logger
+from ..errors import InputError
 from ..format._manifest import load_manifest
-from ..plan._clips import ClipOrder
+from ..format._video_frames import load_frames
+from ..plan._clips import ClipOrder, clips_that_fit
 from ..plan._order import Split
 from ..plan._world import World, detect_world
 from ..transforms._video import VideoClip
+from ._ledger_kinds import lengths_record
 from ._routes import Capabilities
 from ._shard_set import ShardSet
 from ._source import Source
+from ._states import dataset_identity
 
 log = logger("feedpipe.video")
 
@@ -47,25 +51,31 @@ class ReadClips:
     A shard cut since it was opened is named (:meth:`ShardSet.check`)."""
 
     def __init__(self, source: VideoClips, epoch: int, copy: bool) -> None:
-        self.source, self.shards, self.clips = source, source.shards, source.clips
+        self.source, self.shards, self.order = source, source.shards, source.plan(epoch)
         self.epoch, self.seed, self.copy = epoch, source.seed, copy
+        self.counts, self.frames = source.counts, source.frames
 
     def __call__(self, ids: np.ndarray) -> list[tuple[int, Any, bool]]:
         ids = np.asarray(ids, dtype=np.int64)
-        videos = ids // self.clips
+        videos, clips = self.order.locate(ids)
         s_of, i_of = self.shards.locate(videos)
         used = sorted(set(s_of.tolist()))
         with self.shards.hold(used):
             readers = {s: self.shards.reader(s) for s in used}
         self.shards.check(used)
         out, read = [], 0
-        for g, v, s, i in zip(ids.tolist(), videos.tolist(), s_of.tolist(), i_of.tolist()):
+        for g, v, c, s, i in zip(ids.tolist(), videos.tolist(), clips.tolist(), s_of.tolist(),
+                                 i_of.tolist()):
             x = readers[s].sample(i)
             read += sum(len(b) for b in x.values() if isinstance(b, (bytes, memoryview)))
             if self.copy:
                 x = {k: bytes(b) if isinstance(b, memoryview) else b for k, b in x.items()}
-            x.update(__video__=v, __clip__=g % self.clips, __index__=g,
-                     __epoch__=self.epoch, __seed__=self.seed)
+            x.update(__video__=v, __clip__=c, __index__=g, __epoch__=self.epoch,
+                     __seed__=self.seed)
+            if self.counts is not None:  # this video's own count of clips
+                x["__clips__"] = int(self.counts[v])
+            if self.frames is not None and self.frames[v, 0] > 0:  # the count at shard time
+                x["__frames__"] = int(self.frames[v, 0])
             out.append((g, x, False))
         # the loader counts bytes per sample id; these ids are clips, so the source counts
         self.source.bytes_read = (self.source.bytes_read or 0) + read
@@ -87,7 +97,10 @@ class VideoClips(Source):
         frames: frames per clip.
         stride: video frames between two frames of a clip.
         fps: instead of ``stride``, the clip's frame rate.
-        clips_per_video: clips drawn from each video per epoch.
+        clips_per_video: clips drawn from each video per epoch, or ``"all"``: as many as fit
+            one after the other in each video (``frames // span``, at least one), counted
+            from the frame counts ``feedpipe shard`` records beside the shards (no video is
+            opened to plan; :func:`~feedpipe.record_video_frames` for older shards).
         size: ``(height, width)`` the frames are resized to (``None``: the videos' own).
         field: the video field (``None``: the first of ``mp4``, ``webm``, ``mkv``, ``avi``,
             ``mov`` present).
@@ -96,6 +109,9 @@ class VideoClips(Source):
         on_error: ``"raise"`` or ``"skip"`` for a video that cannot be decoded.
         rank, world_size: this process's rank and the number of ranks (default: detected).
         drop_last: make the ranks equal by leaving clips out rather than repeating some.
+        cache: a :class:`~feedpipe.FunctionIndex` memoising the decoded clips, each keyed by its
+            video's bytes and its draw (seed, epoch, video, clip): a run that reads the same
+            epochs again (a restart, another job over the same clips) decodes none of them.
 
     Example:
         >>> import feedpipe
@@ -106,17 +122,24 @@ class VideoClips(Source):
     prefetches = False  # its plan is of clips, not of the shards' samples
 
     def __init__(self, url: str, *, frames: int, stride: int = 1, fps: float | None = None,
-                 clips_per_video: int = 1, size: tuple[int, int] | None = None,
+                 clips_per_video: int | str = 1, size: tuple[int, int] | None = None,
                  field: str | None = None, seed: int = 0,
                  transform: Callable[[Any], Any] | None = None, on_error: str = "raise",
                  rank: int | None = None, world_size: int | None = None,
-                 drop_last: bool = False, max_open_shards: int = 64) -> None:
+                 drop_last: bool = False, max_open_shards: int = 64,
+                 cache: Any = None) -> None:
         self.url = str(url)
         self.manifest = load_manifest(self.url)
         self.seed = int(seed)
+        every = clips_per_video == "all"
+        if not every and not isinstance(clips_per_video, int):
+            raise ValueError(f"VideoClips(clips_per_video={clips_per_video!r}): a number of "
+                             "clips, or 'all'")
         self.clip = VideoClip(frames, stride=stride, fps=fps, size=size,
-                              clips=clips_per_video, field=field, on_error=on_error)
-        self.transform = self.clip if transform is None else _Then(self.clip, transform)
+                              clips=1 if every else int(clips_per_video), field=field,
+                              on_error=on_error)
+        decode = self.clip if cache is None else cache.wrap(self.clip)
+        self.transform = decode if transform is None else _Then(decode, transform)
         self.decode: dict[str, Any] = {}
         self.decoded = None
         self.world = (World(rank, world_size) if rank is not None and world_size
@@ -126,16 +149,36 @@ class VideoClips(Source):
         self.shards = ShardSet(self.url, self.manifest, max_open=self.max_open_shards)
         self.videos = int(self.manifest.total_samples)
         self.clips = self.clip.clips
+        # each video's (frames, fps, duration) as recorded at shard time, or None
+        self.frames = load_frames(self.url, self.manifest)
+        self.counts = self._all_clips() if every else None
         self.bytes_read = 0  # video bytes read out of the shards (loader.stats()["io"])
+
+    def _all_clips(self) -> np.ndarray:
+        """Each video's count of clips that fit it, from the recorded frame counts."""
+        if self.frames is None:
+            raise InputError(
+                f"{self.url}: VideoClips(clips_per_video='all') counts each video's clips from "
+                "the frame counts feedpipe shard records beside the shards (<shard>.frames.npy)"
+                ", and these shards have none: run feedpipe.record_video_frames(dataset) once, "
+                "or give a number of clips")
+        frames, fps = self.frames[:, 0], self.frames[:, 1]
+        unknown = int((frames < 0).sum())
+        if unknown:
+            log.warning("%s: %d video(s) have no recorded frame count (unreadable at shard "
+                        "time): one clip each is planned", self.url, unknown)
+        spans = np.array([self.clip.span(r) if r > 0 else 1 for r in fps.tolist()])
+        return clips_that_fit(frames, spans)
 
     def __len__(self) -> int:
         """The clips of an epoch (over all ranks)."""
-        return self.videos * self.clips
+        return self.videos * self.clips if self.counts is None else int(self.counts.sum())
 
     def plan(self, epoch: int | None = None) -> Any:  # a ClipOrder: ids of clips, not samples
-        """The order of ``epoch``'s clips: the clip id (``video * clips + clip``) at each
+        """The order of ``epoch``'s clips: the clip id (``video * clips + clip``, or with
+        ``clips_per_video="all"`` the clips of each video after the previous one's) at each
         position."""
-        return ClipOrder(self.videos, self.clips, self.seed, epoch or 0)
+        return ClipOrder(self.videos, self.clips, self.seed, epoch or 0, self.counts)
 
     def split_at(self, start: int = 0, whole_batches: bool = False, *,
                  epoch: int | None = None) -> Split:
@@ -146,7 +189,8 @@ class VideoClips(Source):
 
     def _identity(self) -> dict[str, Any]:
         c = self.clip
-        return {"kind": _KIND, "seed": self.seed, "videos": self.videos, "clips": self.clips,
+        clips: Any = self.clips if self.counts is None else ["all", len(self)]
+        return {"kind": _KIND, "seed": self.seed, "videos": self.videos, "clips": clips,
                 "frames": c.frames, "stride": c.stride, "fps": c.fps}
 
     def state_at(self, epoch: int, position: int) -> dict[str, Any]:
@@ -167,6 +211,20 @@ class VideoClips(Source):
             log.warning("%s: starting epoch %s afresh", why, state.get("epoch", 0))
             return int(state.get("epoch", 0)), 0
         return int(state["epoch"]), int(state["position"])
+
+    def ledger_info(self) -> dict[str, Any]:
+        """What ``FeedLoader(ledger=)`` records of these clips in ``ledger.json``: the videos'
+        dataset (its digest and shards' counts), the clips per video, the clip's frames, stride
+        and rate, and the seed, from which ``feedpipe ledger`` recomputes each epoch's order
+        of clips."""
+        c = self.clip
+        info = {"kind": _KIND, "digest": dataset_identity(self.manifest)["digest"],
+                "counts": [int(n) for n in self.shards.counts], "seed": self.seed,
+                "clips": self.clips, "frames": c.frames, "stride": c.stride, "fps": c.fps,
+                "drop_last": self.drop_last}
+        if self.counts is not None:  # each video's own count, as a Packed's lengths
+            info.update(clips="all", clip_counts=lengths_record(self.counts))
+        return info
 
     def capabilities(self, collate_fn: Any) -> Capabilities:
         """A transform to share (the decoding), read by its own fetch (``video-clips``)."""

@@ -21,6 +21,8 @@ PyAV is imported when the first clip is decoded, never by ``import feedpipe``.
 from __future__ import annotations
 
 import io
+import os
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -30,12 +32,10 @@ import numpy as np
 from .._helpers.dependency import require
 from .._redact import logger
 from ..errors import DecodeError, SampleSkipped
+from ..format._video_frames import VIDEO_FIELDS
 from ..plan._clips import clip_draw, clip_start
 
 log = logger("feedpipe.video")
-
-VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "avi", "mov")
-"""The extensions read as videos, in the order a sample's video field is looked for."""
 
 _padded_logged: set[tuple[Any, Any]] = set()  # (shard, key) said once per process
 
@@ -120,7 +120,8 @@ class VideoClip:
         field: the video field (``None``: the first of ``mp4``, ``webm``, ``mkv``, ``avi``,
             ``mov`` the sample has).
         on_error: ``"raise"`` (:class:`~feedpipe.errors.DecodeError`) or ``"skip"``
-            (:class:`~feedpipe.errors.SampleSkipped`) for a video that cannot be decoded.
+            (:class:`~feedpipe.errors.SampleSkipped`) for a video that cannot be decoded or a
+            sample without one.
 
     The output is a dict: ``frames`` (``uint8`` tensor ``[T, 3, H, W]``), ``start`` (the
     video frame the clip starts at), ``video`` and ``clip`` (which clip of which sample),
@@ -160,17 +161,30 @@ class VideoClip:
         """The video frames of a clip starting at ``start``."""
         return start + np.round(np.arange(self.frames) * self.step(rate)).astype(np.int64)
 
+    def memo_fields(self, sample: dict[str, Any]) -> list[str]:
+        """The fields a clip is a function of, for :meth:`FunctionIndex.wrap
+        <feedpipe.FunctionIndex.wrap>`: the video's bytes and what draws the clip (seed, epoch,
+        video, clip, and the clip count and frame count :class:`~feedpipe.VideoClips` gives),
+        so that a memoised clip is served only for the same draw."""
+        name = self.field or next((f for f in VIDEO_FIELDS if sample.get(f) is not None), None)
+        draw = ("__seed__", "__epoch__", "__video__", "__clip__", "__clips__", "__frames__")
+        video = () if "__video__" in sample else ("__index__",)
+        return [f for f in (name, *draw, *video) if f is not None and f in sample]
+
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         name = self.field or next((f for f in VIDEO_FIELDS if sample.get(f) is not None), None)
         key, shard = sample.get("__key__"), sample.get("__shard__")
-        if name is None or sample.get(name) is None:
-            raise DecodeError(f"sample {key!r} of {shard!r} has no video field "
-                              f"({self.field or ', '.join(VIDEO_FIELDS)}); name it with field=")
+        if name is None or sample.get(name) is None:  # skipped too where skips are asked for
+            cls = SampleSkipped if self.on_error == "skip" else DecodeError
+            raise cls(f"sample {key!r} of {shard!r} has no video field "
+                      f"({self.field or ', '.join(VIDEO_FIELDS)}); name it with field=")
         video = int(sample.get("__video__", sample.get("__index__", 0)))
         clip = int(sample.get("__clip__", 0))
         draw = clip_draw(sample.get("__seed__", 0), sample.get("__epoch__", 0), video, clip)
+        # VideoClips' per-video clip count and the frame count recorded at shard time
+        clips, total = int(sample.get("__clips__", self.clips)), sample.get("__frames__")
         try:
-            out, start, padded = self._decode(sample[name], clip, draw)
+            out, start, padded = self._decode(sample[name], clip, draw, clips, total)
         except Exception as e:  # FFmpeg's errors, a missing stream, a clip cut short
             if isinstance(e, ImportError):
                 raise
@@ -188,10 +202,12 @@ class VideoClip:
         return {"frames": torch.from_numpy(out), "start": start, "video": video, "clip": clip,
                 "padded": padded, "__key__": key}
 
-    def _decode(self, data: Any, clip: int, draw: float) -> tuple[np.ndarray, int, int]:
+    def _decode(self, data: Any, clip: int, draw: float, clips: int,
+                recorded: int | None) -> tuple[np.ndarray, int, int]:
         with _open(data) as container:
             stream, rate, total, _ = _header(container)
-            start = clip_start(total, self.span(float(rate)), self.clips, clip, draw)
+            total = total if recorded is None else int(recorded)
+            start = clip_start(total, self.span(float(rate)), clips, clip, draw)
             want = self.wanted(start, float(rate))
             got = _frames_at(container, stream, rate, want, self.size)
         have = sorted(got)
@@ -209,18 +225,36 @@ class VideoClip:
 
 
 _scaler: list[Any] = []
+_scaling = threading.Lock()  # one scaler a process: threads take turns
+
+
+def _drop_scaler() -> None:
+    """Before a fork: free the scaler in the process that made its slice threads (a child that
+    freed an inherited one would wait forever on threads the fork did not copy)."""
+    with _scaling:
+        _scaler.clear()
+
+
+os.register_at_fork(before=_drop_scaler)
 
 
 def _reformatter() -> Any:
-    """The process's FFmpeg scaler, used with one thread (``threads=1``): a scaler's slice
-    threads do not survive a fork, and a worker process that inherited a threaded one waited
-    on them forever (tests/test_video.py, the worker-process test). Worker processes are the
-    parallelism."""
+    """The process's FFmpeg scaler, with FFmpeg's slice threads (``threads=0``: one per CPU;
+    the same pixels as one thread, in fewer seconds). It is freed before the process forks
+    (:func:`_drop_scaler`), and no frame keeps it: a scaler left in a frame and freed in a forked
+    worker hung it (tests/test_video.py, the worker-process test)."""
     if not _scaler:
         from av.video.reformatter import VideoReformatter
 
         _scaler.append(VideoReformatter())
     return _scaler[0]
+
+
+def _rgb(frame: Any, w: int | None, h: int | None) -> np.ndarray:
+    """``frame`` in RGB at ``(w, h)`` (``None``: its own size), through the process's scaler."""
+    with _scaling:
+        out = _reformatter().reformat(frame, width=w, height=h, format="rgb24", threads=0)
+    return out.to_ndarray()
 
 
 def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
@@ -235,7 +269,6 @@ def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
                        any_frame=False)
     wanted = set(int(i) for i in want)
     h, w = size if size is not None else (None, None)
-    scale = _reformatter()
     got: dict[int, np.ndarray] = {}
     last: tuple[int, Any] | None = None
     for frame in container.decode(stream):
@@ -243,13 +276,11 @@ def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
             continue
         i = int(round((frame.pts - t0) * tb * rate))
         if i in wanted:
-            got[i] = scale.reformat(frame, width=w, height=h, format="rgb24",
-                                    threads=1).to_ndarray()
+            got[i] = _rgb(frame, w, h)
         if i >= end:
             return got
         last = (i, frame)
     if last is not None and last[0] >= first and last[0] not in got:
         # the video ended before the clip: its last frame is the one repeated
-        got[last[0]] = scale.reformat(last[1], width=w, height=h,
-                                       format="rgb24", threads=1).to_ndarray()
+        got[last[0]] = _rgb(last[1], w, h)
     return got
