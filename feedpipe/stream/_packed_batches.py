@@ -101,7 +101,9 @@ class PackedFetch:
             if times is not None:
                 times.sink += clock() - t0
             del group, raw, longs, ints  # gone before the next group's tokens are copied
-            yield Shipment(worker, buf, layout, self.packed.seq_len)
+            # a reused buffer is mapped in the training process already: only its ticket goes
+            yield Shipment(worker, None if ring is not None and ring.known() else buf, layout,
+                           self.packed.seq_len)
 
 
 class Group:
@@ -176,12 +178,15 @@ class Shipment:
 
     ``worker``: the worker that made it (its batches are that worker's next ones, in order);
     ``layout``: each batch's tokens and ``cu_seqlens`` length; the buffer holds each batch's
-    ids, positions and labels (int64), then every batch's ``cu_seqlens`` (int32)."""
+    ids, positions and labels (int64), then every batch's ``cu_seqlens`` (int32). ``buffer`` is
+    ``None`` where the worker wrote into a ring buffer the training process keeps mapped (its
+    ticket names it, :meth:`~feedpipe.stream._worker_rows.RowRelease.mapped`): then nothing
+    but the layout and the ticket crosses."""
 
     __slots__ = ("worker", "buffer", "layout", "L")
 
-    def __init__(self, worker: int, buffer: torch.Tensor, layout: list[tuple[int, int]],
-                 L: int) -> None:
+    def __init__(self, worker: int, buffer: torch.Tensor | None,
+                 layout: list[tuple[int, int]], L: int) -> None:
         self.worker, self.buffer, self.layout, self.L = worker, buffer, layout, L
 
     def __reduce__(self) -> Any:
@@ -196,10 +201,20 @@ class Shipment:
         ``cu_seqlens`` (after them)."""
         return 3 * sum(n for n, _ in layout), sum(c for _, c in layout)
 
-    def unpacked(self, pin: bool = False) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    def nbytes(self) -> int:
+        """The bytes of the buffer its batches fill."""
+        wide, narrow = self.size(self.layout)
+        return wide * 8 + narrow * 4
+
+    def unpacked(self, pin: bool = False, shared: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         """The buffer the batches view (``pin``: a copy of it in pinned memory, made once
-        for all of them), and the batches."""
-        buf = self.buffer.pin_memory() if pin else self.buffer
+        for all of them), and the batches. ``shared``: the buffer where the shipment came
+        without it (kept mapped in this process)."""
+        shared = self.buffer if shared is None else shared
+        if shared is None:
+            raise ValueError("a shipment sent without its buffer needs it passed as shared=")
+        buf = shared.pin_memory() if pin else shared
         wide, _ = self.size(self.layout)
         longs, ints = buf[:wide * 8].view(torch.int64), buf[wide * 8:].view(torch.int32)
         L = self.L
