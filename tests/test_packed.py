@@ -452,12 +452,12 @@ def _epoch_batches(path, epoch=2):
 
 @needs_packrows
 def test_the_c_copy_and_the_numpy_copy_give_the_same_batches(tmp_path, monkeypatch, caplog):
-    """The token pieces copied by ``feedpipe._native._packrows`` and by numpy (where it did not
-    build) make the same batches, for each token dtype a document may have; the numpy copy says so
-    in a log record."""
+    """The token pieces copied and the fields written by ``feedpipe._native._packrows`` and by
+    numpy (where it did not build) make the same batches, for each token dtype a document may
+    have; the numpy copy says so in a log record."""
     import logging
 
-    from feedpipe.stream import _packed
+    from feedpipe.stream import _packed, _packed_batches
 
     rng = np.random.default_rng(1)
     for dtype in (np.int32, np.uint16, np.int64, ">i4"):
@@ -469,6 +469,7 @@ def test_the_c_copy_and_the_numpy_copy_give_the_same_batches(tmp_path, monkeypat
         fast = _epoch_batches(path)
         with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="feedpipe"):
             m.setattr(_packed, "_packrows", None)
+            m.setattr(_packed_batches, "_packrows", None)  # the fields written by numpy too
             m.setattr(dependency, "UNBUILT_SAID", set())
             slow = _epoch_batches(path)
         assert "copies token pieces with numpy" in caplog.text

@@ -133,3 +133,19 @@ def test_the_epoch_order_is_read_from_the_training_process_not_recomputed() -> N
     board.owner = -1  # as in a worker process: it reads, never writes
     board.publish(3, np.arange(5))
     assert board.read(3) is None and board.read(2).tolist() == [4, 1, 0, 3, 2]
+
+
+def test_the_c_fill_writes_ids_positions_and_labels_or_refuses() -> None:
+    """``_packrows.fill`` writes a batch's ids and labels (the tokens) and its positions (from 0
+    at each piece) as numpy would, and refuses counts that do not cover the batch."""
+    _packrows = pytest.importorskip("feedpipe._native._packrows")
+    tokens = np.array([7, 8, 9, 10, 11], dtype=np.uint16)
+    out = np.full((3, 5), -1, dtype=np.int64)
+    _packrows.fill(out, tokens, np.array([2, 3], dtype=np.int64))
+    assert out.tolist() == [[7, 8, 9, 10, 11], [0, 1, 0, 1, 2], [7, 8, 9, 10, 11]]
+    with pytest.raises(ValueError, match="summing to n"):
+        _packrows.fill(out, tokens, np.array([2, 2], dtype=np.int64))
+    with pytest.raises(ValueError, match="summing to n"):
+        _packrows.fill(out, tokens, np.array([6, -1], dtype=np.int64))
+    with pytest.raises(TypeError, match="not handled"):
+        _packrows.fill(out, tokens.astype(np.float32), np.array([5], dtype=np.int64))

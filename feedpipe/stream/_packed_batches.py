@@ -13,6 +13,13 @@ import torch
 
 from ._collator import shared_empty
 
+try:  # optional C extension (setup.py): a batch's fields written in one pass
+    from .._native import _packrows
+except ImportError:  # pragma: no cover - where it did not build, numpy writes them
+    _packrows = None
+# the token dtypes _packrows.fill reads
+_FILLS = frozenset(np.dtype(t) for t in ("int16", "uint16", "int32", "uint32", "int64"))
+
 if TYPE_CHECKING:
     from ._batch_loop import PartTimes
     from ._packed import Packed
@@ -153,6 +160,12 @@ class Group:
         its ``cu_seqlens`` into ``cu`` where given."""
         lo, n, full = self.lo[b], self.size[b], self.full[b]
         i, j = self.at[b], self.at[b + 1]
+        if (full == n and self.real is None and _packrows is not None
+                and self.tokens.dtype in _FILLS):  # the common case: no padding, in C
+            _packrows.fill(buf, self.tokens[lo:lo + n], self.counts[i:j])
+            if cu is not None:
+                cu[:] = self.cu[i + b:j + b + 1]
+            return
         ids, pos, labels = buf
         ids[:full] = self.tokens[lo:lo + full]
         labels[:full] = ids[:full]
