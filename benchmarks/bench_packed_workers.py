@@ -162,6 +162,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--transform-epochs", type=int, default=3)
+    ap.add_argument("--configs", default=";".join(CONFIGS),
+                    help="the configurations to run, separated by ';' (default: all)")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--touch", action="store_true")
     ap.add_argument("--root", default=default_root("packed-workers"))
@@ -177,8 +179,9 @@ def main() -> int:
                            "args": {k: v for k, v in vars(a).items() if k != "worker"},
                            "corpus": corpus, "passes": [], "errors": []}
     failed = False
+    names = [n for n in CONFIGS if n in a.configs.split(";")]
     for p in range(a.passes):
-        run: dict[str, Any] = {"order": alternating(list(CONFIGS), p), "loadavg": None,
+        run: dict[str, Any] = {"order": alternating(names, p), "loadavg": None,
                                "loadavg_before": list(os.getloadavg()), "results": {}}
         for name in run["order"]:
             res = run_worker(__file__, {"config": name, "path": corpus["path"],
@@ -211,7 +214,7 @@ def main() -> int:
         doc["passes"].append(run)
     rows = []
     summary: dict[str, Any] = {}
-    for name in CONFIGS:
+    for name in names:
         got = [r for r in doc["passes"] if name in r["results"]]
         ratios = [r["ratio_to_0_workers"][name] for r in got if name in r["ratio_to_0_workers"]]
         summary[name] = {
