@@ -37,6 +37,7 @@ from ._packed_batches import Group, placed
 from ._packed_batches import PackedFetch as PackedFetch  # the packed routes' fetch
 from ._packed_batches import Shipment as Shipment  # what a worker sends
 from ._routes import Capabilities
+from ._shared_order import MOST_DOCUMENTS, SharedOrder
 from ._source import Source
 from ._states import checked_resume_point, packed_mismatch
 from ._token_docs import NotMapped, TokenDocs
@@ -127,6 +128,7 @@ class Packed(Source):
         self._docs: TokenDocs | None | bool = False  # False: not looked at yet; None: read whole
         self._lengths: np.ndarray | None = None  # per global sample id; -1: not known yet
         self._epoch: tuple[int, np.ndarray, Layout] | None = None  # (epoch, order, rows)
+        self._board: SharedOrder | None = None  # the epoch's order, for the worker processes
         self._counting = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ...: a token's place in its batch
         # per open shard: its reader, its map as bytes and as elements of each dtype
         self._views: dict[int, tuple[Any, np.ndarray, dict[np.dtype, np.ndarray]]] = {}
@@ -209,10 +211,16 @@ class Packed(Source):
         """``epoch``'s document order and rows (kept: every batch asks)."""
         if self._epoch is not None and self._epoch[0] == epoch:
             return self._epoch[1], self._epoch[2]
-        plan = self.dataset.plan(epoch)
-        if isinstance(plan, Plan) and plan.nodes > 1:  # rows are dealt here: documents in the
-            plan = dataclasses.replace(plan, layout=None)  # global order, whatever the world
-        order = plan.sample_ids(np.arange(self.dataset.manifest.total_samples))
+        order = None if self._board is None else self._board.read(epoch)  # the trainer's
+        if order is None:
+            plan = self.dataset.plan(epoch)
+            if isinstance(plan, Plan) and plan.nodes > 1:  # rows are dealt here: documents in
+                plan = dataclasses.replace(plan, layout=None)  # global order, whatever the world
+            order = plan.sample_ids(np.arange(self.dataset.manifest.total_samples))
+            if self._board is None and len(order) <= MOST_DOCUMENTS:  # made before workers are
+                self._board = SharedOrder(len(order))
+            if self._board is not None:
+                self._board.publish(epoch, order)
         layout = self.packing.layout(self.lengths(epoch)[order], self.seq_len)
         if not layout.contiguous:  # the padding a strategy leaves in rows is said
             log.info("Packed epoch %d: %d rows of %d tokens packed by %r, %.1f%% of them "

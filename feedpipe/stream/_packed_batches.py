@@ -13,6 +13,13 @@ import torch
 
 from ._collator import shared_empty
 
+try:  # optional C extension (setup.py): a batch's fields written in one pass
+    from .._native import _packrows
+except ImportError:  # pragma: no cover - where it did not build, numpy writes them
+    _packrows = None
+# the token dtypes _packrows.fill reads
+_FILLS = frozenset(np.dtype(t) for t in ("int16", "uint16", "int32", "uint32", "int64"))
+
 if TYPE_CHECKING:
     from ._batch_loop import PartTimes
     from ._packed import Packed
@@ -101,7 +108,9 @@ class PackedFetch:
             if times is not None:
                 times.sink += clock() - t0
             del group, raw, longs, ints  # gone before the next group's tokens are copied
-            yield Shipment(worker, buf, layout, self.packed.seq_len)
+            # a reused buffer is mapped in the training process already: only its ticket goes
+            yield Shipment(worker, None if ring is not None and ring.known() else buf, layout,
+                           self.packed.seq_len)
 
 
 class Group:
@@ -151,6 +160,12 @@ class Group:
         its ``cu_seqlens`` into ``cu`` where given."""
         lo, n, full = self.lo[b], self.size[b], self.full[b]
         i, j = self.at[b], self.at[b + 1]
+        if (full == n and self.real is None and _packrows is not None
+                and self.tokens.dtype in _FILLS):  # the common case: no padding, in C
+            _packrows.fill(buf, self.tokens[lo:lo + n], self.counts[i:j])
+            if cu is not None:
+                cu[:] = self.cu[i + b:j + b + 1]
+            return
         ids, pos, labels = buf
         ids[:full] = self.tokens[lo:lo + full]
         labels[:full] = ids[:full]
@@ -176,12 +191,15 @@ class Shipment:
 
     ``worker``: the worker that made it (its batches are that worker's next ones, in order);
     ``layout``: each batch's tokens and ``cu_seqlens`` length; the buffer holds each batch's
-    ids, positions and labels (int64), then every batch's ``cu_seqlens`` (int32)."""
+    ids, positions and labels (int64), then every batch's ``cu_seqlens`` (int32). ``buffer`` is
+    ``None`` where the worker wrote into a ring buffer the training process keeps mapped (its
+    ticket names it, :meth:`~feedpipe.stream._worker_rows.RowRelease.mapped`): then nothing
+    but the layout and the ticket crosses."""
 
     __slots__ = ("worker", "buffer", "layout", "L")
 
-    def __init__(self, worker: int, buffer: torch.Tensor, layout: list[tuple[int, int]],
-                 L: int) -> None:
+    def __init__(self, worker: int, buffer: torch.Tensor | None,
+                 layout: list[tuple[int, int]], L: int) -> None:
         self.worker, self.buffer, self.layout, self.L = worker, buffer, layout, L
 
     def __reduce__(self) -> Any:
@@ -196,10 +214,20 @@ class Shipment:
         ``cu_seqlens`` (after them)."""
         return 3 * sum(n for n, _ in layout), sum(c for _, c in layout)
 
-    def unpacked(self, pin: bool = False) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    def nbytes(self) -> int:
+        """The bytes of the buffer its batches fill."""
+        wide, narrow = self.size(self.layout)
+        return wide * 8 + narrow * 4
+
+    def unpacked(self, pin: bool = False, shared: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         """The buffer the batches view (``pin``: a copy of it in pinned memory, made once
-        for all of them), and the batches."""
-        buf = self.buffer.pin_memory() if pin else self.buffer
+        for all of them), and the batches. ``shared``: the buffer where the shipment came
+        without it (kept mapped in this process)."""
+        shared = self.buffer if shared is None else shared
+        if shared is None:
+            raise ValueError("a shipment sent without its buffer needs it passed as shared=")
+        buf = shared.pin_memory() if pin else shared
         wide, _ = self.size(self.layout)
         longs, ints = buf[:wide * 8].view(torch.int64), buf[wide * 8:].view(torch.int32)
         L = self.L

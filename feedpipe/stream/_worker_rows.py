@@ -129,14 +129,29 @@ class ByteRing:
         reused = bool(fits)
         pick = fits[0] if fits else free[0] if free else self._next
         if not reused:  # an empty or too small slot, else the next one's left to its holder
-            # sized for the largest shipment yet: one that grows is not replaced again
-            most = max(nbytes, *sizes)
+            # sized for the largest shipment yet and then some: shipments of as many tokens
+            # differ in their cu_seqlens, and a new largest one would replace a buffer again
+            most = max(nbytes + nbytes // 16, *sizes)
             slots[pick] = shared_empty((most,), torch.uint8)
         self._next = (pick + 1) % depth
         token = next(self._tokens)
         issued[pick] = token  # busy from here until the training process writes it back
         self._last = (pick, token, reused)
         return slots[pick][:nbytes]  # type: ignore[index]
+
+    def known(self) -> bool:
+        """Whether the training process has the last buffer handed out mapped already: it was
+        reused, so that process had it, and keeps it, since it let go of its last shipment
+        (:meth:`RowRelease.mapped`). The shipment then travels without it: a shared-memory
+        tensor sent through a queue hands its file descriptor over by a connection to this
+        process's resource-sharer thread (a handshake and a wait for this process's GIL), which
+        costs more than the writing of the batches in it."""
+        return self._last is not None and self._last[2]
+
+    def table_seen(self) -> bool:
+        """Whether the training process has this ring's table: it has written to it (a buffer
+        handed back), and it keeps it while these workers live."""
+        return bool(self._released.any())
 
     def ticket(self) -> Ticket:
         """The ticket of the last buffer handed out, to travel with its shipment."""
@@ -217,6 +232,16 @@ class RowRelease:
         if released is not None:
             self._hold(batch, released, ticket.key, ticket.slot, ticket.token)
 
+    def mapped(self, ticket: Ticket | None, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of the buffer ``ticket`` names, which its worker reused and so
+        sent without it: this process let go of its last shipment and kept it mapped."""
+        full = None if ticket is None else self._mapped.pop((ticket.key, ticket.slot), None)
+        if full is None:
+            where = "no ticket" if ticket is None else f"ring {ticket.key}, slot {ticket.slot}"
+            raise RuntimeError(f"a worker sent a shipment in a buffer this process has not kept "
+                               f"({where}): a feedpipe bug, please report it")
+        return full[:nbytes]
+
     def close(self) -> None:
         """The epoch is over (or the loop stopped early): let go of what nothing holds."""
         self.poll()
@@ -250,8 +275,9 @@ class RowRelease:
                                                    or storage_refs(labels) == _LONE):
                 released[slot] = token
                 self._counts["released"] += 1
-                if self.keep_mapped:
-                    self._mapped[key, slot] = images
+                if self.keep_mapped:  # the whole buffer: a later shipment may be larger
+                    self._mapped[key, slot] = torch.empty(0, dtype=images.dtype).set_(
+                        images.untyped_storage())
             else:
                 keep.append(entry)
         self._pending = keep

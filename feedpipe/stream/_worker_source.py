@@ -118,8 +118,9 @@ class WorkerSource(IterableDataset):
                 ring = self._ring
                 if route.rows_ring:
                     buffers = ring
-                ring.send_table = True  # a new epoch: the training process may have dropped
-                # the table it had
+                # a new epoch: the training process may have dropped the table it had (a pass
+                # left early before it came); where it wrote to it, it has it
+                ring.send_table = route.rows_ring or not ring.table_seen()  # type: ignore[union-attr]
             parts = assemble(route, ds, reader.plan.epoch, buffers, skips=skips, leaves=True,
                              fields=self.fields, default=self.default, reader=reader)
             if route.counts_reads:  # (a source making whole batches counts its own bytes)
@@ -227,12 +228,16 @@ class WorkerBatches:
                 if route.resolves:
                     batch = resolver(batch)  # type: ignore[misc]
                 elif route.source_batches:
-                    buffer, made = batch.unpacked(self.pin)
+                    shared = batch.buffer
+                    if shared is None:  # a ring buffer kept mapped here: only its ticket came
+                        shared = release.mapped(meta.ticket, batch.nbytes())  # type: ignore[union-attr]
+                    buffer, made = batch.unpacked(self.pin, shared)
                     held[batch.worker].extend(made)
                     del batch, made
                     if release is not None:  # the worker reuses it once no batch of it is held
-                        release.receive(buffer, meta.ticket)
-                    del buffer
+                        # (a pinned copy holds none of it: the shared buffer goes back at once)
+                        release.receive(shared, meta.ticket)
+                    del buffer, shared
                     while held[turn % len(held)]:
                         yield held[turn % len(held)].popleft()
                         turn += 1
