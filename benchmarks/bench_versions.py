@@ -372,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=None, help="alternating passes (5; quick 2)")
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--read-epochs", type=int, default=10)
-    ap.add_argument("--quick", action="store_true", help="the small dataset (and 2 passes unless --passes)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the small dataset (and 2 passes unless --passes)")
     ap.add_argument("--name", default="bench_versions")
     ap.add_argument("--bar", choices=("wall", "cpu"), default="wall",
                     help="hold the speed bar on the rate ratio (wall) or the CPU-seconds ratio "
