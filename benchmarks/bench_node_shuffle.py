@@ -36,7 +36,6 @@ Writes ``benchmarks/results/bench_node_shuffle.json`` and ``.md`` (``-quick`` wi
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -49,7 +48,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
-from bench_shuffle import BATCH, interleave, stream_measures, summarise  # noqa: E402
+from bench_shuffle import BATCH, interleave, parse_sizes, stream_measures, summarise  # noqa: E402
 
 WORLDS = ((4, 1, 2), (4, 2, 2))
 
@@ -137,20 +136,9 @@ def global_classes(ranks: list[list[np.ndarray]], per_class: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer epochs and reference draws")
-    ap.add_argument("--classes", type=int, default=100)
-    ap.add_argument("--per-class", type=int, default=200)
-    ap.add_argument("--shard-samples", type=int, default=100)
-    ap.add_argument("--epochs", type=int, default=None, help="epochs per system (8; quick 3)")
-    ap.add_argument("--ref-trials", type=int, default=None,
-                    help="random permutations for the reference (100; quick 20)")
-    a = ap.parse_args(argv)
-    epochs = a.epochs or (3 if a.quick else 8)
-    trials = a.ref_trials or (20 if a.quick else 100)
-    n = a.classes * a.per_class
-    n_shards = n // a.shard_samples
-    counts = (a.shard_samples,) * n_shards
+    sizes = parse_sizes(__doc__, argv, epochs=(8, 3), trials=(100, 20))
+    a, n, counts, epochs, trials = sizes.args, sizes.n, sizes.counts, sizes.epochs, sizes.trials
+    n_shards = len(counts)
     fns = streaming_fns()
     t0 = time.perf_counter()
     systems: list[tuple[str, Any]] = [

@@ -68,6 +68,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -248,6 +249,40 @@ def run_wds(n_shards: int, shard_samples: int, world: int, workers: int, epoch: 
 
 
 # -- driver -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sizes:
+    """The id-only dataset of the shuffle benchmarks and how long to run: ``args`` (the parsed
+    command line), ``n`` samples in ``counts`` shards, ``epochs`` per system, ``trials`` draws
+    of the random reference."""
+
+    args: argparse.Namespace
+    n: int
+    counts: tuple[int, ...]
+    epochs: int
+    trials: int
+
+
+def parse_sizes(doc: str, argv: list[str] | None, epochs: tuple[int, int],
+                trials: tuple[int, int]) -> Sizes:
+    """The shuffle benchmarks' command line (``--quick``, the dataset's shape, ``--epochs``,
+    ``--ref-trials``); ``epochs``/``trials``: the defaults, ``(full, quick)``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer epochs and reference draws")
+    ap.add_argument("--classes", type=int, default=100)
+    ap.add_argument("--per-class", type=int, default=200)
+    ap.add_argument("--shard-samples", type=int, default=100)
+    ap.add_argument("--epochs", type=int, default=None,
+                    help=f"epochs per system ({epochs[0]}; quick {epochs[1]})")
+    ap.add_argument("--ref-trials", type=int, default=None,
+                    help=f"random permutations for the reference ({trials[0]}; quick {trials[1]})")
+    a = ap.parse_args(argv)
+    n = a.classes * a.per_class
+    if n % a.shard_samples:
+        ap.error("classes * per_class must be a multiple of shard_samples")
+    return Sizes(a, n, (a.shard_samples,) * (n // a.shard_samples),
+                 a.epochs or epochs[a.quick], a.ref_trials or trials[a.quick])
+
+
 def summarise(obs: list[dict[str, float]],
               ref: dict[str, dict[str, float]] | None) -> dict[str, Any]:
     s: dict[str, Any] = {"n": len(obs)}
@@ -266,22 +301,9 @@ def summarise(obs: list[dict[str, float]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer epochs and reference draws")
-    ap.add_argument("--classes", type=int, default=100)
-    ap.add_argument("--per-class", type=int, default=200)
-    ap.add_argument("--shard-samples", type=int, default=100)
-    ap.add_argument("--epochs", type=int, default=None, help="epochs per system (10; quick 3)")
-    ap.add_argument("--ref-trials", type=int, default=None,
-                    help="random permutations for the reference (200; quick 40)")
-    a = ap.parse_args(argv)
-    epochs = a.epochs or (3 if a.quick else 10)
-    trials = a.ref_trials or (40 if a.quick else 200)
-    n = a.classes * a.per_class
-    if n % a.shard_samples:
-        ap.error("classes * per_class must be a multiple of shard_samples")
-    n_shards = n // a.shard_samples
-    counts = (a.shard_samples,) * n_shards
+    sizes = parse_sizes(__doc__, argv, epochs=(10, 3), trials=(200, 40))
+    a, n, counts, epochs, trials = sizes.args, sizes.n, sizes.counts, sizes.epochs, sizes.trials
+    n_shards = len(counts)
     env = common.environment()
     t0 = time.perf_counter()
 

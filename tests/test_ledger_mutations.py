@@ -65,6 +65,8 @@ class Checkpoint:
 
 
 class Job:
+    positions = N  # an epoch's positions (a moved resume point stays in them)
+
     def __init__(self, root: Path, batch: int, bad: frozenset[int]) -> None:
         self.root, self.batch, self.bad = root, batch, bad
         self.calls: list[int] = []  # the ids the transform was called with
@@ -89,10 +91,16 @@ class Job:
         for ld in self.all:
             ld.dataset.close()
 
+    def loaders(self, world: int) -> list[FeedLoader]:
+        """One loader per rank of ``world``, each writing the ledger."""
+        return [FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=3, rank=r,
+                                       world_size=world, transform=self.transform),
+                           batch_size=self.batch, ledger=self.root) for r in range(world)]
+
     def begin(self, world: int, ckpt: Checkpoint | None, delta: int) -> None:
-        self.lds = [FeedLoader(FeedDataset(EXAMPLE, shuffle=True, seed=3, rank=r,
-                                           world_size=world, transform=self.transform),
-                               batch_size=self.batch, ledger=self.root) for r in range(world)]
+        """New loaders for ``world`` ranks, from ``ckpt`` (its resume point moved by ``delta``
+        positions) or from nothing, with the history that checkpoint saved."""
+        self.lds = self.loaders(world)
         self.all += self.lds
         self.its = None
         at = None
@@ -100,7 +108,8 @@ class Job:
             state = copy.deepcopy(ckpt.state)
             at = (int(state["epoch"]), int(state["position"]))
             if delta:  # the resume point moved: a batch dropped (+) or repeated (-)
-                state["position"] = min(max(0, state["position"] + delta), N - 1)
+                state["position"] = min(max(0, state["position"] + delta),
+                                        self.positions - 1)
             for ld in self.lds:
                 ld.load_state_dict(state)
             self.truth = copy.deepcopy(ckpt.truth)

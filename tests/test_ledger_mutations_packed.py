@@ -9,7 +9,6 @@ at every batch or only at the writer's own moments."""
 
 from __future__ import annotations
 
-import copy
 import os
 from collections import Counter
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_ledger_mutations import OPS, Checkpoint, Job, Start, Truth, play, relevant
+from test_ledger_mutations import OPS, Job, Truth, play, relevant
 
 from feedpipe import FeedDataset, FeedLoader, Packed, check_ledger, write_samples
 from feedpipe.stream import _ledger
@@ -42,6 +41,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
 class PackedJob(Job):
     """Job's training loop over Packed rows: what a loop receives is the batch's tokens."""
 
+    positions = ROWS
+
     def __init__(self, root: Path, batch: int, corpus: str, workers: int = 0) -> None:
         super().__init__(root, batch, frozenset())
         self.corpus, self.workers = corpus, workers
@@ -50,31 +51,12 @@ class PackedJob(Job):
         for ld in self.all:
             ld.dataset.dataset.close()
 
-    def begin(self, world: int, ckpt: Checkpoint | None, delta: int) -> None:
+    def loaders(self, world: int) -> list[FeedLoader]:
         route = "packed-workers" if self.workers else "auto"
-        self.lds = [FeedLoader(Packed(FeedDataset(self.corpus, shuffle=True, seed=3, rank=r,
-                                                  world_size=world), SEQ),
-                               batch_size=self.batch, ledger=self.root,
-                               num_workers=self.workers, route=route) for r in range(world)]
-        self.all += self.lds
-        self.its = None
-        at = None
-        if ckpt is not None:
-            state = copy.deepcopy(ckpt.state)
-            at = (int(state["epoch"]), int(state["position"]))
-            if delta:  # the resume point moved: a batch dropped (+) or repeated (-)
-                state["position"] = min(max(0, state["position"] + delta), ROWS - 1)
-            for ld in self.lds:
-                ld.load_state_dict(state)
-            self.truth = copy.deepcopy(ckpt.truth)
-            self.truth.begun.add(int(state["epoch"]))
-        else:
-            self.truth = Truth()
-        self.start = Start([ld._ledger.run for ld in self.lds],  # type: ignore[union-attr]
-                           world, None if ckpt is None else ckpt.start, at)
-        if ckpt is not None:
-            self.start.began.add(int(ckpt.state["epoch"]))
-        self.starts.append(self.start)
+        return [FeedLoader(Packed(FeedDataset(self.corpus, shuffle=True, seed=3, rank=r,
+                                              world_size=world), SEQ),
+                           batch_size=self.batch, ledger=self.root,
+                           num_workers=self.workers, route=route) for r in range(world)]
 
     def step(self, k: int) -> None:
         for _ in range(k):

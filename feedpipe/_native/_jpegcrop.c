@@ -889,15 +889,11 @@ static int decode_window_rows(struct window *w)
     if (setjmp(err.jump)) {
         if (released != NULL)
             PyEval_RestoreThread(released);
-        jpeg_destroy_decompress(&cinfo);
-        scratch_put(0, scratch);
-        scratch_put(4, spare);
-        Py_CLEAR(w->bytes);
         if (err.message[0] == '\0') /* not libjpeg's: out of memory in the resize */
             PyErr_NoMemory();
         else
             PyErr_Format(PyExc_ValueError, "%s(): libjpeg: %s", w->fn, err.message);
-        return -1;
+        goto fail;
     }
     jpeg_create_decompress(&cinfo);
     jpeg_mem_src(&cinfo, w->data, w->len);
@@ -908,19 +904,18 @@ static int decode_window_rows(struct window *w)
     cinfo.dct_method = w->fastdct ? JDCT_IFAST : JDCT_ISLOW;
     cinfo.do_fancy_upsampling = TRUE;
     jpeg_start_decompress(&cinfo);
-    if (cinfo.output_components != 3 || (unsigned long)top + height > cinfo.output_height
+    if (cinfo.output_components != 3) {
+        PyErr_Format(PyExc_ValueError, "%s(): libjpeg gave %d components, not 3 (RGB)", w->fn,
+                     cinfo.output_components);
+        goto fail;
+    }
+    if ((unsigned long)top + height > cinfo.output_height
         || (unsigned long)left + width > cinfo.output_width) {
-        unsigned int oh = cinfo.output_height, ow = cinfo.output_width;
-        int comps = cinfo.output_components;
-        jpeg_destroy_decompress(&cinfo);
-        if (comps != 3)
-            PyErr_Format(PyExc_ValueError, "%s(): libjpeg gave %d components, not 3 (RGB)",
-                         w->fn, comps);
-        else
-            PyErr_Format(PyExc_ValueError,
-                         "%s(): window %u+%u x %u+%u is outside the %u x %u decoded image", w->fn,
-                         top, height, left, width, oh, ow);
-        return -1;
+        PyErr_Format(PyExc_ValueError,
+                     "%s(): window %u+%u x %u+%u is outside the %u x %u decoded image", w->fn,
+                     top, height, left, width, (unsigned int)cinfo.output_height,
+                     (unsigned int)cinfo.output_width);
+        goto fail;
     }
     xoff = left;
     row_width = width;
@@ -930,17 +925,14 @@ static int decode_window_rows(struct window *w)
     stride = (size_t)row_width * 3;
     if (w->out == NULL) {
         w->bytes = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(stride * height));
-        if (w->bytes == NULL) {
-            jpeg_destroy_decompress(&cinfo);
-            return -1;
-        }
+        if (w->bytes == NULL)
+            goto fail;
         pixels = (unsigned char *)PyByteArray_AS_STRING(w->bytes);
     } else {
         scratch = scratch_get(0, stride * height);
         if (scratch == NULL) {
-            jpeg_destroy_decompress(&cinfo);
             PyErr_NoMemory();
-            return -1;
+            goto fail;
         }
         pixels = scratch;
     }
@@ -994,6 +986,13 @@ static int decode_window_rows(struct window *w)
     w->xoff = xoff;
     w->row_width = row_width;
     return 0;
+
+fail: /* with the GIL and a Python error set: what the decode holds is let go */
+    jpeg_destroy_decompress(&cinfo);
+    scratch_put(0, scratch);
+    scratch_put(4, spare);
+    Py_CLEAR(w->bytes);
+    return -1;
 }
 
 static PyObject *use_simd(PyObject *Py_UNUSED(self), PyObject *arg)

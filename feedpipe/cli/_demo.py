@@ -195,8 +195,7 @@ def _claim(root: str) -> list[str]:
 def _cache_steps(out: str, root: str, p: Any) -> dict[str, Any]:
     """The cache tiers, two epochs each: L1 (shards fetched once from a stand-in remote store),
     the decoded store (epoch 2 skips reading and decoding), L2 (a memoised function)."""
-    import fsspec
-
+    from .._helpers.storage_io import remove_tree, write_bytes
     from ..caches.l2._index import FunctionIndex
     from ..stream._dataset import FeedDataset
     from ..transforms._ops import decode_jpeg
@@ -216,10 +215,9 @@ def _cache_steps(out: str, root: str, p: Any) -> dict[str, Any]:
         shutil.rmtree(os.path.join(root, tier), ignore_errors=True)
     # L1: the shards in an fsspec memory:// store stand in for s3:// or https://
     remote = f"memory://feedpipe-demo-{os.getpid()}/shards"
-    fs = fsspec.filesystem("memory")
     for name in sorted(os.listdir(out)):
         with open(os.path.join(out, name), "rb") as f:
-            fs.pipe(f"{remote}/{name}", f.read())
+            write_bytes(f"{remote}/{name}", f.read())
     try:
         # shards mixed two at a time (shuffle_window=2), two open at once: what a reader holds
         # fits the budget smaller than the dataset, which is met by evicting
@@ -228,7 +226,7 @@ def _cache_steps(out: str, root: str, p: Any) -> dict[str, Any]:
         two_epochs(l1)
         c = l1.cache.stats  # type: ignore[union-attr]
     finally:
-        fs.rm(remote.rsplit("/", 1)[0], recursive=True)
+        remove_tree(remote.rsplit("/", 1)[0])
     size = sum(r.bytes for r in l1.manifest.shards)
     p(f"6. L1 shard cache (budget 1 MB, dataset {size / 1e6:.2f} MB, shards from memory:// "
       f"standing in for a remote store): 2 epochs, {c.fills} "

@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .._helpers.storage_probe import RawStore
 from ._storage import FileSet
 
 STREAMS = 8  # range reads in flight for the aggregate figure
@@ -21,24 +22,24 @@ MIN_READ = 1 << 20
 MAX_READ = 32 << 20
 
 
-def _read(fs: Any, path: str, start: int, end: int) -> int:
-    return len(fs.cat_file(path, start=start, end=end))
+def _read(store: RawStore, path: str, start: int, end: int) -> int:
+    return len(store.read(path, start, end))
 
 
 def measure(files: FileSet, seconds: float, streams: int = STREAMS) -> dict[str, Any]:
     """``latency_s`` (median of small range reads, one at a time), ``one_stream_mb_per_s``
     (one range read) and ``aggregate_mb_per_s`` (``streams`` range reads at once), each with the
     latency left out, and the bytes read."""
-    fs = files.fs
+    store = files.store
     pairs = [(p, s) for p, s in zip(files.paths, files.sizes, strict=True) if s > 0]
-    if fs is None or not pairs:
+    if store is None or not pairs:
         raise ValueError("the link is measured on remote files")
     deadline = time.perf_counter() + seconds
     lat: list[float] = []
     for i in range(8):
         path, size = pairs[i % len(pairs)]
         t = time.perf_counter()
-        _read(fs, path, 0, min(size, 4096))
+        _read(store, path, 0, min(size, 4096))
         lat.append(time.perf_counter() - t)
         if time.perf_counter() > deadline - seconds * 0.75 and len(lat) >= 2:
             break
@@ -51,7 +52,7 @@ def measure(files: FileSet, seconds: float, streams: int = STREAMS) -> dict[str,
     while True:
         want = min(n, size)
         t = time.perf_counter()
-        got = _read(fs, path, 0, want)
+        got = _read(store, path, 0, want)
         dt = time.perf_counter() - t
         total += got
         one = got / max(dt - latency, dt * 0.05) / 1e6
@@ -71,7 +72,7 @@ def measure(files: FileSet, seconds: float, streams: int = STREAMS) -> dict[str,
         jobs.append((p, start, min(s, start + per)))
     t = time.perf_counter()
     with ThreadPoolExecutor(streams) as ex:
-        got_all = sum(ex.map(lambda j: _read(fs, *j), jobs))
+        got_all = sum(ex.map(lambda j: _read(store, *j), jobs))
     wall = time.perf_counter() - t
     total += got_all
     return {"latency_s": latency, "latency_samples": len(lat), "one_stream_mb_per_s": one,

@@ -112,7 +112,7 @@ def storage_phases(t: Target, seq: Any, small: Any, s: ProbeSettings, can_drop: 
             if t.kind == "dataset":
                 out["link"]["cold_epoch_s"] = link.cold_epoch_s(out["link"], t.total_bytes)
     rset = seq if seq is not None else storage.FileSet(small.paths[:256], small.sizes[:256],
-                                                       small.fs)
+                                                       small.store)
     with phase("random reads"):
         rr: dict[str, Any] = {}
         if not t.local:
@@ -149,7 +149,7 @@ def _small_phases(t: Target, small: storage.FileSet, d: float, can_drop: bool, p
     with phase("small files, warm"):
         if not can_drop:
             read = storage.small_files(small, d / 2, cold=False)["files"]
-        warm = storage.FileSet(small.paths[:read], small.sizes[:read], small.fs)
+        warm = storage.FileSet(small.paths[:read], small.sizes[:read], small.store)
         res["warm"] = [storage.small_files(warm, d / len(counts), cold=False, threads=n)
                        for n in counts]
     return res
@@ -244,7 +244,7 @@ def directory_pipeline(small: storage.FileSet, decode_fn: Any, custom: bool, d: 
         stem, ext = split_source(path)
         if custom or ext.lower() in decodable:
             try:
-                with open(path, "rb") if small.fs is None else small.fs.open(path, "rb") as f:
+                with open(path, "rb") if small.store is None else small.store.open(path) as f:
                     samples.append({"__key__": stem, ext: f.read()})
             except OSError:
                 continue

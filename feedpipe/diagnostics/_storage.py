@@ -4,8 +4,9 @@ counts, small-file open+read rate, random read latency; cold (pages dropped firs
 Every measurement is a loop that stops at its own deadline. A cell ends once its in-flight reads
 return, so it can overrun by one block per thread. Local files are read with ``os.preadv`` into
 one preallocated page-aligned buffer per thread, as ``fio --ioengine=psync`` does: no allocation
-in the timed loop, and the GIL released during the read. Other URLs are read by byte ranges
-through fsspec (``fs.cat_file(path, start, end)``), where no local page cache applies.
+in the timed loop, and the GIL released during the read. Other URLs are read by byte ranges, one
+request each (:class:`~feedpipe._helpers.storage_probe.RawStore`: no retry inside the timing),
+where no local page cache applies.
 
 Sequential reads treat the files as one concatenation: thread ``t`` of ``T`` reads the ``t``-th
 ``1/T`` of it, block by block (fio's ``numjobs`` with ``offset_increment``). Cold cells drop the
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._helpers.storage_probe import RawStore
 from ..errors import AccessDeniedError, InputError
 from . import _pagecache as pagecache
 
@@ -34,12 +36,12 @@ FOLIO = 2 << 20  # the largest page-cache folio on common kernels (x86-64 PMD)
 
 @dataclass(frozen=True)
 class FileSet:
-    """Files read as one concatenation: ``paths[i]`` holds ``sizes[i]`` bytes. ``fs`` is the
-    fsspec filesystem of remote paths, ``None`` for local ones."""
+    """Files read as one concatenation: ``paths[i]`` holds ``sizes[i]`` bytes. ``store`` is the
+    store of remote paths, ``None`` for local ones."""
 
     paths: tuple[str, ...]
     sizes: tuple[int, ...]
-    fs: Any = None
+    store: RawStore | None = None
 
     @property
     def total(self) -> int:
@@ -47,7 +49,7 @@ class FileSet:
 
     @property
     def local(self) -> bool:
-        return self.fs is None
+        return self.store is None
 
     def pairs(self) -> list[tuple[str, int]]:
         return list(zip(self.paths, self.sizes))
@@ -81,7 +83,8 @@ class _Open:
     def read_into(self, i: int, offset: int, buf: memoryview) -> int:
         if self.fds:
             return os.preadv(self.fds[i], [buf], offset)
-        data = self.files.fs.cat_file(self.files.paths[i], start=offset, end=offset + len(buf))
+        assert self.files.store is not None
+        data = self.files.store.read(self.files.paths[i], offset, offset + len(buf))
         buf[: len(data)] = data
         return len(data)
 
@@ -209,14 +212,14 @@ def _read_files(files: FileSet, paths: Sequence[str], deadline: float, cold: boo
     n = nbytes = errors = 0
     first_error = ""
     buf = _buffer(1 << 20)
-    remote = files.fs
+    remote = files.store
     k = 0
     while paths:
         path = paths[k % len(paths)]
         k += 1
         try:
             if remote is not None:
-                nbytes += len(remote.cat_file(path))
+                nbytes += len(remote.read(path))
             else:
                 fd = os.open(path, os.O_RDONLY)
                 try:

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._helpers.storage import filesystem, is_local, local_path, split_query
+from .._helpers.storage import is_local, local_path, split_query
+from .._helpers.storage_probe import RawStore
 from .._redact import cause
 from ..errors import AccessDeniedError, InputError, RemoteError, SourceNotFoundError
 from ..format._keys import split_source
@@ -40,7 +41,7 @@ class Target:
     files: list[tuple[str, int]]  # the listing (possibly cut short), or the shards
     listing_complete: bool = True
     manifest: Manifest | None = None
-    fs: Any = None
+    store: RawStore | None = None  # the store of a remote target
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -87,7 +88,7 @@ class Target:
         return self._fileset(pool[:MAX_SMALL_FILES]) if pool else None
 
     def _fileset(self, pairs: list[tuple[str, int]]) -> FileSet:
-        return FileSet(tuple(p for p, _ in pairs), tuple(s for _, s in pairs), self.fs)
+        return FileSet(tuple(p for p, _ in pairs), tuple(s for _, s in pairs), self.store)
 
     def describe(self) -> dict[str, Any]:
         n = self.samples
@@ -101,17 +102,15 @@ class Target:
         }
 
 
-def _walk(root: str, fs: Any, seconds: float, max_files: int) -> tuple[list[tuple[str, int]], bool]:
+def _walk(root: str, store: RawStore | None, seconds: float,
+          max_files: int) -> tuple[list[tuple[str, int]], bool]:
     """``(full path, size)`` of the regular files below ``root``, in sorted order, until
     ``max_files`` or the deadline; and whether the listing is complete."""
     deadline = time.perf_counter() + seconds
     out: list[tuple[str, int]] = []
-    if fs is not None:
-        for _, _, files in fs.walk(root, detail=True):
-            for name in sorted(files):
-                info = files[name]
-                if info.get("type", "file") == "file":
-                    out.append((info["name"], int(info.get("size") or 0)))
+    if store is not None:
+        for files in store.listing(root):
+            out.extend(files)
             if len(out) >= max_files or time.perf_counter() >= deadline:
                 return out[:max_files], False
         return out, True
@@ -141,7 +140,7 @@ def _walk(root: str, fs: Any, seconds: float, max_files: int) -> tuple[list[tupl
     return out, True
 
 
-def _dataset(url: str, root: str, fs: Any) -> Target:
+def _dataset(url: str, root: str, store: RawStore | None) -> Target:
     manifest = load_manifest(url)
     if manifest.total_samples == 0:
         raise InputError(f"{url}: the dataset's manifest lists no samples: nothing to probe")
@@ -149,10 +148,10 @@ def _dataset(url: str, root: str, fs: Any) -> Target:
     for i, rec in enumerate(manifest.shards):
         path = join(root, rec.name)
         try:
-            if fs is None:
+            if store is None:
                 size = os.stat(path).st_size
             elif i < 8:  # a few round trips to catch a wrong root; the manifest has the rest
-                size = int(fs.size(path))
+                size = store.size(path)
             else:
                 size = rec.bytes
         except FileNotFoundError as e:
@@ -160,7 +159,7 @@ def _dataset(url: str, root: str, fs: Any) -> Target:
         except PermissionError as e:
             raise AccessDeniedError(f"{path}: permission denied: the probe cannot read it") from e
         files.append((path, size))
-    return Target(url, "dataset", fs is None, root, files, manifest=manifest, fs=fs)
+    return Target(url, "dataset", store is None, root, files, manifest=manifest, store=store)
 
 
 def resolve(url: str, *, seconds: float = 5.0, max_files: int = 100_000) -> Target:
@@ -205,24 +204,24 @@ def _resolve_local(url: str, seconds: float, max_files: int) -> Target:
     return Target(url, "file", True, path, [(path, st.st_size)])
 
 
-def _has_manifest(fs: Any, path: str) -> bool:
+def _has_manifest(store: RawStore, path: str) -> bool:
     """Whether ``path`` (a folder URL or prefix) holds ``manifest.json``, asked as FeedDataset
     asks: for the manifest itself. An HTTP server has no folders (a folder URL answers with a
     listing page, or not at all), so the folder is never asked about first."""
     try:
-        return bool(fs.exists(join(path, "manifest.json")))
-    except Exception:  # noqa: BLE001 - unreachable or refused: fs.info below names it
+        return store.exists(join(path, "manifest.json"))
+    except Exception:  # noqa: BLE001 - unreachable or refused: store.info below names it
         return False
 
 
 def _resolve_remote(url: str, seconds: float, max_files: int) -> Target:
-    fs, path = filesystem(url)
-    if not split_query(path)[0].endswith(".json") and _has_manifest(fs, path):
-        t = _dataset(url, path.rstrip("/"), fs)
+    store, path = RawStore.of(url)
+    if not split_query(path)[0].endswith(".json") and _has_manifest(store, path):
+        t = _dataset(url, path.rstrip("/"), store)
         t.url = url
         return t
     try:
-        info = fs.info(path)
+        info = store.info(path)
     except FileNotFoundError as e:
         why = e.__cause__ or e.__context__
         if why is not None and "connect" in type(why).__name__.lower():
@@ -235,13 +234,13 @@ def _resolve_remote(url: str, seconds: float, max_files: int) -> Target:
     except Exception as e:
         raise RemoteError(f"{url}: cannot reach it ({type(e).__name__}: {e})") from cause(e)
     if info.get("type") == "directory":
-        files, complete = _walk(path, fs, seconds, max_files)
+        files, complete = _walk(path, store, seconds, max_files)
         if not any(s > 0 for _, s in files):
             raise InputError(f"{url}: empty: no non-empty object to probe")
-        return Target(url, "directory", False, path, files, complete, fs=fs)
+        return Target(url, "directory", False, path, files, complete, store=store)
     if path.endswith("manifest.json"):
-        return _dataset(url, dataset_root(path), fs)
+        return _dataset(url, dataset_root(path), store)
     size = int(info.get("size") or 0)
     if size == 0:
         raise InputError(f"{url}: empty object: nothing to read")
-    return Target(url, "file", False, path, [(path, size)], fs=fs)
+    return Target(url, "file", False, path, [(path, size)], store=store)

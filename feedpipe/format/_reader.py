@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .._helpers.retry import call as retrying
-from .._helpers.storage import filesystem, is_local, local_path, read_bytes, read_range
+from .._helpers.storage import is_local, local_path, read_bytes
+from .._helpers.storage_io import RemoteFile
 from .._redact import cause
 from ..errors import CompressedShardError, ShardFormatError, SourceNotFoundError
 from ._compression import readable
@@ -167,8 +167,7 @@ class ShardReader:
         self._taken = 0  # samples served since then
         self._charge = _FAULT_AROUND  # what a sample is charged beyond its span (DROP_EVERY)
         self._drops = 0
-        self._fs: Any = None
-        self._path = url
+        self._remote: RemoteFile | None = None
         if is_local(url):
             path = local_path(url)
             self._fd, self._mm, self.size = _open_mapped(url)
@@ -176,12 +175,12 @@ class ShardReader:
                 self._mv = memoryview(self._mm)
             opener = lambda: open(path, "rb")  # noqa: E731
         else:
-            self._fs, self._path = filesystem(url)
+            remote = self._remote = RemoteFile(url)
             try:
-                self.size = retrying(url, lambda: int(self._fs.size(self._path)))
+                self.size = remote.size()
             except SourceNotFoundError as e:
                 raise SourceNotFoundError(f"{url}: shard not found ({e}); {MISSING}") from cause(e)
-            opener = lambda: self._fs.open(self._path, "rb")  # noqa: E731
+            opener = remote.open
         self._opener = opener
         self._samples = samples
         self._index: ShardIndex | None = None
@@ -228,8 +227,8 @@ class ShardReader:
         if self._mv is not None:
             for i in range(0, self.size, 1 << 24):
                 h.update(self._mv[i : i + (1 << 24)])
-        elif self._fs is not None:
-            with self._fs.open(self._path, "rb") as f:
+        elif self._remote is not None:
+            with self._remote.open() as f:
                 while chunk := f.read(1 << 24):
                     h.update(chunk)
         if h.hexdigest() != want:
@@ -337,11 +336,11 @@ class ShardReader:
                 self._served += offs[b - 1] + sizes[b - 1] - offs[a] + self._charge
                 self._taken += 1
             return d
-        if self._fs is None:  # an empty local file has no map; its index is empty too
+        if self._remote is None:  # an empty local file has no map; its index is empty too
             raise IndexError(i)
         lo = offs[a]
         hi = offs[b - 1] + sizes[b - 1]
-        blob = read_range(self._fs, self._path, self.url, lo, hi)
+        blob = self._remote.read(lo, hi)
         view = memoryview(blob)
         for m in range(a, b):
             o = offs[m] - lo

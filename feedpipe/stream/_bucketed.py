@@ -29,6 +29,7 @@ from ..plan._buckets import (
 from ..transforms._bucket_crop import BucketCrop
 from ._routes import Capabilities
 from ._source import Source
+from ._wrapping import OverDataset
 
 log = logger("feedpipe.buckets")
 
@@ -49,7 +50,7 @@ class BucketFetch:
         return out
 
 
-class Bucketed(Source):
+class Bucketed(OverDataset[Source], Source):
     """The images of ``dataset`` in batches of ``batch_size`` from one aspect-ratio bucket each.
 
     Each image goes to the bucket nearest its aspect ratio (in log ratio), from the sizes
@@ -120,45 +121,11 @@ class Bucketed(Source):
             log.warning("%s: %d of %d samples have no recorded image size and are in no "
                         "bucket: they are never read", dataset.url, unsized, len(self.bucket_of))
 
-    # -- what the dataset describes -------------------------------------------------------
-    @property
-    def url(self) -> str:  # type: ignore[override]
-        """The dataset's URL."""
-        return self.dataset.url
-
-    @property
-    def manifest(self) -> Any:
-        """The dataset's manifest."""
-        return self.dataset.manifest
-
-    @property
-    def shards(self) -> Any:  # type: ignore[override]
-        """The dataset's shards."""
-        return self.dataset.shards
-
-    @property
-    def world(self) -> Any:  # type: ignore[override]
-        """The dataset's rank and number of ranks."""
-        return self.dataset.world
-
-    @property
-    def seed(self) -> int:  # type: ignore[override]
-        """The dataset's seed, the plan's."""
-        return self.dataset.seed
-
+    # -- what the dataset describes (its url, manifest, shards, world, seed, epoch: OverDataset)
     @property
     def max_open_shards(self) -> int:  # type: ignore[override]
         """The dataset's ``max_open_shards``."""
         return self.dataset.max_open_shards
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the dataset's direct reader (a loader keeps its own)."""
-        return self.dataset.epoch
-
-    def attach(self) -> None:
-        """Attach the dataset (:meth:`~feedpipe.FeedDataset.attach`)."""
-        self.dataset.attach()
 
     # -- the plan ----------------------------------------------------------------------------
     def plan(self, epoch: int | None = None) -> BucketPlan:  # type: ignore[override]

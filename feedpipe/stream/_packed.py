@@ -41,6 +41,7 @@ from ._shared_order import MOST_DOCUMENTS, SharedOrder
 from ._source import Source
 from ._states import checked_resume_point, packed_mismatch
 from ._token_docs import NotMapped, TokenDocs
+from ._wrapping import OverDataset
 
 try:  # optional C extension (setup.py): the copy of a group's pieces out of the shards
     from .._native import _packrows
@@ -61,7 +62,7 @@ def piece_copier() -> str:
     return "numpy" if _packrows is None else "feedpipe._native._packrows"
 
 
-class Packed(Source):
+class Packed(OverDataset[FeedDataset | Mixture], Source):
     """Token documents of ``dataset`` packed into rows of ``seq_len`` tokens: the dataset of a
     :class:`~feedpipe.FeedLoader` for language-model pre-training.
 
@@ -387,31 +388,7 @@ class Packed(Source):
         """Its batches of rows, made whole a group of batches at a time."""
         return PackedFetch(self, epoch)
 
-    @property
-    def shards(self) -> Any:  # type: ignore[override]
-        """The documents' dataset's shards."""
-        return self.dataset.shards
-
-    @property
-    def manifest(self) -> Any:
-        """The documents' dataset's manifest."""
-        return self.dataset.manifest
-
-    @property
-    def url(self) -> str:  # type: ignore[override]
-        """The documents' dataset's URL."""
-        return self.dataset.url
-
-    @property
-    def world(self) -> Any:  # type: ignore[override]
-        """The rank and world size rows are dealt to (the documents' dataset's)."""
-        return self.dataset.world
-
-    @property
-    def seed(self) -> int:  # type: ignore[override]
-        """The documents' dataset's seed."""
-        return self.dataset.seed
-
+    # its url, manifest, shards, world, seed and epoch are the documents' dataset's (OverDataset)
     @property
     def transform(self) -> Any:  # type: ignore[override]
         """The documents' dataset's transform (what makes a sample a document)."""
@@ -427,15 +404,6 @@ class Packed(Source):
     def decoded(self) -> None:  # type: ignore[override]
         """Always ``None``, as rows are cut from the documents each epoch (no decoded store)."""
         return None
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the dataset's direct reader (a loader keeps its own)."""
-        return self.dataset.epoch
-
-    def attach(self) -> None:
-        """Attach the documents' dataset (:meth:`~feedpipe.FeedDataset.attach`)."""
-        self.dataset.attach()
 
     def plan(self, epoch: int | None = None) -> Plan:
         """``epoch``'s rows in order: position ``p`` is row ``p``."""

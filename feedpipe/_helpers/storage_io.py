@@ -1,0 +1,67 @@
+"""Storage calls beside the one-shot reads of :mod:`feedpipe._helpers.storage`: a remote object
+held for many reads, and writing to a store.
+
+- :class:`RemoteFile`: one remote object that a reader holds (the shard reader without a cache):
+  its client resolved once, its size asked (retried), opened as a stream, and its byte ranges
+  read and checked by :func:`~feedpipe._helpers.storage.read_range`;
+- :func:`write_bytes` and :func:`remove_tree`: an object written, a tree removed (``feedpipe
+  demo`` fills a ``memory://`` store that stands in for a remote one).
+
+The probe's timed calls, which go to the storage without retries on purpose, are
+:mod:`feedpipe._helpers.storage_probe`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .storage import read_range
+from .storage_clients import filesystem
+
+
+class RemoteFile:
+    """One remote object (an fsspec URL) read many times.
+
+    Example:
+        >>> write_bytes("memory://feedpipe-doc/a.bin", b"abcdef")
+        >>> f = RemoteFile("memory://feedpipe-doc/a.bin")
+        >>> f.size(), f.read(1, 4)
+        (6, b'bcd')
+        >>> with f.open() as stream:
+        ...     stream.read()
+        b'abcdef'
+        >>> remove_tree("memory://feedpipe-doc")
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._fs, self._path = filesystem(url)
+
+    def size(self) -> int:
+        """The object's size in bytes, asked of the storage (retried on transient failures;
+        a missing object is :class:`~feedpipe.errors.SourceNotFoundError`)."""
+        from . import retry
+
+        return retry.call(self.url, lambda: int(self._fs.size(self._path)))
+
+    def open(self) -> Any:
+        """The object opened for reading bytes as a stream (fsspec's file object, which reads
+        ahead in blocks), for a scan or a hash of the whole object."""
+        return self._fs.open(self._path, "rb")
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)``, retried and checked for length
+        (:func:`~feedpipe._helpers.storage.read_range`)."""
+        return read_range(self._fs, self._path, self.url, start, end)
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    """Write ``data`` as the object ``url`` (created, or replaced)."""
+    fs, path = filesystem(url)
+    fs.pipe_file(path, data)
+
+
+def remove_tree(url: str) -> None:
+    """Remove ``url`` and everything under it."""
+    fs, path = filesystem(url)
+    fs.rm(path, recursive=True)
