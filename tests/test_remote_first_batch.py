@@ -1,0 +1,124 @@
+"""A remote epoch's first batch, with a shuffle across shards, is read by byte range while its
+shards still arrive whole (feedpipe.caches._early), over benchmarks/linkstore.py: a real store on
+127.0.0.1 behind a slow link, in its own process. Asserted by what the store had sent when the
+first batch arrived (less than the shards' bytes; a shard of that batch still coming), never by
+timing; then the link is made fast and the epoch completes, each sample exactly once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import feedpipe
+from feedpipe import FeedDataset, FeedLoader
+from feedpipe.convert._synth import make_records
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "linkstore.py"
+SLOW_LINK = {"rtt": 0.02, "node_rate": 1_000_000, "chunk": 16 << 10}  # 4 MB: about 4 s
+FAST_LINK = {"rtt": 0.0, "node_rate": 0}
+BATCH = 16
+
+
+class Store:
+    """benchmarks/linkstore.py serving ``root`` in a process of its own."""
+
+    def __init__(self, root: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(SCRIPT), str(root)],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith("PORT "), line
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/__stats__", timeout=10) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    def post(self, path: str, doc: dict[str, Any] | None = None) -> None:
+        req = urllib.request.Request(self.url + path, data=json.dumps(doc or {}).encode(),
+                                     method="POST")
+        urllib.request.urlopen(req, timeout=10).close()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+    # ranges of 256 KiB: each 1 MB shard comes as 4 concurrent ranges
+    monkeypatch.setenv("FEEDPIPE_RANGE_BYTES", str(256 << 10))
+    s = Store(tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def dataset(root: Path, seed: int, count: int = 80) -> Path:
+    """4 shards of 20 samples of 50 kB. The seed makes the content, and so the cache entries
+    (named after it, shared by the read-ahead directory of this process), this test's own."""
+    make_records(str(root / "src"), count=count, size=50_000, per_dir=1000, seed=seed)
+    feedpipe.shard(str(root / "src"), str(root / "ds"), max_samples=20, workers=1,
+                   show_progress=False)
+    return root / "ds"
+
+
+def shard_sizes(ds: Path) -> dict[str, int]:
+    return {f"/ds/{r.name}": r.bytes for r in feedpipe.load_manifest(str(ds)).shards}
+
+
+def first_then_rest(loader: Any, store: Store) -> tuple[Any, dict[str, Any], list[Any]]:
+    """The first batch, the store's counters when it arrived, and the epoch's other batches
+    (read over a fast link)."""
+    store.post("/__link__", SLOW_LINK)
+    store.post("/__reset__")
+    it = iter(loader)
+    first = next(it)
+    seen = store.stats()
+    store.post("/__link__", FAST_LINK)
+    return first, seen, list(it)
+
+
+def keys(batches: list[Any]) -> list[str]:
+    return [k for b in batches for k in b["__key__"]]
+
+
+def assert_before_the_shards(first: Any, seen: dict[str, Any], sizes: dict[str, int]) -> None:
+    """The first batch drew from every shard, yet arrived before the store had sent them."""
+    assert {f"/ds/{s}" for s in first["__shard__"]} == set(sizes)  # (so it needs all four)
+    sent = {p: v["bytes"] for p, v in seen["per_object"].items() if p in sizes}
+    assert seen["bytes"] < sum(sizes.values())
+    assert any(sent.get(p, 0) < n for p, n in sizes.items())  # a shard was still coming
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cache_dir", "read-ahead"])
+def test_the_first_batch_arrives_before_its_shards(tmp_path: Path, store: Store,
+                                                   cached: bool) -> None:
+    ds = dataset(tmp_path, seed=41 + cached)
+    sizes = shard_sizes(ds)
+    local = {s["__key__"]: bytes(s["bin"]) for s in FeedDataset(str(ds))}
+    loader = FeedLoader(FeedDataset(f"{store.url}/ds", shuffle=True, seed=3,
+                                    cache_dir=tmp_path / "c" if cached else None),
+                        batch_size=BATCH)
+    first, seen, rest = first_then_rest(loader, store)
+    assert_before_the_shards(first, seen, sizes)
+    assert sorted(keys([first, *rest])) == sorted(local)  # exactly once
+    assert [bytes(b) for b in first["bin"]] == [local[k] for k in first["__key__"]]
+    # each shard came whole once (4 ranges), and each sample of the first batch by its own
+    # range besides; each index at most twice (the fill's and the first batch's, when they
+    # were not under way at the same moment)
+    served = store.stats()["per_object"]
+    extra = {p: 0 for p in sizes}
+    for s in first["__shard__"]:
+        extra[f"/ds/{s}"] += 1
+    after_first = {p: v["requests"] for p, v in served.items() if p in sizes}
+    assert after_first == {p: 4 + extra[p] for p in sizes}
+    assert all(1 <= served[p[:-4] + ".idx"]["requests"] <= 2 for p in sizes)
