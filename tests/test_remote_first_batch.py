@@ -7,6 +7,7 @@ timing; then the link is made fast and the epoch completes, each sample exactly 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -122,3 +123,50 @@ def test_the_first_batch_arrives_before_its_shards(tmp_path: Path, store: Store,
     after_first = {p: v["requests"] for p, v in served.items() if p in sizes}
     assert after_first == {p: 4 + extra[p] for p in sizes}
     assert all(1 <= served[p[:-4] + ".idx"]["requests"] <= 2 for p in sizes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cached", [True, False], ids=["cache_dir", "read-ahead"])
+def test_two_workers_read_their_first_batches_before_the_shards(
+        tmp_path: Path, store: Store, cached: bool) -> None:
+    ds = dataset(tmp_path, seed=43 + cached)
+    sizes = shard_sizes(ds)
+    want = sorted(s["__key__"] for s in FeedDataset(str(ds)))
+    loader = FeedLoader(FeedDataset(f"{store.url}/ds", shuffle=True, seed=3,
+                                    cache_dir=tmp_path / "c" if cached else None),
+                        batch_size=BATCH, num_workers=2)
+    first, seen, rest = first_then_rest(loader, store)
+    assert_before_the_shards(first, seen, sizes)
+    assert sorted(keys([first, *rest])) == want  # exactly once
+    pids = loader.stats()["worker_pids"]
+    assert len(pids) == 2 and os.getpid() not in pids  # read in the two workers
+    # both workers' first batches were read by range (up to 2 x 16 requests) beside the 4 x 4
+    # ranges (each shard fetched whole once: the other worker waits for it or finds it cached)
+    served = store.stats()["per_object"]
+    assert 4 * 4 + BATCH < sum(served[p]["requests"] for p in sizes) <= 4 * 4 + 2 * BATCH
+
+
+@pytest.mark.slow
+def test_a_resumed_epoch_reads_its_first_batch_before_the_shards(tmp_path: Path,
+                                                                 store: Store) -> None:
+    """Three batches, a checkpoint, and the rest on a fresh node (an empty cache): the resumed
+    epoch's first batch too arrives before its shards, and the two parts hold each sample
+    once."""
+    ds = dataset(tmp_path, seed=45)
+    sizes = shard_sizes(ds)
+    want = sorted(s["__key__"] for s in FeedDataset(str(ds)))
+
+    def loader(cache: str) -> FeedLoader:
+        return FeedLoader(FeedDataset(f"{store.url}/ds", shuffle=True, seed=5,
+                                      cache_dir=tmp_path / cache), batch_size=BATCH)
+
+    before = loader("a")
+    it = iter(before)
+    head = [next(it) for _ in range(3)]
+    state = before.state_dict()
+    del it
+    after = loader("b")
+    after.load_state_dict(state)
+    first, seen, rest = first_then_rest(after, store)
+    assert_before_the_shards(first, seen, sizes)
+    assert sorted(keys([*head, first, *rest])) == want
