@@ -188,7 +188,10 @@ def test_first_uses_and_timeline_match_brute_force(shuffle: bool, window: int | 
 
 # -- filling and reading --------------------------------------------------------------------------
 def test_cached_reads_equal_the_source_and_each_shard_is_fetched_once(
-        data: Path, server: Any, expected: dict[str, bytes], tmp_path: Path) -> None:
+        data: Path, server: Any, expected: dict[str, bytes], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fills' bytes alone: the first batch's own ranges are tests/test_remote_first_batch.py
+    monkeypatch.setenv("FEEDPIPE_FIRST_BATCH_RANGES", "0")
     server.reset()
     ds = FeedDataset(f"{server.url}/ds", cache_dir=tmp_path / "c", shuffle=True, seed=2,
                      shuffle_window=4)
