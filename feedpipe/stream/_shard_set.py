@@ -268,8 +268,9 @@ class ShardSet:
     def early(self, ids: np.ndarray) -> dict[int, dict[str, Any]]:
         """The first batch after :meth:`begin`: those of its samples (by global id) whose remote
         shards have not arrived in the cache yet, each read by its own range request while the
-        prefetch keeps fetching the shards whole (:mod:`feedpipe.caches._early` says why);
-        their dicts are as :meth:`sample` makes them, with ``bytes`` fields. Empty for any
+        prefetch keeps fetching the shards whole (why: docs/concepts.md, "Reading from object
+        storage"); their dicts are as :meth:`sample` makes them, with ``bytes`` fields. Empty
+        for any
         other batch, a local dataset, ``verify=True`` (nothing is served before its shard's
         hash is checked), gzip shards (read from their plain tar only) and
         ``FEEDPIPE_FIRST_BATCH_RANGES=0``."""
