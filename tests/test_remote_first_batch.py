@@ -170,3 +170,26 @@ def test_a_resumed_epoch_reads_its_first_batch_before_the_shards(tmp_path: Path,
     first, seen, rest = first_then_rest(after, store)
     assert_before_the_shards(first, seen, sizes)
     assert sorted(keys([*head, first, *rest])) == want
+
+
+def test_a_first_batch_of_more_samples_than_the_bound_waits_for_its_shards(
+        tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Past MAX_SAMPLES (here 8 of the batch's 16) the first batch is not read by range: the
+    store serves each shard's 4 ranges and nothing else, and a log record says why."""
+    import logging
+
+    from feedpipe.caches import _early
+
+    monkeypatch.setattr(_early, "MAX_SAMPLES", 8)
+    ds = dataset(tmp_path, seed=47)
+    sizes = shard_sizes(ds)
+    loader = FeedLoader(FeedDataset(f"{store.url}/ds", shuffle=True, seed=3,
+                                    cache_dir=tmp_path / "c"), batch_size=BATCH)
+    store.post("/__reset__")
+    with caplog.at_level(logging.INFO, logger="feedpipe.cache"):
+        got = keys(list(loader))
+    assert sorted(got) == sorted(s["__key__"] for s in FeedDataset(str(ds)))
+    served = store.stats()["per_object"]
+    assert {p: served[p]["requests"] for p in sizes} == dict.fromkeys(sizes, 4)
+    assert any("waits for its shards" in r.getMessage() for r in caplog.records)

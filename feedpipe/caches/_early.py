@@ -30,7 +30,8 @@ link, instead of most of the dataset's bytes.
   where its fill asks for it at the same time (:mod:`feedpipe.caches.l1._joined`).
 
 Only the first batch after :meth:`~feedpipe.ShardSet.begin` (the start of an epoch, or of a
-resumed one) is read this way: later batches read the shards the prefetch has been fetching
+resumed one) is read this way, and only where it wants at most :data:`MAX_SAMPLES` samples so
+(said in a log record otherwise): later batches read the shards the prefetch has been fetching
 meanwhile, and reading them by range too would send their bytes twice over a link that is
 already busy with them. The samples read this way are checked as an uncached read is (each
 member inside the shard's size, the index's samples as many as the manifest's); the shard's
@@ -57,6 +58,9 @@ from .l1._joined import joined
 log = logger("feedpipe.cache")
 
 STREAMS = 64  # range requests of a first batch in flight at once (a batch's samples, about)
+# the most samples a first batch reads by range: beyond, they would go in more than a few waves
+# of round trips and add up to many shards' bytes, fetched twice: the batch waits for its shards
+MAX_SAMPLES = 4 * STREAMS
 
 
 def enabled() -> bool:
@@ -81,10 +85,15 @@ def read_early(wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
     in a log record: its samples are for the caller to read as before."""
     if not wants:
         return {}
+    n = sum(len(w.pairs) for w in wants)
+    if n > MAX_SAMPLES:
+        log.info("%s: the first batch's %d samples whose shards are still coming are more than "
+                 "%d: it waits for its shards instead of reading them by range",
+                 redact(wants[0].url), n, MAX_SAMPLES)
+        return {}
     # a pool of its own, apart from the pool of the shards' ranges
     # (:mod:`feedpipe._helpers.storage`), which the prefetch keeps full: these few small
     # requests do not queue behind whole shards. Made per first batch: nothing stays behind.
-    n = sum(len(w.pairs) for w in wants)
     with ThreadPoolExecutor(min(STREAMS, n), thread_name_prefix="feedpipe-early") as pool:
         return _read(pool, wants)
 
