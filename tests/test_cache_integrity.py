@@ -68,7 +68,11 @@ def source_files(root: Path, suffix: str) -> dict[str, bytes]:
 
 # -- on fetch ------------------------------------------------------------------------------------
 def test_an_index_corrupted_in_transit_is_fetched_again_and_never_stored(
-        data: Path, expected: dict[str, bytes], tmp_path: Path) -> None:
+        data: Path, expected: dict[str, bytes], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fill's checks: a first batch read by range is checked as an uncached read is (size
+    # only, docs/concepts.md), so it is left out here
+    monkeypatch.setenv("FEEDPIPE_FIRST_BATCH_RANGES", "0")
     with python_server(data, "--corrupt", ".idx:2") as srv:
         ds = FeedDataset(f"{srv.url}/ds", cache_dir=tmp_path / "c")
         assert wrong(ds, expected) == (SHARDS * PER_SHARD, 0)
@@ -99,7 +103,9 @@ def test_an_index_corrupted_on_every_fetch_is_named_after_bounded_fetches(
 
 
 def test_a_shard_corrupted_in_transit_is_fetched_again(
-        data: Path, expected: dict[str, bytes], tmp_path: Path) -> None:
+        data: Path, expected: dict[str, bytes], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEEDPIPE_FIRST_BATCH_RANGES", "0")  # the fill's checks (as above)
     with python_server(data, "--corrupt", ".tar:1") as srv:  # no prefetch: the reader re-fetches
         ds = FeedDataset(f"{srv.url}/ds", cache_dir=ShardCache(tmp_path / "c", prefetch=0))
         assert wrong(ds, expected) == (SHARDS * PER_SHARD, 0)

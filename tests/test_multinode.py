@@ -45,7 +45,10 @@ def _rank(url: str, rank: int, cache_dir: str, shuffle: bool, out: str) -> None:
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_each_node_fetches_only_its_ranks_shards_once_and_the_union_is_exact(
-        data: Path, tmp_path: Path, shuffle: bool) -> None:
+        data: Path, tmp_path: Path, shuffle: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fills' bytes: each reader's first batch read by range besides is counted in
+    # tests/test_remote_first_batch.py
+    monkeypatch.setenv("FEEDPIPE_FIRST_BATCH_RANGES", "0")
     m = load_manifest(str(data / "ds"))
     ends = np.cumsum([s.samples for s in m.shards])
     with python_server(data) as server:

@@ -366,6 +366,8 @@ def test_s3_reads_each_object_without_a_head_request(
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
     monkeypatch.setenv("FEEDPIPE_S3_CLIENT", "s3fs")  # obstore makes no HEAD either: s3fs here
+    # the fills' requests alone: the first batch's own ranges are tests/test_remote_first_batch.py
+    monkeypatch.setenv("FEEDPIPE_FIRST_BATCH_RANGES", "0")
     ds = FeedDataset(f"s3://{BUCKET}/shards", cache_dir=tmp_path / "c")
     assert all_samples(ds) == expected
     shards = len(ds.manifest.shards)

@@ -188,7 +188,10 @@ def test_first_uses_and_timeline_match_brute_force(shuffle: bool, window: int | 
 
 # -- filling and reading --------------------------------------------------------------------------
 def test_cached_reads_equal_the_source_and_each_shard_is_fetched_once(
-        data: Path, server: Any, expected: dict[str, bytes], tmp_path: Path) -> None:
+        data: Path, server: Any, expected: dict[str, bytes], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fills' bytes alone: the first batch's own ranges are tests/test_remote_first_batch.py
+    monkeypatch.setenv("FEEDPIPE_FIRST_BATCH_RANGES", "0")
     server.reset()
     ds = FeedDataset(f"{server.url}/ds", cache_dir=tmp_path / "c", shuffle=True, seed=2,
                      shuffle_window=4)
@@ -201,7 +204,11 @@ def test_cached_reads_equal_the_source_and_each_shard_is_fetched_once(
 
 
 def test_one_download_per_shard_for_two_processes_with_two_workers_each(
-        data: Path, server: Any, expected: dict[str, bytes], tmp_path: Path) -> None:
+        data: Path, server: Any, expected: dict[str, bytes], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fills' bytes alone: each reader's first batch, read by range besides, is counted in
+    # tests/test_remote_first_batch.py
+    monkeypatch.setenv("FEEDPIPE_FIRST_BATCH_RANGES", "0")
     server.reset()
     kw = {"cache_dir": str(tmp_path / "c"), "shuffle": True, "seed": 7, "shuffle_window": 4}
     reports = run_processes([(f"{server.url}/ds", kw, 1, 2, expected)] * 2)
@@ -234,7 +241,8 @@ def test_damaged_entries_are_detected_and_fetched_again(
 
 
 def test_killed_download_leaves_nothing_that_blocks_the_next_run(
-        data: Path, server: Any, tmp_path: Path) -> None:
+        data: Path, server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEEDPIPE_FIRST_BATCH_RANGES", "0")  # the fill's bytes alone (as above)
     cache = tmp_path / "c"
     want = truth(data / "big")
     with python_server(data, "--rate", "50000") as slow:  # ~5 s for the 240 kB shard

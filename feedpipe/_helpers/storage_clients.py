@@ -74,7 +74,9 @@ def _link_options(url: str) -> dict[str, Any]:
     conf = fsspec.config.conf
     if proto in ("s3", "s3a"):
         given = dict(conf.get(proto, {}).get("config_kwargs") or {})
-        given.setdefault("max_pool_connections", max(10, streams()))
+        # + 64: an epoch's first batch reads its samples by range beside the shards' ranges
+        # (feedpipe.caches._early), and must not queue behind them for a connection
+        given.setdefault("max_pool_connections", max(10, streams()) + 64)
         options: dict[str, Any] = {"config_kwargs": given}
         if not {"session", "profile", "key", "secret", "token"} & set(conf.get(proto, {})):
             options["session"] = _s3_session()

@@ -82,7 +82,8 @@ class CacheStats:
     (downloads, of which ``prefetched`` by background threads), ``waits`` (another thread or
     process held the entry), ``evictions``, ``refetched`` (damaged or mismatched files
     discarded), ``degraded`` (read uncached: disk full), ``over_budget`` (read uncached: the
-    budget was taken by shards in use)."""
+    budget was taken by shards in use), ``early`` (samples of a first batch read by their own
+    range requests before their shards had arrived: :mod:`feedpipe.caches._early`)."""
 
     hits: int = 0
     misses: int = 0
@@ -94,6 +95,7 @@ class CacheStats:
     degraded: int = 0
     over_budget: int = 0
     bytes_fetched: int = 0
+    early: int = 0
 
 
 class ShardCache:
@@ -184,6 +186,11 @@ class ShardCache:
 
         u = self.usage()
         return TierStats(SHARDS, self.stats.hits, self.stats.misses, u["bytes"], u["entries"])
+
+    def ready(self, url: str, rec: ShardRecord) -> bool:
+        """Whether the shard's entry is complete and checked now: a reader would acquire it
+        without waiting for a download."""
+        return self._entry(url, rec).valid()
 
     # -- eviction ------------------------------------------------------------------------
     def _evict(self, key: str) -> int | None:

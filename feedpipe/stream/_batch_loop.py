@@ -234,17 +234,21 @@ class SampleFetch:
         store, decode, epoch, seed = self.store, self.decode, self.epoch, self.seed
         out: list[Item] = []
         readers: dict[int, ShardReader] = {}  # looked up once a batch, not once a sample
+        # an epoch's first batch: samples whose shards are still arriving, read by range
+        early = shards.early(ids) if store is None else {}
         for g, s, i in zip(ids.tolist(), s_of.tolist(), i_of.tolist()):
             if store is not None:
                 o = store.get(g)
                 if o is not None:
                     out.append((g, o, True))
                     continue
-            r = readers.get(s)
-            if r is None:
-                with shards.hold(readers):  # opening it closes none this batch reads
-                    r = readers[s] = shards.reader(s)
-            x = r.sample(i)
+            x = early.pop(g, None) if early else None
+            if x is None:
+                r = readers.get(s)
+                if r is None:
+                    with shards.hold(readers):  # opening it closes none this batch reads
+                        r = readers[s] = shards.reader(s)
+                x = r.sample(i)
             x["__epoch__"] = epoch  # with __index__ and __seed__: per-sample
             x["__seed__"] = seed  # augmentation seeds, reproducible on resume
             if decode:

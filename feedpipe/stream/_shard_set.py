@@ -82,6 +82,7 @@ class ShardSet:
         self._leases: dict[int, Lease] = {}  # cached shards held in use by open readers
         self._clock: Any = None  # the running epoch's Prefetcher: eviction's view of the plan
         self._held: frozenset[int] = frozenset()  # shards a batch is being copied from
+        self._first = False  # the next batch is an epoch's first: see early()
         self._pid = os.getpid()
         self._packed = frozenset(i for i, r in enumerate(manifest.shards) if readable(r.name))
         self._unpack = cache if cache is not None or not self._packed else _default_cache(root)
@@ -262,10 +263,42 @@ class ShardSet:
                                   plan, next_plan, split, world, batch_size, worker, workers)
         self._clock = p
         p.start()
+        self._first = True
+
+    def early(self, ids: np.ndarray) -> dict[int, dict[str, Any]]:
+        """The first batch after :meth:`begin`: those of its samples (by global id) whose remote
+        shards have not arrived in the cache yet, each read by its own range request while the
+        prefetch keeps fetching the shards whole (why: docs/concepts.md, "Reading from object
+        storage"); their dicts are as :meth:`sample` makes them, with ``bytes`` fields. Empty
+        for any
+        other batch, a local dataset, ``verify=True`` (nothing is served before its shard's
+        hash is checked), gzip shards (read from their plain tar only) and
+        ``FEEDPIPE_FIRST_BATCH_RANGES=0``."""
+        if not self._first:
+            return {}
+        self._first = False
+        from .._helpers.storage import is_local
+        from ..caches._early import Want, enabled, read_early
+
+        cache = self.cache
+        if cache is None or self.verify or is_local(self.root) or not enabled():
+            return {}
+        s_of, i_of = self.locate(ids)
+        pairs: dict[int, list[tuple[int, int]]] = {}
+        for g, s, i in zip(ids.tolist(), s_of.tolist(), i_of.tolist()):
+            if s not in self._readers and s not in self._packed:
+                pairs.setdefault(s, []).append((g, i))
+        recs = self.manifest.shards
+        wants = [Want(self.url(s), recs[s], p) for s, p in pairs.items()
+                 if not cache.ready(self.url(s), recs[s])]
+        got = read_early(wants)
+        cache.stats.early += len(got)
+        return got
 
     def end(self) -> None:
         """Stop this epoch's prefetching and release what it held in use (cached shards)."""
         p, self._clock = self._clock, None
+        self._first = False
         if p is None:
             if self.cache is None and self._unpack is not None:  # gzip shards read uncached
                 for shard in list(self._leases):

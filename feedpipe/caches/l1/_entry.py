@@ -29,6 +29,7 @@ from ...format._compression import Gunzip
 from ...format._index import index_path
 from ...format._manifest import ShardRecord
 from ._integrity import IDX, TAR, file_sha256, index_problem, stamp
+from ._joined import joined
 
 FETCH_ATTEMPTS = 3  # fetches of a file that keeps failing its check before it is named
 PARTS = (".tar.part", ".idx.part")
@@ -203,8 +204,8 @@ class Entry:
         # the shard's first ranges are asked for at once: they travel while the index does
         early = self._ranges(stop) if need_tar else None
         try:
-            for _ in range(FETCH_ATTEMPTS):
-                idx = self._fetch_index(stop)
+            for attempt in range(FETCH_ATTEMPTS):
+                idx = self._fetch_index(stop, again=attempt > 0)
                 if not reserve(_plain_size(rec) if need_tar else 0, idx):
                     self.remove(PARTS)
                     return "refused"
@@ -342,8 +343,14 @@ class Entry:
         finally:
             os.close(fd)
 
-    def _fetch_index(self, stop: threading.Event | None) -> bytes | None:
+    def _fetch_index(self, stop: threading.Event | None, again: bool = False) -> bytes | None:
+        """The shard's index from the source (``None``: it has none). The first fetch joins the
+        same GET under way for the first batch's reads by range (:mod:`._joined`); a fetch
+        ``again`` (the last one failed its check) asks the source anew."""
+        iurl = index_path(self.url)
         try:
-            return read_bytes(index_path(self.url), stop=stop)
+            if again:
+                return read_bytes(iurl, stop=stop)
+            return joined(iurl, lambda: read_bytes(iurl, stop=stop))
         except SourceNotFoundError:
             return None
