@@ -6,11 +6,24 @@ against what a local HTTP server says it served."""
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _routes import MIXED, ROUTES, bucketed, fill_store, make, mixed, route_of, token_docs
+from _routes import (
+    CLIPS,
+    MIXED,
+    ROUTES,
+    bucketed,
+    fill_store,
+    make,
+    mixed,
+    route_of,
+    token_docs,
+    video,
+    videos_path,
+)
 from _servers import python_server
 
 from feedpipe import FeedDataset, FeedLoader, FunctionIndex
@@ -90,6 +103,15 @@ def test_uncached_reads_over_http_are_remote_bytes() -> None:
     assert io["local_bytes"] == 0 and io["l1"] == {"hits": 0, "misses": 0, "fills": 0}
 
 
+def video_bytes(root: Path) -> int:
+    """The bytes of the video members in the shards under ``root``."""
+    total = 0
+    for tar in root.glob("*.tar"):
+        with tarfile.open(tar) as tf:
+            total += sum(m.size for m in tf if m.name.endswith(".mp4"))
+    return total
+
+
 @pytest.fixture(scope="module")
 def store(sharded: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     s = str(tmp_path_factory.mktemp("store"))
@@ -112,6 +134,8 @@ def test_every_route_reports_the_same_io_keys(case: str, sharded: Path, store: s
         total *= len(MIXED)
     if ROUTES[case][0] == "tok":  # rows slice the documents' tokens out of the shards
         total = sum(d.nbytes for d in token_docs())
+    if video(case):  # each clip reads its video's member, so each video once per clip
+        total = CLIPS * video_bytes(Path(videos_path(str(sharded))))
     if route_of(case) == "gather":  # the batches come whole from the decoded store
         assert s["io"]["decoded"]["hits"] > 0 and s["io"]["local_bytes"] == 0
     elif bucketed(case):  # what its buckets leave over this epoch is counted, and never read
