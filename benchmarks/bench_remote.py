@@ -500,11 +500,41 @@ def report(doc: dict[str, Any]) -> str:
                     row.append("" if v is None else f"{v:.{digits}f}")
             rows.append(row)
         lines += [f"## {title}", "", table(rows, ["case", *systems]), ""]
+    lines += previous_rows(doc.get("previous"))
     errs = [(n, s, b["error"]) for n, r in doc["results"].items() for s, b in r["best"].items()
             if "error" in b]
     if errs:
         lines += ["## Failures", ""] + [f"- {n} / {s}: {e}" for n, s, e in errs] + [""]
     return "\n".join(lines)
+
+
+def previous_of(path: str) -> dict[str, Any]:
+    """The fraction of the link per case and system of an earlier run's JSON, and what it ran
+    on, for the report's "previous" table."""
+    with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    return {"date_utc": old["env"]["date_utc"], "loadavg": old["env"].get("loadavg_at_start"),
+            "tree": os.path.basename(old.get("feedpipe_path") or "?"),
+            "revision": (old["env"].get("git") or {}).get("revision"),
+            "of_link": {name: {s: ("failed" if "error" in b else round(b["of_link"], 2))
+                               for s, b in r["best"].items()}
+                        for name, r in old["results"].items()}}
+
+
+def previous_rows(prev: dict[str, Any] | None) -> list[str]:
+    if not prev:
+        return []
+    systems = list(dict.fromkeys(s for r in prev["of_link"].values() for s in r))
+    rows = [[name, *(f"{v:.2f}" if isinstance(v, float) else str(v)
+                     for v in (r.get(s, "") for s in systems))]
+            for name, r in prev["of_link"].items()]
+    load = (prev.get("loadavg") or [float("nan")])[0]
+    return [f"## Previous: fraction of the link, {prev['date_utc']} (feedpipe from the tree "
+            f"`{prev['tree']}`, benchmark rev {(prev.get('revision') or '?')[:10]}, load average "
+            f"{load:.1f} at the start)", "",
+            "The full set before this run, on the code of that day; compare within a row of one "
+            "run, not across the two runs (the machine's load differs).", "",
+            table(rows, ["case", *systems]), ""]
 
 
 def plot(doc: dict[str, Any], path: str) -> None:
@@ -559,9 +589,25 @@ def main() -> int:
     ap.add_argument("--compare", metavar="DIR", help="also run the feedpipe systems with "
                     "PYTHONPATH=DIR (another tree), as SYSTEM@LABEL, in the same rounds")
     ap.add_argument("--compare-label", default="other")
+    ap.add_argument("--previous", metavar="JSON", help="an earlier run's JSON: its fractions of "
+                    "the link go into the report as a 'previous' table")
+    ap.add_argument("--render", metavar="JSON", help="only write the Markdown and the plot again "
+                    "from this run's JSON (with --previous: adding that table)")
     args = ap.parse_args()
     if args.worker:
         worker(load_spec(args.worker))
+        return 0
+    if args.render:
+        with open(args.render, encoding="utf-8") as f:
+            doc = json.load(f)
+        if args.previous:
+            doc["previous"] = previous_of(args.previous)
+            with open(args.render, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+        stem = os.path.splitext(args.render)[0]
+        with open(stem + ".md", "w", encoding="utf-8") as f:
+            f.write(report(doc) + "\n")
+        plot(doc, stem + ".png")
         return 0
     import feedpipe
 
@@ -569,7 +615,8 @@ def main() -> int:
                            "feedpipe_path": os.path.dirname(os.path.dirname(feedpipe.__file__)),
                            "env": environment(args.root),
                            "compare": {"label": args.compare_label, "path": args.compare}
-                           if args.compare else None}
+                           if args.compare else None,
+                           "previous": previous_of(args.previous) if args.previous else None}
     name = "bench_remote" + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     os.makedirs(args.out, exist_ok=True)
 
