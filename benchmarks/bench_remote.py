@@ -404,6 +404,7 @@ def measure(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
         store = LinkStore(d["base"]).start()
         store.configure(rtt=c["rtt"], node_rate=c["node_rate"], response_rate=c["response_rate"])
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in c["systems"]}
+        load0 = os.getloadavg()[0]  # the machine is shared: each case says what it ran under
         print(f"== {c['name']}", flush=True)
         for r in range(args.rounds):
             for system in alternating(c["systems"], r):
@@ -439,8 +440,9 @@ def measure(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
                     + ("" if res.get("exactly_once", True) else " NOT EXACTLY ONCE")),
                     flush=True)
         store.close()
-        results[c["name"]] = {"case": c, "floor_s": {s: floor_s(c, d["format_bytes"][fmt_of(s)])
-                                                     for s in c["systems"]},
+        results[c["name"]] = {"loadavg": [load0, os.getloadavg()[0]], "case": c,
+                              "floor_s": {s: floor_s(c, d["format_bytes"][fmt_of(s)])
+                                          for s in c["systems"]},
                               "runs": runs, "best": {s: _best(rs) for s, rs in runs.items()}}
         if save is not None:  # each case as it ends: a long run interrupted keeps what it has
             save(results)
@@ -461,7 +463,8 @@ def report(doc: dict[str, Any]) -> str:
     systems = list(dict.fromkeys(s for r in doc["results"].values() for s in r["case"]["systems"]))
     lines = [f"# bench_remote{' (quick)' if doc['quick'] else ''}", "",
              f"{doc['env']['date_utc']}, {doc['env']['cpu_count']} CPUs (load average "
-             f"{(doc['env'].get('loadavg_at_start') or [float('nan')])[0]:.1f} at the start), "
+             f"{(doc['env'].get('loadavg_at_start') or [float('nan')])[0]:.1f} at the start"
+             f"{_load_during(doc)}), "
              f"feedpipe from the tree `{os.path.basename(doc['feedpipe_path'])}`"
              + (f"; SYSTEM@{doc['compare']['label']}: feedpipe from the tree "
                 f"`{os.path.basename(os.path.abspath(doc['compare']['path']))}`"
@@ -506,6 +509,14 @@ def report(doc: dict[str, Any]) -> str:
     if errs:
         lines += ["## Failures", ""] + [f"- {n} / {s}: {e}" for n, s, e in errs] + [""]
     return "\n".join(lines)
+
+
+def _load_during(doc: dict[str, Any]) -> str:
+    loads = [x for r in doc["results"].values() for x in r.get("loadavg") or []]
+    if loads:
+        return f", {min(loads):.1f} to {max(loads):.1f} at the cases' starts and ends"
+    d = doc["env"].get("loadavg_during")
+    return f", {d['min']:.1f} to {d['max']:.1f} during ({d['how']})" if d else ""
 
 
 def previous_of(path: str) -> dict[str, Any]:
