@@ -404,6 +404,7 @@ def measure(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
         store = LinkStore(d["base"]).start()
         store.configure(rtt=c["rtt"], node_rate=c["node_rate"], response_rate=c["response_rate"])
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in c["systems"]}
+        load0 = os.getloadavg()[0]  # the machine is shared: each case says what it ran under
         print(f"== {c['name']}", flush=True)
         for r in range(args.rounds):
             for system in alternating(c["systems"], r):
@@ -439,8 +440,9 @@ def measure(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
                     + ("" if res.get("exactly_once", True) else " NOT EXACTLY ONCE")),
                     flush=True)
         store.close()
-        results[c["name"]] = {"case": c, "floor_s": {s: floor_s(c, d["format_bytes"][fmt_of(s)])
-                                                     for s in c["systems"]},
+        results[c["name"]] = {"loadavg": [load0, os.getloadavg()[0]], "case": c,
+                              "floor_s": {s: floor_s(c, d["format_bytes"][fmt_of(s)])
+                                          for s in c["systems"]},
                               "runs": runs, "best": {s: _best(rs) for s, rs in runs.items()}}
         if save is not None:  # each case as it ends: a long run interrupted keeps what it has
             save(results)
@@ -461,7 +463,8 @@ def report(doc: dict[str, Any]) -> str:
     systems = list(dict.fromkeys(s for r in doc["results"].values() for s in r["case"]["systems"]))
     lines = [f"# bench_remote{' (quick)' if doc['quick'] else ''}", "",
              f"{doc['env']['date_utc']}, {doc['env']['cpu_count']} CPUs (load average "
-             f"{(doc['env'].get('loadavg_at_start') or [float('nan')])[0]:.1f} at the start), "
+             f"{(doc['env'].get('loadavg_at_start') or [float('nan')])[0]:.1f} at the start"
+             f"{_load_during(doc)}), "
              f"feedpipe from the tree `{os.path.basename(doc['feedpipe_path'])}`"
              + (f"; SYSTEM@{doc['compare']['label']}: feedpipe from the tree "
                 f"`{os.path.basename(os.path.abspath(doc['compare']['path']))}`"
@@ -500,11 +503,49 @@ def report(doc: dict[str, Any]) -> str:
                     row.append("" if v is None else f"{v:.{digits}f}")
             rows.append(row)
         lines += [f"## {title}", "", table(rows, ["case", *systems]), ""]
+    lines += previous_rows(doc.get("previous"))
     errs = [(n, s, b["error"]) for n, r in doc["results"].items() for s, b in r["best"].items()
             if "error" in b]
     if errs:
         lines += ["## Failures", ""] + [f"- {n} / {s}: {e}" for n, s, e in errs] + [""]
     return "\n".join(lines)
+
+
+def _load_during(doc: dict[str, Any]) -> str:
+    loads = [x for r in doc["results"].values() for x in r.get("loadavg") or []]
+    if loads:
+        return f", {min(loads):.1f} to {max(loads):.1f} at the cases' starts and ends"
+    d = doc["env"].get("loadavg_during")
+    return f", {d['min']:.1f} to {d['max']:.1f} during ({d['how']})" if d else ""
+
+
+def previous_of(path: str) -> dict[str, Any]:
+    """The fraction of the link per case and system of an earlier run's JSON, and what it ran
+    on, for the report's "previous" table."""
+    with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    return {"date_utc": old["env"]["date_utc"], "loadavg": old["env"].get("loadavg_at_start"),
+            "tree": os.path.basename(old.get("feedpipe_path") or "?"),
+            "revision": (old["env"].get("git") or {}).get("revision"),
+            "of_link": {name: {s: ("failed" if "error" in b else round(b["of_link"], 2))
+                               for s, b in r["best"].items()}
+                        for name, r in old["results"].items()}}
+
+
+def previous_rows(prev: dict[str, Any] | None) -> list[str]:
+    if not prev:
+        return []
+    systems = list(dict.fromkeys(s for r in prev["of_link"].values() for s in r))
+    rows = [[name, *(f"{v:.2f}" if isinstance(v, float) else str(v)
+                     for v in (r.get(s, "") for s in systems))]
+            for name, r in prev["of_link"].items()]
+    load = (prev.get("loadavg") or [float("nan")])[0]
+    return [f"## Previous: fraction of the link, {prev['date_utc']} (feedpipe from the tree "
+            f"`{prev['tree']}`, benchmark rev {(prev.get('revision') or '?')[:10]}, load average "
+            f"{load:.1f} at the start)", "",
+            "The full set before this run, on the code of that day; compare within a row of one "
+            "run, not across the two runs (the machine's load differs).", "",
+            table(rows, ["case", *systems]), ""]
 
 
 def plot(doc: dict[str, Any], path: str) -> None:
@@ -559,9 +600,25 @@ def main() -> int:
     ap.add_argument("--compare", metavar="DIR", help="also run the feedpipe systems with "
                     "PYTHONPATH=DIR (another tree), as SYSTEM@LABEL, in the same rounds")
     ap.add_argument("--compare-label", default="other")
+    ap.add_argument("--previous", metavar="JSON", help="an earlier run's JSON: its fractions of "
+                    "the link go into the report as a 'previous' table")
+    ap.add_argument("--render", metavar="JSON", help="only write the Markdown and the plot again "
+                    "from this run's JSON (with --previous: adding that table)")
     args = ap.parse_args()
     if args.worker:
         worker(load_spec(args.worker))
+        return 0
+    if args.render:
+        with open(args.render, encoding="utf-8") as f:
+            doc = json.load(f)
+        if args.previous:
+            doc["previous"] = previous_of(args.previous)
+            with open(args.render, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+        stem = os.path.splitext(args.render)[0]
+        with open(stem + ".md", "w", encoding="utf-8") as f:
+            f.write(report(doc) + "\n")
+        plot(doc, stem + ".png")
         return 0
     import feedpipe
 
@@ -569,7 +626,8 @@ def main() -> int:
                            "feedpipe_path": os.path.dirname(os.path.dirname(feedpipe.__file__)),
                            "env": environment(args.root),
                            "compare": {"label": args.compare_label, "path": args.compare}
-                           if args.compare else None}
+                           if args.compare else None,
+                           "previous": previous_of(args.previous) if args.previous else None}
     name = "bench_remote" + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     os.makedirs(args.out, exist_ok=True)
 
