@@ -98,7 +98,9 @@ def test_an_index_corrupted_on_every_fetch_is_named_after_bounded_fetches(
     assert f"{srv.url}/ds/data-000000.idx" in msg and "UTF-8" in msg
     assert f"{FETCH_ATTEMPTS} " in msg and str(tmp_path / "c") in msg
     assert not isinstance(e.value.__cause__, UnicodeDecodeError)
-    assert max(first.values()) <= 2 * FETCH_ATTEMPTS  # the prefetcher's try and the reader's
+    # the prefetcher's tries and the reader's, and one by the first batch's early range read
+    # (caches/_early.py), which gives up after one bad index and waits for the shard
+    assert max(first.values()) <= 2 * FETCH_ATTEMPTS + 1
     assert cached(tmp_path / "c", ".idx") == {} and cached(tmp_path / "c", ".part") == {}
 
 
