@@ -17,17 +17,19 @@ import io
 import os
 from collections.abc import Iterator
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InputError
 from ..format._tar import BLOCK, member_header
-from ..transforms._tokenizer import TokenizerRef
 from ._output_dir import unlink_quiet
 from ._sources import SampleSpec, Source
 from ._text_inputs import Bad, read_unit
 from ._writer import PartResult, hidden, output_error, removed_on_error
+
+if TYPE_CHECKING:  # a writer of other samples (ShardWriter) loads no tokenizer code
+    from ..transforms._tokenizer import TokenizerRef
 
 FIELD = "tokens.npy"
 NPY_HEADER = 128  # bytes of the .npy header of a 1-D array (np.save's, growth padding included)
