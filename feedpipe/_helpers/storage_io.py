@@ -4,6 +4,8 @@ held for many reads, and writing to a store.
 - :class:`RemoteFile`: one remote object that a reader holds (the shard reader without a cache):
   its client resolved once, its size asked (retried), opened as a stream, and its byte ranges
   read and checked by :func:`~feedpipe._helpers.storage.read_range`;
+- :func:`read_span`: one byte range of a remote object, asked alone (a sample read before its
+  shard has arrived);
 - :func:`write_bytes` and :func:`remove_tree`: an object written, a tree removed (``feedpipe
   demo`` fills a ``memory://`` store that stands in for a remote one).
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .storage import read_range
-from .storage_clients import filesystem
+from .storage_clients import filesystem, object_store
 
 
 class RemoteFile:
@@ -53,6 +55,16 @@ class RemoteFile:
         """Bytes ``[start, end)``, retried and checked for length
         (:func:`~feedpipe._helpers.storage.read_range`)."""
         return read_range(self._fs, self._path, self.url, start, end)
+
+
+def read_span(url: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the remote object ``url`` in one range request through the
+    client the process reads ``url`` with (obstore where chosen for it, else fsspec), retried
+    and checked for length (:func:`~feedpipe._helpers.storage.read_range`)."""
+    if end <= start:
+        return b""
+    fs, path = (None, "") if object_store(url) is not None else filesystem(url)
+    return read_range(fs, path, url, start, end)
 
 
 def write_bytes(url: str, data: bytes) -> None:

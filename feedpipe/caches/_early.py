@@ -47,8 +47,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .._helpers.storage import filesystem, read_bytes, read_range
-from .._helpers.storage_clients import object_store
+from .._helpers.storage import read_bytes
+from .._helpers.storage_io import read_span
 from .._redact import logger, redact
 from ..errors import ShardFormatError
 from ..format._index import ShardIndex, index_path, parse_index
@@ -140,10 +140,7 @@ def _index(w: Want) -> ShardIndex:
 
 
 def _range(url: str, lo: int, hi: int) -> bytes:
-    if hi <= lo:
-        return b""
-    fs, path = (None, "") if object_store(url) is not None else filesystem(url)
-    return read_range(fs, path, url, lo, hi)
+    return read_span(url, lo, hi)
 
 
 def _sample(w: Want, index: ShardIndex, g: int, i: int, blob: bytes) -> dict[str, Any]:
