@@ -25,7 +25,9 @@ from ..errors import PartsError, ShardFormatError
 from ..format._index import index_from_tar, index_path, parse_index
 from ..format._key_registry import KeyRegistry
 from ..format._manifest import Manifest, ShardRecord, write_manifest, write_wids_index
+from ._output_dir import STATE_NAME, unlink_quiet, write_dataset_manifest
 from ._parts import PartInfo, part_tag
+from ._writer import output_error
 
 _RECORD = re.compile(r"^\.feedpipe-part-(\d{5})-of-(\d{5})\.json$")
 
@@ -237,3 +239,24 @@ def merge_if_complete(out: str, count: int) -> Manifest | None:
     if all((i, count) in found for i in range(count)):
         return merge(out, parts=count)
     return None
+
+
+def commit_manifest(out: str, m: Manifest, info: PartInfo | None, names: list[str], state: str,
+                    *, merge: bool, skipped: int) -> bool:
+    """A conversion's commit: the dataset's manifest and the shard records only a resume needed
+    removed; or, for a part (``info``), its part record (with ``skipped`` inputs counted), its
+    state file removed (its shard records stay: ``--resume`` reuses them), and with ``merge``
+    the dataset's manifest once every part is in. Whether this run merged the parts."""
+    if info is None:
+        write_dataset_manifest(out, m)
+        for name in names:
+            unlink_quiet(os.path.join(out, f".{name}.record.json"))
+        unlink_quiet(os.path.join(out, STATE_NAME))
+        return False
+    m.created_by["part"] = info.label
+    try:
+        write_part_record(out, info, m, skipped)
+    except OSError as e:
+        raise output_error(e, out) from e
+    unlink_quiet(os.path.join(out, state))
+    return merge and merge_if_complete(out, info.count) is not None

@@ -39,13 +39,12 @@ from ._output_dir import (
     finished_dataset,
     prepare_out,
     unlink_quiet,
-    write_dataset_manifest,
 )
 from ._parts import PartInfo, part_prefix
 from ._shard_plan import PART_SAMPLES, plan_fingerprint, plan_shards, shuffled
 from ._sources import Listing, SampleSpec, Source, printable
 from ._summary import ShardSummary
-from ._writer import hidden, load_record, output_error
+from ._writer import hidden, load_record
 
 log = logger("feedpipe.convert")
 Records = dict[int, tuple[ShardRecord, list[tuple[str, str]], set[str]]]
@@ -261,21 +260,9 @@ def _commit(out: str, opts: ShardOptions, m: Manifest, listing: Listing,
     This is the run's commit point: a Ctrl-C from here on is noted, not raised (see
     :func:`_under_lock`), so the files that only a resume needed are removed in full."""
     commit_point_reached()
-    if part_info is None:
-        write_dataset_manifest(out, m)
-        for name in names:
-            unlink_quiet(os.path.join(out, f".{name}.record.json"))
-        unlink_quiet(os.path.join(out, STATE_NAME))
-        return False
-    from ._merge import merge_if_complete, write_part_record
+    from ._merge import commit_manifest
 
-    m.created_by["part"] = part_info.label
-    skipped = len(listing_skipped(listing, opts.on_error))
-    try:
-        write_part_record(out, part_info, m, skipped)
-    except OSError as e:
-        raise output_error(e, out) from e
-    unlink_quiet(os.path.join(out, state))  # shard records stay: --resume reuses them
-    return opts.merge and merge_if_complete(out, part_info.count) is not None
+    skipped = 0 if part_info is None else len(listing_skipped(listing, opts.on_error))
+    return commit_manifest(out, m, part_info, names, state, merge=opts.merge, skipped=skipped)
 
 

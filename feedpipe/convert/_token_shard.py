@@ -34,7 +34,7 @@ from ..format._index import index_path, parse_index
 from ..format._manifest import Manifest, ShardRecord
 from ..transforms._tokenizer import TokenizerRef
 from ._executors import Executor, Job, PoolExecutor, SerialExecutor
-from ._merge import merge_if_complete, write_part_record
+from ._merge import commit_manifest
 from ._merge import state_name as part_state_name
 from ._output_dir import (
     STATE_NAME,
@@ -44,7 +44,6 @@ from ._output_dir import (
     prepare_out,
     take_lock,
     unlink_quiet,
-    write_dataset_manifest,
 )
 from ._parts import PartInfo, parse_part, part_prefix, part_range, part_tag
 from ._shard_plan import plan_fingerprint
@@ -53,7 +52,7 @@ from ._summary import ShardSummary
 from ._text_inputs import DEFAULT_CHUNK_BYTES, list_inputs, list_units
 from ._token_dataset import dataset_plan, is_hf_dataset
 from ._token_writer import FIELD, NPY_HEADER, TokenSource, lengths_name, save_lengths
-from ._writer import hidden, load_record, output_error
+from ._writer import hidden, load_record
 
 log = logger("feedpipe.convert")
 METHOD = "tokenize"
@@ -196,7 +195,7 @@ def _run(src: str, out: str, source: TokenSource, units: list[Any], options: dic
         raise InputError(f"{printable(src)}: no document to write ({len(m.skipped)} bad "
                          "record(s) left out); point SRC at the text and --text-field at its "
                          "field")
-    merged = _commit(out, m, info, names, state, merge)
+    merged = commit_manifest(out, m, info, names, state, merge=merge, skipped=0)
     return _summary(out, m, [names[i] for i in kept], reused, written, executor.describe(),
                     t0, info, merged=merged)
 
@@ -286,25 +285,6 @@ def _write_lengths(out: str, names: list[str], todo: list[int], kept: list[int],
             written += int(lengths.sum())
         save_lengths(out, name, lengths)
     return written
-
-
-def _commit(out: str, m: Manifest, info: PartInfo | None, names: list[str], state: str,
-            merge: bool) -> bool:
-    """The manifest (a part: its record, and the manifest once every part is in); whether
-    this run merged the parts."""
-    if info is None:
-        write_dataset_manifest(out, m)
-        for name in names:
-            unlink_quiet(os.path.join(out, f".{name}.record.json"))
-        unlink_quiet(os.path.join(out, STATE_NAME))
-        return False
-    m.created_by["part"] = info.label
-    try:
-        write_part_record(out, info, m, 0)
-    except OSError as e:
-        raise output_error(e, out) from e
-    unlink_quiet(os.path.join(out, state))
-    return merge and merge_if_complete(out, info.count) is not None
 
 
 def bad_record_counts(skipped: list[dict[str, str]]) -> dict[str, int]:

@@ -16,7 +16,6 @@ format is opened lazily by Pillow (its header only) where Pillow is installed.
 from __future__ import annotations
 
 import io
-import mmap
 import os
 import struct
 from collections.abc import Sequence
@@ -24,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from .._helpers.storage import is_local, local_path, open_binary
+from .._helpers.storage import is_local, local_path
 from .._redact import logger
 from ..errors import InputError
 from ._image_fields import IMAGE_FIELDS, image_extension
-from ._index import index_from_tar, index_path, parse_index
-from ._manifest import join, load_manifest
+from ._manifest import join
+from ._sidecars import read_mapped, read_sidecar, record_beside, sidecar_path, write_sidecar
 
 log = logger("feedpipe.sizes")
 
@@ -41,8 +40,7 @@ NO_SIZE = (-1, -1)
 
 def sizes_path(shard_path: str) -> str:
     """``.../data-000000.tar`` -> ``.../data-000000.sizes.npy``."""
-    stem = shard_path[:-4] if shard_path.endswith(".tar") else shard_path
-    return f"{stem}.sizes.npy"
+    return sidecar_path(shard_path, ".sizes.npy")
 
 
 def _jpeg(b: memoryview) -> tuple[int, int] | None:
@@ -162,21 +160,14 @@ def has_images(idx: Any) -> bool:
 
 def write_sizes(path: str, sizes: np.ndarray) -> None:
     """Write a sizes file atomically (a reader never sees half of one)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, np.ascontiguousarray(sizes, dtype=np.int32), allow_pickle=False)
-    os.replace(tmp, path)
+    write_sidecar(path, sizes, np.int32)
 
 
 def sizes_of_file(tar_path: str, idx: Any) -> tuple[np.ndarray, int]:
     """:func:`index_sizes` of the local shard file ``tar_path``."""
     if not len(idx):
         return np.full((0, 2), -1, dtype=np.int32), 0
-    with open(tar_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        try:
-            return index_sizes(m, idx)
-        finally:
-            del m  # no view of the map outlives it
+    return read_mapped(tar_path, index_sizes, idx)
 
 
 def record_shard_sizes(out_dir: str, name: str, tar_path: str, idx: Any) -> None:
@@ -208,25 +199,8 @@ def record_image_sizes(root: str, *, overwrite: bool = False) -> dict[str, int]:
         raise InputError(f"{root}: image sizes are recorded beside the shards, in a local "
                          "directory; record them where the dataset is written, then copy it")
     root = local_path(root)
-    manifest = load_manifest(root)
-    scanned = images = unread = 0
-    for rec in manifest.shards:
-        tar = os.path.join(root, rec.name)
-        out = sizes_path(tar)
-        if os.path.exists(out) and not overwrite:
-            continue
-        ipath = index_path(tar)
-        if os.path.exists(ipath):
-            with open(ipath, "rb") as f:
-                idx = parse_index(f.read(), ipath)
-        else:
-            with open(tar, "rb") as f:
-                idx = index_from_tar(f, os.path.getsize(tar), tar)
-        sizes, bad = sizes_of_file(tar, idx)
-        write_sizes(out, sizes)
-        scanned += 1
-        images += int((sizes[:, 0] >= 0).sum())
-        unread += bad
+    scanned, images, unread = record_beside(root, ".sizes.npy", np.int32, sizes_of_file,
+                                            overwrite=overwrite)
     log.info("%s: recorded the image sizes of %d shard(s) (%d images, %d unread headers) "
              "beside them as <shard>.sizes.npy", root, scanned, images, unread)
     return {"shards": scanned, "images": images, "unread": unread}
@@ -244,11 +218,7 @@ def load_sizes(root: str, manifest: Any) -> np.ndarray:
     for rec in manifest.shards:
         path = join(root, sizes_path(rec.name))
         try:
-            if is_local(path):
-                a = np.load(local_path(path), allow_pickle=False)
-            else:
-                with open_binary(path) as f:
-                    a = np.load(io.BytesIO(f.read()), allow_pickle=False)
+            a = read_sidecar(path)
         except (OSError, ValueError) as e:
             raise InputError(f"{path}: no image sizes recorded for shard {rec.name} ({e}); "
                              "run feedpipe.record_image_sizes(dataset) once to record "

@@ -18,7 +18,6 @@ decodes a clip).
 from __future__ import annotations
 
 import io
-import mmap
 import os
 from collections.abc import Sequence
 from fractions import Fraction
@@ -29,8 +28,9 @@ import numpy as np
 from .._helpers.storage import is_local, local_path, open_binary
 from .._redact import logger
 from ..errors import InputError
-from ._index import index_from_tar, index_path, parse_index
-from ._manifest import join, load_manifest
+from ._index import index_path, parse_index
+from ._manifest import join
+from ._sidecars import read_mapped, read_sidecar, record_beside, sidecar_path, write_sidecar
 
 log = logger("feedpipe.video")
 
@@ -42,8 +42,7 @@ NO_FRAMES = (-1.0, -1.0, -1.0)
 
 def frames_path(shard_path: str) -> str:
     """``.../data-000000.tar`` -> ``.../data-000000.frames.npy``."""
-    stem = shard_path[:-4] if shard_path.endswith(".tar") else shard_path
-    return f"{stem}.frames.npy"
+    return sidecar_path(shard_path, ".frames.npy")
 
 
 def video_member(exts: Sequence[str]) -> int | None:
@@ -120,19 +119,12 @@ def frames_of_file(tar_path: str, idx: Any) -> tuple[np.ndarray, int]:
     from .._helpers.dependency import require
 
     require("av", extra="video", purpose="counting video frames")
-    with open(tar_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        try:
-            return index_frames(m, idx)
-        finally:
-            del m  # no view of the map outlives it
+    return read_mapped(tar_path, index_frames, idx)
 
 
 def write_frames(path: str, frames: np.ndarray) -> None:
     """Write a frames file atomically (a reader never sees half of one)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, np.ascontiguousarray(frames, dtype=np.float64), allow_pickle=False)
-    os.replace(tmp, path)
+    write_sidecar(path, frames, np.float64)
 
 
 _said_no_av: list[bool] = []
@@ -177,24 +169,8 @@ def record_video_frames(root: str, *, overwrite: bool = False) -> dict[str, int]
                          "local directory; record them where the dataset is written, then copy "
                          "it")
     root = local_path(root)
-    scanned = videos = unread = 0
-    for rec in load_manifest(root).shards:
-        tar = os.path.join(root, rec.name)
-        out = frames_path(tar)
-        if os.path.exists(out) and not overwrite:
-            continue
-        ipath = index_path(tar)
-        if os.path.exists(ipath):
-            with open(ipath, "rb") as f:
-                idx = parse_index(f.read(), ipath)
-        else:
-            with open(tar, "rb") as f:
-                idx = index_from_tar(f, os.path.getsize(tar), tar)
-        frames, bad = frames_of_file(tar, idx)
-        write_frames(out, frames)
-        scanned += 1
-        videos += int((frames[:, 0] >= 0).sum())
-        unread += bad
+    scanned, videos, unread = record_beside(root, ".frames.npy", np.float64, frames_of_file,
+                                            overwrite=overwrite)
     log.info("%s: recorded the frame counts of %d shard(s) (%d videos, %d unread) beside them "
              "as <shard>.frames.npy", root, scanned, videos, unread)
     return {"shards": scanned, "videos": videos, "unread": unread}
@@ -230,11 +206,7 @@ def load_frames(root: str, manifest: Any) -> np.ndarray | None:
     for rec in manifest.shards:
         path = join(root, frames_path(rec.name))
         try:
-            if is_local(path):
-                a = np.load(local_path(path), allow_pickle=False)
-            else:
-                with open_binary(path) as f:
-                    a = np.load(io.BytesIO(f.read()), allow_pickle=False)
+            a = read_sidecar(path)
         except (OSError, ValueError):
             if _shard_has_videos(root, rec.name):
                 return None

@@ -1,0 +1,89 @@
+"""Per-shard sidecar arrays: a ``.npy`` file beside each shard with one row per sample (image
+sizes, video frame counts), written atomically at shard time or by a one-time scan of a dataset
+sharded before, and read back by a planner that must not open the samples themselves.
+
+What each sidecar holds, and how a row is computed, is its own module's business
+(:mod:`._image_sizes`, :mod:`._video_frames`); the file handling they share is here.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._helpers.storage import is_local, local_path, open_binary
+from ._index import index_from_tar, index_path, parse_index
+from ._manifest import load_manifest
+
+
+def sidecar_path(shard_path: str, suffix: str) -> str:
+    """``.../data-000000.tar`` -> ``.../data-000000<suffix>`` (``suffix`` like ``.sizes.npy``)."""
+    stem = shard_path[:-4] if shard_path.endswith(".tar") else shard_path
+    return f"{stem}{suffix}"
+
+
+def write_sidecar(path: str, rows: np.ndarray, dtype: Any) -> None:
+    """Write a sidecar file atomically (a reader never sees half of one)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(rows, dtype=dtype), allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def read_sidecar(path: str) -> np.ndarray:
+    """The array in the sidecar file at ``path`` (local or remote).
+
+    Raises:
+        OSError: it cannot be read (missing included).
+        ValueError: it is not a ``.npy`` array without pickles.
+    """
+    if is_local(path):
+        return np.load(local_path(path), allow_pickle=False)
+    with open_binary(path) as f:
+        return np.load(io.BytesIO(f.read()), allow_pickle=False)
+
+
+def read_mapped(tar_path: str, rows_of: Callable[[Any, Any], Any], idx: Any) -> Any:
+    """``rows_of(map, idx)`` over the local shard file ``tar_path`` mapped read-only; no view of
+    the map outlives the call."""
+    with open(tar_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        try:
+            return rows_of(m, idx)
+        finally:
+            del m
+
+
+def local_index(tar_path: str) -> Any:
+    """The index of the local shard ``tar_path``: its ``.idx`` file, else a scan of the tar."""
+    ipath = index_path(tar_path)
+    if os.path.exists(ipath):
+        with open(ipath, "rb") as f:
+            return parse_index(f.read(), ipath)
+    with open(tar_path, "rb") as f:
+        return index_from_tar(f, os.path.getsize(tar_path), tar_path)
+
+
+def record_beside(root: str, suffix: str, dtype: Any,
+                  rows_of_file: Callable[[str, Any], tuple[np.ndarray, int]], *,
+                  overwrite: bool) -> tuple[int, int, int]:
+    """Write each shard's sidecar (``suffix``) of the local dataset ``root``, computed by
+    ``rows_of_file(tar_path, index) -> (rows, unread)``; a shard whose sidecar exists is left as
+    it is unless ``overwrite``. Returns ``(shards scanned, rows recorded, rows unread)``, a row
+    counting as recorded where its first column is not negative."""
+    scanned = recorded = unread = 0
+    for rec in load_manifest(root).shards:
+        tar = os.path.join(root, rec.name)
+        out = sidecar_path(tar, suffix)
+        if os.path.exists(out) and not overwrite:
+            continue
+        rows, bad = rows_of_file(tar, local_index(tar))
+        write_sidecar(out, rows, dtype)
+        scanned += 1
+        recorded += int((rows[:, 0] >= 0).sum())
+        unread += bad
+    return scanned, recorded, unread
