@@ -61,7 +61,7 @@ from .._helpers.cache_home import cache_home
 from .._helpers.file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
 from .._redact import cause, redact
 from ..format._manifest import ShardRecord
-from .l1._budget import Budget, scan
+from .l1._budget import Budget, Ledger, scan
 from .l1._entry import PARTS, Entry, NoSpace, Stopped, disk, entry_key
 from .l1._eviction import INF, Rank, evict_until, remove_leftovers
 
@@ -132,13 +132,23 @@ class ShardCache:
         self._prefilled: set[str] = set()
         self._made = False
         self._budget = Budget(self.path)
+        # the shard bytes :meth:`_room` let this process's fills send for before their
+        # reservation: other fills' room checks count them as taken
+        self._promised: dict[str, int] = {}
+        self._promise_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["stats"] = CacheStats()  # counters are per process
         state["_warned"] = set()
         state["_prefilled"] = set()
+        state["_promised"] = {}
+        state["_promise_lock"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._promise_lock = threading.Lock()
 
     # -- files and locks -------------------------------------------------------------------
     def _entry(self, url: str, rec: ShardRecord) -> Entry:
@@ -224,39 +234,103 @@ class ShardCache:
         return total
 
     # -- filling -------------------------------------------------------------------------
+    @staticmethod
+    def _before(key: str, rank: Rank, until: Rank | None, demand: bool) -> float | None:
+        """The next use before which a fill of ``key`` evicts nothing (``None``: no limit): a
+        prefetch, nothing needed before the shard it fetches; with the plan's ``until``, a fill
+        (a reader's too) nothing needed while its shard is still being read."""
+        end = until(key) if until is not None else INF
+        if demand:
+            return None if end == INF else end
+        return rank(key) if end == INF else max(rank(key), end)
+
+    def _room(self, entry: Entry, tar_bytes: int, rank: Rank, until: Rank | None,
+              demand: bool) -> bool:
+        """Whether :meth:`_reserve` would admit the shard now, asked before its ranges go out:
+        a refused fill must not have sent for bytes it then throws away. Evicts nothing (an
+        entry counts as evictable when its lock can be taken now)."""
+        if self.size is None:
+            return True
+        # under the ledger's lock, as a reservation is made: none is half made meanwhile
+        with self._budget.admission(self._open_lock), self._promise_lock:
+            if self._may_send(entry, tar_bytes, rank, until, demand):
+                self._promised[entry.key] = tar_bytes
+                return True
+        return False
+
+    def _may_send(self, entry: Entry, tar_bytes: int, rank: Rank, until: Rank | None,
+                  demand: bool) -> bool:
+        assert self.size is not None
+        entries, parts, other = self._scan()
+        total = sum(entries.values()) + parts + other + sum(self._promised.values())
+        if total + tar_bytes <= self.size:
+            return True
+
+        def probe(key: str) -> int | None:
+            fd = self._lock(key, EXCLUSIVE, block=False)
+            if fd is None:
+                return None
+            os.close(fd)
+            return entries[key]
+
+        left = evict_until(self.size - tar_bytes, entries, total, rank, probe, keep=entry.key,
+                           before=self._before(entry.key, rank, until, demand))
+        readers = max(1, self._budget.readers())
+        return left is not None and left + tar_bytes <= self.size + (
+            readers * tar_bytes if demand else 0)
+
+    def _unpromise(self, key: str) -> None:
+        with self._promise_lock:
+            self._promised.pop(key, None)
+
     def _reserve(self, entry: Entry, tar_bytes: int, idx: bytes | None, rank: Rank,
-                 demand: bool) -> bool:
+                 demand: bool, until: Rank | None = None) -> bool:
         """Admit a download (see the module docstring): make room, then create its ``.part``
-        files at their full size. False: a prefetch found no room, or a reader's download would
-        take the directory past ``size + readers x`` this download."""
+        files at their full size. False: no room without evicting an entry needed sooner
+        (:meth:`_before`), or a reader's download would take the directory past
+        ``size + readers x`` this download."""
         incoming = tar_bytes + (len(idx) if idx is not None else 0)
         with self._budget.admission(self._open_lock) as ledger:
-            entries, parts, other = self._scan()
-            own = sum(_size(entry.p(s)) for s in PARTS)  # replaced by this reservation
-            total = sum(entries.values()) + parts + other - own
-            readers = self._budget.readers()
-            if self.size is not None and total + incoming > self.size:
-                left = evict_until(self.size - incoming, entries, total, rank, self._evict,
-                                   keep=entry.key, before=None if demand else rank(entry.key))
-                if left is None:
-                    return False
-                total = left
-                if total + incoming > self.size + (readers * incoming if demand else 0):
-                    return False
-            entry.write_parts(tar_bytes, idx)
-            ledger.note(total + incoming, readers)
+            try:
+                return self._admit(entry, tar_bytes, idx, incoming, rank, demand, until, ledger)
+            finally:
+                self._unpromise(entry.key)  # its reservation (or refusal) takes its place
+
+    def _admit(self, entry: Entry, tar_bytes: int, idx: bytes | None, incoming: int,
+               rank: Rank, demand: bool, until: Rank | None, ledger: Ledger) -> bool:
+        entries, parts, other = self._scan()
+        own = sum(_size(entry.p(s)) for s in PARTS)  # replaced by this reservation
+        with self._promise_lock:  # the bytes other fills of this process were let send for
+            promised = sum(v for k, v in self._promised.items() if k != entry.key)
+        total = sum(entries.values()) + parts + other - own + promised
+        readers = self._budget.readers()
+        if self.size is not None and total + incoming > self.size:
+            left = evict_until(self.size - incoming, entries, total, rank, self._evict,
+                               keep=entry.key,
+                               before=self._before(entry.key, rank, until, demand))
+            if left is None:
+                return False
+            total = left
+            if total + incoming > self.size + (readers * incoming if demand else 0):
+                return False
+        entry.write_parts(tar_bytes, idx)
+        ledger.note(total - promised + incoming, readers)
         return True
 
     def _fill(self, entry: Entry, rank: Rank, demand: bool,
-              stop: threading.Event | None) -> str:
+              stop: threading.Event | None, until: Rank | None = None) -> str:
         """Under ``LOCK_EX``: ``"valid"`` (the entry was already there), ``"ok"`` (fetched),
         ``"refused"`` (no room within the budget's rules), ``"degraded"`` (the disk is full)."""
         try:
-            status = entry.fill(lambda b, idx: self._reserve(entry, b, idx, rank, demand), stop,
-                                lambda: self._budget.admission(self._open_lock))
+            status = entry.fill(
+                lambda b, idx: self._reserve(entry, b, idx, rank, demand, until), stop,
+                lambda: self._budget.admission(self._open_lock),
+                room=lambda b: self._room(entry, b, rank, until, demand))
         except NoSpace as e:
             self._degrade(entry.url, e.error)
             return "degraded"
+        finally:
+            self._unpromise(entry.key)
         if status == "ok":
             self.stats.fills += 1
             self.stats.bytes_fetched += entry.fetched
@@ -283,10 +357,10 @@ class ShardCache:
             "so that each reader holds fewer shards at once."))
 
     def prefetch_one(self, url: str, rec: ShardRecord, rank: Rank,
-                     stop: threading.Event | None = None) -> str:
+                     stop: threading.Event | None = None, until: Rank | None = None) -> str:
         """Fill an entry in the background: ``"ok"``, ``"busy"`` (someone else is filling it),
-        ``"skipped"`` (no room without evicting a shard needed sooner) or ``"degraded"``. Never
-        waits for a lock."""
+        ``"skipped"`` (no room without evicting a shard needed sooner, or, with ``until``,
+        needed while this one is still read) or ``"degraded"``. Never waits for a lock."""
         self._ensure_dir()
         entry = self._entry(url, rec)
         try:
@@ -299,7 +373,7 @@ class ShardCache:
         try:
             if entry.valid():
                 return "ok"
-            status = self._fill(entry, rank, demand=False, stop=stop)
+            status = self._fill(entry, rank, demand=False, stop=stop, until=until)
             if status == "ok":  # before the lock goes: a reader waits for it, then looks
                 self._prefilled.add(entry.key)
         except Stopped:
@@ -311,12 +385,14 @@ class ShardCache:
         return {"valid": "ok", "refused": "skipped"}.get(status, status)
 
     def acquire(self, url: str, rec: ShardRecord, rank: Rank | None = None, *,
-                quiet: bool = False) -> Lease | None:
+                quiet: bool = False, until: Rank | None = None) -> Lease | None:
         """The cached shard, filled first if needed, held in use until the lease is released;
         ``None`` when it cannot be cached now (the directory is full, or the budget is taken by
         shards in use: see the module docstring): read ``url`` directly then. ``quiet``: a
         refusal for the budget is neither warned of nor counted (a caller that frees entries
-        it holds and asks again).
+        it holds and asks again). ``until``: an entry's end of use from its next use on (the
+        plan's :meth:`~feedpipe.caches._prefetch.Prefetcher.busy_until`): the fill evicts no
+        entry needed before its shard's end of use, and reads the shard uncached instead.
 
         Waits while another thread or process fills the same entry (one download per node).
         Counts this process among the cache's readers until :meth:`trim`.
@@ -324,12 +400,13 @@ class ShardCache:
         self._ensure_dir()
         try:
             disk(self.path, self._budget.register)
-            return self._acquire(self._entry(url, rec), rank or (lambda k: INF), quiet)
+            return self._acquire(self._entry(url, rec), rank or (lambda k: INF), quiet, until)
         except NoSpace as e:  # not even a lock file fits
             self._degrade(url, e.error)
             return None
 
-    def _acquire(self, entry: Entry, rank: Rank, quiet: bool = False) -> Lease | None:
+    def _acquire(self, entry: Entry, rank: Rank, quiet: bool = False,
+                 until: Rank | None = None) -> Lease | None:
         tar, lockfile = entry.p(".tar"), entry.p(".lock")
         wait = threading.Event()
         for attempt in range(200):
@@ -349,7 +426,7 @@ class ShardCache:
                 wait.wait(min(0.05, 0.0005 * 2 ** min(attempt, 7)))
                 continue
             try:
-                status = self._fill(entry, rank, demand=True, stop=None)
+                status = self._fill(entry, rank, demand=True, stop=None, until=until)
                 if status in ("degraded", "refused"):
                     os.close(fd)
                     if status == "refused" and quiet:
