@@ -63,7 +63,7 @@ from .._redact import cause, redact
 from ..format._manifest import ShardRecord
 from .l1._budget import Budget, Ledger, scan
 from .l1._entry import PARTS, Entry, NoSpace, Stopped, disk, entry_key
-from .l1._eviction import INF, Rank, evict_until, remove_leftovers
+from .l1._eviction import INF, Rank, evict_until, fill_limit, remove_leftovers
 
 if TYPE_CHECKING:
     from ._stats import TierStats
@@ -234,50 +234,32 @@ class ShardCache:
         return total
 
     # -- filling -------------------------------------------------------------------------
-    @staticmethod
-    def _before(key: str, rank: Rank, until: Rank | None, demand: bool) -> float | None:
-        """The next use before which a fill of ``key`` evicts nothing (``None``: no limit): a
-        prefetch, nothing needed before the shard it fetches; with the plan's ``until``, a fill
-        (a reader's too) nothing needed while its shard is still being read."""
-        end = until(key) if until is not None else INF
-        if demand:
-            return None if end == INF else end
-        return rank(key) if end == INF else max(rank(key), end)
-
     def _room(self, entry: Entry, tar_bytes: int, rank: Rank, until: Rank | None,
               demand: bool) -> bool:
-        """Whether :meth:`_reserve` would admit the shard now, asked before its ranges go out:
-        a refused fill must not have sent for bytes it then throws away. Evicts nothing (an
-        entry counts as evictable when its lock can be taken now)."""
+        """Whether :meth:`_reserve` would admit the shard now, asked before its ranges go out
+        (a refused fill must not have sent for bytes it throws away); if so, its bytes are
+        promised. Evicts nothing: an entry counts as evictable when its lock can be taken."""
         if self.size is None:
             return True
         # under the ledger's lock, as a reservation is made: none is half made meanwhile
         with self._budget.admission(self._open_lock), self._promise_lock:
-            if self._may_send(entry, tar_bytes, rank, until, demand):
-                self._promised[entry.key] = tar_bytes
-                return True
-        return False
+            entries, parts, other = self._scan()
+            total = sum(entries.values()) + parts + other + sum(self._promised.values())
+            left = evict_until(self.size - tar_bytes, entries, total, rank,
+                               lambda k: entries[k] if self._unused(k) else None, keep=entry.key,
+                               before=fill_limit(rank(entry.key), until, entry.key, demand))
+            slack = demand and until is None  # see _admit
+            room = self.size + (max(1, self._budget.readers()) * tar_bytes if slack else 0)
+            if left is None or left + tar_bytes > room:
+                return False
+            self._promised[entry.key] = tar_bytes
+        return True
 
-    def _may_send(self, entry: Entry, tar_bytes: int, rank: Rank, until: Rank | None,
-                  demand: bool) -> bool:
-        assert self.size is not None
-        entries, parts, other = self._scan()
-        total = sum(entries.values()) + parts + other + sum(self._promised.values())
-        if total + tar_bytes <= self.size:
-            return True
-
-        def probe(key: str) -> int | None:
-            fd = self._lock(key, EXCLUSIVE, block=False)
-            if fd is None:
-                return None
+    def _unused(self, key: str) -> bool:
+        fd = self._lock(key, EXCLUSIVE, block=False)
+        if fd is not None:
             os.close(fd)
-            return entries[key]
-
-        left = evict_until(self.size - tar_bytes, entries, total, rank, probe, keep=entry.key,
-                           before=self._before(entry.key, rank, until, demand))
-        readers = max(1, self._budget.readers())
-        return left is not None and left + tar_bytes <= self.size + (
-            readers * tar_bytes if demand else 0)
+        return fd is not None
 
     def _unpromise(self, key: str) -> None:
         with self._promise_lock:
@@ -307,11 +289,14 @@ class ShardCache:
         if self.size is not None and total + incoming > self.size:
             left = evict_until(self.size - incoming, entries, total, rank, self._evict,
                                keep=entry.key,
-                               before=self._before(entry.key, rank, until, demand))
+                               before=fill_limit(rank(entry.key), until, entry.key, demand))
             if left is None:
                 return False
             total = left
-            if total + incoming > self.size + (readers * incoming if demand else 0):
+            # a reader's fill may pass the budget by a shard per reader, unless the plan says what
+            # to keep (``until``): a shard read uncached then costs its samples' bytes, once
+            slack = demand and until is None
+            if total + incoming > self.size + (readers * incoming if slack else 0):
                 return False
         entry.write_parts(tar_bytes, idx)
         ledger.note(total - promised + incoming, readers)
@@ -347,8 +332,15 @@ class ShardCache:
                            f"while caching {url}; reading such shards directly from the source "
                            "instead (uncached range reads). Free space there or lower cache_size.")
 
-    def _over_budget(self, url: str) -> None:
+    def _over_budget(self, url: str, planned: bool) -> None:
         self.stats.over_budget += 1
+        if planned:
+            self._warn("budget", (
+                f"{self.path}: cache_size ({self.size} bytes) is taken by shards that the plan "
+                f"reads again before it is done with {url}; reading such shards uncached (a "
+                "range request per sample, each sample's bytes once) rather than evict one "
+                "that would be fetched again. Raise cache_size to cache more of the dataset."))
+            return
         self._warn("budget", (
             f"{self.path}: cache_size ({self.size} bytes) is taken by shards that the "
             f"{self._budget.readers()} processes reading through this cache hold in use; "
@@ -433,7 +425,7 @@ class ShardCache:
                         return None
                     self.stats.misses += 1
                     if status == "refused":
-                        self._over_budget(entry.url)
+                        self._over_budget(entry.url, until is not None)
                     return None
                 relock(fd, SHARED)  # not atomic: re-check what we hold
             except BaseException:
@@ -460,25 +452,6 @@ def _size(path: str) -> int:
         return 0
 
 
-def make_cache(cache_dir: Any, cache_size: Any, url: str | None = None) -> ShardCache | None:
-    """The cache of ``FeedDataset(cache_dir=..., cache_size=...)``: ``None``: none, or for a
-    remote ``url`` the process's read-ahead directory (:func:`readahead_cache`); ``False``:
-    none at all; ``True`` or ``"auto"``: :func:`default_cache_dir`; a path; or a
-    :class:`ShardCache`."""
-    if cache_dir is None or cache_dir is False:
-        if cache_size is not None:
-            raise ValueError("cache_size= needs cache_dir= (a directory, or True for the default)")
-        if cache_dir is None and url is not None and "://" in url \
-                and not url.startswith("file://"):
-            return readahead_cache(url)
-        return None
-    if isinstance(cache_dir, ShardCache):
-        if cache_size is not None:
-            raise ValueError("give the byte budget to the ShardCache, not cache_size=")
-        return cache_dir
-    return ShardCache(cache_dir_path(cache_dir), cache_size)
-
-
 def cache_dir_path(cache_dir: Any) -> str:
     """The directory a ``cache_dir=`` value names (``True``/``"auto"``: the default)."""
     if isinstance(cache_dir, ShardCache):
@@ -486,48 +459,3 @@ def cache_dir_path(cache_dir: Any) -> str:
     if cache_dir is True or cache_dir == "auto":
         return default_cache_dir()
     return os.path.abspath(os.fspath(cache_dir))
-
-
-READAHEAD_BYTES = 2 * 10**9  # the read-ahead directory's budget, at most (and half its disk)
-_readahead: list[ShardCache] = []  # this process's read-ahead cache, made on first use
-_readahead_said: set[str] = set()  # the datasets whose record this process gave
-
-
-def readahead_cache(url: str) -> ShardCache:
-    """The read-ahead of a remote dataset read without ``cache_dir``: a temporary shard cache
-    (under ``$TMPDIR``, removed when the process that made it exits) whose budget is
-    ``FEEDPIPE_READAHEAD_BYTES`` (default 2 GB, at most half the free space there). Whole shards
-    are fetched ahead of the reader in concurrent ranges, as with a ``cache_dir``, instead of one
-    request per sample; nothing is kept across runs. Said in a log record."""
-    import atexit
-    import shutil
-    import tempfile
-
-    from .._helpers.sizes import format_size, parse_size
-    from .._redact import logger
-
-    if not _readahead:
-        path = tempfile.mkdtemp(prefix="feedpipe-readahead-")
-        free = shutil.disk_usage(path).free
-        size = parse_size(os.environ.get("FEEDPIPE_READAHEAD_BYTES", str(READAHEAD_BYTES)))
-        size = max(1, min(size, free // 2))
-        _readahead.append(ShardCache(path, size))
-        atexit.register(_remove_readahead, path, os.getpid())
-    cache = _readahead[0]
-    if url not in _readahead_said:  # once per dataset and process
-        _readahead_said.add(url)
-        logger("feedpipe.cache").warning(
-            "%s: no cache_dir= was given: remote shards are read whole, in concurrent ranges, "
-            "into a temporary read-ahead directory (%s, at most %s, removed at exit) rather than "
-            "one request per sample; pass cache_dir= (a directory, or True for %s) to keep them "
-            "across runs, or cache_dir=False to read each sample by its own range request",
-            redact(url), cache.path, format_size(cache.size or 0), default_cache_dir())
-    return cache
-
-
-def _remove_readahead(path: str, pid: int) -> None:
-    """At exit of the process that made the read-ahead directory (not of a forked child)."""
-    import shutil
-
-    if os.getpid() == pid:
-        shutil.rmtree(path, ignore_errors=True)

@@ -141,7 +141,8 @@ class ShardSet:
                 for done in clock.done_with(list(self._leases)):  # out of use: evictable
                     self._close(done)
             rank = clock.rank if clock is not None else None
-            until = clock.busy_until if clock is not None else None
+            # (a gzip shard must be cached to be read: it keeps the over-budget allowance)
+            until = clock.busy_until if clock is not None and not packed else None
             lease = cache.acquire(url, rec, rank, quiet=packed and bool(self._leases),
                                   until=until)
             if lease is None and packed and self._leases:
