@@ -31,15 +31,20 @@ served.
 
 **Budget** (``size`` bytes: the apparent size of every file in the directory: entries, downloads
 under way, manifest copies, the ledger). Admissions are serialised node-wide, and a download
-reserves its full size when it starts. A fill first makes room: it evicts unlocked entries, the
-one needed furthest ahead first (:mod:`feedpipe.caches.l1._eviction`). When the entries in use
-leave no room, a reader's download (never a prefetch) still goes ahead if the directory then
-holds at most ``size + R x`` that shard. ``R`` is the number of processes reading through the
-directory at that moment (every DataLoader worker of every rank is one). Else that shard is read
-from the source with range requests, uncached, with a warning once per process. So, at every
-moment a download starts::
+reserves its full size when it starts; its ranges go out only once it would be admitted
+(:meth:`ShardCache._room`), so a refused fill sends for nothing. A fill first makes room: it
+evicts unlocked entries, the one needed furthest ahead first
+(:mod:`feedpipe.caches.l1._eviction`), and never one the plan reads again before its own shard's
+end of use (:func:`~feedpipe.caches.l1._eviction.fill_limit`): that shard is read uncached
+instead, its samples' bytes once. Such a plan-aware fill never takes the directory past
+``size``. Without the plan (and for a gzip shard, which must be cached), when the entries in
+use leave no room, a reader's download (never a prefetch) still goes ahead if the directory then
+holds at most ``size + R x`` that shard, ``R`` being the processes reading through the directory
+at that moment (every DataLoader worker of every rank is one). Else the shard is read from the
+source with range requests, uncached, with a warning once per process. So, at every moment a
+download starts::
 
-    bytes in the directory <= size + R x the largest entry (shard + index)
+    bytes in the directory <= size + R x the largest entry (shard + index)   (<= size with a plan)
 
 and ``<= size`` once nothing is in use and :meth:`ShardCache.trim` ran (each iterator runs it
 when it ends). A prefetch never exceeds the budget and never evicts a shard needed sooner than
