@@ -123,3 +123,28 @@ def test_half_cache_global_shuffle_sends_each_byte_about_once(remote, tmp_path: 
     # epoch 1 keeps what epoch 0 cached: about half the bytes are hits (at least a third here:
     # a budget of half the bytes holds at least half the shards less one)
     assert sent[1] <= total - (budget - biggest), (sent, total)
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.5, 0.7])
+def test_a_plan_aware_cache_never_passes_its_budget(tmp_path: Path, fraction: float) -> None:
+    """The ledger's peak (the largest directory size any admission produced) against budgets
+    that are no whole number of shards, under a global shuffle read from ``memory://``."""
+    import fsspec
+
+    make_records(str(tmp_path / "src"), count=70, size=20_000, per_dir=1000, seed=7)
+    feedpipe.shard(str(tmp_path / "src"), str(tmp_path / "ds"), max_samples=10, workers=1,
+                   show_progress=False)
+    url = f"memory://half-cache-{int(fraction * 10)}/ds"
+    fsspec.filesystem("memory").put(str(tmp_path / "ds"), url, recursive=True)
+    try:
+        total = sum(r.bytes for r in feedpipe.load_manifest(str(tmp_path / "ds")).shards)
+        budget = int(total * fraction)
+        ds = FeedDataset(url, shuffle=True, seed=3, cache_dir=tmp_path / "c", cache_size=budget)
+        want = sorted(s["__key__"] for s in FeedDataset(str(tmp_path / "ds")))
+        with pytest.warns(RuntimeWarning, match="uncached"):  # said once per process
+            for epoch in (0, 1):
+                ds.set_epoch(epoch)
+                assert sorted(s["__key__"] for s in ds) == want
+        assert 0 < ds.cache.usage()["peak_bytes"] <= budget
+    finally:
+        fsspec.filesystem("memory").rm(url.rsplit("/", 1)[0], recursive=True)
