@@ -3,11 +3,12 @@ real store on 127.0.0.1, in its own process, whose counters count the bytes it s
 store sends in an epoch, per shard and in all, the budget sampled in the cache directory, and
 every sample exactly once. Counts only, never timings.
 
-The bound: a shard the budget keeps is fetched whole once (its bytes, once); a shard it cannot
-keep is read sample by sample (its samples' bytes, once each). So an epoch sends the dataset's
-bytes plus the first batch's early range reads (tests/test_remote_first_batch.py: at most one
-batch of samples read by range before their shards arrive) and each shard's index once per
-open, and a refused fill sends nothing of its shard."""
+The bound on a shard's bytes (its .tar; indexes and the manifest are counted apart): a shard
+the budget keeps is fetched whole once; a shard it cannot keep is read sample by sample, each
+sample's bytes once; a refused fill sends nothing of its shard. The only bytes sent twice are
+those of the epoch's first batch read by range before their shards arrive
+(tests/test_remote_first_batch.py; a FeedDataset iterated alone reads batches of one sample).
+So an epoch sends at most the dataset's tar bytes plus one sample."""
 
 from __future__ import annotations
 
@@ -109,8 +110,8 @@ def test_half_cache_global_shuffle_sends_each_byte_about_once(remote, tmp_path: 
             store.reset()
             keys, peak = _epoch(ds, cache)
             assert sorted(keys) == want  # every sample exactly once
-            # the budget held at every moment sampled (the reader's over-budget allowance, one
-            # shard per reader, is for shards in use, which a half budget never needs here)
+            # the budget held at every moment sampled (a reader with a plan takes no over-budget
+            # allowance: a shard with no room is read uncached)
             assert peak <= budget
             per = {p: v for p, v in store.stats()["per_object"].items() if p.endswith(".tar")}
             for p, v in per.items():
@@ -120,6 +121,7 @@ def test_half_cache_global_shuffle_sends_each_byte_about_once(remote, tmp_path: 
                 assert v["bytes"] <= sizes[p] + biggest // 12 + 1, (epoch, p, v, sizes[p])
             sent.append(sum(v["bytes"] for v in per.values()))
             assert sent[-1] <= total + biggest // 12 + 1, (epoch, sent[-1], total)
+    assert ds.cache.stats.evictions == 0  # nothing fetched was let go for a later shard
     # epoch 1 keeps what epoch 0 cached: about half the bytes are hits (at least a third here:
     # a budget of half the bytes holds at least half the shards less one)
     assert sent[1] <= total - (budget - biggest), (sent, total)
