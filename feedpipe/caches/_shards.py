@@ -141,6 +141,7 @@ class ShardCache:
         # reservation: other fills' room checks count them as taken
         self._promised: dict[str, int] = {}
         self._promise_lock = threading.Lock()
+        self._promise_pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -149,11 +150,16 @@ class ShardCache:
         state["_prefilled"] = set()
         state["_promised"] = {}
         state["_promise_lock"] = None
+        state["_promise_pid"] = -1  # made anew in the process that unpickles it
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._promise_lock = threading.Lock()
+    def _promises(self) -> threading.Lock:
+        """The promises' lock of this process: a forked child (a DataLoader worker) starts
+        with none, and never with a lock that a thread of its parent held at the fork."""
+        if self._promise_pid != os.getpid():
+            self._promised, self._promise_lock = {}, threading.Lock()
+            self._promise_pid = os.getpid()
+        return self._promise_lock
 
     # -- files and locks -------------------------------------------------------------------
     def _entry(self, url: str, rec: ShardRecord) -> Entry:
@@ -247,7 +253,7 @@ class ShardCache:
         if self.size is None:
             return True
         # under the ledger's lock, as a reservation is made: none is half made meanwhile
-        with self._budget.admission(self._open_lock), self._promise_lock:
+        with self._budget.admission(self._open_lock), self._promises():
             entries, parts, other = self._scan()
             total = sum(entries.values()) + parts + other + sum(self._promised.values())
             left = evict_until(self.size - tar_bytes, entries, total, rank,
@@ -267,7 +273,7 @@ class ShardCache:
         return fd is not None
 
     def _unpromise(self, key: str) -> None:
-        with self._promise_lock:
+        with self._promises():
             self._promised.pop(key, None)
 
     def _reserve(self, entry: Entry, tar_bytes: int, idx: bytes | None, rank: Rank,
@@ -287,7 +293,7 @@ class ShardCache:
                rank: Rank, demand: bool, until: Rank | None, ledger: Ledger) -> bool:
         entries, parts, other = self._scan()
         own = sum(_size(entry.p(s)) for s in PARTS)  # replaced by this reservation
-        with self._promise_lock:  # the bytes other fills of this process were let send for
+        with self._promises():  # the bytes other fills of this process were let send for
             promised = sum(v for k, v in self._promised.items() if k != entry.key)
         total = sum(entries.values()) + parts + other - own + promised
         readers = self._budget.readers()
