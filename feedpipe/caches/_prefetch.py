@@ -93,6 +93,18 @@ class Prefetcher:
                     self._timeline = self._make_timeline()
         return self._timeline.next_use(shard, self.now)
 
+    def busy_until(self, key: str) -> float:
+        """Until when a cache entry's shard stays in use from its next use on: its last use by
+        this reader this epoch (known as far as the plan is listed), and at least the end of its
+        next use on the node's timeline. A fill of this shard must not evict an entry needed
+        before then: that entry would be fetched again while this one is still being read."""
+        shard = self._shard_of.get(key)
+        nxt = self.rank(key)
+        if shard is None or nxt == INF:
+            return nxt
+        assert self._timeline is not None  # made by rank()
+        return max(nxt, self._last.get(shard, -1), self._timeline.use_end(shard, self.now))
+
     def done_with(self, shards: Iterable[int]) -> list[int]:
         """Those of ``shards`` the reader will not read again this epoch (known once the whole
         epoch is listed): their maps can close, so that they leave use."""
@@ -192,6 +204,6 @@ class Prefetcher:
                 shard = self._seq[j]
             try:
                 self.cache.prefetch_one(self.urls[shard], self.records[shard], self.rank,
-                                        stop=self._stop)
+                                        stop=self._stop, until=self.busy_until)
             except BaseException as e:  # noqa: BLE001 - the reader fetches it and reports
                 self.errors.append(e)

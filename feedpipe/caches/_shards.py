@@ -31,15 +31,20 @@ served.
 
 **Budget** (``size`` bytes: the apparent size of every file in the directory: entries, downloads
 under way, manifest copies, the ledger). Admissions are serialised node-wide, and a download
-reserves its full size when it starts. A fill first makes room: it evicts unlocked entries, the
-one needed furthest ahead first (:mod:`feedpipe.caches.l1._eviction`). When the entries in use
-leave no room, a reader's download (never a prefetch) still goes ahead if the directory then
-holds at most ``size + R x`` that shard. ``R`` is the number of processes reading through the
-directory at that moment (every DataLoader worker of every rank is one). Else that shard is read
-from the source with range requests, uncached, with a warning once per process. So, at every
-moment a download starts::
+reserves its full size when it starts; its ranges go out only once it would be admitted
+(:meth:`ShardCache._room`), so a refused fill sends for nothing. A fill first makes room: it
+evicts unlocked entries, the one needed furthest ahead first
+(:mod:`feedpipe.caches.l1._eviction`), and never one the plan reads again before its own shard's
+end of use (:func:`~feedpipe.caches.l1._eviction.fill_limit`): that shard is read uncached
+instead, its samples' bytes once. Such a plan-aware fill never takes the directory past
+``size``. Without the plan (and for a gzip shard, which must be cached), when the entries in
+use leave no room, a reader's download (never a prefetch) still goes ahead if the directory then
+holds at most ``size + R x`` that shard, ``R`` being the processes reading through the directory
+at that moment (every DataLoader worker of every rank is one). Else the shard is read from the
+source with range requests, uncached, with a warning once per process. So, at every moment a
+download starts::
 
-    bytes in the directory <= size + R x the largest entry (shard + index)
+    bytes in the directory <= size + R x the largest entry (shard + index)   (<= size with a plan)
 
 and ``<= size`` once nothing is in use and :meth:`ShardCache.trim` ran (each iterator runs it
 when it ends). A prefetch never exceeds the budget and never evicts a shard needed sooner than
@@ -61,9 +66,9 @@ from .._helpers.cache_home import cache_home
 from .._helpers.file_lock import EXCLUSIVE, SHARED, Lease, lock, relock, same_file
 from .._redact import cause, redact
 from ..format._manifest import ShardRecord
-from .l1._budget import Budget, scan
+from .l1._budget import Budget, Ledger, scan
 from .l1._entry import PARTS, Entry, NoSpace, Stopped, disk, entry_key
-from .l1._eviction import INF, Rank, evict_until, remove_leftovers
+from .l1._eviction import INF, Rank, evict_until, fill_limit, remove_leftovers
 
 if TYPE_CHECKING:
     from ._stats import TierStats
@@ -132,13 +137,29 @@ class ShardCache:
         self._prefilled: set[str] = set()
         self._made = False
         self._budget = Budget(self.path)
+        # the shard bytes :meth:`_room` let this process's fills send for before their
+        # reservation: other fills' room checks count them as taken
+        self._promised: dict[str, int] = {}
+        self._promise_lock = threading.Lock()
+        self._promise_pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["stats"] = CacheStats()  # counters are per process
         state["_warned"] = set()
         state["_prefilled"] = set()
+        state["_promised"] = {}
+        state["_promise_lock"] = None
+        state["_promise_pid"] = -1  # made anew in the process that unpickles it
         return state
+
+    def _promises(self) -> threading.Lock:
+        """The promises' lock of this process: a forked child (a DataLoader worker) starts
+        with none, and never with a lock that a thread of its parent held at the fork."""
+        if self._promise_pid != os.getpid():
+            self._promised, self._promise_lock = {}, threading.Lock()
+            self._promise_pid = os.getpid()
+        return self._promise_lock
 
     # -- files and locks -------------------------------------------------------------------
     def _entry(self, url: str, rec: ShardRecord) -> Entry:
@@ -224,39 +245,88 @@ class ShardCache:
         return total
 
     # -- filling -------------------------------------------------------------------------
+    def _room(self, entry: Entry, tar_bytes: int, rank: Rank, until: Rank | None,
+              demand: bool) -> bool:
+        """Whether :meth:`_reserve` would admit the shard now, asked before its ranges go out
+        (a refused fill must not have sent for bytes it throws away); if so, its bytes are
+        promised. Evicts nothing: an entry counts as evictable when its lock can be taken."""
+        if self.size is None:
+            return True
+        # under the ledger's lock, as a reservation is made: none is half made meanwhile
+        with self._budget.admission(self._open_lock), self._promises():
+            entries, parts, other = self._scan()
+            total = sum(entries.values()) + parts + other + sum(self._promised.values())
+            left = evict_until(self.size - tar_bytes, entries, total, rank,
+                               lambda k: entries[k] if self._unused(k) else None, keep=entry.key,
+                               before=fill_limit(rank(entry.key), until, entry.key, demand))
+            slack = demand and until is None  # see _admit
+            room = self.size + (max(1, self._budget.readers()) * tar_bytes if slack else 0)
+            if left is None or left + tar_bytes > room:
+                return False
+            self._promised[entry.key] = tar_bytes
+        return True
+
+    def _unused(self, key: str) -> bool:
+        fd = self._lock(key, EXCLUSIVE, block=False)
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
+
+    def _unpromise(self, key: str) -> None:
+        with self._promises():
+            self._promised.pop(key, None)
+
     def _reserve(self, entry: Entry, tar_bytes: int, idx: bytes | None, rank: Rank,
-                 demand: bool) -> bool:
+                 demand: bool, until: Rank | None = None) -> bool:
         """Admit a download (see the module docstring): make room, then create its ``.part``
-        files at their full size. False: a prefetch found no room, or a reader's download would
-        take the directory past ``size + readers x`` this download."""
+        files at their full size. False: no room without evicting an entry needed sooner
+        (:meth:`_before`), or a reader's download would take the directory past
+        ``size + readers x`` this download."""
         incoming = tar_bytes + (len(idx) if idx is not None else 0)
         with self._budget.admission(self._open_lock) as ledger:
-            entries, parts, other = self._scan()
-            own = sum(_size(entry.p(s)) for s in PARTS)  # replaced by this reservation
-            total = sum(entries.values()) + parts + other - own
-            readers = self._budget.readers()
-            if self.size is not None and total + incoming > self.size:
-                left = evict_until(self.size - incoming, entries, total, rank, self._evict,
-                                   keep=entry.key, before=None if demand else rank(entry.key))
-                if left is None:
-                    return False
-                total = left
-                if total + incoming > self.size + (readers * incoming if demand else 0):
-                    return False
-            entry.write_parts(tar_bytes, idx)
-            ledger.note(total + incoming, readers)
+            try:
+                return self._admit(entry, tar_bytes, idx, incoming, rank, demand, until, ledger)
+            finally:
+                self._unpromise(entry.key)  # its reservation (or refusal) takes its place
+
+    def _admit(self, entry: Entry, tar_bytes: int, idx: bytes | None, incoming: int,
+               rank: Rank, demand: bool, until: Rank | None, ledger: Ledger) -> bool:
+        entries, parts, other = self._scan()
+        own = sum(_size(entry.p(s)) for s in PARTS)  # replaced by this reservation
+        with self._promises():  # the bytes other fills of this process were let send for
+            promised = sum(v for k, v in self._promised.items() if k != entry.key)
+        total = sum(entries.values()) + parts + other - own + promised
+        readers = self._budget.readers()
+        if self.size is not None and total + incoming > self.size:
+            left = evict_until(self.size - incoming, entries, total, rank, self._evict,
+                               keep=entry.key,
+                               before=fill_limit(rank(entry.key), until, entry.key, demand))
+            if left is None:
+                return False
+            total = left
+            # a reader's fill may pass the budget by a shard per reader, unless the plan says what
+            # to keep (``until``): a shard read uncached then costs its samples' bytes, once
+            slack = demand and until is None
+            if total + incoming > self.size + (readers * incoming if slack else 0):
+                return False
+        entry.write_parts(tar_bytes, idx)
+        ledger.note(total - promised + incoming, readers)
         return True
 
     def _fill(self, entry: Entry, rank: Rank, demand: bool,
-              stop: threading.Event | None) -> str:
+              stop: threading.Event | None, until: Rank | None = None) -> str:
         """Under ``LOCK_EX``: ``"valid"`` (the entry was already there), ``"ok"`` (fetched),
         ``"refused"`` (no room within the budget's rules), ``"degraded"`` (the disk is full)."""
         try:
-            status = entry.fill(lambda b, idx: self._reserve(entry, b, idx, rank, demand), stop,
-                                lambda: self._budget.admission(self._open_lock))
+            status = entry.fill(
+                lambda b, idx: self._reserve(entry, b, idx, rank, demand, until), stop,
+                lambda: self._budget.admission(self._open_lock),
+                room=lambda b: self._room(entry, b, rank, until, demand))
         except NoSpace as e:
             self._degrade(entry.url, e.error)
             return "degraded"
+        finally:
+            self._unpromise(entry.key)
         if status == "ok":
             self.stats.fills += 1
             self.stats.bytes_fetched += entry.fetched
@@ -273,8 +343,15 @@ class ShardCache:
                            f"while caching {url}; reading such shards directly from the source "
                            "instead (uncached range reads). Free space there or lower cache_size.")
 
-    def _over_budget(self, url: str) -> None:
+    def _over_budget(self, url: str, planned: bool) -> None:
         self.stats.over_budget += 1
+        if planned:
+            self._warn("budget", (
+                f"{self.path}: cache_size ({self.size} bytes) is taken by shards that the plan "
+                f"reads again before it is done with {url}; reading such shards uncached (a "
+                "range request per sample, each sample's bytes once) rather than evict one "
+                "that would be fetched again. Raise cache_size to cache more of the dataset."))
+            return
         self._warn("budget", (
             f"{self.path}: cache_size ({self.size} bytes) is taken by shards that the "
             f"{self._budget.readers()} processes reading through this cache hold in use; "
@@ -283,10 +360,10 @@ class ShardCache:
             "so that each reader holds fewer shards at once."))
 
     def prefetch_one(self, url: str, rec: ShardRecord, rank: Rank,
-                     stop: threading.Event | None = None) -> str:
+                     stop: threading.Event | None = None, until: Rank | None = None) -> str:
         """Fill an entry in the background: ``"ok"``, ``"busy"`` (someone else is filling it),
-        ``"skipped"`` (no room without evicting a shard needed sooner) or ``"degraded"``. Never
-        waits for a lock."""
+        ``"skipped"`` (no room without evicting a shard needed sooner, or, with ``until``,
+        needed while this one is still read) or ``"degraded"``. Never waits for a lock."""
         self._ensure_dir()
         entry = self._entry(url, rec)
         try:
@@ -299,7 +376,7 @@ class ShardCache:
         try:
             if entry.valid():
                 return "ok"
-            status = self._fill(entry, rank, demand=False, stop=stop)
+            status = self._fill(entry, rank, demand=False, stop=stop, until=until)
             if status == "ok":  # before the lock goes: a reader waits for it, then looks
                 self._prefilled.add(entry.key)
         except Stopped:
@@ -311,12 +388,14 @@ class ShardCache:
         return {"valid": "ok", "refused": "skipped"}.get(status, status)
 
     def acquire(self, url: str, rec: ShardRecord, rank: Rank | None = None, *,
-                quiet: bool = False) -> Lease | None:
+                quiet: bool = False, until: Rank | None = None) -> Lease | None:
         """The cached shard, filled first if needed, held in use until the lease is released;
         ``None`` when it cannot be cached now (the directory is full, or the budget is taken by
         shards in use: see the module docstring): read ``url`` directly then. ``quiet``: a
         refusal for the budget is neither warned of nor counted (a caller that frees entries
-        it holds and asks again).
+        it holds and asks again). ``until``: an entry's end of use from its next use on (the
+        plan's :meth:`~feedpipe.caches._prefetch.Prefetcher.busy_until`): the fill evicts no
+        entry needed before its shard's end of use, and reads the shard uncached instead.
 
         Waits while another thread or process fills the same entry (one download per node).
         Counts this process among the cache's readers until :meth:`trim`.
@@ -324,12 +403,13 @@ class ShardCache:
         self._ensure_dir()
         try:
             disk(self.path, self._budget.register)
-            return self._acquire(self._entry(url, rec), rank or (lambda k: INF), quiet)
+            return self._acquire(self._entry(url, rec), rank or (lambda k: INF), quiet, until)
         except NoSpace as e:  # not even a lock file fits
             self._degrade(url, e.error)
             return None
 
-    def _acquire(self, entry: Entry, rank: Rank, quiet: bool = False) -> Lease | None:
+    def _acquire(self, entry: Entry, rank: Rank, quiet: bool = False,
+                 until: Rank | None = None) -> Lease | None:
         tar, lockfile = entry.p(".tar"), entry.p(".lock")
         wait = threading.Event()
         for attempt in range(200):
@@ -349,14 +429,14 @@ class ShardCache:
                 wait.wait(min(0.05, 0.0005 * 2 ** min(attempt, 7)))
                 continue
             try:
-                status = self._fill(entry, rank, demand=True, stop=None)
+                status = self._fill(entry, rank, demand=True, stop=None, until=until)
                 if status in ("degraded", "refused"):
                     os.close(fd)
                     if status == "refused" and quiet:
                         return None
                     self.stats.misses += 1
                     if status == "refused":
-                        self._over_budget(entry.url)
+                        self._over_budget(entry.url, until is not None)
                     return None
                 relock(fd, SHARED)  # not atomic: re-check what we hold
             except BaseException:
@@ -383,25 +463,6 @@ def _size(path: str) -> int:
         return 0
 
 
-def make_cache(cache_dir: Any, cache_size: Any, url: str | None = None) -> ShardCache | None:
-    """The cache of ``FeedDataset(cache_dir=..., cache_size=...)``: ``None``: none, or for a
-    remote ``url`` the process's read-ahead directory (:func:`readahead_cache`); ``False``:
-    none at all; ``True`` or ``"auto"``: :func:`default_cache_dir`; a path; or a
-    :class:`ShardCache`."""
-    if cache_dir is None or cache_dir is False:
-        if cache_size is not None:
-            raise ValueError("cache_size= needs cache_dir= (a directory, or True for the default)")
-        if cache_dir is None and url is not None and "://" in url \
-                and not url.startswith("file://"):
-            return readahead_cache(url)
-        return None
-    if isinstance(cache_dir, ShardCache):
-        if cache_size is not None:
-            raise ValueError("give the byte budget to the ShardCache, not cache_size=")
-        return cache_dir
-    return ShardCache(cache_dir_path(cache_dir), cache_size)
-
-
 def cache_dir_path(cache_dir: Any) -> str:
     """The directory a ``cache_dir=`` value names (``True``/``"auto"``: the default)."""
     if isinstance(cache_dir, ShardCache):
@@ -409,48 +470,3 @@ def cache_dir_path(cache_dir: Any) -> str:
     if cache_dir is True or cache_dir == "auto":
         return default_cache_dir()
     return os.path.abspath(os.fspath(cache_dir))
-
-
-READAHEAD_BYTES = 2 * 10**9  # the read-ahead directory's budget, at most (and half its disk)
-_readahead: list[ShardCache] = []  # this process's read-ahead cache, made on first use
-_readahead_said: set[str] = set()  # the datasets whose record this process gave
-
-
-def readahead_cache(url: str) -> ShardCache:
-    """The read-ahead of a remote dataset read without ``cache_dir``: a temporary shard cache
-    (under ``$TMPDIR``, removed when the process that made it exits) whose budget is
-    ``FEEDPIPE_READAHEAD_BYTES`` (default 2 GB, at most half the free space there). Whole shards
-    are fetched ahead of the reader in concurrent ranges, as with a ``cache_dir``, instead of one
-    request per sample; nothing is kept across runs. Said in a log record."""
-    import atexit
-    import shutil
-    import tempfile
-
-    from .._helpers.sizes import format_size, parse_size
-    from .._redact import logger
-
-    if not _readahead:
-        path = tempfile.mkdtemp(prefix="feedpipe-readahead-")
-        free = shutil.disk_usage(path).free
-        size = parse_size(os.environ.get("FEEDPIPE_READAHEAD_BYTES", str(READAHEAD_BYTES)))
-        size = max(1, min(size, free // 2))
-        _readahead.append(ShardCache(path, size))
-        atexit.register(_remove_readahead, path, os.getpid())
-    cache = _readahead[0]
-    if url not in _readahead_said:  # once per dataset and process
-        _readahead_said.add(url)
-        logger("feedpipe.cache").warning(
-            "%s: no cache_dir= was given: remote shards are read whole, in concurrent ranges, "
-            "into a temporary read-ahead directory (%s, at most %s, removed at exit) rather than "
-            "one request per sample; pass cache_dir= (a directory, or True for %s) to keep them "
-            "across runs, or cache_dir=False to read each sample by its own range request",
-            redact(url), cache.path, format_size(cache.size or 0), default_cache_dir())
-    return cache
-
-
-def _remove_readahead(path: str, pid: int) -> None:
-    """At exit of the process that made the read-ahead directory (not of a forked child)."""
-    import shutil
-
-    if os.getpid() == pid:
-        shutil.rmtree(path, ignore_errors=True)

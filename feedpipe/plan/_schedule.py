@@ -97,6 +97,19 @@ class ShardTimeline:
         first = int(self._first[j])
         return first if first >= now else now
 
+    def use_end(self, shard: int, now: float) -> float:
+        """The last time of the bucket that :meth:`next_use` finds (``-1``: none): until then
+        ``shard`` is in use.
+
+        Example:
+            >>> t = node_timeline([(Plan((2, 2), shuffle=False), [Split(4, 1, 0)])], 2)
+            >>> t.use_end(0, 0), t.use_end(1, 0), t.use_end(0, 2)
+            (1, 3, -1)
+        """
+        lo, hi = int(self._ptr[shard]), int(self._ptr[shard + 1])
+        j = lo + int(np.searchsorted(self._last[lo:hi], now, side="left"))
+        return -1 if j >= hi else int(self._last[j])
+
 
 def node_timeline(
     segments: Sequence[tuple[Plan, Sequence[Split]]], num_shards: int, buckets: int = 256

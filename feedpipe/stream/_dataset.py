@@ -17,7 +17,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .._helpers.exit_close import closed_at_exit
 from .._redact import logger
 from ..caches._manifest_copy import load_manifest_cached
-from ..caches._shards import ShardCache, make_cache
+from ..caches._readahead import make_cache
+from ..caches._shards import ShardCache
 from ..caches.decoded._store import open_decoded_store
 from ..device._fallback import WarmupSource
 from ..errors import PlanError

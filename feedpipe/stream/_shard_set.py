@@ -141,14 +141,17 @@ class ShardSet:
                 for done in clock.done_with(list(self._leases)):  # out of use: evictable
                     self._close(done)
             rank = clock.rank if clock is not None else None
-            lease = cache.acquire(url, rec, rank, quiet=packed and bool(self._leases))
+            # (a gzip shard must be cached to be read: it keeps the over-budget allowance)
+            until = clock.busy_until if clock is not None and not packed else None
+            lease = cache.acquire(url, rec, rank, quiet=packed and bool(self._leases),
+                                  until=until)
             if lease is None and packed and self._leases:
                 # No room in the budget: the entries in use may be this process's own open
                 # shards (up to max_open). Let go of those no batch holds, so that the cache can
                 # evict them (it never evicts what a reader holds), and ask once more.
                 for s in [s for s in self._leases if s not in self._held]:
                     self._close(s)
-                lease = cache.acquire(url, rec, rank)
+                lease = cache.acquire(url, rec, rank, until=until)
             path = url if lease is None else lease.path  # None: cache full, read uncached
             if lease is None and packed:
                 raise OutputError(

@@ -59,6 +59,9 @@ def _packed(rec: Any) -> bool:
     return getattr(rec, "tar_bytes", None) is not None
 
 
+INDEX_ROOM = 128  # bytes an index line may take, about, per sample (a guess on the safe side)
+
+
 def _plain_size(rec: Any) -> int:
     """The size of the entry's ``.tar``: a gzip shard's plain tar, else the shard's."""
     return int(rec.tar_bytes) if _packed(rec) else int(rec.bytes)
@@ -182,7 +185,8 @@ class Entry:
 
     # -- filling -------------------------------------------------------------------------------
     def fill(self, reserve: Reserve, stop: threading.Event | None,
-             publishing: Callable[[], AbstractContextManager[Any]]) -> str:
+             publishing: Callable[[], AbstractContextManager[Any]],
+             room: Callable[[int], bool] | None = None) -> str:
         """Fetch what :meth:`check` found missing, check it, publish it: ``"valid"`` (nothing was
         missing), ``"ok"``, or ``"refused"`` (``reserve`` found no room). A file that keeps
         failing its check is fetched :data:`FETCH_ATTEMPTS` times, then named in a
@@ -194,6 +198,9 @@ class Entry:
             stop: set to abandon a prefetch.
             publishing: held while the checked files are renamed into place (the budget's
                 lock: a directory scan racing a rename could miss the file under both names).
+            room: whether ``reserve`` would admit the shard's bytes now: only then do its first
+                ranges go out before the index and the reservation (a refused fill sends for
+                nothing of the shard).
         """
         state = self.check()
         if state == "valid":
@@ -202,7 +209,10 @@ class Entry:
         need_tar = state == "all"
         problem = (url, "")
         # the shard's first ranges are asked for at once: they travel while the index does
-        early = self._ranges(stop) if need_tar else None
+        # (the index is not here yet: room for a generous one, so that a check that says yes
+        # is not refused by the reservation over the index's bytes)
+        ahead = need_tar and (room is None or room(_plain_size(rec) + INDEX_ROOM * rec.samples))
+        early = self._ranges(stop) if ahead else None
         try:
             for attempt in range(FETCH_ATTEMPTS):
                 idx = self._fetch_index(stop, again=attempt > 0)

@@ -70,6 +70,27 @@ def evict_until(budget: int, entries: dict[str, int], total: int, rank: Rank,
     return total
 
 
+def fill_limit(next_use: float, until: Rank | None, key: str, demand: bool) -> float | None:
+    """The ``before`` of a fill of entry ``key`` (:func:`evict_until`; ``None``: no limit).
+
+    A prefetch evicts nothing needed before its shard's ``next_use``. With the plan's ``until``
+    (an entry's end of use from its next use on), no fill, a reader's neither, evicts an entry
+    needed before its own shard's end of use: that entry would be fetched again while this one
+    is still read (with a global shuffle, every shard is read all epoch long: the fill reads
+    its shard uncached instead). Without ``until`` a reader's fill has no limit.
+
+    Example:
+        >>> fill_limit(5, None, "a", demand=False), fill_limit(5, None, "a", demand=True)
+        (5, None)
+        >>> fill_limit(5, {"a": 40}.get, "a", demand=True)
+        40
+    """
+    end = until(key) if until is not None else INF
+    if demand:
+        return None if end == INF else end
+    return next_use if end == INF else max(next_use, end)
+
+
 def remove_leftovers(root: str, try_lock: Callable[[str], int | None]) -> None:
     """Remove the downloads and temporary files that killed processes left in ``root``.
 
