@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from feedpipe import FeedDataset, FeedLoader, ShardFormatError
+from feedpipe import DecodeError, FeedDataset, FeedLoader, ShardFormatError
 
 
 def idx_files(root: Path) -> list[Path]:
@@ -129,6 +129,33 @@ def test_a_worker_killed_reading_a_cut_shard_is_the_named_error(sharded_copy: Pa
     with pytest.raises(ShardFormatError, match=r"data-000000\.tar: the shard changed") as e:
         list(ld)
     assert "a worker process died reading it" in str(e.value)
+
+
+class CutsItsShardAndFailsToDecode:
+    """A transform that, at sample ``at``, cuts that sample's shard in half and then fails as a
+    decoder fails on what it read (a member across the new end reads zeros in the last page,
+    no ``SIGBUS``): the race of a shard cut between a batch's size check and its decode, made
+    certain, where the decoder's error comes first."""
+
+    def __init__(self, root: str, at: int) -> None:
+        self.root, self.at = root, at
+
+    def __call__(self, sample: dict) -> int:
+        if sample["__index__"] == self.at:
+            tar = os.path.join(self.root, sample["__shard__"])
+            os.truncate(tar, os.path.getsize(tar) // 2)
+            raise DecodeError(f"sample {sample['__key__']!r} cannot be decoded")
+        return len(bytes(sample["jpg"]))
+
+
+def test_a_decode_error_in_a_worker_over_a_cut_shard_is_the_named_error(
+        sharded_copy: Path) -> None:
+    ds = FeedDataset(str(sharded_copy), transform=CutsItsShardAndFailsToDecode(
+        str(sharded_copy), at=3))
+    ld = FeedLoader(ds, batch_size=2, num_workers=1, route="samples-workers")
+    with pytest.raises(ShardFormatError, match=r"data-000000\.tar: the shard changed") as e:
+        list(ld)
+    assert "cannot be decoded" in str(e.value) and isinstance(e.value.__cause__, DecodeError)
 
 
 THREADS_SCRIPT = textwrap.dedent("""

@@ -393,9 +393,9 @@ class ShardCache:
         ``None`` when it cannot be cached now (the directory is full, or the budget is taken by
         shards in use: see the module docstring): read ``url`` directly then. ``quiet``: a
         refusal for the budget is neither warned of nor counted (a caller that frees entries
-        it holds and asks again). ``until``: an entry's end of use from its next use on (the
-        plan's :meth:`~feedpipe.caches._prefetch.Prefetcher.busy_until`): the fill evicts no
-        entry needed before its shard's end of use, and reads the shard uncached instead.
+        it holds and asks again). ``until``: an entry's end of use from its next use on (from
+        the plan, as the prefetcher knows it): the fill evicts no entry needed before its
+        shard's end of use, and reads the shard uncached instead.
 
         Waits while another thread or process fills the same entry (one download per node).
         Counts this process among the cache's readers until :meth:`trim`.

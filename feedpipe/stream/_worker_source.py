@@ -24,7 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .._helpers.fork_safety import default_start_method
 from .._helpers.parent_watch import exit_with
 from .._redact import logger
-from ..errors import ShardFormatError, StartMethodError
+from ..errors import DecodeError, ShardFormatError, StartMethodError
 from ._assembly import assemble
 from ._batch_loop import EpochReader, PartTimes, Skips
 from ._io import ZERO, IoTally
@@ -186,6 +186,20 @@ class WorkerBatches:
         self.resolver, self.release, self.pin = resolver, release, pin
         self.shards = shards  # to name a shard cut under a worker that died reading it
 
+    def _next(self, it: Iterator[Any]) -> Any:
+        """The workers' next message; a worker's death or decode error over a local shard cut
+        since the epoch began is the :class:`ShardFormatError` naming the shard (a read past a
+        cut's end is a ``SIGBUS``, or the zeros of its last page, which a decoder refuses)."""
+        try:
+            return next(it)
+        except (RuntimeError, DecodeError) as e:
+            why = self.shards.changed() if self.shards is not None else None
+            if why is None:
+                raise
+            how = ("died reading it" if not isinstance(e, DecodeError)
+                   else "'s decoder failed on what it read")
+            raise ShardFormatError(f"{why} (a worker process {how}: {e})") from e
+
     def __iter__(self) -> Iterator[Any]:
         route, stats = self.route, self.stats
         pids: set[int] = stats.setdefault("worker_pids", set())
@@ -203,15 +217,9 @@ class WorkerBatches:
         try:
             while True:
                 try:
-                    batch, meta = next(it)
+                    batch, meta = self._next(it)
                 except StopIteration:
                     break
-                except RuntimeError as e:  # a worker died: a shard cut under its map?
-                    why = self.shards.changed() if self.shards is not None else None
-                    if why is None:
-                        raise
-                    raise ShardFormatError(f"{why} (a worker process died reading it: {e})") \
-                        from e
                 stats["messages"] += 1
                 pids.add(meta.pid)
                 stats["skipped"] = stats.get("skipped", 0) + meta.skipped
