@@ -50,6 +50,7 @@ def test_demo_in_a_temp_dir_says_it_removes_it() -> None:
     assert lines[-1].startswith("verdict: OK")
 
 
+@pytest.mark.slow
 def test_demo_runs_again_in_the_same_workdir_with_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A second run with the same --workdir replaces the first run's output (it used to stop
     at `feedpipe shard` suggesting --resume, an option demo does not have)."""

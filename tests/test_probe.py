@@ -407,6 +407,7 @@ def test_a_batch_that_leaves_decoded_arrays_unstacked_says_so() -> None:
     assert not pp.describe_batch(collate(decoded))["tensors"].get("depth")
 
 
+@pytest.mark.slow
 def test_plot_panels_fit_what_was_measured(dataset: Path, tmp_path: Path) -> None:
     """A directory gets its small-file rates, not an empty sequential panel; legends sit below
     their axes, not over the curves; stage bars start at zero on a linear axis."""

@@ -38,6 +38,7 @@ def sizes_change_later(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_slow_server_that_shows_one_image_size_first_does_not_break_the_loader_stage(
         sizes_change_later: Path) -> None:
     """Over a server with a long round trip the read stage sees only the first few samples, all
@@ -91,6 +92,7 @@ def bucket(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["http", "s3"])
 def test_the_probe_measures_the_link_and_says_what_a_cold_epoch_needs(
         bucket: Path, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -85,7 +85,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("workers,transform", [(0, False), (2, False), (0, True), (2, True)])
+@pytest.mark.parametrize("workers,transform", [
+    (0, False), pytest.param(2, False, marks=pytest.mark.slow),
+    pytest.param(0, True, marks=pytest.mark.slow), (2, True)])
 def test_a_shard_truncated_in_place_is_an_error_not_a_signal(sharded_copy: Path, tmp_path: Path,
                                                              workers: int,
                                                              transform: bool) -> None:

@@ -157,6 +157,7 @@ def test_a_store_gone_briefly_is_waited_out(tmp_path: Path) -> None:
         assert loader.stats()["io"]["link"]["retries"] > 0
 
 
+@pytest.mark.slow
 def test_two_workers_and_a_resume_over_the_link_exactly_once(tmp_path: Path) -> None:
     ds = dataset(tmp_path, seed=17, count=96, per_shard=12)
     want = local_keys(ds)

@@ -39,7 +39,9 @@ def test_stop_save_new_process_resume_equals_uninterrupted(ds_path: str) -> None
         assert len(r["pids"][0]) == 2 and r["pid"] not in r["pids"][0]
 
 
-@pytest.mark.parametrize("world2,workers2", [(3, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("world2,workers2", [pytest.param(3, 1, marks=pytest.mark.slow),
+                                              pytest.param(1, 2, marks=pytest.mark.slow),
+                                              (2, 2)])
 def test_elastic_resume_delivers_the_rest_exactly_once(ds_path: str, world2: int,
                                                        workers2: int) -> None:
     first = run(path=ds_path, world=2, workers=2, batch=4, epoch=0, stop=3)

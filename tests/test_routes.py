@@ -80,8 +80,12 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("route", ALL)
-@pytest.mark.parametrize("world", [1, 2, 3])
+# three ranks of worker processes: in the slow run (CI runs it); one and two ranks by default
+WORLDS = [pytest.param(w, r, marks=[pytest.mark.slow] if w == 3 and "workers" in r else [],
+                       id=f"{w}-{r}") for w in (1, 2, 3) for r in ALL]
+
+
+@pytest.mark.parametrize(("world", "route"), WORLDS)
 def test_same_batches_as_the_reference_route(route: str, world: int, sharded: Path, store: str,
                                              tmp_path: Path) -> None:
     for workers in worker_counts(route):

@@ -133,7 +133,7 @@ def test_two_images_grouped_into_one_sample_are_announced_once(
     assert len([r for r in caplog.records if "image" in r.getMessage()]) == 1
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_an_output_directory_inside_the_source_is_skipped_never_a_class(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, workers: int) -> None:
     src = tmp_path / "src"
