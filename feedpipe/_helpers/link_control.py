@@ -48,7 +48,7 @@ class LinkController:
 
     Example:
         >>> c = LinkController(floor=2, ceiling=32, start=4)
-        >>> for _ in range(40):  # 1 MB ranges, 0.1 s each, 4 in flight: 40 MB/s
+        >>> for _ in range(40):  # made-up completions: ranges of 1 MiB that each took 0.1 s
         ...     c.complete(1 << 20, 0.1, 4 << 20, inflight=c.target)
         >>> 2 <= c.target <= 32 and c.rtt == 0.1
         True
