@@ -18,6 +18,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import _tokens
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,25 +36,13 @@ EOS = 1
 
 
 def _texts(n: int = 120) -> list[str]:
-    words = ["alpha", "beta", "gamma", "délta", "ε", "zeta", "the", "of", "🙂", "tok"]
-    rng = np.random.default_rng(7)
-    return [" ".join(words[k] for k in rng.integers(0, len(words), size=int(rng.integers(1, 40))))
-            + f" doc{i}" for i in range(n)]
+    return _tokens.texts(n, seed=7)
 
 
 @pytest.fixture(scope="module")
 def tok_path(tmp_path_factory):
     """A real BPE tokenizer trained on the corpus's words, saved as tokenizers JSON."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
-    tok.train_from_iterator(_texts(), trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["[UNK]", "<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(path))
-    return str(path)
+    return _tokens.train_tokenizer(_texts(), str(tmp_path_factory.mktemp("tok") / "tokenizer.json"))
 
 
 def _expected(tok_path: str, texts: list[str], eos: int | None = EOS) -> list[list[int]]:
