@@ -16,9 +16,9 @@ import subprocess
 import sys
 import textwrap
 
+import _tokens
 import numpy as np
 import pytest
-import _tokens
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

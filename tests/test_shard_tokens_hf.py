@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import os
 
+import _tokens
 import numpy as np
 import pytest
-import _tokens
 
 import feedpipe
 from feedpipe import shard_tokens
