@@ -67,6 +67,7 @@ _LAZY = {
     "CaptionTokens": "transforms._image_text",
     "DaliStage": "transforms._dali",
     "DaliBatch": "transforms._dali",
+    "DaliVideoStage": "transforms._dali_video",
     "image_decoders": "transforms._decode",
     "VideoClip": "transforms._video",
     "VideoInfo": "transforms._video",
@@ -196,6 +197,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_import.py keep
     from .stream._video import VideoClips
     from .transforms._bucket_crop import BucketCrop
     from .transforms._dali import DaliBatch, DaliStage
+    from .transforms._dali_video import DaliVideoStage
     from .transforms._decode import image_decoders
     from .transforms._image_text import CaptionTokens, ImageText
     from .transforms._pipeline import ImagePipeline, ImageSpec

@@ -112,6 +112,9 @@ class VideoClips(Source):
         cache: a :class:`~feedpipe.FunctionIndex` memoising the decoded clips, each keyed by its
             video's bytes and its draw (seed, epoch, video, clip): a run that reads the same
             epochs again (a restart, another job over the same clips) decodes none of them.
+        decoder: ``"pyav"`` (each clip decoded in the loader) or ``"dali"``: each clip's frame
+            numbers planned in the loader, its frames decoded by NVIDIA DALI batch by batch
+            (:class:`~feedpipe.DaliVideoStage`); the same clips either way.
 
     Example:
         >>> import feedpipe
@@ -127,7 +130,7 @@ class VideoClips(Source):
                  transform: Callable[[Any], Any] | None = None, on_error: str = "raise",
                  rank: int | None = None, world_size: int | None = None,
                  drop_last: bool = False, max_open_shards: int = 64,
-                 cache: Any = None) -> None:
+                 cache: Any = None, decoder: str = "pyav") -> None:
         self.url = str(url)
         self.manifest = load_manifest(self.url)
         self.seed = int(seed)
@@ -139,6 +142,10 @@ class VideoClips(Source):
                               clips=1 if every else int(clips_per_video), field=field,
                               on_error=on_error)
         decode = self.clip if cache is None else cache.wrap(self.clip)
+        if decoder != "pyav":  # the clips' frame numbers only: DaliVideoStage decodes them
+            from ..transforms._dali_video_host import host_plan
+
+            decode, transform = host_plan(decoder, self.clip, cache, transform), None
         self.transform = decode if transform is None else _Then(decode, transform)
         self.decode: dict[str, Any] = {}
         self.decoded = None
