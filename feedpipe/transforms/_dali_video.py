@@ -101,7 +101,8 @@ class DaliVideoStage:
 
     @property
     def device(self) -> torch.device:
-        """Where the frames are: ``cuda:<device_id>``, or the CPU with ``device_id=None``."""
+        """The device the stage's frames are on, ``cuda:<device_id>`` (or ``cpu`` with
+        ``device_id=None``)."""
         return torch.device("cpu") if self.device_id is None else torch.device(
             "cuda", self.device_id)
 
