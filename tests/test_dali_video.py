@@ -278,6 +278,50 @@ def test_resume_mid_epoch_through_the_stage_gives_exactly_the_rest(
     assert starts(first) + starts(again) == full
 
 
+@needs_dali
+def test_a_video_that_cannot_be_read_is_named_or_skipped_as_pyav_does(
+        dali: object, tmp_path: Path) -> None:
+    good = make_video(16, "webm")
+    with feedpipe.ShardWriter(str(tmp_path / "bad")) as w:
+        w.write({"__key__": "good", "webm": good})
+        w.write({"__key__": "junk", "webm": good[:200] + bytes(len(good) - 200)})
+
+    def stage(on_error: str) -> DaliVideoStage:
+        clips = VideoClips(str(tmp_path / "bad"), frames=2, size=(12, 16), on_error=on_error,
+                           decoder="dali")
+        return DaliVideoStage(FeedLoader(clips, batch_size=1), device_id=None)
+
+    with pytest.raises(DecodeError, match=r"sample 'junk' in '.*\.tar' cannot be read"):
+        list(stage("raise"))
+    skipping = stage("skip")
+    assert [k for b in skipping for k in b["__key__"]] == ["good"]
+    assert skipping.batches.stats()["skipped"] == 1  # type: ignore[attr-defined]
+
+
+def _planned(data: bytes, ids: list[int], key: str = "k") -> dict[str, Any]:
+    """A batch of one clip as VideoClips(decoder="dali") plans it."""
+    return {"__key__": [key], "__shard__": ["s.tar"], "__encoded__": [data],
+            "__codec__": ["vp9"], "__size__": torch.tensor([[12, 16]]),
+            "__frame_ids__": torch.tensor([ids]), "start": torch.tensor([ids[0]])}
+
+
+def _red(batch: dict[str, Any]) -> list[int]:
+    return [round(float(r)) for r in batch["frames"][0, :, 0].float().mean(dim=(1, 2))]
+
+
+@needs_dali
+def test_a_video_dali_fails_on_is_named_and_the_next_batch_decodes(dali: object) -> None:
+    """DALI stops its pipeline on a video it cannot decode: the stage names the batch's videos
+    and builds a new pipeline for the next batch."""
+    good = make_video(16, "webm")
+    stage = DaliVideoStage([], batch_size=2, device_id=None)
+    with pytest.raises(DecodeError, match=r"DALI could not decode .*\('cut', 's.tar'\)"):
+        stage.decode(_planned(good[: len(good) // 3], [1, 2], key="cut"))
+    assert _red(stage.decode(_planned(good, [1, 2]))) == [7, 14]
+    # a frame past those the video holds (a header that says more): its last frame, as PyAV
+    assert _red(stage.decode(_planned(good, [14, 40]))) == [98, 105]
+
+
 # -- DALI on a GPU ("mixed": NVDEC) -----------------------------------------------------------
 @needs_dali
 @needs_gpu

@@ -130,10 +130,13 @@ class DaliVideoStage:
                              device_id=self.device_id, prefetch_queue_depth=1)
         BUILT.add(pipe)
         with pipe:
-            encoded = fn.external_source(name="encoded", dtype=types.UINT8)
-            ids = fn.external_source(name="ids", dtype=types.INT32)
-            frames = fn.decoders.video(encoded, frames=ids,
-                                       device="cpu" if self.device_id is None else "mixed")
+            dt = types.DALIDataType
+            encoded = fn.external_source(name="encoded", dtype=dt.UINT8)
+            ids = fn.external_source(name="ids", dtype=dt.INT32)
+            # a frame number past the frames the video holds (its header said more): its last
+            # frame, PyAV's rule for short videos (DALI's default pads black)
+            frames: Any = fn.decoders.video(encoded, frames=ids, pad_mode="edge",
+                                            device="cpu" if self.device_id is None else "mixed")
             if size != (0, 0):
                 frames = fn.resize(frames, size=list(size), antialias=True)
             pipe.set_outputs(fn.transpose(frames, perm=[0, 3, 1, 2]))  # FHWC -> FCHW
@@ -166,12 +169,12 @@ class DaliVideoStage:
         """One batch of planned clips with its ``frames`` decoded, the host's fields removed."""
         self._check_codecs(batch)
         encoded = [np.frombuffer(b, dtype=np.uint8) for b in _column(batch, ENCODED)]
-        sizes = {tuple(int(x) for x in s) for s in _column(batch, SIZE)}
+        sizes = {(int(s[0]), int(s[1])) for s in _column(batch, SIZE)}
         size = sizes.pop() if len(sizes) == 1 else (0, 0)
         if size not in self._pipes:
             self._check_device()
-            self._pipes[size] = self._build(size)  # type: ignore[index]
-        pipe = self._pipes[size]  # type: ignore[index]
+            self._pipes[size] = self._build(size)
+        pipe = self._pipes[size]
         pipe.feed_input("encoded", encoded)
         pipe.feed_input("ids", _ids(batch[FRAME_IDS]))
         try:
@@ -182,7 +185,7 @@ class DaliVideoStage:
                                  "VideoClips(size=(height, width))")
             frames = self._to_torch(out)
         except RuntimeError as e:
-            self._pipes.pop(size)  # type: ignore[arg-type]  # DALI stopped it: a new one
+            self._pipes.pop(size)  # DALI stopped it: the next batch builds a new one
             keys = list(zip(batch.get("__key__") or [], batch.get(SHARD) or []))
             raise DecodeError(f"DALI could not decode the videos of a batch ({keys}; "
                               f"(key, shard) each): {e}".rstrip() +
