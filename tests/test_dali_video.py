@@ -72,10 +72,12 @@ def dali(monkeypatch: pytest.MonkeyPatch) -> object:
     return pytest.importorskip("nvidia.dali", reason="nvidia.dali cannot be imported")
 
 
-def _dataset(root: Path, ext: str) -> tuple[str, dict[str, bytes]]:
+def _dataset(root: Path, ext: str, width: int = 64, height: int = 48
+             ) -> tuple[str, dict[str, bytes]]:
     src = root / "src"
     src.mkdir()
-    data = {f"v{i}": make_video(n, ext) for i, n in enumerate(LENGTHS)}
+    data = {f"v{i}": make_video(n, ext, width=width, height=height)
+            for i, n in enumerate(LENGTHS)}
     for k, b in data.items():
         (src / f"{k}.{ext}").write_bytes(b)
     feedpipe.shard(str(src), str(root / "out"), max_samples=2, workers=1)
@@ -220,13 +222,20 @@ def test_cpu_clips_are_pyavs_clips(dali: object, webm: tuple[str, dict[str, byte
 
 
 @needs_dali
-def test_cpu_clips_at_a_frame_rate_are_pyavs(dali: object,
-                                              webm: tuple[str, dict[str, bytes]]) -> None:
+@pytest.mark.parametrize("how", ["fps", "all"])
+def test_cpu_clips_at_a_frame_rate_or_all_that_fit_are_pyavs(
+        dali: object, webm: tuple[str, dict[str, bytes]], how: str) -> None:
     out, _ = webm
-    kw = {**KW, "stride": 1, "fps": 4.0}  # 8 frames/s at 4: every other frame
+    if how == "fps":
+        kw = {**KW, "stride": 1, "fps": 4.0}  # 8 frames/s at 4: every other frame
+    else:  # each video's own count of clips, from the frame counts recorded at shard time
+        kw = {**KW, "clips_per_video": "all"}
     pyav = _clips(FeedLoader(VideoClips(out, **kw), batch_size=4))
     got = _clips(DaliVideoStage(FeedLoader(VideoClips(out, decoder="dali", **kw),
                                            batch_size=4), device_id=None))
+    assert got.keys() == pyav.keys()
+    if how == "all":  # 32 frames: 3 clips of 10; 20: 2; 6: 1
+        assert len(got) == 3 + 2 + 3 + 1
     for key, d in got.items():
         assert int(d["start"]) == int(pyav[key]["start"])
         red = d["frames"][:, 0].float().mean(dim=(1, 2))
@@ -326,9 +335,9 @@ def test_a_video_dali_fails_on_is_named_and_the_next_batch_decodes(dali: object)
 @needs_dali
 @needs_gpu
 @pytest.mark.parametrize("ext", ["mp4", "webm"])
-def test_gpu_clips_are_pyavs_clips(dali: object, ext: str, mp4: tuple[str, dict[str, bytes]],
-                                   webm: tuple[str, dict[str, bytes]]) -> None:
-    out, data = mp4 if ext == "mp4" else webm
+def test_gpu_clips_are_pyavs_clips(dali: object, ext: str, tmp_path: Path) -> None:
+    # 160x128: above NVDEC's smallest frame (128x128 for VP9)
+    out, data = _dataset(tmp_path, ext, width=160, height=128)
     pyav = _clips(FeedLoader(VideoClips(out, **KW), batch_size=3))
     stage = DaliVideoStage(FeedLoader(VideoClips(out, decoder="dali", **KW), batch_size=3),
                            device_id=0)
