@@ -37,7 +37,7 @@ from feedpipe import (  # noqa: E402
 )
 from feedpipe._helpers import fork_safety  # noqa: E402
 from feedpipe.errors import MissingDependencyError  # noqa: E402
-from feedpipe.transforms._dali_video_host import DaliClipPlan  # noqa: E402
+from feedpipe.transforms._dali_video_host import DaliClipPlan, host_plan  # noqa: E402
 
 pytestmark = pytest.mark.dali
 
@@ -135,6 +135,8 @@ def test_the_decoder_option_is_checked(webm: tuple[str, dict[str, bytes]]) -> No
         VideoClips(out, frames=2, decoder="torchcodec")
     with pytest.raises(ValueError, match="transform"):
         VideoClips(out, frames=2, decoder="dali", transform=lambda x: x)
+    with pytest.raises(ValueError, match="decoded store keeps clips PyAV decoded"):
+        host_plan("dali", VideoClip(2), cache=object(), transform=None)
     with pytest.raises(TypeError, match="batch_size"):
         DaliVideoStage([], device_id=None)
 
