@@ -155,3 +155,26 @@ def test_a_packed_mixture_of_a_billion_documents_plans_its_first_batch_in_little
     cycles = mix.mixture_plan.counts // 50
     assert (cycles * per_source).sum() <= tokens <= ((cycles + 1) * per_source).sum()
     assert packed.num_rows(0) == -(-tokens // 64)
+
+
+def test_a_packed_mixture_of_transformed_documents_takes_any_epoch_size(tmp_path: Any) -> None:
+    """Documents made by each source's transform, an epoch shorter and one longer than the
+    sources: every row holds the epoch's documents in plan order (the lengths are kept by
+    sample number, not by the epoch's positions)."""
+    for name in "ab":
+        feedpipe.write_samples(({"__key__": f"{name}{j:03d}", "n": str(j + 1).encode()}
+                                for j in range(10)), str(tmp_path / name), max_samples=5)
+
+    def tokens(s: dict[str, Any]) -> dict[str, Any]:
+        return {"tokens.npy": np.arange(int(s["n"])) + 100 * int(s["__key__"][0] == "b")}
+
+    for epoch_size in (5, 50):
+        mix = feedpipe.Mixture({n: feedpipe.FeedDataset(str(tmp_path / n), transform=tokens)
+                                for n in "ab"}, epoch_size=epoch_size, seed=1)
+        packed = feedpipe.Packed(mix, seq_len=8, pad_id=-1)
+        got = np.concatenate([b["input_ids"].reshape(-1).numpy()
+                              for b in feedpipe.FeedLoader(packed, batch_size=2)])
+        ids = mix.plan(0).sample_ids(np.arange(epoch_size))
+        want = np.concatenate([packed.document(int(g), 0) for g in ids])
+        assert got[:len(want)].tolist() == want.tolist()
+        assert (got[len(want):] == -1).all() and len(got) - len(want) < 2 * 8

@@ -198,7 +198,8 @@ class Packed(OverDataset[FeedDataset | Mixture], Source):
         if docs is not None:
             return docs.length
         if self._lengths is None:
-            self._lengths = np.full(self.dataset.manifest.total_samples, -1, dtype=np.int64)
+            # by sample number: a mixture's manifest counts its epoch's positions instead
+            self._lengths = np.full(self.dataset.shards.num_samples, -1, dtype=np.int64)
         missing = np.flatnonzero(self._lengths < 0)
         for g in missing.tolist():
             self.document(g, epoch)
