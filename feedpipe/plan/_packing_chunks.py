@@ -35,6 +35,8 @@ from ._packing import CutLayout, Pieces, offsets_of
 
 # positions whose lengths are read at once (a window grows by such blocks)
 BLOCK = 1 << 16
+# the fewest positions a window reads (a reader's next groups of rows lie in it)
+AHEAD = 1 << 14
 # below this many positions between two points of known tokens, the search reads the lengths
 SPAN = 1 << 12
 # a source of at most so many samples keeps its cycles' prefix sums (a few at a time)
@@ -160,6 +162,7 @@ class ChunkedCut:
         # points of known tokens: positions (ascending) and the tokens before each
         self._at = [0, tokens.size]
         self._before = [0, self.tokens]
+        self._ahead = 16  # the fewest positions the next window reads
         # the last window: its first position, its documents and their prefix sums
         self.window: tuple[int, np.ndarray, np.ndarray] = (
             0, np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
@@ -234,12 +237,16 @@ class ChunkedCut:
             b = a
             while end < thi and b < self.source.size:
                 mean = max(1.0, (self.tokens - end) / max(1, self.source.size - b))
-                c = min(self.source.size, b + min(BLOCK, int((thi - end) / mean * 1.1) + 16))
+                # more than the group needs, up to AHEAD positions as the reader goes on:
+                # its next groups are read from the window (the first read only what it needs)
+                want = max(self._ahead, int((thi - end) / mean * 1.1) + 16)
+                c = min(self.source.size, b + min(BLOCK, want))
                 i, k = self._lengths(b, c)
                 ids.append(i)
                 offs.append(end + np.cumsum(k))
                 end, b = int(offs[-1][-1]), c
             self._know(b, end)
+            self._ahead = min(AHEAD, 2 * self._ahead)
             self.window = (a, np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64),
                            np.concatenate(offs))
         return self.window[0], self.window[2]
