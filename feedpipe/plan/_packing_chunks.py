@@ -74,14 +74,14 @@ class MixtureTokens:
         self._n = [int(n) for n in plan.sizes.tolist()]
         self._c = [int(c) for c in plan.counts.tolist()]
         # each source's tokens, a view of its lengths at a time (never a copy of them all)
-        self._whole = [int(self._own(s).sum(dtype=np.int64)) for s in range(len(self._n))]
+        self._whole = [int(self._lengths_of(s).sum(dtype=np.int64)) for s in range(len(self._n))]
         self._cums: dict[tuple[int, int], np.ndarray] = {}
         self._kept = 0
         self._start = [self._drawn(s, self.epoch * c) for s, c in enumerate(self._c)]
         self.total = sum(self._drawn(s, (self.epoch + 1) * c) - a
                          for s, (c, a) in enumerate(zip(self._c, self._start)))
 
-    def _own(self, s: int) -> np.ndarray:
+    def _lengths_of(self, s: int) -> np.ndarray:
         """Source ``s``'s lengths, by its sample id (a view)."""
         b = int(self.bases[s])
         return self.lengths[b:b + self._n[s]]
@@ -106,7 +106,7 @@ class MixtureTokens:
                     self._cums.clear()
                     self._kept = 0
                 ids = self.plan.source_ids(s, cycle * n, cycle * n + n)
-                cum = self._cums[(s, cycle)] = offsets_of(self._own(s)[ids])
+                cum = self._cums[(s, cycle)] = offsets_of(self._lengths_of(s)[ids])
                 self._kept += cum.nbytes
             return int(cum[m])
         if 2 * m <= n:  # from the cycle's start
@@ -116,7 +116,7 @@ class MixtureTokens:
     def _sum(self, s: int, first: int, last: int) -> int:
         """The tokens of source ``s``'s draws ``[first, last)`` (within one cycle), a block of
         ids at a time."""
-        own, out = self._own(s), 0
+        own, out = self._lengths_of(s), 0
         for a in range(first, last, BLOCK):
             out += int(own[self.plan.source_ids(s, a, min(a + BLOCK, last))].sum(dtype=np.int64))
         return out
