@@ -41,8 +41,10 @@ AHEAD = 1 << 14
 SPAN = 1 << 12
 # a source of at most so many samples keeps its cycles' prefix sums (a few at a time)
 CYCLE_CUM = 1 << 16
-# the most bytes of kept cycle prefix sums and known points (cleared past them)
+# the most bytes of kept cycle prefix sums (cleared past them)
 KEPT_BYTES = 1 << 24
+# the most points of known tokens kept (past them, only the epoch's ends)
+MOST_POINTS = 1 << 14
 
 
 class MixtureTokens:
@@ -175,7 +177,7 @@ class ChunkedCut:
         i = bisect_right(self._at, p)
         if self._at[i - 1] == p:
             return
-        if len(self._at) > KEPT_BYTES // 64:  # a long run's search points: the ends kept
+        if len(self._at) > MOST_POINTS:  # a long run's search points: the ends kept
             self._at, self._before = [0, self.source.size], [0, self.tokens]
             i = 1
         self._at.insert(i, p)
