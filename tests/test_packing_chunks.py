@@ -182,3 +182,51 @@ def test_a_packed_mixture_of_transformed_documents_takes_any_epoch_size(tmp_path
         want = np.concatenate([packed.document(int(g), 0) for g in ids])
         assert got[:len(want)].tolist() == want.tolist()
         assert (got[len(want):] == -1).all() and len(got) - len(want) < 2 * 8
+
+
+def test_a_packed_mixture_saved_on_two_ranks_resumes_on_three_to_exactly_the_rest(
+        tmp_path: Any) -> None:
+    """An epoch drawing each source many times over (its cycles continue), read on two ranks
+    for three steps, the state resumed on three: every row of the epoch is delivered once,
+    each the epoch's concatenation in plan order cut at ``seq_len``, padding only past it."""
+    rng = np.random.default_rng(7)
+    for name, n in (("web", 30), ("code", 11)):
+        feedpipe.write_samples(({"__key__": f"{name}{j:03d}", "tokens.npy":
+                                 rng.integers(1, 1000, int(rng.integers(0, 50)), dtype=np.int32)}
+                                for j in range(n)), str(tmp_path / name), max_samples=8)
+    L, B = 32, 2
+
+    def loader(rank: int, world: int) -> Any:
+        mix = feedpipe.Mixture({n: feedpipe.FeedDataset(str(tmp_path / n), shuffle=True,
+                                                        rank=rank, world_size=world)
+                                for n in ("web", "code")}, [3, 1], epoch_size=700, seed=2)
+        return feedpipe.FeedLoader(feedpipe.Packed(mix, seq_len=L, pad_id=-1), batch_size=B)
+
+    got: dict[int, list[int]] = {}
+
+    def take(ld: Any, rank: int, world: int, start: int, steps: int | None) -> None:
+        for b, batch in enumerate(ld):
+            for i, row in enumerate(batch["input_ids"].tolist()):
+                r = start + rank + world * (b * B + i)
+                assert r not in got
+                got[r] = row
+            if b + 1 == steps:
+                break
+
+    two = [loader(r, 2) for r in range(2)]
+    for r, ld in enumerate(two):
+        take(ld, r, 2, 0, 3)
+    state = two[0].state_dict()
+    assert state["position"] == 12
+    for r in range(3):
+        ld = loader(r, 3)
+        ld.load_state_dict(state)
+        take(ld, r, 3, 12, None)
+    packed = loader(0, 1).dataset
+    ids = packed.dataset.plan(0).sample_ids(np.arange(700))
+    tokens = np.concatenate([packed.document(int(g), 0) for g in ids]).tolist()
+    rows = packed.num_rows(0)
+    assert rows == -(-len(tokens) // L) and sorted(got)[:rows] == list(range(rows))
+    for r, row in got.items():
+        want = tokens[r * L:(r + 1) * L]
+        assert row == want + [-1] * (L - len(want))
