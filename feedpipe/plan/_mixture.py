@@ -173,12 +173,33 @@ class MixturePlan:
             raise PlanError(f"positions outside an epoch of {self.epoch_size}")
         src, draw = self.interleave.at(pos)
         cycle, at = np.divmod(int(epoch) * self.counts[src] + draw, self.sizes[src])
-        ids = at.copy()
-        tabled = self._tabled_at[src]
-        keyed = self._keyed_at[src]
         # positions far apart (a rank's share of a large world): a reader draws a small share of
         # each cycle, so a cycle not kept yet is not worth drawing whole
         sparse = len(pos) > 1 and int(pos.max() - pos.min()) > 8 * len(pos)
+        return src, self._sample_ids(src, cycle, at, sparse)
+
+    def source_ids(self, source: int, first: int, last: int) -> np.ndarray:
+        """The sample ids of ``source``'s draws ``first`` to ``last`` (exclusive), its draws
+        numbered across epochs (draw ``j`` of epoch ``e`` is ``e * counts[source] + j``): what
+        :meth:`draws` gives for them.
+
+        Example:
+            >>> plan = MixturePlan([(3,), (2, 2)], weights=[1, 1], epoch_size=6, seed=0)
+            >>> src, ids = plan.draws(1, np.arange(6))
+            >>> plan.source_ids(0, 3, 6).tolist() == ids[src == 0].tolist()
+            True
+        """
+        k = np.arange(int(first), int(last), dtype=np.int64)
+        src = np.full(len(k), int(source), dtype=np.int64)
+        cycle, at = np.divmod(k, self.sizes[source])
+        return self._sample_ids(src, cycle, at, False)
+
+    def _sample_ids(self, src: np.ndarray, cycle: np.ndarray, at: np.ndarray,
+                    sparse: bool) -> np.ndarray:
+        """The sample id of draw ``at`` of the ``cycle``-th permutation of ``src`` (each)."""
+        ids = at.copy()
+        tabled = self._tabled_at[src]
+        keyed = self._keyed_at[src]
         if tabled.any():
             sel = np.flatnonzero(tabled)
             for (s, k), where in _groups(src[sel], cycle[sel]):
@@ -191,7 +212,7 @@ class MixturePlan:
         if keyed.any():
             sel = np.flatnonzero(keyed)
             ids[sel] = self._keyed_ids(src[sel], cycle[sel], at[sel])
-        return src, ids
+        return ids
 
     def _keyed_ids(self, src: np.ndarray, cycle: np.ndarray, at: np.ndarray) -> np.ndarray:
         """``self._plan(s, k).sample_ids([a])`` for each ``(s, k, a)``, every source's Feistel

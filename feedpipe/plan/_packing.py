@@ -94,10 +94,12 @@ class CutLayout:
 
     contiguous = True
 
-    def __init__(self, offsets: np.ndarray, seq_len: int) -> None:
+    def __init__(self, offsets: np.ndarray, seq_len: int, tokens: int | None = None) -> None:
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.seq_len = int(seq_len)
-        self.tokens = int(self.offsets[-1])
+        # the concatenation's tokens: the last offset, or more where ``offsets`` are a window
+        # of a longer epoch's (feedpipe.plan._packing_chunks), which rows past it come from
+        self.tokens = int(self.offsets[-1]) if tokens is None else int(tokens)
         self.num_rows = -(-self.tokens // self.seq_len)
 
     @property

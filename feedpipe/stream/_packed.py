@@ -27,8 +27,17 @@ from .._helpers.dependency import say_unbuilt
 from .._redact import logger
 from ..errors import PackedFieldError
 from ..plan._order import Plan, Split
-from ..plan._packing import CONCATENATE, CutLayout, Layout, Packing, offsets_of, rows_split
+from ..plan._packing import (
+    CONCATENATE,
+    ConcatenateAndCut,
+    CutLayout,
+    Layout,
+    Packing,
+    offsets_of,
+    rows_split,
+)
 from ..plan._packing import row_pieces as row_pieces  # the plan's, named here as before
+from ..plan._packing_chunks import ChunkedCut, MixtureTokens
 from ._dataset import FeedDataset
 from ._ledger_kinds import lengths_record
 from ._mixture import Mixture
@@ -128,7 +137,7 @@ class Packed(OverDataset[FeedDataset | Mixture], Source):
         self.bytes_read = 0  # token bytes copied out of the documents (loader.stats()["io"])
         self._docs: TokenDocs | None | bool = False  # False: not looked at yet; None: read whole
         self._lengths: np.ndarray | None = None  # per global sample id; -1: not known yet
-        self._epoch: tuple[int, np.ndarray, Layout] | None = None  # (epoch, order, rows)
+        self._epoch: tuple[int, Any, Layout] | None = None  # (epoch, order, rows)
         self._board: SharedOrder | None = None  # the epoch's order, for the worker processes
         self._counting = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ...: a token's place in its batch
         # per open shard: its reader, its map as bytes and as elements of each dtype
@@ -189,15 +198,18 @@ class Packed(OverDataset[FeedDataset | Mixture], Source):
         if docs is not None:
             return docs.length
         if self._lengths is None:
-            self._lengths = np.full(self.dataset.manifest.total_samples, -1, dtype=np.int64)
+            # by sample number: a mixture's manifest counts its epoch's positions instead
+            self._lengths = np.full(self.dataset.shards.num_samples, -1, dtype=np.int64)
         missing = np.flatnonzero(self._lengths < 0)
         for g in missing.tolist():
             self.document(g, epoch)
         return self._lengths
 
     def order(self, epoch: int) -> np.ndarray:
-        """Every document of ``epoch`` in plan order (all ranks')."""
-        return self._plan(epoch)[0]
+        """Every document of ``epoch`` in plan order (all ranks'): an array of the epoch's
+        size (the rows themselves are planned without it)."""
+        order = self._plan(epoch)[0]
+        return order if isinstance(order, np.ndarray) else order[np.arange(len(order))]
 
     def offsets(self, epoch: int) -> np.ndarray:
         """The token prefix sums of ``epoch``'s documents in plan order."""
@@ -208,10 +220,19 @@ class Packed(OverDataset[FeedDataset | Mixture], Source):
         place in :meth:`order`."""
         return self._plan(epoch)[1]
 
-    def _plan(self, epoch: int) -> tuple[np.ndarray, Layout]:
-        """``epoch``'s document order and rows (kept: every batch asks)."""
+    def _plan(self, epoch: int) -> tuple[Any, Layout]:
+        """``epoch``'s document order (an array, or where a mixture's is planned by windows,
+        what gives the documents at any positions) and rows (kept: every batch asks)."""
         if self._epoch is not None and self._epoch[0] == epoch:
             return self._epoch[1], self._epoch[2]
+        ds = self.dataset
+        if isinstance(ds, Mixture) and isinstance(self.packing, ConcatenateAndCut):
+            # a mixture's epoch can be far longer than its sources: its rows come a window of
+            # documents at a time, its token count by formula (plan/_packing_chunks.py)
+            chunked = ChunkedCut(MixtureTokens(ds.mixture_plan, epoch, self.lengths(epoch),
+                                               ds.shards.bases), self.seq_len)
+            self._epoch = (epoch, chunked.order, chunked)
+            return chunked.order, chunked
         order = None if self._board is None else self._board.read(epoch)  # the trainer's
         if order is None:
             plan = self.dataset.plan(epoch)
@@ -271,7 +292,7 @@ class Packed(OverDataset[FeedDataset | Mixture], Source):
         np.cumsum([len(g) * L for g in groups], out=edges[1:])
         # the pieces of the rows, in order (only the epoch's last row can be short, and rows
         # past the epoch's tokens are padding only: they come last)
-        if isinstance(layout, CutLayout):  # a run of rows is one range: copied at once
+        if isinstance(layout, (CutLayout, ChunkedCut)):  # a run of rows is one range: at once
             doc, into, k = layout.spans(rows)
         else:
             p = layout.pieces(rows)
