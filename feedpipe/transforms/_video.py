@@ -261,6 +261,11 @@ def _rgb(frame: Any, w: int | None, h: int | None) -> np.ndarray:
     return out.to_ndarray()
 
 
+# the decoders that honour ``skip_frame="NONREF"`` packet by packet, leaving the frames they do
+# decode as they are (libdav1d does not: AV1 frames went missing, tests/test_corpora_videos.py)
+_SKIPS_NONREF = frozenset({"h264", "hevc", "mpeg4", "mpeg2video", "mpeg1video"})
+
+
 def _index(pts: int, t0: int, tb: Fraction, rate: Fraction) -> int:
     return int(round((pts - t0) * tb * rate))
 
@@ -270,8 +275,9 @@ def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
     """The RGB frames numbered ``want`` (at most), decoding from the keyframe before the
     first up to the last.
 
-    With ``skip``, a frame the clip does not keep is not decoded where no other frame refers
-    to it (FFmpeg's ``skip_frame="NONREF"``, set packet by packet): the frames kept are the
+    With ``skip``, for the codecs of :data:`_SKIPS_NONREF`, a frame the clip does not keep is
+    not decoded where no other frame refers to it (FFmpeg's ``skip_frame="NONREF"``, set packet
+    by packet): the frames kept are the
     same, since every frame they are predicted from is still decoded. Where the video ends
     before the clip (its last frame is repeated), the end is decoded again without skipping,
     so the frame repeated is the video's true last frame."""
@@ -286,6 +292,7 @@ def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
     got: dict[int, np.ndarray] = {}
     last: tuple[int, Any] | None = None
     ctx, mode, newest = stream.codec_context, "DEFAULT", -1
+    skip = skip and ctx.name in _SKIPS_NONREF
     try:
         for packet in container.demux(stream):
             if skip and packet.pts is not None:
