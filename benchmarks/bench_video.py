@@ -267,6 +267,8 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--workers", default=",".join(map(str, WORKERS)),
+                    help="the worker counts to run, comma-separated")
     ap.add_argument("--root", default=default_root("video"))
     ap.add_argument("--name", default="bench_video")
     a = ap.parse_args()
@@ -281,7 +283,8 @@ def main() -> int:
                            "args": {k: v for k, v in vars(a).items() if k != "worker"},
                            "corpus": corpus, "passes": [], "errors": []}
     systems = a.systems.split(",")
-    configs = [f"{s}, {w} workers" for w in WORKERS for s in systems]
+    workers = [int(w) for w in a.workers.split(",")]
+    configs = [f"{s}, {w} workers" for w in workers for s in systems]
     failed = False
     unavailable: dict[str, str] = {}
     for p in range(a.passes):
@@ -311,7 +314,7 @@ def main() -> int:
                   f"{res['all_exactly_once']}")
         run["loadavg"] = list(os.getloadavg())
         run["ratio"] = {}
-        for w in WORKERS:
+        for w in workers:
             _same_clips(run, w)
             f = run["results"].get(f"feedpipe, {w} workers")
             others = [run["results"][f"{s}, {w} workers"]["steady_clips_per_s"]

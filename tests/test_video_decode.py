@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 av = pytest.importorskip("av")
 
@@ -62,3 +64,13 @@ def test_clips_of_videos_with_b_frames_match_plain_decoding(tmp_path: Path) -> N
             assert np.array_equal(b["frames"][j].numpy(), ref[want]), (b["__key__"][j], start)
             n += 1
     assert n == 9
+
+
+@given(pts=st.integers(-10**9, 10**12), t0=st.integers(-10**6, 10**6),
+       tb=st.fractions(min_value=Fraction(1, 10**6), max_value=1),
+       rate=st.fractions(min_value=Fraction(1, 1001), max_value=240))
+def test_frame_numbers_in_integers_are_the_rounded_fraction(pts: int, t0: int, tb: Fraction,
+                                                           rate: Fraction) -> None:
+    step = tb * rate
+    assert _video._index(pts, t0, (step.numerator, step.denominator)) == int(
+        round((pts - t0) * tb * rate))  # half to even, as round() of a Fraction

@@ -206,6 +206,10 @@ class VideoClip:
                 recorded: int | None) -> tuple[np.ndarray, int, int]:
         with _open(data) as container:
             stream, rate, total, _ = _header(container)
+            # one decoding thread: FFmpeg's default pool (a thread per CPU, made at each open)
+            # costs more than it gives for the few frames of a clip, in worker processes the
+            # more so; the loader's workers and transform_threads spread the clips instead
+            stream.codec_context.thread_count = 1
             total = total if recorded is None else int(recorded)
             start = clip_start(total, self.span(float(rate)), clips, clip, draw)
             want = self.wanted(start, float(rate))
@@ -266,8 +270,12 @@ def _rgb(frame: Any, w: int | None, h: int | None) -> np.ndarray:
 _SKIPS_NONREF = frozenset({"h264", "hevc", "mpeg4", "mpeg2video", "mpeg1video"})
 
 
-def _index(pts: int, t0: int, tb: Fraction, rate: Fraction) -> int:
-    return int(round((pts - t0) * tb * rate))
+def _index(pts: int, t0: int, scale: tuple[int, int]) -> int:
+    """The frame number of timestamp ``pts``: ``(pts - t0) * time_base * rate`` rounded half to
+    even (as ``round`` of the :class:`~fractions.Fraction`), in integers: it runs for every
+    packet and frame, where Fraction arithmetic cost a measurable share of a clip."""
+    q, r = divmod((pts - t0) * scale[0], scale[1])
+    return q + 1 if 2 * r > scale[1] or (2 * r == scale[1] and q & 1) else q
 
 
 def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
@@ -283,6 +291,8 @@ def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
     so the frame repeated is the video's true last frame."""
     t0 = stream.start_time or 0
     tb = stream.time_base
+    step = Fraction(tb) * rate
+    scale = (step.numerator, step.denominator)
     first, end = int(want[0]), int(want[-1])
     if first > 0 or not skip:  # to the last keyframe at or before the timestamp
         container.seek(t0 + int(Fraction(first) / rate / tb), stream=stream, backward=True,
@@ -296,7 +306,7 @@ def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
     try:
         for packet in container.demux(stream):
             if skip and packet.pts is not None:
-                i = _index(packet.pts, t0, tb, rate)
+                i = _index(packet.pts, t0, scale)
                 newest = max(newest, i)
                 m = "DEFAULT" if i in wanted else "NONREF"
                 if m != mode:
@@ -306,7 +316,7 @@ def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
             for frame in ctx.decode(packet if packet.size else None):
                 if frame.pts is None:
                     continue
-                i = _index(frame.pts, t0, tb, rate)
+                i = _index(frame.pts, t0, scale)
                 if i in wanted:
                     got[i] = _rgb(frame, w, h)
                 if i >= end:
