@@ -206,10 +206,6 @@ class VideoClip:
                 recorded: int | None) -> tuple[np.ndarray, int, int]:
         with _open(data) as container:
             stream, rate, total, _ = _header(container)
-            # one decoding thread: FFmpeg's default pool (a thread per CPU, made at each open)
-            # costs more than it gives for the few frames of a clip, in worker processes the
-            # more so; the loader's workers and transform_threads spread the clips instead
-            stream.codec_context.thread_count = 1
             total = total if recorded is None else int(recorded)
             start = clip_start(total, self.span(float(rate)), clips, clip, draw)
             want = self.wanted(start, float(rate))
