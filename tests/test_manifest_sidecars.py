@@ -103,3 +103,16 @@ def test_recording_the_counts_later_lists_them(dataset: Path) -> None:
     feedpipe.record_video_frames(str(dataset))
     m = feedpipe.load_manifest(str(dataset))
     assert len(m.sidecars) == 3 and feedpipe.verify(str(dataset), show_progress=False).ok
+
+
+def test_token_lengths_files_are_listed(tmp_path: Path) -> None:
+    with feedpipe.ShardWriter(str(tmp_path / "ds"), max_samples=2) as w:
+        for i in range(3):
+            w.write({"__key__": f"d{i}", "tokens.npy": np.arange(i + 3, dtype=np.uint16)})
+    m = feedpipe.load_manifest(str(tmp_path / "ds"))
+    assert [s["name"] for s in m.sidecars] == ["data-000000.lengths.npy",
+                                               "data-000001.lengths.npy"]
+    (tmp_path / "ds" / "data-000001.lengths.npy").unlink()
+    report = feedpipe.verify(str(tmp_path / "ds"), show_progress=False)
+    assert [(Path(p.shard).name, p.kind) for p in report.problems] == [
+        ("data-000001.lengths.npy", "sidecar")]
