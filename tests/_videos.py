@@ -21,8 +21,9 @@ def frame_pixels(i: int, width: int = 64, height: int = 48) -> np.ndarray:
 
 
 def make_video(frames: int = 32, ext: str = "mp4", *, rate: int = 8, gop: int = 8,
-               width: int = 64, height: int = 48) -> bytes:
-    """A video of ``frames`` frames at ``rate`` frames/s with a keyframe every ``gop``."""
+               width: int = 64, height: int = 48, bframes: int = 0) -> bytes:
+    """A video of ``frames`` frames at ``rate`` frames/s with a keyframe every ``gop`` (H.264:
+    ``bframes`` B-frames between references, some of them referred to by none)."""
     import av
 
     codec, fmt = CODECS[ext]
@@ -30,7 +31,7 @@ def make_video(frames: int = 32, ext: str = "mp4", *, rate: int = 8, gop: int = 
     with av.open(buf, "w", format=fmt) as c:
         s = c.add_stream(codec, rate=rate)
         s.width, s.height, s.pix_fmt = width, height, "yuv420p"
-        s.options = {"g": str(gop), "bf": "0"} if codec == "libx264" else {"g": str(gop)}
+        s.options = {"g": str(gop), "bf": str(bframes)} if codec == "libx264" else {"g": str(gop)}
         for i in range(frames):
             f = av.VideoFrame.from_ndarray(frame_pixels(i, width, height), format="rgb24")
             for p in s.encode(f):

@@ -7,11 +7,15 @@ Format version 1::
                 {"name": "more.tar.gz", ..., "tar_bytes": 456}],
      "total_samples": 1000, "fields": ["cls", "jpg"], "classes": [...] | null,
      "skipped": [{"path": "...", "reason": "..."}], "num_skipped": 0,
+     "sidecars": [{"name": "data-000000.frames.npy", "shard": "data-000000.tar", ...}],
      "created_by": {"tool": "feedpipe shard", "feedpipe_version": "...", "options": {...}}}
 
 A gzip shard (``.tar.gz``, ``.tgz``) records its own size and hash in ``bytes`` and ``sha256``,
 and the size of the plain tar inside in ``tar_bytes`` (the offsets of its index are offsets in
 that tar; see :mod:`feedpipe.format._compression`). Only such a shard has ``tar_bytes``.
+
+``sidecars`` (present where there are any) lists the arrays beside the shards with their size and
+hash (:mod:`feedpipe.format._sidecar_list`); :func:`write_manifest` lists those it finds.
 
 Loading is the only I/O here (through fsspec, so any URL works).
 """
@@ -26,6 +30,7 @@ from typing import Any
 from .._redact import cause, logger, redact_doc
 from ..errors import ManifestError, SourceNotFoundError
 from ._compression import compressed_error, compressed_suffix, readable
+from ._sidecar_list import check_sidecars, list_sidecars
 
 log = logger("feedpipe.format")
 
@@ -76,6 +81,7 @@ class Manifest:
         classes: the class names ``cls`` values index, when the dataset has labels.
         skipped: the source files a conversion left out, each with its reason.
         created_by: the tool, its version and options.
+        sidecars: the files beside the shards (``name``, ``shard``, ``bytes``, ``sha256``).
 
     Example:
         >>> m = Manifest([ShardRecord("data-000000.tar", 3, 10240)], fields=["jpg"])
@@ -88,6 +94,7 @@ class Manifest:
     classes: list[str] | None = None
     skipped: list[dict[str, str]] = field(default_factory=list)
     created_by: dict[str, Any] = field(default_factory=dict)
+    sidecars: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total_samples(self) -> int:
@@ -109,6 +116,8 @@ class Manifest:
             "num_skipped": len(self.skipped),
             "created_by": redact_doc(self.created_by),
         }
+        if self.sidecars:  # a dataset without sidecars keeps the manifest it always had
+            doc["sidecars"] = self.sidecars
         return json.dumps(doc, indent=1, ensure_ascii=False, sort_keys=False) + "\n"
 
     @classmethod
@@ -141,7 +150,11 @@ class Manifest:
             classes=_strings(doc, "classes", where, None),
             skipped=_typed(doc, "skipped", list, where, "a list of objects"),
             created_by=_typed(doc, "created_by", dict, where, "an object"),
+            sidecars=doc.get("sidecars") or [],  # none listed before sidecars were
         )
+        bad = check_sidecars(m.sidecars)
+        if bad:
+            raise _edited(where, bad)
         if not all(isinstance(x, dict) for x in m.skipped):
             raise _edited(where, "\"skipped\" must be a list of objects")
         total = doc.get("total_samples", m.total_samples)
@@ -262,7 +275,9 @@ def _check_compression(s: dict[str, Any], name: str, at: str, where: str) -> Non
 
 
 def write_manifest(root: str, manifest: Manifest) -> str:
-    """Write ``root/manifest.json`` atomically; return its path."""
+    """Write ``root/manifest.json`` atomically; return its path. The sidecar files found beside
+    the shards are listed in it (``manifest.sidecars`` is set to them)."""
+    manifest.sidecars = list_sidecars(root, [s.name for s in manifest.shards])
     path = os.path.join(root, NAME)
     _write_atomic(path, manifest.to_json(), fsync=True)
     return path

@@ -18,7 +18,7 @@ import numpy as np
 
 from .._helpers.storage import is_local, local_path, open_binary
 from ._index import index_from_tar, index_path, parse_index
-from ._manifest import load_manifest
+from ._manifest import load_manifest, write_manifest
 
 
 def sidecar_path(shard_path: str, suffix: str) -> str:
@@ -74,9 +74,11 @@ def record_beside(root: str, suffix: str, dtype: Any,
     """Write each shard's sidecar (``suffix``) of the local dataset ``root``, computed by
     ``rows_of_file(tar_path, index) -> (rows, unread)``; a shard whose sidecar exists is left as
     it is unless ``overwrite``. Returns ``(shards scanned, rows recorded, rows unread)``, a row
-    counting as recorded where its first column is not negative."""
+    counting as recorded where its first column is not negative. The manifest is written again
+    to list the new files (:mod:`._sidecar_list`)."""
     scanned = recorded = unread = 0
-    for rec in load_manifest(root).shards:
+    manifest = load_manifest(root)
+    for rec in manifest.shards:
         tar = os.path.join(root, rec.name)
         out = sidecar_path(tar, suffix)
         if os.path.exists(out) and not overwrite:
@@ -86,4 +88,6 @@ def record_beside(root: str, suffix: str, dtype: Any,
         scanned += 1
         recorded += int((rows[:, 0] >= 0).sum())
         unread += bad
+    if scanned:  # the manifest lists the files beside the shards, these too
+        write_manifest(root, manifest)
     return scanned, recorded, unread

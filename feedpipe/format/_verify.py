@@ -30,6 +30,7 @@ from ._index import (
 )
 from ._key_registry import KeyRegistry
 from ._manifest import Manifest, dataset_root, join, load_manifest
+from ._sidecar_list import sidecar_problems
 from ._write_lock import write_marks
 
 
@@ -48,7 +49,8 @@ class Problem:
     ``compressed``, ``index`` (the ``.idx`` is missing or unreadable), ``index-entry`` (an entry
     differs from the tar headers), ``index-count``, ``samples`` (the manifest's count differs),
     ``duplicate-key`` (a key that an earlier sample holds, in this shard or another),
-    ``no-image`` (a sample without an image field in an image-folder dataset);
+    ``no-image`` (a sample without an image field in an image-folder dataset), ``sidecar`` (a
+    file beside a shard that the manifest lists is missing or differs from it);
     as warnings: ``unchecked`` (no sha256 in the manifest), ``unlisted`` (a shard file the
     manifest does not list).
     """
@@ -346,6 +348,11 @@ def _shard_files(root: str) -> list[str]:
     return sorted(out)
 
 
+def _read_all(url: str) -> bytes:
+    with _open(url) as f:
+        return f.read()
+
+
 def _raise(e: OSError) -> None:
     raise e
 
@@ -395,5 +402,7 @@ def verify(root: str, *, show_progress: bool | None = None) -> VerifyReport:
         bar.update(1)
     bar.close()
     report.problems += duplicate_problems(keys)
+    report.problems += [Problem(url, "sidecar", why)
+                        for url, why in sidecar_problems(_read_all, join, root, m.sidecars)]
     report.warnings += _unlisted(root, m)
     return report

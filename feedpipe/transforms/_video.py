@@ -224,62 +224,106 @@ class VideoClip:
         return np.ascontiguousarray(np.stack(rows).transpose(0, 3, 1, 2)), start, padded
 
 
-_scaler: list[Any] = []
-_scaling = threading.Lock()  # one scaler a process: threads take turns
+_scalers: dict[int, Any] = {}  # one FFmpeg scaler per thread (its context is reused)
+_scaling = threading.Lock()  # guards the dict, not the scaling
 
 
-def _drop_scaler() -> None:
-    """Before a fork: free the scaler in the process that made its slice threads (a child that
-    freed an inherited one would wait forever on threads the fork did not copy)."""
+def _drop_scalers() -> None:
+    """Before a fork: free the scalers in the process that made them (a child that freed an
+    inherited one could wait on threads the fork did not copy)."""
     with _scaling:
-        _scaler.clear()
+        _scalers.clear()
 
 
-os.register_at_fork(before=_drop_scaler)
+os.register_at_fork(before=_drop_scalers)
 
 
 def _reformatter() -> Any:
-    """The process's FFmpeg scaler, with FFmpeg's slice threads (``threads=0``: one per CPU;
-    the same pixels as one thread, in fewer seconds). It is freed before the process forks
-    (:func:`_drop_scaler`), and no frame keeps it: a scaler left in a frame and freed in a forked
-    worker hung it (tests/test_video.py, the worker-process test)."""
-    if not _scaler:
+    """This thread's FFmpeg scaler, one slice thread each: a clip's frames are small, and
+    ``transform_threads=`` already gives each thread a frame of its own. A scaler is reused
+    because making one is most of the cost of a small frame's conversion. It is freed before
+    the process forks (:func:`_drop_scalers`), and no frame keeps it: a scaler left in a frame
+    and freed in a forked worker hung it (tests/test_video.py, the worker-process test)."""
+    me = threading.get_ident()
+    scaler = _scalers.get(me)
+    if scaler is None:
         from av.video.reformatter import VideoReformatter
 
-        _scaler.append(VideoReformatter())
-    return _scaler[0]
+        with _scaling:
+            scaler = _scalers[me] = VideoReformatter()
+    return scaler
 
 
 def _rgb(frame: Any, w: int | None, h: int | None) -> np.ndarray:
-    """``frame`` in RGB at ``(w, h)`` (``None``: its own size), through the process's scaler."""
-    with _scaling:
-        out = _reformatter().reformat(frame, width=w, height=h, format="rgb24", threads=0)
+    """``frame`` in RGB at ``(w, h)`` (``None``: its own size): conversion and resize in one
+    pass of FFmpeg's scaler (bilinear)."""
+    out = _reformatter().reformat(frame, width=w, height=h, format="rgb24", threads=1)
     return out.to_ndarray()
 
 
+# the decoders that honour ``skip_frame="NONREF"`` packet by packet, leaving the frames they do
+# decode as they are (libdav1d does not: AV1 frames went missing, tests/test_corpora_videos.py)
+_SKIPS_NONREF = frozenset({"h264", "hevc", "mpeg4", "mpeg2video", "mpeg1video"})
+
+
+def _index(pts: int, t0: int, scale: tuple[int, int]) -> int:
+    """The frame number of timestamp ``pts``: ``(pts - t0) * time_base * rate`` rounded half to
+    even (as ``round`` of the :class:`~fractions.Fraction`), in integers: it runs for every
+    packet and frame, where Fraction arithmetic cost a measurable share of a clip."""
+    q, r = divmod((pts - t0) * scale[0], scale[1])
+    return q + 1 if 2 * r > scale[1] or (2 * r == scale[1] and q & 1) else q
+
+
 def _frames_at(container: Any, stream: Any, rate: Fraction, want: np.ndarray,
-               size: tuple[int, int] | None) -> dict[int, np.ndarray]:
+               size: tuple[int, int] | None, skip: bool = True) -> dict[int, np.ndarray]:
     """The RGB frames numbered ``want`` (at most), decoding from the keyframe before the
-    first."""
+    first up to the last.
+
+    With ``skip``, for the codecs of :data:`_SKIPS_NONREF`, a frame the clip does not keep is
+    not decoded where no other frame refers to it (FFmpeg's ``skip_frame="NONREF"``, set packet
+    by packet): the frames kept are the
+    same, since every frame they are predicted from is still decoded. Where the video ends
+    before the clip (its last frame is repeated), the end is decoded again without skipping,
+    so the frame repeated is the video's true last frame."""
     t0 = stream.start_time or 0
     tb = stream.time_base
+    step = Fraction(tb) * rate
+    scale = (step.numerator, step.denominator)
     first, end = int(want[0]), int(want[-1])
-    if first > 0:  # the demuxer goes to the last keyframe at or before the timestamp
+    if first > 0 or not skip:  # to the last keyframe at or before the timestamp
         container.seek(t0 + int(Fraction(first) / rate / tb), stream=stream, backward=True,
                        any_frame=False)
     wanted = set(int(i) for i in want)
     h, w = size if size is not None else (None, None)
     got: dict[int, np.ndarray] = {}
     last: tuple[int, Any] | None = None
-    for frame in container.decode(stream):
-        if frame.pts is None:
-            continue
-        i = int(round((frame.pts - t0) * tb * rate))
-        if i in wanted:
-            got[i] = _rgb(frame, w, h)
-        if i >= end:
-            return got
-        last = (i, frame)
+    ctx, mode, newest = stream.codec_context, "DEFAULT", -1
+    skip = skip and ctx.name in _SKIPS_NONREF
+    try:
+        for packet in container.demux(stream):
+            if skip and packet.pts is not None:
+                i = _index(packet.pts, t0, scale)
+                newest = max(newest, i)
+                m = "DEFAULT" if i in wanted else "NONREF"
+                if m != mode:
+                    ctx.skip_frame = mode = m
+            elif mode != "DEFAULT":
+                ctx.skip_frame = mode = "DEFAULT"
+            for frame in ctx.decode(packet if packet.size else None):
+                if frame.pts is None:
+                    continue
+                i = _index(frame.pts, t0, scale)
+                if i in wanted:
+                    got[i] = _rgb(frame, w, h)
+                if i >= end:
+                    return got
+                last = (i, frame)
+    finally:
+        if mode != "DEFAULT":
+            ctx.skip_frame = "DEFAULT"
+    if skip and (last is None or newest > last[0]):
+        # a skipped frame may have been the video's last: decode the end again in full
+        return _frames_at(container, stream, rate, want, size, skip=False)
     if last is not None and last[0] >= first and last[0] not in got:
         # the video ended before the clip: its last frame is the one repeated
         got[last[0]] = _rgb(last[1], w, h)
