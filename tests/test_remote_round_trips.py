@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _servers import forget_s3_clients
+from test_remote_first_batch import Store
 
 import feedpipe
 from feedpipe import FeedDataset, FeedLoader
 from feedpipe.convert._synth import make_records
-from test_remote_first_batch import Store
-from _servers import forget_s3_clients
 
 BATCH = 16
 # shards can never have arrived whole before the first batch: 4 MB at 2 MB/s
