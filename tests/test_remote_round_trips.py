@@ -7,9 +7,9 @@ the read-ahead (no cache_dir) and without any cache (cache_dir=False).
 
 Counted by dependency, never by timing: from the store's log of the requests completed when
 the first batch arrived, a request follows another where it started after that one ended and
-could need it (everything needs the manifest; a shard's requests need that shard's earlier
-ones, a second index fetch of a shard excepted); the longest such chain is the number of
-serial round trips."""
+could need it (everything needs the manifest; a shard's index and sample ranges need its
+HEAD, its sample ranges need its index; two ranges of one shard need nothing of each other);
+the longest such chain is the number of serial round trips."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def serial_round_trips(log: list[list[Any]]) -> int:
             if q[4] > start:
                 continue
             same = q[1].rsplit(".", 1)[0] == path.rsplit(".", 1)[0]
-            both_index = q[1].endswith(".idx") and path.endswith(".idx")
-            if q[1].endswith("manifest.json") or (same and not both_index):
+            needed = q[0] == "HEAD" or (q[1].endswith(".idx") and not path.endswith(".idx"))
+            if q[1].endswith("manifest.json") or (same and needed):
                 best = max(best, depth[i])
         depth.append(best + 1)
     return max(depth, default=0)
@@ -55,8 +55,9 @@ def test_the_chain_counts_dependent_requests_only() -> None:
     log = [manifest,
            ["HEAD", "/b/ds/a.tar", None, 0.1, 0.2], ["GET", "/b/ds/a.idx", None, 0.2, 0.3],
            ["GET", "/b/ds/b.idx", None, 0.2, 0.3], ["GET", "/b/ds/b.idx", None, 0.3, 0.4],
-           ["GET", "/b/ds/a.tar", "bytes=0-9", 0.3, 0.4], ["GET", "/b/ds/b.tar", None, 0.9, None]]
-    assert serial_round_trips(log) == 4  # manifest, HEAD a, index a, range of a
+           ["GET", "/b/ds/a.tar", "bytes=0-9", 0.3, 0.4], ["GET", "/b/ds/b.tar", None, 0.9, None],
+           ["GET", "/b/ds/a.tar", "bytes=10-19", 0.45, 0.5]]
+    assert serial_round_trips(log) == 4  # manifest, HEAD a, index a, a range of a
     assert serial_round_trips([manifest, *log[3:5]]) == 2  # a second index fetch: not serial
 
 
