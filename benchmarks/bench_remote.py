@@ -379,8 +379,12 @@ def measure(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
     root = args.root
     os.makedirs(root, exist_ok=True)
     todo = cases(args.quick)
-    if args.cases:
-        todo = [c for c in todo if any(s in c["name"] for s in args.cases)]
+    if args.cases:  # a whole case name picks that case only, a part of one every case with it
+        names = {c["name"] for c in todo}
+        todo = [c for c in todo if any(s == c["name"] if s in names else s in c["name"]
+                                       for s in args.cases)]
+        if not todo:
+            raise SystemExit(f"no case matches {args.cases}; the cases: {sorted(names)}")
     if args.systems:
         for c in todo:
             c["systems"] = [s for s in c["systems"] if s in args.systems]
@@ -555,6 +559,8 @@ def plot(doc: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = list(doc["results"])
+    if not names:  # nothing measured (yet): no plot rather than a division by zero
+        return
     cols = min(3, len(names))
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)

@@ -148,18 +148,28 @@ class Counters:
             self.errors = {"fail": 0, "stall": 0}
             self.per_object: dict[str, dict[str, int]] = {}
             self._bins: list[int] = []
+            # every request in the order it arrived: [method, path, range, start s, end s]
+            # (seconds from the reset; end None while it is under way)
+            self.log: list[list[Any]] = []
 
-    def begin(self, kind: str, path: str | None) -> None:
+    def begin(self, kind: str, path: str | None, method: str = "GET", raw_path: str = "",
+              rng: str | None = None) -> list[Any]:
         with self._lock:
+            entry = [method, raw_path or path or "", rng, round(time.monotonic() - self.t0, 4),
+                     None]
+            self.log.append(entry)
             self.requests[kind] += 1
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             if path is not None:
                 self.per_object.setdefault(path, {"requests": 0, "bytes": 0})["requests"] += 1
+            return entry
 
-    def end(self) -> None:
+    def end(self, entry: list[Any] | None = None) -> None:
         with self._lock:
             self.in_flight -= 1
+            if entry is not None:
+                entry[4] = round(time.monotonic() - self.t0, 4)
 
     def sent(self, path: str | None, n: int) -> None:
         with self._lock:
@@ -185,7 +195,8 @@ class Counters:
                     "bytes": self.bytes, "in_flight": self.in_flight,
                     "max_in_flight": self.max_in_flight, "errors": dict(self.errors),
                     "per_object": {k: dict(v) for k, v in self.per_object.items()},
-                    "bin_s": self.bin_s, "timeline": timeline}
+                    "bin_s": self.bin_s, "timeline": timeline,
+                    "log": [list(e) for e in self.log]}
 
 
 def _http_date(ts: float) -> str:
@@ -278,7 +289,8 @@ class _Handler(BaseHTTPRequestHandler):
             "list" if "list-type" in query or "prefix" in query or "delimiter" in query
             else "other")
         counters = self.server.counters
-        counters.begin(kind, path if is_file else None)
+        entry = counters.begin(kind, path if is_file else None, self.command, self.path,
+                               self.headers.get("Range"))
         try:
             link = self.server.link
             if link.rtt:
@@ -302,7 +314,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         finally:
-            counters.end()
+            counters.end(entry)
 
     def _object(self, path: str, local: str, body: bool) -> None:
         st = os.stat(local)

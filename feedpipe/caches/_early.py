@@ -29,6 +29,11 @@ link, instead of most of the dataset's bytes.
   one index request per shard of that batch. A shard's index is fetched once per process
   where its fill asks for it at the same time (:mod:`feedpipe.caches.l1._joined`).
 
+Without a cache (``cache_dir=False``: each sample its own range request) the first batch is
+read the same way, all its samples at once after its shards' indexes, rather than one shard
+after another (each opened with a request for its size, its index, then one sample after
+another); nothing else arrives then, and nothing is fetched twice.
+
 Only the first batch after :meth:`~feedpipe.ShardSet.begin` (the start of an epoch, or of a
 resumed one) is read this way, and only where it wants at most :data:`MAX_SAMPLES` samples so
 (said in a log record otherwise): later batches read the shards the prefetch has been fetching

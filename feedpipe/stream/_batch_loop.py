@@ -199,6 +199,8 @@ class EpochReader:
         if self.prefetch and ds.shards.cache is not None:  # the next epoch's plan is for it
             ds.shards.begin(self.plan, ds.plan(self.plan.epoch + 1), self.split, ds.world,
                             self.batch_size, self.worker, self.workers)
+        elif self.prefetch:
+            ds.shards.begin_uncached()
         self.pass_number = begin_pass()  # the caches re-read their transform's fingerprint
         return self
 

@@ -156,6 +156,9 @@ class MixtureShards:
     def begin(self, *args: Any) -> None:  # no prefetch plan across sources (see cache)
         return None
 
+    def begin_uncached(self) -> None:
+        return None
+
     def end(self) -> None:
         """The end of a pass: a cached source's shards are closed, their leases in the cache
         released (a set closes them itself only at the end of a prefetch it ran, and a mixture

@@ -254,7 +254,8 @@ class ShardSet:
     def begin(self, plan: Plan, next_plan: Plan, split: Split, world: World, batch_size: int,
               worker: int, workers: int) -> None:
         """Start prefetching this reader's shards of the epoch into the cache (no cache: nothing
-        to do). :meth:`end` stops it; a cached shard stays leased while its reader is open."""
+        to do: see :meth:`begin_uncached`). :meth:`end` stops it; a cached shard stays leased
+        while its reader is open."""
         if self.cache is None:
             return
         if self._pid != os.getpid():
@@ -268,15 +269,22 @@ class ShardSet:
         p.start()
         self._first = True
 
+    def begin_uncached(self) -> None:
+        """An epoch without a cache begins: its first batch is read by range (:meth:`early`)."""
+        from .._helpers.storage import is_local
+
+        self._first = not is_local(self.root)
+
     def early(self, ids: np.ndarray) -> dict[int, dict[str, Any]]:
         """The first batch after :meth:`begin`: those of its samples (by global id) whose remote
         shards have not arrived in the cache yet, each read by its own range request while the
         prefetch keeps fetching the shards whole (why: docs/concepts.md, "Reading from object
-        storage"); their dicts are as :meth:`sample` makes them, with ``bytes`` fields. Empty
-        for any
-        other batch, a local dataset, ``verify=True`` (nothing is served before its shard's
-        hash is checked), gzip shards (read from their plain tar only) and
-        ``FEEDPIPE_FIRST_BATCH_RANGES=0``."""
+        storage"); their dicts are as :meth:`sample` makes them, with ``bytes`` fields. Without
+        a cache (``cache_dir=False``) those of its samples whose shards are not open yet, all
+        at once, rather than one shard after another (each opened with a request for its size,
+        then its index, then one sample after another). Empty for any other batch, a local
+        dataset, ``verify=True`` (nothing is served before its shard's hash is checked), gzip
+        shards (read from their plain tar only) and ``FEEDPIPE_FIRST_BATCH_RANGES=0``."""
         if not self._first:
             return {}
         self._first = False
@@ -284,7 +292,7 @@ class ShardSet:
         from ..caches._early import Want, enabled, read_early
 
         cache = self.cache
-        if cache is None or self.verify or is_local(self.root) or not enabled():
+        if self.verify or is_local(self.root) or not enabled():
             return {}
         s_of, i_of = self.locate(ids)
         pairs: dict[int, list[tuple[int, int]]] = {}
@@ -293,9 +301,10 @@ class ShardSet:
                 pairs.setdefault(s, []).append((g, i))
         recs = self.manifest.shards
         wants = [Want(self.url(s), recs[s], p) for s, p in pairs.items()
-                 if not cache.ready(self.url(s), recs[s])]
+                 if cache is None or not cache.ready(self.url(s), recs[s])]
         got = read_early(wants)
-        cache.stats.early += len(got)
+        if cache is not None:
+            cache.stats.early += len(got)
         return got
 
     def end(self) -> None:
