@@ -57,3 +57,47 @@ def test_a_file_of_unknown_size_is_read_in_one_read(tmp_path: Path, monkeypatch,
     monkeypatch.setattr(_sources.os, "read", lambda fd, n: reads.append(n) or real(fd, n))
     assert _sources.read_local(str(path)) == path.read_bytes()
     assert len(reads) == 1
+
+
+NUMPY_SCRIPT = """
+import sys
+
+import feedpipe
+feedpipe.shard(sys.argv[1], sys.argv[2], workers=1, show_progress=False)
+print("numpy" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("kind", ["records", "images"])
+def test_converting_loads_no_numpy_and_the_sizes_read_back(tmp_path: Path, kind: str) -> None:
+    """The sidecar files a conversion writes (image sizes, video frame counts) were written
+    with numpy, whose import cost a small conversion more than its writing
+    (benchmarks/bench_versions.py's convert phases, counted in instructions). They are written
+    from the standard library now, and numpy reads them back as before."""
+    import numpy as np
+    from PIL import Image
+
+    src = tmp_path / "src"
+    src.mkdir()
+    sizes = [(16 + 3 * i, 9 + i) for i in range(5)]
+    for i, (w, h) in enumerate(sizes):
+        if kind == "images":
+            ext = "png" if i % 2 else "jpg"
+            Image.new("RGB", (w, h), (i, 2 * i, 3 * i)).save(src / f"s{i}.{ext}")
+        else:
+            (src / f"r{i}.bin").write_bytes(bytes([i]) * 10)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", NUMPY_SCRIPT, str(src), str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False"
+    written = sorted(out.glob("*.sizes.npy"))
+    if kind == "records":
+        assert written == []
+        return
+    assert len(written) == 1
+    got = np.load(written[0], allow_pickle=False)
+    assert got.dtype == np.int32 and got.shape == (5, 2)
+    keys = [s["__key__"] for s in feedpipe.FeedDataset(str(out))]
+    assert {k: tuple(r) for k, r in zip(keys, got.tolist())} == {
+        f"s{i}": wh for i, wh in enumerate(sizes)}

@@ -19,8 +19,6 @@ from collections.abc import Iterator
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..errors import InputError
 from ..format._tar import BLOCK, member_header
 from ._output_dir import unlink_quiet
@@ -28,7 +26,9 @@ from ._sources import SampleSpec, Source
 from ._text_inputs import Bad, read_unit
 from ._writer import PartResult, hidden, output_error, removed_on_error
 
-if TYPE_CHECKING:  # a writer of other samples (ShardWriter) loads no tokenizer code
+if TYPE_CHECKING:  # a writer of other samples (ShardWriter) loads no tokenizer code, nor numpy
+    import numpy as np
+
     from ..transforms._tokenizer import TokenizerRef
 
 FIELD = "tokens.npy"
@@ -48,6 +48,8 @@ def lengths_name(shard_name: str) -> str:
 def save_lengths(out: str, name: str, lengths: np.ndarray | list[int]) -> None:
     """Write the lengths file of shard ``name`` of ``out`` (int64), atomically: a hidden temp
     file, synced, renamed."""
+    import numpy as np
+
     path = os.path.join(out, lengths_name(name))
     tmp = hidden(out, name, f".lengths.tmp-{os.getpid()}")
     try:
@@ -73,6 +75,8 @@ def npy_header(descr: str, n: int) -> bytes:
     digits = str(n)
     parts = _HEADERS.get((descr, len(digits)))
     if parts is None:
+        import numpy as np
+
         b = io.BytesIO()
         probe = 10 ** (len(digits) - 1)
         np.lib.format.write_array_header_1_0(
@@ -148,6 +152,8 @@ class TokenSource(Source):
 
     def _ids(self, texts: list[str], unit: SampleSpec) -> list[np.ndarray]:
         """Each text's ids in the dataset's dtype, the end-of-document id appended."""
+        import numpy as np
+
         ids = self.tokenizer.encode(texts)
         if len(ids) != len(texts):
             raise ValueError(f"tokenizer {self.tokenizer.name} gave {len(ids)} results for "

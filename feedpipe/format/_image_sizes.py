@@ -18,17 +18,26 @@ from __future__ import annotations
 import io
 import os
 import struct
+from array import array
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .._helpers.storage import is_local, local_path
 from .._redact import logger
 from ..errors import InputError
 from ._image_fields import IMAGE_FIELDS, image_extension
 from ._manifest import join
-from ._sidecars import read_mapped, read_sidecar, record_beside, sidecar_path, write_sidecar
+from ._sidecars import (
+    new_rows,
+    read_mapped,
+    read_sidecar,
+    record_beside,
+    sidecar_path,
+    write_sidecar,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logger("feedpipe.sizes")
 
@@ -131,12 +140,12 @@ def image_member(exts: Sequence[str]) -> int | None:
     return None
 
 
-def index_sizes(buffer: Any, idx: Any) -> tuple[np.ndarray, int]:
+def index_sizes(buffer: Any, idx: Any) -> tuple[array, int]:
     """Each sample's ``(width, height)`` in a shard mapped as ``buffer`` whose index is
-    ``idx`` (a :class:`~feedpipe.format._index.ShardIndex`), and how many samples with an
-    image field have no size (a header not read)."""
+    ``idx`` (a :class:`~feedpipe.format._index.ShardIndex`), flat (``int32``, two values a
+    sample), and how many samples with an image field have no size (a header not read)."""
     n = len(idx)
-    out = np.full((n, 2), -1, dtype=np.int32)
+    out = new_rows("i", n, 2, -1)
     buf = memoryview(buffer)
     unread = 0
     for i in range(n):
@@ -149,7 +158,7 @@ def index_sizes(buffer: Any, idx: Any) -> tuple[np.ndarray, int]:
         if got is None:
             unread += 1
         else:
-            out[i] = got
+            out[2 * i], out[2 * i + 1] = got
     return out, unread
 
 
@@ -158,15 +167,16 @@ def has_images(idx: Any) -> bool:
     return any(image_extension(e) is not None for e in idx.fields())
 
 
-def write_sizes(path: str, sizes: np.ndarray) -> None:
-    """Write a sizes file atomically (a reader never sees half of one)."""
-    write_sidecar(path, sizes, np.int32)
+def write_sizes(path: str, sizes: array) -> None:
+    """Write a sizes file (:func:`index_sizes`' rows) atomically (a reader never sees half of
+    one)."""
+    write_sidecar(path, sizes, 2)
 
 
-def sizes_of_file(tar_path: str, idx: Any) -> tuple[np.ndarray, int]:
+def sizes_of_file(tar_path: str, idx: Any) -> tuple[array, int]:
     """:func:`index_sizes` of the local shard file ``tar_path``."""
     if not len(idx):
-        return np.full((0, 2), -1, dtype=np.int32), 0
+        return new_rows("i", 0, 2, -1), 0
     return read_mapped(tar_path, index_sizes, idx)
 
 
@@ -199,7 +209,7 @@ def record_image_sizes(root: str, *, overwrite: bool = False) -> dict[str, int]:
         raise InputError(f"{root}: image sizes are recorded beside the shards, in a local "
                          "directory; record them where the dataset is written, then copy it")
     root = local_path(root)
-    scanned, images, unread = record_beside(root, ".sizes.npy", np.int32, sizes_of_file,
+    scanned, images, unread = record_beside(root, ".sizes.npy", 2, sizes_of_file,
                                             overwrite=overwrite)
     log.info("%s: recorded the image sizes of %d shard(s) (%d images, %d unread headers) "
              "beside them as <shard>.sizes.npy", root, scanned, images, unread)
@@ -214,6 +224,8 @@ def load_sizes(root: str, manifest: Any) -> np.ndarray:
         InputError: a shard has no sizes file, or one of another length (the message says to
             run :func:`~feedpipe.record_image_sizes`).
     """
+    import numpy as np
+
     parts = []
     for rec in manifest.shards:
         path = join(root, sizes_path(rec.name))

@@ -11,14 +11,22 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import sys
+from array import array
 from collections.abc import Callable
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .._helpers.storage import is_local, local_path, open_binary
 from ._index import index_from_tar, index_path, parse_index
 from ._manifest import load_manifest, write_manifest
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# The rows are written from an array.array, without numpy: a conversion that writes sidecars
+# (every shard of images) then loads no numpy, whose import costs more than a small shard's
+# writing (benchmarks/bench_versions.py, its convert phases).
+_DESCR = {"i": "<i4", "d": "<f8"}
 
 
 def sidecar_path(shard_path: str, suffix: str) -> str:
@@ -27,11 +35,40 @@ def sidecar_path(shard_path: str, suffix: str) -> str:
     return f"{stem}{suffix}"
 
 
-def write_sidecar(path: str, rows: np.ndarray, dtype: Any) -> None:
-    """Write a sidecar file atomically (a reader never sees half of one)."""
+def new_rows(typecode: str, samples: int, width: int, fill: float) -> array:
+    """``samples`` rows of ``width`` values ``fill``, flat, for :func:`write_sidecar`
+    (``typecode`` ``"i"``: int32, ``"d"``: float64)."""
+    return array(typecode, [fill]) * (samples * width)
+
+
+def npy_bytes(rows: array, width: int) -> bytes:
+    """The ``.npy`` file (format 1.0, C order) of ``rows`` read as shape ``(len // width,
+    width)``, as ``np.load`` reads it.
+
+    Example:
+        >>> import io, numpy as np
+        >>> np.load(io.BytesIO(npy_bytes(array("i", [1, 2, 3, 4, 5, 6]), 2))).tolist()
+        [[1, 2], [3, 4], [5, 6]]
+    """
+    descr = _DESCR[rows.typecode]
+    if rows.itemsize != int(descr[2:]):
+        raise TypeError(f"array typecode {rows.typecode!r} is {rows.itemsize} bytes here")
+    shape = (len(rows) // width, width)
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape!r}, }}"
+    pad = -(10 + len(header) + 1) % 64  # the data starts at a multiple of 64, as np.save's
+    head = (header + " " * pad + "\n").encode("latin1")
+    if sys.byteorder != "little":
+        rows = array(rows.typecode, rows)
+        rows.byteswap()
+    return b"\x93NUMPY\x01\x00" + len(head).to_bytes(2, "little") + head + rows.tobytes()
+
+
+def write_sidecar(path: str, rows: array, width: int) -> None:
+    """Write a sidecar file of ``rows`` (flat, ``width`` values a row) atomically (a reader
+    never sees half of one)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
-        np.save(f, np.ascontiguousarray(rows, dtype=dtype), allow_pickle=False)
+        f.write(npy_bytes(rows, width))
     os.replace(tmp, path)
 
 
@@ -42,6 +79,8 @@ def read_sidecar(path: str) -> np.ndarray:
         OSError: it cannot be read (missing included).
         ValueError: it is not a ``.npy`` array without pickles.
     """
+    import numpy as np
+
     if is_local(path):
         return np.load(local_path(path), allow_pickle=False)
     with open_binary(path) as f:
@@ -68,14 +107,14 @@ def local_index(tar_path: str) -> Any:
         return index_from_tar(f, os.path.getsize(tar_path), tar_path)
 
 
-def record_beside(root: str, suffix: str, dtype: Any,
-                  rows_of_file: Callable[[str, Any], tuple[np.ndarray, int]], *,
+def record_beside(root: str, suffix: str, width: int,
+                  rows_of_file: Callable[[str, Any], tuple[array, int]], *,
                   overwrite: bool) -> tuple[int, int, int]:
     """Write each shard's sidecar (``suffix``) of the local dataset ``root``, computed by
-    ``rows_of_file(tar_path, index) -> (rows, unread)``; a shard whose sidecar exists is left as
-    it is unless ``overwrite``. Returns ``(shards scanned, rows recorded, rows unread)``, a row
-    counting as recorded where its first column is not negative. The manifest is written again
-    to list the new files (:mod:`._sidecar_list`)."""
+    ``rows_of_file(tar_path, index) -> (rows, unread)`` (rows flat, ``width`` values each); a
+    shard whose sidecar exists is left as it is unless ``overwrite``. Returns ``(shards
+    scanned, rows recorded, rows unread)``, a row counting as recorded where its first column is
+    not negative. The manifest is written again to list the new files (:mod:`._sidecar_list`)."""
     scanned = recorded = unread = 0
     manifest = load_manifest(root)
     for rec in manifest.shards:
@@ -84,9 +123,9 @@ def record_beside(root: str, suffix: str, dtype: Any,
         if os.path.exists(out) and not overwrite:
             continue
         rows, bad = rows_of_file(tar, local_index(tar))
-        write_sidecar(out, rows, dtype)
+        write_sidecar(out, rows, width)
         scanned += 1
-        recorded += int((rows[:, 0] >= 0).sum())
+        recorded += sum(1 for v in rows[::width] if v >= 0)
         unread += bad
     if scanned:  # the manifest lists the files beside the shards, these too
         write_manifest(root, manifest)

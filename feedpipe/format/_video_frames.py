@@ -19,18 +19,27 @@ from __future__ import annotations
 
 import io
 import os
+from array import array
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .._helpers.storage import is_local, local_path, open_binary
 from .._redact import logger
 from ..errors import InputError
 from ._index import index_path, parse_index
 from ._manifest import join
-from ._sidecars import read_mapped, read_sidecar, record_beside, sidecar_path, write_sidecar
+from ._sidecars import (
+    new_rows,
+    read_mapped,
+    read_sidecar,
+    record_beside,
+    sidecar_path,
+    write_sidecar,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logger("feedpipe.video")
 
@@ -80,11 +89,12 @@ def count_frames(data: Any) -> tuple[int, float, float]:
     return frames, fps, frames / fps
 
 
-def index_frames(buffer: Any, idx: Any) -> tuple[np.ndarray, int]:
+def index_frames(buffer: Any, idx: Any) -> tuple[array, int]:
     """Each sample's ``(frames, fps, duration)`` in a shard mapped as ``buffer`` whose index is
-    ``idx``, and how many videos could not be read."""
+    ``idx``, flat (``float64``, three values a sample), and how many videos could not be
+    read."""
     n = len(idx)
-    out = np.full((n, 3), -1.0, dtype=np.float64)
+    out = new_rows("d", n, 3, -1.0)
     buf = memoryview(buffer)
     unread = 0
     for i in range(n):
@@ -94,7 +104,7 @@ def index_frames(buffer: Any, idx: Any) -> tuple[np.ndarray, int]:
             continue
         off, size = idx.offsets[a + k], idx.sizes[a + k]
         try:
-            out[i] = count_frames(bytes(buf[off:off + size]))
+            out[3 * i:3 * i + 3] = array("d", count_frames(bytes(buf[off:off + size])))
         except ImportError:
             raise
         except Exception:  # noqa: BLE001 (any video FFmpeg cannot read: no count, said)
@@ -107,7 +117,7 @@ def has_videos(idx: Any) -> bool:
     return any(e.lower() in VIDEO_FIELDS for e in idx.fields())
 
 
-def frames_of_file(tar_path: str, idx: Any) -> tuple[np.ndarray, int]:
+def frames_of_file(tar_path: str, idx: Any) -> tuple[array, int]:
     """:func:`index_frames` of the local shard file ``tar_path``.
 
     Raises:
@@ -115,16 +125,17 @@ def frames_of_file(tar_path: str, idx: Any) -> tuple[np.ndarray, int]:
             held by the error's traceback would keep it from closing).
     """
     if not len(idx):
-        return np.full((0, 3), -1.0, dtype=np.float64), 0
+        return new_rows("d", 0, 3, -1.0), 0
     from .._helpers.dependency import require
 
     require("av", extra="video", purpose="counting video frames")
     return read_mapped(tar_path, index_frames, idx)
 
 
-def write_frames(path: str, frames: np.ndarray) -> None:
-    """Write a frames file atomically (a reader never sees half of one)."""
-    write_sidecar(path, frames, np.float64)
+def write_frames(path: str, frames: array) -> None:
+    """Write a frames file (:func:`index_frames`' rows) atomically (a reader never sees half of
+    one)."""
+    write_sidecar(path, frames, 3)
 
 
 _said_no_av: list[bool] = []
@@ -169,7 +180,7 @@ def record_video_frames(root: str, *, overwrite: bool = False) -> dict[str, int]
                          "local directory; record them where the dataset is written, then copy "
                          "it")
     root = local_path(root)
-    scanned, videos, unread = record_beside(root, ".frames.npy", np.float64, frames_of_file,
+    scanned, videos, unread = record_beside(root, ".frames.npy", 3, frames_of_file,
                                             overwrite=overwrite)
     log.info("%s: recorded the frame counts of %d shard(s) (%d videos, %d unread) beside them "
              "as <shard>.frames.npy", root, scanned, videos, unread)
@@ -202,6 +213,8 @@ def load_frames(root: str, manifest: Any) -> np.ndarray | None:
         InputError: a frames file of another length than its shard's samples (the message says
             to run :func:`record_video_frames` again).
     """
+    import numpy as np
+
     parts = []
     for rec in manifest.shards:
         path = join(root, frames_path(rec.name))
