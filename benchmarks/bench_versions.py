@@ -134,12 +134,14 @@ def _epochs(fl: Any, epochs: int, count: Any) -> tuple[int, float, float]:
 
 
 def _decode(fl: Any, epochs: int) -> tuple[int, float, float]:
-    """Images/s after a warm-up batch (workers started), to the end of ``epochs`` epochs."""
+    """Images/s after a warm-up batch (workers started), to the end of ``epochs`` epochs. When
+    counting instructions the warm-up batch is counted in, so that the workers start inside the
+    counted part (versions_count sees a process whole or not at all)."""
     fl.set_epoch(0)
+    clock = _timed() if MARKS else None
     it = iter(fl)
-    next(it)
-    n = 0
-    clock = _timed()
+    n = len(next(it)[0]) if MARKS else 0
+    clock = clock or _timed()
     for e in range(epochs):
         if e:
             fl.set_epoch(e)

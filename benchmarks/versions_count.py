@@ -76,6 +76,11 @@ def _header(path: str) -> dict[str, Any]:
     return got
 
 
+def _between(pid: int, lo: int, hi: int) -> bool:
+    """Whether ``pid`` was handed out after ``lo`` and up to ``hi`` (pids wrap at pid_max)."""
+    return lo < pid <= hi if lo <= hi else pid > lo or pid <= hi
+
+
 def tally(out_dir: str, main_pid: int, phases: dict[str, Any]) -> dict[str, Any]:
     """Instructions of each phase's timed part from the files callgrind wrote in ``out_dir``."""
     files = [_header(p) for p in glob.glob(os.path.join(out_dir, "cg.*"))]
@@ -84,10 +89,10 @@ def tally(out_dir: str, main_pid: int, phases: dict[str, Any]) -> dict[str, Any]
     ends = [i for i, f in enumerate(main) if f["trigger"].endswith("getpgid")]
     got = {}
     for k, (phase, info) in enumerate(phases.items()):
-        own = sum(f["totals"] for f in main[starts[k] + 1:ends[k] + 1])
+        own = sum(f.get("totals", 0) for f in main[starts[k] + 1:ends[k] + 1])
         lo, hi = info["pids"]
-        kids = [f for f in files if f["pid"] != main_pid and lo < f["pid"] <= hi]
-        total = own + sum(f["totals"] for f in kids)
+        kids = [f for f in files if f["pid"] != main_pid and _between(f["pid"], lo, hi)]
+        total = own + sum(f.get("totals", 0) for f in kids)
         got[phase] = {"samples": info["samples"], "main_instructions": own,
                       "child_instructions": total - own,
                       "child_processes": len({f["pid"] for f in kids}),
