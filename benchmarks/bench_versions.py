@@ -53,10 +53,16 @@ CPU for the same work). On a loaded machine wall time swings with the neighbours
 than 3%, CPU time much less: ``--bar cpu`` holds the speed bar on the CPU ratio instead of the
 rate ratio.
 
+``--counter instructions`` runs no timed passes: each version runs every phase once, in one
+interpreter under valgrind's callgrind, and the table gives instructions per sample of each
+phase's timed part (the process and the worker processes that start and end inside it), the ref's
+over the tree's. Counts hardly move with the machine's load; they see no cache misses, page
+faults, I/O or waiting, so they stand beside the CPU-time ratio, never for it (versions_count.py).
+
 Usage::
 
     python benchmarks/bench_versions.py [--before main] [--root DIR] [--passes 5] [--quick]
-        [--phases direct,read,...] [--bar wall|cpu]
+        [--phases direct,read,...] [--bar wall|cpu] [--counter time|instructions]
 """
 
 from __future__ import annotations
@@ -415,12 +421,14 @@ def _write(a: argparse.Namespace, argv: list[str] | None, phases: list[str],
     env = environment(data[OF_PHASE[phases[0]]]["shards"])
     doc = {"benchmark": "bench_versions", "command": command.strip(), "before": a.before,
            "passes": a.passes, "counter": a.counter, "environment": env,
-           "summary": out.get("summary"), "bars": out["bars"], **doc}
+           "summary": out.get("summary"), "bars": out["bars"], "counts": out.get("counts"),
+           **doc}
     path = write_results(a.name, doc)
     head = {"env": env, "before": a.before, "passes": a.passes, "command": command.strip(),
-            "bar_on": a.bar}
+            "bar_on": a.bar, "load": f"{doc['load_at_start']} at the start, "
+            f"{[round(x, 2) for x in env.get('loadavg_at_start') or []]} at the end"}
     if a.counter == "instructions":
-        versions_count.markdown(path[:-5] + ".md", head, out)
+        versions_count.markdown(path[:-5] + ".md", head, out)  # no chart of counts
         return path
     versions_report.markdown(path[:-5] + ".md", head, out, phases)
     render_results.render(path, force=True, parts=("png",))  # the chart beside them
@@ -443,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     same = all(p in SAME_TREE for p in phases)
     before = REPO if same else versions_data.tree_of(a.before, scratch)
     trees = {"before": before, "after": REPO}
-    t_start = time.perf_counter()
+    t_start, load = time.perf_counter(), os.getloadavg()
     try:
         if a.counter == "instructions":
             out = versions_count.count(__file__, trees, [(p, data[OF_PHASE[p]]) for p in phases],
@@ -463,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(out.get("cpu_rows", [])))
     path = _write(a, argv, phases, data, {
         "runs": {f"{k[0]}/{k[1]}": v for k, v in runs.items()}, "errors": errors,
-        "skipped": skipped, "elapsed_seconds": time.perf_counter() - t_start}, out)
+        "skipped": skipped, "elapsed_seconds": time.perf_counter() - t_start,
+        "load_at_start": [round(x, 2) for x in load]}, out)
     print(f"results written to {path}")
     return 1 if errors or not all(b["met"] for b in out["bars"].values()) else 0
 

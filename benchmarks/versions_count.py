@@ -140,7 +140,9 @@ def ratios(counts: dict[str, Any], phases: list[str]) -> dict[str, Any]:
                      "met" if bars[phase]["met"] else "NOT MET"])
     text = table(rows, ["phase", "ref instr/sample", "tree instr/sample", "ratio (ref/tree)",
                         "child processes", f"bar {BAR}"])
-    return {"bars": bars, "text": text,
+    summary = {p: {v: {"instructions_per_sample": counts[v][p]["per_sample"]}
+                   for v in counts if p in counts[v]} for p in phases}
+    return {"bars": bars, "text": text, "summary": summary,
             "median_ratio": median(b["instruction_ratio"] for b in bars.values()
                                    if b["instruction_ratio"] is not None)}
 
@@ -153,5 +155,5 @@ def markdown(path: str, head: dict[str, Any], out: dict[str, Any]) -> None:
         f.write(f"# {head['before']} against the working tree: instructions per sample\n\n")
         f.write(f"`{head['command']}`, {env.get('date_utc', '?')}, working tree at "
                 f"{str(git.get('revision', '?'))[:7]}{' (dirty)' if git.get('dirty') else ''}, "
-                f"load average at the start {env.get('loadavg_at_start', '?')} (it does not "
+                f"load average {head['load']} (it does not "
                 "change the counts).\n\n```\n" + out["text"] + "\n```\n\n" + doc + "\n")

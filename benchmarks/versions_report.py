@@ -112,8 +112,7 @@ def markdown(path: str, head: dict[str, Any], out: dict[str, Any], phases: list[
         f.write(f"# {before} against the working tree ({head['passes']} alternating passes)\n\n")
         f.write(f"`{head['command']}`, {env.get('date_utc', '?')}, working tree at "
                 f"{str(git.get('revision', '?'))[:7]}{' (dirty)' if git.get('dirty') else ''}, "
-                f"{env.get('cpu_count', '?')} cores, load average at the start "
-                f"{env.get('loadavg_at_start', '?')}.\n\n")
+                f"{env.get('cpu_count', '?')} cores, load average {head['load']}.\n\n")
         f.write("```\n" + out["text"] + "\n```\n\n")
         if out["cpu_text"]:
             f.write("CPU seconds per sample of the timed part (process and ended children), the "
