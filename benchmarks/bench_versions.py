@@ -53,10 +53,16 @@ CPU for the same work). On a loaded machine wall time swings with the neighbours
 than 3%, CPU time much less: ``--bar cpu`` holds the speed bar on the CPU ratio instead of the
 rate ratio.
 
+``--counter instructions`` runs no timed passes: each version runs every phase once, in one
+interpreter under valgrind's callgrind, and the table gives instructions per sample of each
+phase's timed part (the process and the worker processes that start and end inside it), the ref's
+over the tree's. Counts hardly move with the machine's load; they see no cache misses, page
+faults, I/O or waiting, so they stand beside the CPU-time ratio, never for it (versions_count.py).
+
 Usage::
 
     python benchmarks/bench_versions.py [--before main] [--root DIR] [--passes 5] [--quick]
-        [--phases direct,read,...] [--bar wall|cpu]
+        [--phases direct,read,...] [--bar wall|cpu] [--counter time|instructions]
 """
 
 from __future__ import annotations
@@ -73,19 +79,11 @@ import time
 from typing import Any
 
 import render_results
-from common import (
-    REPO,
-    alternating,
-    emit,
-    environment,
-    fmt,
-    load_spec,
-    median,
-    run_worker,
-    spread,
-    table,
-    write_results,
-)
+import versions_count
+import versions_data
+import versions_report
+from common import REPO, alternating, emit, environment, load_spec, run_worker, write_results
+from versions_report import SAME_TREE, Runs
 
 PHASES = ("direct", "read", "read-tiny", "decode", "decode-small", "transform", "convert",
           "convert-tiny", "mixture", "packed")
@@ -93,10 +91,7 @@ PHASES = ("direct", "read", "read-tiny", "decode", "decode-small", "transform", 
 NEEDS = {"mixture": "Mixture", "packed": "Packed"}
 MIX_WEIGHTS = {"web": 0.5, "books": 0.3, "code": 0.2}
 SEQ_LEN, PACKED_BATCH = 2048, 8
-SAME_TREE = ("ledger", "ledger-0")  # the working tree without and with a ledger
 BATCH = 256
-SPEED_BAR, RSS_BAR = 0.97, 1.1
-BARS = {"ledger": 0.99, "ledger-0": 0.99}  # the ledger may cost 1% of the raw-read route
 
 
 def label_and_size(sample: dict[str, Any]) -> tuple[int, int]:
@@ -113,10 +108,21 @@ def _names() -> tuple[Any, Any]:
     return BatchCollator, ImagePipeline
 
 
+MARKS: list[Any] = []  # called with "start" / "end" around each timed part (versions_count)
+
+
 def _timed() -> Any:
     """A clock started now: calling it gives ``(wall seconds, CPU seconds)`` since."""
+    for mark in MARKS:
+        mark("start")
     t0, c0 = time.perf_counter(), _cpu_seconds()
-    return lambda: (time.perf_counter() - t0, _cpu_seconds() - c0)
+
+    def clock() -> tuple[float, float]:
+        spent = time.perf_counter() - t0, _cpu_seconds() - c0
+        for mark in MARKS:
+            mark("end")
+        return spent
+    return clock
 
 
 def _epochs(fl: Any, epochs: int, count: Any) -> tuple[int, float, float]:
@@ -134,12 +140,14 @@ def _epochs(fl: Any, epochs: int, count: Any) -> tuple[int, float, float]:
 
 
 def _decode(fl: Any, epochs: int) -> tuple[int, float, float]:
-    """Images/s after a warm-up batch (workers started), to the end of ``epochs`` epochs."""
+    """Images/s after a warm-up batch (workers started), to the end of ``epochs`` epochs. When
+    counting instructions the warm-up batch is counted in, so that the workers start inside the
+    counted part (versions_count sees a process whole or not at all)."""
     fl.set_epoch(0)
+    clock = _timed() if MARKS else None
     it = iter(fl)
-    next(it)
-    n = 0
-    clock = _timed()
+    n = len(next(it)[0]) if MARKS else 0
+    clock = clock or _timed()
     for e in range(epochs):
         if e:
             fl.set_epoch(e)
@@ -169,80 +177,115 @@ def _direct(ds: Any, epochs: int) -> tuple[int, float, float]:
     return (n, *clock())
 
 
+def _read(feedpipe: Any, spec: dict[str, Any]) -> Any:
+    phase, root = spec["phase"], spec["shards"]
+    ds = feedpipe.FeedDataset(root, shuffle=True, seed=0)
+    if phase == "direct":
+        return (*_direct(ds, spec["epochs"]), None)
+    fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=2)
+    return (*_epochs(fl, spec["epochs"] if phase == "read" else 2,
+                     lambda b: len(b["__key__"])), fl)
+
+
+def _ledger(feedpipe: Any, spec: dict[str, Any]) -> Any:
+    ds = feedpipe.FeedDataset(spec["shards"], shuffle=True, seed=0)
+    ledger = tempfile.mkdtemp(prefix="bench-versions-ledger-") if spec["ledger"] else None
+    spent = _attributed()
+    fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=2 if spec["phase"] == "ledger"
+                             else 0, ledger=ledger)
+    fl.set_epoch(0)
+    for _ in fl:  # untimed: maps, indexes, page cache, first imports
+        pass
+    spent.update(dict.fromkeys(spent, 0.0))
+    cpu, n, t0 = _cpu_seconds(), 0, time.perf_counter()
+    for e in range(1, spec["epochs"] + 1):
+        fl.set_epoch(e)
+        for b in fl:
+            n += len(b["__key__"])
+    dt, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu
+    if fl.route.name != "refs":  # the attribution sees the training process only
+        spent = {}
+    if ledger is not None:
+        shutil.rmtree(ledger, ignore_errors=True)
+    return n, dt, cpu, fl, {f"{k}_cpu_seconds": v for k, v in spent.items()}
+
+
+def _mixture(feedpipe: Any, spec: dict[str, Any]) -> Any:
+    """Three sources (one shard set, seeded apart), raw batches."""
+    mix = feedpipe.Mixture({name: feedpipe.FeedDataset(spec["shards"], shuffle=True, seed=i)
+                            for i, name in enumerate(MIX_WEIGHTS)}, MIX_WEIGHTS)
+    fl = feedpipe.FeedLoader(mix, batch_size=BATCH, num_workers=2)
+    return (*_epochs(fl, spec["epochs"], lambda b: len(b["__key__"])), fl)
+
+
+def _packed(feedpipe: Any, spec: dict[str, Any]) -> Any:
+    """Token documents packed to rows; the rate counts tokens."""
+    packed = feedpipe.Packed(feedpipe.FeedDataset(spec["shards"], shuffle=True, seed=0), SEQ_LEN)
+    fl = feedpipe.FeedLoader(packed, batch_size=PACKED_BATCH)
+    return (*_epochs(fl, spec["epochs"], lambda b: int(b["input_ids"].numel())), fl)
+
+
+def _decoding(feedpipe: Any, spec: dict[str, Any]) -> Any:
+    BatchCollator, ImagePipeline = _names()
+    if spec["phase"] == "decode":
+        ds = feedpipe.FeedDataset(spec["shards"], shuffle=True, seed=0,
+                                  transform=ImagePipeline(224, mean=None))
+        fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=2,
+                                 collate_fn=BatchCollator(BATCH, (3, 224, 224)))
+        return (*_decode(fl, 2), fl)
+    pipe = ImagePipeline(224, train=False)
+    ds = feedpipe.FeedDataset(spec["shards"], shuffle=True, seed=0, transform=pipe)
+    fl = feedpipe.FeedLoader(ds, batch_size=128, num_workers=2,
+                             collate_fn=BatchCollator(128, pipe.out_shape, pipe.out_dtype))
+    return (*_decode(fl, 1), fl)
+
+
+def _transform(feedpipe: Any, spec: dict[str, Any]) -> Any:
+    ds = feedpipe.FeedDataset(spec["shards"], shuffle=True, seed=0, transform=label_and_size)
+    fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=0)
+    return (*_epochs(fl, 2, lambda b: len(b[0])), fl)  # (sizes, labels)
+
+
+def _convert(feedpipe: Any, spec: dict[str, Any]) -> Any:
+    phase = spec["phase"]
+    out = tempfile.mkdtemp(prefix="bench-versions-out-")
+    shutil.rmtree(out)
+    clock = _timed()
+    feedpipe.shard(spec["src"], out, max_bytes=64 << 20,
+                   workers=1 if phase == "convert-parquet" else 2,
+                   labels_from_dirs=phase == "convert", show_progress=False)
+    dt, cpu = clock()
+    shutil.rmtree(out, ignore_errors=True)
+    return spec["files"], dt, cpu, None
+
+
+RUNNERS = {"direct": _read, "read": _read, "read-tiny": _read, "ledger": _ledger,
+           "ledger-0": _ledger, "mixture": _mixture, "packed": _packed, "decode": _decoding,
+           "decode-small": _decoding, "transform": _transform, "convert": _convert,
+           "convert-tiny": _convert, "convert-parquet": _convert}
+
+
+def run_phase(spec: dict[str, Any]) -> tuple[Any, ...]:
+    """One phase in this process: ``(samples, wall s, CPU s, loader or None, extra fields)``."""
+    import feedpipe
+
+    got = RUNNERS[spec["phase"]](feedpipe, spec)
+    return got if len(got) == 5 else (*got, {})
+
+
 def worker(spec: dict[str, Any]) -> None:
+    if "count" in spec:  # every phase in this one process, under callgrind (versions_count)
+        import versions_count
+
+        versions_count.count_worker(spec, run_phase, MARKS)
+        return
     from peer_memory import PeakMemory
 
     import feedpipe
 
-    BatchCollator, ImagePipeline = _names()
-    phase, root = spec["phase"], spec["shards"]
     with PeakMemory() as mem:
-        if phase == "direct":
-            ds = feedpipe.FeedDataset(root, shuffle=True, seed=0)
-            n, dt, cpu = _direct(ds, spec["epochs"])
-        elif phase in ("read", "read-tiny"):
-            ds = feedpipe.FeedDataset(root, shuffle=True, seed=0)
-            fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=2)
-            n, dt, cpu = _epochs(fl, spec["epochs"] if phase == "read" else 2,
-                                 lambda b: len(b["__key__"]))
-        elif phase in SAME_TREE:
-            ds = feedpipe.FeedDataset(root, shuffle=True, seed=0)
-            ledger = tempfile.mkdtemp(prefix="bench-versions-ledger-") if spec["ledger"] else None
-            spent = _attributed()
-            fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=2 if phase == "ledger"
-                                     else 0, ledger=ledger)
-            fl.set_epoch(0)
-            for _ in fl:  # untimed: maps, indexes, page cache, first imports
-                pass
-            spent.update(dict.fromkeys(spent, 0.0))
-            cpu, n, t0 = _cpu_seconds(), 0, time.perf_counter()
-            for e in range(1, spec["epochs"] + 1):
-                fl.set_epoch(e)
-                for b in fl:
-                    n += len(b["__key__"])
-            dt, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu
-            if fl.route.name != "refs":  # the attribution sees the training process only
-                spent = {}
-            if ledger is not None:
-                shutil.rmtree(ledger, ignore_errors=True)
-        elif phase == "mixture":  # three sources (one shard set, seeded apart), raw batches
-            mix = feedpipe.Mixture({name: feedpipe.FeedDataset(root, shuffle=True, seed=i)
-                                    for i, name in enumerate(MIX_WEIGHTS)}, MIX_WEIGHTS)
-            fl = feedpipe.FeedLoader(mix, batch_size=BATCH, num_workers=2)
-            n, dt, cpu = _epochs(fl, spec["epochs"], lambda b: len(b["__key__"]))
-        elif phase == "packed":  # token documents packed to rows; the rate counts tokens
-            packed = feedpipe.Packed(feedpipe.FeedDataset(root, shuffle=True, seed=0), SEQ_LEN)
-            fl = feedpipe.FeedLoader(packed, batch_size=PACKED_BATCH)
-            n, dt, cpu = _epochs(fl, spec["epochs"], lambda b: int(b["input_ids"].numel()))
-        elif phase == "decode":
-            ds = feedpipe.FeedDataset(root, shuffle=True, seed=0,
-                                      transform=ImagePipeline(224, mean=None))
-            fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=2,
-                                     collate_fn=BatchCollator(BATCH, (3, 224, 224)))
-            n, dt, cpu = _decode(fl, 2)
-        elif phase == "decode-small":
-            pipe = ImagePipeline(224, train=False)
-            ds = feedpipe.FeedDataset(root, shuffle=True, seed=0, transform=pipe)
-            fl = feedpipe.FeedLoader(ds, batch_size=128, num_workers=2,
-                                     collate_fn=BatchCollator(128, pipe.out_shape,
-                                                              pipe.out_dtype))
-            n, dt, cpu = _decode(fl, 1)
-        elif phase == "transform":
-            ds = feedpipe.FeedDataset(root, shuffle=True, seed=0, transform=label_and_size)
-            fl = feedpipe.FeedLoader(ds, batch_size=BATCH, num_workers=0)
-            n, dt, cpu = _epochs(fl, 2, lambda b: len(b[0]))  # (sizes, labels)
-        else:  # convert, convert-tiny
-            out = tempfile.mkdtemp(prefix="bench-versions-out-")
-            shutil.rmtree(out)
-            clock = _timed()
-            feedpipe.shard(spec["src"], out, max_bytes=64 << 20,
-                           workers=1 if phase == "convert-parquet" else 2,
-                           labels_from_dirs=phase == "convert", show_progress=False)
-            dt, cpu = clock()
-            n = spec["files"]
-            shutil.rmtree(out, ignore_errors=True)
-    route = getattr(locals().get("fl"), "route", None)
-    extra = {f"{k}_cpu_seconds": v for k, v in spent.items()} if phase in SAME_TREE else {}
+        n, dt, cpu, fl, extra = run_phase(spec)
+    route = getattr(fl, "route", None)
     emit({"samples": n, "seconds": dt, "rate": n / dt, "cpu_seconds": cpu,
           "feedpipe": feedpipe.__file__,
           "route": route if isinstance(route, str) else None, **extra, **mem.result()})
@@ -309,61 +352,13 @@ def _cpu_seconds() -> float:
     return own + kids.ru_utime + kids.ru_stime
 
 
-def _parquet(root: str, rows: int) -> dict[str, Any]:
-    """The convert-parquet phase's table, written by pandas once (small fields: where the
-    per-row cost, not the bytes, is the limit)."""
-    path = os.path.join(root, "parquet", f"rows-{rows}.parquet")
-    if not os.path.exists(path):
-        import numpy as np
-        import pandas as pd
-
-        rng = np.random.default_rng(0)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        pd.DataFrame({"text": [f"row {i} " + "x" * int(n)
-                               for i, n in enumerate(rng.integers(20, 60, rows))],
-                      "label": rng.integers(0, 10, rows), "score": rng.random(rows)}
-                     ).to_parquet(path + ".tmp")
-        os.replace(path + ".tmp", path)
-    return {"src": path, "shards": os.path.dirname(path), "files": rows}
+OF_PHASE = {"direct": "images", "read": "images", "read-tiny": "tiny", "decode": "photos",
+            "decode-small": "images", "transform": "images", "convert": "images",
+            "convert-tiny": "tiny", "convert-parquet": "parquet", "ledger": "images",
+            "ledger-0": "images", "mixture": "images", "packed": "tokens"}
 
 
-def _tokens(root: str, docs: int) -> dict[str, Any]:
-    """The packed phase's corpus: ``docs`` int32 token documents of random length (mean 600,
-    seed 0) as ``tokens.npy`` fields, written once by the working tree."""
-    out = os.path.join(root, "tokens", f"docs-{docs}")
-    if not os.path.exists(os.path.join(out, "manifest.json")):
-        import numpy as np
-
-        import feedpipe
-
-        rng = np.random.default_rng(0)
-        lengths = rng.integers(16, 1200, size=docs)
-        shutil.rmtree(out, ignore_errors=True)
-        feedpipe.write_samples(
-            ({"__key__": f"d{i:07d}",
-              "tokens.npy": rng.integers(0, 50_000, size=int(k), dtype=np.int32)}
-             for i, k in enumerate(lengths)), out, max_samples=max(1, docs // 8))
-    return {"src": out, "shards": out, "files": docs}
-
-
-def has_name(ref: str, name: str) -> bool:
-    """Whether ``ref``'s public API exports ``name`` (read from its ``feedpipe/__init__.py``)."""
-    r = subprocess.run(["git", "-C", REPO, "show", f"{ref}:feedpipe/__init__.py"],
-                       capture_output=True, text=True, check=False)
-    return f'"{name}"' in r.stdout
-
-
-def tree_of(ref: str, where: str) -> str:
-    """A checkout of ``ref`` under ``where`` (a git worktree), with the C extension built."""
-    path = os.path.join(where, "before")
-    subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", "-f", path, ref],
-                   check=True, capture_output=True)
-    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=path,
-                   check=False, capture_output=True)
-    return path
-
-
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--before", default="main", help="git ref of the code to compare with")
@@ -378,176 +373,108 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bar", choices=("wall", "cpu"), default="wall",
                     help="hold the speed bar on the rate ratio (wall) or the CPU-seconds ratio "
                     "(cpu: for a loaded machine); both are reported")
+    ap.add_argument("--counter", choices=("time", "instructions"), default="time",
+                    help="instructions: no timed passes; each version runs every phase once in "
+                    "one process under callgrind, and the table gives instructions per sample "
+                    "of the timed part (versions_count.py)")
     ap.add_argument("--parquet-rows", type=int, default=200_000,
                     help="rows of the convert-parquet phase's table")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _phases(a: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    phases = a.phases.split(",")
+    skipped = {p: f"{a.before} has no feedpipe.{NEEDS[p]}" for p in phases
+               if p in NEEDS and not versions_data.has_name(a.before, NEEDS[p])}
+    for p, why in skipped.items():
+        print(f"phase {p} left out: {why} (compare with a later --before)", file=sys.stderr)
+    return [p for p in phases if p not in skipped], skipped
+
+
+def _passes(a: argparse.Namespace, phases: list[str], data: dict[str, Any],
+            trees: dict[str, str]) -> tuple[Runs, list[str]]:
+    """Every phase, the two versions alternating pass by pass, each run a fresh interpreter."""
+    runs: Runs = {}
+    errors = []
+    for p in range(a.passes):
+        for phase in phases:
+            for version in alternating(list(trees), p):
+                same = phase in SAME_TREE
+                os.environ["PYTHONPATH"] = REPO if same else trees[version]
+                r = run_worker(__file__, {**data[OF_PHASE[phase]], "phase": phase,
+                                          "epochs": a.read_epochs,
+                                          "ledger": same and version == "after"})
+                if "error" in r:
+                    errors.append(f"{phase} {version}: {r['error']}\n{r.get('stderr_tail')}")
+                    print(errors[-1], file=sys.stderr)
+                    continue
+                runs.setdefault((phase, version), []).append(r)
+                print(f"pass {p} {phase:12s} {version:6s} {r['rate']:>10,.0f}/s "
+                      f"peak RSS {r['peak_rss_bytes'] / 1e6:,.0f} MB", flush=True)
+    return runs, errors
+
+
+def _write(a: argparse.Namespace, argv: list[str] | None, phases: list[str],
+           data: dict[str, Any], doc: dict[str, Any], out: dict[str, Any]) -> str:
+    command = "python benchmarks/bench_versions.py " + " ".join(
+        shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
+    env = environment(data[OF_PHASE[phases[0]]]["shards"])
+    doc = {"benchmark": "bench_versions", "command": command.strip(), "before": a.before,
+           "passes": a.passes, "counter": a.counter, "environment": env,
+           "summary": out.get("summary"), "bars": out["bars"], "counts": out.get("counts"),
+           **doc}
+    path = write_results(a.name, doc)
+    head = {"env": env, "before": a.before, "passes": a.passes, "command": command.strip(),
+            "bar_on": a.bar, "load": f"{doc['load_at_start']} at the start, "
+            f"{[round(x, 2) for x in env.get('loadavg_at_start') or []]} at the end"}
+    if a.counter == "instructions":
+        versions_count.markdown(path[:-5] + ".md", head, out)  # no chart of counts
+        return path
+    versions_report.markdown(path[:-5] + ".md", head, out, phases)
+    render_results.render(path, force=True, parts=("png",))  # the chart beside them
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _args(argv)
     if a.worker:
         worker(load_spec(a.worker))
         return 0
-    import datasets
-
-    import feedpipe
-
-    phases = a.phases.split(",")
-    skipped = {p: f"{a.before} has no feedpipe.{NEEDS[p]}" for p in phases
-               if p in NEEDS and not has_name(a.before, NEEDS[p])}
-    for p, why in skipped.items():
-        print(f"phase {p} left out: {why} (compare with a later --before)", file=sys.stderr)
-    phases = [p for p in phases if p not in skipped]
+    phases, skipped = _phases(a)
     if not phases:
         print("no phase left to compare", file=sys.stderr)
         return 1
-    data = {}
-    for name, labels in (("images", True), ("tiny", False), ("photos", True)):
-        info = datasets.ensure(name, root=a.root, quick=a.quick)
-        shards = os.path.join(os.path.dirname(info["src"]), "feedpipe-versions"
-                              + ("-labels" if labels else ""))
-        if not os.path.exists(os.path.join(shards, "manifest.json")):
-            shutil.rmtree(shards, ignore_errors=True)
-            feedpipe.shard(info["src"], shards, max_bytes=64 << 20, workers=2,
-                           labels_from_dirs=labels, show_progress=False)
-        data[name] = {"src": info["src"], "shards": shards, "files": info["files"]}
-    if "convert-parquet" in phases:
-        data["parquet"] = _parquet(a.root, a.parquet_rows)
-    if "packed" in phases:
-        data["tokens"] = _tokens(a.root, 2000 if a.quick else 20_000)
-    of_phase = {"direct": "images", "read": "images", "read-tiny": "tiny", "decode": "photos",
-                "decode-small": "images", "transform": "images", "convert": "images",
-                "convert-tiny": "tiny", "convert-parquet": "parquet", "ledger": "images",
-                "ledger-0": "images", "mixture": "images", "packed": "tokens"}
-    passes = a.passes or (2 if a.quick else 5)
+    data = versions_data.prepare(a, phases)
+    a.passes = a.passes or (2 if a.quick else 5)
     scratch = tempfile.mkdtemp(prefix="bench-versions-")
     # phases that compare the working tree with itself need no checkout of the ref
-    before = REPO if all(p in SAME_TREE for p in phases) else tree_of(a.before, scratch)
+    same = all(p in SAME_TREE for p in phases)
+    before = REPO if same else versions_data.tree_of(a.before, scratch)
     trees = {"before": before, "after": REPO}
-    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    errors = []
-    t_start = time.perf_counter()
+    t_start, load = time.perf_counter(), os.getloadavg()
     try:
-        for p in range(passes):
-            for phase in phases:
-                for version in alternating(list(trees), p):
-                    same = phase in SAME_TREE
-                    os.environ["PYTHONPATH"] = REPO if same else trees[version]
-                    r = run_worker(__file__, {**data[of_phase[phase]], "phase": phase,
-                                              "epochs": a.read_epochs,
-                                              "ledger": same and version == "after"})
-                    if "error" in r:
-                        errors.append(f"{phase} {version}: {r['error']}\n{r.get('stderr_tail')}")
-                        print(errors[-1], file=sys.stderr)
-                        continue
-                    runs.setdefault((phase, version), []).append(r)
-                    print(f"pass {p} {phase:12s} {version:6s} {r['rate']:>10,.0f}/s "
-                          f"peak RSS {r['peak_rss_bytes'] / 1e6:,.0f} MB", flush=True)
+        if a.counter == "instructions":
+            out = versions_count.count(__file__, trees, [(p, data[OF_PHASE[p]]) for p in phases],
+                                       scratch)
+            runs, errors = {}, out["errors"]
+        else:
+            runs, errors = _passes(a, phases, data, trees)
+            out = versions_report.report(phases, runs, a.before, a.bar)
     finally:
         os.environ.pop("PYTHONPATH", None)
         if before != REPO:
             subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", before],
                            check=False, capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)
-    rows, summary = [], {}
-    bars: dict[str, dict[str, Any]] = {}
-    cpu_rows: list[str] = []
-    cpu_table: list[list[str]] = []
-    for phase in phases:
-        med = {v: median(r["rate"] for r in runs.get((phase, v), [])) for v in trees}
-        rss = {v: median(r["peak_rss_bytes"] for r in runs.get((phase, v), [])) for v in trees}
-        pairs = list(zip(runs.get((phase, "before"), []), runs.get((phase, "after"), [])))
-        ratios = [a["rate"] / b["rate"] for b, a in pairs]
-        speed = median(ratios)
-        mem = median(a["peak_rss_bytes"] / b["peak_rss_bytes"] for b, a in pairs)
-        bar = BARS.get(phase, SPEED_BAR)
-        # CPU seconds per sample, the ref's over the tree's (a passes' counts may differ a little)
-        cpu_ratios = [(b["cpu_seconds"] / b["samples"]) / (a["cpu_seconds"] / a["samples"])
-                      for b, a in pairs if a.get("cpu_seconds") and b.get("cpu_seconds")]
-        cpu = median(cpu_ratios)
-        held = cpu if a.bar == "cpu" else speed
-        ok = held is not None and mem is not None and held >= bar and mem <= RSS_BAR
-        if phase not in SAME_TREE:
-            lo_hi_cpu = spread(cpu_ratios)
-            cpu_table.append([phase, fmt(cpu, 3), "-" if lo_hi_cpu is None
-                              else f"{lo_hi_cpu[0]:.2f}-{lo_hi_cpu[1]:.2f}",
-                              " ".join(f"{r:.3f}" for r in cpu_ratios),
-                              "met" if cpu is not None and cpu >= bar else "NOT MET"])
-        if phase in SAME_TREE:  # the ledger's cost: CPU seconds per sample (see _cpu_seconds)
-            runs_of = {v: runs.get((phase, v), []) for v in trees}
-            ok = cpu is not None and mem is not None and cpu >= bar and mem <= RSS_BAR
-            cpu_rows.append(f"{phase}: CPU-time ratio {fmt(cpu, 4)} (per pass "
-                            f"{' '.join(f'{r:.3f}' for r in cpu_ratios)}); wall-time ratio "
-                            f"{fmt(speed, 4)} (per pass {' '.join(f'{r:.3f}' for r in ratios)})")
-            shares = {k: [r[f"{k}_cpu_seconds"] / r["cpu_seconds"] for r in runs_of[v]
-                          if f"{k}_cpu_seconds" in r]
-                      for k, v in (("ledger", "after"), ("io", "before"))}
-            share = {k: median(v) for k, v in shares.items()}
-            ok = ok or (share["ledger"] is not None and share["ledger"] <= 1 - bar
-                        and mem is not None and mem <= RSS_BAR)
-            for k, v in shares.items():
-                if v:
-                    cpu_rows.append(f"{phase}: {k} share of the pass's CPU seconds, median "
-                                    f"{100 * (share[k] or 0):.3f}% (per pass "
-                                    f"{' '.join(f'{100 * x:.3f}' for x in v)})")
-            bars[phase] = {"ledger_share": share["ledger"], "io_share": share["io"],
-                           "ledger_pass_shares": shares["ledger"], "io_pass_shares": shares["io"]}
-        bars[phase] = {**bars.get(phase, {}), "speed_ratio": speed, "rss_ratio": mem, "met": ok,
-                       "speed_bar": bar, "cpu_ratio": cpu, "cpu_pass_ratios": cpu_ratios,
-                       "bar_on": "cpu" if phase in SAME_TREE else a.bar,
-                       "pass_ratios": ratios,
-                       "routes": sorted({str(r.get("route")) for r in runs.get((phase, "after"),
-                                                                                 [])})}
-        summary[phase] = {v: {"median_rate": med[v], "median_peak_rss_bytes": rss[v],
-                              "spread": spread(r["rate"] for r in runs.get((phase, v), []))}
-                          for v in trees}
-        lo_hi = spread(ratios)
-        rows.append([phase, fmt(med["before"]), fmt(med["after"]), fmt(speed, 3),
-                     "-" if lo_hi is None else f"{lo_hi[0]:.2f}-{lo_hi[1]:.2f}",
-                     fmt((rss["before"] or 0) / 1e6), fmt((rss["after"] or 0) / 1e6),
-                     fmt(mem, 3), "met" if ok else "NOT MET"])
-    text = table(rows, ["phase", f"{a.before} /s", "tree /s", "pass ratio", "per pass",
-                        f"{a.before} MB", "tree MB", "RSS ratio", "bar"])
-    cpu_text = table(cpu_table, ["phase", f"CPU ratio ({a.before}/tree)", "per pass",
-                                 "pass ratios", f"bar {SPEED_BAR}"]) if cpu_table else ""
-    print(text)
-    print(cpu_text)
-    print("\n".join(cpu_rows))
-    command = "python benchmarks/bench_versions.py " + " ".join(
-        shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
-    env = environment(data[of_phase[phases[0]]]["shards"])
-    doc = {"benchmark": "bench_versions", "command": command.strip(), "before": a.before,
-           "passes": passes,
-           "environment": env, "summary": summary, "bars": bars,
-           "runs": {f"{k[0]}/{k[1]}": v for k, v in runs.items()}, "errors": errors,
-           "skipped": skipped,
-           "elapsed_seconds": time.perf_counter() - t_start}
-    path = write_results(a.name, doc)
-    with open(path[:-5] + ".md", "w", encoding="utf-8") as f:
-        git = env.get("git") or {}
-        f.write(f"# {a.before} against the working tree ({passes} alternating passes)\n\n")
-        f.write(f"`{command.strip()}`, {env.get('date_utc', '?')}, working tree at "
-                f"{str(git.get('revision', '?'))[:7]}{' (dirty)' if git.get('dirty') else ''}, "
-                f"{env.get('cpu_count', '?')} cores, load average at the start "
-                f"{env.get('loadavg_at_start', '?')}.\n\n")
-        f.write("```\n" + text + "\n```\n\n")
-        if cpu_text:
-            f.write("CPU seconds per sample of the timed part (process and ended children), the "
-                    "ref's over the tree's, per pass and their median:\n\n```\n" + cpu_text
-                    + "\n```\n\n")
-        f.write(f"Bar: the median of the per-pass ratios, >= {SPEED_BAR}x the "
-                f"{'rate' if a.bar == 'wall' else 'CPU seconds per sample (--bar cpu)'} and "
-                f"<= {RSS_BAR}x the peak RSS of the ref, in every phase; 'per pass': the lowest "
-                "and highest per-pass ratio.\n")
-        if any(p in SAME_TREE for p in phases):
-            f.write(f"\n{', '.join(p for p in phases if p in SAME_TREE)}: both columns are the "
-                    "working tree, the first without, the second with FeedLoader(ledger=DIR); "
-                    f"bar: the median of the per-pass ratios of CPU seconds (without / with, "
-                    f"main process and workers, the same samples) >= {BARS['ledger']}x, or the "
-                    "median share of the pass's CPU seconds spent in the ledger's methods <= "
-                    f"{100 * (1 - BARS['ledger']):.0f}% (measured in the pass with the ledger; "
-                    "io: the share of io counting, in the pass without it):\n\n")
-            f.write("".join(f"- {r}\n" for r in cpu_rows))
-    render_results.render(path, force=True, parts=("png",))  # the chart beside them
+    print(out["text"])
+    print(out.get("cpu_text", ""))
+    print("\n".join(out.get("cpu_rows", [])))
+    path = _write(a, argv, phases, data, {
+        "runs": {f"{k[0]}/{k[1]}": v for k, v in runs.items()}, "errors": errors,
+        "skipped": skipped, "elapsed_seconds": time.perf_counter() - t_start,
+        "load_at_start": [round(x, 2) for x in load]}, out)
     print(f"results written to {path}")
-    return 1 if errors or not all(b["met"] for b in bars.values()) else 0
-
+    return 1 if errors or not all(b["met"] for b in out["bars"].values()) else 0
 
 if __name__ == "__main__":
     sys.exit(main())
