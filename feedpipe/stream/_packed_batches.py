@@ -54,12 +54,14 @@ class PackedFetch:
                scale: int = 1) -> Iterator[tuple[Group, int]]:
         """Each group of ``batches`` (a reader's batches of rows, in order) and how many
         batches it holds; ``times``: the groups' seconds are added to ``fetch``; ``scale``:
-        groups of so many times the usual tokens and batches."""
-        packed, epoch, most = self.packed, self.epoch, self.group * scale
+        groups after the second of so many times the usual tokens and batches (the first
+        two as without it)."""
+        packed, epoch, most = self.packed, self.epoch, self.group
         clock = time.perf_counter
         pending: list[np.ndarray] = []
         rows = 0
         size = 1  # the first batch is made on its own: the reader waits for no group
+        made = 0
         end = object()
         it = iter(batches)
         while True:
@@ -78,7 +80,9 @@ class PackedFetch:
             yield group, len(pending)
             # the group's tokens go before the next group's are copied: one at a time alive
             pending, rows, group = [], 0, None  # type: ignore[assignment]
-            size = self.most * scale
+            made += 1
+            grow = scale if made > 1 else 1
+            size, most = self.most * grow, self.group * grow
 
     def run(self, batches: Iterator[np.ndarray],
             times: PartTimes | None = None) -> Iterator[dict[str, Any]]:
