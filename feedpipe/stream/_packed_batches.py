@@ -51,11 +51,11 @@ class PackedFetch:
         return self.packed.rows(self.epoch, rows)
 
     def groups(self, batches: Iterator[np.ndarray], times: PartTimes | None = None,
-               scale: int = 1) -> Iterator[tuple[Group, int]]:
+               scale: int = 1, alloc: Any = None) -> Iterator[tuple[Group, int]]:
         """Each group of ``batches`` (a reader's batches of rows, in order) and how many
         batches it holds; ``times``: the groups' seconds are added to ``fetch``; ``scale``:
         groups after the second of so many times the usual tokens and batches (the first
-        two as without it)."""
+        two as without it); ``alloc``: ``Packed.make_group``'s."""
         packed, epoch, most = self.packed, self.epoch, self.group
         clock = time.perf_counter
         pending: list[np.ndarray] = []
@@ -74,7 +74,8 @@ class PackedFetch:
             if not pending:
                 return
             t0 = clock()
-            group = packed.make_group(epoch, pending)
+            group = (packed.make_group(epoch, pending) if alloc is None
+                     else packed.make_group(epoch, pending, alloc))
             if times is not None:
                 times.fetch += clock() - t0
             yield group, len(pending)
@@ -102,22 +103,34 @@ class PackedFetch:
              times: PartTimes | None = None) -> Iterator[Shipment]:
         """:meth:`run`'s batches as worker ``worker`` sends them: each group
         (:meth:`groups`, :data:`SHIP_GROUPS` times as large) as a :class:`Shipment`, its
-        tokens copied into a buffer of ``ring`` (its
-        :meth:`~feedpipe.stream._worker_rows.ByteRing.ticket` then names it), else into a fresh
-        one. ``times`` as for :meth:`run`."""
+        tokens in a buffer of ``ring`` (its
+        :meth:`~feedpipe.stream._worker_rows.ByteRing.ticket` then names it), else in a fresh
+        one: copied there straight out of the shards' maps, or after they were read whole or
+        put in rows with padding. ``times`` as for :meth:`run`."""
         clock = time.perf_counter
-        for group, count in self.groups(batches, times, SHIP_GROUPS):
-            t0 = clock()
-            tokens = group.tokens
-            nbytes = tokens.nbytes
+        given: list[torch.Tensor] = []  # the buffer make_group copied the tokens into, if any
+
+        def alloc(n: int, dtype: np.dtype) -> np.ndarray:
             # (a group of padding rows only has no tokens: a buffer of none is not mapped)
+            nbytes = n * np.dtype(dtype).itemsize
             room = max(nbytes, 8)
             buf = shared_empty((room,), torch.uint8) if ring is None else ring.buffer(room)
-            np.copyto(buf.numpy()[:nbytes], tokens.reshape(-1).view(np.uint8))
+            given.append(buf[:nbytes])
+            return buf.numpy()[:nbytes].view(dtype)
+
+        for group, count in self.groups(batches, times, SHIP_GROUPS, alloc):
+            t0 = clock()
+            tokens = group.tokens
+            if given:  # copied into shared memory already
+                buf = given.pop()
+            else:  # read whole (a transform), or put in rows with padding
+                alloc(len(tokens), tokens.dtype)
+                buf = given.pop()
+                np.copyto(buf.numpy(), tokens.reshape(-1).view(np.uint8))
             if times is not None:
                 times.sink += clock() - t0
             # a reused buffer is mapped in the training process already: only its ticket goes
-            yield Shipment(worker, None if ring is not None and ring.known() else buf[:nbytes],
+            yield Shipment(worker, None if ring is not None and ring.known() else buf,
                            tokens.dtype.str, len(tokens), group.parts(), count)
             del group, tokens  # gone before the next group's tokens are copied
 
@@ -129,12 +142,13 @@ class Group:
     one)."""
 
     __slots__ = ("tokens", "lo", "size", "full", "at", "local", "counts", "cu", "L", "pad",
-                 "count", "real")
+                 "count", "real", "made")
 
     def __init__(self, tokens: np.ndarray, starts: np.ndarray, edges: np.ndarray, m: int,
                  L: int, pad: int, count: np.ndarray, real: np.ndarray | None = None) -> None:
         self.tokens, self.L, self.pad, self.count = tokens, L, pad, count
         self.real = real  # which tokens are documents' where rows hold padding inside
+        self.made = (starts, edges, m)  # what it was made of (parts)
         lo, size = edges[:-1], np.diff(edges)
         self.lo, self.size = lo.tolist(), size.tolist()
         self.full = np.clip(m - lo, 0, size).tolist()  # each batch's tokens before the padding
@@ -150,18 +164,18 @@ class Group:
 
     def parts(self) -> tuple[Any, ...]:
         """What :meth:`rebuilt` needs besides the tokens and ``count`` (what a
-        :class:`Shipment` sends beside its buffer: a few numbers per piece)."""
-        return (self.lo, self.size, self.full, self.at, self.local, self.counts, self.cu,
-                self.L, self.pad, self.real)
+        :class:`Shipment` sends beside its buffer: a number per piece, a few per batch)."""
+        starts, edges, m = self.made
+        if len(starts) and int(starts[-1]) < 2 ** 31:  # half the bytes to send
+            starts = starts.astype(np.int32)
+        return starts, edges, m, self.L, self.pad, self.real
 
     @classmethod
     def rebuilt(cls, tokens: np.ndarray, parts: tuple[Any, ...], count: np.ndarray) -> Group:
         """The group of :meth:`parts` over ``tokens``, with ``count`` (``0, 1, 2, ...``, at
         least as many as its largest batch's tokens) for the positions."""
-        g = cls.__new__(cls)
-        (g.lo, g.size, g.full, g.at, g.local, g.counts, g.cu, g.L, g.pad, g.real) = parts
-        g.tokens, g.count = tokens, count
-        return g
+        starts, edges, m, L, pad, real = parts
+        return cls(tokens, starts, edges, m, L, pad, count, real)
 
     def __len__(self) -> int:
         return len(self.size)
@@ -250,7 +264,7 @@ class Shipment:
         if shared is None:
             raise ValueError("a shipment sent without its buffer needs it passed as shared=")
         tokens = shared[:self.nbytes()].numpy().view(np.dtype(self.dtype))
-        most = max(self.parts[1], default=0)  # the tokens of its largest batch
+        most = int(np.diff(self.parts[1]).max(initial=0))  # the tokens of its largest batch
         return Group.rebuilt(tokens, self.parts, counting(most))
 
 
