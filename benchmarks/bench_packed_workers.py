@@ -23,10 +23,15 @@ Two more configurations read the documents through a transform costing CPU per d
 2 workers on the route the loader picks (``packed-workers``: the workers share the transform);
 their ratio is against 0 workers with the same transform.
 
+``--before DIR``: also run every configuration with the ``feedpipe`` of another checkout (its
+C extensions built; ``PYTHONPATH=DIR`` for its runs), in the same passes, alternated with this
+tree's; its configurations are named with `` (before)`` and compared with its own 0 workers.
+
 Usage::
 
     python benchmarks/bench_packed_workers.py [--docs 20000] [--epochs 6] [--passes 3]
         [--transform-epochs 3] [--touch] [--root DIR] [--name bench_packed_workers]
+        [--configs "0 workers;..."] [--before DIR]
 """
 
 from __future__ import annotations
@@ -154,6 +159,18 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             "buffers": stats.get("buffers"), "log": said, "epochs": epochs}
 
 
+BEFORE = " (before)"  # the configurations run with --before's feedpipe
+
+
+def _tree(path: str | None) -> None:
+    """The ``feedpipe`` the next worker imports: ``path`` (``None``: as this process was
+    started)."""
+    if path is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker")
@@ -168,6 +185,7 @@ def main() -> int:
     ap.add_argument("--touch", action="store_true")
     ap.add_argument("--root", default=default_root("packed-workers"))
     ap.add_argument("--name", default="bench_packed_workers")
+    ap.add_argument("--before", help="a checkout whose feedpipe runs beside this tree's")
     a = ap.parse_args()
     if a.worker:
         emit(worker(load_spec(a.worker)))
@@ -179,15 +197,21 @@ def main() -> int:
                            "args": {k: v for k, v in vars(a).items() if k != "worker"},
                            "corpus": corpus, "passes": [], "errors": []}
     failed = False
-    names = [n for n in CONFIGS if n in a.configs.split(";")]
+    chosen = [n for n in CONFIGS if n in a.configs.split(";")]
+    names = chosen + ([f"{n}{BEFORE}" for n in chosen] if a.before else [])
+    here = os.environ.get("PYTHONPATH")
     for p in range(a.passes):
         run: dict[str, Any] = {"order": alternating(names, p), "loadavg": None,
                                "loadavg_before": list(os.getloadavg()), "results": {}}
         for name in run["order"]:
-            res = run_worker(__file__, {"config": name, "path": corpus["path"],
+            before = name.endswith(BEFORE)
+            _tree(a.before if before else here)
+            res = run_worker(__file__, {"config": name.removesuffix(BEFORE),
+                                        "path": corpus["path"],
                                         "seq_len": a.seq_len, "batch": a.batch,
                                         "epochs": a.epochs, "touch": a.touch,
                                         "transform_epochs": a.transform_epochs})
+            _tree(here)
             if "error" in res:
                 failed = True
                 doc["errors"].append({"pass": p, "config": name, **res})
@@ -204,7 +228,9 @@ def main() -> int:
         run["loadavg"] = list(os.getloadavg())
         run["ratio_to_0_workers"] = {}
         for name, r in run["results"].items():  # each against 0 workers with its transform
-            base = run["results"].get(CONFIGS[name].get("base", "0 workers"))
+            tag = BEFORE if name.endswith(BEFORE) else ""
+            base = run["results"].get(
+                CONFIGS[name.removesuffix(BEFORE)].get("base", "0 workers") + tag)
             if base is None:
                 continue
             run["ratio_to_0_workers"][name] = {

@@ -149,3 +149,56 @@ def test_the_c_fill_writes_ids_positions_and_labels_or_refuses() -> None:
         _packrows.fill(out, tokens, np.array([6, -1], dtype=np.int64))
     with pytest.raises(TypeError, match="not handled"):
         _packrows.fill(out, tokens.astype(np.float32), np.array([5], dtype=np.int64))
+
+
+def test_a_worker_hands_over_each_token_once_in_the_documents_dtype(
+        corpus: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared memory a worker hands the training process holds each token of the epoch
+    once, in the documents' dtype (int64 here): the batches' ids, positions and labels are
+    written in the training process, so what crosses is 8 bytes a token, where a worker that
+    wrote the batch fields sent 24 and more (the three int64 fields and ``cu_seqlens``)."""
+    from feedpipe.stream import _packed
+    from feedpipe.stream._worker_rows import RowRelease
+
+    monkeypatch.setattr(_packed, "GROUP_BATCHES", 2)  # several shipments a worker (forked)
+    crossed: list[int] = []
+    real = RowRelease.receive
+
+    def receive(self: RowRelease, batch: Any, ticket: Any) -> None:
+        crossed.append(batch.numel() * batch.element_size())  # the buffer of one shipment
+        real(self, batch, ticket)
+    monkeypatch.setattr(RowRelease, "receive", receive)
+    ld = _loader(corpus, num_workers=2, route="packed-workers", persistent_workers=True)
+    for e in range(2):
+        ld.set_epoch(e)
+        got: Counter[int] = Counter()
+        for b in ld:
+            got.update(_tokens(b))
+        assert got == ALL
+    assert len(crossed) >= 8  # several shipments an epoch, reused buffers among them
+    assert sum(crossed) == 2 * 8 * sum(LENGTHS)
+
+
+def test_batches_held_for_a_whole_epoch_stay_as_they_were_made(
+        corpus: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch of an epoch held by the loop until its end (a user who keeps them all), the
+    workers reusing their buffers all along: each batch still equals the in-process route's at
+    the end. A worker that wrote into a buffer before the training process had made every
+    batch out of it would change batches made later, and this would fail."""
+    from feedpipe.stream import _packed
+
+    monkeypatch.setattr(_packed, "GROUP_BATCHES", 1)  # a shipment a batch: buffers reused often
+    ref = _loader(corpus)
+    ref.set_epoch(1)
+    want = [{k: v.clone() for k, v in b.items()} for b in ref]
+    ld = _loader(corpus, num_workers=2, route="packed-workers", persistent_workers=True)
+    for _ in ld:  # epoch 0: the rings' buffers are made and mapped here
+        pass
+    ld.set_epoch(1)
+    before = ld.stats()["buffers"]
+    held = list(ld)
+    after = ld.stats()["buffers"]
+    assert after["reused"] - before["reused"] >= len(held) // 2 - 4
+    assert len(held) == len(want)
+    for b, w in zip(held, want, strict=True):
+        assert all(torch.equal(b[k], w[k]) for k in w)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,9 @@ except ImportError:  # pragma: no cover - where it did not build, numpy copies t
     _packrows = None
 
 log = logger("feedpipe")
+
+# where make_group puts the tokens it copies out of the shards: (count, dtype) -> array
+Alloc = Callable[[int, np.dtype], np.ndarray]
 
 # the batches a reader's fetch makes together (PackedFetch): at most so many tokens and batches
 GROUP_TOKENS = 1 << 19
@@ -277,13 +281,16 @@ class Packed(OverDataset[FeedDataset | Mixture], Source):
         """The most tokens and batches a reader's fetch makes together (the packed routes)."""
         return GROUP_TOKENS, GROUP_BATCHES
 
-    def make_group(self, epoch: int, groups: list[np.ndarray]) -> Group:
+    def make_group(self, epoch: int, groups: list[np.ndarray],
+                   alloc: Alloc | None = None) -> Group:
         """The batches of global rows ``groups`` (each ascending, and ascending from one to the
         next) of ``epoch``, ready to be made one by one (``Group.make``): where the pieces
         of each batch lie is worked out for all at once, and their tokens are copied out of the
         documents now (numpy's per-call costs paid once a group, and a shard cut later cannot
         reach them), while each batch's fields are written only when it is asked for (the
-        memory of the batch before, freed by then, is reused while it is still in the cache)."""
+        memory of the batch before, freed by then, is reused while it is still in the cache).
+        ``alloc(n, dtype)``: where the tokens copied straight out of the shards go (a worker's
+        shared memory), where they are not copied again after."""
         rows = np.concatenate(groups).astype(np.int64, copy=False)
         order, layout = self._plan(epoch)
         L, n = self.seq_len, len(rows)
@@ -299,7 +306,8 @@ class Packed(OverDataset[FeedDataset | Mixture], Source):
             doc, into, k = p.doc, p.start, p.length
         at = np.cumsum(k) - k  # where each piece starts in the group
         m = int(k.sum())
-        tokens = self._tokens(epoch, order[doc], into, k)
+        tokens = self._tokens(epoch, order[doc], into, k,
+                              alloc if layout.contiguous else None)
         real = None
         if layout.contiguous:
             # pieces of the positions start at each row, each document start and the padding
@@ -314,7 +322,7 @@ class Packed(OverDataset[FeedDataset | Mixture], Source):
         return Group(tokens, starts, edges, m, L, self.pad_id, self._counting, real)
 
     def _tokens(self, epoch: int, docs: np.ndarray, into: np.ndarray,
-                k: np.ndarray) -> np.ndarray:
+                k: np.ndarray, alloc: Alloc | None = None) -> np.ndarray:
         """Tokens ``[into, into + k)`` of each global document ``docs``, concatenated (in the
         documents' dtype where they share one): copied out of the shards' maps, or out of each
         document read whole."""
@@ -343,7 +351,7 @@ class Packed(OverDataset[FeedDataset | Mixture], Source):
             shards.check(used)  # a shard cut since it was opened: an error, not a SIGBUS
         if len(where.dtypes) == 1 and _packrows is not None:  # the common case, in C
             dt = where.dtypes[0]
-            out = np.empty(int(k.sum()), dtype=dt)
+            out = (np.empty if alloc is None else alloc)(int(k.sum()), dt)
             _packrows.gather(out, tuple(maps[s] for s in used), np.searchsorted(used, shard),
                              byte, k, dt.itemsize)
             return out

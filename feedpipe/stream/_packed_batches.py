@@ -1,5 +1,5 @@
 """The batches of a :class:`~feedpipe.Packed` reader: made in groups (:class:`PackedFetch`),
-a group of them made at once (:class:`Group`), and a worker's group written into one
+a group of them made at once (:class:`Group`), and a worker's group sent with its tokens in one
 shared-memory buffer (:class:`Shipment`)."""
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 
 IGNORE = -100  # the label of a padding token: ignored by torch's cross entropy
 
+# a worker's shipment (one message to the training process) holds this many of the reader's
+# groups' tokens and batches: each message costs both processes a queue round trip (a feeder
+# thread woken, a pickle, a pipe write and read, the DataLoader's bookkeeping), which is more
+# than writing a group's batches; larger shipments pay it less often, for a ring buffer of
+# this many groups' batches per shipment a worker holds
+SHIP_GROUPS = 2
+
 
 class PackedFetch:
     """fetch=packed: a reader's batches of rows made in groups of up to
@@ -43,15 +50,18 @@ class PackedFetch:
         """The batch of rows ``rows`` on its own."""
         return self.packed.rows(self.epoch, rows)
 
-    def groups(self, batches: Iterator[np.ndarray],
-               times: PartTimes | None = None) -> Iterator[tuple[Group, int]]:
+    def groups(self, batches: Iterator[np.ndarray], times: PartTimes | None = None,
+               scale: int = 1, alloc: Any = None) -> Iterator[tuple[Group, int]]:
         """Each group of ``batches`` (a reader's batches of rows, in order) and how many
-        batches it holds; ``times``: the groups' seconds are added to ``fetch``."""
+        batches it holds; ``times``: the groups' seconds are added to ``fetch``; ``scale``:
+        groups after the second of so many times the usual tokens and batches (the first
+        two as without it); ``alloc``: ``Packed.make_group``'s."""
         packed, epoch, most = self.packed, self.epoch, self.group
         clock = time.perf_counter
         pending: list[np.ndarray] = []
         rows = 0
         size = 1  # the first batch is made on its own: the reader waits for no group
+        made = 0
         end = object()
         it = iter(batches)
         while True:
@@ -64,13 +74,16 @@ class PackedFetch:
             if not pending:
                 return
             t0 = clock()
-            group = packed.make_group(epoch, pending)
+            group = (packed.make_group(epoch, pending) if alloc is None
+                     else packed.make_group(epoch, pending, alloc))
             if times is not None:
                 times.fetch += clock() - t0
             yield group, len(pending)
             # the group's tokens go before the next group's are copied: one at a time alive
             pending, rows, group = [], 0, None  # type: ignore[assignment]
-            size = self.most
+            made += 1
+            grow = scale if made > 1 else 1
+            size, most = self.most * grow, self.group * grow
 
     def run(self, batches: Iterator[np.ndarray],
             times: PartTimes | None = None) -> Iterator[dict[str, Any]]:
@@ -88,29 +101,38 @@ class PackedFetch:
 
     def ship(self, batches: Iterator[np.ndarray], worker: int, ring: ByteRing | None = None,
              times: PartTimes | None = None) -> Iterator[Shipment]:
-        """:meth:`run`'s batches, each group written into one buffer in shared memory
-        (:class:`Shipment`), as worker ``worker`` sends them: a buffer of ``ring`` (its
-        :meth:`~feedpipe.stream._worker_rows.ByteRing.ticket` then names it), else a fresh
-        one. ``times`` as for :meth:`run`."""
+        """:meth:`run`'s batches as worker ``worker`` sends them: each group
+        (:meth:`groups`, :data:`SHIP_GROUPS` times as large) as a :class:`Shipment`, its
+        tokens in a buffer of ``ring`` (its
+        :meth:`~feedpipe.stream._worker_rows.ByteRing.ticket` then names it), else in a fresh
+        one: copied there straight out of the shards' maps, or after they were read whole or
+        put in rows with padding. ``times`` as for :meth:`run`."""
         clock = time.perf_counter
-        for group, count in self.groups(batches, times):
+        given: list[torch.Tensor] = []  # the buffer make_group copied the tokens into, if any
+
+        def alloc(n: int, dtype: np.dtype) -> np.ndarray:
+            # (a group of padding rows only has no tokens: a buffer of none is not mapped)
+            nbytes = n * np.dtype(dtype).itemsize
+            room = max(nbytes, 8)
+            buf = shared_empty((room,), torch.uint8) if ring is None else ring.buffer(room)
+            given.append(buf[:nbytes])
+            return buf.numpy()[:nbytes].view(dtype)
+
+        for group, count in self.groups(batches, times, SHIP_GROUPS, alloc):
             t0 = clock()
-            layout = [(group.size[b], group.cu_len(b)) for b in range(count)]
-            wide, narrow = Shipment.size(layout)
-            size = wide * 8 + narrow * 4
-            buf = shared_empty((size,), torch.uint8) if ring is None else ring.buffer(size)
-            raw = buf.numpy()
-            longs, ints = raw[:wide * 8].view(np.int64), raw[wide * 8:].view(np.int32)
-            a = c = 0
-            for b, (n, k) in enumerate(layout):
-                group.write(b, longs[a:a + 3 * n].reshape(3, n), ints[c:c + k])
-                a, c = a + 3 * n, c + k
+            tokens = group.tokens
+            if given:  # copied into shared memory already
+                buf = given.pop()
+            else:  # read whole (a transform), or put in rows with padding
+                alloc(len(tokens), tokens.dtype)
+                buf = given.pop()
+                np.copyto(buf.numpy(), tokens.reshape(-1).view(np.uint8))
             if times is not None:
                 times.sink += clock() - t0
-            del group, raw, longs, ints  # gone before the next group's tokens are copied
             # a reused buffer is mapped in the training process already: only its ticket goes
-            yield Shipment(worker, None if ring is not None and ring.known() else buf, layout,
-                           self.packed.seq_len)
+            yield Shipment(worker, None if ring is not None and ring.known() else buf,
+                           tokens.dtype.str, len(tokens), group.parts(), count)
+            del group, tokens  # gone before the next group's tokens are copied
 
 
 class Group:
@@ -120,12 +142,13 @@ class Group:
     one)."""
 
     __slots__ = ("tokens", "lo", "size", "full", "at", "local", "counts", "cu", "L", "pad",
-                 "count", "real")
+                 "count", "real", "made")
 
     def __init__(self, tokens: np.ndarray, starts: np.ndarray, edges: np.ndarray, m: int,
                  L: int, pad: int, count: np.ndarray, real: np.ndarray | None = None) -> None:
         self.tokens, self.L, self.pad, self.count = tokens, L, pad, count
         self.real = real  # which tokens are documents' where rows hold padding inside
+        self.made = (starts, edges, m)  # what it was made of (parts)
         lo, size = edges[:-1], np.diff(edges)
         self.lo, self.size = lo.tolist(), size.tolist()
         self.full = np.clip(m - lo, 0, size).tolist()  # each batch's tokens before the padding
@@ -138,6 +161,24 @@ class Group:
         # each batch's cu_seqlens: its pieces' starts, then its size (b's are cu[at[b] + b:
         # at[b + 1] + b + 1])
         self.cu = np.insert(self.local, at[1:], size).astype(np.int32)
+
+    def parts(self) -> tuple[Any, ...]:
+        """What :meth:`rebuilt` needs besides the tokens and ``count`` (what a
+        :class:`Shipment` sends beside its buffer: a number per piece, a few per batch)."""
+        starts, edges, m = self.made
+        if len(starts) and int(starts[-1]) < 2 ** 31:  # half the bytes to send
+            starts = starts.astype(np.int32)
+        return starts, edges, m, self.L, self.pad, self.real
+
+    @classmethod
+    def rebuilt(cls, tokens: np.ndarray, parts: tuple[Any, ...], count: np.ndarray) -> Group:
+        """The group of :meth:`parts` over ``tokens``, with ``count`` (``0, 1, 2, ...``, at
+        least as many as its largest batch's tokens) for the positions."""
+        starts, edges, m, L, pad, real = parts
+        return cls(tokens, starts, edges, m, L, pad, count, real)
+
+    def __len__(self) -> int:
+        return len(self.size)
 
     def make(self, b: int) -> dict[str, Any]:
         """Batch ``b`` of the group, in memory of its own."""
@@ -182,63 +223,60 @@ class Group:
 
 
 class Shipment:
-    """A worker's group of batches written into one shared-memory buffer: what crosses from a
-    worker process to the training process in one message (``packed-workers``). Each tensor
-    sent through a DataLoader's queue is a shared-memory segment of its own, with its file
-    descriptor handed over by a round trip between the two processes; a batch of four fields
-    sent as tensors costs four, which is more than making the batch. A shipment costs one for
-    a whole group.
+    """A worker's group of batches (a :class:`Group`): what crosses from a worker process to
+    the training process in one message (``packed-workers``). Only the group's tokens cross,
+    in the documents' dtype, in one shared-memory buffer, with a few numbers per piece beside
+    them; the training process writes each batch's ids, positions and labels out of them when
+    the loop asks for it, in memory of the batch's own, as the in-process route does. The
+    batch fields would be three int64 words a token, several times the tokens' bytes, written
+    by the worker and read again by the training process after the CPU's cache had let them
+    go; and a batch the loop holds views nothing that a worker writes again.
 
     ``worker``: the worker that made it (its batches are that worker's next ones, in order);
-    ``layout``: each batch's tokens and ``cu_seqlens`` length; the buffer holds each batch's
-    ids, positions and labels (int64), then every batch's ``cu_seqlens`` (int32). ``buffer`` is
-    ``None`` where the worker wrote into a ring buffer the training process keeps mapped (its
-    ticket names it, :meth:`~feedpipe.stream._worker_rows.RowRelease.mapped`): then nothing
-    but the layout and the ticket crosses."""
+    ``buffer``: the tokens' bytes, ``None`` where the worker wrote into a ring buffer the
+    training process keeps mapped (its ticket names it,
+    :meth:`~feedpipe.stream._worker_rows.RowRelease.mapped`): then nothing but the numbers and
+    the ticket cross."""
 
-    __slots__ = ("worker", "buffer", "layout", "L")
+    __slots__ = ("worker", "buffer", "dtype", "ntokens", "parts", "count")
 
-    def __init__(self, worker: int, buffer: torch.Tensor | None,
-                 layout: list[tuple[int, int]], L: int) -> None:
-        self.worker, self.buffer, self.layout, self.L = worker, buffer, layout, L
+    def __init__(self, worker: int, buffer: torch.Tensor | None, dtype: str, ntokens: int,
+                 parts: tuple[Any, ...], count: int) -> None:
+        self.worker, self.buffer, self.dtype, self.ntokens = worker, buffer, dtype, ntokens
+        self.parts, self.count = parts, count
 
     def __reduce__(self) -> Any:
-        return Shipment, (self.worker, self.buffer, self.layout, self.L)
+        return Shipment, (self.worker, self.buffer, self.dtype, self.ntokens, self.parts,
+                          self.count)
 
     def __len__(self) -> int:
-        return len(self.layout)
-
-    @staticmethod
-    def size(layout: list[tuple[int, int]]) -> tuple[int, int]:
-        """The int64 elements of ``layout``'s fields, and the int32 elements of its
-        ``cu_seqlens`` (after them)."""
-        return 3 * sum(n for n, _ in layout), sum(c for _, c in layout)
+        return self.count
 
     def nbytes(self) -> int:
-        """The bytes of the buffer its batches fill."""
-        wide, narrow = self.size(self.layout)
-        return wide * 8 + narrow * 4
+        """The bytes of its tokens in the buffer."""
+        return np.dtype(self.dtype).itemsize * self.ntokens
 
-    def unpacked(self, pin: bool = False, shared: torch.Tensor | None = None,
-                 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-        """The buffer the batches view (``pin``: a copy of it in pinned memory, made once
-        for all of them), and the batches. ``shared``: the buffer where the shipment came
-        without it (kept mapped in this process)."""
+    def group(self, shared: torch.Tensor | None = None) -> Group:
+        """Its batches, made when asked (:meth:`Group.make`), over its buffer's tokens (which
+        the group holds until it goes). ``shared``: the buffer where the shipment came without
+        it (kept mapped in this process)."""
         shared = self.buffer if shared is None else shared
         if shared is None:
             raise ValueError("a shipment sent without its buffer needs it passed as shared=")
-        buf = shared.pin_memory() if pin else shared
-        wide, _ = self.size(self.layout)
-        longs, ints = buf[:wide * 8].view(torch.int64), buf[wide * 8:].view(torch.int32)
-        L = self.L
-        out = []
-        # one call each for every batch's fields and cu_seqlens, and one a batch for its three
-        for part, cu in zip(torch.split(longs, [3 * n for n, _ in self.layout]),
-                            torch.split(ints, [k for _, k in self.layout])):
-            ids, pos, labels = part.view(3, -1, L).unbind(0)
-            out.append({"input_ids": ids, "position_ids": pos, "labels": labels,
-                        "cu_seqlens": cu})
-        return buf, out
+        tokens = shared[:self.nbytes()].numpy().view(np.dtype(self.dtype))
+        most = int(np.diff(self.parts[1]).max(initial=0))  # the tokens of its largest batch
+        return Group.rebuilt(tokens, self.parts, counting(most))
+
+
+_COUNT = np.zeros(0, dtype=np.int64)
+
+
+def counting(n: int) -> np.ndarray:
+    """``0, 1, 2, ...``: at least ``n`` of them (kept, and grown as needed)."""
+    global _COUNT
+    if len(_COUNT) < n:
+        _COUNT = np.arange(n, dtype=np.int64)
+    return _COUNT
 
 
 def placed(tokens: np.ndarray, row: np.ndarray, k: np.ndarray, at: np.ndarray, n: int, L: int,

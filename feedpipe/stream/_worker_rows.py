@@ -96,15 +96,15 @@ class WorkerRing:
 
 
 class ByteRing:
-    """A worker's shared-memory byte buffers for the ``packed-workers`` route: each
-    :class:`~feedpipe.stream._packed.Shipment` (a group of batches) is written into one,
-    reused once the training process has let go of every batch of the shipment last sent in
-    it, by the protocol of :class:`WorkerRing` (its table, tokens and :class:`Ticket`; the
-    training process's side is a :class:`RowRelease`). A fresh buffer costs its worker the
-    kernel's zero-fill and a page fault per page, which is more than packing the tokens
-    written into it. Shipments differ in size: a buffer too small for one is replaced by a
-    larger one, and with every buffer busy a shipment gets a fresh one (speed, never
-    correctness)."""
+    """A worker's shared-memory byte buffers for the ``packed-workers`` route: the tokens of
+    each :class:`~feedpipe.stream._packed.Shipment` (a group of batches) are written into one,
+    reused once the training process has made every batch of the shipment last sent in it (the
+    batches are memory of their own there), by the protocol of :class:`WorkerRing` (its
+    table, tokens and :class:`Ticket`; the training process's side is a :class:`RowRelease`).
+    A fresh buffer costs its worker the kernel's zero-fill and a page fault per page, which is
+    more than copying the tokens written into it. Shipments differ in size: a buffer too small
+    for one is replaced by a larger one, and with every buffer busy a shipment gets a fresh one
+    (speed, never correctness)."""
 
     def __init__(self, depth: int) -> None:
         self.depth = max(1, int(depth))
@@ -127,10 +127,14 @@ class ByteRing:
         sizes = [0 if t is None else len(t) for t in slots]
         fits = [i for i in free if sizes[i] >= nbytes]
         reused = bool(fits)
-        pick = fits[0] if fits else free[0] if free else self._next
+        # of the buffers free, the one written last: its pages are the likeliest still in the
+        # CPU's cache (going round all of them writes each after the cache has dropped it)
+        pick = (max(fits, key=lambda i: issued[i]) if fits else free[0] if free
+                else self._next)
         if not reused:  # an empty or too small slot, else the next one's left to its holder
-            # sized for the largest shipment yet and then some: shipments of as many tokens
-            # differ in their cu_seqlens, and a new largest one would replace a buffer again
+            # sized for the largest shipment yet and then some: shipments of as many rows
+            # differ in their tokens (the padding left out), and a new largest one would
+            # replace a buffer again
             most = max(nbytes + nbytes // 16, *sizes)
             slots[pick] = shared_empty((most,), torch.uint8)
         self._next = (pick + 1) % depth

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.pin_memory import pin_memory
 
 from .._helpers.fork_safety import default_start_method
 from .._helpers.parent_watch import exit_with
@@ -239,15 +240,18 @@ class WorkerBatches:
                     shared = batch.buffer
                     if shared is None:  # a ring buffer kept mapped here: only its ticket came
                         shared = release.mapped(meta.ticket, batch.nbytes())  # type: ignore[union-attr]
-                    buffer, made = batch.unpacked(self.pin, shared)
-                    held[batch.worker].extend(made)
-                    del batch, made
-                    if release is not None:  # the worker reuses it once no batch of it is held
-                        # (a pinned copy holds none of it: the shared buffer goes back at once)
+                    group = batch.group(shared)
+                    held[batch.worker].extend((group, b) for b in range(len(batch)))
+                    if release is not None:  # the worker reuses it once the group has gone,
+                        # with the shipment's last batch made (the batches are their own memory)
                         release.receive(shared, meta.ticket)
-                    del buffer, shared
+                    del batch, shared, group
                     while held[turn % len(held)]:
-                        yield held[turn % len(held)].popleft()
+                        group, b = held[turn % len(held)].popleft()
+                        made = group.make(b)  # written now, while its memory is in the cache
+                        del group
+                        yield pin_memory(made) if self.pin else made
+                        del made
                         turn += 1
                     if release is not None:  # before the DataLoader gives the worker a task
                         release.poll()
