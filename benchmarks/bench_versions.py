@@ -451,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     same = all(p in SAME_TREE for p in phases)
     before = REPO if same else versions_data.tree_of(a.before, scratch)
     trees = {"before": before, "after": REPO}
+    for tree in set(trees.values()):
+        versions_data.bytecode(tree)
     t_start, load = time.perf_counter(), os.getloadavg()
     try:
         if a.counter == "instructions":

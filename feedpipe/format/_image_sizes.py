@@ -148,9 +148,13 @@ def index_sizes(buffer: Any, idx: Any) -> tuple[array, int]:
     out = new_rows("i", n, 2, -1)
     buf = memoryview(buffer)
     unread = 0
+    member: dict[tuple[str, ...], int | None] = {}  # a shard's samples mostly share their fields
+    starts, exts = idx.starts, idx.exts
     for i in range(n):
-        a, b = idx.starts[i], idx.starts[i + 1]
-        k = image_member(idx.exts[a:b])
+        a, b = starts[i], starts[i + 1]
+        fields = tuple(exts[a:b])
+        k = member[fields] if fields in member else member.setdefault(fields,
+                                                                       image_member(fields))
         if k is None:
             continue
         off, size = idx.offsets[a + k], idx.sizes[a + k]
