@@ -22,7 +22,6 @@ here: the writer names and counts them.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from collections.abc import Iterator
@@ -213,6 +212,8 @@ def _range_bytes(path: str, start: int, end: int) -> tuple[bytes, int]:
 
 def _decompressed(path: str, kind: str) -> bytes:
     if kind == "jsonl.gz":
+        import gzip  # here: a conversion of files or tables never loads it
+
         with gzip.open(path, "rb") as f:
             return f.read()
     zstd = require("zstandard", extra="text", purpose="to read .zst JSON Lines")
@@ -274,8 +275,8 @@ def read_unit(root: str, unit: SampleSpec, field: str) -> Iterator[tuple[str, st
         except (OSError, EOFError) as e:
             raise InputError(f"{name}: cannot read: {e}; fix or remove it") from e
         except Exception as e:
-            if type(e).__module__.startswith(("pyarrow", "zstandard")) or \
-                    isinstance(e, gzip.BadGzipFile):
+            # (gzip's BadGzipFile is an OSError: named above)
+            if type(e).__module__.startswith(("pyarrow", "zstandard")):
                 raise InputError(f"{name}: cannot read: {e}; fix or remove it") from e
             raise
 

@@ -21,7 +21,6 @@ import io
 import os
 from array import array
 from collections.abc import Sequence
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from .._helpers.storage import is_local, local_path, open_binary
@@ -85,7 +84,7 @@ def count_frames(data: Any) -> tuple[int, float, float]:
         if not rate:
             raise ValueError("the video stream states no frame rate")
         frames = sum(1 for p in container.demux(stream) if p.size)
-    fps = float(Fraction(rate))
+    fps = float(rate)  # a Fraction (PyAV's rates are)
     return frames, fps, frames / fps
 
 
