@@ -19,8 +19,9 @@ The carry-over of the packer across windows is that document's start in the conc
 (a document cut by a row boundary continues in the next row, whichever window reads it).
 
 **Memory.** A source's lengths are read as a view of the dataset's per-sample lengths, one
-source at a time; what is kept is a few cycles' prefix sums of small sources, the last window
-and the points of the search: ``O(sources + window)``, whatever the epoch's size.
+source at a time; what is kept is a few cycles' ids and prefix sums of small sources (the
+windows read those ids again), the last window and the points of the search:
+``O(sources + window)``, whatever the epoch's size.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ BLOCK = 1 << 16
 AHEAD = 1 << 14
 # below this many positions between two points of known tokens, the search reads the lengths
 SPAN = 1 << 12
-# a source of at most so many samples keeps its cycles' prefix sums (a few at a time)
+# a source of at most so many samples keeps its cycles' ids and prefix sums (a few at a time)
 CYCLE_CUM = 1 << 16
-# the most bytes of kept cycle prefix sums (cleared past them)
+# the most bytes of kept cycle ids and prefix sums (cleared past them)
 KEPT_BYTES = 1 << 24
 # the most points of known tokens kept (past them, only the epoch's ends)
 MOST_POINTS = 1 << 14
@@ -77,7 +78,7 @@ class MixtureTokens:
         self._c = [int(c) for c in plan.counts.tolist()]
         # each source's tokens, a view of its lengths at a time (never a copy of them all)
         self._whole = [int(self._lengths_of(s).sum(dtype=np.int64)) for s in range(len(self._n))]
-        self._cums: dict[tuple[int, int], np.ndarray] = {}
+        self._cums: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._kept = 0
         self._start = [self._drawn(s, self.epoch * c) for s, c in enumerate(self._c)]
         self.total = sum(self._drawn(s, (self.epoch + 1) * c) - a
@@ -102,18 +103,25 @@ class MixtureTokens:
         if not m:
             return 0
         if n <= CYCLE_CUM:
-            cum = self._cums.get((s, cycle))
-            if cum is None:
-                if self._kept > KEPT_BYTES:
-                    self._cums.clear()
-                    self._kept = 0
-                ids = self.plan.source_ids(s, cycle * n, cycle * n + n)
-                cum = self._cums[(s, cycle)] = offsets_of(self._lengths_of(s)[ids])
-                self._kept += cum.nbytes
-            return int(cum[m])
+            return int(self._cycle(s, cycle)[1][m])
         if 2 * m <= n:  # from the cycle's start
             return self._sum(s, cycle * n, cycle * n + m)
         return self._whole[s] - self._sum(s, cycle * n + m, cycle * n + n)
+
+    def _cycle(self, s: int, cycle: int) -> tuple[np.ndarray, np.ndarray]:
+        """The sample ids of source ``s``'s ``cycle``-th permutation and their tokens' prefix
+        sums (a source of at most :data:`CYCLE_CUM` samples; kept: the windows read the ids
+        again)."""
+        got = self._cums.get((s, cycle))
+        if got is None:
+            if self._kept > KEPT_BYTES:
+                self._cums.clear()
+                self._kept = 0
+            n = self._n[s]
+            ids = self.plan.source_ids(s, cycle * n, cycle * n + n)
+            got = self._cums[(s, cycle)] = (ids, offsets_of(self._lengths_of(s)[ids]))
+            self._kept += ids.nbytes + got[1].nbytes
+        return got
 
     def _sum(self, s: int, first: int, last: int) -> int:
         """The tokens of source ``s``'s draws ``[first, last)`` (within one cycle), a block of
@@ -131,8 +139,32 @@ class MixtureTokens:
 
     def ids(self, lo: int, hi: int) -> np.ndarray:
         """The documents (in the mixture's numbering) at positions ``[lo, hi)``."""
-        src, ids = self.plan.draws(self.epoch, np.arange(int(lo), int(hi), dtype=np.int64))
-        return np.asarray(self.bases[src] + ids, dtype=np.int64)
+        pos = np.arange(int(lo), int(hi), dtype=np.int64)
+        if not len(pos):
+            return pos
+        src, draw = self.plan.interleave.at(pos)
+        out = np.empty(len(pos), dtype=np.int64)
+        present = np.flatnonzero(np.bincount(src, minlength=len(self._n)))  # no sort
+        for s in present.tolist():  # a source's draws of a window: one run of them
+            at = np.flatnonzero(src == s)
+            k = self.epoch * self._c[s] + draw[at]
+            out[at] = self.bases[s] + self._source_ids(s, k)
+        return out
+
+    def _source_ids(self, s: int, k: np.ndarray) -> np.ndarray:
+        """The sample ids of source ``s``'s draws ``k`` (ascending, numbered across epochs):
+        those of a small source's permutations kept for the token counts are read from them,
+        not drawn again."""
+        n = self._n[s]
+        if n > CYCLE_CUM:
+            first = int(k[0])
+            return self.plan.source_ids(s, first, int(k[-1]) + 1)[k - first]
+        cycle, at = np.divmod(k, n)
+        out = np.empty(len(k), dtype=np.int64)
+        for c in range(int(cycle[0]), int(cycle[-1]) + 1):
+            sel = cycle == c
+            out[sel] = self._cycle(s, c)[0][at[sel]]
+        return out
 
 
 class ChunkedCut:

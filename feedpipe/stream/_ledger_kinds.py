@@ -22,7 +22,8 @@ from ..errors import StateError
 from ..plan._clips import ClipOrder
 from ..plan._mixture import INTERLEAVE, MixtureEpoch, MixturePlan
 from ..plan._order import Plan, Split
-from ..plan._packing import Layout, packing_named
+from ..plan._packing import ConcatenateAndCut, Layout, packing_named
+from ..plan._packing_chunks import ChunkedCut, MixtureTokens
 from ._ledger import Ordered
 
 
@@ -125,26 +126,33 @@ def check_info(info: dict[str, Any]) -> None:
 
 
 @lru_cache(maxsize=8)
-def _packed_epoch(key: str, epoch: int) -> tuple[np.ndarray, Layout]:
+def _packed_epoch(key: str, epoch: int) -> tuple[Any, Layout | ChunkedCut]:
     """A Packed epoch's documents in order and its rows (``key``: what ``ledger.json`` holds
-    of the packing, as JSON, its lengths named by their digest)."""
+    of the packing, as JSON, its lengths named by their digest). A mixture's rows cut from the
+    concatenation are planned a window of documents at a time, as its reader planned them
+    (:mod:`feedpipe.plan._packing_chunks`): no array the size of its epoch."""
     info = json.loads(key)
     inner = info["inner"]
-    order = epoch_plan(inner, epoch).sample_ids(np.arange(positions(inner, epoch),
-                                                          dtype=np.int64))
     try:
         packing = packing_named(info["packing"])
     except KeyError:
         raise StateError(f"the ledger's rows were packed by {info['packing']!r}, a packing "
                          "strategy this feedpipe does not know by name: its rows cannot be "
                          "recomputed") from None
+    if is_mixture(inner) and isinstance(packing, ConcatenateAndCut):
+        plan, bases = mixture_of(inner)
+        chunked = ChunkedCut(MixtureTokens(plan, epoch, _LENGTHS_BY_KEY[key], bases),
+                             int(info["seq_len"]))
+        return chunked.order, chunked
+    order = epoch_plan(inner, epoch).sample_ids(np.arange(positions(inner, epoch),
+                                                          dtype=np.int64))
     return order, packing.layout(_LENGTHS_BY_KEY[key][order], int(info["seq_len"]))
 
 
 _LENGTHS_BY_KEY: dict[str, np.ndarray] = {}
 
 
-def packed_epoch(info: dict[str, Any], epoch: int) -> tuple[np.ndarray, Layout]:
+def packed_epoch(info: dict[str, Any], epoch: int) -> tuple[Any, Layout | ChunkedCut]:
     """A Packed epoch's documents in plan order and its rows, recomputed."""
     key = json.dumps({"inner": info["inner"], "packing": info["packing"],
                       "seq_len": info["seq_len"], "lengths": info["lengths"]["digest"]})
@@ -154,24 +162,31 @@ def packed_epoch(info: dict[str, Any], epoch: int) -> tuple[np.ndarray, Layout]:
     return _packed_epoch(key, int(epoch))
 
 
+# the most tokens apart of rows whose pieces are found together (a window of a mixture's
+# documents: its memory is per document of the window)
+TOKENS_AT_ONCE = 1 << 22
+
+
 def row_pieces(info: dict[str, Any], epoch: int, rows: np.ndarray) -> list[list[int]]:
     """The pieces ``[document, start, length]`` of ``rows`` (ascending, repeats kept) of a
     Packed ledger's ``epoch``, a document's consecutive pieces in one."""
     order, layout = packed_epoch(info, epoch)
-    rows = np.asarray(rows, dtype=np.int64)
+    rows, counts = np.unique(np.asarray(rows, dtype=np.int64), return_counts=True)
     out: list[list[int]] = []
-    if not len(rows):
-        return out
-    p = layout.pieces(np.unique(rows))
-    times = np.unique(rows, return_counts=True)[1][p.row]  # a row repeated twice: twice
-    for d, s, k, t in zip(order[p.doc].tolist(), p.start.tolist(), p.length.tolist(),
-                          times.tolist()):
-        for _ in range(t):
-            last = out[-1] if out else None
-            if last is not None and t == 1 and last[0] == d and last[1] + last[2] == s:
-                last[2] += k
-            else:
-                out.append([d, s, k])
+    apart, a = max(1, TOKENS_AT_ONCE // int(info["seq_len"])), 0
+    while a < len(rows):  # rows far apart: each run of near ones read from its own window
+        b = int(np.searchsorted(rows, rows[a] + apart))
+        p = layout.pieces(rows[a:b])
+        times = counts[a:b][p.row]  # a row repeated twice: twice
+        for d, s, k, t in zip(order[p.doc].tolist(), p.start.tolist(), p.length.tolist(),
+                              times.tolist()):
+            for _ in range(t):
+                last = out[-1] if out else None
+                if last is not None and t == 1 and last[0] == d and last[1] + last[2] == s:
+                    last[2] += k
+                else:
+                    out.append([d, s, k])
+        a = b
     return out
 
 
