@@ -23,12 +23,28 @@
  * reached. Python per file costs more than the system calls on a tree of small files
  * (benchmarks/bench_convert.py --profile).
  *
- * Optional (setup.py): where it did not build, the Python loop stages every sample.
+ * image_sizes(buffer, members, offsets, sizes) -> (pairs, fallback)
+ *
+ * Each sample's image ``(width, height)`` read from its header in the mapped shard ``buffer``,
+ * for feedpipe.format._image_sizes (index_sizes, the sizes recorded at shard time): sample ``i``'s
+ * image is the member ``members[i]`` (-1: none) whose data is ``offsets[m]``, ``sizes[m]`` bytes
+ * (cut at the buffer's end, as a memoryview slice is). ``pairs`` is ``bytes`` of native int32
+ * ``(width, height)`` pairs, ``(-1, -1)`` where the sample has no image or its size was not read
+ * here; ``fallback`` lists the samples whose header the Python parsers would not read (or would
+ * read as a value an int32 does not hold), which Python then reads itself (``header_size``, and
+ * Pillow), so that the recorded sizes and the count of unread headers stay the Python path's.
+ * JPEG's start-of-frame, PNG's IHDR, WebP's VP8/VP8L/VP8X, GIF and BMP are parsed byte for byte
+ * as ``header_size`` parses them. A loop of Python per image costs more than the parse itself
+ * (benchmarks/bench_versions.py --counter instructions, the convert phase).
+ *
+ * Optional (setup.py): where it did not build, the Python loop stages every sample and Python
+ * reads every header.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -265,7 +281,213 @@ done:
     return result;
 }
 
+/* -- image sizes -- */
+
+#define NO_SIZE 0
+#define SIZE 1
+#define FALLBACK 2 /* the Python parsers return None, or a value over int32: Python reads it */
+
+static unsigned be16(const unsigned char *p) { return (unsigned)p[0] << 8 | p[1]; }
+static unsigned le16(const unsigned char *p) { return (unsigned)p[1] << 8 | p[0]; }
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0];
+}
+static uint32_t le24(const unsigned char *p)
+{
+    return (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0];
+}
+
+static int is_sof(unsigned m)
+{
+    return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+}
+
+/* _image_sizes._jpeg */
+static int jpeg_size(const unsigned char *b, Py_ssize_t n, int32_t *w, int32_t *h)
+{
+    Py_ssize_t i = 2;
+    while (i + 9 < n) {
+        if (b[i] != 0xFF)
+            return FALLBACK;
+        unsigned m = b[i + 1];
+        if (m == 0xFF) {
+            i += 1;
+            continue;
+        }
+        if (m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7)) {
+            i += 2;
+            continue;
+        }
+        if (is_sof(m)) {
+            *h = (int32_t)be16(b + i + 5);
+            *w = (int32_t)be16(b + i + 7);
+            return *w && *h ? SIZE : FALLBACK;
+        }
+        i += 2 + (Py_ssize_t)be16(b + i + 2);
+    }
+    return FALLBACK;
+}
+
+/* _image_sizes._webp */
+static int webp_size(const unsigned char *b, Py_ssize_t n, int32_t *w, int32_t *h)
+{
+    if (n >= 16 && memcmp(b + 12, "VP8 ", 4) == 0 && n >= 30) {
+        *w = (int32_t)(le16(b + 26) & 0x3FFF);
+        *h = (int32_t)(le16(b + 28) & 0x3FFF);
+        return SIZE;
+    }
+    if (n >= 16 && memcmp(b + 12, "VP8L", 4) == 0 && n >= 25) {
+        uint32_t v = le32(b + 21);
+        *w = (int32_t)(v & 0x3FFF) + 1;
+        *h = (int32_t)((v >> 14) & 0x3FFF) + 1;
+        return SIZE;
+    }
+    if (n >= 16 && memcmp(b + 12, "VP8X", 4) == 0 && n >= 30) {
+        *w = (int32_t)le24(b + 24) + 1;
+        *h = (int32_t)le24(b + 27) + 1;
+        return SIZE;
+    }
+    return FALLBACK;
+}
+
+/* _image_sizes.header_size without Pillow: SIZE with (*w, *h), or FALLBACK */
+static int header_size(const unsigned char *b, Py_ssize_t n, int32_t *w, int32_t *h)
+{
+    if (n >= 2 && b[0] == 0xFF && b[1] == 0xD8)
+        return jpeg_size(b, n, w, h);
+    if (n >= 24 && memcmp(b, "\x89PNG\r\n\x1a\n", 8) == 0) {
+        uint32_t pw = be32(b + 16), ph = be32(b + 20);
+        if (pw > INT32_MAX || ph > INT32_MAX) /* (an OverflowError in Python's array) */
+            return FALLBACK;
+        *w = (int32_t)pw;
+        *h = (int32_t)ph;
+        return SIZE;
+    }
+    if (n >= 12 && memcmp(b, "RIFF", 4) == 0 && memcmp(b + 8, "WEBP", 4) == 0)
+        return webp_size(b, n, w, h);
+    if (n >= 6 && (memcmp(b, "GIF87a", 6) == 0 || memcmp(b, "GIF89a", 6) == 0)) {
+        if (n < 10) /* (struct.error in Python) */
+            return FALLBACK;
+        *w = (int32_t)le16(b + 6);
+        *h = (int32_t)le16(b + 8);
+        return SIZE;
+    }
+    if (n >= 26 && b[0] == 'B' && b[1] == 'M') {
+        int32_t bw = (int32_t)le32(b + 18), bh = (int32_t)le32(b + 22);
+        if (bh == INT32_MIN) /* (abs() over int32: an OverflowError in Python's array) */
+            return FALLBACK;
+        *w = bw;
+        *h = bh < 0 ? -bh : bh;
+        return SIZE;
+    }
+    return FALLBACK;
+}
+
+/* list[i] as a Py_ssize_t; -1 with an error set where it is not an int */
+static int list_index(PyObject *list, Py_ssize_t i, Py_ssize_t *out)
+{
+    *out = PyLong_AsSsize_t(PyList_GET_ITEM(list, i));
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *image_sizes(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer buf;
+    PyObject *members, *offsets, *sizes;
+    if (!PyArg_ParseTuple(args, "y*O!O!O!:image_sizes", &buf, &PyList_Type, &members,
+                          &PyList_Type, &offsets, &PyList_Type, &sizes))
+        return NULL;
+    PyObject *result = NULL, *pairs = NULL, *fallback = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(members), nm = PyList_GET_SIZE(offsets);
+    Py_ssize_t *span = NULL; /* per sample: where its image starts and ends, -1 for none */
+    unsigned char *state = NULL;
+    if (PyList_GET_SIZE(sizes) != nm) {
+        PyErr_Format(PyExc_ValueError, "image_sizes(): offsets and sizes must be as long, not "
+                     "%zd and %zd", nm, PyList_GET_SIZE(sizes));
+        goto done;
+    }
+    span = PyMem_Malloc(n ? (size_t)n * 2 * sizeof(Py_ssize_t) : 1);
+    state = PyMem_Malloc(n ? (size_t)n : 1);
+    pairs = PyBytes_FromStringAndSize(NULL, n * 2 * (Py_ssize_t)sizeof(int32_t));
+    if (span == NULL || state == NULL || pairs == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t m, off, size;
+        if (list_index(members, i, &m) < 0)
+            goto done;
+        if (m == -1) {
+            span[2 * i] = -1;
+            continue;
+        }
+        if (m < 0 || m >= nm) {
+            PyErr_Format(PyExc_ValueError, "image_sizes(): members[%zd] must be -1 or in "
+                         "0..%zd, not %zd", i, nm - 1, m);
+            goto done;
+        }
+        if (list_index(offsets, m, &off) < 0 || list_index(sizes, m, &size) < 0)
+            goto done;
+        if (off < 0 || size < 0) {
+            PyErr_Format(PyExc_ValueError, "image_sizes(): member %zd's offset and size must "
+                         "not be negative, not %zd and %zd", m, off, size);
+            goto done;
+        }
+        /* a memoryview slice's bounds: cut at the end of the buffer */
+        Py_ssize_t a = off < buf.len ? off : buf.len;
+        Py_ssize_t b = size < buf.len - a ? a + size : buf.len;
+        span[2 * i] = a;
+        span[2 * i + 1] = b;
+    }
+    int32_t *out = (int32_t *)PyBytes_AS_STRING(pairs);
+    const unsigned char *base = buf.buf;
+    Py_ssize_t nfallback = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t w = -1, h = -1;
+        state[i] = NO_SIZE;
+        if (span[2 * i] >= 0) {
+            state[i] = (unsigned char)header_size(base + span[2 * i],
+                                                  span[2 * i + 1] - span[2 * i], &w, &h);
+            if (state[i] != SIZE) {
+                w = h = -1;
+                nfallback++;
+            }
+        }
+        out[2 * i] = w;
+        out[2 * i + 1] = h;
+    }
+    Py_END_ALLOW_THREADS
+    fallback = PyList_New(nfallback);
+    if (fallback == NULL)
+        goto done;
+    for (Py_ssize_t i = 0, k = 0; i < n; i++) {
+        if (state[i] != FALLBACK)
+            continue;
+        PyObject *v = PyLong_FromSsize_t(i);
+        if (v == NULL)
+            goto done;
+        PyList_SET_ITEM(fallback, k++, v);
+    }
+    result = PyTuple_Pack(2, pairs, fallback);
+done:
+    Py_XDECREF(pairs);
+    Py_XDECREF(fallback);
+    PyMem_Free(span);
+    PyMem_Free(state);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"image_sizes", image_sizes, METH_VARARGS,
+     "image_sizes(buffer, members, offsets, sizes) -> (pairs, fallback)"},
     {"stage", stage, METH_VARARGS,
      "stage(dirfd, out_fd, keys, first, exts, rels, extra, template, start, pos, guess, flags, "
      "starts, names, offsets, sizes, rows) -> (next, pos)"},
@@ -274,7 +496,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "feedpipe._native._stagefiles",
-    "The per-file loop of one-pass staging (see the source).", -1, methods, NULL, NULL, NULL,
+    "The per-file loop of one-pass staging, and the image sizes recorded at shard time (see the "
+    "source).", -1, methods, NULL, NULL, NULL,
     NULL};
 
 PyMODINIT_FUNC PyInit__stagefiles(void) { return PyModule_Create(&module); }

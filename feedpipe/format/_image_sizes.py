@@ -10,7 +10,9 @@ same headers from the shards.
 
 The headers are parsed here (JPEG's start-of-frame marker, PNG's ``IHDR``, WebP's ``VP8``,
 ``VP8L`` and ``VP8X`` chunks, GIF, BMP), without Pillow, which is an optional extra; another
-format is opened lazily by Pillow (its header only) where Pillow is installed.
+format is opened lazily by Pillow (its header only) where Pillow is installed. The headers of a
+shard are read by the C extension ``feedpipe._native._stagefiles`` where it was built (the same
+parse; a header it does not read is left to this module), else here.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._helpers.dependency import say_unbuilt
 from .._helpers.storage import is_local, local_path
 from .._redact import logger
 from ..errors import InputError
@@ -40,6 +43,11 @@ if TYPE_CHECKING:
     import numpy as np
 
 log = logger("feedpipe.sizes")
+
+try:  # optional C extension (setup.py): the per-image header parse of index_sizes
+    from .._native import _stagefiles as _C
+except ImportError:  # pragma: no cover - where it did not build, Python reads every header
+    _C = None
 
 # the JPEG start-of-frame markers (baseline, extended, progressive, lossless, arithmetic)
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE,
@@ -144,21 +152,54 @@ def index_sizes(buffer: Any, idx: Any) -> tuple[array, int]:
     """Each sample's ``(width, height)`` in a shard mapped as ``buffer`` whose index is
     ``idx`` (a :class:`~feedpipe.format._index.ShardIndex`), flat (``int32``, two values a
     sample), and how many samples with an image field have no size (a header not read)."""
-    n = len(idx)
-    out = new_rows("i", n, 2, -1)
-    buf = memoryview(buffer)
+    members = image_members(idx)
+    if _C is None:
+        say_unbuilt(log, "_native._stagefiles", "image sizes are read from their headers by "
+                    "Python", "the sizes are the same")
+        return python_sizes(buffer, idx, members)
+    pairs, fallback = _C.image_sizes(buffer, members, idx.offsets, idx.sizes)
+    out = array("i")
+    out.frombytes(pairs)
     unread = 0
+    if fallback:  # what the built-in parsers do not read (Pillow's formats): read here
+        buf = memoryview(buffer)
+        for i in fallback:
+            m = members[i]
+            off = idx.offsets[m]
+            got = header_size(buf[off:off + idx.sizes[m]])
+            if got is None:
+                unread += 1
+            else:
+                out[2 * i], out[2 * i + 1] = got
+    return out, unread
+
+
+def image_members(idx: Any) -> list[int]:
+    """Each sample's image member in the shard indexed by ``idx`` (an index into its member
+    lists), ``-1`` where it has none."""
     member: dict[tuple[str, ...], int | None] = {}  # a shard's samples mostly share their fields
     starts, exts = idx.starts, idx.exts
-    for i in range(n):
-        a, b = starts[i], starts[i + 1]
-        fields = tuple(exts[a:b])
+    out = []
+    for i in range(len(idx)):
+        a = starts[i]
+        fields = tuple(exts[a:starts[i + 1]])
         k = member[fields] if fields in member else member.setdefault(fields,
                                                                        image_member(fields))
-        if k is None:
+        out.append(-1 if k is None else a + k)
+    return out
+
+
+def python_sizes(buffer: Any, idx: Any, members: list[int]) -> tuple[array, int]:
+    """:func:`index_sizes` read by Python alone (where ``feedpipe._native._stagefiles`` was not
+    built), of the image ``members``."""
+    out = new_rows("i", len(idx), 2, -1)
+    buf = memoryview(buffer)
+    unread = 0
+    for i, m in enumerate(members):
+        if m < 0:
             continue
-        off, size = idx.offsets[a + k], idx.sizes[a + k]
-        got = header_size(buf[off:off + size])
+        off = idx.offsets[m]
+        got = header_size(buf[off:off + idx.sizes[m]])
         if got is None:
             unread += 1
         else:
