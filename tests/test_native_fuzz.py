@@ -18,6 +18,9 @@ damaged ones.
 - ``_packrows.gather``: the bytes numpy's slices give; a piece outside its map or pieces that do
   not fit are a ValueError with ``out`` untouched.
 - ``_stagefiles.stage`` (through ``stage_dir``): the Python loop's staging file, lists and rows.
+- ``_stagefiles.image_sizes`` (through ``index_sizes``): the sizes and unread count that Python's
+  header parsers give (or the same error), over valid JPEG, PNG, WebP, GIF, BMP and TIFF headers,
+  truncated, mangled, zero-sized and random members, and members cut at the map's end.
 
 The default run is short: ``FEEDPIPE_FUZZ_EXAMPLES`` examples a test (20 unless set); the
 ``slow`` variants run ten times as many. ``tools/sanitize_extensions.sh`` runs this file against
@@ -36,11 +39,13 @@ import numpy as np
 import pytest
 import simplejpeg
 from _staging import stage_both
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from feedpipe.convert import _stage_dir as stagedir
 from feedpipe.errors import DecodeError
+from feedpipe.format import _image_sizes as image_sizes
+from feedpipe.format._index import ShardIndex
 from feedpipe.stream import _packed
 from feedpipe.transforms import _jpeg as image_ops
 from feedpipe.transforms import _resize
@@ -456,5 +461,133 @@ def test_the_c_staging_loop_stages_what_the_python_loop_stages(examples: int) ->
                 (root / rel).write_bytes(body)
             c, py = stage_both(root, "t", 0 if labels else None, root.parent)
             assert c == py, [rel for rel, _ in files]
+
+    check()
+
+
+# -- _stagefiles.image_sizes --
+
+def png(w: int, h: int) -> bytes:
+    """A PNG's signature and IHDR chunk (no more: only the header is read)."""
+    return b"\x89PNG\r\n\x1a\n" + b"\0\0\0\x0dIHDR" + w.to_bytes(4, "big") + h.to_bytes(4, "big")
+
+
+def jpeg_head(w: int, h: int, marker: int) -> bytes:
+    """A JPEG's markers up to a frame header ``marker`` (0xC4: not a start of frame), with an
+    APP0 segment, fill bytes and a restart marker before it."""
+    app0 = b"\xff\xe0\x00\x10JFIF\0\x01\x01\0\0\x01\0\x01\0\0"
+    return (b"\xff\xd8" + app0 + b"\xff\xff" + b"\xff\xd0" + bytes([0xFF, marker, 0, 17, 8])
+            + h.to_bytes(2, "big") + w.to_bytes(2, "big") + b"\x03" + bytes(9) + b"\xff\xd9")
+
+
+def webp(w: int, h: int, chunk: str) -> bytes:
+    """A WebP's RIFF header and first ``chunk``'s size fields (``ALPH``: one not read)."""
+    head = b"RIFF" + bytes(4) + b"WEBP" + chunk.encode()
+    if chunk == "VP8 ":
+        return head + bytes(10) + (w & 0xFFFF).to_bytes(2, "little") + (h & 0xFFFF).to_bytes(
+            2, "little")
+    if chunk == "VP8L":
+        v = (w - 1) & 0x3FFF | ((h - 1) & 0x3FFF) << 14
+        return head + bytes(5) + v.to_bytes(4, "little")
+    return head + bytes(8) + (w - 1).to_bytes(3, "little") + (h - 1).to_bytes(3, "little")
+
+
+SIDE32 = st.one_of(st.integers(0, 70000), st.sampled_from([2**31 - 1, 2**31, 2**32 - 1]))
+
+
+@st.composite
+def image_members(draw: Any) -> bytes:
+    """One member's bytes: a valid header of each format read without Pillow (sizes around
+    zero, the 14/16/24-bit fields and int32's edge), one Pillow reads (TIFF), then perhaps
+    truncated, mangled or replaced by random bytes."""
+    side = st.one_of(st.sampled_from([0, 1, 16383, 16384, 65535, 65536]), st.integers(0, 70000))
+    w, h = draw(side), draw(side)
+    kind = draw(st.sampled_from(["png", "jpeg", "webp", "gif", "bmp", "tiff", "random", "empty"]))
+    if kind == "png":
+        data = png(draw(SIDE32), draw(SIDE32))
+    elif kind == "jpeg":
+        data = jpeg_head(w % 65536, h % 65536, draw(st.sampled_from([0xC0, 0xC2, 0xC4, 0xCF])))
+    elif kind == "webp":
+        data = webp(max(w, 1) % 2**24, max(h, 1) % 2**24,
+                    draw(st.sampled_from(["VP8 ", "VP8L", "VP8X", "ALPH"])))
+    elif kind == "gif":
+        data = b"GIF89a" + (w % 65536).to_bytes(2, "little") + (h % 65536).to_bytes(2, "little")
+    elif kind == "bmp":
+        bh = draw(st.one_of(st.integers(-70000, 70000), st.just(-2**31)))
+        data = (b"BM" + bytes(16) + (w - 35000).to_bytes(4, "little", signed=True)
+                + bh.to_bytes(4, "little", signed=True))
+    elif kind == "tiff":
+        from PIL import Image
+
+        f = io.BytesIO()
+        Image.new("L", (w % 50 + 1, h % 50 + 1)).save(f, format="TIFF")
+        data = f.getvalue()
+    elif kind == "random":
+        data = draw(st.binary(max_size=64))
+    else:
+        data = b""
+    damage = draw(st.sampled_from(["none", "none", "truncate", "mangle"]))
+    if damage == "truncate" and data:
+        # (often at a length one of the parsers checks for)
+        data = data[:draw(st.one_of(st.integers(0, len(data)), st.sampled_from(
+            [len(data) - 1, 2, 6, 9, 10, 11, 12, 15, 16, 23, 24, 25, 26, 29, 30])))]
+    elif damage == "mangle" and data:
+        at = draw(st.integers(0, len(data) - 1))
+        data = data[:at] + draw(st.binary(min_size=1, max_size=4)) + data[at + 1:]
+    return data
+
+
+def python_outcome(buffer: bytes, idx: Any, members: list[int]) -> Any:
+    """The Python path's sizes and unread count, or the type of what it raised."""
+    try:
+        got, unread = image_sizes.python_sizes(buffer, idx, members)
+        return list(got), unread
+    except Exception as e:  # noqa: BLE001 (the same error is what the C path must give)
+        return type(e)
+
+
+def c_outcome(buffer: bytes, idx: Any) -> Any:
+    """``index_sizes`` (the C parse, Python for what it lists) as :func:`python_outcome`."""
+    try:
+        got, unread = image_sizes.index_sizes(buffer, idx)
+        return list(got), unread
+    except Exception as e:  # noqa: BLE001
+        return type(e)
+
+
+@needs_stagefiles
+@pytest.mark.filterwarnings("ignore::UserWarning")  # (Pillow's, on a mangled TIFF, both paths)
+@pytest.mark.parametrize("examples", RUNS)
+def test_c_image_sizes_are_what_python_reads(examples: int) -> None:
+    @fuzz(5 * examples)
+    @given(samples=st.lists(st.tuples(image_members(), st.sampled_from(
+        [("jpg",), ("cls", "png"), ("txt",), ("webp", "json"), ("bmp",)])), max_size=8),
+        cut=st.integers(0, 40))
+    # the edges each parser checks: a GIF header one byte short, sizes int32 does not hold
+    @example(samples=[(b"GIF89a\x01\x00\x01", ("jpg",)), (b"GIF87a\x02\x00\x03\x00", ("jpg",))],
+             cut=30)
+    @example(samples=[(png(2**31, 1), ("jpg",))], cut=30)
+    @example(samples=[(b"BM" + bytes(16) + (5).to_bytes(4, "little")
+                       + (-2**31).to_bytes(4, "little", signed=True), ("bmp",))], cut=30)
+    @example(samples=[(png(7, 9)[:23], ("jpg",)), (jpeg_head(0, 5, 0xC0), ("jpg",)),
+                      (webp(3, 4, "VP8L")[:24], ("jpg",))], cut=30)
+    def check(samples: list[tuple[bytes, tuple[str, ...]]], cut: int) -> None:
+        idx = ShardIndex([], [0], [], [], [], [])
+        body = b""
+        for n, (data, exts) in enumerate(samples):
+            idx.keys.append(f"k{n}")
+            for e in exts:
+                member = data if e not in ("cls", "txt", "json") else b"1"
+                body += bytes(3)  # (members not at the buffer's start)
+                idx.exts.append(e)
+                idx.offsets.append(len(body))
+                idx.sizes.append(len(member))
+                idx.names.append(f"k{n}.{e}")
+                body += member
+            idx.starts.append(len(idx.exts))
+        # the last member may run past the end of the map (cut), as a memoryview slice is cut
+        buffer = body[:max(0, len(body) - cut)] if cut < 20 else body
+        members = image_sizes.image_members(idx)
+        assert c_outcome(buffer, idx) == python_outcome(buffer, idx, members)
 
     check()
