@@ -73,6 +73,26 @@ def test_sharding_records_every_samples_size_beside_its_shard(tmp_path: Path,
     assert any("1 image(s)" in r.getMessage() for r in caplog.records)
 
 
+def test_without_the_c_extension_python_records_the_same_sizes_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from feedpipe._helpers import dependency
+    from feedpipe.format import _image_sizes
+
+    feedpipe.write_samples(_samples(), str(tmp_path / "c"), max_samples=5)
+    monkeypatch.setattr(_image_sizes, "_C", None)
+    monkeypatch.setattr(dependency, "UNBUILT_SAID", set())
+    with caplog.at_level(logging.INFO, "feedpipe"):
+        for name in ("p1", "p2"):
+            feedpipe.write_samples(_samples(), str(tmp_path / name), max_samples=5)
+    for name in ("c", "p1", "p2"):
+        out = str(tmp_path / name)
+        assert load_sizes(out, feedpipe.load_manifest(out)).tolist() == (
+            [[20 + 3 * i, 40 - i] for i in range(9)] + [[33, 7], [-1, -1], [-1, -1]])
+    said = [r for r in caplog.records if "feedpipe._native._stagefiles" in r.getMessage()]
+    assert len(said) == 1 and "read from their headers by Python" in said[0].getMessage()
+    assert sum("1 image(s)" in r.getMessage() for r in caplog.records) == 2
+
+
 def test_the_cli_shard_of_an_image_folder_records_sizes(tmp_path: Path) -> None:
     src = tmp_path / "src" / "cat"
     src.mkdir(parents=True)

@@ -49,13 +49,16 @@ def require(module: str, *, extra: str | None = None, purpose: str = "") -> Modu
         ) from e
 
 
-UNBUILT_SAID: set[str] = set()  # the optional C extensions whose absence was logged
+# the optional C extensions whose absence was logged, each with what runs instead (one extension
+# may serve two callers, each said)
+UNBUILT_SAID: set[str] = set()
 
 
 def say_unbuilt(log: logging.Logger, extension: str, instead: str, same: str) -> None:
     """Log once a process that the optional C extension ``feedpipe.<extension>`` was not built
     and what runs ``instead`` (its output ``same`` as the extension's, made more slowly)."""
-    if extension not in UNBUILT_SAID:
-        UNBUILT_SAID.add(extension)
+    said = f"{extension}: {instead}"
+    if said not in UNBUILT_SAID:
+        UNBUILT_SAID.add(said)
         log.info("feedpipe: %s: the C extension feedpipe.%s was not built (it needs a C compiler "
                  "when feedpipe is installed); %s, made more slowly", instead, extension, same)
