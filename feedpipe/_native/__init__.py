@@ -11,8 +11,10 @@
   shards' maps (``gather``). Called by :mod:`feedpipe.stream._packed`; without it numpy copies
   them.
 - ``_stagefiles`` (``_stagefiles.c``): the per-file loop of one-pass conversion (``stage``:
-  open, read, close, tar header, in large writes). Called by
-  :mod:`feedpipe.convert._stage_dir`; without it the same loop runs in Python.
+  open, read, close, tar header, in large writes), and the header parse of the image sizes
+  recorded at shard time (``image_sizes``: JPEG, PNG, WebP, GIF, BMP). Called by
+  :mod:`feedpipe.convert._stage_dir` and :mod:`feedpipe.format._image_sizes`; without it the same
+  loop, and the same parse, run in Python.
 
 Each caller imports its extension in a ``try`` and keeps a Python path that gives the same
 output, and says once a process, in a log record, when the extension was not built
