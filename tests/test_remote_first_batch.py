@@ -19,7 +19,9 @@ import pytest
 
 import feedpipe
 from feedpipe import FeedDataset, FeedLoader
+from feedpipe.caches._early import spans
 from feedpipe.convert._synth import make_records
+from feedpipe.format._index import parse_index
 
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "linkstore.py"
 SLOW_LINK = {"rtt": 0.02, "node_rate": 1_000_000, "chunk": 16 << 10}  # 4 MB: about 4 s
@@ -88,6 +90,14 @@ def first_then_rest(loader: Any, store: Store) -> tuple[Any, dict[str, Any], lis
     return first, seen, list(it)
 
 
+def early_requests(ds: Path, shard: str, first: Any) -> int:
+    """The range requests that read ``first``'s samples of ``shard`` before it arrives."""
+    index = parse_index((ds / shard).with_suffix(".idx").read_bytes(), shard)
+    pairs = [(g, index.keys.index(k)) for g, k, s in
+             zip(first["__index__"].tolist(), first["__key__"], first["__shard__"]) if s == shard]
+    return len(spans(index, pairs))
+
+
 def keys(batches: list[Any]) -> list[str]:
     return [k for b in batches for k in b["__key__"]]
 
@@ -113,13 +123,11 @@ def test_the_first_batch_arrives_before_its_shards(tmp_path: Path, store: Store,
     assert_before_the_shards(first, seen, sizes)
     assert sorted(keys([first, *rest])) == sorted(local)  # exactly once
     assert [bytes(b) for b in first["bin"]] == [local[k] for k in first["__key__"]]
-    # each shard came whole once (4 ranges), and each sample of the first batch by its own
-    # range besides; each index at most twice (the fill's and the first batch's, when they
-    # were not under way at the same moment)
+    # each shard came whole once (4 ranges), and the first batch's samples besides, those of
+    # a shard lying close together in one range (caches._early.spans); each index at most
+    # twice (the fill's and the first batch's, when they were not under way at the same moment)
     served = store.stats()["per_object"]
-    extra = {p: 0 for p in sizes}
-    for s in first["__shard__"]:
-        extra[f"/ds/{s}"] += 1
+    extra = {p: early_requests(ds, s, first) for p in sizes for s in [p.rsplit("/", 1)[1]]}
     after_first = {p: v["requests"] for p, v in served.items() if p in sizes}
     assert after_first == {p: 4 + extra[p] for p in sizes}
     assert all(1 <= served[p[:-4] + ".idx"]["requests"] <= 2 for p in sizes)
@@ -193,3 +201,20 @@ def test_a_first_batch_of_more_samples_than_the_bound_waits_for_its_shards(
     served = store.stats()["per_object"]
     assert {p: served[p]["requests"] for p in sizes} == dict.fromkeys(sizes, 4)
     assert any("waits for its shards" in r.getMessage() for r in caplog.records)
+
+
+def test_adjacent_samples_of_one_shard_come_in_one_range_request(
+        tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # in order, without a cache: the first batch is samples 0-15 of the first shard, adjacent,
+    # 0.8 MB; read by range, they used to cost 16 requests (one a sample), now one
+    monkeypatch.setenv("FEEDPIPE_RANGE_BYTES", str(4 << 20))
+    ds = dataset(tmp_path, seed=47)
+    local = {s["__key__"]: bytes(s["bin"]) for s in FeedDataset(str(ds))}
+    loader = FeedLoader(FeedDataset(f"{store.url}/ds", cache_dir=False), batch_size=BATCH)
+    store.post("/__reset__")
+    first = next(iter(loader))
+    log = store.stats()["log"]
+    assert set(first["__shard__"]) == {"data-000000.tar"}
+    assert [bytes(b) for b in first["bin"]] == [local[k] for k in first["__key__"]]
+    tar = [e for e in log if e[1] == "/ds/data-000000.tar"]
+    assert [e[0] for e in tar] == ["GET"] and tar[0][2] is not None  # one ranged GET
