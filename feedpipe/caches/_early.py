@@ -90,8 +90,9 @@ class Want:
 
 def read_early(wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
     """The samples of ``wants`` by global id, read by range requests (all at once, each shard's
-    index first; samples of a shard that lie close together in one request: :func:`spans`). A shard whose index or samples cannot be read is left out, said
-    in a log record: its samples are for the caller to read as before."""
+    index first; samples of a shard that lie close together in one request: :func:`spans`).
+    A shard whose index or samples cannot be read is left out, said in a log record: its
+    samples are for the caller to read as before."""
     if not wants:
         return {}
     n = sum(len(w.pairs) for w in wants)
