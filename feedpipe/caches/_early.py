@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any
 
 from .._helpers.storage import range_target, read_bytes
@@ -109,9 +109,11 @@ def read_early(wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
 
 
 def _read(pool: ThreadPoolExecutor, wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
-    jobs = [(w, pool.submit(_index, w)) for w in wants]
+    jobs = {pool.submit(_index, w): w for w in wants}
     reads: list[tuple[Want, ShardIndex, Span, Future[bytes]]] = []
-    for w, job in jobs:
+    # each shard's ranges leave as soon as its index is in, not behind the indexes before it
+    for job in as_completed(jobs):
+        w = jobs[job]
         try:
             index = job.result()
         except Exception as e:  # noqa: BLE001 - said, and read through the cache instead
