@@ -54,7 +54,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any
 
 from .._helpers.storage import range_target, read_bytes
-from .._helpers.storage_io import read_span
+from .._helpers.storage_io import gathers, read_spans
 from .._redact import logger, redact
 from ..errors import ShardFormatError
 from ..format._index import ShardIndex, index_path, parse_index
@@ -110,8 +110,8 @@ def read_early(wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
 
 def _read(pool: ThreadPoolExecutor, wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
     jobs = {pool.submit(_index, w): w for w in wants}
-    reads: list[tuple[Want, ShardIndex, Span, Future[bytes]]] = []
-    # each shard's ranges leave as soon as its index is in, not behind the indexes before it
+    reads: list[tuple[Want, ShardIndex, list[Span], Future[list[bytes]]]] = []
+    # each shard's ranges leave as soon as its own index is in, not behind the indexes before it
     for job in as_completed(jobs):
         w = jobs[job]
         try:
@@ -119,20 +119,26 @@ def _read(pool: ThreadPoolExecutor, wants: Sequence[Want]) -> dict[int, dict[str
         except Exception as e:  # noqa: BLE001 - said, and read through the cache instead
             _said(w, e)
             continue
-        for span in spans(index, w.pairs):
-            reads.append((w, index, span, pool.submit(_range, w.url, span.lo, span.hi)))
+        todo = spans(index, w.pairs)
+        if gathers(w.url):  # one job: the client sends them all at once itself
+            reads.append((w, index, todo, pool.submit(read_spans, w.url,
+                                                      [(s.lo, s.hi) for s in todo])))
+        else:
+            reads.extend((w, index, [s], pool.submit(read_spans, w.url, [(s.lo, s.hi)]))
+                         for s in todo)
     out: dict[int, dict[str, Any]] = {}
     failed: set[str] = set()
-    for w, index, span, fut in reads:
+    for w, index, group, fut in reads:
         try:
-            blob = fut.result()
+            blobs = fut.result()
         except Exception as e:  # noqa: BLE001 - said, and read through the cache instead
             if w.url not in failed:
                 failed.add(w.url)
                 _said(w, e)
             continue
-        for g, i in span.pairs:
-            out[g] = _sample(w, index, g, i, blob, span.lo)
+        for span, blob in zip(group, blobs):
+            for g, i in span.pairs:
+                out[g] = _sample(w, index, g, i, blob, span.lo)
     return out
 
 
@@ -190,10 +196,6 @@ def _index(w: Want) -> ShardIndex:
             f"{iurl}: the index lists {len(index)} samples up to byte {index.end}; the manifest "
             f"says {w.rec.samples} samples in {size} bytes")
     return index
-
-
-def _range(url: str, lo: int, hi: int) -> bytes:
-    return read_span(url, lo, hi)
 
 
 def _sample(w: Want, index: ShardIndex, g: int, i: int, blob: bytes,
