@@ -82,7 +82,7 @@ def one(tree: str, proto: str, url: str) -> dict[str, Any]:
     fills = [e for e in log if e[1].endswith(".tar") and e not in small]
     res.update(tree=tree, proto=proto, load=round(load, 2), requests_logged=len(log),
                batch_ranges=len(small), fill_ranges=len(fills), indexes=len(idx),
-               manifest_end=man[4],
+               manifest_start=man[3], manifest_end=man[4],
                index_first_start=min((e[3] for e in idx), default=None),
                fill_first_start=min((e[3] for e in fills), default=None),
                batch_ranges_first_start=min((e[3] for e in small), default=None),

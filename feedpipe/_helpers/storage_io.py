@@ -91,8 +91,17 @@ def read_spans(url: str, spans: list[tuple[int, int]]) -> list[bytes]:
                         on_error="return")
     for g in got:
         REMOTE.end(g if isinstance(g, bytes) else None)
-    return [g if isinstance(g, bytes) and len(g) == b - a else read_span(url, a, b)
+    return [g if isinstance(g, bytes) and len(g) == b - a else _again(url, a, b, g)
             for g, (a, b) in zip(got, spans)]
+
+
+def _again(url: str, start: int, end: int, first: object) -> bytes:
+    """A range of :func:`read_spans` asked again alone (:func:`read_span`); after a failed
+    request the new one is a retry, counted as such."""
+    blob = read_span(url, start, end)
+    if not isinstance(first, bytes):
+        REMOTE.retried()
+    return blob
 
 
 def write_bytes(url: str, data: bytes) -> None:
