@@ -26,7 +26,7 @@ link, instead of most of the dataset's bytes.
   crash-safety and budget are unchanged) and shares nothing between processes: each reader
   (each DataLoader worker) reads its own first batch. Its cost: the first batch's bytes are
   fetched twice (alone, and inside their shards), in at most one range request per sample
-  (samples of a shard at most :data:`GAP` bytes apart share one, split here) and one index
+  (without a cache, samples of a shard at most :data:`GAP` bytes apart share one) and one index
   request per shard of that batch. A shard's index is fetched once per process
   where its fill asks for it at the same time (:mod:`feedpipe.caches.l1._joined`).
 
@@ -67,9 +67,12 @@ STREAMS = 64  # range requests of a first batch in flight at once (a batch's sam
 # the most samples a first batch reads by range: beyond, they would go in more than a few waves
 # of round trips and add up to many shards' bytes, fetched twice: the batch waits for its shards
 MAX_SAMPLES = 4 * STREAMS
-# samples of one shard at most this many bytes apart share one range request: a request costs
-# the client more CPU (and the store a request) than such a gap costs the link
-GAP = 64 << 10
+# without a cache, samples of one shard at most this many bytes apart share one range request:
+# a request costs the client more CPU (and the store a request) than such a gap costs the link.
+# Not beside whole-shard fills: a link shared per response gives the batch fewer shares
+# against the fills' ranges, and its first batch arrives later (seen in
+# test_two_workers_read_their_first_batches_before_the_shards[read-ahead])
+GAP = 16 << 10
 
 
 def enabled() -> bool:
@@ -88,9 +91,10 @@ class Want:
         self.url, self.rec, self.pairs = url, rec, pairs
 
 
-def read_early(wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
+def read_early(wants: Sequence[Want], gap: int = -1) -> dict[int, dict[str, Any]]:
     """The samples of ``wants`` by global id, read by range requests (all at once, each shard's
-    index first; samples of a shard that lie close together in one request: :func:`spans`).
+    index first; samples of a shard at most ``gap`` bytes apart in one request: :func:`spans`;
+    -1: each sample its own).
     A shard whose index or samples cannot be read is left out, said in a log record: its
     samples are for the caller to read as before."""
     if not wants:
@@ -105,10 +109,11 @@ def read_early(wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
     # (:mod:`feedpipe._helpers.storage`), which the prefetch keeps full: these few small
     # requests do not queue behind whole shards. Made per first batch: nothing stays behind.
     with ThreadPoolExecutor(min(STREAMS, n), thread_name_prefix="feedpipe-early") as pool:
-        return _read(pool, wants)
+        return _read(pool, wants, gap)
 
 
-def _read(pool: ThreadPoolExecutor, wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
+def _read(pool: ThreadPoolExecutor, wants: Sequence[Want],
+          gap: int) -> dict[int, dict[str, Any]]:
     jobs = {pool.submit(_index, w): w for w in wants}
     reads: list[tuple[Want, ShardIndex, list[Span], Future[list[bytes]]]] = []
     # each shard's ranges leave as soon as its own index is in, not behind the indexes before it
@@ -119,7 +124,7 @@ def _read(pool: ThreadPoolExecutor, wants: Sequence[Want]) -> dict[int, dict[str
         except Exception as e:  # noqa: BLE001 - said, and read through the cache instead
             _said(w, e)
             continue
-        todo = spans(index, w.pairs)
+        todo = spans(index, w.pairs, gap)
         if gathers(w.url):  # one job: the client sends them all at once itself
             reads.append((w, index, todo, pool.submit(read_spans, w.url,
                                                       [(s.lo, s.hi) for s in todo])))
