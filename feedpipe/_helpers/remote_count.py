@@ -67,6 +67,12 @@ class RemoteCount:
             self.bytes += n
             self.retries += retry
 
+    def retried(self) -> None:
+        """A request counted on its own came after a failed one counted elsewhere (a range
+        that failed among others, asked again alone): a retry."""
+        with self._lock:
+            self.retries += 1
+
     def note(self, answer: object) -> None:
         """One request, answered with ``answer`` (its length counted when it is bytes)."""
         n = len(answer) if isinstance(answer, (bytes, bytearray, memoryview)) else 0

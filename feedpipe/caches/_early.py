@@ -25,8 +25,9 @@ link, instead of most of the dataset's bytes.
   quality, exactly-once and resume are unchanged), never touches the cache's files (their
   crash-safety and budget are unchanged) and shares nothing between processes: each reader
   (each DataLoader worker) reads its own first batch. Its cost: the first batch's bytes are
-  fetched twice (alone, and inside their shards), in at most one range request per sample and
-  one index request per shard of that batch. A shard's index is fetched once per process
+  fetched twice (alone, and inside their shards), in at most one range request per sample
+  (without a cache, samples of a shard at most :data:`GAP` bytes apart share one) and one index
+  request per shard of that batch. A shard's index is fetched once per process
   where its fill asks for it at the same time (:mod:`feedpipe.caches.l1._joined`).
 
 Without a cache (``cache_dir=False``: each sample its own range request) the first batch is
@@ -49,11 +50,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any
 
-from .._helpers.storage import read_bytes
-from .._helpers.storage_io import read_span
+from .._helpers.storage import range_target, read_bytes
+from .._helpers.storage_io import gathers, read_spans
 from .._redact import logger, redact
 from ..errors import ShardFormatError
 from ..format._index import ShardIndex, index_path, parse_index
@@ -66,6 +67,12 @@ STREAMS = 64  # range requests of a first batch in flight at once (a batch's sam
 # the most samples a first batch reads by range: beyond, they would go in more than a few waves
 # of round trips and add up to many shards' bytes, fetched twice: the batch waits for its shards
 MAX_SAMPLES = 4 * STREAMS
+# without a cache, samples of one shard at most this many bytes apart share one range request:
+# a request costs the client more CPU (and the store a request) than such a gap costs the link.
+# Not beside whole-shard fills: a link shared per response gives the batch fewer shares
+# against the fills' ranges, and its first batch arrives later (seen in
+# test_two_workers_read_their_first_batches_before_the_shards[read-ahead])
+GAP = 16 << 10
 
 
 def enabled() -> bool:
@@ -84,10 +91,12 @@ class Want:
         self.url, self.rec, self.pairs = url, rec, pairs
 
 
-def read_early(wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
-    """The samples of ``wants`` by global id, each read by its own range request (all at once;
-    each shard's index first). A shard whose index or samples cannot be read is left out, said
-    in a log record: its samples are for the caller to read as before."""
+def read_early(wants: Sequence[Want], gap: int = -1) -> dict[int, dict[str, Any]]:
+    """The samples of ``wants`` by global id, read by range requests (all at once, each shard's
+    index first; samples of a shard at most ``gap`` bytes apart in one request: :func:`spans`;
+    -1: each sample its own).
+    A shard whose index or samples cannot be read is left out, said in a log record: its
+    samples are for the caller to read as before."""
     if not wants:
         return {}
     n = sum(len(w.pairs) for w in wants)
@@ -100,34 +109,84 @@ def read_early(wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
     # (:mod:`feedpipe._helpers.storage`), which the prefetch keeps full: these few small
     # requests do not queue behind whole shards. Made per first batch: nothing stays behind.
     with ThreadPoolExecutor(min(STREAMS, n), thread_name_prefix="feedpipe-early") as pool:
-        return _read(pool, wants)
+        return _read(pool, wants, gap)
 
 
-def _read(pool: ThreadPoolExecutor, wants: Sequence[Want]) -> dict[int, dict[str, Any]]:
-    jobs = [(w, pool.submit(_index, w)) for w in wants]
-    reads: list[tuple[Want, ShardIndex, int, int, Future[bytes]]] = []
-    for w, job in jobs:
+def _read(pool: ThreadPoolExecutor, wants: Sequence[Want],
+          gap: int) -> dict[int, dict[str, Any]]:
+    jobs = {pool.submit(_index, w): w for w in wants}
+    reads: list[tuple[Want, ShardIndex, list[Span], Future[list[bytes]]]] = []
+    # each shard's ranges leave as soon as its own index is in, not behind the indexes before it
+    for job in as_completed(jobs):
+        w = jobs[job]
         try:
             index = job.result()
         except Exception as e:  # noqa: BLE001 - said, and read through the cache instead
             _said(w, e)
             continue
-        for g, i in w.pairs:
-            a, b = index.starts[i], index.starts[i + 1]
-            lo = index.offsets[a] if b > a else 0
-            hi = index.offsets[b - 1] + index.sizes[b - 1] if b > a else 0
-            reads.append((w, index, g, i, pool.submit(_range, w.url, lo, hi)))
+        todo = spans(index, w.pairs, gap)
+        if gathers(w.url):  # one job: the client sends them all at once itself
+            reads.append((w, index, todo, pool.submit(read_spans, w.url,
+                                                      [(s.lo, s.hi) for s in todo])))
+        else:
+            reads.extend((w, index, [s], pool.submit(read_spans, w.url, [(s.lo, s.hi)]))
+                         for s in todo)
     out: dict[int, dict[str, Any]] = {}
     failed: set[str] = set()
-    for w, index, g, i, fut in reads:
+    for w, index, group, fut in reads:
         try:
-            blob = fut.result()
+            blobs = fut.result()
         except Exception as e:  # noqa: BLE001 - said, and read through the cache instead
             if w.url not in failed:
                 failed.add(w.url)
                 _said(w, e)
             continue
-        out[g] = _sample(w, index, g, i, blob)
+        for span, blob in zip(group, blobs):
+            for g, i in span.pairs:
+                out[g] = _sample(w, index, g, i, blob, span.lo)
+    return out
+
+
+class Span:
+    """One range request ``[lo, hi)`` of a shard and the ``(global id, index in the shard)``
+    pairs of the samples it holds."""
+
+    __slots__ = ("lo", "hi", "pairs")
+
+    def __init__(self, lo: int, hi: int, pairs: list[tuple[int, int]]) -> None:
+        self.lo, self.hi, self.pairs = lo, hi, pairs
+
+
+def _extent(index: ShardIndex, i: int) -> tuple[int, int]:
+    """Sample ``i``'s bytes ``[lo, hi)`` in its shard (its members and the tar headers between)."""
+    a, b = index.starts[i], index.starts[i + 1]
+    if b <= a:
+        return 0, 0
+    return index.offsets[a], index.offsets[b - 1] + index.sizes[b - 1]
+
+
+def spans(index: ShardIndex, pairs: Sequence[tuple[int, int]], gap: int = GAP,
+          most: int | None = None) -> list[Span]:
+    """The range requests for the samples ``pairs`` of one shard: samples whose bytes lie at
+    most ``gap`` bytes apart share one request (split here), up to ``most`` bytes a request
+    (default :func:`~feedpipe._helpers.storage.range_target`), so that a batch with many
+    samples of one shard costs a few requests, not one a sample.
+
+        >>> from feedpipe.format._index import ShardIndex
+        >>> ix = ShardIndex(["a", "b", "c"], [0, 1, 2, 3], ["bin"] * 3, [512, 1536, 9000],
+        ...                 [512] * 3)
+        >>> [(s.lo, s.hi, s.pairs) for s in spans(ix, [(7, 2), (5, 0), (6, 1)], gap=1024)]
+        [(512, 2048, [(5, 0), (6, 1)]), (9000, 9512, [(7, 2)])]
+    """
+    most = range_target() if most is None else most
+    out: list[Span] = []
+    for lo, hi, g, i in sorted((*_extent(index, i), g, i) for g, i in pairs):
+        last = out[-1] if out else None
+        if last is not None and lo - last.hi <= gap and max(hi, last.hi) - last.lo <= most:
+            last.hi = max(last.hi, hi)
+            last.pairs.append((g, i))
+        else:
+            out.append(Span(lo, hi, [(g, i)]))
     return out
 
 
@@ -144,18 +203,15 @@ def _index(w: Want) -> ShardIndex:
     return index
 
 
-def _range(url: str, lo: int, hi: int) -> bytes:
-    return read_span(url, lo, hi)
-
-
-def _sample(w: Want, index: ShardIndex, g: int, i: int, blob: bytes) -> dict[str, Any]:
+def _sample(w: Want, index: ShardIndex, g: int, i: int, blob: bytes,
+            base: int) -> dict[str, Any]:
     """Sample ``i`` as :meth:`~feedpipe.format._reader.ShardReader.sample` makes it, with
-    ``bytes`` fields (they may be sent to another process as they are)."""
+    ``bytes`` fields (they may be sent to another process as they are), from ``blob``: the
+    shard's bytes from ``base`` on."""
     a, b = index.starts[i], index.starts[i + 1]
     d: dict[str, Any] = {"__key__": index.keys[i], "__shard__": w.rec.name, "__index__": g}
-    lo = index.offsets[a] if b > a else 0
     for m in range(a, b):
-        o, n = index.offsets[m] - lo, index.sizes[m]
+        o, n = index.offsets[m] - base, index.sizes[m]
         d[index.exts[m]] = blob if (o, n) == (0, len(blob)) else blob[o: o + n]
     return d
 

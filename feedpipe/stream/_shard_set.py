@@ -289,7 +289,7 @@ class ShardSet:
             return {}
         self._first = False
         from .._helpers.storage import is_local
-        from ..caches._early import Want, enabled, read_early
+        from ..caches._early import GAP, Want, enabled, read_early
 
         cache = self.cache
         if self.verify or is_local(self.root) or not enabled():
@@ -302,7 +302,7 @@ class ShardSet:
         recs = self.manifest.shards
         wants = [Want(self.url(s), recs[s], p) for s, p in pairs.items()
                  if cache is None or not cache.ready(self.url(s), recs[s])]
-        got = read_early(wants)
+        got = read_early(wants, GAP if cache is None else -1)  # (why: caches._early.GAP)
         if cache is not None:
             cache.stats.early += len(got)
         return got
