@@ -1,5 +1,7 @@
-/* feedpipe._native._stagefiles: the per-file loop of one-pass staging, called by
- * feedpipe.convert._stage_dir (stage_dir, for feedpipe.convert._onepass).
+/* feedpipe._native._stagefiles: the conversion's two per-item loops in C. ``stage``, the per-file
+ * loop of one-pass staging, is called by feedpipe.convert._stage_dir (stage_dir, for
+ * feedpipe.convert._onepass); ``image_sizes``, each image's size read from its header at shard
+ * time, by feedpipe.format._image_sizes.
  *
  * stage(dirfd, out_fd, keys, first, exts, rels, extra, template, start, pos, guess, flags,
  *       starts, names, offsets, sizes, rows) -> (next, pos)
