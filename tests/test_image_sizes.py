@@ -122,3 +122,41 @@ def test_shards_without_sizes_get_them_from_a_one_time_scan(
                for r in caplog.records)
     assert np.array_equal(load_sizes(out, m), want)
     assert feedpipe.record_image_sizes(out)["shards"] == 0  # done once
+
+
+RSS_SCRIPT = """
+import resource, sys
+from feedpipe.format._image_sizes import sizes_of_file
+from feedpipe.format._sidecars import local_index
+idx = local_index(sys.argv[1])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+sizes, unread = sizes_of_file(sys.argv[1], idx)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, sizes[:2].tolist(), unread)
+"""
+
+
+def test_reading_a_shards_image_sizes_does_not_bring_the_shard_into_memory(
+        tmp_path: Path) -> None:
+    """The sizes recorded at shard time were read through a map of the whole shard, and the
+    kernel mapped most of it on the way (a touch maps a page's whole large folio): converting
+    bench_versions' 36 MB of small images peaked at 64 MB of RSS against 28 MB on the tree before
+    sizes were recorded (its convert phase: 70 MB against 32 MB). Each run of samples' pages is
+    now let go once their headers are read."""
+    import subprocess
+    import sys
+
+    from feedpipe import ShardWriter
+
+    head = encoded(48, 32, "JPEG")
+    out = tmp_path / "ds"
+    with ShardWriter(str(out), max_samples=10_000) as w:  # 400 samples of 100 KB: one 40 MB shard
+        for i in range(400):
+            w.write({"__key__": f"s{i:04d}", "jpg": head + os.urandom(100_000)})
+    (tar,) = sorted(out.glob("*.tar"))
+    proc = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tar)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grew_kb, first, unread = proc.stdout.split(" ", 1)[0], *proc.stdout.split(" ", 1)[1].rsplit(
+        " ", 1)
+    assert first.strip() == "[48, 32]" and int(unread) == 0
+    assert int(grew_kb) < 8 * 1024, f"peak RSS grew {int(grew_kb) // 1024} MB over a 40 MB shard"

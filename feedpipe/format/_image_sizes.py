@@ -18,6 +18,7 @@ parse; a header it does not read is left to this module), else here.
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import struct
 from array import array
@@ -32,7 +33,6 @@ from ._image_fields import IMAGE_FIELDS, image_extension
 from ._manifest import join
 from ._sidecars import (
     new_rows,
-    read_mapped,
     read_sidecar,
     record_beside,
     sidecar_path,
@@ -148,11 +148,12 @@ def image_member(exts: Sequence[str]) -> int | None:
     return None
 
 
-def index_sizes(buffer: Any, idx: Any) -> tuple[array, int]:
+def index_sizes(buffer: Any, idx: Any, members: list[int] | None = None) -> tuple[array, int]:
     """Each sample's ``(width, height)`` in a shard mapped as ``buffer`` whose index is
     ``idx`` (a :class:`~feedpipe.format._index.ShardIndex`), flat (``int32``, two values a
-    sample), and how many samples with an image field have no size (a header not read)."""
-    members = image_members(idx)
+    sample), and how many samples with an image field have no size (a header not read); of the
+    samples whose image members are ``members`` (:func:`image_members`; all, by default)."""
+    members = image_members(idx) if members is None else members
     if _C is None:
         say_unbuilt(log, "_native._stagefiles", "image sizes are read from their headers by "
                     "Python", "the sizes are the same")
@@ -192,7 +193,7 @@ def image_members(idx: Any) -> list[int]:
 def python_sizes(buffer: Any, idx: Any, members: list[int]) -> tuple[array, int]:
     """:func:`index_sizes` read by Python alone (where ``feedpipe._native._stagefiles`` was not
     built), of the image ``members``."""
-    out = new_rows("i", len(idx), 2, -1)
+    out = new_rows("i", len(members), 2, -1)
     buf = memoryview(buffer)
     unread = 0
     for i, m in enumerate(members):
@@ -222,7 +223,38 @@ def sizes_of_file(tar_path: str, idx: Any) -> tuple[array, int]:
     """:func:`index_sizes` of the local shard file ``tar_path``."""
     if not len(idx):
         return new_rows("i", 0, 2, -1), 0
-    return read_mapped(tar_path, index_sizes, idx)
+    with open(tar_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        try:
+            return _sizes_let_go(m, idx)
+        finally:
+            del m
+
+
+RELEASE_BYTES = 1 << 20  # about this much of the shard is read before its pages are let go
+
+
+def _sizes_let_go(m: mmap.mmap, idx: Any) -> tuple[array, int]:
+    """:func:`index_sizes` over the map ``m`` of a whole shard, each header faulted in without
+    read-around, and the pages of each run of samples (about :data:`RELEASE_BYTES` of the shard)
+    let go once read: a touch maps the whole large folio a page of a file just written sits in,
+    so the headers alone would bring the shard into the converter's memory."""
+    if hasattr(m, "madvise"):
+        m.madvise(mmap.MADV_RANDOM)
+    members = image_members(idx)
+    every = max(1, RELEASE_BYTES * len(members) // max(1, len(m)))  # samples a run
+    out, unread = array("i"), 0
+    for lo in range(0, len(members), every):
+        part = members[lo:lo + every]
+        rows, bad = index_sizes(m, idx, part)
+        out.extend(rows)
+        unread += bad
+        images = [k for k in part if k >= 0]
+        if images and hasattr(m, "madvise"):
+            start = idx.offsets[images[0]] // mmap.PAGESIZE * mmap.PAGESIZE
+            end = min(len(m), idx.offsets[images[-1]] + idx.sizes[images[-1]])
+            if end > start:
+                m.madvise(mmap.MADV_DONTNEED, start, end - start)
+    return out, unread
 
 
 def record_shard_sizes(out_dir: str, name: str, tar_path: str, idx: Any) -> None:
