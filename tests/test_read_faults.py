@@ -220,3 +220,37 @@ def test_verify_says_which_shards_it_cannot_hash(sharded_copy: Path, caplog) -> 
     with caplog.at_level("WARNING", logger="feedpipe"):
         FeedDataset(str(sharded_copy))  # nothing claimed without verify=True
     assert not [r for r in caplog.records if "sha256" in r.getMessage()]
+
+
+class _Shards:
+    """A shard set's check of its shards (ShardSet.changed), as the training process asks it."""
+
+    def __init__(self, why: str | None) -> None:
+        self.why = why
+
+    def changed(self) -> str | None:
+        return self.why
+
+
+@pytest.mark.parametrize("err", [EOFError(), ConnectionResetError(104, "Connection reset by peer")],
+                         ids=["eof", "reset"])
+def test_a_worker_dying_while_its_batch_is_taken_over_a_cut_shard_is_the_named_error(
+        err: Exception) -> None:
+    """A worker killed by a SIGBUS under a cut shard while this process took a batch's shared
+    memory from it (torch's resource sharer: rebuild_storage_fd) surfaced as a bare EOFError
+    (route samples-workers:thirdfn in a CI rehearsal's route suite), not torch's RuntimeError
+    for a dead worker, and the shard was not named."""
+    from feedpipe.stream._worker_source import WorkerBatches
+
+    def messages():  # type: ignore[no-untyped-def]
+        raise err
+        yield
+
+    cut = WorkerBatches(None, None, {}, shards=_Shards(
+        "data-000000.tar: the shard changed since the epoch began"))
+    with pytest.raises(ShardFormatError, match=r"data-000000\.tar: the shard changed") as e:
+        cut._next(messages())
+    assert e.value.__cause__ is err
+    intact = WorkerBatches(None, None, {}, shards=_Shards(None))  # no shard cut: its own error
+    with pytest.raises(type(err)):
+        intact._next(messages())

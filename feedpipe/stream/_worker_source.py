@@ -190,10 +190,12 @@ class WorkerBatches:
     def _next(self, it: Iterator[Any]) -> Any:
         """The workers' next message; a worker's death or decode error over a local shard cut
         since the epoch began is the :class:`ShardFormatError` naming the shard (a read past a
-        cut's end is a ``SIGBUS``, or the zeros of its last page, which a decoder refuses)."""
+        cut's end is a ``SIGBUS``, or the zeros of its last page, which a decoder refuses). A
+        worker that dies while this process takes a batch's shared memory from it is an
+        ``EOFError`` or a ``ConnectionError`` here, not torch's ``RuntimeError``."""
         try:
             return next(it)
-        except (RuntimeError, DecodeError) as e:
+        except (RuntimeError, DecodeError, EOFError, ConnectionError) as e:
             why = self.shards.changed() if self.shards is not None else None
             if why is None:
                 raise
