@@ -161,18 +161,8 @@ def index_sizes(buffer: Any, idx: Any, members: list[int] | None = None) -> tupl
     pairs, fallback = _C.image_sizes(buffer, members, idx.offsets, idx.sizes)
     out = array("i")
     out.frombytes(pairs)
-    unread = 0
-    if fallback:  # what the built-in parsers do not read (Pillow's formats): read here
-        buf = memoryview(buffer)
-        for i in fallback:
-            m = members[i]
-            off = idx.offsets[m]
-            got = header_size(buf[off:off + idx.sizes[m]])
-            if got is None:
-                unread += 1
-            else:
-                out[2 * i], out[2 * i + 1] = got
-    return out, unread
+    # what the built-in parsers do not read (Pillow's formats): read here
+    return out, _read_here(buffer, idx, members, fallback, out) if fallback else 0
 
 
 def image_members(idx: Any) -> list[int]:
@@ -194,18 +184,25 @@ def python_sizes(buffer: Any, idx: Any, members: list[int]) -> tuple[array, int]
     """:func:`index_sizes` read by Python alone (where ``feedpipe._native._stagefiles`` was not
     built), of the image ``members``."""
     out = new_rows("i", len(members), 2, -1)
+    return out, _read_here(buffer, idx, members, [i for i, m in enumerate(members) if m >= 0],
+                           out)
+
+
+def _read_here(buffer: Any, idx: Any, members: list[int], samples: list[int],
+               out: array) -> int:
+    """Read the image headers of ``samples`` (positions in ``members``) by Python into
+    ``out``'s rows; how many were not read."""
     buf = memoryview(buffer)
     unread = 0
-    for i, m in enumerate(members):
-        if m < 0:
-            continue
+    for i in samples:
+        m = members[i]
         off = idx.offsets[m]
         got = header_size(buf[off:off + idx.sizes[m]])
         if got is None:
             unread += 1
         else:
             out[2 * i], out[2 * i + 1] = got
-    return out, unread
+    return unread
 
 
 def has_images(idx: Any) -> bool:

@@ -20,20 +20,14 @@ from typing import Any
 import numpy as np
 
 from .._helpers.dependency import require
-from .._redact import logger
-from ..errors import DecodeError, SampleSkipped
-from ..format._video_frames import VIDEO_FIELDS
-from ..plan._clips import clip_draw, clip_start
-from ._video import VideoClip, video_info
-
-log = logger("feedpipe.video")
+from ..plan._clips import clip_start
+from ._video import VideoClip, clip_asked, say_padded, video_info
 
 # the fields a planned clip carries for DALI, taken out of the batch once DALI decoded it
 ENCODED, FRAME_IDS, CODEC, SIZE, SHARD = ("__encoded__", "__frame_ids__", "__codec__",
                                           "__size__", "__shard__")
 HOST_FIELDS = (ENCODED, FRAME_IDS, CODEC, SIZE, SHARD)
 
-_padded_said: set[tuple[Any, Any]] = set()  # (shard, key) said once per process
 
 
 def codec_name(data: Any) -> str:
@@ -64,16 +58,8 @@ class DaliClipPlan:
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         c = self.clip
-        name = c.field or next((f for f in VIDEO_FIELDS if sample.get(f) is not None), None)
-        key, shard = sample.get("__key__"), sample.get("__shard__")
-        fail = SampleSkipped if c.on_error == "skip" else DecodeError
-        if name is None or sample.get(name) is None:
-            raise fail(f"sample {key!r} of {shard!r} has no video field "
-                       f"({c.field or ', '.join(VIDEO_FIELDS)}); name it with field=")
-        video = int(sample.get("__video__", sample.get("__index__", 0)))
-        clip = int(sample.get("__clip__", 0))
-        draw = clip_draw(sample.get("__seed__", 0), sample.get("__epoch__", 0), video, clip)
-        clips, recorded = int(sample.get("__clips__", c.clips)), sample.get("__frames__")
+        a = clip_asked(sample, c.field, c.on_error, c.clips)
+        name, key, shard, video, clip, fail = a.name, a.key, a.shard, a.video, a.clip, a.fail
         data = sample[name]
         try:
             info = video_info(data)
@@ -84,16 +70,12 @@ class DaliClipPlan:
             raise fail(f"video {name!r} of sample {key!r} in {shard!r} cannot be read: {e} "
                        "(check the file with ffprobe; on_error='skip' leaves such videos out)"
                        ) from e
-        total = info.frames if recorded is None else int(recorded)
-        start = clip_start(total, c.span(info.fps), clips, clip, draw)
+        total = info.frames if a.recorded is None else int(a.recorded)
+        start = clip_start(total, c.span(info.fps), a.clips, clip, a.draw)
         want = c.wanted(start, info.fps)
         ids = np.minimum(want, total - 1)
         padded = int((want > total - 1).sum())
-        if padded and (shard, key) not in _padded_said:
-            _padded_said.add((shard, key))
-            log.warning("video %r of %r ends before its clip of %d frames does: its last frame "
-                        "is repeated %d times (the rule for short videos)", key, shard,
-                        c.frames, padded)
+        say_padded(key, shard, c.frames, padded)
         size = np.array(c.size if c.size is not None else (0, 0), dtype=np.int64)
         raw = bytes(data) if isinstance(data, memoryview) else data
         return {"start": start, "video": video, "clip": clip, "padded": padded, "__key__": key,

@@ -40,6 +40,48 @@ log = logger("feedpipe.video")
 _padded_logged: set[tuple[Any, Any]] = set()  # (shard, key) said once per process
 
 
+def say_padded(key: Any, shard: Any, frames: int, padded: int) -> None:
+    """Say once a process that the video ``key`` of ``shard`` ends before its clip of
+    ``frames`` does (its last frame repeated ``padded`` times)."""
+    if padded and (shard, key) not in _padded_logged:
+        _padded_logged.add((shard, key))
+        log.warning("video %r of %r ends before its clip of %d frames does: its last frame is "
+                    "repeated %d times (the rule for short videos)", key, shard, frames, padded)
+
+
+@dataclass(frozen=True)
+class ClipAsked:
+    """What the plan asks of a sample's clip (:func:`clip_asked`)."""
+
+    name: str  # the video's field
+    key: Any
+    shard: Any
+    video: int
+    clip: int
+    draw: float
+    clips: int  # clips of this video (VideoClips' per-video count)
+    recorded: Any  # the frame count recorded at shard time, or None
+    fail: type[Exception]  # SampleSkipped where skips are asked for, else DecodeError
+
+
+def clip_asked(sample: dict[str, Any], field: str | None, on_error: str,
+               clips: int) -> ClipAsked:
+    """The clip the plan asks of ``sample``, its video in ``field`` (else the first of
+    :data:`VIDEO_FIELDS` it has); a sample without one raises ``SampleSkipped`` where
+    ``on_error='skip'``, else ``DecodeError``, naming it."""
+    key, shard = sample.get("__key__"), sample.get("__shard__")
+    fail = SampleSkipped if on_error == "skip" else DecodeError
+    name = field or next((f for f in VIDEO_FIELDS if sample.get(f) is not None), None)
+    if name is None or sample.get(name) is None:
+        raise fail(f"sample {key!r} of {shard!r} has no video field "
+                   f"({field or ', '.join(VIDEO_FIELDS)}); name it with field=")
+    video = int(sample.get("__video__", sample.get("__index__", 0)))
+    clip = int(sample.get("__clip__", 0))
+    draw = clip_draw(sample.get("__seed__", 0), sample.get("__epoch__", 0), video, clip)
+    return ClipAsked(name, key, shard, video, clip, draw, int(sample.get("__clips__", clips)),
+                     sample.get("__frames__"), fail)
+
+
 @dataclass(frozen=True)
 class VideoInfo:
     """What a video's container header says, read without decoding a frame.
@@ -172,35 +214,20 @@ class VideoClip:
         return [f for f in (name, *draw, *video) if f is not None and f in sample]
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
-        name = self.field or next((f for f in VIDEO_FIELDS if sample.get(f) is not None), None)
-        key, shard = sample.get("__key__"), sample.get("__shard__")
-        if name is None or sample.get(name) is None:  # skipped too where skips are asked for
-            cls = SampleSkipped if self.on_error == "skip" else DecodeError
-            raise cls(f"sample {key!r} of {shard!r} has no video field "
-                      f"({self.field or ', '.join(VIDEO_FIELDS)}); name it with field=")
-        video = int(sample.get("__video__", sample.get("__index__", 0)))
-        clip = int(sample.get("__clip__", 0))
-        draw = clip_draw(sample.get("__seed__", 0), sample.get("__epoch__", 0), video, clip)
-        # VideoClips' per-video clip count and the frame count recorded at shard time
-        clips, total = int(sample.get("__clips__", self.clips)), sample.get("__frames__")
+        a = clip_asked(sample, self.field, self.on_error, self.clips)
         try:
-            out, start, padded = self._decode(sample[name], clip, draw, clips, total)
+            out, start, padded = self._decode(sample[a.name], a.clip, a.draw, a.clips, a.recorded)
         except Exception as e:  # FFmpeg's errors, a missing stream, a clip cut short
             if isinstance(e, ImportError):
                 raise
-            cls = SampleSkipped if self.on_error == "skip" else DecodeError
-            raise cls(f"video {name!r} of sample {key!r} in {shard!r} cannot be decoded: {e} "
-                      "(check the file with ffprobe; on_error='skip' leaves such videos out)"
-                      ) from e
-        if padded and (shard, key) not in _padded_logged:
-            _padded_logged.add((shard, key))
-            log.warning("video %r of %r ends before its clip of %d frames does: its last frame "
-                        "is repeated %d times (the rule for short videos)", key, shard,
-                        self.frames, padded)
+            raise a.fail(f"video {a.name!r} of sample {a.key!r} in {a.shard!r} cannot be "
+                         f"decoded: {e} (check the file with ffprobe; on_error='skip' leaves "
+                         "such videos out)") from e
+        say_padded(a.key, a.shard, self.frames, padded)
         import torch
 
-        return {"frames": torch.from_numpy(out), "start": start, "video": video, "clip": clip,
-                "padded": padded, "__key__": key}
+        return {"frames": torch.from_numpy(out), "start": start, "video": a.video,
+                "clip": a.clip, "padded": padded, "__key__": a.key}
 
     def _decode(self, data: Any, clip: int, draw: float, clips: int,
                 recorded: int | None) -> tuple[np.ndarray, int, int]:
