@@ -20,6 +20,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+from ..format._sidecar_list import sidecar_name
 from ..format._tar import BLOCK, member_header
 from ._output_dir import unlink_quiet
 from ._sources import SampleSpec, Source
@@ -41,8 +42,7 @@ _HEADERS: dict[tuple[str, int], tuple[bytes, bytes]] = {}
 
 def lengths_name(shard_name: str) -> str:
     """The lengths file of a shard: ``data-000000.tar`` -> ``data-000000.lengths.npy``."""
-    stem = shard_name[:-4] if shard_name.endswith(".tar") else shard_name
-    return f"{stem}.lengths.npy"
+    return sidecar_name(shard_name, ".lengths.npy")
 
 
 def save_lengths(out: str, name: str, lengths: np.ndarray | list[int]) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .._helpers.storage import is_local, local_path, open_binary
 from ._index import index_from_tar, index_path, parse_index
 from ._manifest import load_manifest, write_manifest
+from ._sidecar_list import sidecar_name
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,8 +32,7 @@ _DESCR = {"i": "<i4", "d": "<f8"}
 
 def sidecar_path(shard_path: str, suffix: str) -> str:
     """``.../data-000000.tar`` -> ``.../data-000000<suffix>`` (``suffix`` like ``.sizes.npy``)."""
-    stem = shard_path[:-4] if shard_path.endswith(".tar") else shard_path
-    return f"{stem}{suffix}"
+    return sidecar_name(shard_path, suffix)
 
 
 def new_rows(typecode: str, samples: int, width: int, fill: float) -> array:
